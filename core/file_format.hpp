@@ -1,0 +1,136 @@
+// The v1 file format (docs/FORMATS.md section 2): encoders for the writer and a
+// reader that checks every structure and recovers files that were not closed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace evb::file {
+
+inline constexpr std::size_t kHeaderBytes = 64;
+inline constexpr std::size_t kRecordHeaderBytes = 56;
+inline constexpr std::size_t kSectionHeaderBytes = 16;
+inline constexpr std::size_t kFooterBytes = 32;
+inline constexpr std::size_t kIndexHeaderBytes = 16;
+inline constexpr std::size_t kIndexEntryBytes = 16;
+inline constexpr std::uint32_t kRecordMarker = 0x52425645u;  // "EVBR"
+inline constexpr std::uint32_t kIndexMarker = 0x58445645u;   // "EVDX"
+inline constexpr char kFileMagic[8] = {'E', 'V', 'B', 'F', 'I', 'L', 'E', '1'};
+inline constexpr char kFooterMagic[8] = {'E', 'V', 'B', 'E', 'N', 'D', '0', '1'};
+
+namespace record_status {
+inline constexpr std::uint32_t incomplete = 1u << 0;
+inline constexpr std::uint32_t duplicates = 1u << 1;
+inline constexpr std::uint32_t source_error = 1u << 2;
+inline constexpr std::uint32_t corrupt_dropped = 1u << 3;
+}  // namespace record_status
+namespace section_status {
+inline constexpr std::uint32_t missing = 1u << 0;
+inline constexpr std::uint32_t empty = 1u << 1;
+inline constexpr std::uint32_t source_error = 1u << 2;
+}  // namespace section_status
+
+struct FileHeader {
+    std::uint32_t run_number = 0;
+    std::uint32_t file_sequence = 0;
+    std::uint32_t builder_id = 0;
+    std::uint32_t expected_sources = 0;
+    std::uint64_t created_unix_ns = 0;
+};
+void encode_file_header(const FileHeader& h, std::byte out[kHeaderBytes]) noexcept;
+
+// `run000042_001_00003.evb`, with `.part` appended while the file is open.
+std::string file_name(std::uint32_t run_number, std::uint32_t builder_id,
+                      std::uint32_t file_sequence, bool part);
+
+struct RecordHeader {
+    std::uint32_t record_length = 0;
+    std::uint64_t event_id = 0;
+    std::uint32_t run_number = 0;
+    std::uint32_t status = 0;
+    std::uint32_t section_count = 0;
+    std::uint64_t first_fragment_unix_ns = 0;
+    std::uint64_t built_unix_ns = 0;
+};
+// Writes the 56-byte record header with record_crc32c = 0; the CRC is patched in by
+// finish_record_crc once the body's CRC is known.
+void encode_record_header(const RecordHeader& h, std::byte out[kRecordHeaderBytes]) noexcept;
+// CRC of the record: header bytes [0, 52) continued by the body CRC over
+// [56, record_length). `body_crc` is crc32c_extend(crc_of_header_prefix, body...);
+// start it with record_crc_seed(header).
+std::uint32_t record_crc_seed(const std::byte header[kRecordHeaderBytes]) noexcept;
+void store_record_crc(std::byte header[kRecordHeaderBytes], std::uint32_t crc) noexcept;
+
+void encode_section_header(std::uint32_t source_id, std::uint32_t status, std::uint32_t length,
+                           std::byte out[kSectionHeaderBytes]) noexcept;
+inline constexpr std::size_t padded8(std::size_t n) noexcept { return (n + 7) & ~std::size_t{7}; }
+inline constexpr std::size_t section_bytes(std::size_t payload) noexcept {
+    return kSectionHeaderBytes + padded8(payload);
+}
+
+struct IndexEntry {
+    std::uint64_t event_id;
+    std::uint64_t file_offset;
+};
+// Index and footer bytes, written at index_offset after the last record.
+std::vector<std::byte> encode_index_and_footer(std::span<const IndexEntry> entries,
+                                               std::uint64_t index_offset);
+
+// ---- reading ----
+
+struct SectionView {
+    std::uint32_t source_id = 0;
+    std::uint32_t status = 0;
+    std::uint32_t length = 0;
+    const std::byte* payload = nullptr;
+};
+
+struct RecordView {
+    std::uint64_t file_offset = 0;
+    RecordHeader header;
+    std::uint32_t stored_crc = 0;
+    const std::byte* bytes = nullptr;  // whole record
+};
+
+struct Problem {
+    std::uint64_t offset;
+    std::string what;
+};
+
+struct ScanResult {
+    bool header_ok = false;
+    FileHeader header;
+    std::vector<RecordView> records;  // every good record, in file order
+    std::uint64_t good_bytes = 0;     // header plus good records: where recovery cuts
+    bool has_footer = false;          // a footer with the right magic and CRC
+    std::vector<IndexEntry> index;
+    std::vector<Problem> problems;    // empty when the file is clean and consistent
+};
+
+// Scans a whole file image. Records are checked for marker, length, CRC and section
+// layout; the scan stops at the first bad record (everything before it is good). When
+// the footer is valid its index must match the records found.
+ScanResult scan(std::span<const std::byte> image);
+
+// Splits a good record into its sections. Returns false (and a reason) when the
+// section layout contradicts record_length or section_count.
+bool parse_sections(const RecordView& r, std::vector<SectionView>& out, std::string* why = nullptr);
+
+// A read-only mapping of a file. Empty span for an empty file.
+class MappedFile {
+public:
+    explicit MappedFile(const std::string& path);  // throws std::runtime_error naming path
+    ~MappedFile();
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+    std::span<const std::byte> bytes() const noexcept { return {data_, size_}; }
+
+private:
+    const std::byte* data_ = nullptr;
+    std::size_t size_ = 0;
+};
+
+}  // namespace evb::file

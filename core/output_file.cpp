@@ -1,0 +1,179 @@
+#include "core/output_file.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fmt/format.h>
+#include <stdexcept>
+
+namespace evb::file {
+
+OutputFile::~OutputFile() { abandon(); }
+
+int OutputFile::open(const std::string& directory, const FileHeader& h) {
+    abandon();
+    index_.clear();
+    dir_fd_ = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd_ < 0) return errno;
+    part_path_ = directory + "/" + file_name(h.run_number, h.builder_id, h.file_sequence, true);
+    final_path_ = directory + "/" + file_name(h.run_number, h.builder_id, h.file_sequence, false);
+    fd_ = ::open(part_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+        const int e = errno;
+        ::close(dir_fd_);
+        dir_fd_ = -1;
+        return e;
+    }
+    offset_ = 0;
+    std::byte hdr[kHeaderBytes];
+    encode_file_header(h, hdr);
+    struct iovec iov {hdr, sizeof hdr};
+    return append(&iov, 1);
+}
+
+int OutputFile::append(const struct iovec* iov, std::size_t iovcnt) {
+    // pwritev takes at most IOV_MAX entries and may write short; walk the list.
+    std::size_t i = 0;
+    std::size_t skip = 0;  // bytes of iov[i] already written
+    while (i < iovcnt) {
+        struct iovec local[IOV_MAX];
+        std::size_t n = 0;
+        std::size_t want = 0;
+        for (std::size_t k = i; k < iovcnt && n < IOV_MAX; ++k, ++n) {
+            local[n] = iov[k];
+            if (k == i) {
+                local[n].iov_base = static_cast<char*>(local[n].iov_base) + skip;
+                local[n].iov_len -= skip;
+            }
+            want += local[n].iov_len;
+        }
+        const ssize_t w = ::pwritev(fd_, local, static_cast<int>(n), static_cast<off_t>(offset_));
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (w == 0 && want > 0) return EIO;
+        offset_ += static_cast<std::uint64_t>(w);
+        std::size_t left = static_cast<std::size_t>(w);
+        while (i < iovcnt && left >= iov[i].iov_len - skip) {
+            left -= iov[i].iov_len - skip;
+            skip = 0;
+            ++i;
+        }
+        skip += left;
+    }
+    return 0;
+}
+
+int OutputFile::datasync() { return ::fdatasync(fd_) == 0 ? 0 : errno; }
+
+int OutputFile::close_clean(bool sync) {
+    if (fd_ < 0) return EBADF;
+    const auto tail = encode_index_and_footer(index_, offset_);
+    struct iovec iov {const_cast<std::byte*>(tail.data()), tail.size()};
+    if (const int e = append(&iov, 1); e != 0) return e;
+    if (sync && ::fdatasync(fd_) != 0) return errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (::rename(part_path_.c_str(), final_path_.c_str()) != 0) return errno;
+    // The rename is durable only once the directory entry is synced.
+    if (sync) ::fsync(dir_fd_);
+    ::close(dir_fd_);
+    dir_fd_ = -1;
+    return 0;
+}
+
+void OutputFile::abandon() {
+    if (fd_ >= 0) ::close(fd_);
+    if (dir_fd_ >= 0) ::close(dir_fd_);
+    fd_ = dir_fd_ = -1;
+}
+
+std::uint32_t next_file_sequence(const std::string& directory, std::uint32_t run,
+                                 std::uint32_t builder) {
+    const std::string prefix = fmt::format("run{:06}_{:03}_", run, builder);
+    std::uint32_t next = 0;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(directory, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind(prefix, 0) != 0) continue;
+        const std::string rest = name.substr(prefix.size());
+        if (rest.size() < 9 || rest.compare(5, 4, ".evb") != 0) continue;
+        std::uint32_t seq = 0;
+        bool digits = true;
+        for (int k = 0; k < 5; ++k) {
+            if (rest[k] < '0' || rest[k] > '9') digits = false;
+            seq = seq * 10 + static_cast<std::uint32_t>(rest[k] - '0');
+        }
+        if (digits && seq + 1 > next) next = seq + 1;
+    }
+    return next;
+}
+
+std::size_t recover(const std::string& part_path, std::string* out_path) {
+    MappedFile in(part_path);
+    const ScanResult s = scan(in.bytes());
+    if (!s.header_ok)
+        throw std::runtime_error(fmt::format("{}: {}", part_path,
+                                             s.problems.empty() ? "bad header" : s.problems[0].what));
+    std::string dest = part_path;
+    if (dest.size() > 5 && dest.compare(dest.size() - 5, 5, ".part") == 0)
+        dest.resize(dest.size() - 5);
+    else if (dest.size() > 4 && dest.compare(dest.size() - 4, 4, ".evb") == 0)
+        dest += ".recovered.evb";
+    else
+        dest += ".evb";
+    const std::string tmp = dest + ".tmp";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw std::runtime_error(fmt::format("{}: {}", tmp, std::strerror(errno)));
+    std::vector<IndexEntry> index;
+    index.reserve(s.records.size());
+    for (const auto& r : s.records) index.push_back({r.header.event_id, r.file_offset});
+    const auto tail = encode_index_and_footer(index, s.good_bytes);
+    struct iovec iov[2] = {{const_cast<std::byte*>(in.bytes().data()), s.good_bytes},
+                           {const_cast<std::byte*>(tail.data()), tail.size()}};
+    std::size_t total = s.good_bytes + tail.size(), done = 0;
+    bool ok = true;
+    while (done < total) {
+        // Re-slice the two-element list after a short write.
+        struct iovec cur[2];
+        int n = 0;
+        std::size_t off = done;
+        for (auto& v : iov) {
+            if (off >= v.iov_len) {
+                off -= v.iov_len;
+                continue;
+            }
+            cur[n++] = {static_cast<char*>(v.iov_base) + off, v.iov_len - off};
+            off = 0;
+        }
+        const ssize_t w = ::writev(fd, cur, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            ok = false;
+            break;
+        }
+        done += static_cast<std::size_t>(w);
+    }
+    const int e = errno;
+    if (!ok || ::fsync(fd) != 0) {
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw std::runtime_error(fmt::format("{}: write failed: {}", tmp, std::strerror(e)));
+    }
+    ::close(fd);
+    if (::rename(tmp.c_str(), dest.c_str()) != 0)
+        throw std::runtime_error(fmt::format("{}: rename failed: {}", dest, std::strerror(errno)));
+    if (dest != part_path && part_path.size() > 5 &&
+        part_path.compare(part_path.size() - 5, 5, ".part") == 0)
+        ::unlink(part_path.c_str());
+    if (out_path) *out_path = dest;
+    return s.records.size();
+}
+
+}  // namespace evb::file

@@ -1,0 +1,64 @@
+// One output file being written: `.evb.part` while open, renamed to `.evb` when it
+// is closed with its index and footer. Used by the disk-writer thread, by
+// `evb-dump --recover` and by tests. Data-path calls return an errno value (0 on
+// success) instead of throwing.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/file_format.hpp"
+
+namespace evb::file {
+
+class OutputFile {
+public:
+    OutputFile() = default;
+    ~OutputFile();
+    OutputFile(const OutputFile&) = delete;
+    OutputFile& operator=(const OutputFile&) = delete;
+
+    // Creates `<dir>/<name>.evb.part` (never overwriting) and writes the header.
+    // Returns 0 or an errno value.
+    int open(const std::string& directory, const FileHeader& header);
+
+    // Appends bytes gathered from iov; handles short writes, EINTR and IOV_MAX.
+    int append(const struct iovec* iov, std::size_t iovcnt);
+    // Records that an event record starts at `offset` (for the index).
+    void note_record(std::uint64_t event_id, std::uint64_t offset) { index_.push_back({event_id, offset}); }
+
+    int datasync();
+    // Writes index and footer, syncs when `sync` is set, closes and renames to `.evb`.
+    int close_clean(bool sync);
+    // Closes without index or footer and leaves the `.part` name (used after a write
+    // error, so the file keeps every record written before it).
+    void abandon();
+
+    bool is_open() const noexcept { return fd_ >= 0; }
+    std::uint64_t size() const noexcept { return offset_; }
+    std::size_t event_count() const noexcept { return index_.size(); }
+    const std::string& part_path() const noexcept { return part_path_; }
+    const std::string& final_path() const noexcept { return final_path_; }
+
+private:
+    int fd_ = -1;
+    int dir_fd_ = -1;
+    std::uint64_t offset_ = 0;
+    std::vector<IndexEntry> index_;  // capacity kept across files: no steady-state allocation
+    std::string part_path_, final_path_;
+};
+
+// The next file_sequence for (run, builder) in `directory`: one past the highest
+// existing `.evb` or `.evb.part`, so a restarted builder never overwrites a file.
+std::uint32_t next_file_sequence(const std::string& directory, std::uint32_t run_number,
+                                 std::uint32_t builder_id);
+
+// Rewrites an unclean file as a clean `.evb` holding every good record. Returns the
+// number of records kept; throws std::runtime_error naming the file on failure.
+std::size_t recover(const std::string& part_path, std::string* out_path = nullptr);
+
+}  // namespace evb::file
