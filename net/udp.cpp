@@ -1,0 +1,198 @@
+#include "net/udp.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+#include <stdexcept>
+
+namespace evb::net {
+
+std::uint16_t Endpoint::port() const noexcept {
+    if (addr.ss_family == AF_INET)
+        return ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+    if (addr.ss_family == AF_INET6)
+        return ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+    return 0;
+}
+
+std::string Endpoint::to_string() const {
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (addr.ss_family == AF_INET) {
+        inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr, host, sizeof host);
+        return fmt::format("{}:{}", host, port());
+    }
+    if (addr.ss_family == AF_INET6) {
+        inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr, host, sizeof host);
+        return fmt::format("[{}]:{}", host, port());
+    }
+    return "?";
+}
+
+bool operator==(const Endpoint& a, const Endpoint& b) noexcept {
+    return a.len == b.len && std::memcmp(&a.addr, &b.addr, a.len) == 0;
+}
+
+Endpoint parse_endpoint(const std::string& text) {
+    std::string host, port;
+    if (!text.empty() && text[0] == '[') {
+        const auto close = text.find(']');
+        if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':')
+            throw std::invalid_argument(fmt::format("'{}': expected [IPV6]:PORT", text));
+        host = text.substr(1, close - 1);
+        port = text.substr(close + 2);
+    } else {
+        const auto colon = text.rfind(':');
+        if (colon == std::string::npos)
+            throw std::invalid_argument(fmt::format("'{}': expected HOST:PORT", text));
+        host = text.substr(0, colon);
+        port = text.substr(colon + 1);
+    }
+    if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
+        port.size() > 5 || std::stoul(port) > 65535)
+        throw std::invalid_argument(fmt::format("'{}': port must be a number 0..65535", text));
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_DGRAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &res);
+    if (rc != 0 || res == nullptr)
+        throw std::invalid_argument(fmt::format("'{}': cannot resolve host: {}", text, gai_strerror(rc)));
+    Endpoint ep;
+    std::memcpy(&ep.addr, res->ai_addr, res->ai_addrlen);
+    ep.len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return ep;
+}
+
+BoundSocket bind_udp(const Endpoint& at, const SocketOptions& opts) {
+    BoundSocket s;
+    s.fd = ::socket(at.addr.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s.fd < 0) throw std::runtime_error(fmt::format("socket: {}", std::strerror(errno)));
+    const int one = 1;
+    auto fail = [&](const char* what) {
+        const int e = errno;
+        ::close(s.fd);
+        throw std::runtime_error(fmt::format("{} {}: {}", what, at.to_string(), std::strerror(e)));
+    };
+    if (opts.reuse_port && ::setsockopt(s.fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0)
+        fail("SO_REUSEPORT on");
+    if (::setsockopt(s.fd, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof one) != 0) fail("SO_RXQ_OVFL on");
+    if (opts.receive_buffer_bytes > 0) {
+        const int want = static_cast<int>(std::min<std::size_t>(opts.receive_buffer_bytes, INT32_MAX / 2));
+        // SO_RCVBUFFORCE passes net.core.rmem_max with CAP_NET_ADMIN; without the
+        // capability it fails with EPERM and SO_RCVBUF is capped at rmem_max.
+        if (::setsockopt(s.fd, SOL_SOCKET, SO_RCVBUFFORCE, &want, sizeof want) != 0)
+            ::setsockopt(s.fd, SOL_SOCKET, SO_RCVBUF, &want, sizeof want);
+        int got = 0;
+        socklen_t gl = sizeof got;
+        ::getsockopt(s.fd, SOL_SOCKET, SO_RCVBUF, &got, &gl);
+        // The kernel reports twice the usable size (it counts its bookkeeping).
+        s.receive_buffer_bytes = static_cast<std::size_t>(got) / 2;
+        s.receive_buffer_capped = s.receive_buffer_bytes < static_cast<std::size_t>(want);
+    }
+    if (::bind(s.fd, reinterpret_cast<const sockaddr*>(&at.addr), at.len) != 0) fail("bind");
+    // A blocking receive wakes at least this often, so a stop request is seen.
+    timeval tv{0, 100'000};
+    ::setsockopt(s.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return s;
+}
+
+int open_udp_for(const Endpoint& to, std::size_t send_buffer_bytes) {
+    const int fd = ::socket(to.addr.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error(fmt::format("socket: {}", std::strerror(errno)));
+    if (send_buffer_bytes > 0) {
+        const int want = static_cast<int>(std::min<std::size_t>(send_buffer_bytes, INT32_MAX / 2));
+        if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof want) != 0)
+            ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof want);
+    }
+    return fd;
+}
+
+namespace {
+constexpr std::size_t kControlBytes = CMSG_SPACE(sizeof(std::uint32_t));
+}
+
+RecvBatch::RecvBatch(std::size_t n) : msgs_(n), iovs_(n), names_(n), control_(n * kControlBytes) {
+    for (std::size_t i = 0; i < n; ++i) {
+        auto& h = msgs_[i].msg_hdr;
+        h.msg_iov = &iovs_[i];
+        h.msg_iovlen = 1;
+        h.msg_name = &names_[i];
+        h.msg_namelen = sizeof(sockaddr_storage);
+        h.msg_control = control_.data() + i * kControlBytes;
+        h.msg_controllen = kControlBytes;
+    }
+}
+
+void RecvBatch::set_buffer(std::size_t i, void* buf, std::size_t len) noexcept {
+    iovs_[i].iov_base = buf;
+    iovs_[i].iov_len = len;
+}
+
+int RecvBatch::receive(int fd, std::size_t n, bool wait) noexcept {
+    if (n > msgs_.size()) n = msgs_.size();
+    for (std::size_t i = 0; i < n; ++i) {
+        // recvmmsg overwrites these per message; reset them for the next call.
+        msgs_[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
+        msgs_[i].msg_hdr.msg_controllen = kControlBytes;
+    }
+    const int flags = wait ? MSG_WAITFORONE : MSG_DONTWAIT;
+    int got;
+    do {
+        got = ::recvmmsg(fd, msgs_.data(), static_cast<unsigned>(n), flags, nullptr);
+    } while (got < 0 && errno == EINTR);
+    if (got < 0) return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -errno;
+    // The drop counter is cumulative per socket: the last message carrying it wins.
+    for (int i = got - 1; i >= 0; --i) {
+        auto& h = msgs_[static_cast<std::size_t>(i)].msg_hdr;
+        bool found = false;
+        for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
+                std::memcpy(&kernel_drops_, CMSG_DATA(c), sizeof kernel_drops_);
+                found = true;
+            }
+        }
+        if (found) break;
+    }
+    return got;
+}
+
+SendBatch::SendBatch(std::size_t n) : msgs_(n), iovs_(n) {
+    for (std::size_t i = 0; i < n; ++i) {
+        msgs_[i].msg_hdr.msg_iov = &iovs_[i];
+        msgs_[i].msg_hdr.msg_iovlen = 1;
+    }
+}
+
+void SendBatch::set(std::size_t i, const void* buf, std::size_t len, const Endpoint* to) noexcept {
+    iovs_[i].iov_base = const_cast<void*>(buf);
+    iovs_[i].iov_len = len;
+    msgs_[i].msg_hdr.msg_name = to ? const_cast<sockaddr_storage*>(&to->addr) : nullptr;
+    msgs_[i].msg_hdr.msg_namelen = to ? to->len : 0;
+}
+
+int SendBatch::send(int fd, std::size_t n) noexcept {
+    std::size_t done = 0;
+    while (done < n) {
+        const int rc = ::sendmmsg(fd, msgs_.data() + done, static_cast<unsigned>(n - done), 0);
+        if (rc < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == ENOBUFS) {
+                // The socket's send queue is full: wait until it drains a little.
+                pollfd p{fd, POLLOUT, 0};
+                ::poll(&p, 1, 10);
+                continue;
+            }
+            return done > 0 ? static_cast<int>(done) : -errno;
+        }
+        done += static_cast<std::size_t>(rc);
+    }
+    return static_cast<int>(done);
+}
+
+}  // namespace evb::net
