@@ -103,14 +103,14 @@ std::uint32_t next_file_sequence(const std::string& directory, std::uint32_t run
         const std::string name = entry.path().filename().string();
         if (name.rfind(prefix, 0) != 0) continue;
         const std::string rest = name.substr(prefix.size());
-        if (rest.size() < 9 || rest.compare(5, 4, ".evb") != 0) continue;
-        std::uint32_t seq = 0;
-        bool digits = true;
-        for (int k = 0; k < 5; ++k) {
-            if (rest[k] < '0' || rest[k] > '9') digits = false;
-            seq = seq * 10 + static_cast<std::uint32_t>(rest[k] - '0');
-        }
-        if (digits && seq + 1 > next) next = seq + 1;
+        // At least five digits: file_name pads to five but writes sequences past 99999
+        // in full, and those must count too or the next open would collide.
+        std::size_t k = 0;
+        std::uint64_t seq = 0;
+        while (k < rest.size() && k < 10 && rest[k] >= '0' && rest[k] <= '9')
+            seq = seq * 10 + static_cast<std::uint64_t>(rest[k++] - '0');
+        if (k < 5 || seq >= UINT32_MAX || rest.compare(k, 4, ".evb") != 0) continue;
+        if (seq + 1 > next) next = static_cast<std::uint32_t>(seq + 1);
     }
     return next;
 }
@@ -128,6 +128,10 @@ std::size_t recover(const std::string& part_path, std::string* out_path) {
         dest += ".recovered.evb";
     else
         dest += ".evb";
+    // rename() would silently replace an existing file: never trade a good file for a
+    // recovered one.
+    if (::access(dest.c_str(), F_OK) == 0)
+        throw std::runtime_error(fmt::format("{}: already exists, not overwriting it", dest));
     const std::string tmp = dest + ".tmp";
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) throw std::runtime_error(fmt::format("{}: {}", tmp, std::strerror(errno)));
@@ -138,7 +142,7 @@ std::size_t recover(const std::string& part_path, std::string* out_path) {
     struct iovec iov[2] = {{const_cast<std::byte*>(in.bytes().data()), s.good_bytes},
                            {const_cast<std::byte*>(tail.data()), tail.size()}};
     std::size_t total = s.good_bytes + tail.size(), done = 0;
-    bool ok = true;
+    int e = 0;  // errno of the first failure
     while (done < total) {
         // Re-slice the two-element list after a short write.
         struct iovec cur[2];
@@ -155,20 +159,31 @@ std::size_t recover(const std::string& part_path, std::string* out_path) {
         const ssize_t w = ::writev(fd, cur, n);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
-            ok = false;
+            e = w < 0 ? errno : EIO;
             break;
         }
         done += static_cast<std::size_t>(w);
     }
-    const int e = errno;
-    if (!ok || ::fsync(fd) != 0) {
+    if (e == 0 && ::fsync(fd) != 0) e = errno;
+    if (e != 0) {
         ::close(fd);
         ::unlink(tmp.c_str());
         throw std::runtime_error(fmt::format("{}: write failed: {}", tmp, std::strerror(e)));
     }
     ::close(fd);
-    if (::rename(tmp.c_str(), dest.c_str()) != 0)
-        throw std::runtime_error(fmt::format("{}: rename failed: {}", dest, std::strerror(errno)));
+    if (::rename(tmp.c_str(), dest.c_str()) != 0) {
+        const int re = errno;
+        ::unlink(tmp.c_str());
+        throw std::runtime_error(fmt::format("{}: rename failed: {}", dest, std::strerror(re)));
+    }
+    // Make the new name durable before the old file goes, so a crash in between
+    // leaves at least one of them.
+    const std::string dir = std::filesystem::path(dest).parent_path().string();
+    if (const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        dfd >= 0) {
+        ::fsync(dfd);
+        ::close(dfd);
+    }
     if (dest != part_path && part_path.size() > 5 &&
         part_path.compare(part_path.size() - 5, 5, ".part") == 0)
         ::unlink(part_path.c_str());

@@ -44,6 +44,7 @@ enum class ParseError : std::uint8_t {
     empty_inconsistent,  // EMPTY with a non-zero length or more than one chunk
     bad_count,           // REQUEST/CLEAR: count 0, or length disagrees with count
     reserved_nonzero,    // REQUEST/CLEAR: reserved field or flags not 0
+    inconsistent_chunk,  // disagrees with an earlier chunk of its fragment (matcher)
     count_
 };
 inline constexpr std::size_t kParseErrorCount = static_cast<std::size_t>(ParseError::count_);

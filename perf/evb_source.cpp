@@ -1,1 +1,1172 @@
-int main() { return 0; }
+// evb-source: the data-source emulator.
+//
+// Push mode sends every source's fragments of a range of events to a builder, as fast
+// as the kernel takes them or paced to an event rate, with optional seeded loss,
+// duplication and reordering, and can record what it sent as a pcap file. Serve
+// (pull) mode answers a builder's REQUEST datagrams with the same fragments and keeps
+// the CLEAR bookkeeping a test needs to prove the builder's credit limit held.
+//
+// The hot path writes the test pattern straight into preallocated send buffers and
+// hands them to sendmmsg; nothing is allocated, logged or timed per datagram.
+
+#include "core/crc32c.hpp"
+#include "core/pattern.hpp"
+#include "core/wire.hpp"
+#include "net/udp.hpp"
+
+#include <arpa/inet.h>
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fmt/format.h>
+#include <limits>
+#include <memory>
+#include <new>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+namespace {
+
+using namespace evb;
+
+constexpr int kExitUsage = 2;
+constexpr int kExitFailure = 1;
+
+// A bad command line: the message names the flag and the value.
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+constexpr std::string_view kUsage = R"(usage:
+  evb-source --to HOST:PORT --sources N --events M [--first E] [--first-source S]
+             [--run R] [--size A[:B]] [--chunk BYTES] [--rate EVENTS_PER_S]
+             [--loss P] [--dup P] [--reorder W] [--seed S] [--no-crc] [--batch K]
+             [--sndbuf BYTES] [--pcap-out FILE] [--pcap-mtu N] [--dry-run] [--json]
+  evb-source --serve HOST:PORT --sources N [--first-source S] [--run R]
+             [--size A[:B]] [--chunk BYTES] [--loss P] [--seed S] [--no-crc]
+             [--batch K] [--sndbuf BYTES] [--idle-exit SECONDS] [--stats-out FILE] [--json]
+
+Push mode sends, for each event E..E+M-1 and each source S..S+N-1, one fragment
+whose length is drawn from (seed, event, source) uniformly in [A, B] bytes (default
+1024), split into chunks of at most --chunk payload bytes (default 1432, so
+datagrams are at most 1472 bytes). Payloads carry the test pattern.
+  --rate R        at most R events per second (default: as fast as possible)
+  --loss P        drop each datagram with probability P (not sent, counted)
+  --dup P         send each datagram twice with probability P
+  --reorder W     shuffle the datagrams generated in each window of W
+  --seed S        seed of every random choice (default 1)
+  --no-crc        do not set HAS_CRC (default: payload CRC32C in every chunk)
+  --batch K       datagrams per sendmmsg (default 64, at most 1024)
+  --sndbuf BYTES  socket send buffer size
+  --pcap-out FILE record every datagram as sent (Ethernet/IPv4/UDP pcap)
+  --pcap-mtu N    in the pcap only, split IP packets larger than N into fragments
+  --dry-run       send nothing (with --pcap-out: only write the pcap)
+  --json          print the final statistics as one JSON object on stdout
+
+Serve mode binds HOST:PORT and answers every REQUEST for run R with all sources'
+fragments of each requested event, sent to the requester; CLEAR forgets events.
+  --loss P           drop each answer datagram with probability P
+  --idle-exit S      exit after S seconds without any datagram (default: never)
+  --stats-out FILE   write the statistics JSON to FILE (each second and at exit)
+SIGINT or SIGTERM ends either mode with its statistics.
+Byte counts accept a K, M or G suffix (powers of 1024).
+)";
+
+// ---------------------------------------------------------------------------
+// Command line
+
+enum class Mode { push, serve };
+
+struct Options {
+    Mode mode = Mode::push;
+    std::string to_text;
+    net::Endpoint to;
+    std::string serve_text;
+    net::Endpoint serve;
+    std::uint32_t sources = 0;
+    std::uint32_t first_source = 0;
+    std::uint64_t events = 0;
+    std::uint64_t first_event = 0;
+    std::uint32_t run_number = 1;
+    std::uint32_t size_min = 1024;
+    std::uint32_t size_max = 1024;
+    std::uint32_t chunk_bytes = 1432;
+    double rate_events_per_s = 0;
+    double loss = 0;
+    double dup = 0;
+    std::uint32_t reorder_window = 0;
+    std::uint64_t seed = 1;
+    bool crc = true;
+    bool json = false;
+    bool dry_run = false;
+    std::uint32_t batch = 64;
+    std::size_t sndbuf_bytes = 0;
+    std::string pcap_out;
+    std::uint32_t pcap_mtu = 0;
+    double idle_exit_s = 0;
+    std::string stats_out;
+};
+
+[[noreturn]] void bad_value(std::string_view flag, std::string_view value, std::string_view why) {
+    throw UsageError(fmt::format("{}: bad value '{}': {}", flag, value, why));
+}
+
+std::uint64_t parse_u64(std::string_view flag, const std::string& text, std::uint64_t lo,
+                        std::uint64_t hi, bool byte_suffix = false) {
+    std::size_t digits = 0;
+    while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+    if (digits == 0 || digits > 20) bad_value(flag, text, "expected an unsigned integer");
+    std::uint64_t mult = 1;
+    if (digits < text.size()) {
+        const std::string_view suffix = std::string_view(text).substr(digits);
+        if (!byte_suffix || suffix.size() != 1) bad_value(flag, text, "expected an unsigned integer");
+        switch (suffix[0]) {
+            case 'k': case 'K': mult = 1ull << 10; break;
+            case 'm': case 'M': mult = 1ull << 20; break;
+            case 'g': case 'G': mult = 1ull << 30; break;
+            default: bad_value(flag, text, "unknown suffix (K, M or G)");
+        }
+    }
+    errno = 0;
+    const unsigned long long v = std::strtoull(text.substr(0, digits).c_str(), nullptr, 10);
+    if (errno == ERANGE || v > std::numeric_limits<std::uint64_t>::max() / mult)
+        bad_value(flag, text, "too large");
+    const std::uint64_t value = v * mult;
+    if (value < lo || value > hi)
+        bad_value(flag, text, fmt::format("must be in [{}, {}]", lo, hi));
+    return value;
+}
+
+std::uint32_t parse_u32(std::string_view flag, const std::string& text, std::uint32_t lo,
+                        std::uint32_t hi, bool byte_suffix = false) {
+    return static_cast<std::uint32_t>(parse_u64(flag, text, lo, hi, byte_suffix));
+}
+
+double parse_double(std::string_view flag, const std::string& text, double lo, double hi) {
+    if (text.empty()) bad_value(flag, text, "expected a number");
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() + text.size() || errno == ERANGE || std::isnan(v))
+        bad_value(flag, text, "expected a number");
+    if (v < lo || v > hi) bad_value(flag, text, fmt::format("must be in [{}, {}]", lo, hi));
+    return v;
+}
+
+net::Endpoint parse_address(std::string_view flag, const std::string& text) {
+    try {
+        return net::parse_endpoint(text);
+    } catch (const std::exception& e) {
+        throw UsageError(fmt::format("{}: {}", flag, e.what()));
+    }
+}
+
+// The largest payload one IPv4 UDP datagram can carry, less the fragment header.
+constexpr std::uint32_t kMaxChunkBytes = 65507 - wire::kFragmentHeaderBytes;
+// Window buffers are bounded so a typo cannot ask for many gigabytes.
+constexpr std::uint64_t kMaxWindowBytes = 1ull << 30;
+
+Options parse_options(int argc, char** argv) {
+    Options o;
+    bool have_to = false, have_serve = false, have_sources = false, have_events = false;
+    std::vector<std::string> push_only, serve_only;
+    for (int i = 1; i < argc; ++i) {
+        std::string flag = argv[i];
+        std::string value;
+        bool inline_value = false;
+        if (const auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+            value = flag.substr(eq + 1);
+            flag.resize(eq);
+            inline_value = true;
+        }
+        auto take = [&]() -> const std::string& {
+            if (!inline_value) {
+                if (i + 1 >= argc) throw UsageError(fmt::format("{}: needs a value", flag));
+                value = argv[++i];
+            }
+            return value;
+        };
+        auto no_value = [&] {
+            if (inline_value) throw UsageError(fmt::format("{}: takes no value", flag));
+        };
+        if (flag == "--help" || flag == "-h") {
+            std::fputs(kUsage.data(), stdout);
+            std::exit(0);
+        } else if (flag == "--to") {
+            o.to_text = take();
+            have_to = true;
+        } else if (flag == "--serve") {
+            o.serve_text = take();
+            have_serve = true;
+        } else if (flag == "--sources") {
+            o.sources = parse_u32(flag, take(), 1, std::numeric_limits<std::uint32_t>::max());
+            have_sources = true;
+        } else if (flag == "--first-source") {
+            o.first_source = parse_u32(flag, take(), 0, std::numeric_limits<std::uint32_t>::max());
+        } else if (flag == "--events") {
+            o.events = parse_u64(flag, take(), 0, std::numeric_limits<std::uint64_t>::max());
+            have_events = true;
+            push_only.push_back(flag);
+        } else if (flag == "--first") {
+            o.first_event = parse_u64(flag, take(), 0, std::numeric_limits<std::uint64_t>::max());
+            push_only.push_back(flag);
+        } else if (flag == "--run") {
+            o.run_number = parse_u32(flag, take(), 0, std::numeric_limits<std::uint32_t>::max());
+        } else if (flag == "--size") {
+            const std::string& v = take();
+            const auto colon = v.find(':');
+            constexpr auto max = std::numeric_limits<std::uint32_t>::max();
+            if (colon == std::string::npos) {
+                o.size_min = o.size_max = parse_u32(flag, v, 0, max, true);
+            } else {
+                o.size_min = parse_u32(flag, v.substr(0, colon), 0, max, true);
+                o.size_max = parse_u32(flag, v.substr(colon + 1), 0, max, true);
+                if (o.size_min > o.size_max) bad_value(flag, v, "A must not exceed B");
+            }
+        } else if (flag == "--chunk") {
+            o.chunk_bytes = parse_u32(flag, take(), 1, kMaxChunkBytes, true);
+        } else if (flag == "--rate") {
+            o.rate_events_per_s = parse_double(flag, take(), 0, 1e12);
+            push_only.push_back(flag);
+        } else if (flag == "--loss") {
+            o.loss = parse_double(flag, take(), 0, 1);
+        } else if (flag == "--dup") {
+            o.dup = parse_double(flag, take(), 0, 1);
+            push_only.push_back(flag);
+        } else if (flag == "--reorder") {
+            o.reorder_window = parse_u32(flag, take(), 0, 1u << 20);
+            push_only.push_back(flag);
+        } else if (flag == "--seed") {
+            o.seed = parse_u64(flag, take(), 0, std::numeric_limits<std::uint64_t>::max());
+        } else if (flag == "--no-crc") {
+            no_value();
+            o.crc = false;
+        } else if (flag == "--json") {
+            no_value();
+            o.json = true;
+        } else if (flag == "--dry-run") {
+            no_value();
+            o.dry_run = true;
+            push_only.push_back(flag);
+        } else if (flag == "--batch") {
+            o.batch = parse_u32(flag, take(), 1, 1024);  // UIO_MAXIOV caps one sendmmsg
+        } else if (flag == "--sndbuf") {
+            o.sndbuf_bytes = parse_u64(flag, take(), 1, 1ull << 30, true);
+        } else if (flag == "--pcap-out") {
+            o.pcap_out = take();
+            if (o.pcap_out.empty()) bad_value(flag, o.pcap_out, "expected a file name");
+            push_only.push_back(flag);
+        } else if (flag == "--pcap-mtu") {
+            // 68 is the smallest MTU IPv4 allows (RFC 791).
+            o.pcap_mtu = parse_u32(flag, take(), 68, 65535);
+            push_only.push_back(flag);
+        } else if (flag == "--idle-exit") {
+            o.idle_exit_s = parse_double(flag, take(), 0, 1e9);
+            serve_only.push_back(flag);
+        } else if (flag == "--stats-out") {
+            o.stats_out = take();
+            if (o.stats_out.empty()) bad_value(flag, o.stats_out, "expected a file name");
+            serve_only.push_back(flag);
+        } else {
+            throw UsageError(fmt::format("unknown option '{}' (see --help)", argv[i]));
+        }
+    }
+
+    if (have_to == have_serve) throw UsageError("give exactly one of --to HOST:PORT or --serve HOST:PORT");
+    if (!have_sources) throw UsageError("--sources N is required");
+    o.mode = have_serve ? Mode::serve : Mode::push;
+    if (o.mode == Mode::push) {
+        if (!have_events) throw UsageError("--events M is required with --to");
+        if (!serve_only.empty()) throw UsageError(fmt::format("{} is only valid with --serve", serve_only[0]));
+        if (o.events > 0 && o.first_event > std::numeric_limits<std::uint64_t>::max() - (o.events - 1))
+            throw UsageError(fmt::format("--first {} with --events {}: event ids overflow 64 bits",
+                                         o.first_event, o.events));
+        o.to = parse_address("--to", o.to_text);
+        if (o.to.port() == 0 && !o.dry_run) bad_value("--to", o.to_text, "port 0 is not a destination");
+        if (!o.pcap_out.empty() && o.to.addr.ss_family != AF_INET)
+            bad_value("--to", o.to_text, "--pcap-out records IPv4 only");
+        if (o.pcap_mtu != 0 && o.pcap_out.empty()) throw UsageError("--pcap-mtu needs --pcap-out");
+    } else {
+        if (!push_only.empty()) throw UsageError(fmt::format("{} is only valid with --to", push_only[0]));
+        o.serve = parse_address("--serve", o.serve_text);
+    }
+    if (o.first_source > std::numeric_limits<std::uint32_t>::max() - (o.sources - 1))
+        throw UsageError(fmt::format("--first-source {} with --sources {}: source ids overflow 32 bits",
+                                     o.first_source, o.sources));
+    // chunk_count is a u16: the largest fragment must fit in 65535 chunks.
+    const std::uint64_t max_chunks = (std::uint64_t{o.size_max} + o.chunk_bytes - 1) / o.chunk_bytes;
+    if (max_chunks > std::numeric_limits<std::uint16_t>::max())
+        throw UsageError(fmt::format("--size {} with --chunk {}: {} chunks exceed the 65535 a fragment may have",
+                                     o.size_max, o.chunk_bytes, max_chunks));
+    const std::uint64_t window = std::max<std::uint64_t>(o.reorder_window, o.batch);
+    if (window * (o.chunk_bytes + wire::kFragmentHeaderBytes) > kMaxWindowBytes)
+        throw UsageError(fmt::format("--reorder {} with --chunk {}: the window would need more than 1 GiB",
+                                     o.reorder_window, o.chunk_bytes));
+    return o;
+}
+
+// ---------------------------------------------------------------------------
+// Determinism
+
+// A splitmix64 stream; each random decision has its own, so turning one knob does
+// not change the choices made by the others.
+class Rng {
+public:
+    Rng(std::uint64_t seed, std::uint64_t stream) noexcept : state_(seed ^ (stream * 0xD1B54A32D192ED03ull)) {}
+    std::uint64_t next() noexcept { return pattern::next(state_); }
+    std::uint64_t below(std::uint64_t n) noexcept { return next() % n; }  // n > 0; bias < 2^-40 for small n
+
+private:
+    std::uint64_t state_;
+};
+
+// A Bernoulli trial of probability p that draws nothing when p is 0 or 1, so a knob
+// left at 0 costs nothing per datagram.
+class Chance {
+public:
+    Chance(double p, std::uint64_t seed, std::uint64_t stream) noexcept
+        : rng_(seed, stream), never_(p <= 0), always_(p >= 1),
+          threshold_(p > 0 && p < 1 ? static_cast<std::uint64_t>(std::ldexp(p, 64)) : 0) {}
+    bool hit() noexcept {
+        if (never_) return false;
+        if (always_) return true;
+        return rng_.next() < threshold_;
+    }
+
+private:
+    Rng rng_;
+    bool never_;
+    bool always_;
+    std::uint64_t threshold_;
+};
+
+enum RngStream : std::uint64_t { kLossStream = 1, kDupStream = 2, kReorderStream = 3 };
+
+// The fragment length of (event, source): uniform in [min, max], a pure function of
+// the seed so push and serve mode and every rerun agree.
+std::uint32_t fragment_length(const Options& o, std::uint64_t event_id, std::uint32_t source_id) noexcept {
+    if (o.size_min == o.size_max) return o.size_min;
+    std::uint64_t s = o.seed;
+    s = pattern::next(s) ^ event_id;
+    s = pattern::next(s) ^ source_id;
+    const std::uint64_t h = pattern::next(s);
+    const std::uint64_t range = std::uint64_t{o.size_max} - o.size_min + 1;
+    return o.size_min + static_cast<std::uint32_t>(h % range);
+}
+
+// Writes the same bytes as pattern::fill. The whole words go through a loop with a
+// fixed 8-byte store the compiler keeps in registers; pattern::fill's general
+// per-word copy runs at about half the speed, and the pattern is most of the cost of
+// a datagram.
+void fill_pattern(std::uint32_t run_number, std::uint32_t source_id, std::uint64_t event_id,
+                  std::size_t offset, std::byte* out, std::size_t len) noexcept {
+    const std::size_t head = std::min(len, (8 - offset % 8) % 8);
+    if (head > 0) {
+        pattern::fill(run_number, source_id, event_id, offset, out, head);
+        out += head;
+        offset += head;
+        len -= head;
+    }
+    // The generator state advances by a constant per word, so any word is reachable.
+    std::uint64_t s = pattern::seed(run_number, source_id, event_id) + (offset / 8) * 0x9E3779B97F4A7C15ull;
+    const std::size_t words = len / 8;
+    for (std::size_t i = 0; i < words; ++i) {
+        const std::uint64_t w = pattern::next(s);
+        std::memcpy(out + 8 * i, &w, sizeof w);
+    }
+    if (const std::size_t tail = len % 8; tail > 0) {
+        const std::uint64_t w = pattern::next(s);
+        std::memcpy(out + 8 * words, &w, tail);
+    }
+}
+
+#if defined(__x86_64__)
+// fill_pattern and the payload CRC32C in one pass: the crc32 instruction's 3-cycle
+// chain overlaps with the generator's multiplies, so the CRC comes almost free where
+// a second pass over the payload costs as much as generating it.
+__attribute__((target("sse4.2"))) std::uint32_t fill_pattern_crc_sse42(
+    std::uint32_t run_number, std::uint32_t source_id, std::uint64_t event_id, std::size_t offset,
+    std::byte* out, std::size_t len) noexcept {
+    const std::size_t head = std::min(len, (8 - offset % 8) % 8);
+    std::uint32_t crc = 0;
+    if (head > 0) {
+        pattern::fill(run_number, source_id, event_id, offset, out, head);
+        crc = crc32c(out, head);
+        out += head;
+        offset += head;
+        len -= head;
+    }
+    std::uint64_t s = pattern::seed(run_number, source_id, event_id) + (offset / 8) * 0x9E3779B97F4A7C15ull;
+    std::uint64_t c = static_cast<std::uint32_t>(~crc);  // the CRC register is the complement
+    const std::size_t words = len / 8;
+    for (std::size_t i = 0; i < words; ++i) {
+        const std::uint64_t w = pattern::next(s);
+        std::memcpy(out + 8 * i, &w, sizeof w);
+        c = _mm_crc32_u64(c, w);
+    }
+    crc = ~static_cast<std::uint32_t>(c);
+    if (const std::size_t tail = len % 8; tail > 0) {
+        const std::uint64_t w = pattern::next(s);
+        std::memcpy(out + 8 * words, &w, tail);
+        crc = crc32c_extend(crc, out + 8 * words, tail);
+    }
+    return crc;
+}
+#endif
+
+// Writes the pattern and returns the CRC32C of what it wrote.
+std::uint32_t fill_pattern_crc(std::uint32_t run_number, std::uint32_t source_id, std::uint64_t event_id,
+                               std::size_t offset, std::byte* out, std::size_t len) noexcept {
+#if defined(__x86_64__)
+    if (crc32c_hardware()) return fill_pattern_crc_sse42(run_number, source_id, event_id, offset, out, len);
+#endif
+    fill_pattern(run_number, source_id, event_id, offset, out, len);
+    return crc32c(out, len);
+}
+
+// Walks events x sources x chunks and writes one FRAGMENT datagram at a time.
+class FragmentStream {
+public:
+    explicit FragmentStream(const Options& o) noexcept : o_(o) {}
+
+    void reset(std::uint64_t first_event, std::uint64_t event_count) noexcept {
+        first_event_ = first_event;
+        event_count_ = event_count;
+        event_index_ = 0;
+        source_index_ = 0;
+        if (!done()) begin_fragment();
+    }
+    bool done() const noexcept { return event_index_ == event_count_; }
+    // True when the next datagram is the first of a new event.
+    bool at_event_start() const noexcept { return source_index_ == 0 && chunk_index_ == 0; }
+    // Events whose datagrams have all been generated.
+    std::uint64_t events_done() const noexcept { return event_index_; }
+    std::uint64_t fragments_done() const noexcept { return fragments_done_; }
+
+    // Writes the next datagram into `out` (room for the header and one chunk) and
+    // returns its length. Must not be called when done().
+    std::size_t next(std::byte* out) noexcept {
+        const std::uint32_t payload = std::min(o_.chunk_bytes, length_ - offset_);
+        std::byte* p = out + wire::kFragmentHeaderBytes;
+        std::uint32_t crc = 0;
+        if (o_.crc)
+            crc = fill_pattern_crc(o_.run_number, source_id_, event_id_, offset_, p, payload);
+        else
+            fill_pattern(o_.run_number, source_id_, event_id_, offset_, p, payload);
+        wire::FragmentHeader h;
+        h.flags = o_.crc ? wire::fragment_flags::has_crc : std::uint16_t{0};
+        h.source_id = source_id_;
+        h.run_number = o_.run_number;
+        h.event_id = event_id_;
+        h.fragment_length = length_;
+        h.chunk_offset = offset_;
+        h.chunk_index = chunk_index_;
+        h.chunk_count = chunk_count_;
+        h.payload_crc32c = crc;
+        wire::encode_fragment_header(h, out);
+
+        offset_ += payload;
+        if (++chunk_index_ == chunk_count_) {
+            ++fragments_done_;
+            if (++source_index_ == o_.sources) {
+                source_index_ = 0;
+                ++event_index_;
+            }
+            if (!done()) begin_fragment();
+        }
+        return wire::kFragmentHeaderBytes + payload;
+    }
+
+private:
+    void begin_fragment() noexcept {
+        event_id_ = first_event_ + event_index_;
+        source_id_ = o_.first_source + source_index_;
+        length_ = fragment_length(o_, event_id_, source_id_);
+        offset_ = 0;
+        chunk_index_ = 0;
+        // A zero-length fragment is still one chunk with no payload (not EMPTY).
+        const std::uint32_t chunks = length_ == 0 ? 1 : (length_ - 1) / o_.chunk_bytes + 1;
+        chunk_count_ = static_cast<std::uint16_t>(chunks);  // parse_options bounds it to 65535
+    }
+
+    const Options& o_;
+    std::uint64_t first_event_ = 0;
+    std::uint64_t event_count_ = 0;
+    std::uint64_t event_index_ = 0;
+    std::uint32_t source_index_ = 0;
+    std::uint64_t event_id_ = 0;
+    std::uint32_t source_id_ = 0;
+    std::uint32_t length_ = 0;
+    std::uint32_t offset_ = 0;
+    std::uint16_t chunk_index_ = 0;
+    std::uint16_t chunk_count_ = 1;
+    std::uint64_t fragments_done_ = 0;
+};
+
+// Datagram buffers allocated once: `count` slots of one header plus one chunk each,
+// on cache-line boundaries.
+class BufferPool {
+public:
+    BufferPool(std::size_t count, std::size_t slot_bytes)
+        : stride_((slot_bytes + 63) / 64 * 64),
+          storage_(static_cast<std::byte*>(::operator new(count * stride_, std::align_val_t{64}))) {}
+    std::byte* slot(std::size_t i) const noexcept { return storage_.get() + i * stride_; }
+
+private:
+    struct Free {
+        void operator()(std::byte* p) const noexcept { ::operator delete(p, std::align_val_t{64}); }
+    };
+    std::size_t stride_;
+    std::unique_ptr<std::byte, Free> storage_;
+};
+
+// ---------------------------------------------------------------------------
+// pcap output: Ethernet / IPv4 / UDP, classic little-endian microsecond format.
+
+class PcapWriter {
+public:
+    PcapWriter(const std::string& path, const sockaddr_in& src, const sockaddr_in& dst, std::uint32_t mtu)
+        : path_(path), src_(src), dst_(dst), mtu_(mtu) {
+        file_ = std::fopen(path.c_str(), "wb");
+        if (file_ == nullptr)
+            throw std::runtime_error(fmt::format("--pcap-out {}: {}", path, std::strerror(errno)));
+        // Buffered: records are written in pieces, the stdio buffer batches the syscalls.
+        std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
+        std::byte h[24];
+        wire::store_u32(h + 0, 0xA1B2C3D4u);  // microsecond timestamps, written little-endian
+        wire::store_u16(h + 4, 2);
+        wire::store_u16(h + 6, 4);
+        wire::store_u32(h + 8, 0);    // thiszone
+        wire::store_u32(h + 12, 0);   // sigfigs
+        wire::store_u32(h + 16, kSnapLen);
+        wire::store_u32(h + 20, 1);   // LINKTYPE_ETHERNET
+        put(h, sizeof h);
+    }
+    PcapWriter(const PcapWriter&) = delete;
+    PcapWriter& operator=(const PcapWriter&) = delete;
+    ~PcapWriter() {
+        if (file_ != nullptr) std::fclose(file_);
+    }
+
+    // Records one UDP datagram with its payload `data`, split into IPv4 fragments
+    // when the IP packet is larger than the MTU.
+    void write(const std::byte* data, std::size_t len, const timespec& ts) {
+        const std::size_t udp_len = kUdpHeader + len;
+        std::byte udp[kUdpHeader];
+        store_be16(udp + 0, ntohs(src_.sin_port));
+        store_be16(udp + 2, ntohs(dst_.sin_port));
+        store_be16(udp + 4, static_cast<std::uint16_t>(udp_len));
+        store_be16(udp + 6, 0);
+        store_be16(udp + 6, udp_checksum(udp, data, len));
+        const std::uint16_t id = ip_id_++;
+
+        if (mtu_ == 0 || kIpHeader + udp_len <= mtu_) {
+            begin_packet(ts, udp_len, id, 0, false);
+            put(udp, sizeof udp);
+            put(data, len);
+            return;
+        }
+        // Every fragment but the last carries a multiple of 8 bytes of IP payload.
+        const std::size_t piece_max = (mtu_ - kIpHeader) / 8 * 8;
+        std::size_t offset = 0;  // into the IP payload: UDP header, then data
+        while (offset < udp_len) {
+            const std::size_t piece = std::min(piece_max, udp_len - offset);
+            const bool more = offset + piece < udp_len;
+            begin_packet(ts, piece, id, offset, more);
+            std::size_t from = offset, left = piece;
+            if (from < kUdpHeader) {
+                const std::size_t n = std::min(left, kUdpHeader - from);
+                put(udp + from, n);
+                from += n;
+                left -= n;
+            }
+            put(data + (from - kUdpHeader), left);
+            offset += piece;
+        }
+    }
+
+    // Flushes and closes; throws when any write failed.
+    void close() {
+        const bool failed = std::ferror(file_) != 0 || std::fclose(file_) != 0;
+        file_ = nullptr;
+        if (failed) throw std::runtime_error(fmt::format("--pcap-out {}: write failed", path_));
+    }
+
+private:
+    static constexpr std::uint32_t kSnapLen = 262144;
+    static constexpr std::size_t kEthHeader = 14;
+    static constexpr std::size_t kIpHeader = 20;
+    static constexpr std::size_t kUdpHeader = 8;
+
+    static void store_be16(std::byte* p, std::uint16_t v) noexcept {
+        p[0] = std::byte(v >> 8);
+        p[1] = std::byte(v & 0xFF);
+    }
+    // One's-complement sum of big-endian 16-bit words (RFC 1071), not yet folded.
+    static std::uint64_t sum16(const std::byte* p, std::size_t n, std::uint64_t acc) noexcept {
+        for (std::size_t i = 0; i + 1 < n; i += 2)
+            acc += (std::uint32_t(p[i]) << 8) | std::uint32_t(p[i + 1]);
+        if (n % 2) acc += std::uint32_t(p[n - 1]) << 8;
+        return acc;
+    }
+    static std::uint16_t fold(std::uint64_t acc) noexcept {
+        while (acc >> 16) acc = (acc & 0xFFFF) + (acc >> 16);
+        return static_cast<std::uint16_t>(~acc & 0xFFFF);
+    }
+    std::uint16_t udp_checksum(const std::byte* udp, const std::byte* data, std::size_t len) const noexcept {
+        std::byte pseudo[12];
+        std::memcpy(pseudo + 0, &src_.sin_addr, 4);
+        std::memcpy(pseudo + 4, &dst_.sin_addr, 4);
+        pseudo[8] = std::byte{0};
+        pseudo[9] = std::byte{IPPROTO_UDP};
+        store_be16(pseudo + 10, static_cast<std::uint16_t>(kUdpHeader + len));
+        std::uint64_t acc = sum16(pseudo, sizeof pseudo, 0);
+        acc = sum16(udp, kUdpHeader, acc);
+        acc = sum16(data, len, acc);  // the header is 8 bytes, so data starts on a word
+        const std::uint16_t c = fold(acc);
+        return c == 0 ? std::uint16_t{0xFFFF} : c;  // 0 would mean "no checksum"
+    }
+
+    // Writes the record header, Ethernet header and IPv4 header of a packet whose IP
+    // payload is `ip_payload` bytes starting at `frag_offset` of the datagram.
+    void begin_packet(const timespec& ts, std::size_t ip_payload, std::uint16_t id,
+                      std::size_t frag_offset, bool more_fragments) {
+        const std::size_t frame = kEthHeader + kIpHeader + ip_payload;
+        std::byte h[16 + kEthHeader + kIpHeader] = {};
+        wire::store_u32(h + 0, static_cast<std::uint32_t>(ts.tv_sec));
+        wire::store_u32(h + 4, static_cast<std::uint32_t>(ts.tv_nsec / 1000));
+        wire::store_u32(h + 8, static_cast<std::uint32_t>(frame));
+        wire::store_u32(h + 12, static_cast<std::uint32_t>(frame));
+        std::byte* eth = h + 16;
+        // Locally administered unicast MACs: destination ...:02, source ...:01.
+        eth[0] = std::byte{0x02};
+        eth[5] = std::byte{0x02};
+        eth[6] = std::byte{0x02};
+        eth[11] = std::byte{0x01};
+        store_be16(eth + 12, 0x0800);
+        std::byte* ip = eth + kEthHeader;
+        ip[0] = std::byte{0x45};
+        store_be16(ip + 2, static_cast<std::uint16_t>(kIpHeader + ip_payload));
+        store_be16(ip + 4, id);
+        store_be16(ip + 6, static_cast<std::uint16_t>((more_fragments ? 0x2000 : 0) | (frag_offset / 8)));
+        ip[8] = std::byte{64};  // TTL
+        ip[9] = std::byte{IPPROTO_UDP};
+        std::memcpy(ip + 12, &src_.sin_addr, 4);
+        std::memcpy(ip + 16, &dst_.sin_addr, 4);
+        store_be16(ip + 10, fold(sum16(ip, kIpHeader, 0)));
+        put(h, sizeof h);
+    }
+
+    void put(const void* p, std::size_t n) noexcept { std::fwrite(p, 1, n, file_); }
+
+    std::string path_;
+    sockaddr_in src_;
+    sockaddr_in dst_;
+    std::uint32_t mtu_;
+    std::FILE* file_ = nullptr;
+    std::uint16_t ip_id_ = 1;
+};
+
+// ---------------------------------------------------------------------------
+// Signals and time
+
+// Set by SIGINT/SIGTERM; the loops poll it once per batch. A lock-free atomic is
+// safe to store from a signal handler; relaxed is enough as nothing is published with it.
+std::atomic<bool> g_stop{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+extern "C" void on_stop_signal(int) { g_stop.store(true, std::memory_order_relaxed); }
+
+void install_stop_handlers() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: a blocked sleep returns and sees the flag
+    ::sigaction(SIGINT, &sa, nullptr);
+    ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+timespec wall_now() noexcept {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return ts;
+}
+
+// Paces event starts to a rate: event n may start at start + n / rate. The clock is
+// read only when the cached allowance runs out, i.e. about once per batch.
+class Pacer {
+public:
+    explicit Pacer(double events_per_s) noexcept : rate_(events_per_s) {}
+    bool active() const noexcept { return rate_ > 0; }
+    void start() noexcept { ::clock_gettime(CLOCK_MONOTONIC, &start_); }
+
+    // True when event index n may start now.
+    bool may_start(std::uint64_t n) noexcept {
+        if (n < allowed_) return true;
+        allowed_ = static_cast<std::uint64_t>(elapsed() * rate_) + 1;
+        return n < allowed_;
+    }
+    // Sleeps until event index n may start (or a stop signal arrives).
+    void wait_for(std::uint64_t n) noexcept {
+        const double at = static_cast<double>(n) / rate_;
+        timespec t = start_;
+        const double whole = static_cast<double>(static_cast<std::uint64_t>(at));
+        t.tv_sec += static_cast<time_t>(whole);
+        t.tv_nsec += static_cast<long>((at - whole) * 1e9);
+        if (t.tv_nsec >= 1'000'000'000) {
+            t.tv_sec += 1;
+            t.tv_nsec -= 1'000'000'000;
+        }
+        while (!g_stop.load(std::memory_order_relaxed) &&
+               ::clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, nullptr) == EINTR) {
+        }
+    }
+
+private:
+    double elapsed() const noexcept {
+        timespec now{};
+        ::clock_gettime(CLOCK_MONOTONIC, &now);
+        return static_cast<double>(now.tv_sec - start_.tv_sec) +
+               static_cast<double>(now.tv_nsec - start_.tv_nsec) * 1e-9;
+    }
+    double rate_;
+    timespec start_{};
+    std::uint64_t allowed_ = 0;
+};
+
+// Sends slots [0, n) of `batch`, whose entries [0, n) are set to `slots`. A connected
+// socket reports a previous datagram's ICMP port-unreachable as ECONNREFUSED on the
+// next send, which then sent nothing: count it and resend the rest.
+struct Slot {
+    const std::byte* data;
+    std::size_t len;
+};
+
+int send_all(int fd, net::SendBatch& batch, const Slot* slots, std::size_t n,
+             const net::Endpoint* to, std::uint64_t& refused) noexcept {
+    std::size_t sent = 0;
+    while (sent < n) {
+        const int rc = batch.send(fd, n - sent);
+        if (rc == -ECONNREFUSED) {
+            ++refused;
+            continue;
+        }
+        if (rc < 0) return rc;
+        sent += static_cast<std::size_t>(rc);
+        if (sent < n) {
+            // A short count hides the error that stopped it; move the rest to the front.
+            for (std::size_t i = sent; i < n; ++i) batch.set(i - sent, slots[i].data, slots[i].len, to);
+        }
+    }
+    return static_cast<int>(n);
+}
+
+std::string json_double(double v) {
+    if (!std::isfinite(v)) return "null";
+    return fmt::format("{:.6g}", v);
+}
+
+// ---------------------------------------------------------------------------
+// Push mode
+
+struct PushStats {
+    std::uint64_t events = 0;
+    std::uint64_t fragments = 0;
+    std::uint64_t datagrams_generated = 0;
+    std::uint64_t datagrams_sent = 0;
+    std::uint64_t bytes_sent = 0;
+    std::uint64_t lost = 0;
+    std::uint64_t duplicated = 0;
+    std::uint64_t refused = 0;
+    double seconds = 0;
+};
+
+int run_push(const Options& o) {
+    int fd = -1;
+    sockaddr_in pcap_src{};
+    pcap_src.sin_family = AF_INET;
+    pcap_src.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    pcap_src.sin_port = htons(40000);
+    if (!o.dry_run) {
+        fd = net::open_udp_for(o.to, o.sndbuf_bytes);
+        // Connected: the kernel resolves the route once instead of per datagram.
+        if (::connect(fd, reinterpret_cast<const sockaddr*>(&o.to.addr), o.to.len) != 0)
+            throw std::runtime_error(fmt::format("connect {}: {}", o.to.to_string(), std::strerror(errno)));
+        sockaddr_storage local{};
+        socklen_t local_len = sizeof local;
+        if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) == 0 &&
+            local.ss_family == AF_INET)
+            std::memcpy(&pcap_src, &local, sizeof pcap_src);
+    }
+    std::unique_ptr<PcapWriter> pcap;
+    if (!o.pcap_out.empty()) {
+        sockaddr_in dst{};
+        std::memcpy(&dst, &o.to.addr, sizeof dst);
+        pcap = std::make_unique<PcapWriter>(o.pcap_out, pcap_src, dst, o.pcap_mtu);
+    }
+
+    // A window is `window` generated datagrams; with --reorder it is shuffled before
+    // sending. Lost datagrams need no buffer and a duplicate reuses its original's.
+    const std::size_t window = o.reorder_window > 1 ? o.reorder_window : o.batch;
+    BufferPool pool(window, wire::kFragmentHeaderBytes + o.chunk_bytes);
+    std::vector<Slot> slots(2 * window);
+    net::SendBatch batch(o.batch);
+
+    FragmentStream stream(o);
+    stream.reset(o.first_event, o.events);
+    Chance loss(o.loss, o.seed, kLossStream);
+    Chance dup(o.dup, o.seed, kDupStream);
+    Rng reorder(o.seed, kReorderStream);
+    Pacer pacer(o.rate_events_per_s);
+    PushStats st;
+
+    const auto t0 = Clock::now();
+    pacer.start();
+    while (!stream.done() && !g_stop.load(std::memory_order_relaxed)) {
+        std::size_t generated = 0, used = 0, n = 0;
+        while (generated < window && !stream.done()) {
+            if (pacer.active() && stream.at_event_start() && !pacer.may_start(stream.events_done())) {
+                if (generated > 0) break;  // send what this window holds before sleeping
+                pacer.wait_for(stream.events_done());
+                if (g_stop.load(std::memory_order_relaxed)) break;
+                continue;
+            }
+            std::byte* buf = pool.slot(used);
+            const std::size_t len = stream.next(buf);
+            ++generated;
+            if (loss.hit()) {
+                ++st.lost;
+                continue;  // the buffer is reused by the next datagram
+            }
+            ++used;
+            slots[n++] = {buf, len};
+            if (dup.hit()) {
+                ++st.duplicated;
+                slots[n++] = {buf, len};
+            }
+        }
+        st.datagrams_generated += generated;
+        if (o.reorder_window > 1) {
+            for (std::size_t i = n; i > 1; --i) std::swap(slots[i - 1], slots[reorder.below(i)]);
+        }
+        for (std::size_t first = 0; first < n; first += o.batch) {
+            const std::size_t k = std::min<std::size_t>(o.batch, n - first);
+            if (fd >= 0) {
+                for (std::size_t i = 0; i < k; ++i) batch.set(i, slots[first + i].data, slots[first + i].len, nullptr);
+                const int rc = send_all(fd, batch, slots.data() + first, k, nullptr, st.refused);
+                if (rc < 0)
+                    throw std::runtime_error(fmt::format("sendmmsg to {}: {}", o.to.to_string(), std::strerror(-rc)));
+            }
+            if (pcap) {
+                const timespec ts = wall_now();
+                for (std::size_t i = 0; i < k; ++i) pcap->write(slots[first + i].data, slots[first + i].len, ts);
+            }
+            for (std::size_t i = 0; i < k; ++i) st.bytes_sent += slots[first + i].len;
+            st.datagrams_sent += k;
+        }
+    }
+    st.seconds = seconds_since(t0);
+    st.events = stream.events_done();
+    st.fragments = stream.fragments_done();
+    if (pcap) pcap->close();
+    if (fd >= 0) ::close(fd);
+
+    const double mb_per_s = st.seconds > 0 ? static_cast<double>(st.bytes_sent) / 1e6 / st.seconds : 0;
+    const double dgram_per_s = st.seconds > 0 ? static_cast<double>(st.datagrams_sent) / st.seconds : 0;
+    if (o.json) {
+        fmt::print(
+            "{{\"mode\":\"push\",\"dry_run\":{},\"events\":{},\"sources\":{},\"fragments\":{},"
+            "\"datagrams_generated\":{},\"datagrams\":{},\"bytes\":{},\"lost\":{},\"duplicated\":{},"
+            "\"refused\":{},\"seconds\":{},\"mb_per_s\":{},\"datagrams_per_s\":{},\"interrupted\":{}}}\n",
+            o.dry_run, st.events, o.sources, st.fragments, st.datagrams_generated, st.datagrams_sent,
+            st.bytes_sent, st.lost, st.duplicated, st.refused, json_double(st.seconds),
+            json_double(mb_per_s), json_double(dgram_per_s), g_stop.load());
+        std::fflush(stdout);
+    } else {
+        fmt::print(stderr,
+                   "evb-source: {} events, {} datagrams, {} bytes, lost {}, duplicated {}, {:.3f} s, "
+                   "{:.1f} MB/s, {:.0f} datagrams/s{}{}\n",
+                   st.events, st.datagrams_sent, st.bytes_sent, st.lost, st.duplicated, st.seconds,
+                   mb_per_s, dgram_per_s, o.dry_run ? " (dry run)" : "",
+                   g_stop.load() ? " (interrupted)" : "");
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Serve (pull) mode
+
+struct ServeStats {
+    std::uint64_t datagrams_received = 0;
+    std::uint64_t requests = 0;
+    std::uint64_t clears = 0;
+    std::uint64_t event_ids_requested = 0;
+    std::uint64_t re_requests = 0;
+    std::uint64_t event_ids_cleared = 0;
+    std::uint64_t clears_unknown = 0;  // cleared ids that were not outstanding
+    std::uint64_t malformed = 0;
+    std::uint64_t wrong_run = 0;
+    std::uint64_t answer_datagrams = 0;
+    std::uint64_t answer_bytes = 0;
+    std::uint64_t lost = 0;
+    std::uint64_t send_errors = 0;
+    std::uint64_t max_outstanding = 0;
+    std::uint64_t outstanding = 0;
+    std::uint64_t kernel_drops = 0;
+    double seconds = 0;
+};
+
+std::string serve_json(const Options& o, const ServeStats& s) {
+    return fmt::format(
+        "{{\"mode\":\"serve\",\"run\":{},\"sources\":{},\"datagrams_received\":{},\"requests\":{},"
+        "\"clears\":{},\"event_ids_requested\":{},\"re_requests\":{},\"event_ids_cleared\":{},"
+        "\"clears_unknown\":{},\"malformed\":{},\"wrong_run\":{},\"answer_datagrams\":{},"
+        "\"answer_bytes\":{},\"lost\":{},\"send_errors\":{},\"max_outstanding\":{},\"outstanding\":{},"
+        "\"kernel_drops\":{},\"seconds\":{}}}",
+        o.run_number, o.sources, s.datagrams_received, s.requests, s.clears, s.event_ids_requested,
+        s.re_requests, s.event_ids_cleared, s.clears_unknown, s.malformed, s.wrong_run,
+        s.answer_datagrams, s.answer_bytes, s.lost, s.send_errors, s.max_outstanding, s.outstanding,
+        s.kernel_drops, json_double(s.seconds));
+}
+
+// Rewrites `path` whole: write a temporary file, then rename it over the old one, so
+// a reader never sees half a file.
+bool write_file_atomically(const std::string& path, const std::string& text) {
+    const std::string tmp = path + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr) return false;
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fputc('\n', f) != EOF;
+    if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        return false;
+    }
+    return true;
+}
+
+net::Endpoint endpoint_of(const sockaddr_storage& ss) noexcept {
+    net::Endpoint ep;
+    ep.addr = ss;
+    ep.len = ss.ss_family == AF_INET6 ? socklen_t{sizeof(sockaddr_in6)} : socklen_t{sizeof(sockaddr_in)};
+    return ep;
+}
+
+class Server {
+public:
+    explicit Server(const Options& o)
+        : o_(o),
+          recv_(o.batch),
+          recv_pool_(o.batch, kMaxDatagram),
+          send_(o.batch),
+          send_pool_(o.batch, wire::kFragmentHeaderBytes + o.chunk_bytes),
+          send_slots_(o.batch),
+          to_(o.batch),
+          peers_(o.batch),
+          stream_(o),
+          loss_(o.loss, o.seed, kLossStream) {
+        for (std::size_t i = 0; i < o.batch; ++i) recv_.set_buffer(i, recv_pool_.slot(i), kMaxDatagram);
+        outstanding_.reserve(1 << 16);
+    }
+
+    int run() {
+        net::SocketOptions so;
+        so.receive_buffer_bytes = 16u << 20;
+        const net::BoundSocket sock = net::bind_udp(o_.serve, so);
+        fd_ = sock.fd;
+        if (o_.sndbuf_bytes > 0) {
+            const int want = static_cast<int>(o_.sndbuf_bytes);
+            if (::setsockopt(fd_, SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof want) != 0)
+                ::setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &want, sizeof want);
+        }
+        sockaddr_storage local{};
+        socklen_t local_len = sizeof local;
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&local), &local_len);
+        fmt::print(stderr, "evb-source: serving run {} sources {}..{} on {}\n", o_.run_number,
+                   o_.first_source, o_.first_source + (o_.sources - 1), endpoint_of(local).to_string());
+
+        const auto t0 = Clock::now();
+        auto last_datagram = t0;
+        auto last_stats_write = t0;
+        int status = 0;
+        while (!g_stop.load(std::memory_order_relaxed)) {
+            const int got = recv_.receive(fd_, recv_.capacity(), true);
+            const auto now = Clock::now();
+            if (got < 0) {
+                fmt::print(stderr, "evb-source: recvmmsg: {}\n", std::strerror(-got));
+                status = kExitFailure;
+                break;
+            }
+            if (got > 0) {
+                last_datagram = now;
+                for (std::size_t i = 0; i < static_cast<std::size_t>(got); ++i) handle(i);
+                flush();
+                stats_.kernel_drops = recv_.kernel_drops();
+            }
+            if (o_.idle_exit_s > 0 && std::chrono::duration<double>(now - last_datagram).count() >= o_.idle_exit_s)
+                break;
+            if (!o_.stats_out.empty() && now - last_stats_write >= std::chrono::seconds(1)) {
+                last_stats_write = now;
+                stats_.seconds = std::chrono::duration<double>(now - t0).count();
+                write_file_atomically(o_.stats_out, serve_json(o_, stats_));
+            }
+        }
+        ::close(fd_);
+        stats_.seconds = seconds_since(t0);
+        const std::string json = serve_json(o_, stats_);
+        if (!o_.stats_out.empty() && !write_file_atomically(o_.stats_out, json)) {
+            fmt::print(stderr, "evb-source: --stats-out {}: cannot write\n", o_.stats_out);
+            status = kExitFailure;
+        }
+        if (o_.json) {
+            fmt::print("{}\n", json);
+            std::fflush(stdout);
+        } else {
+            const auto& s = stats_;
+            fmt::print(stderr,
+                       "evb-source: {} requests ({} event ids, {} re-requests), {} clears ({} ids), "
+                       "{} answer datagrams, {} bytes, lost {}, malformed {}, wrong run {}, "
+                       "max outstanding {}, {:.3f} s\n",
+                       s.requests, s.event_ids_requested, s.re_requests, s.clears, s.event_ids_cleared,
+                       s.answer_datagrams, s.answer_bytes, s.lost, s.malformed, s.wrong_run,
+                       s.max_outstanding, s.seconds);
+        }
+        return status;
+    }
+
+private:
+    static constexpr std::size_t kMaxDatagram = 65536;
+
+    void handle(std::size_t i) {
+        ++stats_.datagrams_received;
+        const std::span<const std::byte> d(recv_pool_.slot(i), recv_.length(i));
+        wire::RequestView r;
+        if (recv_.truncated(i) || wire::parse_request(d, r) != wire::ParseError::ok) {
+            ++stats_.malformed;
+            return;
+        }
+        if (r.run_number != o_.run_number) {
+            ++stats_.wrong_run;
+            return;
+        }
+        if (r.type == wire::Type::clear) {
+            ++stats_.clears;
+            for (std::uint32_t k = 0; k < r.count; ++k) {
+                if (outstanding_.erase(r.event_id(k)) != 0)
+                    ++stats_.event_ids_cleared;
+                else
+                    ++stats_.clears_unknown;
+            }
+            stats_.outstanding = outstanding_.size();
+            return;
+        }
+        ++stats_.requests;
+        peers_[i] = endpoint_of(recv_.sender(i));
+        for (std::uint32_t k = 0; k < r.count; ++k) {
+            const std::uint64_t id = r.event_id(k);
+            ++stats_.event_ids_requested;
+            if (!outstanding_.insert(id).second) ++stats_.re_requests;
+            stats_.outstanding = outstanding_.size();
+            stats_.max_outstanding = std::max(stats_.max_outstanding, stats_.outstanding);
+            answer(id, &peers_[i]);
+        }
+    }
+
+    // Queues every datagram of one event for `to`, sending whenever the batch fills.
+    void answer(std::uint64_t event_id, const net::Endpoint* to) {
+        stream_.reset(event_id, 1);
+        while (!stream_.done()) {
+            std::byte* buf = send_pool_.slot(pending_);
+            const std::size_t len = stream_.next(buf);
+            if (loss_.hit()) {
+                ++stats_.lost;
+                continue;
+            }
+            send_slots_[pending_] = {buf, len};
+            send_.set(pending_, buf, len, to);
+            to_[pending_] = to;
+            if (++pending_ == send_.capacity()) flush();
+        }
+    }
+
+    // Sends the queued answers. A send error (say, the requester went away) is
+    // counted and its batch dropped; the server keeps serving.
+    void flush() noexcept {
+        std::size_t sent = 0;
+        while (sent < pending_) {
+            const int rc = send_.send(fd_, pending_ - sent);
+            if (rc < 0) {
+                ++stats_.send_errors;
+                break;
+            }
+            for (std::size_t i = sent; i < sent + static_cast<std::size_t>(rc); ++i) {
+                ++stats_.answer_datagrams;
+                stats_.answer_bytes += send_slots_[i].len;
+            }
+            sent += static_cast<std::size_t>(rc);
+            for (std::size_t i = sent; i < pending_; ++i)
+                send_.set(i - sent, send_slots_[i].data, send_slots_[i].len, to_[i]);
+        }
+        pending_ = 0;
+    }
+
+    const Options& o_;
+    int fd_ = -1;
+    net::RecvBatch recv_;
+    BufferPool recv_pool_;
+    net::SendBatch send_;
+    BufferPool send_pool_;
+    std::vector<Slot> send_slots_;
+    std::vector<const net::Endpoint*> to_;  // destination of each queued answer
+    std::vector<net::Endpoint> peers_;
+    std::size_t pending_ = 0;
+    FragmentStream stream_;
+    Chance loss_;
+    // Event ids requested and not yet cleared: control-path bookkeeping, one lookup per id.
+    std::unordered_set<std::uint64_t> outstanding_;
+    ServeStats stats_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options o;
+    try {
+        o = parse_options(argc, argv);
+    } catch (const UsageError& e) {
+        fmt::print(stderr, "evb-source: {}\n", e.what());
+        return kExitUsage;
+    }
+    install_stop_handlers();
+    try {
+        if (o.mode == Mode::push) return run_push(o);
+        Server server(o);
+        return server.run();
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "evb-source: {}\n", e.what());
+        return kExitFailure;
+    }
+}

@@ -1,0 +1,365 @@
+#include "core/config.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace evb {
+
+using nlohmann::json;
+
+ConfigError::ConfigError(std::vector<std::string> p)
+    : std::runtime_error([&] {
+          std::string s = "invalid configuration:";
+          for (const auto& x : p) s += "\n  " + x;
+          return s;
+      }()),
+      problems(std::move(p)) {}
+
+namespace {
+
+enum class Kind { uint, boolean, string, string_list, int_list, sources, fsync, choice };
+
+struct Key {
+    const char* path;
+    Kind kind;
+    json def;
+    std::uint64_t min = 0;
+    std::uint64_t max = UINT64_MAX;
+    bool live = false;
+    const char* doc = "";
+    std::vector<const char*> choices = {};
+};
+
+// The schema. Order here is the order of docs/CONFIG.md and --print-config.
+const std::vector<Key>& schema() {
+    static const std::vector<Key> keys = {
+        {"builder_id", Kind::uint, 0, 0, 999, false, "This builder's id: in file names, REQUEST/CLEAR datagrams and the event partition."},
+        {"builders", Kind::uint, 1, 1, 999, false, "How many builders share the event stream: event e belongs to builder e % builders."},
+        {"run_number", Kind::uint, 1, 0, 999999, true, "Current run. Changing it by reload ends the run (in-flight events finished, file closed) and starts the new one; fragments of other runs are counted as wrong-run and dropped."},
+        {"mode", Kind::choice, "push", 0, 0, false, "\"push\": sources send on their own; \"pull\": the builder requests events under a credit limit.", {"push", "pull"}},
+        {"sources", Kind::sources, 8, 1, 65535, false, "Expected sources: a count N (ids 0..N-1) or an array of distinct ids. Every event gets one section per expected source."},
+        {"input.listen", Kind::string, "127.0.0.1:7400", 0, 0, false, "UDP address the socket readers bind (HOST:PORT or [V6]:PORT)."},
+        {"input.readers", Kind::uint, 1, 1, 16, false, "Socket-reader threads; more than one binds the port with SO_REUSEPORT."},
+        {"input.socket_buffer_bytes", Kind::uint, 64ull << 20, 65536, 2ull << 30, false, "SO_RCVBUF(FORCE) request per socket. A kernel cap is logged and exported as a metric."},
+        {"input.max_datagram_bytes", Kind::uint, 9000, 48, 65535, false, "Largest datagram accepted; longer ones are counted as truncated and dropped."},
+        {"input.batch", Kind::uint, 64, 1, 1024, false, "Datagrams per recvmmsg call."},
+        {"input.cpus", Kind::int_list, json::array(), 0, 0, false, "CPU to pin reader i to (entry i); empty: no pinning."},
+        {"input.allowed_senders", Kind::string_list, json::array(), 0, 0, false, "When not empty, only datagrams from these IP addresses are accepted; others are counted and dropped."},
+        {"building.timeout_ms", Kind::uint, 1000, 1, 3600000, true, "An event not complete this long after its first fragment is written INCOMPLETE."},
+        {"building.workers", Kind::uint, 2, 1, 64, false, "oneTBB worker threads for matching and assembly."},
+        {"building.shards", Kind::uint, 0, 0, 256, false, "Matcher shards (events routed by id); 0 means one per worker."},
+        {"building.max_events_in_flight", Kind::uint, 4096, 16, 1u << 20, false, "Events being built at once (all shards). A fragment that would start one more is counted and dropped."},
+        {"building.max_buffer_bytes", Kind::uint, 512ull << 20, 1ull << 20, 64ull << 30, false, "Memory for receive buffers (all readers). When all are in use the readers stop reading and the kernel's drops are counted."},
+        {"building.late_window", Kind::uint, 65536, 16, 1u << 24, false, "Built event ids remembered per shard to recognise late fragments."},
+        {"output.directory", Kind::string, "evb-data", 0, 0, false, "Directory for the output files (created if missing)."},
+        {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
+        {"output.direct_io", Kind::boolean, false, 0, 0, false, "Write through an aligned staging buffer with O_DIRECT."},
+        {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
+        {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address; port 0 picks a free port; empty disables."},
+        {"pull.first_event", Kind::uint, 0, 0, UINT64_MAX, false, "First event id requested in pull mode."},
+        {"pull.events", Kind::uint, 0, 0, UINT64_MAX, false, "Events to request before stopping; 0: no limit."},
+        {"pull.credits", Kind::uint, 64, 1, 1u << 20, true, "Events requested and not yet written, at most."},
+        {"pull.request_batch", Kind::uint, 16, 1, 8192, true, "Event ids per REQUEST datagram."},
+        {"pull.source_addresses", Kind::string_list, json::array(), 0, 0, false, "Addresses (HOST:PORT) that REQUEST and CLEAR datagrams go to."},
+        {"pull.retry_ms", Kind::uint, 100, 1, 600000, true, "Re-request an incomplete event after this long."},
+        {"pull.max_retries", Kind::uint, 5, 0, 1000, true, "Re-requests before the event is written INCOMPLETE."},
+        {"log.level", Kind::choice, "info", 0, 0, true, "Log level.", {"debug", "info", "warn", "error"}},
+        {"user", Kind::string, "", 0, 0, false, "When started as root: the user to switch to after binding sockets."},
+    };
+    return keys;
+}
+
+const char* kind_name(Kind k) {
+    switch (k) {
+        case Kind::uint: return "unsigned integer";
+        case Kind::boolean: return "boolean";
+        case Kind::string: return "string";
+        case Kind::string_list: return "array of strings";
+        case Kind::int_list: return "array of integers";
+        case Kind::sources: return "count or array of ids";
+        case Kind::fsync: return "\"never\", \"close\" or integer ms";
+        case Kind::choice: return "string";
+    }
+    return "?";
+}
+
+json* lookup(json& root, const std::string& path, bool create) {
+    json* cur = &root;
+    std::size_t start = 0;
+    while (true) {
+        const auto dot = path.find('.', start);
+        const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        if (!cur->is_object()) return nullptr;
+        if (!cur->contains(part)) {
+            if (!create) return nullptr;
+            (*cur)[part] = dot == std::string::npos ? json() : json::object();
+        }
+        cur = &(*cur)[part];
+        if (dot == std::string::npos) return cur;
+        start = dot + 1;
+    }
+}
+
+bool is_uint(const json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0); }
+
+std::string show(const json& v) {
+    std::string s = v.dump();
+    return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+// Checks one value; appends problems; returns true when usable.
+bool check_value(const Key& k, const json& v, std::vector<std::string>& problems) {
+    auto bad_type = [&] {
+        problems.push_back(fmt::format("{}: expected {}, got {}", k.path, kind_name(k.kind), show(v)));
+        return false;
+    };
+    auto range = [&](std::uint64_t x) {
+        if (x < k.min || x > k.max) {
+            problems.push_back(fmt::format("{}: {} is out of range [{}, {}]", k.path, x, k.min, k.max));
+            return false;
+        }
+        return true;
+    };
+    switch (k.kind) {
+        case Kind::uint:
+            if (!is_uint(v)) return bad_type();
+            return range(v.get<std::uint64_t>());
+        case Kind::boolean:
+            return v.is_boolean() ? true : bad_type();
+        case Kind::string:
+            return v.is_string() ? true : bad_type();
+        case Kind::choice:
+            if (!v.is_string()) return bad_type();
+            if (std::find(k.choices.begin(), k.choices.end(), v.get<std::string>()) == k.choices.end()) {
+                std::string list;
+                for (const char* c : k.choices) list += fmt::format("{}\"{}\"", list.empty() ? "" : ", ", c);
+                problems.push_back(fmt::format("{}: {} is not one of {}", k.path, show(v), list));
+                return false;
+            }
+            return true;
+        case Kind::string_list:
+            if (!v.is_array()) return bad_type();
+            for (std::size_t i = 0; i < v.size(); ++i)
+                if (!v[i].is_string()) {
+                    problems.push_back(fmt::format("{}[{}]: expected string, got {}", k.path, i, show(v[i])));
+                    return false;
+                }
+            return true;
+        case Kind::int_list:
+            if (!v.is_array()) return bad_type();
+            for (std::size_t i = 0; i < v.size(); ++i)
+                if (!v[i].is_number_integer() || v[i].get<std::int64_t>() < 0 || v[i].get<std::int64_t>() > 4095) {
+                    problems.push_back(fmt::format("{}[{}]: expected a CPU number 0..4095, got {}", k.path, i, show(v[i])));
+                    return false;
+                }
+            return true;
+        case Kind::sources:
+            if (is_uint(v)) return range(v.get<std::uint64_t>());
+            if (!v.is_array()) return bad_type();
+            if (v.empty() || v.size() > k.max) {
+                problems.push_back(fmt::format("{}: the id list must hold 1..{} ids, it holds {}", k.path, k.max, v.size()));
+                return false;
+            } else {
+                std::set<std::uint64_t> seen;
+                for (std::size_t i = 0; i < v.size(); ++i) {
+                    if (!is_uint(v[i]) || v[i].get<std::uint64_t>() > UINT32_MAX) {
+                        problems.push_back(fmt::format("{}[{}]: expected a source id 0..4294967295, got {}", k.path, i, show(v[i])));
+                        return false;
+                    }
+                    if (!seen.insert(v[i].get<std::uint64_t>()).second) {
+                        problems.push_back(fmt::format("{}[{}]: source id {} appears twice", k.path, i, v[i].get<std::uint64_t>()));
+                        return false;
+                    }
+                }
+            }
+            return true;
+        case Kind::fsync:
+            if (v.is_string() && (v == "never" || v == "close")) return true;
+            if (is_uint(v)) return range(v.get<std::uint64_t>());
+            return bad_type();
+    }
+    return false;
+}
+
+void find_unknown(const json& node, const std::string& prefix, std::vector<std::string>& problems) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+        const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+        const bool known = std::any_of(schema().begin(), schema().end(),
+                                       [&](const Key& k) { return path == k.path; });
+        if (known) continue;
+        const bool is_section = std::any_of(schema().begin(), schema().end(), [&](const Key& k) {
+            return std::string_view(k.path).starts_with(path + ".");
+        });
+        if (is_section && it.value().is_object())
+            find_unknown(it.value(), path, problems);
+        else if (is_section)
+            problems.push_back(fmt::format("{}: expected an object (a section of keys), got {}", path, show(it.value())));
+        else
+            problems.push_back(fmt::format("{}: unknown key", path));
+    }
+}
+
+std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& overrides) {
+    std::vector<std::string> problems;
+    if (!doc.is_object()) throw ConfigError({fmt::format("the configuration must be a JSON object, got {}", show(doc))});
+    for (const auto& o : overrides) {
+        const auto eq = o.find('=');
+        if (eq == std::string::npos || eq == 0) {
+            problems.push_back(fmt::format("--set {}: expected KEY=VALUE", o));
+            continue;
+        }
+        const std::string key = o.substr(0, eq);
+        const std::string text = o.substr(eq + 1);
+        json value = json::parse(text, nullptr, false);
+        if (value.is_discarded()) value = text;
+        json* slot = lookup(doc, key, true);
+        if (!slot) {
+            problems.push_back(fmt::format("--set {}: a parent of this key is not an object", key));
+            continue;
+        }
+        *slot = std::move(value);
+    }
+    find_unknown(doc, "", problems);
+
+    json eff = json::object();
+    for (const auto& k : schema()) {
+        const json* v = lookup(doc, k.path, false);
+        json use = k.def;
+        if (v && check_value(k, *v, problems)) use = *v;
+        *lookup(eff, k.path, true) = use;
+    }
+
+    auto c = std::make_shared<Config>();
+    auto u64 = [&](const char* p) { return lookup(eff, p, false)->get<std::uint64_t>(); };
+    auto u32 = [&](const char* p) { return static_cast<std::uint32_t>(u64(p)); };
+    auto str = [&](const char* p) { return lookup(eff, p, false)->get<std::string>(); };
+    c->builder_id = u32("builder_id");
+    c->builders = u32("builders");
+    c->run_number = u32("run_number");
+    c->mode = str("mode") == "pull" ? Mode::pull : Mode::push;
+    const json& src = *lookup(eff, "sources", false);
+    if (src.is_array()) {
+        for (const auto& s : src) c->sources.push_back(s.get<std::uint32_t>());
+        std::sort(c->sources.begin(), c->sources.end());
+    } else {
+        for (std::uint32_t i = 0; i < src.get<std::uint32_t>(); ++i) c->sources.push_back(i);
+    }
+    c->input.listen = str("input.listen");
+    c->input.readers = u32("input.readers");
+    c->input.socket_buffer_bytes = u64("input.socket_buffer_bytes");
+    c->input.max_datagram_bytes = u32("input.max_datagram_bytes");
+    c->input.batch = u32("input.batch");
+    c->input.cpus = lookup(eff, "input.cpus", false)->get<std::vector<int>>();
+    c->input.allowed_senders = lookup(eff, "input.allowed_senders", false)->get<std::vector<std::string>>();
+    c->building.timeout_ms = u32("building.timeout_ms");
+    c->building.workers = u32("building.workers");
+    c->building.shards = u32("building.shards");
+    c->building.max_events_in_flight = u32("building.max_events_in_flight");
+    c->building.max_buffer_bytes = u64("building.max_buffer_bytes");
+    c->building.late_window = u32("building.late_window");
+    c->output.directory = str("output.directory");
+    c->output.max_file_bytes = u64("output.max_file_bytes");
+    c->output.direct_io = lookup(eff, "output.direct_io", false)->get<bool>();
+    const json& fs = *lookup(eff, "output.fsync", false);
+    if (fs.is_string()) {
+        c->output.fsync = fs == "never" ? FsyncPolicy::never : FsyncPolicy::on_close;
+    } else {
+        c->output.fsync = FsyncPolicy::periodic;
+        c->output.fsync_period_ms = fs.get<std::uint32_t>();
+    }
+    c->monitor.listen = str("monitor.listen");
+    c->pull.first_event = u64("pull.first_event");
+    c->pull.events = u64("pull.events");
+    c->pull.credits = u32("pull.credits");
+    c->pull.request_batch = u32("pull.request_batch");
+    c->pull.source_addresses = lookup(eff, "pull.source_addresses", false)->get<std::vector<std::string>>();
+    c->pull.retry_ms = u32("pull.retry_ms");
+    c->pull.max_retries = u32("pull.max_retries");
+    c->log_level = str("log.level");
+    c->user = str("user");
+
+    // Contradictions between keys.
+    if (c->builder_id >= c->builders)
+        problems.push_back(fmt::format("builder_id: {} must be less than builders ({})", c->builder_id, c->builders));
+    if (c->mode == Mode::pull && c->pull.source_addresses.empty())
+        problems.push_back("pull.source_addresses: pull mode needs at least one source address");
+    if (c->input.listen.empty()) problems.push_back("input.listen: must not be empty");
+    if (c->output.directory.empty()) problems.push_back("output.directory: must not be empty");
+    if (c->building.max_buffer_bytes / (c->input.max_datagram_bytes + 64ull) < 2ull * c->input.batch * c->input.readers)
+        problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",
+                                       c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.readers, c->input.batch));
+    if (c->input.cpus.size() > c->input.readers)
+        problems.push_back(fmt::format("input.cpus: {} entries for {} reader(s)", c->input.cpus.size(), c->input.readers));
+
+    if (!problems.empty()) throw ConfigError(std::move(problems));
+    c->effective = std::move(eff);
+    return c;
+}
+
+}  // namespace
+
+std::shared_ptr<const Config> load_config(const std::string& text, const std::string& origin,
+                                          const std::vector<std::string>& overrides) {
+    json doc;
+    try {
+        doc = json::parse(text, nullptr, true, /*ignore_comments=*/false);
+    } catch (const json::parse_error& e) {
+        // nlohmann reports a byte offset; turn it into line and column.
+        std::size_t line = 1, col = 1;
+        for (std::size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
+            if (text[i] == '\n') {
+                ++line;
+                col = 1;
+            } else {
+                ++col;
+            }
+        }
+        std::string what = e.what();
+        if (const auto p = what.find("syntax error"); p != std::string::npos) what = what.substr(p);
+        throw ConfigError({fmt::format("{}:{}:{}: JSON {}", origin, line, col, what)});
+    }
+    return build(std::move(doc), overrides);
+}
+
+std::shared_ptr<const Config> load_config_file(const std::string& path,
+                                               const std::vector<std::string>& overrides) {
+    std::ifstream in(path);
+    if (!in) throw ConfigError({fmt::format("{}: cannot open: {}", path, std::strerror(errno))});
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return load_config(ss.str(), path, overrides);
+}
+
+std::shared_ptr<const Config> default_config(const std::vector<std::string>& overrides) {
+    return build(json::object(), overrides);
+}
+
+std::vector<std::string> restart_keys_changed(const Config& a, const Config& b) {
+    std::vector<std::string> out;
+    for (const auto& k : schema()) {
+        if (k.live) continue;
+        const json* x = lookup(const_cast<json&>(a.effective), k.path, false);
+        const json* y = lookup(const_cast<json&>(b.effective), k.path, false);
+        if (x && y && *x != *y) out.emplace_back(k.path);
+    }
+    return out;
+}
+
+std::string config_reference_markdown() {
+    std::string s = "| key | type | default | range | applies | meaning |\n|---|---|---|---|---|---|\n";
+    for (const auto& k : schema()) {
+        std::string range = "";
+        if (k.kind == Kind::uint || k.kind == Kind::sources || k.kind == Kind::fsync)
+            range = k.max == UINT64_MAX ? fmt::format(">= {}", k.min) : fmt::format("{} .. {}", k.min, k.max);
+        s += fmt::format("| `{}` | {} | `{}` | {} | {} | {} |\n", k.path, kind_name(k.kind), k.def.dump(),
+                         range, k.live ? "live (reload)" : "restart", k.doc);
+    }
+    return s;
+}
+
+}  // namespace evb

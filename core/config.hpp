@@ -1,0 +1,99 @@
+// The daemon's configuration: one JSON document, validated against a schema table
+// (config.cpp) that also feeds docs/CONFIG.md and --print-config. A loaded Config is
+// immutable; a reload builds a new one and posts it to the threads as a snapshot.
+//
+// Errors here are control-plane: loading throws ConfigError carrying every problem
+// found, each naming the key's dotted path and the reason.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace evb {
+
+struct ConfigError : std::runtime_error {
+    explicit ConfigError(std::vector<std::string> problems);
+    std::vector<std::string> problems;
+};
+
+enum class Mode { push, pull };
+enum class FsyncPolicy { never, on_close, periodic };
+
+struct Config {
+    std::uint32_t builder_id = 0;
+    std::uint32_t builders = 1;
+    std::uint32_t run_number = 1;
+    Mode mode = Mode::push;
+    std::vector<std::uint32_t> sources;  // ascending, unique
+
+    struct Input {
+        std::string listen;
+        std::uint32_t readers = 1;
+        std::uint64_t socket_buffer_bytes = 0;
+        std::uint32_t max_datagram_bytes = 0;
+        std::uint32_t batch = 64;
+        std::vector<int> cpus;
+        std::vector<std::string> allowed_senders;
+    } input;
+
+    struct Building {
+        std::uint32_t timeout_ms = 1000;
+        std::uint32_t workers = 2;
+        std::uint32_t shards = 0;
+        std::uint32_t max_events_in_flight = 0;
+        std::uint64_t max_buffer_bytes = 0;
+        std::uint32_t late_window = 0;
+    } building;
+
+    struct Output {
+        std::string directory;
+        std::uint64_t max_file_bytes = 0;
+        bool direct_io = false;
+        FsyncPolicy fsync = FsyncPolicy::on_close;
+        std::uint32_t fsync_period_ms = 0;
+    } output;
+
+    struct Monitor {
+        std::string listen;
+    } monitor;
+
+    struct Pull {
+        std::uint64_t first_event = 0;
+        std::uint64_t events = 0;  // 0: no limit
+        std::uint32_t credits = 0;
+        std::uint32_t request_batch = 0;
+        std::vector<std::string> source_addresses;
+        std::uint32_t retry_ms = 0;
+        std::uint32_t max_retries = 0;
+    } pull;
+
+    std::string log_level;
+    std::string user;
+
+    nlohmann::json effective;  // every key with defaults filled in
+
+    std::uint32_t shard_count() const noexcept { return building.shards ? building.shards : building.workers; }
+};
+
+// Parses config text (JSON; a syntax error reports line and column), applies
+// `--set KEY=VALUE` overrides (VALUE read as JSON when it parses, else a string),
+// fills defaults and validates. Throws ConfigError with every problem.
+std::shared_ptr<const Config> load_config(const std::string& text, const std::string& origin,
+                                          const std::vector<std::string>& overrides);
+// Reads the file, then as load_config.
+std::shared_ptr<const Config> load_config_file(const std::string& path,
+                                               const std::vector<std::string>& overrides);
+// Embedded defaults plus overrides.
+std::shared_ptr<const Config> default_config(const std::vector<std::string>& overrides);
+
+// Keys whose change needs a restart, among those that differ between a and b.
+std::vector<std::string> restart_keys_changed(const Config& a, const Config& b);
+
+// Markdown table of every key (docs/CONFIG.md is generated from this).
+std::string config_reference_markdown();
+
+}  // namespace evb

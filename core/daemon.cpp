@@ -1,0 +1,205 @@
+// The whole thread and graph model of evbd is wired here, in run_daemon().
+#include "core/daemon.hpp"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fmt/format.h>
+
+#include "allocators/arena.hpp"
+#include "allocators/buffer_pool.hpp"
+#include "core/log.hpp"
+#include "core/pipeline.hpp"
+#include "monitor/exporter.hpp"
+#include "net/udp.hpp"
+#include "threads/disk_writer.hpp"
+#include "threads/runner.hpp"
+#include "threads/socket_reader.hpp"
+
+namespace evb {
+
+namespace {
+
+std::uint64_t realtime_ns() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+AdmissionRules make_rules(const Config& c) {
+    AdmissionRules r;
+    r.run_number = c.run_number;
+    r.builders = c.builders;
+    r.builder_id = c.builder_id;
+    for (const auto& a : c.input.allowed_senders) {
+        // Only the address matters; accept "ADDR" as well as "ADDR:PORT".
+        const bool has_port = a.find("]:") != std::string::npos ||
+                              (a.find(':') != std::string::npos && a.find(':') == a.rfind(':'));
+        r.allowed_senders.push_back(net::parse_endpoint(has_port ? a : (a.find(':') != std::string::npos ? "[" + a + "]:0" : a + ":0")));
+    }
+    return r;
+}
+
+WriterSettings make_writer_settings(const Config& c) {
+    WriterSettings w;
+    w.directory = c.output.directory;
+    w.builder_id = c.builder_id;
+    w.expected_sources = static_cast<std::uint32_t>(c.sources.size());
+    w.max_file_bytes = c.output.max_file_bytes;
+    w.fsync = c.output.fsync;
+    w.fsync_period_ms = c.output.fsync_period_ms;
+    return w;
+}
+
+}  // namespace
+
+int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
+    if (!opts.replay_files.empty()) {
+        log_error("--replay is not available in this build yet");
+        return 2;
+    }
+    set_log_level(cfg->log_level);
+    // Signals are taken synchronously by the service loop below; block them before
+    // any thread starts so every thread inherits the mask.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+    if (::mkdir(cfg->output.directory.c_str(), 0755) != 0 && errno != EEXIST) {
+        log_error("cannot create output.directory {}: {}", cfg->output.directory, std::strerror(errno));
+        return 1;
+    }
+    if (::access(cfg->output.directory.c_str(), W_OK) != 0) {
+        log_error("output.directory {} is not writable: {}", cfg->output.directory, std::strerror(errno));
+        return 1;
+    }
+
+    // Keep every config snapshot alive for the process lifetime: threads hold raw
+    // pointers into them (reloads are rare, snapshots are small).
+    std::vector<std::shared_ptr<const Config>> snapshots{cfg};
+    std::vector<std::unique_ptr<AdmissionRules>> rules;
+    std::vector<std::unique_ptr<WriterSettings>> writer_settings;
+
+    const std::uint32_t readers = cfg->input.readers;
+    const std::uint32_t shards = cfg->shard_count();
+
+    // Sockets first: a bind failure ends start-up before any thread exists.
+    std::vector<net::BoundSocket> sockets;
+    const net::Endpoint listen = net::parse_endpoint(cfg->input.listen);
+    for (std::uint32_t r = 0; r < readers; ++r) {
+        sockets.push_back(net::bind_udp(listen, {cfg->input.socket_buffer_bytes, readers > 1}));
+        if (sockets.back().receive_buffer_capped)
+            log_warn("input.socket_buffer_bytes: asked for {} bytes, the kernel granted {} "
+                     "(raise net.core.rmem_max or grant CAP_NET_ADMIN)",
+                     cfg->input.socket_buffer_bytes, sockets.back().receive_buffer_bytes);
+    }
+
+    // Receive pools: one arena and pool per reader. Return ports 0..shards-1 are the
+    // matcher shards', port `shards` the writer's.
+    const std::size_t slot_bytes = cfg->input.max_datagram_bytes;
+    const std::size_t slots_per_reader =
+        cfg->building.max_buffer_bytes / readers / (slot_bytes + alloc::BufferPool::kMetaBytes);
+    std::vector<std::unique_ptr<alloc::Arena>> arenas;
+    std::vector<std::unique_ptr<alloc::BufferPool>> pools;
+    std::vector<alloc::BufferPool*> pool_ptrs;
+    for (std::uint32_t r = 0; r < readers; ++r) {
+        arenas.push_back(std::make_unique<alloc::Arena>(fmt::format("reader-{}", r)));
+        pools.push_back(std::make_unique<alloc::BufferPool>(*arenas.back(), static_cast<std::uint16_t>(r),
+                                                            slots_per_reader, slot_bytes, shards + 1));
+        pool_ptrs.push_back(pools.back().get());
+    }
+
+    PipelineSettings ps;
+    ps.workers = cfg->building.workers;
+    ps.shards = shards;
+    ps.matcher.sources = cfg->sources;
+    ps.matcher.max_events = std::max<std::uint32_t>(4, cfg->building.max_events_in_flight / shards);
+    ps.matcher.late_window = cfg->building.late_window;
+    ps.matcher.timeout_ns = std::uint64_t{cfg->building.timeout_ms} * 1'000'000ull;
+
+    stats::WriterCounters writer_counters;
+    std::vector<std::unique_ptr<stats::ReaderCounters>> reader_counters;
+    for (std::uint32_t r = 0; r < readers; ++r) reader_counters.push_back(std::make_unique<stats::ReaderCounters>());
+
+    // The assemblers ring the writer's doorbell after each hand-off.
+    Doorbell writer_doorbell;
+    auto pipeline = std::make_unique<Pipeline>(ps, pool_ptrs, writer_doorbell);
+    auto writer = std::make_unique<DiskWriter>(make_writer_settings(*cfg), pipeline->writer_rings(),
+                                               pipeline->done_rings(), pool_ptrs, shards, writer_counters,
+                                               writer_doorbell);
+
+    std::vector<std::unique_ptr<SocketReader>> reader_agents;
+    rules.push_back(std::make_unique<AdmissionRules>(make_rules(*cfg)));
+    for (std::uint32_t r = 0; r < readers; ++r) {
+        reader_agents.push_back(std::make_unique<SocketReader>(static_cast<std::uint16_t>(r), sockets[r].fd, *pools[r],
+                                                               *pipeline, cfg->input.batch, *reader_counters[r]));
+        (void)reader_agents.back()->commands().try_push(rules.back().get());
+    }
+
+    monitor::Sources msrc;
+    for (auto& c : reader_counters) msrc.readers.push_back(c.get());
+    for (auto& c : pipeline->counters()) msrc.matchers.push_back(c.get());
+    msrc.writer = &writer_counters;
+    msrc.sources = cfg->sources;
+    msrc.run_number = cfg->run_number;
+    std::unique_ptr<monitor::Exporter> exporter;
+    if (!cfg->monitor.listen.empty()) {
+        exporter = std::make_unique<monitor::Exporter>(cfg->monitor.listen, msrc);
+        log_info("metrics on http://{}/metrics", exporter->bound_address());
+    }
+
+    AgentRunner writer_runner("evb-writer", *writer);
+    std::vector<std::unique_ptr<AgentRunner>> reader_runners;
+    for (std::uint32_t r = 0; r < readers; ++r)
+        reader_runners.push_back(std::make_unique<AgentRunner>(
+            fmt::format("evb-rx-{}", r), *reader_agents[r], r < cfg->input.cpus.size() ? cfg->input.cpus[r] : -1));
+    writer_runner.start();
+    for (auto& rr : reader_runners) rr->start();
+    log_info("building run {} from {} sources on {} ({} reader(s), {} shard(s), {} worker(s)); writing to {}",
+             cfg->run_number, cfg->sources.size(), listen.to_string(), readers, shards, cfg->building.workers,
+             cfg->output.directory);
+
+    // The service loop: timeout ticks and signals.
+    const auto tick = std::chrono::milliseconds(std::clamp<std::uint32_t>(cfg->building.timeout_ms / 4, 1, 50));
+    timespec ts{0, static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(tick).count())};
+    int exit_code = 0;
+    while (true) {
+        const int sig = ::sigtimedwait(&sigs, nullptr, &ts);
+        if (sig == SIGTERM || sig == SIGINT) {
+            log_info("{}: stopping intake, draining events in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+            break;
+        }
+        if (sig == SIGHUP) log_warn("SIGHUP: configuration reload is not wired yet; keeping the current configuration");
+        pipeline->tick(realtime_ns());
+    }
+
+    // Shutdown: readers stop first (nothing new enters), then every event in flight
+    // is handed on, the graph drains, and the writer writes all of it and closes.
+    for (auto& rr : reader_runners) rr->stop();
+    pipeline->flush(realtime_ns());
+    pipeline->wait_idle();
+    writer_runner.stop();
+    exporter.reset();
+
+    std::uint64_t complete = 0, incomplete = 0;
+    for (auto& c : pipeline->counters()) {
+        complete += c->events_complete.get();
+        incomplete += c->events_incomplete.get();
+    }
+    log_info("stopped: {} events complete, {} incomplete, {} written ({} payload bytes), {} files closed, {} write errors",
+             complete, incomplete, writer_counters.events_written.get(), writer_counters.payload_bytes.get(),
+             writer_counters.files_closed.get(), writer_counters.write_errors.get());
+    for (auto& s : sockets) ::close(s.fd);
+    if (writer_counters.write_errors.get() > 0) exit_code = 1;
+    return exit_code;
+}
+
+}  // namespace evb

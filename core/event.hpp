@@ -1,0 +1,102 @@
+// The event model shared by the matcher, the assembler and the disk writer.
+//
+// A received datagram stays in its receive slot from recvmmsg until its bytes are
+// written: the reader writes a ChunkMeta into the slot's meta area, the matcher links
+// chunks into fragments, the writer gathers payloads straight from the slots.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "allocators/buffer_pool.hpp"
+#include "core/file_format.hpp"
+#include "core/wire.hpp"
+
+namespace evb {
+
+// Lives in the first bytes of a receive slot; the datagram follows the meta area.
+struct ChunkMeta {
+    ChunkMeta* next;  // batch list (reader -> matcher), then the fragment's chunk list
+    std::uint64_t event_id;
+    std::uint32_t source_id;
+    std::uint32_t run_number;
+    std::uint32_t fragment_length;
+    std::uint32_t chunk_offset;
+    std::uint32_t payload_length;
+    std::uint32_t payload_crc32c;
+    std::uint32_t slot;  // index in the owner's pool
+    std::uint16_t chunk_index;
+    std::uint16_t chunk_count;
+    std::uint16_t flags;
+    std::uint16_t owner;  // pool (reader) id
+
+    const std::byte* payload() const noexcept {
+        return reinterpret_cast<const std::byte*>(this) + alloc::BufferPool::kMetaBytes +
+               wire::kFragmentHeaderBytes;
+    }
+    static ChunkMeta* in_slot(std::byte* meta) noexcept { return reinterpret_cast<ChunkMeta*>(meta); }
+};
+static_assert(sizeof(ChunkMeta) <= alloc::BufferPool::kMetaBytes);
+
+// Per expected source, within one event.
+struct SourceState {
+    ChunkMeta* head;       // chunks sorted by chunk_index
+    ChunkMeta* tail;
+    std::uint64_t bitmap;  // chunks 0..63 seen (duplicate detection)
+    std::uint32_t fragment_length;
+    std::uint16_t chunk_count;
+    std::uint16_t received;
+    std::uint8_t state;  // kSeen | kComplete | kEmpty | kSourceError
+    static constexpr std::uint8_t kSeen = 1, kComplete = 2, kEmpty = 4, kSourceError = 8;
+};
+
+struct Event {
+    std::uint64_t event_id;
+    std::uint32_t run_number;
+    std::uint32_t status;  // file::record_status bits
+    std::uint64_t first_fragment_unix_ns;
+    std::uint64_t built_unix_ns;
+    Event* older;     // in-flight list, oldest first (timeouts)
+    Event* newer;
+    Event* next_out;  // matcher -> assembler -> writer hand-off list
+    std::uint32_t complete_sources;
+    std::uint32_t section_count;
+    std::uint32_t record_length;  // set by assembly
+    std::uint16_t shard;
+    SourceState* src;  // section_count entries, in ascending source id order
+    std::byte* meta;   // record header, then one 16-byte header per section
+
+    std::byte* record_header() const noexcept { return meta; }
+    std::byte* section_header(std::uint32_t i) const noexcept {
+        return meta + file::kRecordHeaderBytes + file::kSectionHeaderBytes * i;
+    }
+    bool section_present(std::uint32_t i) const noexcept { return src[i].state & SourceState::kComplete; }
+};
+
+inline constexpr std::size_t event_meta_bytes(std::size_t sections) noexcept {
+    return file::kRecordHeaderBytes + file::kSectionHeaderBytes * sections;
+}
+
+// Zero bytes for section padding.
+inline constexpr std::byte kZeroPad[8] = {};
+
+// Visits the pieces of an assembled record after its 56-byte header, in file
+// order: section header, the fragment's chunk payloads, padding. The assembler runs
+// it to compute the record CRC and the writer to build its gather list, so both
+// agree on the layout by construction.
+template <typename F>
+void for_each_record_piece(const Event& ev, F&& piece) {
+    for (std::uint32_t i = 0; i < ev.section_count; ++i) {
+        piece(ev.section_header(i), file::kSectionHeaderBytes);
+        if (!ev.section_present(i)) continue;
+        for (const ChunkMeta* c = ev.src[i].head; c != nullptr; c = c->next)
+            if (c->payload_length > 0) piece(c->payload(), std::size_t{c->payload_length});
+        const std::size_t pad = file::padded8(ev.src[i].fragment_length) - ev.src[i].fragment_length;
+        if (pad > 0) piece(kZeroPad, pad);
+    }
+}
+
+// Fills the record and section headers and the record CRC of a built event.
+void assemble(Event& ev) noexcept;
+
+}  // namespace evb

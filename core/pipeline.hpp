@@ -1,0 +1,63 @@
+// The oneTBB flow graph between the socket readers and the disk writer:
+//
+//   reader --try_put--> matcher[k] (serial) --Event list--> assembler[k] (serial)
+//                                                   --SPSC ring k--> disk writer
+//
+// Shard k's matcher and assembler each run as one task at a time, so shard state
+// needs no locks; different shards run in parallel on the graph's task arena.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "allocators/arena.hpp"
+#include "allocators/buffer_pool.hpp"
+#include "core/matcher.hpp"
+#include "monitor/counters.hpp"
+#include "threads/socket_reader.hpp"
+#include "threads/spsc_ring.hpp"
+#include "threads/wait.hpp"
+
+namespace evb {
+
+struct PipelineSettings {
+    std::uint32_t workers = 2;
+    std::uint32_t shards = 2;
+    MatcherSettings matcher;  // max_events is per shard
+};
+
+class Pipeline final : public ShardSink {
+public:
+    // pools: every buffer pool whose slots may enter the graph (the matcher of shard k
+    // returns dropped slots through return port k of each pool).
+    Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> pools, Doorbell& writer_doorbell);
+    ~Pipeline() override;
+
+    std::uint32_t shard_count() const noexcept override { return static_cast<std::uint32_t>(shards_.size()); }
+    void submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept override;
+
+    // Timeout sweep on every shard at time now_ns (skipped for a shard whose last
+    // tick is still queued).
+    void tick(std::uint64_t now_ns) noexcept;
+    // Every event in flight is handed on (INCOMPLETE unless complete).
+    void flush(std::uint64_t now_ns) noexcept;
+    void set_timeout_ns(std::uint64_t ns) noexcept;
+    // Waits until every message put so far has been processed.
+    void wait_idle();
+
+    std::vector<SpscRing<Event*>*> writer_rings();
+    std::vector<SpscRing<Event*>*> done_rings();
+    std::size_t events_in_flight() const noexcept;
+    const std::vector<std::unique_ptr<stats::MatcherCounters>>& counters() const noexcept { return counters_; }
+
+private:
+    struct Impl;
+    struct Shard;
+    std::unique_ptr<Impl> impl_;
+    std::vector<std::unique_ptr<Shard>> shards_;
+    std::vector<std::unique_ptr<stats::MatcherCounters>> counters_;
+};
+
+}  // namespace evb

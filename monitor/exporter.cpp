@@ -1,0 +1,312 @@
+#include "monitor/exporter.hpp"
+
+#include <CivetServer.h>
+#include <civetweb.h>
+#include <prometheus/collectable.h>
+#include <prometheus/exposer.h>
+#include <prometheus/metric_family.h>
+#include <time.h>
+
+#include <fmt/format.h>
+
+#include "allocators/arena.hpp"
+#include "core/wire.hpp"
+
+#ifndef EVB_VERSION
+#define EVB_VERSION "unknown"
+#endif
+#ifndef EVB_GIT_HASH
+#define EVB_GIT_HASH "unknown"
+#endif
+
+namespace evb::monitor {
+
+namespace {
+
+double now_s() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+const double kStartTime = now_s();
+
+FamilyOut scalar(std::string name, std::string help, FamilyOut::Type t, double v) {
+    FamilyOut f{std::move(name), std::move(help), t, {}, {}};
+    f.samples.push_back({{}, v, {}, 0});
+    return f;
+}
+
+template <typename Block, typename Get>
+double sum(const std::vector<const Block*>& blocks, Get get) {
+    double v = 0;
+    for (const Block* b : blocks) v += static_cast<double>(get(*b));
+    return v;
+}
+
+FamilyOut histogram(std::string name, std::string help, const std::vector<const stats::LatencyHistogram*>& hs) {
+    FamilyOut f{std::move(name), std::move(help), FamilyOut::Type::histogram, {}, {}};
+    for (auto b : stats::LatencyHistogram::kBoundsNs) f.bounds.push_back(static_cast<double>(b) * 1e-9);
+    FamilyOut::Sample s;
+    s.buckets.assign(f.bounds.size(), 0);
+    double sum_ns = 0;
+    std::uint64_t total = 0;
+    for (const auto* h : hs) {
+        std::uint64_t cum = 0;
+        for (std::size_t i = 0; i < f.bounds.size(); ++i) {
+            cum += h->bucket(i);
+            s.buckets[i] += cum;
+        }
+        total += cum + h->bucket(f.bounds.size());
+        sum_ns += static_cast<double>(h->sum_ns());
+    }
+    s.count = total;
+    s.value = sum_ns * 1e-9;
+    f.samples.push_back(std::move(s));
+    return f;
+}
+
+}  // namespace
+
+std::vector<FamilyOut> collect(const Sources& s) {
+    using T = FamilyOut::Type;
+    std::vector<FamilyOut> out;
+    const auto& R = s.readers;
+    const auto& M = s.matchers;
+    out.push_back(scalar("evb_datagrams_received_total", "Datagrams read from the input sockets, good or bad.", T::counter,
+                         sum(R, [](auto& b) { return b.datagrams.get(); })));
+    out.push_back(scalar("evb_received_bytes_total", "Bytes of datagrams read from the input sockets.", T::counter,
+                         sum(R, [](auto& b) { return b.bytes.get(); })));
+    {
+        FamilyOut f{"evb_malformed_datagrams_total", "Datagrams dropped as malformed, by the rule they broke.", T::counter, {}, {}};
+        for (std::size_t i = 1; i < wire::kParseErrorCount; ++i) {
+            const auto reason = static_cast<wire::ParseError>(i);
+            double v = sum(R, [i](auto& b) { return b.malformed[i].get(); });
+            if (reason == wire::ParseError::inconsistent_chunk) v += sum(M, [](auto& b) { return b.inconsistent_chunks.get(); });
+            f.samples.push_back({{{"reason", std::string(wire::parse_error_name(reason))}}, v, {}, 0});
+        }
+        f.samples.push_back({{{"reason", "truncated"}}, sum(R, [](auto& b) { return b.truncated.get(); }), {}, 0});
+        out.push_back(std::move(f));
+    }
+    {
+        FamilyOut f{"evb_rejected_datagrams_total", "Well-formed datagrams not taken, by reason.", T::counter, {}, {}};
+        auto add = [&](const char* r, double v) { f.samples.push_back({{{"reason", r}}, v, {}, 0}); };
+        add("wrong_run", sum(R, [](auto& b) { return b.wrong_run.get(); }));
+        add("other_builder", sum(R, [](auto& b) { return b.other_builder.get(); }));
+        add("disallowed_sender", sum(R, [](auto& b) { return b.disallowed_sender.get(); }));
+        add("not_fragment", sum(R, [](auto& b) { return b.not_fragment.get(); }));
+        add("unknown_source", sum(M, [](auto& b) { return b.unknown_source.get(); }));
+        add("in_flight_limit", sum(M, [](auto& b) { return b.in_flight_limit_drops.get(); }));
+        out.push_back(std::move(f));
+    }
+    out.push_back(scalar("evb_duplicate_chunks_total", "Chunks seen a second time (the first copy is kept).", T::counter,
+                         sum(M, [](auto& b) { return b.duplicate_chunks.get(); })));
+    out.push_back(scalar("evb_crc_failures_total", "Chunks whose payload failed its CRC32C (dropped).", T::counter,
+                         sum(M, [](auto& b) { return b.crc_failures.get(); })));
+    out.push_back(scalar("evb_late_fragments_total", "Chunks that arrived for an event already written (dropped).", T::counter,
+                         sum(M, [](auto& b) { return b.late_fragments.get(); })));
+    out.push_back(scalar("evb_kernel_receive_drops_total", "Datagrams the kernel dropped because a socket buffer was full (SO_RXQ_OVFL).",
+                         T::counter, sum(R, [](auto& b) { return b.kernel_drops.get(); })));
+    out.push_back(scalar("evb_receive_buffer_waits_total", "Times a reader found every receive buffer in use.", T::counter,
+                         sum(R, [](auto& b) { return b.buffer_waits.get(); })));
+    out.push_back(scalar("evb_fragments_complete_total", "Fragments with every chunk received.", T::counter,
+                         sum(M, [](auto& b) { return b.fragments.get(); })));
+    {
+        FamilyOut f{"evb_events_built_total", "Events built, by status.", T::counter, {}, {}};
+        f.samples.push_back({{{"status", "complete"}}, sum(M, [](auto& b) { return b.events_complete.get(); }), {}, 0});
+        f.samples.push_back({{{"status", "incomplete"}}, sum(M, [](auto& b) { return b.events_incomplete.get(); }), {}, 0});
+        out.push_back(std::move(f));
+    }
+    out.push_back(scalar("evb_events_in_flight", "Events being built (first fragment seen, not yet complete or timed out).",
+                         T::gauge, sum(M, [](auto& b) { return b.events_in_flight.get(); })));
+    {
+        std::vector<const stats::LatencyHistogram*> hs;
+        for (const auto* m : M) hs.push_back(&m->build_latency);
+        out.push_back(histogram("evb_event_build_latency_seconds", "First fragment to complete (or timed out).", hs));
+    }
+    if (const auto* w = s.writer) {
+        out.push_back(scalar("evb_events_written_total", "Event records written to files.", T::counter, static_cast<double>(w->events_written.get())));
+        out.push_back(scalar("evb_written_payload_bytes_total", "Fragment payload bytes written.", T::counter, static_cast<double>(w->payload_bytes.get())));
+        out.push_back(scalar("evb_written_record_bytes_total", "Record bytes written (headers, payload, padding).", T::counter, static_cast<double>(w->records_bytes.get())));
+        out.push_back(scalar("evb_files_opened_total", "Output files opened.", T::counter, static_cast<double>(w->files_opened.get())));
+        out.push_back(scalar("evb_files_closed_total", "Output files closed cleanly (index and footer written).", T::counter, static_cast<double>(w->files_closed.get())));
+        out.push_back(scalar("evb_write_errors_total", "Failed opens, writes or closes of output files.", T::counter, static_cast<double>(w->write_errors.get())));
+        out.push_back(scalar("evb_events_lost_write_error_total", "Built events that could not be written.", T::counter, static_cast<double>(w->events_lost_write_error.get())));
+        out.push_back(scalar("evb_writer_queue_depth", "Events handed to the disk writer and not yet written.", T::gauge, static_cast<double>(w->queue_depth.get())));
+        out.push_back(histogram("evb_event_write_latency_seconds", "Event built to record written.", {&w->write_latency}));
+    }
+    out.push_back(scalar("evb_expected_sources", "Sources in the configuration.", T::gauge, static_cast<double>(s.sources.size())));
+    out.push_back(scalar("evb_process_start_time_seconds", "Start time of the process since the Unix epoch.", T::gauge, kStartTime));
+    {
+        FamilyOut f{"evb_build_info", "Version and git hash of this build.", T::gauge, {}, {}};
+        f.samples.push_back({{{"version", EVB_VERSION}, {"git_hash", EVB_GIT_HASH}}, 1, {}, 0});
+        out.push_back(std::move(f));
+    }
+    if (auto* c = s.control) {
+        out.push_back(scalar("evb_run_number", "Run being built.", T::gauge, c->run_number.load()));
+        out.push_back(scalar("evb_config_last_reload_successful", "1 if the last configuration reload succeeded.", T::gauge,
+                             c->last_reload_ok.load() ? 1 : 0));
+        out.push_back(scalar("evb_config_last_reload_success_timestamp_seconds", "Time of the last successful configuration load.",
+                             T::gauge, static_cast<double>(c->last_reload_success_unix_s.load())));
+        out.push_back(scalar("evb_socket_receive_buffer_bytes", "Receive buffer the kernel granted per input socket.", T::gauge,
+                             static_cast<double>(c->socket_buffer_bytes.load())));
+        out.push_back(scalar("evb_socket_receive_buffer_capped", "1 if the kernel granted less receive buffer than configured.",
+                             T::gauge, c->socket_buffer_capped.load() ? 1 : 0));
+    }
+    {
+        const auto arenas = alloc::arena_stats();
+        FamilyOut a{"evb_jemalloc_arena_allocated_bytes", "Bytes allocated in each evbd jemalloc arena.", T::gauge, {}, {}};
+        FamilyOut b{"evb_jemalloc_arena_active_bytes", "Bytes in active pages of each evbd jemalloc arena.", T::gauge, {}, {}};
+        FamilyOut r{"evb_jemalloc_arena_resident_bytes", "Resident bytes of each evbd jemalloc arena.", T::gauge, {}, {}};
+        for (const auto& st : arenas) {
+            a.samples.push_back({{{"arena", st.name}}, static_cast<double>(st.allocated_bytes), {}, 0});
+            b.samples.push_back({{{"arena", st.name}}, static_cast<double>(st.active_bytes), {}, 0});
+            r.samples.push_back({{{"arena", st.name}}, static_cast<double>(st.resident_bytes), {}, 0});
+        }
+        if (!arenas.empty()) {
+            out.push_back(std::move(a));
+            out.push_back(std::move(b));
+            out.push_back(std::move(r));
+        }
+    }
+    if (s.extra) s.extra(out);
+    return out;
+}
+
+namespace {
+
+class Collector final : public prometheus::Collectable {
+public:
+    explicit Collector(const Sources& s) : s_(s) {}
+    std::vector<prometheus::MetricFamily> Collect() const override {
+        std::vector<prometheus::MetricFamily> fams;
+        for (auto& f : collect(s_)) {
+            prometheus::MetricFamily m;
+            m.name = f.name;
+            m.help = f.help;
+            m.type = f.type == FamilyOut::Type::counter ? prometheus::MetricType::Counter
+                     : f.type == FamilyOut::Type::gauge ? prometheus::MetricType::Gauge
+                                                        : prometheus::MetricType::Histogram;
+            for (auto& smp : f.samples) {
+                prometheus::ClientMetric cm;
+                for (auto& [k, v] : smp.labels) cm.label.push_back({k, v});
+                if (f.type == FamilyOut::Type::counter) cm.counter.value = smp.value;
+                else if (f.type == FamilyOut::Type::gauge) cm.gauge.value = smp.value;
+                else {
+                    cm.histogram.sample_count = smp.count;
+                    cm.histogram.sample_sum = smp.value;
+                    for (std::size_t i = 0; i < f.bounds.size(); ++i)
+                        cm.histogram.bucket.push_back({smp.buckets[i], f.bounds[i]});
+                    cm.histogram.bucket.push_back({smp.count, std::numeric_limits<double>::infinity()});
+                }
+                m.metric.push_back(std::move(cm));
+            }
+            fams.push_back(std::move(m));
+        }
+        return fams;
+    }
+
+private:
+    Sources s_;
+};
+
+// civetweb calls this before the Exposer's handlers; it serves the status page at
+// "/" and leaves every other path (such as /metrics) to the Exposer.
+const Sources* g_status_sources = nullptr;
+
+std::string status_page(const Sources& s) {
+    double complete = 0, incomplete = 0, inflight = 0;
+    for (const auto* m : s.matchers) {
+        complete += static_cast<double>(m->events_complete.get());
+        incomplete += static_cast<double>(m->events_incomplete.get());
+        inflight += static_cast<double>(m->events_in_flight.get());
+    }
+    double dgrams = 0, bytes = 0, drops = 0;
+    for (const auto* r : s.readers) {
+        dgrams += static_cast<double>(r->datagrams.get());
+        bytes += static_cast<double>(r->bytes.get());
+        drops += static_cast<double>(r->kernel_drops.get());
+    }
+    const double up = now_s() - kStartTime;
+    std::string reload = "none yet";
+    std::vector<std::string> files;
+    std::uint32_t run = s.run_number;
+    if (s.control) {
+        std::lock_guard lock(s.control->text_mutex);
+        reload = s.control->last_reload_message;
+        files = s.control->open_files;
+        run = s.control->run_number.load();
+    }
+    std::string rows;
+    auto row = [&](const std::string& k, const std::string& v) { rows += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, v); };
+    row("run", std::to_string(run));
+    row("uptime", fmt::format("{:.0f} s", up));
+    row("expected sources", std::to_string(s.sources.size()));
+    row("datagrams received", fmt::format("{:.0f} (average {:.0f}/s)", dgrams, up > 0 ? dgrams / up : 0));
+    row("bytes received", fmt::format("{:.0f} (average {:.1f} MB/s)", bytes, up > 0 ? bytes / up / 1e6 : 0));
+    row("kernel drops", fmt::format("{:.0f}", drops));
+    row("events built", fmt::format("{:.0f} complete, {:.0f} incomplete (average {:.0f}/s)", complete, incomplete,
+                                    up > 0 ? (complete + incomplete) / up : 0));
+    row("events in flight", fmt::format("{:.0f}", inflight));
+    if (s.writer) {
+        row("events written", std::to_string(s.writer->events_written.get()));
+        row("payload written", fmt::format("{} bytes", s.writer->payload_bytes.get()));
+        row("write errors", std::to_string(s.writer->write_errors.get()));
+    }
+    std::string fl;
+    for (auto& f : files) fl += f + "<br>";
+    row("files being written", fl.empty() ? "none" : fl);
+    row("last reload", reload);
+    return fmt::format(
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>evbd</title>"
+        "<meta http-equiv=\"refresh\" content=\"5\"><style>body{{font-family:sans-serif}}th{{text-align:left;padding-right:1em}}</style>"
+        "</head><body><h1>evbd {}</h1><table>\n{}</table><p><a href=\"/metrics\">metrics</a></p></body></html>\n",
+        EVB_VERSION, rows);
+}
+
+int begin_request(struct mg_connection* conn) {
+    const mg_request_info* ri = mg_get_request_info(conn);
+    if (ri == nullptr || ri->local_uri == nullptr || std::string_view(ri->local_uri) != "/" || !g_status_sources) return 0;
+    if (std::string_view(ri->request_method) != "GET" && std::string_view(ri->request_method) != "HEAD") {
+        mg_printf(conn, "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        return 405;
+    }
+    const std::string body = status_page(*g_status_sources);
+    mg_printf(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+              body.size());
+    if (std::string_view(ri->request_method) == "GET") mg_write(conn, body.data(), body.size());
+    return 200;
+}
+
+}  // namespace
+
+struct Exporter::Impl {
+    Sources sources;
+    CivetCallbacks callbacks{};
+    std::unique_ptr<prometheus::Exposer> exposer;
+    std::shared_ptr<Collector> collector;
+    std::string host;
+};
+
+Exporter::Exporter(const std::string& listen, Sources sources) : impl_(std::make_unique<Impl>()) {
+    impl_->sources = std::move(sources);
+    impl_->callbacks.begin_request = &begin_request;
+    g_status_sources = &impl_->sources;
+    const auto colon = listen.rfind(':');
+    impl_->host = colon == std::string::npos ? listen : listen.substr(0, colon);
+    // civetweb wants "ADDR:PORT"; its worker threads only serve scrapes.
+    impl_->exposer = std::make_unique<prometheus::Exposer>(listen, 2, &impl_->callbacks);
+    impl_->collector = std::make_shared<Collector>(impl_->sources);
+    impl_->exposer->RegisterCollectable(impl_->collector);
+}
+
+Exporter::~Exporter() {
+    impl_->exposer.reset();
+    g_status_sources = nullptr;
+}
+
+std::string Exporter::bound_address() const {
+    const auto ports = impl_->exposer->GetListeningPorts();
+    return fmt::format("{}:{}", impl_->host, ports.empty() ? 0 : ports[0]);
+}
+
+}  // namespace evb::monitor

@@ -1,0 +1,71 @@
+// The Prometheus scrape endpoint (prometheus-cpp pull Exposer) and the human status
+// page at `/`. Metrics are gathered at scrape time from the per-thread counter
+// blocks: the hot path never talks to the exporter.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "monitor/counters.hpp"
+
+namespace evb::monitor {
+
+// Control-plane state the exporter shows; updated by the service loop.
+struct ControlState {
+    std::atomic<std::uint32_t> run_number{0};
+    std::atomic<bool> last_reload_ok{true};
+    std::atomic<std::uint64_t> last_reload_success_unix_s{0};
+    std::atomic<std::uint64_t> reloads{0};
+    std::atomic<std::uint64_t> socket_buffer_bytes{0};
+    std::atomic<bool> socket_buffer_capped{false};
+    std::mutex text_mutex;  // guards the strings below (status page only)
+    std::string last_reload_message = "none yet";
+    std::vector<std::string> open_files;
+};
+
+struct Sources {
+    std::vector<const stats::ReaderCounters*> readers;
+    std::vector<const stats::MatcherCounters*> matchers;
+    const stats::WriterCounters* writer = nullptr;
+    std::vector<std::uint32_t> sources;
+    std::uint32_t run_number = 0;
+    ControlState* control = nullptr;
+    // Extra families (pull mode adds its own), appended at scrape time.
+    std::function<void(std::vector<struct FamilyOut>&)> extra;
+};
+
+// A metric family to expose, in a form independent of prometheus-cpp's headers.
+struct FamilyOut {
+    std::string name, help;
+    enum class Type { counter, gauge, histogram } type = Type::counter;
+    struct Sample {
+        std::vector<std::pair<std::string, std::string>> labels;
+        double value = 0;
+        std::vector<std::uint64_t> buckets;  // histogram: cumulative counts per bound
+        std::uint64_t count = 0;
+    };
+    std::vector<double> bounds;  // histogram upper bounds (seconds)
+    std::vector<Sample> samples;
+};
+
+// Builds every family from the counter blocks (exposed for tests).
+std::vector<FamilyOut> collect(const Sources& s);
+
+class Exporter {
+public:
+    // Binds `listen` ("HOST:PORT", port 0 = any free port). Throws on failure.
+    Exporter(const std::string& listen, Sources sources);
+    ~Exporter();
+    std::string bound_address() const;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace evb::monitor

@@ -1,0 +1,203 @@
+#include "threads/disk_writer.hpp"
+
+#include <sys/stat.h>
+#include <time.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+
+#include "core/log.hpp"
+
+namespace evb {
+
+namespace {
+constexpr std::size_t kMaxIov = 4096;            // flush once the gather list is this long
+constexpr std::size_t kMaxBatchBytes = 8u << 20;  // ... or holds this many bytes
+constexpr std::size_t kMaxEventsPerWork = 1024;
+
+std::uint64_t realtime_ns() noexcept {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+}  // namespace
+
+DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,
+                       std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
+                       std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell)
+    : s_(s),
+      inputs_(std::move(inputs)),
+      done_rings_(std::move(done_rings)),
+      returns_(std::move(pools), return_port),
+      counters_(counters),
+      doorbell_(doorbell),
+      done_pending_(done_rings_.size()) {
+    iov_.reserve(kMaxIov + 4096);
+    batch_.reserve(kMaxEventsPerWork);
+    scratch_.reserve(kMaxEventsPerWork);
+    for (auto& d : done_pending_) d.reserve(kMaxEventsPerWork);
+}
+
+std::size_t DiskWriter::pending() const noexcept {
+    std::size_t n = 0;
+    for (const auto* r : inputs_) n += r->size_approx();
+    return n;
+}
+
+bool DiskWriter::open_file(std::uint32_t run) {
+    const std::uint64_t now = realtime_ns();
+    if (now < retry_open_after_ns_) return false;
+    ::mkdir(s_.directory.c_str(), 0755);
+    if (run != file_run_) next_seq_ = 0;
+    const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
+    file::FileHeader h{run, seq, s_.builder_id, s_.expected_sources, now};
+    if (const int e = file_.open(s_.directory, h); e != 0) {
+        counters_.write_errors.add();
+        log_error("cannot open {}/{}: {} (retrying in 1 s)", s_.directory,
+                   file::file_name(run, s_.builder_id, seq, true), std::strerror(e));
+        retry_open_after_ns_ = now + 1'000'000'000ull;
+        return false;
+    }
+    file_run_ = run;
+    next_seq_ = seq + 1;
+    last_sync_ns_ = now;
+    counters_.files_opened.add();
+    return true;
+}
+
+void DiskWriter::close_file() {
+    if (!file_.is_open()) return;
+    flush_batch();
+    const bool sync = s_.fsync != FsyncPolicy::never;
+    if (const int e = file_.close_clean(sync); e != 0) {
+        counters_.write_errors.add();
+        log_error("closing {}: {} (the .part file keeps every record written)",
+                   file_.part_path(), std::strerror(e));
+        file_.abandon();
+        return;
+    }
+    counters_.files_closed.add();
+}
+
+void DiskWriter::flush_batch() {
+    if (!iov_.empty() && !batch_failed_) {
+        if (const int e = file_.append(iov_.data(), iov_.size()); e != 0) {
+            counters_.write_errors.add();
+            log_error("writing {}: {}; {} events in this batch are lost, the file is "
+                       "left as .part holding every earlier record", file_.part_path(), std::strerror(e), batch_.size());
+            batch_failed_ = true;
+            file_.abandon();
+            retry_open_after_ns_ = realtime_ns() + 1'000'000'000ull;
+        } else {
+            counters_.writes.add();
+        }
+    }
+    iov_.clear();
+    batch_bytes_ = 0;
+    release_batch();
+}
+
+void DiskWriter::release_batch() {
+    if (batch_.empty()) return;
+    const std::uint64_t now = realtime_ns();
+    if (!batch_failed_ && written_hook_) written_hook_(batch_.data(), batch_.size());
+    std::uint64_t payload = 0, records = 0;
+    for (Event* e : batch_) {
+        for (std::uint32_t i = 0; i < e->section_count; ++i) {
+            if (!e->section_present(i)) continue;
+            payload += e->src[i].fragment_length;
+            for (ChunkMeta* c = e->src[i].head; c != nullptr;) {
+                ChunkMeta* next = c->next;  // read before the slot can be reused
+                returns_.add(c->owner, c->slot);
+                c = next;
+            }
+        }
+        records += e->record_length;
+        counters_.write_latency.observe(now > e->built_unix_ns ? now - e->built_unix_ns : 0);
+        done_pending_[e->shard].push_back(e);
+    }
+    returns_.flush();
+    for (std::size_t k = 0; k < done_pending_.size(); ++k) {
+        auto& d = done_pending_[k];
+        if (d.empty()) continue;
+        // Cannot fail: a shard's done ring holds its whole event pool.
+        const std::size_t pushed = done_rings_[k]->try_push_n(d.data(), d.size());
+        (void)pushed;
+        d.clear();
+    }
+    if (batch_failed_) {
+        counters_.events_lost_write_error.add(batch_.size());
+    } else {
+        counters_.events_written.add(batch_.size());
+        counters_.payload_bytes.add(payload);
+        counters_.records_bytes.add(records);
+    }
+    batch_.clear();
+    batch_failed_ = false;
+}
+
+std::size_t DiskWriter::drain(std::size_t max_events) {
+    std::size_t total = 0;
+    for (auto* ring : inputs_) {
+        const std::size_t n = ring->try_pop_n(scratch_.data(), std::min(max_events - total, scratch_.capacity()));
+        for (std::size_t k = 0; k < n; ++k) {
+            Event* e = scratch_[k];
+            if (file_.is_open() && e->run_number != file_run_) close_file();
+            if (!file_.is_open() && !open_file(e->run_number)) {
+                // No file to write to: the event is counted as lost (write error).
+                batch_failed_ = true;
+                batch_.push_back(e);
+                release_batch();
+                continue;
+            }
+            const std::uint64_t offset = file_.size() + batch_bytes_;
+            file_.note_record(e->event_id, offset);
+            iov_.push_back({e->record_header(), file::kRecordHeaderBytes});
+            for_each_record_piece(*e, [this](const void* p, std::size_t len) {
+                iov_.push_back({const_cast<void*>(p), len});
+            });
+            batch_bytes_ += e->record_length;
+            batch_.push_back(e);
+            if (iov_.size() >= kMaxIov || batch_bytes_ >= kMaxBatchBytes || batch_.size() == batch_.capacity())
+                flush_batch();
+            if (file_.is_open() && file_.size() + batch_bytes_ >= s_.max_file_bytes) close_file();
+        }
+        total += n;
+        if (total >= max_events) break;
+    }
+    flush_batch();
+    return total;
+}
+
+std::size_t DiskWriter::do_work() {
+    const WriterSettings* next = nullptr;
+    for (int i = 0; i < 4 && commands_.try_pop(next); ++i) {
+        s_.max_file_bytes = next->max_file_bytes;
+        s_.fsync = next->fsync;
+        s_.fsync_period_ms = next->fsync_period_ms;
+    }
+    const std::size_t n = drain(kMaxEventsPerWork);
+    counters_.queue_depth.set(pending());
+    if (s_.fsync == FsyncPolicy::periodic && file_.is_open()) {
+        const std::uint64_t now = realtime_ns();
+        if (now - last_sync_ns_ >= std::uint64_t{s_.fsync_period_ms} * 1'000'000ull) {
+            file_.datasync();
+            last_sync_ns_ = now;
+        }
+    }
+    return n;
+}
+
+void DiskWriter::on_idle() {
+    doorbell_.park(std::chrono::milliseconds(50), [this] { return pending() > 0; });
+}
+
+void DiskWriter::on_close() {
+    // Final drain: everything the shards handed over is written before the file closes.
+    while (drain(kMaxEventsPerWork) > 0) {
+    }
+    close_file();
+}
+
+}  // namespace evb

@@ -1,0 +1,85 @@
+// The disk-writer thread: takes assembled events from one ring per matcher shard,
+// gathers each record straight from the receive slots (pwritev, many records per
+// call), rotates and closes files, then hands slots back to their readers and
+// events back to their shards.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "allocators/buffer_pool.hpp"
+#include "core/event.hpp"
+#include "core/config.hpp"
+#include "core/output_file.hpp"
+#include "monitor/counters.hpp"
+#include "threads/runner.hpp"
+#include "threads/spsc_ring.hpp"
+#include "threads/wait.hpp"
+
+namespace evb {
+
+struct WriterSettings {
+    std::string directory;
+    std::uint32_t builder_id = 0;
+    std::uint32_t expected_sources = 0;
+    std::uint64_t max_file_bytes = 1ull << 30;
+    FsyncPolicy fsync = FsyncPolicy::on_close;
+    std::uint32_t fsync_period_ms = 0;
+};
+
+// Called on the writer thread once per written batch with the events just made
+// durable as far as the fsync policy goes (pull mode returns credits here).
+using WrittenHook = std::function<void(const Event* const* events, std::size_t n)>;
+
+class DiskWriter final : public Agent {
+public:
+    DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,
+               std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
+               std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell);
+
+    std::size_t do_work() override;
+    void on_idle() override;
+    void on_close() override;
+
+    void set_written_hook(WrittenHook h) { written_hook_ = std::move(h); }
+    // Control: new live settings (rotation size, fsync policy). Caller keeps it alive.
+    SpscRing<const WriterSettings*>& commands() noexcept { return commands_; }
+    // Events queued in the input rings (approximate, any thread).
+    std::size_t pending() const noexcept;
+
+private:
+    std::size_t drain(std::size_t max_events);
+    bool open_file(std::uint32_t run_number);
+    void close_file();
+    void flush_batch();
+    void release_batch();
+
+    WriterSettings s_;
+    std::vector<SpscRing<Event*>*> inputs_;
+    std::vector<SpscRing<Event*>*> done_rings_;
+    alloc::ReturnBatcher returns_;
+    stats::WriterCounters& counters_;
+    Doorbell& doorbell_;  // rung by the assemblers after each hand-off
+    SpscRing<const WriterSettings*> commands_{16};
+    WrittenHook written_hook_;
+
+    file::OutputFile file_;
+    std::uint32_t file_run_ = 0;
+    std::uint32_t next_seq_ = 0;
+    std::uint64_t last_sync_ns_ = 0;
+    std::uint64_t retry_open_after_ns_ = 0;
+
+    std::vector<iovec> iov_;          // gather list of the batch being written
+    std::vector<Event*> batch_;       // events in iov_
+    std::vector<Event*> scratch_;     // popped from one ring
+    std::vector<std::vector<Event*>> done_pending_;  // per shard
+    std::size_t batch_bytes_ = 0;
+    bool batch_failed_ = false;
+};
+
+}  // namespace evb

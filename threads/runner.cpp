@@ -1,0 +1,45 @@
+#include "threads/runner.hpp"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include "threads/wait.hpp"
+
+namespace evb {
+
+AgentRunner::AgentRunner(std::string name, Agent& agent, int cpu)
+    : name_(std::move(name)), agent_(agent), cpu_(cpu) {
+    if (name_.size() > 15) name_.resize(15);
+}
+
+AgentRunner::~AgentRunner() { stop(); }
+
+void AgentRunner::start() {
+    stop_.store(false, std::memory_order_relaxed);
+    thread_ = std::thread([this] { run(); });
+}
+
+void AgentRunner::stop() {
+    if (!thread_.joinable()) return;
+    // Release: everything this thread did before asking is visible to the agent.
+    stop_.store(true, std::memory_order_release);
+    thread_.join();
+}
+
+void AgentRunner::run() {
+    ::pthread_setname_np(::pthread_self(), name_.c_str());
+    if (cpu_ >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu_, &set);
+        ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set);
+    }
+    Idler idler(WaitStrategy{});
+    while (!stop_.load(std::memory_order_acquire)) {
+        // Past the spin and yield phases every idle loop parks, until work comes.
+        if (idler.idle(agent_.do_work())) agent_.on_idle();
+    }
+    agent_.on_close();
+}
+
+}  // namespace evb

@@ -1,0 +1,49 @@
+// One runner owns every dedicated thread: it names it, optionally pins it, loops
+// the agent's do_work() through an idle strategy, and stops it with a release store
+// and a join.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <thread>
+
+namespace evb {
+
+// What a dedicated thread does. do_work returns how much it did (0 = idle);
+// on_idle is called when the runner's strategy says to stop spinning: the agent
+// parks on whatever wakes it (a socket, a doorbell), bounded in time.
+class Agent {
+public:
+    virtual ~Agent() = default;
+    virtual std::size_t do_work() = 0;
+    virtual void on_idle() = 0;
+    // Called once on the agent's own thread after the loop ends (final drain).
+    virtual void on_close() {}
+};
+
+class AgentRunner {
+public:
+    // name: at most 15 characters (the kernel's limit), e.g. "evb-rx-0".
+    // cpu: pin to this CPU when >= 0.
+    AgentRunner(std::string name, Agent& agent, int cpu = -1);
+    ~AgentRunner();
+    AgentRunner(const AgentRunner&) = delete;
+    AgentRunner& operator=(const AgentRunner&) = delete;
+
+    void start();
+    // Asks the loop to end, waits for on_close, joins. Idempotent.
+    void stop();
+    bool running() const noexcept { return thread_.joinable(); }
+    const std::string& name() const noexcept { return name_; }
+
+private:
+    void run();
+    std::string name_;
+    Agent& agent_;
+    int cpu_;
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
+
+}  // namespace evb

@@ -1,0 +1,157 @@
+#include "threads/socket_reader.hpp"
+
+#include <poll.h>
+#include <time.h>
+
+#include <cstring>
+
+namespace evb {
+
+namespace {
+std::uint64_t realtime_ns() noexcept {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+}  // namespace
+
+void ShardBatches::submit_all(ShardSink& sink, std::uint64_t now_ns) noexcept {
+    for (std::size_t s = 0; s < heads_.size(); ++s) {
+        if (heads_[s] == nullptr) continue;
+        sink.submit(static_cast<std::uint32_t>(s), heads_[s], now_ns);
+        heads_[s] = tails_[s] = nullptr;
+    }
+}
+
+int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t length,
+                   const AdmissionRules& rules, std::uint32_t shard_count,
+                   stats::ReaderCounters& counters) noexcept {
+    wire::FragmentView f;
+    const auto err = wire::parse_fragment({pool.data(idx), length}, f);
+    if (err != wire::ParseError::ok) {
+        wire::Type t{};
+        if (err == wire::ParseError::bad_type && wire::peek_type({pool.data(idx), length}, t) == wire::ParseError::ok)
+            counters.not_fragment.add();
+        else
+            counters.malformed[static_cast<std::size_t>(err)].add();
+        return -1;
+    }
+    if (f.run_number != rules.run_number) {
+        counters.wrong_run.add();
+        return -1;
+    }
+    if (rules.builders > 1 && f.event_id % rules.builders != rules.builder_id) {
+        counters.other_builder.add();
+        return -1;
+    }
+    ChunkMeta* c = ChunkMeta::in_slot(pool.meta(idx));
+    c->next = nullptr;
+    c->event_id = f.event_id;
+    c->source_id = f.source_id;
+    c->run_number = f.run_number;
+    c->fragment_length = f.fragment_length;
+    c->chunk_offset = f.chunk_offset;
+    c->payload_length = f.payload_length;
+    c->payload_crc32c = f.payload_crc32c;
+    c->slot = idx;
+    c->chunk_index = f.chunk_index;
+    c->chunk_count = f.chunk_count;
+    c->flags = f.flags;
+    c->owner = pool.owner_id();
+    // Events of one builder's share are spread over all shards.
+    return static_cast<int>((f.event_id / rules.builders) % shard_count);
+}
+
+SocketReader::SocketReader(std::uint16_t id, int fd, alloc::BufferPool& pool, ShardSink& sink,
+                           std::uint32_t batch, stats::ReaderCounters& counters)
+    : id_(id),
+      fd_(fd),
+      pool_(pool),
+      sink_(sink),
+      counters_(counters),
+      recv_(batch),
+      armed_(batch, kNone),
+      batches_(sink.shard_count()) {}
+
+namespace {
+bool sender_allowed(const std::vector<net::Endpoint>& allowed, const sockaddr_storage& from) noexcept {
+    for (const auto& a : allowed) {
+        if (a.addr.ss_family != from.ss_family) continue;
+        if (from.ss_family == AF_INET &&
+            reinterpret_cast<const sockaddr_in&>(a.addr).sin_addr.s_addr ==
+                reinterpret_cast<const sockaddr_in&>(from).sin_addr.s_addr)
+            return true;
+        if (from.ss_family == AF_INET6 &&
+            std::memcmp(&reinterpret_cast<const sockaddr_in6&>(a.addr).sin6_addr,
+                        &reinterpret_cast<const sockaddr_in6&>(from).sin6_addr, 16) == 0)
+            return true;
+    }
+    return false;
+}
+}  // namespace
+
+std::size_t SocketReader::do_work() {
+    // Control first, bounded: a new snapshot replaces the old between batches.
+    const AdmissionRules* next = nullptr;
+    for (int i = 0; i < 4 && commands_.try_pop(next); ++i) rules_ = next;
+    if (rules_ == nullptr) return 0;
+
+    pool_.reclaim();
+    // Arm every empty receive position with a free slot, in order; receive into
+    // the leading armed run.
+    std::size_t n = 0;
+    while (n < armed_.size()) {
+        if (armed_[n] == kNone) {
+            std::uint32_t idx;
+            if (!pool_.try_take(idx)) break;
+            armed_[n] = idx;
+            recv_.set_buffer(n, pool_.data(idx), pool_.slot_bytes());
+        }
+        ++n;
+    }
+    if (n == 0) {
+        counters_.buffer_waits.add();
+        return 0;
+    }
+    const int got = recv_.receive(fd_, n, false);
+    if (got <= 0) {
+        if (got < 0) counters_.receive_errors.add();
+        return 0;
+    }
+    const std::uint64_t now = realtime_ns();
+    const std::uint32_t shards = sink_.shard_count();
+    std::uint64_t bytes = 0;
+    for (std::size_t i = 0; i < static_cast<std::size_t>(got); ++i) {
+        const std::uint32_t idx = armed_[i];
+        const std::size_t len = recv_.length(i);
+        bytes += len;
+        int shard = -1;
+        if (recv_.truncated(i)) {
+            counters_.truncated.add();
+        } else if (!rules_->allowed_senders.empty() && !sender_allowed(rules_->allowed_senders, recv_.sender(i))) {
+            counters_.disallowed_sender.add();
+        } else {
+            shard = admit_datagram(pool_, idx, len, *rules_, shards, counters_);
+        }
+        if (shard < 0) continue;  // not handed on: the slot stays armed for the next receive
+        batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));
+        armed_[i] = kNone;
+    }
+    batches_.submit_all(sink_, now);
+    counters_.datagrams.add(static_cast<std::uint64_t>(got));
+    counters_.bytes.add(bytes);
+    counters_.kernel_drops.set(recv_.kernel_drops());
+    return static_cast<std::size_t>(got);
+}
+
+void SocketReader::on_idle() {
+    if (pool_.free_count() == 0 && !pool_.returns_pending()) {
+        // Every slot is in flight: wait for the matcher or writer to return some.
+        pool_.doorbell().park(std::chrono::milliseconds(10), [this] { return pool_.returns_pending(); });
+        return;
+    }
+    pollfd p{fd_, POLLIN, 0};
+    ::poll(&p, 1, 100);
+}
+
+}  // namespace evb

@@ -1,0 +1,84 @@
+// The socket-reader thread: recvmmsg into pooled slots, header checks in place, and
+// per-shard hand-off of whole batches. It does nothing else: no lock, allocation,
+// log line or syscall per datagram beyond the batched receive itself.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "allocators/buffer_pool.hpp"
+#include "core/config.hpp"
+#include "core/event.hpp"
+#include "monitor/counters.hpp"
+#include "net/udp.hpp"
+#include "threads/runner.hpp"
+#include "threads/spsc_ring.hpp"
+
+namespace evb {
+
+// Where readers hand batches: a list of chunks for one shard, received at now_ns.
+class ShardSink {
+public:
+    virtual ~ShardSink() = default;
+    virtual std::uint32_t shard_count() const noexcept = 0;
+    virtual void submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept = 0;
+};
+
+// The per-datagram admission rules a reader applies, from one config snapshot.
+struct AdmissionRules {
+    std::uint32_t run_number = 0;
+    std::uint32_t builders = 1;
+    std::uint32_t builder_id = 0;
+    std::vector<net::Endpoint> allowed_senders;  // empty: everyone (port ignored)
+};
+
+// Parses one datagram in slot `idx` of `pool`: either fills its ChunkMeta and returns
+// the shard to hand it to, or counts the reason and returns -1 (slot not used).
+// Shared by the socket reader and the pcap replay feeder.
+int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t length,
+                   const AdmissionRules& rules, std::uint32_t shard_count,
+                   stats::ReaderCounters& counters) noexcept;
+
+// Chunk lists being collected for each shard during one batch.
+class ShardBatches {
+public:
+    explicit ShardBatches(std::uint32_t shards) : heads_(shards, nullptr), tails_(shards, nullptr) {}
+    void add(std::uint32_t shard, ChunkMeta* c) noexcept {
+        c->next = nullptr;
+        if (tails_[shard]) tails_[shard]->next = c; else heads_[shard] = c;
+        tails_[shard] = c;
+    }
+    void submit_all(ShardSink& sink, std::uint64_t now_ns) noexcept;
+
+private:
+    std::vector<ChunkMeta*> heads_, tails_;
+};
+
+class SocketReader final : public Agent {
+public:
+    SocketReader(std::uint16_t id, int fd, alloc::BufferPool& pool, ShardSink& sink,
+                 std::uint32_t batch, stats::ReaderCounters& counters);
+
+    std::size_t do_work() override;
+    void on_idle() override;
+
+    // Control: a new admission rule set (config reload). Owned by the caller,
+    // which keeps it alive while the reader may use it.
+    SpscRing<const AdmissionRules*>& commands() noexcept { return commands_; }
+
+private:
+    std::uint16_t id_;
+    int fd_;
+    alloc::BufferPool& pool_;
+    ShardSink& sink_;
+    stats::ReaderCounters& counters_;
+    net::RecvBatch recv_;
+    std::vector<std::uint32_t> armed_;  // slot index per recv position, or kNone
+    ShardBatches batches_;
+    const AdmissionRules* rules_ = nullptr;
+    SpscRing<const AdmissionRules*> commands_{16};
+    static constexpr std::uint32_t kNone = UINT32_MAX;
+};
+
+}  // namespace evb
