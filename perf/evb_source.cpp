@@ -68,11 +68,13 @@ constexpr std::string_view kUsage = R"(usage:
 Push mode sends, for each event E..E+M-1 and each source S..S+N-1, one fragment
 whose length is drawn from (seed, event, source) uniformly in [A, B] bytes (default
 1024), split into chunks of at most --chunk payload bytes (default 1432, so
-datagrams are at most 1472 bytes). Payloads carry the test pattern.
+datagrams are at most 1472 bytes). Payloads carry the test pattern. Defaults:
+--first 0, --first-source 0, --run 1.
   --rate R        at most R events per second (default: as fast as possible)
   --loss P        drop each datagram with probability P (not sent, counted)
   --dup P         send each datagram twice with probability P
-  --reorder W     shuffle the datagrams generated in each window of W
+  --reorder W     shuffle the datagrams generated in each window of W (with
+                  --rate, a window ends early rather than wait for the next event)
   --seed S        seed of every random choice (default 1)
   --no-crc        do not set HAS_CRC (default: payload CRC32C in every chunk)
   --batch K       datagrams per sendmmsg (default 64, at most 1024)
@@ -296,7 +298,8 @@ Options parse_options(int argc, char** argv) {
     o.mode = have_serve ? Mode::serve : Mode::push;
     if (o.mode == Mode::push) {
         if (!have_events) throw UsageError("--events M is required with --to");
-        if (!serve_only.empty()) throw UsageError(fmt::format("{} is only valid with --serve", serve_only[0]));
+        if (!serve_only.empty())
+            throw UsageError(fmt::format("{} is only valid with --serve", serve_only[0]));
         if (o.events > 0 && o.first_event > std::numeric_limits<std::uint64_t>::max() - (o.events - 1))
             throw UsageError(fmt::format("--first {} with --events {}: event ids overflow 64 bits",
                                          o.first_event, o.events));
@@ -315,7 +318,8 @@ Options parse_options(int argc, char** argv) {
     // chunk_count is a u16: the largest fragment must fit in 65535 chunks.
     const std::uint64_t max_chunks = (std::uint64_t{o.size_max} + o.chunk_bytes - 1) / o.chunk_bytes;
     if (max_chunks > std::numeric_limits<std::uint16_t>::max())
-        throw UsageError(fmt::format("--size {} with --chunk {}: {} chunks exceed the 65535 a fragment may have",
+        throw UsageError(fmt::format("--size {} with --chunk {}: {} chunks exceed the 65535 "
+                                     "a fragment may have",
                                      o.size_max, o.chunk_bytes, max_chunks));
     const std::uint64_t window = std::max<std::uint64_t>(o.reorder_window, o.batch);
     if (window * (o.chunk_bytes + wire::kFragmentHeaderBytes) > kMaxWindowBytes)
@@ -331,7 +335,8 @@ Options parse_options(int argc, char** argv) {
 // not change the choices made by the others.
 class Rng {
 public:
-    Rng(std::uint64_t seed, std::uint64_t stream) noexcept : state_(seed ^ (stream * 0xD1B54A32D192ED03ull)) {}
+    Rng(std::uint64_t seed, std::uint64_t stream) noexcept
+        : state_(seed ^ (stream * 0xD1B54A32D192ED03ull)) {}
     std::uint64_t next() noexcept { return pattern::next(state_); }
     std::uint64_t below(std::uint64_t n) noexcept { return next() % n; }  // n > 0; bias < 2^-40 for small n
 
@@ -759,32 +764,69 @@ private:
     std::uint64_t allowed_ = 0;
 };
 
-// Sends slots [0, n) of `batch`, whose entries [0, n) are set to `slots`. A connected
-// socket reports a previous datagram's ICMP port-unreachable as ECONNREFUSED on the
-// next send, which then sent nothing: count it and resend the rest.
 struct Slot {
     const std::byte* data;
     std::size_t len;
 };
 
-int send_all(int fd, net::SendBatch& batch, const Slot* slots, std::size_t n,
-             const net::Endpoint* to, std::uint64_t& refused) noexcept {
-    std::size_t sent = 0;
-    while (sent < n) {
-        const int rc = batch.send(fd, n - sent);
-        if (rc == -ECONNREFUSED) {
-            ++refused;
-            continue;
-        }
-        if (rc < 0) return rc;
-        sent += static_cast<std::size_t>(rc);
-        if (sent < n) {
-            // A short count hides the error that stopped it; move the rest to the front.
-            for (std::size_t i = sent; i < n; ++i) batch.set(i - sent, slots[i].data, slots[i].len, to);
+// The push-mode socket. It starts connected, so the kernel resolves the route once
+// instead of per datagram. A connected socket, though, reports the ICMP
+// port-unreachable of a previous datagram as ECONNREFUSED on the next send, which
+// then sends nothing and cuts the sendmmsg short: with no builder listening that
+// would be one syscall per datagram. So the first refusal disconnects it and the rest
+// of the run names the destination in every message, as an unconnected socket
+// ignores ICMP errors.
+class PushSocket {
+public:
+    explicit PushSocket(const Options& o) : to_(o.to) {
+        fd_ = net::open_udp_for(o.to, o.sndbuf_bytes);
+        if (::connect(fd_, reinterpret_cast<const sockaddr*>(&to_.addr), to_.len) != 0) {
+            const int e = errno;
+            ::close(fd_);
+            throw std::runtime_error(fmt::format("connect {}: {}", to_.to_string(), std::strerror(e)));
         }
     }
-    return static_cast<int>(n);
-}
+    PushSocket(const PushSocket&) = delete;
+    PushSocket& operator=(const PushSocket&) = delete;
+    ~PushSocket() { ::close(fd_); }
+
+    int fd() const noexcept { return fd_; }
+    std::uint64_t refused() const noexcept { return refused_; }
+
+    // Sends slots[0, n) through `batch`. Returns n, or -errno of an error other than
+    // a refusal.
+    int send(net::SendBatch& batch, const Slot* slots, std::size_t n) noexcept {
+        for (std::size_t i = 0; i < n; ++i) batch.set(i, slots[i].data, slots[i].len, dest_);
+        std::size_t sent = 0;
+        while (sent < n) {
+            const int rc = batch.send(fd_, n - sent);
+            if (rc == -ECONNREFUSED) {
+                ++refused_;
+                if (dest_ == nullptr) disconnect();
+            } else if (rc < 0) {
+                return rc;
+            } else {
+                sent += static_cast<std::size_t>(rc);
+            }
+            // A short count hides the error that stopped it; move the rest to the front.
+            for (std::size_t i = sent; i < n; ++i) batch.set(i - sent, slots[i].data, slots[i].len, dest_);
+        }
+        return static_cast<int>(n);
+    }
+
+private:
+    void disconnect() noexcept {
+        sockaddr unspec{};
+        unspec.sa_family = AF_UNSPEC;
+        ::connect(fd_, &unspec, sizeof unspec);
+        dest_ = &to_;
+    }
+
+    net::Endpoint to_;
+    int fd_ = -1;
+    const net::Endpoint* dest_ = nullptr;  // null while connected
+    std::uint64_t refused_ = 0;
+};
 
 std::string json_double(double v) {
     if (!std::isfinite(v)) return "null";
@@ -807,19 +849,16 @@ struct PushStats {
 };
 
 int run_push(const Options& o) {
-    int fd = -1;
+    std::unique_ptr<PushSocket> sock;
     sockaddr_in pcap_src{};
     pcap_src.sin_family = AF_INET;
     pcap_src.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     pcap_src.sin_port = htons(40000);
     if (!o.dry_run) {
-        fd = net::open_udp_for(o.to, o.sndbuf_bytes);
-        // Connected: the kernel resolves the route once instead of per datagram.
-        if (::connect(fd, reinterpret_cast<const sockaddr*>(&o.to.addr), o.to.len) != 0)
-            throw std::runtime_error(fmt::format("connect {}: {}", o.to.to_string(), std::strerror(errno)));
+        sock = std::make_unique<PushSocket>(o);
         sockaddr_storage local{};
         socklen_t local_len = sizeof local;
-        if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) == 0 &&
+        if (::getsockname(sock->fd(), reinterpret_cast<sockaddr*>(&local), &local_len) == 0 &&
             local.ss_family == AF_INET)
             std::memcpy(&pcap_src, &local, sizeof pcap_src);
     }
@@ -876,15 +915,16 @@ int run_push(const Options& o) {
         }
         for (std::size_t first = 0; first < n; first += o.batch) {
             const std::size_t k = std::min<std::size_t>(o.batch, n - first);
-            if (fd >= 0) {
-                for (std::size_t i = 0; i < k; ++i) batch.set(i, slots[first + i].data, slots[first + i].len, nullptr);
-                const int rc = send_all(fd, batch, slots.data() + first, k, nullptr, st.refused);
+            if (sock) {
+                const int rc = sock->send(batch, slots.data() + first, k);
                 if (rc < 0)
-                    throw std::runtime_error(fmt::format("sendmmsg to {}: {}", o.to.to_string(), std::strerror(-rc)));
+                    throw std::runtime_error(
+                        fmt::format("sendmmsg to {}: {}", o.to.to_string(), std::strerror(-rc)));
             }
             if (pcap) {
                 const timespec ts = wall_now();
-                for (std::size_t i = 0; i < k; ++i) pcap->write(slots[first + i].data, slots[first + i].len, ts);
+                for (std::size_t i = 0; i < k; ++i)
+                    pcap->write(slots[first + i].data, slots[first + i].len, ts);
             }
             for (std::size_t i = 0; i < k; ++i) st.bytes_sent += slots[first + i].len;
             st.datagrams_sent += k;
@@ -894,7 +934,8 @@ int run_push(const Options& o) {
     st.events = stream.events_done();
     st.fragments = stream.fragments_done();
     if (pcap) pcap->close();
-    if (fd >= 0) ::close(fd);
+    if (sock) st.refused = sock->refused();
+    sock.reset();
 
     const double mb_per_s = st.seconds > 0 ? static_cast<double>(st.bytes_sent) / 1e6 / st.seconds : 0;
     const double dgram_per_s = st.seconds > 0 ? static_cast<double>(st.datagrams_sent) / st.seconds : 0;
@@ -1026,8 +1067,8 @@ public:
                 flush();
                 stats_.kernel_drops = recv_.kernel_drops();
             }
-            if (o_.idle_exit_s > 0 && std::chrono::duration<double>(now - last_datagram).count() >= o_.idle_exit_s)
-                break;
+            const double idle_s = std::chrono::duration<double>(now - last_datagram).count();
+            if (o_.idle_exit_s > 0 && idle_s >= o_.idle_exit_s) break;
             if (!o_.stats_out.empty() && now - last_stats_write >= std::chrono::seconds(1)) {
                 last_stats_write = now;
                 stats_.seconds = std::chrono::duration<double>(now - t0).count();

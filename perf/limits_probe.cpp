@@ -91,6 +91,7 @@ struct LoopbackResult {
     std::size_t datagram_bytes = 0;
     std::uint64_t sent = 0;
     std::uint64_t received = 0;
+    std::uint64_t received_bytes = 0;
     std::uint64_t kernel_drops = 0;
     std::size_t rcvbuf_bytes = 0;
     double datagrams_per_s = 0;
@@ -126,7 +127,8 @@ LoopbackResult measure_loopback(std::size_t datagram_bytes, double seconds) {
     std::thread receiver([&] {
         std::vector<std::byte> buffers(kBatch * datagram_bytes);
         net::RecvBatch batch(kBatch);
-        for (std::size_t i = 0; i < kBatch; ++i) batch.set_buffer(i, buffers.data() + i * datagram_bytes, datagram_bytes);
+        for (std::size_t i = 0; i < kBatch; ++i)
+            batch.set_buffer(i, buffers.data() + i * datagram_bytes, datagram_bytes);
         std::uint64_t got_total = 0, bytes = 0;
         for (;;) {
             const int got = batch.receive(rx.fd, kBatch, true);
@@ -141,7 +143,7 @@ LoopbackResult measure_loopback(std::size_t datagram_bytes, double seconds) {
             }
         }
         r.received = got_total;
-        r.bytes_per_s = static_cast<double>(bytes);  // divided below
+        r.received_bytes = bytes;
         r.kernel_drops = batch.kernel_drops();
     });
 
@@ -167,7 +169,7 @@ LoopbackResult measure_loopback(std::size_t datagram_bytes, double seconds) {
 
     const double elapsed = seconds_between(t_start, t_last_rx);
     r.datagrams_per_s = elapsed > 0 ? static_cast<double>(r.received) / elapsed : 0;
-    r.bytes_per_s = elapsed > 0 ? r.bytes_per_s / elapsed : 0;
+    r.bytes_per_s = elapsed > 0 ? static_cast<double>(r.received_bytes) / elapsed : 0;
     r.loss = r.sent > 0 ? 1.0 - static_cast<double>(r.received) / static_cast<double>(r.sent) : 0;
     return r;
 }
@@ -210,7 +212,8 @@ struct DiskResult {
 DiskResult measure_disk(const std::string& dir, double seconds, bool direct) {
     constexpr std::size_t kBlock = 1u << 20;
     constexpr std::uint64_t kMaxBytes = 512ull << 20;
-    const std::string path = fmt::format("{}/.evb-limits-{}{}.tmp", dir, ::getpid(), direct ? "-direct" : "");
+    const std::string path =
+        fmt::format("{}/.evb-limits-{}{}.tmp", dir, ::getpid(), direct ? "-direct" : "");
     int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
     if (direct) flags |= O_DIRECT;
     const int fd = ::open(path.c_str(), flags, 0600);
@@ -261,11 +264,13 @@ int run_sink(const Options& o) {
     net::Endpoint local;
     local.len = sizeof local.addr;
     ::getsockname(rx.fd, reinterpret_cast<sockaddr*>(&local.addr), &local.len);
-    fmt::print(stderr, "evb-limits: sink on {}, rcvbuf {} KiB\n", local.to_string(), rx.receive_buffer_bytes >> 10);
+    fmt::print(stderr, "evb-limits: sink on {}, rcvbuf {} KiB\n", local.to_string(),
+               rx.receive_buffer_bytes >> 10);
 
     std::vector<std::byte> buffers(kBatch * kBufferBytes);
     net::RecvBatch batch(kBatch);
-    for (std::size_t i = 0; i < kBatch; ++i) batch.set_buffer(i, buffers.data() + i * kBufferBytes, kBufferBytes);
+    for (std::size_t i = 0; i < kBatch; ++i)
+        batch.set_buffer(i, buffers.data() + i * kBufferBytes, kBufferBytes);
     std::uint64_t datagrams = 0, bytes = 0;
     Clock::time_point first{}, last{};
     for (;;) {
@@ -291,12 +296,11 @@ int run_sink(const Options& o) {
                    datagrams, bytes, batch.kernel_drops(), json_number(elapsed), json_number(dps),
                    json_number(bps));
     else
-        fmt::print("sink: {} datagrams, {} bytes, kernel drops {}, {:.3f} s, {:.0f} datagrams/s, {:.1f} MB/s\n",
+        fmt::print("sink: {} datagrams, {} bytes, kernel drops {}, {:.3f} s, {:.0f} datagrams/s, "
+                   "{:.1f} MB/s\n",
                    datagrams, bytes, batch.kernel_drops(), elapsed, dps, bps / 1e6);
     return 0;
 }
-
-// ---------------------------------------------------------------------------
 
 std::string loopback_json(const LoopbackResult& l) {
     return fmt::format(
@@ -304,6 +308,15 @@ std::string loopback_json(const LoopbackResult& l) {
         "\"sent\":{},\"received\":{},\"kernel_drops\":{},\"rcvbuf_bytes\":{}}}",
         json_number(l.datagrams_per_s), json_number(l.bytes_per_s), json_number(l.loss),
         json_number(l.sent_datagrams_per_s), l.sent, l.received, l.kernel_drops, l.rcvbuf_bytes);
+}
+
+double parse_seconds(const std::string& flag, const std::string& text) {
+    char* end = nullptr;
+    const double s = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size() || !(s > 0 && s <= 3600))
+        throw std::invalid_argument(
+            fmt::format("{}: bad value '{}': expected seconds in (0, 3600]", flag, text));
+    return s;
 }
 
 Options parse_options(int argc, char** argv) {
@@ -318,24 +331,14 @@ Options parse_options(int argc, char** argv) {
             std::fputs(kUsage.data(), stdout);
             std::exit(0);
         } else if (flag == "--seconds") {
-            const std::string v = value();
-            char* end = nullptr;
-            const double s = std::strtod(v.c_str(), &end);
-            if (v.empty() || end != v.c_str() + v.size() || !(s > 0 && s <= 3600))
-                throw std::invalid_argument(fmt::format("--seconds: bad value '{}': expected a number in (0, 3600]", v));
-            o.seconds = s;
+            o.seconds = parse_seconds(flag, value());
         } else if (flag == "--dir") {
             o.dir = value();
             if (o.dir.empty()) throw std::invalid_argument("--dir: bad value '': expected a directory");
         } else if (flag == "--sink") {
             o.sink = value();
         } else if (flag == "--idle-exit") {
-            const std::string v = value();
-            char* end = nullptr;
-            const double s = std::strtod(v.c_str(), &end);
-            if (v.empty() || end != v.c_str() + v.size() || !(s > 0 && s <= 3600))
-                throw std::invalid_argument(fmt::format("--idle-exit: bad value '{}': expected a number in (0, 3600]", v));
-            o.idle_exit_s = s;
+            o.idle_exit_s = parse_seconds(flag, value());
         } else if (flag == "--json") {
             o.json = true;
         } else {
@@ -365,7 +368,8 @@ int main(int argc, char** argv) {
 
         if (o.json) {
             fmt::print("{{\"loopback_1472\":{},\"loopback_8972\":{},\"memcpy_bytes_per_s\":{},"
-                       "\"disk_buffered_bytes_per_s\":{},\"disk_direct_bytes_per_s\":{},\"seconds\":{}}}\n",
+                       "\"disk_buffered_bytes_per_s\":{},\"disk_direct_bytes_per_s\":{},"
+                       "\"seconds\":{}}}\n",
                        loopback_json(l1472), loopback_json(l8972), json_number(memcpy_bps),
                        json_number(*buffered.bytes_per_s),
                        direct.bytes_per_s ? json_number(*direct.bytes_per_s) : "null",
@@ -374,14 +378,15 @@ int main(int argc, char** argv) {
         }
         fmt::print("{:<22} {:>14} {:>12}  {}\n", "measurement", "per second", "MB/s", "detail");
         for (const LoopbackResult* l : {&l1472, &l8972}) {
-            fmt::print("{:<22} {:>14.0f} {:>12.1f}  datagrams; loss {:.2f}% ({} of {} sent, sender {:.0f}/s, rcvbuf {} KiB)\n",
+            fmt::print("{:<22} {:>14.0f} {:>12.1f}  datagrams; loss {:.2f}% ({} of {} sent, "
+                       "sender {:.0f}/s, rcvbuf {} KiB)\n",
                        fmt::format("loopback {} B", l->datagram_bytes), l->datagrams_per_s,
                        l->bytes_per_s / 1e6, l->loss * 100, l->sent - std::min(l->sent, l->received),
                        l->sent, l->sent_datagrams_per_s, l->rcvbuf_bytes >> 10);
         }
         fmt::print("{:<22} {:>14} {:>12.1f}  64 MiB copies\n", "memcpy", "", memcpy_bps / 1e6);
-        fmt::print("{:<22} {:>14} {:>12.1f}  1 MiB writes + fdatasync into {}: {}\n", "disk buffered", "",
-                   *buffered.bytes_per_s / 1e6, o.dir, buffered.note);
+        fmt::print("{:<22} {:>14} {:>12.1f}  1 MiB writes + fdatasync into {}: {}\n",
+                   "disk buffered", "", *buffered.bytes_per_s / 1e6, o.dir, buffered.note);
         if (direct.bytes_per_s)
             fmt::print("{:<22} {:>14} {:>12.1f}  1 MiB O_DIRECT writes: {}\n", "disk O_DIRECT", "",
                        *direct.bytes_per_s / 1e6, direct.note);

@@ -159,7 +159,8 @@ TEST_CASE("SendBatch and RecvBatch move a batch of datagrams over loopback", "[n
 
     const std::vector<std::size_t> sizes = {0, 1, 40, 1472, 8972, 20000, 7, 65507};
     std::vector<std::vector<std::byte>> out;
-    for (std::size_t i = 0; i < sizes.size(); ++i) out.push_back(datagram(sizes[i], static_cast<std::uint8_t>(i)));
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+        out.push_back(datagram(sizes[i], static_cast<std::uint8_t>(i)));
     SendBatch send(sizes.size());
     CHECK(send.capacity() == sizes.size());
     for (std::size_t i = 0; i < sizes.size(); ++i) send.set(i, out[i].data(), out[i].size(), &to);

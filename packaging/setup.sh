@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One entry point for a fresh Debian 12 machine (run as root, or with sudo available):
+#   packaging/setup.sh demo   install what is missing, build, run the demo
+#   packaging/setup.sh test   install what is missing, build, run every test
+#                             (release build, then the ASan+UBSan build)
+#   packaging/setup.sh build  install what is missing and build
+# Idempotent: with everything installed and built it only re-checks and rebuilds
+# what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+packages=(
+  cmake ninja-build g++ pkg-config ccache git
+  libtbb-dev libjemalloc-dev libfmt-dev nlohmann-json3-dev catch2
+  prometheus-cpp-dev libcivetweb-dev libpcap-dev
+  python3
+)
+
+install_missing() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "setup: installing ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+jobs=$(nproc 2>/dev/null || echo 2)
+
+build() {  # build DIR [cmake args...]
+  local dir=$1; shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  fi
+  cmake --build "$dir" -j "$jobs"
+}
+
+run_tests() {  # run_tests DIR LABEL
+  echo "setup: running tests ($2)"
+  (cd "$1" && ctest --output-on-failure -j "$jobs" --timeout 600)
+}
+
+cmd=${1:-}
+case "$cmd" in
+  build)
+    install_missing
+    build build
+    ;;
+  demo)
+    install_missing
+    build build
+    exec "$root/packaging/demo.sh" "$root/build/bin"
+    ;;
+  test)
+    install_missing
+    werror=OFF
+    [ "${CI:-}" = "true" ] && werror=ON
+    build build -DEVB_WERROR=$werror
+    run_tests build release
+    build build-asan -DEVB_WERROR=$werror -DEVB_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+    run_tests build-asan "ASan+UBSan"
+    echo "setup: all test suites passed"
+    ;;
+  *)
+    echo "usage: packaging/setup.sh demo|test|build" >&2
+    exit 2
+    ;;
+esac

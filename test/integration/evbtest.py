@@ -1,0 +1,130 @@
+"""Helpers for evbd integration tests: run evbd and the emulator as real processes
+on loopback, scrape metrics, read files back with evb-dump."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+BIN = os.environ.get("EVB_BIN") or (sys.argv[1] if len(sys.argv) > 1 else "build/bin")
+
+
+def fail(msg):
+    print(f"FAIL: {msg}", flush=True)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+    print(f"ok: {msg}", flush=True)
+
+
+def free_udp_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Evbd:
+    def __init__(self, workdir, sets=(), args=(), port=None):
+        self.workdir = workdir
+        self.port = port or free_udp_port()
+        self.out = os.path.join(workdir, "data")
+        self.logpath = os.path.join(workdir, f"evbd-{self.port}.log")
+        cmd = [os.path.join(BIN, "evbd"), "--set", f"input.listen=127.0.0.1:{self.port}",
+               "--set", f"output.directory={self.out}", "--set", "monitor.listen=127.0.0.1:0"]
+        for s in sets:
+            cmd += ["--set", s]
+        cmd += list(args)
+        self.log = open(self.logpath, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.metrics_url = None
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            text = self.log_text()
+            m = re.search(r"metrics on (http://\S+/metrics)", text)
+            if m:
+                self.metrics_url = m.group(1)
+            if "building run" in text:
+                return
+            if self.proc.poll() is not None:
+                fail(f"evbd exited early ({self.proc.returncode}):\n{text}")
+            time.sleep(0.05)
+        fail("evbd did not start within 20 s:\n" + self.log_text())
+
+    def log_text(self):
+        with open(self.logpath) as f:
+            return f.read()
+
+    def metrics(self):
+        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
+        vals = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            key, _, v = line.rpartition(" ")
+            vals[key] = float(v)
+        return vals
+
+    def wait_metric(self, key, pred, timeout=30):
+        deadline = time.time() + timeout
+        v = None
+        while time.time() < deadline:
+            v = self.metrics().get(key)
+            if v is not None and pred(v):
+                return v
+            time.sleep(0.1)
+        fail(f"metric {key} = {v} did not reach the expected value in {timeout} s")
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            fail(f"evbd did not exit within {timeout} s after signal {sig}")
+        self.log.close()
+        return rc
+
+
+def run_source(args, check_rc=True):
+    cmd = [os.path.join(BIN, "evb-source")] + [str(a) for a in args] + ["--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if check_rc and p.returncode != 0:
+        fail(f"evb-source failed ({p.returncode}): {p.stderr}")
+    return json.loads(p.stdout) if p.stdout.strip() else {}
+
+
+def dump(paths, *flags):
+    cmd = [os.path.join(BIN, "evb-dump"), "--json", *flags] + list(paths)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return p.returncode, json.loads(p.stdout) if p.stdout.strip() else {}, p.stderr
+
+
+def verify(paths):
+    cmd = [os.path.join(BIN, "evb-dump"), "--verify", "--pattern"] + list(paths)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout + p.stderr
+
+
+def events_in(out_dir):
+    """Every event record in out_dir's files: list of dicts from evb-dump --events."""
+    rc, doc, err = dump([out_dir], "--events")
+    if not doc:
+        fail(f"evb-dump --json failed: {err}")
+    evs = []
+    for f in doc["files"]:
+        evs.extend(f.get("events", []))
+    return evs, doc
+
+
+def workdir():
+    return tempfile.mkdtemp(prefix="evbtest-")
