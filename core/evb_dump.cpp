@@ -15,7 +15,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -216,11 +215,27 @@ struct FileReport {
 struct NameFields {
     std::uint64_t run, builder, sequence;
 };
-std::optional<NameFields> parse_file_name(const std::string& name) {
-    static const std::regex re(R"(^run([0-9]{6,10})_([0-9]{3,10})_([0-9]{5,10})\.evb(\.part)?$)");
-    std::smatch m;
-    if (!std::regex_match(name, m, re)) return std::nullopt;
-    return NameFields{std::stoull(m[1].str()), std::stoull(m[2].str()), std::stoull(m[3].str())};
+std::optional<NameFields> parse_file_name(std::string_view name) {
+    // Reads at least `min_digits` (at most 10) digits from the front of what is left of the name.
+    auto number = [&name](std::size_t min_digits, std::uint64_t& out) {
+        std::size_t k = 0;
+        out = 0;
+        while (k < name.size() && k < 10 && name[k] >= '0' && name[k] <= '9')
+            out = out * 10 + static_cast<std::uint64_t>(name[k++] - '0');
+        name.remove_prefix(k);
+        return k >= min_digits;
+    };
+    auto literal = [&name](std::string_view lit) {
+        if (name.substr(0, lit.size()) != lit) return false;
+        name.remove_prefix(lit.size());
+        return true;
+    };
+    NameFields f{};
+    if (!literal("run") || !number(6, f.run) || !literal("_") || !number(3, f.builder) || !literal("_") ||
+        !number(5, f.sequence) || !literal(".evb"))
+        return std::nullopt;
+    if (!name.empty() && name != ".part") return std::nullopt;
+    return f;
 }
 
 // Checks the rules scan() leaves to the reader's judgement: fields that must agree

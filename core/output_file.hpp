@@ -38,6 +38,10 @@ public:
     // error, so the file keeps every record written before it).
     void abandon();
 
+    // Room for this many index entries before the index grows; the capacity is kept
+    // across files, so a long run stops allocating once its largest file is seen.
+    void reserve_index(std::size_t events) { index_.reserve(events); }
+
     bool is_open() const noexcept { return fd_ >= 0; }
     std::uint64_t size() const noexcept { return offset_; }
     std::size_t event_count() const noexcept { return index_.size(); }

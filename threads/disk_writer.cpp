@@ -37,6 +37,9 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
     batch_.reserve(kMaxEventsPerWork);
     scratch_.reserve(kMaxEventsPerWork);
     for (auto& d : done_pending_) d.reserve(kMaxEventsPerWork);
+    // 64 Ki index entries (1 MiB) up front; beyond that the index doubles a few
+    // times during the first large file and then keeps its capacity.
+    file_.reserve_index(std::size_t{1} << 16);
 }
 
 std::size_t DiskWriter::pending() const noexcept {

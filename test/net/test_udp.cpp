@@ -180,7 +180,8 @@ TEST_CASE("SendBatch and RecvBatch move a batch of datagrams over loopback", "[n
     REQUIRE(lengths == sizes);
     for (std::size_t i = 0; i < sizes.size(); ++i) {
         INFO("datagram " << i);
-        CHECK(std::memcmp(in[i].data(), out[i].data(), sizes[i]) == 0);
+        // memcmp must not see the null data() of an empty buffer, even for 0 bytes.
+        if (sizes[i] > 0) CHECK(std::memcmp(in[i].data(), out[i].data(), sizes[i]) == 0);
     }
     // Nothing further is waiting: a non-blocking receive returns 0, not an error.
     CHECK(recv.receive(rx.fd, sizes.size(), false) == 0);

@@ -1,0 +1,260 @@
+// The matcher shard on its own: chunks placed straight into pool slots, as a socket
+// reader would leave them.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "allocators/arena.hpp"
+#include "allocators/buffer_pool.hpp"
+#include "core/crc32c.hpp"
+#include "core/event.hpp"
+#include "core/file_format.hpp"
+#include "core/matcher.hpp"
+#include "core/pattern.hpp"
+#include "threads/socket_reader.hpp"
+
+using namespace evb;
+
+namespace {
+
+struct Rig {
+    alloc::Arena arena{"test"};
+    alloc::BufferPool pool{arena, 0, 256, 2048, 2};
+    alloc::ReturnBatcher returns{{&pool}, 0};
+    stats::MatcherCounters counters;
+    stats::ReaderCounters reader_counters;
+    Matcher matcher;
+    AdmissionRules rules;
+
+    explicit Rig(std::vector<std::uint32_t> sources, std::uint32_t max_events = 16, std::uint64_t timeout_ns = 1000)
+        : matcher(0, MatcherSettings{std::move(sources), max_events, 64, timeout_ns}, arena, returns, counters) {
+        rules.run_number = 1;
+    }
+
+    // Encodes one chunk of (event, source)'s pattern fragment into a free slot and
+    // admits it as the reader does. Returns the chunk, or nullptr if rejected.
+    ChunkMeta* chunk(std::uint64_t event, std::uint32_t source, std::uint32_t frag_len, std::uint16_t index,
+                     std::uint16_t count, std::uint32_t chunk_bytes, bool crc = true, bool corrupt = false,
+                     std::uint16_t extra_flags = 0) {
+        std::uint32_t idx = 0;
+        REQUIRE(pool.try_take(idx));
+        const std::uint32_t off = index * chunk_bytes;
+        const std::uint32_t len = std::min(chunk_bytes, frag_len - std::min(frag_len, off));
+        std::byte* d = pool.data(idx);
+        pattern::fill(1, source, event, off, d + wire::kFragmentHeaderBytes, len);
+        wire::FragmentHeader h;
+        h.flags = static_cast<std::uint16_t>((crc ? wire::fragment_flags::has_crc : 0) | extra_flags);
+        h.source_id = source;
+        h.run_number = 1;
+        h.event_id = event;
+        h.fragment_length = frag_len;
+        h.chunk_offset = off;
+        h.chunk_index = index;
+        h.chunk_count = count;
+        h.payload_crc32c = crc32c(d + wire::kFragmentHeaderBytes, len);
+        wire::encode_fragment_header(h, d);
+        if (corrupt && len > 0) d[wire::kFragmentHeaderBytes] ^= std::byte{1};
+        const int shard = admit_datagram(pool, idx, wire::kFragmentHeaderBytes + len, rules, 1, reader_counters);
+        if (shard < 0) {
+            pool.give_back_local(idx);
+            return nullptr;
+        }
+        return ChunkMeta::in_slot(pool.meta(idx));
+    }
+
+    EventList feed(std::vector<ChunkMeta*> cs, std::uint64_t now = 0) {
+        ChunkMeta* head = nullptr;
+        for (auto it = cs.rbegin(); it != cs.rend(); ++it) {
+            (*it)->next = head;
+            head = *it;
+        }
+        EventList out;
+        matcher.add_chunks(head, now, out);
+        return out;
+    }
+
+    // Serialises an assembled event as the writer would, then checks it with the reader.
+    std::vector<std::byte> record(Event& e) {
+        assemble(e);
+        std::vector<std::byte> bytes(e.record_header(), e.record_header() + file::kRecordHeaderBytes);
+        for_each_record_piece(e, [&](const void* p, std::size_t n) {
+            auto b = static_cast<const std::byte*>(p);
+            bytes.insert(bytes.end(), b, b + n);
+        });
+        REQUIRE(bytes.size() == e.record_length);
+        return bytes;
+    }
+
+    // Hands an event back as the writer does: slots to the pool, event to the shard.
+    void release(Event* e) {
+        for (std::uint32_t i = 0; i < e->section_count; ++i)
+            if (e->section_present(i))
+                for (ChunkMeta* c = e->src[i].head; c;) {
+                    ChunkMeta* n = c->next;
+                    returns.add(c->owner, c->slot);
+                    c = n;
+                }
+        returns.flush();
+        REQUIRE(matcher.done_ring().try_push(e));
+    }
+    std::size_t free_slots() {
+        pool.reclaim();
+        return pool.free_count();
+    }
+};
+
+file::ScanResult scan_records(const std::vector<std::vector<std::byte>>& records, std::uint32_t sources) {
+    static std::vector<std::byte> image;
+    image.assign(file::kHeaderBytes, std::byte{0});
+    file::encode_file_header({1, 0, 0, sources, 0}, image.data());
+    std::vector<file::IndexEntry> index;
+    for (auto& r : records) {
+        index.push_back({wire::load_u64(r.data() + 8), image.size()});
+        image.insert(image.end(), r.begin(), r.end());
+    }
+    const auto tail = file::encode_index_and_footer(index, image.size());
+    image.insert(image.end(), tail.begin(), tail.end());
+    return file::scan(image);
+}
+
+}  // namespace
+
+TEST_CASE("matcher builds an event once every source's fragment is complete, in any chunk order") {
+    Rig r({0, 1, 2});
+    auto out = r.feed({r.chunk(7, 2, 3000, 2, 3, 1000), r.chunk(7, 0, 10, 0, 1, 1000), r.chunk(7, 2, 3000, 0, 3, 1000)});
+    CHECK(out.count == 0);
+    out = r.feed({r.chunk(7, 1, 0, 0, 1, 1000), r.chunk(7, 2, 3000, 1, 3, 1000)});
+    REQUIRE(out.count == 1);
+    Event* e = out.head;
+    CHECK(e->event_id == 7);
+    CHECK(e->status == 0);
+    auto rec = r.record(*e);
+    auto s = scan_records({rec}, 3);
+    REQUIRE(s.problems.empty());
+    REQUIRE(s.records.size() == 1);
+    std::vector<file::SectionView> secs;
+    REQUIRE(file::parse_sections(s.records[0], secs));
+    REQUIRE(secs.size() == 3);
+    CHECK(secs[0].length == 10);
+    CHECK(secs[1].length == 0);
+    CHECK(secs[2].length == 3000);
+    for (auto& sec : secs) CHECK(pattern::first_mismatch(1, sec.source_id, 7, 0, sec.payload, sec.length) == sec.length);
+    CHECK(r.counters.events_complete.get() == 1);
+    r.release(e);
+    CHECK(r.free_slots() == 256);
+}
+
+TEST_CASE("matcher counts and drops duplicate chunks, below and above chunk index 64") {
+    Rig r({0, 1});
+    const std::uint16_t n = 80;
+    std::vector<ChunkMeta*> cs;
+    for (std::uint16_t i = 0; i < n; ++i) cs.push_back(r.chunk(1, 0, n * 8u, i, n, 8));
+    cs.push_back(r.chunk(1, 0, n * 8u, 3, n, 8));   // duplicate within the bitmap
+    cs.push_back(r.chunk(1, 0, n * 8u, 70, n, 8));  // duplicate beyond it
+    auto out = r.feed(cs);
+    CHECK(out.count == 0);
+    CHECK(r.counters.duplicate_chunks.get() == 2);
+    CHECK(r.free_slots() == 256 - n);  // the two copies went straight back
+    out = r.feed({r.chunk(1, 1, 5, 0, 1, 8)});
+    REQUIRE(out.count == 1);
+    CHECK(out.head->status == file::record_status::duplicates);
+    auto s = scan_records({r.record(*out.head)}, 2);
+    REQUIRE(s.problems.empty());
+    std::vector<file::SectionView> secs;
+    REQUIRE(file::parse_sections(s.records[0], secs));
+    CHECK(pattern::first_mismatch(1, 0, 1, 0, secs[0].payload, secs[0].length) == secs[0].length);
+    r.release(out.head);
+    CHECK(r.free_slots() == 256);
+}
+
+TEST_CASE("matcher drops chunks that contradict their fragment, fail their CRC or come from unknown sources") {
+    Rig r({0, 1});
+    r.feed({r.chunk(2, 0, 2000, 0, 2, 1000)});
+    r.feed({r.chunk(2, 0, 3000, 1, 3, 1000)});  // other length and count
+    CHECK(r.counters.inconsistent_chunks.get() == 1);
+    r.feed({r.chunk(2, 0, 2000, 1, 2, 1000, true, /*corrupt=*/true)});
+    CHECK(r.counters.crc_failures.get() == 1);
+    r.feed({r.chunk(2, 9, 10, 0, 1, 1000)});
+    CHECK(r.counters.unknown_source.get() == 1);
+    // The good copy of the corrupt chunk still completes the fragment.
+    auto out = r.feed({r.chunk(2, 0, 2000, 1, 2, 1000), r.chunk(2, 1, 4, 0, 1, 1000)});
+    REQUIRE(out.count == 1);
+    CHECK(out.head->status == file::record_status::corrupt_dropped);
+    r.release(out.head);
+    CHECK(r.free_slots() == 256);
+}
+
+TEST_CASE("matcher times events out as INCOMPLETE, returns partial fragments and marks sections MISSING") {
+    Rig r({0, 1, 2}, 16, /*timeout_ns=*/1000);
+    auto out = r.feed({r.chunk(5, 0, 100, 0, 1, 1000), r.chunk(5, 1, 3000, 0, 3, 1000)}, /*now=*/100);
+    CHECK(out.count == 0);
+    EventList later;
+    r.matcher.expire(1099, later);
+    CHECK(later.count == 0);
+    r.matcher.expire(1100, later);
+    REQUIRE(later.count == 1);
+    Event* e = later.head;
+    CHECK(e->status == file::record_status::incomplete);
+    CHECK(e->built_unix_ns == 1100);
+    CHECK(r.free_slots() == 255);  // source 1's partial chunk came back at once
+    auto s = scan_records({r.record(*e)}, 3);
+    REQUIRE(s.problems.empty());
+    std::vector<file::SectionView> secs;
+    REQUIRE(file::parse_sections(s.records[0], secs));
+    CHECK(secs[0].status == 0);
+    CHECK(secs[1].status == file::section_status::missing);
+    CHECK(secs[1].length == 0);
+    CHECK(secs[2].status == file::section_status::missing);
+    CHECK(r.counters.events_incomplete.get() == 1);
+    // A chunk for the written event is late.
+    r.feed({r.chunk(5, 2, 10, 0, 1, 1000)}, 1200);
+    CHECK(r.counters.late_fragments.get() == 1);
+    r.release(e);
+    CHECK(r.free_slots() == 256);
+}
+
+TEST_CASE("matcher flags SOURCE_ERROR and EMPTY fragments") {
+    Rig r({0, 1});
+    auto out = r.feed({r.chunk(3, 0, 0, 0, 1, 1000, false, false, wire::fragment_flags::empty),
+                       r.chunk(3, 1, 50, 0, 1, 1000, true, false, wire::fragment_flags::source_error)});
+    REQUIRE(out.count == 1);
+    CHECK(out.head->status == file::record_status::source_error);
+    auto s = scan_records({r.record(*out.head)}, 2);
+    REQUIRE(s.problems.empty());
+    std::vector<file::SectionView> secs;
+    REQUIRE(file::parse_sections(s.records[0], secs));
+    CHECK(secs[0].status == file::section_status::empty);
+    CHECK(secs[1].status == file::section_status::source_error);
+    CHECK(secs[1].length == 50);
+}
+
+TEST_CASE("matcher refuses new events beyond its pool and takes them again once events come back") {
+    Rig r({0, 1}, /*max_events=*/4);
+    for (std::uint64_t ev = 0; ev < 4; ++ev) r.feed({r.chunk(ev, 0, 10, 0, 1, 1000)});
+    r.feed({r.chunk(99, 0, 10, 0, 1, 1000)});
+    CHECK(r.counters.in_flight_limit_drops.get() == 1);
+    CHECK(r.matcher.in_flight() == 4);
+    auto out = r.feed({r.chunk(0, 1, 10, 0, 1, 1000)});
+    REQUIRE(out.count == 1);
+    r.release(out.head);
+    out = r.feed({r.chunk(99, 0, 10, 0, 1, 1000), r.chunk(99, 1, 10, 0, 1, 1000)});
+    CHECK(out.count == 1);
+    EventList rest;
+    r.matcher.flush(0, rest);
+    CHECK(rest.count == 3);
+    CHECK(r.matcher.in_flight() == 0);
+}
+
+TEST_CASE("matcher handles many sources with a sparse id list") {
+    std::vector<std::uint32_t> ids;
+    for (std::uint32_t i = 0; i < 40; ++i) ids.push_back(i * 100000u + 5u);  // above the dense-table limit
+    Rig r(ids, 4);
+    std::vector<ChunkMeta*> cs;
+    for (auto id : ids) cs.push_back(r.chunk(11, id, 3, 0, 1, 1000));
+    auto out = r.feed(cs);
+    REQUIRE(out.count == 1);
+    auto s = scan_records({r.record(*out.head)}, 40);
+    REQUIRE(s.problems.empty());
+}
