@@ -68,6 +68,7 @@ const std::vector<Key>& schema() {
         {"pull.source_addresses", Kind::string_list, json::array(), 0, 0, false, "Addresses (HOST:PORT) that REQUEST and CLEAR datagrams go to."},
         {"pull.retry_ms", Kind::uint, 100, 1, 600000, true, "Re-request an incomplete event after this long."},
         {"pull.max_retries", Kind::uint, 5, 0, 1000, true, "Re-requests before the event is written INCOMPLETE."},
+        {"replay.filter", Kind::string, "port", 0, 0, false, "--replay: which captured UDP datagrams are fed in: \"port\" (destination port of input.listen), \"udp\" (all), or a libpcap filter expression."},
         {"log.level", Kind::choice, "info", 0, 0, true, "Log level.", {"debug", "info", "warn", "error"}},
         {"user", Kind::string, "", 0, 0, false, "When started as root: the user to switch to after binding sockets."},
     };
@@ -281,6 +282,7 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->pull.retry_ms = u32("pull.retry_ms");
     c->pull.max_retries = u32("pull.max_retries");
     c->log_level = str("log.level");
+    c->replay_filter = str("replay.filter");
     c->user = str("user");
 
     // Contradictions between keys.

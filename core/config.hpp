@@ -73,6 +73,7 @@ struct Config {
 
     std::string log_level;
     std::string user;
+    std::string replay_filter;
 
     nlohmann::json effective;  // every key with defaults filled in
 

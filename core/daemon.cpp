@@ -14,10 +14,12 @@
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
 #include "core/log.hpp"
+#include "core/notify.hpp"
 #include "core/pipeline.hpp"
 #include "monitor/exporter.hpp"
 #include "net/udp.hpp"
 #include "threads/disk_writer.hpp"
+#include "threads/replay_feeder.hpp"
 #include "threads/runner.hpp"
 #include "threads/socket_reader.hpp"
 
@@ -59,10 +61,6 @@ WriterSettings make_writer_settings(const Config& c) {
 }  // namespace
 
 int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
-    if (!opts.replay_files.empty()) {
-        log_error("--replay is not available in this build yet");
-        return 2;
-    }
     set_log_level(cfg->log_level);
     // Signals are taken synchronously by the service loop below; block them before
     // any thread starts so every thread inherits the mask.
@@ -88,13 +86,32 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     std::vector<std::unique_ptr<AdmissionRules>> rules;
     std::vector<std::unique_ptr<WriterSettings>> writer_settings;
 
-    const std::uint32_t readers = cfg->input.readers;
+    // Input: socket readers, or one replay feeder reading capture files.
+    const bool replay = !opts.replay_files.empty();
+    ReplaySettings replay_settings;
+    if (replay) {
+        replay_settings.files = opts.replay_files;
+        if (opts.replay_speed != "max") {
+            char* end = nullptr;
+            replay_settings.speed = std::strtod(opts.replay_speed.c_str(), &end);
+            if (end == opts.replay_speed.c_str() || *end != '\0' || !(replay_settings.speed > 0)) {
+                log_error("--replay-speed: '{}' is not max, 1 or a positive factor", opts.replay_speed);
+                return 2;
+            }
+        }
+    }
+    const std::uint32_t readers = replay ? 1 : cfg->input.readers;
     const std::uint32_t shards = cfg->shard_count();
 
     // Sockets first: a bind failure ends start-up before any thread exists.
     std::vector<net::BoundSocket> sockets;
     const net::Endpoint listen = net::parse_endpoint(cfg->input.listen);
-    for (std::uint32_t r = 0; r < readers; ++r) {
+    if (replay) {
+        replay_settings.filter = net::parse_replay_filter(cfg->replay_filter, listen.port());
+        replay_settings.tick_ns = std::uint64_t{std::clamp<std::uint32_t>(cfg->building.timeout_ms / 4, 1, 50)} * 1'000'000ull;
+        replay_settings.batch = cfg->input.batch;
+    }
+    for (std::uint32_t r = 0; r < (replay ? 0 : readers); ++r) {
         sockets.push_back(net::bind_udp(listen, {cfg->input.socket_buffer_bytes, readers > 1}));
         if (sockets.back().receive_buffer_capped)
             log_warn("input.socket_buffer_bytes: asked for {} bytes, the kernel granted {} "
@@ -136,13 +153,23 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
                                                pipeline->done_rings(), pool_ptrs, shards, writer_counters,
                                                writer_doorbell);
 
-    std::vector<std::unique_ptr<SocketReader>> reader_agents;
+    std::vector<std::unique_ptr<Agent>> input_agents;
+    std::vector<SpscRing<const AdmissionRules*>*> input_commands;
+    ReplayFeeder* feeder = nullptr;
     rules.push_back(std::make_unique<AdmissionRules>(make_rules(*cfg)));
-    for (std::uint32_t r = 0; r < readers; ++r) {
-        reader_agents.push_back(std::make_unique<SocketReader>(static_cast<std::uint16_t>(r), sockets[r].fd, *pools[r],
-                                                               *pipeline, cfg->input.batch, *reader_counters[r]));
-        (void)reader_agents.back()->commands().try_push(rules.back().get());
+    if (replay) {
+        auto f = std::make_unique<ReplayFeeder>(replay_settings, *pools[0], *pipeline, *reader_counters[0]);
+        feeder = f.get();
+        input_commands.push_back(&f->commands());
+        input_agents.push_back(std::move(f));
     }
+    for (std::uint32_t r = 0; r < (replay ? 0 : readers); ++r) {
+        auto a = std::make_unique<SocketReader>(static_cast<std::uint16_t>(r), sockets[r].fd, *pools[r], *pipeline,
+                                                cfg->input.batch, *reader_counters[r]);
+        input_commands.push_back(&a->commands());
+        input_agents.push_back(std::move(a));
+    }
+    for (auto* q : input_commands) (void)q->try_push(rules.back().get());
 
     monitor::Sources msrc;
     for (auto& c : reader_counters) msrc.readers.push_back(c.get());
@@ -159,14 +186,20 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     AgentRunner writer_runner("evb-writer", *writer);
     std::vector<std::unique_ptr<AgentRunner>> reader_runners;
     for (std::uint32_t r = 0; r < readers; ++r)
-        reader_runners.push_back(std::make_unique<AgentRunner>(
-            fmt::format("evb-rx-{}", r), *reader_agents[r], r < cfg->input.cpus.size() ? cfg->input.cpus[r] : -1));
+        reader_runners.push_back(std::make_unique<AgentRunner>(replay ? std::string("evb-replay") : fmt::format("evb-rx-{}", r),
+                                                               *input_agents[r],
+                                                               r < cfg->input.cpus.size() ? cfg->input.cpus[r] : -1));
     writer_runner.start();
     for (auto& rr : reader_runners) rr->start();
-    log_info("building run {} from {} sources on {} ({} reader(s), {} shard(s), {} worker(s)); writing to {}",
-             cfg->run_number, cfg->sources.size(), listen.to_string(), readers, shards, cfg->building.workers,
-             cfg->output.directory);
+    if (replay)
+        log_info("building run {} from {} sources, replaying {} capture file(s) (filter: {}); writing to {}",
+                 cfg->run_number, cfg->sources.size(), opts.replay_files.size(), cfg->replay_filter, cfg->output.directory);
+    else
+        log_info("building run {} from {} sources on {} ({} reader(s), {} shard(s), {} worker(s)); writing to {}",
+                 cfg->run_number, cfg->sources.size(), listen.to_string(), readers, shards, cfg->building.workers,
+                 cfg->output.directory);
 
+    sd_notify_state("READY=1\nSTATUS=receiving");
     // The service loop: timeout ticks and signals.
     const auto tick = std::chrono::milliseconds(std::clamp<std::uint32_t>(cfg->building.timeout_ms / 4, 1, 50));
     timespec ts{0, static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(tick).count())};
@@ -178,13 +211,20 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
             break;
         }
         if (sig == SIGHUP) log_warn("SIGHUP: configuration reload is not wired yet; keeping the current configuration");
-        pipeline->tick(realtime_ns());
+        if (feeder != nullptr) {
+            if (feeder->finished()) break;  // replay time comes from the capture, not from here
+        } else {
+            pipeline->tick(realtime_ns());
+        }
     }
 
+    sd_notify_state("STOPPING=1");
     // Shutdown: readers stop first (nothing new enters), then every event in flight
     // is handed on, the graph drains, and the writer writes all of it and closes.
     for (auto& rr : reader_runners) rr->stop();
-    pipeline->flush(realtime_ns());
+    // A replay ends at the capture's last timestamp, so what it builds does not
+    // depend on when the replay ran.
+    pipeline->flush(feeder != nullptr && feeder->finished() ? feeder->last_capture_ns() : realtime_ns());
     pipeline->wait_idle();
     writer_runner.stop();
     exporter.reset();
@@ -197,6 +237,15 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     log_info("stopped: {} events complete, {} incomplete, {} written ({} payload bytes), {} files closed, {} write errors",
              complete, incomplete, writer_counters.events_written.get(), writer_counters.payload_bytes.get(),
              writer_counters.files_closed.get(), writer_counters.write_errors.get());
+    if (feeder != nullptr && feeder->finished()) {
+        std::string skipped;
+        for (std::size_t i = 0; i < net::kSkipReasonCount; ++i)
+            if (feeder->skipped()[i] > 0)
+                skipped += fmt::format(" {}={}", net::skip_reason_name(static_cast<net::SkipReason>(i)), feeder->skipped()[i]);
+        log_info("replay: {} packets read, {} datagrams fed, skipped:{}", feeder->packets(),
+                 reader_counters[0]->datagrams.get(), skipped.empty() ? " none" : skipped);
+        if (feeder->failed()) exit_code = 1;
+    }
     for (auto& s : sockets) ::close(s.fd);
     if (writer_counters.write_errors.get() > 0) exit_code = 1;
     return exit_code;

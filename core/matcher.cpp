@@ -192,12 +192,16 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
 
 void Matcher::add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out) {
     reclaim();
+    // Time out first: an event whose timeout passed before these chunks arrived is
+    // written INCOMPLETE and the chunks count as late, whether or not a tick came
+    // in between. That keeps the outcome a function of the input alone (replay).
+    expire(now_ns, out);
     while (head != nullptr) {
         ChunkMeta* next = head->next;
         add_one(head, now_ns, out);
         head = next;
     }
-    expire(now_ns, out);
+    returns_.flush();
 }
 
 void Matcher::expire(std::uint64_t now_ns, EventList& out) {

@@ -42,7 +42,7 @@ public:
             alloc::ReturnBatcher& slot_returns, stats::MatcherCounters& counters);
 
     // Takes ownership of a list of chunks (linked by ChunkMeta::next) received at
-    // now_ns; appends every event this completes to `out`.
+    // now_ns; appends every event this completes or times out to `out`.
     void add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out);
     // Writes out (INCOMPLETE) every event older than the timeout.
     void expire(std::uint64_t now_ns, EventList& out);

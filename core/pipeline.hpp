@@ -40,7 +40,7 @@ public:
 
     // Timeout sweep on every shard at time now_ns (skipped for a shard whose last
     // tick is still queued).
-    void tick(std::uint64_t now_ns) noexcept;
+    void tick(std::uint64_t now_ns) noexcept override;
     // Every event in flight is handed on (INCOMPLETE unless complete).
     void flush(std::uint64_t now_ns) noexcept;
     void set_timeout_ns(std::uint64_t ns) noexcept;

@@ -23,6 +23,8 @@ public:
     virtual ~ShardSink() = default;
     virtual std::uint32_t shard_count() const noexcept = 0;
     virtual void submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept = 0;
+    // Time has reached now_ns: every shard times out what is due.
+    virtual void tick(std::uint64_t now_ns) noexcept = 0;
 };
 
 // The per-datagram admission rules a reader applies, from one config snapshot.

@@ -1,0 +1,142 @@
+#include "threads/replay_feeder.hpp"
+
+#include <time.h>
+
+#include <cstring>
+
+#include "core/log.hpp"
+
+namespace evb {
+
+namespace {
+std::uint64_t monotonic_ns() noexcept {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+}  // namespace
+
+ReplayFeeder::ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, ShardSink& sink,
+                           stats::ReaderCounters& counters)
+    : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()) {}
+
+ReplayFeeder::~ReplayFeeder() = default;
+
+void ReplayFeeder::finish(bool failed) {
+    failed_ = failed;
+    // Release: the service loop reads failed_ and the counters after seeing this.
+    finished_.store(true, std::memory_order_release);
+}
+
+bool ReplayFeeder::open_next() {
+    if (reader_) {
+        for (std::size_t i = 0; i < skipped_.size(); ++i) skipped_[i] += reader_->skipped()[i];
+        packets_ += reader_->packets();
+        reader_.reset();
+    }
+    if (next_file_ >= s_.files.size()) return false;
+    const std::string& path = s_.files[next_file_++];
+    try {
+        reader_ = std::make_unique<net::CaptureReader>(path, s_.filter);
+        log_info("replaying {}", path);
+    } catch (const std::exception& e) {
+        log_error("{}", e.what());
+        failed_ = true;
+        next_file_ = s_.files.size();  // stop at the first unreadable file
+        return false;
+    }
+    return true;
+}
+
+std::size_t ReplayFeeder::do_work() {
+    if (finished()) return 0;
+    const AdmissionRules* next = nullptr;
+    for (int i = 0; i < 4 && commands_.try_pop(next); ++i) rules_ = next;
+    if (rules_ == nullptr) return 0;
+    if (!reader_ && !open_next()) {
+        finish(failed_);
+        return 0;
+    }
+    pool_.reclaim();
+    const std::uint32_t shards = sink_.shard_count();
+    std::size_t moved = 0;
+    std::uint64_t bytes = 0;
+    bool ahead = false;
+    while (moved < s_.batch) {
+        if (!have_pending_) {
+            const auto st = reader_->next(pending_);
+            if (st == net::CaptureReader::Status::error) {
+                log_error("{}; everything read before it is built and written", reader_->error());
+                failed_ = true;
+                reader_.reset();
+                next_file_ = s_.files.size();
+                break;
+            }
+            if (st == net::CaptureReader::Status::end) {
+                if (!open_next()) break;
+                continue;
+            }
+            have_pending_ = true;
+        }
+        if (s_.speed > 0) {
+            // Original timing scaled by `speed`; a capture whose clock goes backwards
+            // is sent at once rather than waiting a negative time.
+            const std::uint64_t now = monotonic_ns();
+            if (first_wall_ns_ == 0) {
+                first_wall_ns_ = now;
+                first_capture_ns_ = pending_.capture_unix_ns;
+            }
+            const std::uint64_t rel = pending_.capture_unix_ns > first_capture_ns_ ? pending_.capture_unix_ns - first_capture_ns_ : 0;
+            const auto due = first_wall_ns_ + static_cast<std::uint64_t>(static_cast<double>(rel) / s_.speed);
+            if (due > now) {
+                sleep_ns_ = due - now;
+                ahead = true;
+                break;
+            }
+        }
+        std::uint32_t idx = 0;
+        if (!pool_.try_take(idx)) {
+            counters_.buffer_waits.add();
+            break;
+        }
+        have_pending_ = false;
+        ++moved;
+        bytes += pending_.length;
+        if (pending_.capture_unix_ns > last_capture_ns_) last_capture_ns_ = pending_.capture_unix_ns;
+        if (pending_.length > pool_.slot_bytes()) {
+            counters_.truncated.add();
+            pool_.give_back_local(idx);
+            continue;
+        }
+        std::memcpy(pool_.data(idx), pending_.payload, pending_.length);
+        const int shard = admit_datagram(pool_, idx, pending_.length, *rules_, shards, counters_);
+        if (shard < 0) {
+            pool_.give_back_local(idx);
+            continue;
+        }
+        batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));
+    }
+    batches_.submit_all(sink_, last_capture_ns_);
+    if (last_capture_ns_ >= last_tick_ns_ + s_.tick_ns) {
+        sink_.tick(last_capture_ns_);
+        last_tick_ns_ = last_capture_ns_;
+    }
+    counters_.datagrams.add(moved);
+    counters_.bytes.add(bytes);
+    if (!reader_ && !have_pending_ && !ahead && next_file_ >= s_.files.size()) finish(failed_);
+    return moved > 0 ? moved : (ahead ? 0 : 1);
+}
+
+void ReplayFeeder::on_idle() {
+    if (sleep_ns_ > 0) {
+        const std::uint64_t ns = std::min<std::uint64_t>(sleep_ns_, 10'000'000);
+        timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+        ::nanosleep(&ts, nullptr);
+        sleep_ns_ = 0;
+        return;
+    }
+    if (pool_.free_count() == 0)
+        pool_.doorbell().park(std::chrono::milliseconds(10), [this] { return pool_.returns_pending(); });
+}
+
+}  // namespace evb

@@ -1,0 +1,73 @@
+// The replay feeder: stands in for the socket readers when evbd builds from capture
+// files. It copies each captured datagram into a receive slot and admits it exactly
+// as a socket reader does; time is the capture's, so timeouts fire at the same
+// points of the input on every replay, whatever the machine's speed.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "allocators/buffer_pool.hpp"
+#include "monitor/counters.hpp"
+#include "net/pcap_source.hpp"
+#include "threads/runner.hpp"
+#include "threads/socket_reader.hpp"
+
+namespace evb {
+
+struct ReplaySettings {
+    std::vector<std::string> files;
+    net::ReplayFilter filter;
+    double speed = 0;                       // 0: as fast as the pipeline takes it
+    std::uint64_t tick_ns = 50'000'000;     // capture-time interval between timeout ticks
+    std::uint32_t batch = 64;
+};
+
+class ReplayFeeder final : public Agent {
+public:
+    ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, ShardSink& sink, stats::ReaderCounters& counters);
+    ~ReplayFeeder() override;
+
+    std::size_t do_work() override;
+    void on_idle() override;
+
+    SpscRing<const AdmissionRules*>& commands() noexcept { return commands_; }
+    // Set (release) once every file is consumed or one failed; read by the service loop.
+    bool finished() const noexcept { return finished_.load(std::memory_order_acquire); }
+    bool failed() const noexcept { return failed_; }             // valid after finished()
+    std::uint64_t last_capture_ns() const noexcept { return last_capture_ns_; }  // idem
+    // Packets skipped by reason, over every file so far (read after finished()).
+    const std::array<std::uint64_t, net::kSkipReasonCount>& skipped() const noexcept { return skipped_; }
+    std::uint64_t packets() const noexcept { return packets_; }
+
+private:
+    bool open_next();
+    void finish(bool failed);
+
+    ReplaySettings s_;
+    alloc::BufferPool& pool_;
+    ShardSink& sink_;
+    stats::ReaderCounters& counters_;
+    ShardBatches batches_;
+    SpscRing<const AdmissionRules*> commands_{16};
+    const AdmissionRules* rules_ = nullptr;
+
+    std::size_t next_file_ = 0;
+    std::unique_ptr<net::CaptureReader> reader_;
+    net::CapturedDatagram pending_;  // read but not yet placed (no free slot)
+    bool have_pending_ = false;
+    std::uint64_t last_capture_ns_ = 0;
+    std::uint64_t last_tick_ns_ = 0;
+    std::uint64_t first_capture_ns_ = 0;
+    std::uint64_t first_wall_ns_ = 0;
+    std::uint64_t sleep_ns_ = 0;  // pacing: how long on_idle should wait
+    std::array<std::uint64_t, net::kSkipReasonCount> skipped_{};
+    std::uint64_t packets_ = 0;
+    bool failed_ = false;
+    std::atomic<bool> finished_{false};
+};
+
+}  // namespace evb
