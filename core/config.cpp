@@ -352,6 +352,15 @@ std::vector<std::string> restart_keys_changed(const Config& a, const Config& b) 
     return out;
 }
 
+std::shared_ptr<const Config> merge_live(const Config& running, const Config& loaded) {
+    json doc = loaded.effective;
+    for (const auto& k : schema()) {
+        if (k.live) continue;
+        *lookup(doc, k.path, true) = *lookup(const_cast<json&>(running.effective), k.path, false);
+    }
+    return build(std::move(doc), {});
+}
+
 std::string config_reference_markdown() {
     std::string s = "| key | type | default | range | applies | meaning |\n|---|---|---|---|---|---|\n";
     for (const auto& k : schema()) {

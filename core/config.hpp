@@ -93,6 +93,9 @@ std::shared_ptr<const Config> default_config(const std::vector<std::string>& ove
 
 // Keys whose change needs a restart, among those that differ between a and b.
 std::vector<std::string> restart_keys_changed(const Config& a, const Config& b);
+// What a reload runs on: `loaded`'s live keys, `running`'s value for every key that
+// needs a restart.
+std::shared_ptr<const Config> merge_live(const Config& running, const Config& loaded);
 
 // Markdown table of every key (docs/CONFIG.md is generated from this).
 std::string config_reference_markdown();

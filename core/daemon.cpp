@@ -177,6 +177,17 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     msrc.writer = &writer_counters;
     msrc.sources = cfg->sources;
     msrc.run_number = cfg->run_number;
+    monitor::ControlState control;
+    control.run_number.store(cfg->run_number);
+    control.last_reload_success_unix_s.store(realtime_ns() / 1'000'000'000ull);
+    control.last_reload_message = "initial configuration loaded";
+    control.timeout_ms.store(cfg->building.timeout_ms);
+    control.max_file_bytes.store(cfg->output.max_file_bytes);
+    if (!sockets.empty()) {
+        control.socket_buffer_bytes.store(sockets[0].receive_buffer_bytes);
+        control.socket_buffer_capped.store(sockets[0].receive_buffer_capped);
+    }
+    msrc.control = &control;
     std::unique_ptr<monitor::Exporter> exporter;
     if (!cfg->monitor.listen.empty()) {
         exporter = std::make_unique<monitor::Exporter>(cfg->monitor.listen, msrc);
@@ -199,6 +210,81 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
                  cfg->run_number, cfg->sources.size(), listen.to_string(), readers, shards, cfg->building.workers,
                  cfg->output.directory);
 
+    // Reload: read and validate first; only a valid file changes anything. Live keys
+    // are posted to the threads as new snapshots between their batches; keys that
+    // need a restart keep their running values and are named in a warning.
+    std::shared_ptr<const Config> running = cfg;
+    std::uint64_t run_generation = 0;
+    auto input_applied = [&](std::size_t i) -> const AdmissionRules* {
+        if (feeder != nullptr) return feeder->applied();
+        return static_cast<SocketReader*>(input_agents[i].get())->applied();
+    };
+    auto reload = [&](const char* why) {
+        sd_notify_reloading();
+        std::shared_ptr<const Config> loaded;
+        try {
+            loaded = opts.config_path.empty() ? default_config(opts.overrides)
+                                              : load_config_file(opts.config_path, opts.overrides);
+        } catch (const ConfigError& e) {
+            for (const auto& p : e.problems) log_error("reload ({}): {}", why, p);
+            log_error("reload ({}): configuration unchanged, still running on the previous one", why);
+            control.last_reload_ok.store(false);
+            std::lock_guard lock(control.text_mutex);
+            control.last_reload_message = fmt::format("FAILED ({}): {}", why, e.problems.empty() ? "" : e.problems[0]);
+            sd_notify_state("READY=1\nSTATUS=receiving (last reload failed)");
+            return;
+        }
+        const auto restart = restart_keys_changed(*running, *loaded);
+        if (!restart.empty()) {
+            std::string names;
+            for (const auto& k : restart) names += (names.empty() ? "" : ", ") + k;
+            log_warn("reload ({}): {} changed but need a restart; they keep their running values", why, names);
+        }
+        auto next = merge_live(*running, *loaded);
+        snapshots.push_back(next);
+        set_log_level(next->log_level);
+        if (next->building.timeout_ms != running->building.timeout_ms)
+            pipeline->set_timeout_ns(std::uint64_t{next->building.timeout_ms} * 1'000'000ull);
+        const bool run_change = next->run_number != running->run_number;
+        writer_settings.push_back(std::make_unique<WriterSettings>(make_writer_settings(*next)));
+        writer_settings.back()->run_number = next->run_number;
+        writer_settings.back()->run_generation = run_change ? ++run_generation : run_generation;
+        // The writer learns of a run change first, so it holds the new run's events
+        // back until the old run's last events are written and its file is closed.
+        if (!writer->commands().try_push(writer_settings.back().get()))
+            log_warn("reload: the writer has not taken the previous settings yet; output settings apply later");
+        if (run_change) {
+            rules.push_back(std::make_unique<AdmissionRules>(make_rules(*next)));
+            for (auto* q : input_commands) (void)q->try_push(rules.back().get());
+            // Wait (bounded) until every input admits by the new run number, so no
+            // old-run chunk can follow the run-end marker into a shard.
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+            for (std::size_t i = 0; i < input_agents.size(); ++i)
+                while (input_applied(i) != rules.back().get() && std::chrono::steady_clock::now() < deadline)
+                    ::usleep(1000);
+            pipeline->end_run(feeder != nullptr ? feeder->last_capture_ns() : realtime_ns());
+            control.run_number.store(next->run_number);
+            log_info("run {} ended: events in flight written, its file closes once they are; run {} started",
+                     running->run_number, next->run_number);
+        }
+        running = next;
+        control.timeout_ms.store(next->building.timeout_ms);
+        control.max_file_bytes.store(next->output.max_file_bytes);
+        control.last_reload_ok.store(true);
+        control.last_reload_success_unix_s.store(realtime_ns() / 1'000'000'000ull);
+        control.reloads.fetch_add(1);
+        {
+            std::lock_guard lock(control.text_mutex);
+            control.last_reload_message = fmt::format("ok ({})", why);
+        }
+        log_info("reload ({}): configuration applied", why);
+        sd_notify_state("READY=1\nSTATUS=receiving");
+    };
+    // --watch-config: the file's identity and modification time, checked each tick.
+    struct stat watched {};
+    auto stat_config = [&](struct stat& st) { return !opts.config_path.empty() && ::stat(opts.config_path.c_str(), &st) == 0; };
+    if (opts.watch_config) stat_config(watched);
+
     sd_notify_state("READY=1\nSTATUS=receiving");
     // The service loop: timeout ticks and signals.
     const auto tick = std::chrono::milliseconds(std::clamp<std::uint32_t>(cfg->building.timeout_ms / 4, 1, 50));
@@ -210,7 +296,15 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
             log_info("{}: stopping intake, draining events in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT");
             break;
         }
-        if (sig == SIGHUP) log_warn("SIGHUP: configuration reload is not wired yet; keeping the current configuration");
+        if (sig == SIGHUP) reload("SIGHUP");
+        if (opts.watch_config) {
+            struct stat st {};
+            if (stat_config(st) && (st.st_mtim.tv_sec != watched.st_mtim.tv_sec || st.st_mtim.tv_nsec != watched.st_mtim.tv_nsec ||
+                                    st.st_size != watched.st_size || st.st_ino != watched.st_ino)) {
+                watched = st;
+                reload("config file changed");
+            }
+        }
         if (feeder != nullptr) {
             if (feeder->finished()) break;  // replay time comes from the capture, not from here
         } else {

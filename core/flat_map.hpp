@@ -82,6 +82,13 @@ class RecentSet {
 public:
     explicit RecentSet(std::size_t n) : ring_(n), map_(n) {}
     bool contains(std::uint64_t key) const noexcept { return map_.find(key) != nullptr; }
+    void clear() noexcept {
+        while (count_ > 0) {
+            map_.erase(ring_[head_]);
+            head_ = (head_ + 1) % ring_.size();
+            --count_;
+        }
+    }
     void insert(std::uint64_t key) noexcept {
         if (contains(key)) return;
         if (count_ == ring_.size()) {

@@ -50,6 +50,8 @@ public:
     void flush(std::uint64_t now_ns, EventList& out);
 
     void set_timeout_ns(std::uint64_t ns) noexcept { timeout_ns_ = ns; }
+    // A new run starts: event ids may repeat, so forget the built ones.
+    void clear_history() noexcept { recent_.clear(); }
     // Events the writer has finished with come back here (the writer is the producer).
     SpscRing<Event*>& done_ring() noexcept { return done_; }
     std::size_t in_flight() const noexcept { return map_.size(); }

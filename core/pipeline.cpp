@@ -12,7 +12,7 @@ namespace flow = oneapi::tbb::flow;
 
 namespace {
 struct ShardInput {
-    enum class Kind : std::uint8_t { chunks, tick, flush, set_timeout };
+    enum class Kind : std::uint8_t { chunks, tick, flush, end_run, set_timeout };
     Kind kind = Kind::chunks;
     ChunkMeta* head = nullptr;
     std::uint64_t now_ns = 0;  // or the new timeout, for set_timeout
@@ -39,11 +39,12 @@ struct Pipeline::Shard {
         : arena(fmt::format("shard-{}", id)),
           returns(std::move(pools), id),
           matcher(id, ms, arena, returns, c),
-          to_writer(ms.max_events) {}
+          to_writer(ms.max_events + 64) {}  // + room for run-end markers
     alloc::Arena arena;
     alloc::ReturnBatcher returns;
     Matcher matcher;
     SpscRing<Event*> to_writer;
+    Event marker{};  // stands for "run ended" on the matcher -> assembler edge
     std::atomic<bool> tick_queued{false};
     std::unique_ptr<MatchNode> match;
     std::unique_ptr<AssembleNode> assemble;
@@ -71,6 +72,11 @@ Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> po
                             sh->matcher.expire(in.now_ns, built);
                             break;
                         case ShardInput::Kind::flush: sh->matcher.flush(in.now_ns, built); break;
+                        case ShardInput::Kind::end_run:
+                            sh->matcher.flush(in.now_ns, built);
+                            sh->matcher.clear_history();
+                            built.push(&sh->marker);
+                            break;
                         case ShardInput::Kind::set_timeout: sh->matcher.set_timeout_ns(in.now_ns); break;
                     }
                     if (built.head) std::get<0>(out).try_put(built.head);
@@ -81,8 +87,12 @@ Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> po
                     std::size_t n = 0;
                     while (e != nullptr) {
                         Event* next = e->next_out;
-                        assemble(*e);
-                        batch[n++] = e;
+                        if (e == &sh->marker) {
+                            batch[n++] = nullptr;  // the writer counts these per shard
+                        } else {
+                            assemble(*e);
+                            batch[n++] = e;
+                        }
                         if (n == 64) {
                             // Cannot fail: the ring holds the shard's whole event pool.
                             (void)sh->to_writer.try_push_n(batch, n);
@@ -124,6 +134,10 @@ void Pipeline::tick(std::uint64_t now_ns) noexcept {
 
 void Pipeline::flush(std::uint64_t now_ns) noexcept {
     for (auto& s : shards_) s->match->try_put(ShardInput{ShardInput::Kind::flush, nullptr, now_ns});
+}
+
+void Pipeline::end_run(std::uint64_t now_ns) noexcept {
+    for (auto& s : shards_) s->match->try_put(ShardInput{ShardInput::Kind::end_run, nullptr, now_ns});
 }
 
 void Pipeline::set_timeout_ns(std::uint64_t ns) noexcept {

@@ -43,6 +43,10 @@ public:
     void tick(std::uint64_t now_ns) noexcept override;
     // Every event in flight is handed on (INCOMPLETE unless complete).
     void flush(std::uint64_t now_ns) noexcept;
+    // Ends the run: flush, forget built event ids, then a marker (nullptr) follows
+    // the flushed events into each shard's writer ring so the writer knows every
+    // event of the old run has reached it.
+    void end_run(std::uint64_t now_ns) noexcept;
     void set_timeout_ns(std::uint64_t ns) noexcept;
     // Waits until every message put so far has been processed.
     void wait_idle();

@@ -147,6 +147,12 @@ std::vector<FamilyOut> collect(const Sources& s) {
                              c->last_reload_ok.load() ? 1 : 0));
         out.push_back(scalar("evb_config_last_reload_success_timestamp_seconds", "Time of the last successful configuration load.",
                              T::gauge, static_cast<double>(c->last_reload_success_unix_s.load())));
+        out.push_back(scalar("evb_building_timeout_seconds", "building.timeout_ms in force.", T::gauge,
+                             static_cast<double>(c->timeout_ms.load()) / 1000.0));
+        out.push_back(scalar("evb_output_max_file_bytes", "output.max_file_bytes in force.", T::gauge,
+                             static_cast<double>(c->max_file_bytes.load())));
+        out.push_back(scalar("evb_config_reloads_total", "Successful configuration reloads.", T::counter,
+                             static_cast<double>(c->reloads.load())));
         out.push_back(scalar("evb_socket_receive_buffer_bytes", "Receive buffer the kernel granted per input socket.", T::gauge,
                              static_cast<double>(c->socket_buffer_bytes.load())));
         out.push_back(scalar("evb_socket_receive_buffer_capped", "1 if the kernel granted less receive buffer than configured.",

@@ -23,6 +23,9 @@ struct ControlState {
     std::atomic<std::uint64_t> reloads{0};
     std::atomic<std::uint64_t> socket_buffer_bytes{0};
     std::atomic<bool> socket_buffer_capped{false};
+    // Live settings in force (they change by reload).
+    std::atomic<std::uint64_t> timeout_ms{0};
+    std::atomic<std::uint64_t> max_file_bytes{0};
     std::mutex text_mutex;  // guards the strings below (status page only)
     std::string last_reload_message = "none yet";
     std::vector<std::string> open_files;

@@ -32,11 +32,14 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
       returns_(std::move(pools), return_port),
       counters_(counters),
       doorbell_(doorbell),
-      done_pending_(done_rings_.size()) {
+      done_pending_(done_rings_.size()),
+      markers_(inputs_.size(), 0),
+      held_(inputs_.size()) {
     iov_.reserve(kMaxIov + 4096);
     batch_.reserve(kMaxEventsPerWork);
     scratch_.reserve(kMaxEventsPerWork);
     for (auto& d : done_pending_) d.reserve(kMaxEventsPerWork);
+    for (std::size_t k = 0; k < held_.size(); ++k) held_[k].reserve(inputs_[k]->capacity());
     // 64 Ki index entries (1 MiB) up front; beyond that the index doubles a few
     // times during the first large file and then keeps its capacity.
     file_.reserve_index(std::size_t{1} << 16);
@@ -140,31 +143,57 @@ void DiskWriter::release_batch() {
     batch_failed_ = false;
 }
 
+bool DiskWriter::transition_done() const noexcept {
+    for (auto m : markers_)
+        if (m < transition_generation_) return false;
+    return true;
+}
+
+void DiskWriter::write_event(Event* e) {
+    if (file_.is_open() && e->run_number != file_run_) close_file();
+    if (!file_.is_open() && !open_file(e->run_number)) {
+        // No file to write to: the event is counted as lost (write error).
+        batch_failed_ = true;
+        batch_.push_back(e);
+        release_batch();
+        return;
+    }
+    const std::uint64_t offset = file_.size() + batch_bytes_;
+    file_.note_record(e->event_id, offset);
+    iov_.push_back({e->record_header(), file::kRecordHeaderBytes});
+    for_each_record_piece(*e, [this](const void* p, std::size_t len) { iov_.push_back({const_cast<void*>(p), len}); });
+    batch_bytes_ += e->record_length;
+    batch_.push_back(e);
+    if (iov_.size() >= kMaxIov || batch_bytes_ >= kMaxBatchBytes || batch_.size() == batch_.capacity()) flush_batch();
+    if (file_.is_open() && file_.size() + batch_bytes_ >= s_.max_file_bytes) close_file();
+}
+
 std::size_t DiskWriter::drain(std::size_t max_events) {
     std::size_t total = 0;
-    for (auto* ring : inputs_) {
-        const std::size_t n = ring->try_pop_n(scratch_.data(), std::min(max_events - total, scratch_.capacity()));
-        for (std::size_t k = 0; k < n; ++k) {
-            Event* e = scratch_[k];
-            if (file_.is_open() && e->run_number != file_run_) close_file();
-            if (!file_.is_open() && !open_file(e->run_number)) {
-                // No file to write to: the event is counted as lost (write error).
-                batch_failed_ = true;
-                batch_.push_back(e);
-                release_batch();
-                continue;
+    if (transition_generation_ != 0 && transition_done()) {
+        // Every event of the old run is written: close its file, then release the
+        // new run's events held back meanwhile, in their order.
+        transition_generation_ = 0;
+        flush_batch();
+        if (file_.is_open() && file_run_ != transition_run_) close_file();
+        for (auto& h : held_) {
+            for (Event* e : h) write_event(e);
+            total += h.size();
+            h.clear();
+        }
+    }
+    for (std::size_t k = 0; k < inputs_.size(); ++k) {
+        if (!held_[k].empty()) continue;  // this shard waits for the run transition
+        const std::size_t n = inputs_[k]->try_pop_n(scratch_.data(), std::min(max_events - total, scratch_.capacity()));
+        for (std::size_t i = 0; i < n; ++i) {
+            Event* e = scratch_[i];
+            if (e == nullptr) {
+                ++markers_[k];
+            } else if (transition_generation_ != 0 && (e->run_number == transition_run_ || !held_[k].empty())) {
+                held_[k].push_back(e);
+            } else {
+                write_event(e);
             }
-            const std::uint64_t offset = file_.size() + batch_bytes_;
-            file_.note_record(e->event_id, offset);
-            iov_.push_back({e->record_header(), file::kRecordHeaderBytes});
-            for_each_record_piece(*e, [this](const void* p, std::size_t len) {
-                iov_.push_back({const_cast<void*>(p), len});
-            });
-            batch_bytes_ += e->record_length;
-            batch_.push_back(e);
-            if (iov_.size() >= kMaxIov || batch_bytes_ >= kMaxBatchBytes || batch_.size() == batch_.capacity())
-                flush_batch();
-            if (file_.is_open() && file_.size() + batch_bytes_ >= s_.max_file_bytes) close_file();
         }
         total += n;
         if (total >= max_events) break;
@@ -179,6 +208,12 @@ std::size_t DiskWriter::do_work() {
         s_.max_file_bytes = next->max_file_bytes;
         s_.fsync = next->fsync;
         s_.fsync_period_ms = next->fsync_period_ms;
+        if (next->run_generation > s_.run_generation) {
+            s_.run_generation = next->run_generation;
+            s_.run_number = next->run_number;
+            transition_generation_ = next->run_generation;
+            transition_run_ = next->run_number;
+        }
     }
     const std::size_t n = drain(kMaxEventsPerWork);
     counters_.queue_depth.set(pending());
@@ -197,8 +232,14 @@ void DiskWriter::on_idle() {
 }
 
 void DiskWriter::on_close() {
-    // Final drain: everything the shards handed over is written before the file closes.
+    // Final drain: everything the shards handed over is written before the file
+    // closes, including events held back by a run transition that had not finished.
     while (drain(kMaxEventsPerWork) > 0) {
+    }
+    transition_generation_ = 0;
+    for (auto& h : held_) {
+        for (Event* e : h) write_event(e);
+        h.clear();
     }
     close_file();
 }

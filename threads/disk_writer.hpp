@@ -30,6 +30,11 @@ struct WriterSettings {
     std::uint64_t max_file_bytes = 1ull << 30;
     FsyncPolicy fsync = FsyncPolicy::on_close;
     std::uint32_t fsync_period_ms = 0;
+    // Run transition: when run_generation grows, the writer holds back events of
+    // run_number until every shard's run-end marker number run_generation has
+    // arrived, then closes the old run's file.
+    std::uint32_t run_number = 0;
+    std::uint64_t run_generation = 0;
 };
 
 // Called on the writer thread once per written batch with the events just made
@@ -54,6 +59,8 @@ public:
 
 private:
     std::size_t drain(std::size_t max_events);
+    void write_event(Event* e);
+    bool transition_done() const noexcept;
     bool open_file(std::uint32_t run_number);
     void close_file();
     void flush_batch();
@@ -78,6 +85,10 @@ private:
     std::vector<Event*> batch_;       // events in iov_
     std::vector<Event*> scratch_;     // popped from one ring
     std::vector<std::vector<Event*>> done_pending_;  // per shard
+    std::vector<std::uint64_t> markers_;             // run-end markers seen per shard
+    std::vector<std::vector<Event*>> held_;          // per shard: new-run events held back
+    std::uint64_t transition_generation_ = 0;        // 0: no transition pending
+    std::uint32_t transition_run_ = 0;
     std::size_t batch_bytes_ = 0;
     bool batch_failed_ = false;
 };

@@ -53,6 +53,7 @@ std::size_t ReplayFeeder::do_work() {
     const AdmissionRules* next = nullptr;
     for (int i = 0; i < 4 && commands_.try_pop(next); ++i) rules_ = next;
     if (rules_ == nullptr) return 0;
+    if (applied_.load(std::memory_order_relaxed) != rules_) applied_.store(rules_, std::memory_order_release);
     if (!reader_ && !open_next()) {
         finish(failed_);
         return 0;

@@ -35,6 +35,7 @@ public:
     void on_idle() override;
 
     SpscRing<const AdmissionRules*>& commands() noexcept { return commands_; }
+    const AdmissionRules* applied() const noexcept { return applied_.load(std::memory_order_acquire); }
     // Set (release) once every file is consumed or one failed; read by the service loop.
     bool finished() const noexcept { return finished_.load(std::memory_order_acquire); }
     bool failed() const noexcept { return failed_; }             // valid after finished()
@@ -54,6 +55,7 @@ private:
     ShardBatches batches_;
     SpscRing<const AdmissionRules*> commands_{16};
     const AdmissionRules* rules_ = nullptr;
+    std::atomic<const AdmissionRules*> applied_{nullptr};
 
     std::size_t next_file_ = 0;
     std::unique_ptr<net::CaptureReader> reader_;

@@ -95,6 +95,9 @@ std::size_t SocketReader::do_work() {
     const AdmissionRules* next = nullptr;
     for (int i = 0; i < 4 && commands_.try_pop(next); ++i) rules_ = next;
     if (rules_ == nullptr) return 0;
+    // Release: datagrams handed on before this store were admitted under the old
+    // rules; a reload that sees the new pointer knows later ones use the new rules.
+    if (applied_.load(std::memory_order_relaxed) != rules_) applied_.store(rules_, std::memory_order_release);
 
     pool_.reclaim();
     // Arm every empty receive position with a free slot, in order; receive into

@@ -3,6 +3,7 @@
 // log line or syscall per datagram beyond the batched receive itself.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -68,8 +69,12 @@ public:
     // Control: a new admission rule set (config reload). Owned by the caller,
     // which keeps it alive while the reader may use it.
     SpscRing<const AdmissionRules*>& commands() noexcept { return commands_; }
+    // The rule set in use (release-stored once adopted): lets a reload know when
+    // every reader has switched.
+    const AdmissionRules* applied() const noexcept { return applied_.load(std::memory_order_acquire); }
 
 private:
+    std::atomic<const AdmissionRules*> applied_{nullptr};
     std::uint16_t id_;
     int fd_;
     alloc::BufferPool& pool_;

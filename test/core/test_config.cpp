@@ -1,0 +1,101 @@
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "core/config.hpp"
+
+using evb::ConfigError;
+using evb::load_config;
+
+namespace {
+std::vector<std::string> problems_of(const std::string& text, std::vector<std::string> sets = {}) {
+    try {
+        load_config(text, "test.json", sets);
+    } catch (const ConfigError& e) {
+        return e.problems;
+    }
+    return {};
+}
+bool any_contains(const std::vector<std::string>& v, const std::string& needle) {
+    for (const auto& s : v)
+        if (s.find(needle) != std::string::npos) return true;
+    return false;
+}
+}  // namespace
+
+TEST_CASE("config defaults are complete and valid") {
+    auto c = evb::default_config({});
+    CHECK(c->input.listen == "127.0.0.1:7400");
+    CHECK(c->monitor.listen == "127.0.0.1:9464");
+    CHECK(c->output.directory == "evb-data");
+    CHECK(c->sources.size() == 8);
+    CHECK(c->effective["building"]["timeout_ms"] == 1000);
+    CHECK(c->mode == evb::Mode::push);
+}
+
+TEST_CASE("each kind of bad config gets its own message naming the key") {
+    struct Case {
+        const char* text;
+        const char* needle;
+    };
+    const std::vector<Case> cases = {
+        {"{\n  \"sources\": 4,\n  \"building\": {\"timeout_ms\": 10,}\n}", "test.json:3:"},  // syntax: line 3
+        {R"({"bogus": 1})", "bogus: unknown key"},
+        {R"({"building": {"timeot_ms": 5}})", "building.timeot_ms: unknown key"},
+        {R"({"building": {"timeout_ms": "fast"}})", "building.timeout_ms: expected unsigned integer"},
+        {R"({"building": {"timeout_ms": 0}})", "building.timeout_ms: 0 is out of range"},
+        {R"({"output": {"fsync": "sometimes"}})", "output.fsync: expected"},
+        {R"({"mode": "pull"})", "pull.source_addresses: pull mode needs"},
+        {R"({"builder_id": 3, "builders": 2})", "builder_id: 3 must be less than builders"},
+        {R"({"sources": [1, 2, 2]})", "sources[2]: source id 2 appears twice"},
+        {R"({"sources": -4})", "sources: expected count or array of ids"},
+        {R"({"input": 5})", "input: expected an object"},
+        {R"({"log": {"level": "loud"}})", "log.level: \"loud\" is not one of"},
+        {R"([1, 2])", "must be a JSON object"},
+    };
+    for (const auto& c : cases) {
+        INFO(c.text);
+        const auto p = problems_of(c.text);
+        REQUIRE_FALSE(p.empty());
+        CHECK(any_contains(p, c.needle));
+    }
+}
+
+TEST_CASE("all problems of a file are reported at once") {
+    const auto p = problems_of(R"({"bogus": 1, "building": {"timeout_ms": "x", "workers": 0}, "output": {"fsync": []}})");
+    CHECK(p.size() == 4);
+    CHECK(any_contains(p, "bogus"));
+    CHECK(any_contains(p, "building.timeout_ms"));
+    CHECK(any_contains(p, "building.workers"));
+    CHECK(any_contains(p, "output.fsync"));
+}
+
+TEST_CASE("--set overrides by dotted path, reading JSON or else a string") {
+    auto c = load_config("{}", "x", {"sources=16", "output.directory=/tmp/x", "pull.source_addresses=[\"h:1\"]",
+                                     "building.timeout_ms=250", "output.fsync=100"});
+    CHECK(c->sources.size() == 16);
+    CHECK(c->output.directory == "/tmp/x");
+    CHECK(c->pull.source_addresses == std::vector<std::string>{"h:1"});
+    CHECK(c->building.timeout_ms == 250);
+    CHECK(c->output.fsync == evb::FsyncPolicy::periodic);
+    CHECK(c->output.fsync_period_ms == 100);
+    CHECK(any_contains(problems_of("{}", {"nokey"}), "expected KEY=VALUE"));
+    CHECK(any_contains(problems_of("{}", {"input.nope=1"}), "input.nope: unknown key"));
+}
+
+TEST_CASE("sources as an id list is sorted; merge_live keeps restart keys") {
+    auto a = load_config(R"({"sources": [30, 10, 20], "input": {"listen": "127.0.0.1:1"}})", "a", {});
+    CHECK(a->sources == std::vector<std::uint32_t>{10, 20, 30});
+    auto b = load_config(R"({"sources": 4, "run_number": 7, "building": {"timeout_ms": 50},
+                             "input": {"listen": "127.0.0.1:2"}})", "b", {});
+    const auto restart = evb::restart_keys_changed(*a, *b);
+    CHECK(std::find(restart.begin(), restart.end(), "input.listen") != restart.end());
+    CHECK(std::find(restart.begin(), restart.end(), "sources") != restart.end());
+    CHECK(std::find(restart.begin(), restart.end(), "run_number") == restart.end());
+    auto m = evb::merge_live(*a, *b);
+    CHECK(m->input.listen == "127.0.0.1:1");
+    CHECK(m->sources == a->sources);
+    CHECK(m->run_number == 7);
+    CHECK(m->building.timeout_ms == 50);
+}
