@@ -64,7 +64,7 @@ const std::vector<Key>& schema() {
         {"pull.first_event", Kind::uint, 0, 0, UINT64_MAX, false, "First event id requested in pull mode."},
         {"pull.events", Kind::uint, 0, 0, UINT64_MAX, false, "Events to request before stopping; 0: no limit."},
         {"pull.credits", Kind::uint, 64, 1, 1u << 20, true, "Events requested and not yet written, at most."},
-        {"pull.request_batch", Kind::uint, 16, 1, 8192, true, "Event ids per REQUEST datagram."},
+        {"pull.request_batch", Kind::uint, 16, 1, 8000, true, "Event ids per REQUEST datagram."},
         {"pull.source_addresses", Kind::string_list, json::array(), 0, 0, false, "Addresses (HOST:PORT) that REQUEST and CLEAR datagrams go to."},
         {"pull.retry_ms", Kind::uint, 100, 1, 600000, true, "Re-request an incomplete event after this long."},
         {"pull.max_retries", Kind::uint, 5, 0, 1000, true, "Re-requests before the event is written INCOMPLETE."},
@@ -291,6 +291,12 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     if (c->mode == Mode::pull && c->pull.source_addresses.empty())
         problems.push_back("pull.source_addresses: pull mode needs at least one source address");
     if (c->input.listen.empty()) problems.push_back("input.listen: must not be empty");
+    if (c->mode == Mode::pull &&
+        std::uint64_t{c->building.timeout_ms} <= std::uint64_t{c->pull.retry_ms} * (c->pull.max_retries + 1ull))
+        problems.push_back(fmt::format(
+            "building.timeout_ms: {} ms must exceed pull.retry_ms x (pull.max_retries + 1) = {} ms in pull mode, or "
+            "events time out before their last re-request",
+            c->building.timeout_ms, std::uint64_t{c->pull.retry_ms} * (c->pull.max_retries + 1ull)));
     if (c->output.directory.empty()) problems.push_back("output.directory: must not be empty");
     if (c->building.max_buffer_bytes / (c->input.max_datagram_bytes + 64ull) < 2ull * c->input.batch * c->input.readers)
         problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",

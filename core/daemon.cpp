@@ -20,6 +20,7 @@
 #include "net/udp.hpp"
 #include "threads/disk_writer.hpp"
 #include "threads/replay_feeder.hpp"
+#include "threads/request_sender.hpp"
 #include "threads/runner.hpp"
 #include "threads/socket_reader.hpp"
 
@@ -45,6 +46,20 @@ AdmissionRules make_rules(const Config& c) {
         r.allowed_senders.push_back(net::parse_endpoint(has_port ? a : (a.find(':') != std::string::npos ? "[" + a + "]:0" : a + ":0")));
     }
     return r;
+}
+
+PullSettings make_pull_settings(const Config& c) {
+    PullSettings p;
+    p.builder_id = c.builder_id;
+    p.builders = c.builders;
+    p.run_number = c.run_number;
+    p.first_event = c.pull.first_event;
+    p.events = c.pull.events;
+    p.credits = c.pull.credits;
+    p.request_batch = c.pull.request_batch;
+    p.retry_ms = c.pull.retry_ms;
+    p.max_retries = c.pull.max_retries;
+    return p;
 }
 
 WriterSettings make_writer_settings(const Config& c) {
@@ -171,6 +186,44 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     }
     for (auto* q : input_commands) (void)q->try_push(rules.back().get());
 
+    // Pull mode: the request sender asks the sources for events under the credit
+    // limit, from reader 0's socket so the answers come back to the readers.
+    PullCounters pull_counters;
+    std::unique_ptr<RequestSender> sender;
+    std::vector<std::unique_ptr<PullSettings>> pull_settings;
+    std::atomic<std::uint32_t> current_run{cfg->run_number};
+    if (cfg->mode == Mode::pull && !replay) {
+        std::vector<net::Endpoint> addrs;
+        for (const auto& a : cfg->pull.source_addresses) {
+            try {
+                addrs.push_back(net::parse_endpoint(a));
+            } catch (const std::exception& e) {
+                log_error("pull.source_addresses: {}", e.what());
+                return 1;
+            }
+        }
+        // A reload may raise the credits up to 4x the starting value (bookkeeping is
+        // preallocated); beyond that it takes a restart.
+        const std::size_t max_credits = std::min<std::size_t>(std::max<std::size_t>(cfg->pull.credits * 4ull, 1024), 1u << 20);
+        const std::uint32_t builders = cfg->builders;
+        Pipeline* pl = pipeline.get();
+        sender = std::make_unique<RequestSender>(
+            make_pull_settings(*cfg), sockets[0].fd, std::move(addrs),
+            [pl, builders, &current_run](std::uint64_t id, std::uint64_t now) {
+                pl->give_up(id, current_run.load(std::memory_order_relaxed), builders, now);
+            },
+            pull_counters, max_credits);
+        RequestSender* rs = sender.get();
+        writer->set_written_hook([rs](const Event* const* events, std::size_t n) {
+            std::uint64_t ids[256];
+            for (std::size_t i = 0; i < n;) {
+                std::size_t k = 0;
+                for (; k < 256 && i < n; ++k, ++i) ids[k] = events[i]->event_id;
+                rs->on_written(ids, k);
+            }
+        });
+    }
+
     monitor::Sources msrc;
     for (auto& c : reader_counters) msrc.readers.push_back(c.get());
     for (auto& c : pipeline->counters()) msrc.matchers.push_back(c.get());
@@ -188,6 +241,28 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         control.socket_buffer_capped.store(sockets[0].receive_buffer_capped);
     }
     msrc.control = &control;
+    if (sender) {
+        msrc.extra = [&pull_counters](std::vector<monitor::FamilyOut>& out) {
+            using T = monitor::FamilyOut::Type;
+            auto add = [&](const char* name, const char* help, T t, std::uint64_t v) {
+                monitor::FamilyOut f{name, help, t, {}, {}};
+                f.samples.push_back({{}, static_cast<double>(v), {}, 0});
+                out.push_back(std::move(f));
+            };
+            add("evb_pull_credits_configured", "pull.credits in force.", T::gauge, pull_counters.credits_configured.load());
+            add("evb_pull_credits_in_use", "Events requested and not yet written.", T::gauge, pull_counters.credits_in_use.load());
+            add("evb_pull_events_requested_total", "Event ids requested for the first time.", T::counter, pull_counters.events_requested.load());
+            add("evb_pull_requests_sent_total", "REQUEST datagrams sent for first requests (to every source address).", T::counter,
+                pull_counters.requests_sent.load());
+            add("evb_pull_rerequests_sent_total", "Event ids requested again because they were not complete in time.", T::counter,
+                pull_counters.rerequests_sent.load());
+            add("evb_pull_clears_sent_total", "CLEAR datagrams sent (to every source address).", T::counter, pull_counters.clears_sent.load());
+            add("evb_pull_events_cleared_total", "Event ids cleared after they were written.", T::counter, pull_counters.events_cleared.load());
+            add("evb_pull_events_given_up_total", "Events written INCOMPLETE after their last re-request.", T::counter,
+                pull_counters.events_given_up.load());
+            add("evb_pull_send_errors_total", "Failed sends of REQUEST or CLEAR datagrams.", T::counter, pull_counters.send_errors.load());
+        };
+    }
     std::unique_ptr<monitor::Exporter> exporter;
     if (!cfg->monitor.listen.empty()) {
         exporter = std::make_unique<monitor::Exporter>(cfg->monitor.listen, msrc);
@@ -200,8 +275,11 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         reader_runners.push_back(std::make_unique<AgentRunner>(replay ? std::string("evb-replay") : fmt::format("evb-rx-{}", r),
                                                                *input_agents[r],
                                                                r < cfg->input.cpus.size() ? cfg->input.cpus[r] : -1));
+    std::unique_ptr<AgentRunner> sender_runner;
+    if (sender) sender_runner = std::make_unique<AgentRunner>("evb-request", *sender);
     writer_runner.start();
     for (auto& rr : reader_runners) rr->start();
+    if (sender_runner) sender_runner->start();
     if (replay)
         log_info("building run {} from {} sources, replaying {} capture file(s) (filter: {}); writing to {}",
                  cfg->run_number, cfg->sources.size(), opts.replay_files.size(), cfg->replay_filter, cfg->output.directory);
@@ -253,7 +331,13 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         // back until the old run's last events are written and its file is closed.
         if (!writer->commands().try_push(writer_settings.back().get()))
             log_warn("reload: the writer has not taken the previous settings yet; output settings apply later");
+        if (sender) {
+            pull_settings.push_back(std::make_unique<PullSettings>(make_pull_settings(*next)));
+            if (!sender->commands().try_push(pull_settings.back().get()))
+                log_warn("reload: the request sender has not taken the previous settings yet");
+        }
         if (run_change) {
+            current_run.store(next->run_number);
             rules.push_back(std::make_unique<AdmissionRules>(make_rules(*next)));
             for (auto* q : input_commands) (void)q->try_push(rules.back().get());
             // Wait (bounded) until every input admits by the new run number, so no
@@ -313,6 +397,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     }
 
     sd_notify_state("STOPPING=1");
+    if (sender_runner) sender_runner->stop();  // no new requests while draining
     // Shutdown: readers stop first (nothing new enters), then every event in flight
     // is handed on, the graph drains, and the writer writes all of it and closes.
     for (auto& rr : reader_runners) rr->stop();

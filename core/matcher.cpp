@@ -54,13 +54,13 @@ void Matcher::reclaim() noexcept {
     for (std::size_t i = 0; i < n; ++i) free_.push_back(done_scratch_[i]);
 }
 
-Event* Matcher::start_event(const ChunkMeta& c, std::uint64_t now_ns) noexcept {
+Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns) noexcept {
     if (free_.empty()) reclaim();
     if (free_.empty()) return nullptr;
     Event* e = free_.back();
     free_.pop_back();
-    e->event_id = c.event_id;
-    e->run_number = c.run_number;
+    e->event_id = event_id;
+    e->run_number = run_number;
     e->status = 0;
     e->first_fragment_unix_ns = now_ns;
     e->built_unix_ns = 0;
@@ -119,7 +119,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
             drop(c);
             return;
         }
-        e = start_event(*c, now_ns);
+        e = start_event(c->event_id, c->run_number, now_ns);
         if (e == nullptr) {
             counters_.in_flight_limit_drops.add();
             drop(c);
@@ -207,6 +207,14 @@ void Matcher::add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out) 
 void Matcher::expire(std::uint64_t now_ns, EventList& out) {
     while (oldest_ != nullptr && oldest_->first_fragment_unix_ns + timeout_ns_ <= now_ns)
         finish(oldest_, false, now_ns, out);
+    returns_.flush();
+}
+
+void Matcher::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, EventList& out) {
+    reclaim();
+    Event* e = map_.find(event_id);
+    if (e == nullptr && !recent_.contains(event_id)) e = start_event(event_id, run_number, now_ns);
+    if (e != nullptr) finish(e, false, now_ns, out);
     returns_.flush();
 }
 

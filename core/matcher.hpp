@@ -48,6 +48,9 @@ public:
     void expire(std::uint64_t now_ns, EventList& out);
     // Writes out every event in flight (shutdown, run change).
     void flush(std::uint64_t now_ns, EventList& out);
+    // Pull mode, out of retries: writes the event INCOMPLETE now, even when no
+    // fragment of it ever arrived (every section MISSING). Nothing if already built.
+    void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, EventList& out);
 
     void set_timeout_ns(std::uint64_t ns) noexcept { timeout_ns_ = ns; }
     // A new run starts: event ids may repeat, so forget the built ones.
@@ -59,7 +62,7 @@ public:
 
 private:
     int source_index(std::uint32_t source_id) const noexcept;
-    Event* start_event(const ChunkMeta& c, std::uint64_t now_ns) noexcept;
+    Event* start_event(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns) noexcept;
     void finish(Event* ev, bool complete, std::uint64_t now_ns, EventList& out) noexcept;
     void drop(ChunkMeta* c) noexcept { returns_.add(c->owner, c->slot); }
     void reclaim() noexcept;

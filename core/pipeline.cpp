@@ -12,10 +12,12 @@ namespace flow = oneapi::tbb::flow;
 
 namespace {
 struct ShardInput {
-    enum class Kind : std::uint8_t { chunks, tick, flush, end_run, set_timeout };
+    enum class Kind : std::uint8_t { chunks, tick, flush, end_run, set_timeout, give_up };
     Kind kind = Kind::chunks;
     ChunkMeta* head = nullptr;
     std::uint64_t now_ns = 0;  // or the new timeout, for set_timeout
+    std::uint64_t event_id = 0;  // give_up
+    std::uint32_t run_number = 0;  // give_up
 };
 using MatchNode = flow::multifunction_node<ShardInput, std::tuple<Event*>>;
 using AssembleNode = flow::function_node<Event*, flow::continue_msg>;
@@ -78,6 +80,9 @@ Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> po
                             built.push(&sh->marker);
                             break;
                         case ShardInput::Kind::set_timeout: sh->matcher.set_timeout_ns(in.now_ns); break;
+                        case ShardInput::Kind::give_up:
+                            sh->matcher.give_up(in.event_id, in.run_number, in.now_ns, built);
+                            break;
                     }
                     if (built.head) std::get<0>(out).try_put(built.head);
                 });
@@ -138,6 +143,13 @@ void Pipeline::flush(std::uint64_t now_ns) noexcept {
 
 void Pipeline::end_run(std::uint64_t now_ns) noexcept {
     for (auto& s : shards_) s->match->try_put(ShardInput{ShardInput::Kind::end_run, nullptr, now_ns});
+}
+
+void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
+                       std::uint64_t now_ns) noexcept {
+    // The same routing as the readers' (admit_datagram).
+    const auto shard = (event_id / builders) % shards_.size();
+    shards_[shard]->match->try_put(ShardInput{ShardInput::Kind::give_up, nullptr, now_ns, event_id, run_number});
 }
 
 void Pipeline::set_timeout_ns(std::uint64_t ns) noexcept {

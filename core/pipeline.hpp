@@ -48,6 +48,8 @@ public:
     // event of the old run has reached it.
     void end_run(std::uint64_t now_ns) noexcept;
     void set_timeout_ns(std::uint64_t ns) noexcept;
+    // Pull mode: write this event INCOMPLETE now (out of retries).
+    void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders, std::uint64_t now_ns) noexcept;
     // Waits until every message put so far has been processed.
     void wait_idle();
 

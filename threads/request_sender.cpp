@@ -1,0 +1,200 @@
+#include "threads/request_sender.hpp"
+
+#include <time.h>
+
+#include <algorithm>
+
+#include "core/log.hpp"
+#include "core/wire.hpp"
+
+namespace evb {
+
+namespace {
+std::uint64_t monotonic_ns() noexcept {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+std::uint64_t realtime_ns() noexcept {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+// CLEARs carry many ids; keep each datagram within a standard 1500-byte MTU.
+constexpr std::size_t kClearIdsPerDatagram = (1472 - wire::kRequestHeaderBytes) / 8;
+}  // namespace
+
+RequestSender::RequestSender(const PullSettings& s, int socket_fd, std::vector<net::Endpoint> sources, GiveUp give_up,
+                             PullCounters& counters, std::size_t max_credits)
+    : s_(s),
+      fd_(socket_fd),
+      sources_(std::move(sources)),
+      give_up_(std::move(give_up)),
+      counters_(counters),
+      max_credits_(max_credits),
+      written_(max_credits * 2),
+      outstanding_(max_credits),
+      entries_(max_credits),
+      send_(sources_.size()),
+      cursor_(s.first_event) {
+    free_entries_.reserve(max_credits);
+    for (auto& e : entries_) free_entries_.push_back(&e);
+    owed_clears_.reserve(max_credits * 2);
+    scratch_.resize(max_credits * 2);
+    dgram_.resize(wire::request_bytes(std::max<std::size_t>(8000, kClearIdsPerDatagram)));
+    counters_.credits_configured.store(std::min<std::size_t>(s_.credits, max_credits_));
+}
+
+void RequestSender::on_written(const std::uint64_t* ids, std::size_t n) noexcept {
+    // Cannot overflow: at most max_credits events are outstanding, and the ring
+    // holds twice that.
+    const std::size_t pushed = written_.try_push_n(ids, n);
+    (void)pushed;
+    doorbell_.ring();
+}
+
+std::uint64_t RequestSender::next_id() noexcept {
+    // This builder's share: e % builders == builder_id.
+    while (cursor_ % s_.builders != s_.builder_id) ++cursor_;
+    return cursor_++;
+}
+
+void RequestSender::send_ids(wire::Type type, const std::uint64_t* ids, std::size_t n) {
+    const std::size_t len = wire::encode_request(type, s_.builder_id, s_.run_number, {ids, n}, dgram_);
+    for (std::size_t i = 0; i < sources_.size(); ++i) send_.set(i, dgram_.data(), len, &sources_[i]);
+    if (send_.send(fd_, sources_.size()) < 0) counters_.send_errors.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::size_t RequestSender::take_written() {
+    const std::size_t n = written_.try_pop_n(scratch_.data(), scratch_.size());
+    for (std::size_t i = 0; i < n; ++i) {
+        Entry* e = outstanding_.find(scratch_[i]);
+        if (e == nullptr) continue;  // not ours (an unrequested event) or already returned
+        outstanding_.erase(scratch_[i]);
+        free_entries_.push_back(e);
+        owed_clears_.push_back(scratch_[i]);  // the credit is back; a CLEAR is owed first
+    }
+    return n;
+}
+
+std::size_t RequestSender::send_clears() {
+    const std::size_t owed = owed_clears_.size();
+    for (std::size_t i = 0; i < owed; i += kClearIdsPerDatagram) {
+        const std::size_t n = std::min(kClearIdsPerDatagram, owed - i);
+        send_ids(wire::Type::clear, owed_clears_.data() + i, n);
+        counters_.clears_sent.fetch_add(1, std::memory_order_relaxed);
+    }
+    counters_.events_cleared.fetch_add(owed, std::memory_order_relaxed);
+    owed_clears_.clear();
+    return owed;
+}
+
+std::size_t RequestSender::send_requests(std::uint64_t now) {
+    const std::size_t credits = std::min<std::size_t>(s_.credits, max_credits_);
+    std::size_t sent = 0;
+    while (true) {
+        const std::size_t in_use = outstanding_.size();
+        if (in_use >= credits) break;
+        std::size_t want = std::min<std::size_t>(credits - in_use, s_.request_batch);
+        if (s_.events > 0) want = static_cast<std::size_t>(std::min<std::uint64_t>(want, s_.events - requested_));
+        if (want == 0) break;
+        // Wait for a full batch unless it is the last one or nothing is in flight:
+        // fewer, larger requests (and wake-ups) rather than one per returned credit.
+        const bool last = s_.events > 0 && s_.events - requested_ == want;
+        if (want < s_.request_batch && !last && in_use > 0) break;
+        std::uint64_t ids[8000];
+        for (std::size_t i = 0; i < want; ++i) {
+            ids[i] = next_id();
+            Entry* e = free_entries_.back();
+            free_entries_.pop_back();
+            *e = Entry{ids[i], now + std::uint64_t{s_.retry_ms} * 1'000'000ull, 0, false};
+            outstanding_.insert(ids[i], e);
+            retry_queue_.push_back(ids[i]);
+        }
+        send_ids(wire::Type::request, ids, want);
+        requested_ += want;
+        sent += want;
+        counters_.requests_sent.fetch_add(1, std::memory_order_relaxed);
+        counters_.events_requested.fetch_add(want, std::memory_order_relaxed);
+    }
+    return sent;
+}
+
+std::size_t RequestSender::retry_due(std::uint64_t now) {
+    std::uint64_t ids[8000];
+    std::size_t n = 0, total = 0;
+    auto flush = [&] {
+        if (n == 0) return;
+        send_ids(wire::Type::request, ids, n);
+        counters_.rerequests_sent.fetch_add(n, std::memory_order_relaxed);
+        total += n;
+        n = 0;
+    };
+    while (!retry_queue_.empty()) {
+        const std::uint64_t id = retry_queue_.front();
+        Entry* e = outstanding_.find(id);
+        if (e == nullptr || e->given_up) {
+            retry_queue_.pop_front();  // written, or waiting for its INCOMPLETE record
+            continue;
+        }
+        if (e->deadline_ns > now) break;
+        retry_queue_.pop_front();
+        if (e->retries >= s_.max_retries) {
+            // Out of retries: the matcher writes it INCOMPLETE; its credit returns
+            // when that record is written.
+            e->given_up = true;
+            counters_.events_given_up.fetch_add(1, std::memory_order_relaxed);
+            give_up_(id, realtime_ns());
+            continue;
+        }
+        ++e->retries;
+        e->deadline_ns = now + std::uint64_t{s_.retry_ms} * 1'000'000ull;
+        retry_queue_.push_back(id);
+        ids[n++] = id;
+        if (n == std::min<std::size_t>(s_.request_batch, 8000)) flush();
+    }
+    flush();
+    return total;
+}
+
+std::size_t RequestSender::do_work() {
+    const PullSettings* next = nullptr;
+    for (int i = 0; i < 4 && commands_.try_pop(next); ++i) {
+        s_.credits = next->credits;
+        s_.request_batch = next->request_batch;
+        s_.retry_ms = next->retry_ms;
+        s_.max_retries = next->max_retries;
+        s_.run_number = next->run_number;
+        if (s_.credits > max_credits_)
+            log_warn("pull.credits {} is above the {} this builder was started with; using {} until a restart",
+                     s_.credits, max_credits_, max_credits_);
+        counters_.credits_configured.store(std::min<std::size_t>(s_.credits, max_credits_));
+    }
+    const std::uint64_t now = monotonic_ns();
+    std::size_t work = take_written();
+    // Order matters: every CLEAR owed goes out before a REQUEST spends the credit.
+    work += send_clears();
+    work += retry_due(now);
+    work += send_requests(now);
+    counters_.credits_in_use.store(outstanding_.size(), std::memory_order_relaxed);
+    if (s_.events > 0 && requested_ == s_.events && outstanding_.size() == 0 && !done())
+        done_.store(true, std::memory_order_release);
+    return work;
+}
+
+void RequestSender::on_idle() {
+    // Sleep until a credit comes back (the writer rings) or the next retry is due;
+    // never spin while out of credits.
+    std::uint64_t wait_ns = std::uint64_t{s_.retry_ms} * 1'000'000ull;
+    if (!retry_queue_.empty()) {
+        if (const Entry* e = outstanding_.find(retry_queue_.front()); e != nullptr && !e->given_up) {
+            const std::uint64_t now = monotonic_ns();
+            wait_ns = e->deadline_ns > now ? e->deadline_ns - now : 0;
+        }
+    }
+    if (wait_ns == 0) return;
+    doorbell_.park(std::chrono::nanoseconds(std::min<std::uint64_t>(wait_ns, 100'000'000ull)),
+                   [this] { return written_.size_approx() > 0; });
+}
+
+}  // namespace evb

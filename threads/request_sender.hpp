@@ -1,0 +1,106 @@
+// The request sender (pull mode): asks the sources for events under a credit limit.
+//
+// A credit is one event requested and not yet written. The disk writer hands back
+// the ids it wrote (one SPSC ring, bulk); each returned id is a credit back and a
+// CLEAR owed. Every owed CLEAR is sent before any REQUEST that spends a returned
+// credit, so no source ever sees more requested-and-not-cleared events than
+// pull.credits. Requests go out in batches of pull.request_batch ids from the
+// builder's own input socket, so the answers come back to the readers.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/flat_map.hpp"
+#include "core/wire.hpp"
+#include "net/udp.hpp"
+#include "threads/runner.hpp"
+#include "threads/spsc_ring.hpp"
+#include "threads/wait.hpp"
+
+namespace evb {
+
+struct PullSettings {
+    std::uint32_t builder_id = 0;
+    std::uint32_t builders = 1;
+    std::uint32_t run_number = 1;
+    std::uint64_t first_event = 0;
+    std::uint64_t events = 0;  // 0: no limit
+    std::uint32_t credits = 64;
+    std::uint32_t request_batch = 16;
+    std::uint32_t retry_ms = 100;
+    std::uint32_t max_retries = 5;
+};
+
+struct alignas(kFalseSharingBytes) PullCounters {
+    std::atomic<std::uint64_t> credits_configured{0};
+    std::atomic<std::uint64_t> credits_in_use{0};
+    std::atomic<std::uint64_t> events_requested{0};
+    std::atomic<std::uint64_t> requests_sent{0};    // REQUEST datagrams (first asks)
+    std::atomic<std::uint64_t> rerequests_sent{0};  // event ids asked for again
+    std::atomic<std::uint64_t> clears_sent{0};      // CLEAR datagrams
+    std::atomic<std::uint64_t> events_cleared{0};
+    std::atomic<std::uint64_t> events_given_up{0};  // written INCOMPLETE after the last retry
+    std::atomic<std::uint64_t> send_errors{0};
+};
+
+class RequestSender final : public Agent {
+public:
+    // give_up(event_id, now_ns): asks the matcher to write the event INCOMPLETE now.
+    using GiveUp = std::function<void(std::uint64_t event_id, std::uint64_t now_ns)>;
+
+    RequestSender(const PullSettings& s, int socket_fd, std::vector<net::Endpoint> sources, GiveUp give_up,
+                  PullCounters& counters, std::size_t max_credits);
+
+    std::size_t do_work() override;
+    void on_idle() override;
+
+    // Writer side: ids of events written (the writer is the ring's only producer).
+    void on_written(const std::uint64_t* ids, std::size_t n) noexcept;
+    // Control: new live settings (credits, batch, retry period, retries).
+    SpscRing<const PullSettings*>& commands() noexcept { return commands_; }
+    // True once pull.events events have been requested and written.
+    bool done() const noexcept { return done_.load(std::memory_order_acquire); }
+
+private:
+    struct Entry {
+        std::uint64_t event_id;
+        std::uint64_t deadline_ns;  // next retry
+        std::uint32_t retries;
+        bool given_up;
+    };
+    std::size_t take_written();
+    std::size_t send_clears();
+    std::size_t send_requests(std::uint64_t now);
+    std::size_t retry_due(std::uint64_t now);
+    void send_ids(wire::Type type, const std::uint64_t* ids, std::size_t n);
+    std::uint64_t next_id() noexcept;
+
+    PullSettings s_;
+    int fd_;
+    std::vector<net::Endpoint> sources_;
+    GiveUp give_up_;
+    PullCounters& counters_;
+    std::size_t max_credits_;
+    SpscRing<std::uint64_t> written_;
+    SpscRing<const PullSettings*> commands_{16};
+    Doorbell doorbell_;
+
+    FlatMap<Entry> outstanding_;
+    std::vector<Entry> entries_;          // storage for outstanding_ values
+    std::vector<Entry*> free_entries_;
+    std::deque<std::uint64_t> retry_queue_;  // ids in deadline order (stale ids skipped)
+    std::vector<std::uint64_t> owed_clears_;
+    std::vector<std::uint64_t> scratch_;
+    std::vector<std::byte> dgram_;
+    net::SendBatch send_;
+    std::uint64_t requested_ = 0;  // events requested so far (first asks)
+    std::uint64_t cursor_;         // next event id to consider
+    std::atomic<bool> done_{false};
+};
+
+}  // namespace evb
