@@ -241,6 +241,11 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         control.socket_buffer_capped.store(sockets[0].receive_buffer_capped);
     }
     msrc.control = &control;
+    msrc.open_files = [w = writer.get()] {
+        std::vector<std::string> v;
+        if (auto f = w->current_file(); !f.empty()) v.push_back(std::move(f));
+        return v;
+    };
     if (sender) {
         msrc.extra = [&pull_counters](std::vector<monitor::FamilyOut>& out) {
             using T = monitor::FamilyOut::Type;

@@ -25,6 +25,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       recent_(s.late_window),
       done_(s.max_events),
       done_scratch_(s.max_events) {
+    if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
     if (!sources_.empty() && sources_.back() < kDenseLimit) {
         dense_index_.assign(sources_.back() + 1, -1);
         for (std::size_t i = 0; i < sources_.size(); ++i) dense_index_[sources_[i]] = static_cast<std::int32_t>(i);
@@ -83,6 +84,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
             SourceState& s = e->src[i];
             if (s.state & SourceState::kComplete) continue;
+            counters_.source_missing[i].add();
             // A partial fragment is written MISSING; its chunks go back now.
             for (ChunkMeta* c = s.head; c != nullptr;) {
                 ChunkMeta* next = c->next;
@@ -186,6 +188,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
     if (++s.received == s.chunk_count) {
         s.state |= SourceState::kComplete;
         counters_.fragments.add();
+        counters_.source_fragments[idx].add();
         if (++e->complete_sources == e->section_count) finish(e, true, now_ns, out);
     }
 }

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "core/wire.hpp"
 #include "threads/spsc_ring.hpp"
@@ -76,6 +77,16 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     Counter events_incomplete;
     Counter events_in_flight;     // gauge
     LatencyHistogram build_latency;
+    // Per expected source (index = position in the sorted source list): complete
+    // fragments, and events written with that source's section MISSING.
+    std::unique_ptr<Counter[]> source_fragments;
+    std::unique_ptr<Counter[]> source_missing;
+    std::size_t sources = 0;
+    void size_sources(std::size_t n) {
+        sources = n;
+        source_fragments = std::make_unique<Counter[]>(n);
+        source_missing = std::make_unique<Counter[]>(n);
+    }
 };
 
 struct alignas(kFalseSharingBytes) WriterCounters {

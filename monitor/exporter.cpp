@@ -134,6 +134,24 @@ std::vector<FamilyOut> collect(const Sources& s) {
         out.push_back(scalar("evb_writer_queue_depth", "Events handed to the disk writer and not yet written.", T::gauge, static_cast<double>(w->queue_depth.get())));
         out.push_back(histogram("evb_event_write_latency_seconds", "Event built to record written.", {&w->write_latency}));
     }
+    {
+        // Bounded by the configured source list: one series per expected source.
+        FamilyOut f{"evb_source_fragments_total", "Complete fragments received, per expected source.", T::counter, {}, {}};
+        FamilyOut g{"evb_source_missing_total", "Events written with this source's section MISSING.", T::counter, {}, {}};
+        for (std::size_t i = 0; i < s.sources.size(); ++i) {
+            double frag = 0, miss = 0;
+            for (const auto* m : M) {
+                if (i >= m->sources) continue;
+                frag += static_cast<double>(m->source_fragments[i].get());
+                miss += static_cast<double>(m->source_missing[i].get());
+            }
+            const std::string id = std::to_string(s.sources[i]);
+            f.samples.push_back({{{"source", id}}, frag, {}, 0});
+            g.samples.push_back({{{"source", id}}, miss, {}, 0});
+        }
+        out.push_back(std::move(f));
+        out.push_back(std::move(g));
+    }
     out.push_back(scalar("evb_expected_sources", "Sources in the configuration.", T::gauge, static_cast<double>(s.sources.size())));
     out.push_back(scalar("evb_process_start_time_seconds", "Start time of the process since the Unix epoch.", T::gauge, kStartTime));
     {
@@ -239,8 +257,10 @@ std::string status_page(const Sources& s) {
     if (s.control) {
         std::lock_guard lock(s.control->text_mutex);
         reload = s.control->last_reload_message;
-        files = s.control->open_files;
         run = s.control->run_number.load();
+    }
+    if (s.open_files) files = s.open_files();
+    {
     }
     std::string rows;
     auto row = [&](const std::string& k, const std::string& v) { rows += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, v); };

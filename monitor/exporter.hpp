@@ -28,7 +28,6 @@ struct ControlState {
     std::atomic<std::uint64_t> max_file_bytes{0};
     std::mutex text_mutex;  // guards the strings below (status page only)
     std::string last_reload_message = "none yet";
-    std::vector<std::string> open_files;
 };
 
 struct Sources {
@@ -40,6 +39,8 @@ struct Sources {
     ControlState* control = nullptr;
     // Extra families (pull mode adds its own), appended at scrape time.
     std::function<void(std::vector<struct FamilyOut>&)> extra;
+    // Files open for writing now (status page).
+    std::function<std::vector<std::string>()> open_files;
 };
 
 // A metric family to expose, in a form independent of prometheus-cpp's headers.

@@ -14,7 +14,7 @@ packages=(
   cmake ninja-build g++ pkg-config ccache git
   libtbb-dev libjemalloc-dev libfmt-dev nlohmann-json3-dev catch2
   prometheus-cpp-dev libcivetweb-dev libpcap-dev
-  python3
+  python3 prometheus
 )
 
 install_missing() {

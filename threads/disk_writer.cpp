@@ -67,13 +67,26 @@ bool DiskWriter::open_file(std::uint32_t run) {
     }
     file_run_ = run;
     next_seq_ = seq + 1;
+    {
+        std::lock_guard lock(name_mutex_);
+        current_name_ = file_.part_path();
+    }
     last_sync_ns_ = now;
     counters_.files_opened.add();
     return true;
 }
 
+std::string DiskWriter::current_file() const {
+    std::lock_guard lock(name_mutex_);
+    return current_name_;
+}
+
 void DiskWriter::close_file() {
     if (!file_.is_open()) return;
+    {
+        std::lock_guard lock(name_mutex_);
+        current_name_.clear();
+    }
     flush_batch();
     const bool sync = s_.fsync != FsyncPolicy::never;
     if (const int e = file_.close_clean(sync); e != 0) {
@@ -94,6 +107,10 @@ void DiskWriter::flush_batch() {
                        "left as .part holding every earlier record", file_.part_path(), std::strerror(e), batch_.size());
             batch_failed_ = true;
             file_.abandon();
+            {
+                std::lock_guard lock(name_mutex_);
+                current_name_.clear();
+            }
             retry_open_after_ns_ = realtime_ns() + 1'000'000'000ull;
         } else {
             counters_.writes.add();

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,8 @@ public:
     SpscRing<const WriterSettings*>& commands() noexcept { return commands_; }
     // Events queued in the input rings (approximate, any thread).
     std::size_t pending() const noexcept;
+    // The file being written, if any (any thread; for the status page).
+    std::string current_file() const;
 
 private:
     std::size_t drain(std::size_t max_events);
@@ -76,6 +79,8 @@ private:
     WrittenHook written_hook_;
 
     file::OutputFile file_;
+    mutable std::mutex name_mutex_;  // guards current_name_: set per file, read per scrape
+    std::string current_name_;
     std::uint32_t file_run_ = 0;
     std::uint32_t next_seq_ = 0;
     std::uint64_t last_sync_ns_ = 0;

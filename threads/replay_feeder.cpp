@@ -28,12 +28,15 @@ void ReplayFeeder::finish(bool failed) {
     finished_.store(true, std::memory_order_release);
 }
 
+void ReplayFeeder::close_reader() {
+    if (!reader_) return;
+    for (std::size_t i = 0; i < skipped_.size(); ++i) skipped_[i] += reader_->skipped()[i];
+    packets_ += reader_->packets();
+    reader_.reset();
+}
+
 bool ReplayFeeder::open_next() {
-    if (reader_) {
-        for (std::size_t i = 0; i < skipped_.size(); ++i) skipped_[i] += reader_->skipped()[i];
-        packets_ += reader_->packets();
-        reader_.reset();
-    }
+    close_reader();
     if (next_file_ >= s_.files.size()) return false;
     const std::string& path = s_.files[next_file_++];
     try {
@@ -69,7 +72,7 @@ std::size_t ReplayFeeder::do_work() {
             if (st == net::CaptureReader::Status::error) {
                 log_error("{}; everything read before it is built and written", reader_->error());
                 failed_ = true;
-                reader_.reset();
+                close_reader();  // keep the counts of what it read before the error
                 next_file_ = s_.files.size();
                 break;
             }

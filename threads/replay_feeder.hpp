@@ -46,6 +46,7 @@ public:
 
 private:
     bool open_next();
+    void close_reader();
     void finish(bool failed);
 
     ReplaySettings s_;

@@ -128,3 +128,13 @@ def events_in(out_dir):
 
 def workdir():
     return tempfile.mkdtemp(prefix="evbtest-")
+
+
+def sanitized_build():
+    """True when BIN belongs to the ASan/UBSan build (no jemalloc there)."""
+    cache = os.path.join(BIN, "..", "CMakeCache.txt")
+    try:
+        with open(cache) as f:
+            return "EVB_SANITIZE:BOOL=ON" in f.read()
+    except OSError:
+        return False
