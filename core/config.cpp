@@ -48,6 +48,7 @@ const std::vector<Key>& schema() {
         {"input.socket_buffer_bytes", Kind::uint, 64ull << 20, 65536, 2ull << 30, false, "SO_RCVBUF(FORCE) request per socket. A kernel cap is logged and exported as a metric."},
         {"input.max_datagram_bytes", Kind::uint, 9000, 48, 65535, false, "Largest datagram accepted; longer ones are counted as truncated and dropped."},
         {"input.batch", Kind::uint, 64, 1, 1024, false, "Datagrams per recvmmsg call."},
+        {"input.spin_loops", Kind::uint, 0, 0, 1000000, false, "Empty non-blocking receives a reader retries before it blocks in poll(). 0 suits a builder sharing its cores; raise it on dedicated cores to trade CPU for wake-up latency."},
         {"input.cpus", Kind::int_list, json::array(), 0, 0, false, "CPU to pin reader i to (entry i); empty: no pinning."},
         {"input.allowed_senders", Kind::string_list, json::array(), 0, 0, false, "When not empty, only datagrams from these IP addresses are accepted; others are counted and dropped."},
         {"building.timeout_ms", Kind::uint, 1000, 1, 3600000, true, "An event not complete this long after its first fragment is written INCOMPLETE."},
@@ -255,6 +256,7 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->input.socket_buffer_bytes = u64("input.socket_buffer_bytes");
     c->input.max_datagram_bytes = u32("input.max_datagram_bytes");
     c->input.batch = u32("input.batch");
+    c->input.spin_loops = u32("input.spin_loops");
     c->input.cpus = lookup(eff, "input.cpus", false)->get<std::vector<int>>();
     c->input.allowed_senders = lookup(eff, "input.allowed_senders", false)->get<std::vector<std::string>>();
     c->building.timeout_ms = u32("building.timeout_ms");

@@ -36,6 +36,7 @@ struct Config {
         std::uint64_t socket_buffer_bytes = 0;
         std::uint32_t max_datagram_bytes = 0;
         std::uint32_t batch = 64;
+        std::uint32_t spin_loops = 0;
         std::vector<int> cpus;
         std::vector<std::string> allowed_senders;
     } input;

@@ -70,6 +70,7 @@ WriterSettings make_writer_settings(const Config& c) {
     w.max_file_bytes = c.output.max_file_bytes;
     w.fsync = c.output.fsync;
     w.fsync_period_ms = c.output.fsync_period_ms;
+    w.direct_io = c.output.direct_io;
     return w;
 }
 
@@ -279,7 +280,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     for (std::uint32_t r = 0; r < readers; ++r)
         reader_runners.push_back(std::make_unique<AgentRunner>(replay ? std::string("evb-replay") : fmt::format("evb-rx-{}", r),
                                                                *input_agents[r],
-                                                               r < cfg->input.cpus.size() ? cfg->input.cpus[r] : -1));
+                                                               r < cfg->input.cpus.size() ? cfg->input.cpus[r] : -1,
+                                                               WaitStrategy{cfg->input.spin_loops, 0, std::chrono::microseconds(0)}));
     std::unique_ptr<AgentRunner> sender_runner;
     if (sender) sender_runner = std::make_unique<AgentRunner>("evb-request", *sender);
     writer_runner.start();

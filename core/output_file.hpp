@@ -23,8 +23,14 @@ public:
     OutputFile& operator=(const OutputFile&) = delete;
 
     // Creates `<dir>/<name>.evb.part` (never overwriting) and writes the header.
-    // Returns 0 or an errno value.
-    int open(const std::string& directory, const FileHeader& header);
+    // With `direct`, the file is written with O_DIRECT through an aligned staging
+    // buffer: only whole blocks go to disk until close, when the last block is
+    // written padded and the file truncated to its true size. Where the filesystem
+    // refuses O_DIRECT (tmpfs), the file is written buffered and direct_fallback()
+    // says so. Returns 0 or an errno value.
+    int open(const std::string& directory, const FileHeader& header, bool direct = false);
+    bool direct() const noexcept { return direct_; }
+    bool direct_fallback() const noexcept { return direct_fallback_; }
 
     // Appends bytes gathered from iov; handles short writes, EINTR and IOV_MAX.
     int append(const struct iovec* iov, std::size_t iovcnt);
@@ -49,9 +55,19 @@ public:
     const std::string& final_path() const noexcept { return final_path_; }
 
 private:
+    int write_direct(const struct iovec* iov, std::size_t iovcnt);
+    int flush_blocks();
+    int finish_direct();
+
     int fd_ = -1;
     int dir_fd_ = -1;
-    std::uint64_t offset_ = 0;
+    std::uint64_t offset_ = 0;  // logical file size
+    // O_DIRECT staging: stage_[0] belongs at disk_offset_ (block aligned).
+    bool direct_ = false;
+    bool direct_fallback_ = false;
+    std::byte* stage_ = nullptr;
+    std::size_t stage_len_ = 0;
+    std::uint64_t disk_offset_ = 0;
     std::vector<IndexEntry> index_;  // capacity kept across files: no steady-state allocation
     std::string part_path_, final_path_;
 };

@@ -58,12 +58,16 @@ bool DiskWriter::open_file(std::uint32_t run) {
     if (run != file_run_) next_seq_ = 0;
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
     file::FileHeader h{run, seq, s_.builder_id, s_.expected_sources, now};
-    if (const int e = file_.open(s_.directory, h); e != 0) {
+    if (const int e = file_.open(s_.directory, h, s_.direct_io); e != 0) {
         counters_.write_errors.add();
         log_error("cannot open {}/{}: {} (retrying in 1 s)", s_.directory,
                    file::file_name(run, s_.builder_id, seq, true), std::strerror(e));
         retry_open_after_ns_ = now + 1'000'000'000ull;
         return false;
+    }
+    if (file_.direct_fallback() && !warned_direct_) {
+        log_warn("output.direct_io: {} does not support O_DIRECT; writing through the page cache", s_.directory);
+        warned_direct_ = true;
     }
     file_run_ = run;
     next_seq_ = seq + 1;

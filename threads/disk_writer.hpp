@@ -31,6 +31,7 @@ struct WriterSettings {
     std::uint64_t max_file_bytes = 1ull << 30;
     FsyncPolicy fsync = FsyncPolicy::on_close;
     std::uint32_t fsync_period_ms = 0;
+    bool direct_io = false;
     // Run transition: when run_generation grows, the writer holds back events of
     // run_number until every shard's run-end marker number run_generation has
     // arrived, then closes the old run's file.
@@ -85,6 +86,7 @@ private:
     std::uint32_t next_seq_ = 0;
     std::uint64_t last_sync_ns_ = 0;
     std::uint64_t retry_open_after_ns_ = 0;
+    bool warned_direct_ = false;
 
     std::vector<iovec> iov_;          // gather list of the batch being written
     std::vector<Event*> batch_;       // events in iov_

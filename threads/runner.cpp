@@ -7,8 +7,8 @@
 
 namespace evb {
 
-AgentRunner::AgentRunner(std::string name, Agent& agent, int cpu)
-    : name_(std::move(name)), agent_(agent), cpu_(cpu) {
+AgentRunner::AgentRunner(std::string name, Agent& agent, int cpu, WaitStrategy wait)
+    : name_(std::move(name)), agent_(agent), cpu_(cpu), wait_(wait) {
     if (name_.size() > 15) name_.resize(15);
 }
 
@@ -34,7 +34,7 @@ void AgentRunner::run() {
         CPU_SET(cpu_, &set);
         ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set);
     }
-    Idler idler(WaitStrategy{});
+    Idler idler(wait_);
     while (!stop_.load(std::memory_order_acquire)) {
         // Past the spin and yield phases every idle loop parks, until work comes.
         if (idler.idle(agent_.do_work())) agent_.on_idle();

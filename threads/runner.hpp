@@ -8,6 +8,8 @@
 #include <string>
 #include <thread>
 
+#include "threads/wait.hpp"
+
 namespace evb {
 
 // What a dedicated thread does. do_work returns how much it did (0 = idle);
@@ -26,7 +28,7 @@ class AgentRunner {
 public:
     // name: at most 15 characters (the kernel's limit), e.g. "evb-rx-0".
     // cpu: pin to this CPU when >= 0.
-    AgentRunner(std::string name, Agent& agent, int cpu = -1);
+    AgentRunner(std::string name, Agent& agent, int cpu = -1, WaitStrategy wait = WaitStrategy{});
     ~AgentRunner();
     AgentRunner(const AgentRunner&) = delete;
     AgentRunner& operator=(const AgentRunner&) = delete;
@@ -42,6 +44,7 @@ private:
     std::string name_;
     Agent& agent_;
     int cpu_;
+    WaitStrategy wait_;
     std::atomic<bool> stop_{false};
     std::thread thread_;
 };
