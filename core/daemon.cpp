@@ -1,7 +1,10 @@
 // The whole thread and graph model of evbd is wired here, in run_daemon().
 #include "core/daemon.hpp"
 
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -72,6 +75,36 @@ WriterSettings make_writer_settings(const Config& c) {
     w.fsync_period_ms = c.output.fsync_period_ms;
     w.direct_io = c.output.direct_io;
     return w;
+}
+
+// Started as root with `user` set: switch to that user once the sockets are bound
+// and the output directory exists. Nothing evbd does after start-up needs root
+// (SO_RCVBUFFORCE has been applied already), so every capability goes.
+bool drop_privileges(const std::string& user, const std::string& output_dir) {
+    if (user.empty()) return true;
+    if (::geteuid() != 0) {
+        log_warn("user: {} is set but evbd is not running as root; staying as uid {}", user, ::geteuid());
+        return true;
+    }
+    const passwd* pw = ::getpwnam(user.c_str());
+    if (pw == nullptr) {
+        log_error("user: no such user '{}'", user);
+        return false;
+    }
+    // The output directory evbd created as root must stay writable after the switch.
+    if (::chown(output_dir.c_str(), pw->pw_uid, pw->pw_gid) != 0)
+        log_warn("user: cannot hand {} to {}: {}", output_dir, user, std::strerror(errno));
+    if (::initgroups(pw->pw_name, pw->pw_gid) != 0 || ::setgid(pw->pw_gid) != 0 || ::setuid(pw->pw_uid) != 0) {
+        log_error("user: cannot switch to {}: {}", user, std::strerror(errno));
+        return false;
+    }
+    ::prctl(PR_SET_DUMPABLE, 1);  // core dumps and /proc stay usable for the operator
+    if (::setuid(0) == 0) {
+        log_error("user: switched to {} but could regain root; refusing to run", user);
+        return false;
+    }
+    log_info("running as user {} (uid {}, gid {})", user, pw->pw_uid, pw->pw_gid);
+    return true;
 }
 
 }  // namespace
@@ -274,6 +307,10 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         exporter = std::make_unique<monitor::Exporter>(cfg->monitor.listen, msrc);
         log_info("metrics on http://{}/metrics", exporter->bound_address());
     }
+
+    // Sockets are bound, the output directory exists and the exporter listens:
+    // no more privilege is needed.
+    if (!drop_privileges(cfg->user, cfg->output.directory)) return 1;
 
     AgentRunner writer_runner("evb-writer", *writer);
     std::vector<std::unique_ptr<AgentRunner>> reader_runners;
