@@ -70,7 +70,17 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
     std::byte hdr[kHeaderBytes];
     encode_file_header(h, hdr);
     struct iovec iov {hdr, sizeof hdr};
-    return append(&iov, 1);
+    int e = append(&iov, 1);
+    if (e == 0 && direct_) e = flush_blocks();  // nothing to flush yet; keeps the error paths alike
+    if (e != 0) {
+        // A file without even its header is of no use to anyone: take it back.
+        ::close(fd_);
+        fd_ = -1;
+        ::unlink(part_path_.c_str());
+        ::close(dir_fd_);
+        dir_fd_ = -1;
+    }
+    return e;
 }
 
 int OutputFile::write_direct(const struct iovec* iov, std::size_t iovcnt) {
@@ -157,6 +167,21 @@ int OutputFile::append(const struct iovec* iov, std::size_t iovcnt) {
         }
         skip += left;
     }
+    return 0;
+}
+
+int OutputFile::rollback(std::uint64_t offset, std::size_t index_count) {
+    if (fd_ < 0) return EBADF;
+    if (index_count < index_.size()) index_.resize(index_count);
+    if (direct_) {
+        // Only staged bytes can be taken back; blocks already on disk stay.
+        if (offset < disk_offset_) return EIO;
+        stage_len_ = static_cast<std::size_t>(offset - disk_offset_);
+        offset_ = offset;
+        return 0;
+    }
+    if (::ftruncate(fd_, static_cast<off_t>(offset)) != 0) return errno;
+    offset_ = offset;
     return 0;
 }
 

@@ -37,6 +37,11 @@ public:
     // Records that an event record starts at `offset` (for the index).
     void note_record(std::uint64_t event_id, std::uint64_t offset) { index_.push_back({event_id, offset}); }
 
+    // Cuts the file back to `offset` (the end of the last record written whole)
+    // and forgets index entries beyond `index_count`: after a failed write, the
+    // file again ends at a record boundary. Returns 0 or an errno value.
+    int rollback(std::uint64_t offset, std::size_t index_count);
+
     int datasync();
     // Writes index and footer, syncs when `sync` is set, closes and renames to `.evb`.
     int close_clean(bool sync);

@@ -97,6 +97,7 @@ struct alignas(kFalseSharingBytes) WriterCounters {
     Counter files_closed;
     Counter write_errors;
     Counter events_lost_write_error;
+    Counter output_blocked;  // gauge: 1 while a write error holds the output
     Counter queue_depth;  // gauge: events handed to the writer, not yet written
     Counter writes;       // pwritev calls
     LatencyHistogram write_latency;  // built -> written

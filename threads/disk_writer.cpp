@@ -1,6 +1,7 @@
 #include "threads/disk_writer.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <cerrno>
@@ -87,38 +88,85 @@ std::string DiskWriter::current_file() const {
 
 void DiskWriter::close_file() {
     if (!file_.is_open()) return;
+    flush_batch();
+    if (!file_.is_open()) return;  // the flush failed and blocked output
     {
         std::lock_guard lock(name_mutex_);
         current_name_.clear();
     }
-    flush_batch();
     const bool sync = s_.fsync != FsyncPolicy::never;
     if (const int e = file_.close_clean(sync); e != 0) {
         counters_.write_errors.add();
-        log_error("closing {}: {} (the .part file keeps every record written)",
-                   file_.part_path(), std::strerror(e));
+        log_error("closing {}: {} (the .part file keeps every record written; evb-dump --recover makes it clean)",
+                  file_.part_path(), std::strerror(e));
         file_.abandon();
         return;
     }
     counters_.files_closed.add();
 }
 
+void DiskWriter::block_output(int err, const char* what) {
+    counters_.write_errors.add();
+    // The file is cut back to the end of its last whole record and closed with its
+    // index if the disk lets us; else it stays a .part that ends at a record
+    // boundary. The batch's events are held, in order, and written again later.
+    const std::string path = file_.part_path();
+    const int rb = file_.rollback(batch_start_offset_, batch_start_index_);
+    const int cl = rb == 0 ? file_.close_clean(s_.fsync != FsyncPolicy::never) : rb;
+    if (cl != 0) {
+        file_.abandon();
+        log_error("{} {}: {}; the file keeps every record written before the error ({}), "
+                  "{} events held for retry; output resumes when the disk takes data again",
+                  what, path, std::strerror(err), rb == 0 ? "left as .part, index not written" : "could not be cut back",
+                  batch_.size());
+    } else {
+        counters_.files_closed.add();
+        log_error("{} {}: {}; the file was cut back to its last whole record and closed; {} events held for "
+                  "retry; output resumes when the disk takes data again",
+                  what, path, std::strerror(err), batch_.size());
+    }
+    {
+        std::lock_guard lock(name_mutex_);
+        current_name_.clear();
+    }
+    held_for_retry_.insert(held_for_retry_.begin(), batch_.begin(), batch_.end());
+    batch_.clear();
+    iov_.clear();
+    batch_bytes_ = 0;
+    blocked_ = true;
+    retry_write_after_ns_ = realtime_ns() + 1'000'000'000ull;
+    counters_.output_blocked.set(1);
+}
+
+bool DiskWriter::try_resume() {
+    const std::uint64_t now = realtime_ns();
+    if (now < retry_write_after_ns_ || now < retry_open_after_ns_) return false;
+    std::vector<Event*> again;
+    again.swap(held_for_retry_);
+    blocked_ = false;
+    for (std::size_t i = 0; i < again.size(); ++i) {
+        write_event(again[i]);
+        if (blocked_) {
+            // Still failing: keep the rest behind what write_event held.
+            held_for_retry_.insert(held_for_retry_.end(), again.begin() + static_cast<std::ptrdiff_t>(i) + 1, again.end());
+            retry_write_after_ns_ = now + 1'000'000'000ull;
+            return false;
+        }
+    }
+    flush_batch();
+    if (blocked_) return false;
+    counters_.output_blocked.set(0);
+    log_info("output resumed: {} held events written to {}", again.size(), current_file());
+    return true;
+}
+
 void DiskWriter::flush_batch() {
     if (!iov_.empty() && !batch_failed_) {
         if (const int e = file_.append(iov_.data(), iov_.size()); e != 0) {
-            counters_.write_errors.add();
-            log_error("writing {}: {}; {} events in this batch are lost, the file is "
-                       "left as .part holding every earlier record", file_.part_path(), std::strerror(e), batch_.size());
-            batch_failed_ = true;
-            file_.abandon();
-            {
-                std::lock_guard lock(name_mutex_);
-                current_name_.clear();
-            }
-            retry_open_after_ns_ = realtime_ns() + 1'000'000'000ull;
-        } else {
-            counters_.writes.add();
+            block_output(e, "writing");
+            return;
         }
+        counters_.writes.add();
     }
     iov_.clear();
     batch_bytes_ = 0;
@@ -171,13 +219,24 @@ bool DiskWriter::transition_done() const noexcept {
 }
 
 void DiskWriter::write_event(Event* e) {
-    if (file_.is_open() && e->run_number != file_run_) close_file();
-    if (!file_.is_open() && !open_file(e->run_number)) {
-        // No file to write to: the event is counted as lost (write error).
-        batch_failed_ = true;
-        batch_.push_back(e);
-        release_batch();
+    if (blocked_) {
+        held_for_retry_.push_back(e);
         return;
+    }
+    if (file_.is_open() && e->run_number != file_run_) close_file();
+    if (blocked_) {
+        held_for_retry_.push_back(e);
+        return;
+    }
+    if (!file_.is_open() && !open_file(e->run_number)) {
+        // No file to write to: hold the event (and all after it) until a retry works.
+        held_for_retry_.push_back(e);
+        blocked_ = true;
+        return;
+    }
+    if (batch_.empty()) {
+        batch_start_offset_ = file_.size();
+        batch_start_index_ = file_.event_count();
     }
     const std::uint64_t offset = file_.size() + batch_bytes_;
     file_.note_record(e->event_id, offset);
@@ -236,6 +295,10 @@ std::size_t DiskWriter::do_work() {
             transition_run_ = next->run_number;
         }
     }
+    if (blocked_ && !try_resume()) {
+        counters_.queue_depth.set(pending() + held_for_retry_.size());
+        return 0;  // hold everything while the disk refuses data
+    }
     const std::size_t n = drain(kMaxEventsPerWork);
     counters_.queue_depth.set(pending());
     if (s_.fsync == FsyncPolicy::periodic && file_.is_open()) {
@@ -249,13 +312,36 @@ std::size_t DiskWriter::do_work() {
 }
 
 void DiskWriter::on_idle() {
+    if (blocked_) {
+        doorbell_.park(std::chrono::milliseconds(100), [] { return false; });
+        return;
+    }
     doorbell_.park(std::chrono::milliseconds(50), [this] { return pending() > 0; });
 }
 
 void DiskWriter::on_close() {
     // Final drain: everything the shards handed over is written before the file
     // closes, including events held back by a run transition that had not finished.
-    while (drain(kMaxEventsPerWork) > 0) {
+    // While the disk still refuses data, keep retrying for a bounded time, then
+    // count what could not be written.
+    for (int attempt = 0; blocked_ && attempt < 10; ++attempt) {
+        retry_write_after_ns_ = retry_open_after_ns_ = 0;
+        if (!try_resume()) ::usleep(200'000);
+    }
+    while (!blocked_ && drain(kMaxEventsPerWork) > 0) {
+    }
+    if (blocked_) {
+        while (true) {
+            const std::size_t n = drain(kMaxEventsPerWork);  // drained into held_for_retry_
+            if (n == 0) break;
+        }
+        log_error("stopping with the output still failing: {} built events could not be written",
+                  held_for_retry_.size());
+        counters_.events_lost_write_error.add(held_for_retry_.size());
+        batch_failed_ = true;
+        batch_.swap(held_for_retry_);
+        release_batch();
+        return;
     }
     transition_generation_ = 0;
     for (auto& h : held_) {

@@ -86,6 +86,14 @@ private:
     std::uint32_t next_seq_ = 0;
     std::uint64_t last_sync_ns_ = 0;
     std::uint64_t retry_open_after_ns_ = 0;
+    // Output blocked by a write error: events held (in order) until a retry works.
+    std::vector<Event*> held_for_retry_;
+    std::uint64_t retry_write_after_ns_ = 0;
+    std::uint64_t batch_start_offset_ = 0;
+    std::size_t batch_start_index_ = 0;
+    bool blocked_ = false;
+    void block_output(int err, const char* what);
+    bool try_resume();
     bool warned_direct_ = false;
 
     std::vector<iovec> iov_;          // gather list of the batch being written

@@ -1,0 +1,115 @@
+"""The output filesystem fills up mid-run (a small tmpfs): evbd logs it, sets
+evb_output_blocked, keeps every file valid (cut back to its last whole record),
+loses no accepted event, and resumes writing, without restart, once space is back.
+Push mode (drops counted at the input while blocked) and pull mode (requesting
+stops while blocked: the credits do not come back)."""
+import json
+import os
+import shutil
+import subprocess
+import time
+
+from evbtest import BIN, Evbd, check, events_in, fail, free_udp_port, run_source, workdir
+
+
+def mount_tmpfs(path, mb):
+    os.makedirs(path, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", "tmpfs", path], capture_output=True, text=True)
+    return r.returncode == 0, r.stderr.strip()
+
+
+def resize(path, mb):
+    subprocess.run(["mount", "-o", f"remount,size={mb}m", path], check=True)
+
+
+def fill(path, leave_kb):
+    """Takes the free space of `path` down to about leave_kb KiB with a ballast file."""
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    with open(os.path.join(path, "ballast"), "wb") as f:
+        f.write(b"\0" * max(0, free - leave_kb * 1024))
+
+
+def phase_push(wd, mnt):
+    d = Evbd(wd, sets=["sources=4", "building.timeout_ms=2000", f"output.directory={mnt}/data",
+                       "output.max_file_bytes=1000000"])
+    run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", 200, "--size", "1000:3000", "--rate", 1000])
+    d.wait_metric("evb_events_written_total", lambda v: v >= 200, timeout=20)
+    fill(mnt, 300)  # ~300 KiB left: the next megabytes will not fit
+    run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", 300, "--first", 200, "--size", "1000:3000",
+                "--rate", 1000])
+    d.wait_metric("evb_output_blocked", lambda v: v == 1, timeout=20)
+    check(True, "push: the disk filled up and evb_output_blocked = 1")
+    m = d.metrics()
+    check(m["evb_write_errors_total"] >= 1, "push: the write error is counted")
+    check("No space left on device" in d.log_text(), "push: the log names the error")
+    time.sleep(1.5)
+    # Every file on disk verifies while blocked: cut back to whole records.
+    r = subprocess.run([os.path.join(BIN, "evb-dump"), "--json", f"{mnt}/data"], capture_output=True, text=True)
+    doc = json.loads(r.stdout)
+    bad = [(f["path"], f["state"], f["size_bytes"], f["problems"][:2]) for f in doc["files"]
+           if f["state"] not in ("clean", "unclean") or f["problem_count"] and f["state"] == "clean"]
+    check(not bad, f"push: files on the full disk are intact (clean, or .part ending at a record): {bad}")
+    os.remove(os.path.join(mnt, "ballast"))  # space is back
+    d.wait_metric("evb_output_blocked", lambda v: v == 0, timeout=20)
+    d.wait_metric("evb_events_written_total", lambda v: v >= 500, timeout=20)
+    check(True, "push: writing resumed without restart; every accepted event written")
+    check(d.stop() == 0, "push: evbd exits 0")
+    evs, doc = events_in(f"{mnt}/data")
+    ids = sorted(e["event_id"] for e in evs)
+    check(ids == list(range(500)), "push: all 500 events written, each exactly once")
+    r = subprocess.run([os.path.join(BIN, "evb-dump"), "--verify", "--pattern", f"{mnt}/data"], capture_output=True, text=True)
+    check(r.returncode == 0, "push: every file verifies with the pattern\n" + r.stdout[-400:])
+
+
+def phase_pull(wd, mnt):
+    sport = free_udp_port()
+    stats = os.path.join(wd, "serve.json")
+    src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{sport}", "--sources", "4",
+                            "--size", "2000:4000", "--stats-out", stats, "--idle-exit", "30"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    fill(mnt, 2000)
+    d = Evbd(wd, sets=["sources=4", "mode=pull", f'pull.source_addresses=["127.0.0.1:{sport}"]', "pull.credits=16",
+                       "pull.events=600", "building.timeout_ms=5000", f"output.directory={mnt}/pdata",
+                       "output.max_file_bytes=1000000"])
+    d.wait_metric("evb_output_blocked", lambda v: v == 1, timeout=30)
+    m1 = d.metrics()
+    time.sleep(1.0)
+    m2 = d.metrics()
+    check(m2["evb_pull_events_requested_total"] == m1["evb_pull_events_requested_total"],
+          "pull: requesting stopped while the output is blocked")
+    check(m2["evb_pull_credits_in_use"] <= 16, "pull: credits in use stay within pull.credits")
+    os.remove(os.path.join(mnt, "ballast"))
+    d.wait_metric("evb_events_written_total", lambda v: v >= 600, timeout=60)
+    check(True, "pull: requesting resumed once space was back; 600 events written")
+    m = d.metrics()
+    check(d.stop() == 0, "pull: evbd exits 0")
+    src.terminate()
+    src.wait(timeout=20)
+    check(m['evb_events_built_total{status="incomplete"}'] == 0, "pull: no event lost or incomplete")
+    evs, _ = events_in(f"{mnt}/pdata")
+    check(sorted(e["event_id"] for e in evs) == list(range(600)), "pull: every event written exactly once")
+
+
+def main():
+    if os.geteuid() != 0:
+        fail("this test needs root to mount a small tmpfs (CI runs as root)")
+    wd = workdir()
+    mnt = os.path.join(wd, "mnt")
+    ok, err = mount_tmpfs(mnt, 12)
+    if not ok:
+        fail(f"cannot mount a tmpfs for the disk-full test: {err}")
+    try:
+        phase_push(os.path.join(wd), mnt)
+        shutil.rmtree(os.path.join(mnt, "data"))  # make room: the pull phase needs ~7 MB
+        os.makedirs(os.path.join(wd, "pull"))
+        phase_pull(os.path.join(wd, "pull"), mnt)
+    finally:
+        subprocess.run(["umount", "-l", mnt])
+        shutil.rmtree(wd, ignore_errors=True)
+    print("1 passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()
