@@ -4,8 +4,7 @@ namespace evb::alloc {
 
 BufferPool::BufferPool(Arena& arena, std::uint16_t owner_id, std::size_t slot_count,
                        std::size_t slot_bytes, std::size_t returners)
-    : arena_(arena),
-      owner_(owner_id),
+    : owner_(owner_id),
       count_(slot_count),
       slot_bytes_(slot_bytes),
       // Round to a cache line so each slot's meta area starts on its own line.

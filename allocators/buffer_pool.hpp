@@ -51,7 +51,6 @@ public:
     void give_back(std::size_t port, const std::uint32_t* idx, std::size_t n) noexcept;
 
 private:
-    Arena& arena_;
     std::uint16_t owner_;
     std::size_t count_, slot_bytes_, stride_;
     ArenaArray<std::byte> block_;

@@ -15,6 +15,9 @@ packages=(
   libtbb-dev libjemalloc-dev libfmt-dev nlohmann-json3-dev catch2
   prometheus-cpp-dev libcivetweb-dev libpcap-dev
   python3 prometheus
+  clang libclang-rt-14-dev
+  dpkg-dev adduser systemd
+  tcpdump tcpreplay iproute2
 )
 
 install_missing() {
@@ -64,6 +67,14 @@ case "$cmd" in
     run_tests build release
     build build-asan -DEVB_WERROR=$werror -DEVB_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
     run_tests build-asan "ASan+UBSan"
+    # libFuzzer targets (clang, ASan+UBSan): replay the seed corpora, then fuzz briefly.
+    if [ ! -f build-fuzz/build.ninja ]; then
+      CXX=clang++ cmake -S "$root" -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+        -DEVB_SANITIZE=ON -DEVB_FUZZ=ON -DEVB_FUZZ_SECONDS=${EVB_FUZZ_SECONDS:-20} >/dev/null
+    fi
+    cmake --build build-fuzz -j "$jobs" --target fuzz_wire fuzz_file_reader fuzz_config fuzz_matcher
+    echo "setup: running fuzz targets"
+    (cd build-fuzz && ctest --output-on-failure -L fuzz --timeout 600)
     echo "setup: all test suites passed"
     ;;
   *)

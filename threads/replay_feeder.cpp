@@ -66,8 +66,10 @@ std::size_t ReplayFeeder::do_work() {
     std::size_t moved = 0;
     std::uint64_t bytes = 0;
     bool ahead = false;
+    bool read = false;  // the reader advanced, even if only over skipped packets
     while (moved < s_.batch) {
         if (!have_pending_) {
+            read = true;
             const auto st = reader_->next(pending_);
             if (st == net::CaptureReader::Status::error) {
                 log_error("{}; everything read before it is built and written", reader_->error());
@@ -128,7 +130,10 @@ std::size_t ReplayFeeder::do_work() {
     counters_.datagrams.add(moved);
     counters_.bytes.add(bytes);
     if (!reader_ && !have_pending_ && !ahead && next_file_ >= s_.files.size()) finish(failed_);
-    return moved > 0 ? moved : (ahead ? 0 : 1);
+    // Nothing moved and nothing read (pacing, or every slot in flight): report no
+    // work, so the runner idles into on_idle() rather than spinning on reclaim().
+    if (moved > 0) return moved;
+    return read && !ahead ? 1 : 0;
 }
 
 void ReplayFeeder::on_idle() {
@@ -139,8 +144,14 @@ void ReplayFeeder::on_idle() {
         sleep_ns_ = 0;
         return;
     }
-    if (pool_.free_count() == 0)
+    if (pool_.free_count() == 0) {
         pool_.doorbell().park(std::chrono::milliseconds(10), [this] { return pool_.returns_pending(); });
+        return;
+    }
+    // Finished (waiting to be stopped) or no rules yet: nothing to read or wait for,
+    // so sleep briefly instead of spinning on a core the pipeline needs to drain.
+    timespec ts{0, 1'000'000};
+    ::nanosleep(&ts, nullptr);
 }
 
 }  // namespace evb

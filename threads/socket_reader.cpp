@@ -62,10 +62,9 @@ int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t lengt
     return static_cast<int>((f.event_id / rules.builders) % shard_count);
 }
 
-SocketReader::SocketReader(std::uint16_t id, int fd, alloc::BufferPool& pool, ShardSink& sink,
+SocketReader::SocketReader(std::uint16_t /*id: names the thread; the pool carries the owner*/, int fd, alloc::BufferPool& pool, ShardSink& sink,
                            std::uint32_t batch, stats::ReaderCounters& counters)
-    : id_(id),
-      fd_(fd),
+    : fd_(fd),
       pool_(pool),
       sink_(sink),
       counters_(counters),

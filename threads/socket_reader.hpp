@@ -75,7 +75,6 @@ public:
 
 private:
     std::atomic<const AdmissionRules*> applied_{nullptr};
-    std::uint16_t id_;
     int fd_;
     alloc::BufferPool& pool_;
     ShardSink& sink_;

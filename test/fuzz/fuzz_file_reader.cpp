@@ -1,0 +1,22 @@
+// libFuzzer target: the file reader (scan, section parsing) on arbitrary file images.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/file_format.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    const std::span<const std::byte> img(reinterpret_cast<const std::byte*>(data), size);
+    const auto s = evb::file::scan(img);
+    std::vector<evb::file::SectionView> secs;
+    std::uint64_t end = evb::file::kHeaderBytes;
+    for (const auto& r : s.records) {
+        // Good records are contiguous and inside the image, and their sections parse.
+        if (r.file_offset != end || r.file_offset + r.header.record_length > size) __builtin_trap();
+        end += r.header.record_length;
+        if (!evb::file::parse_sections(r, secs)) __builtin_trap();
+    }
+    if (s.header_ok && s.good_bytes != end) __builtin_trap();
+    return 0;
+}
