@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -30,6 +31,23 @@
 namespace evb {
 
 namespace {
+
+// Signals are blocked in every evbd thread and taken by sigtimedwait in the service
+// loop. A thread that evbd did not create (a sanitizer's runtime thread, say) may
+// still receive one; this handler records it so it is neither lost nor fatal.
+std::atomic<unsigned> g_caught_signals{0};
+void note_signal(int sig) { g_caught_signals.fetch_or(1u << sig, std::memory_order_relaxed); }
+
+int take_caught_signal() {
+    const unsigned bits = g_caught_signals.exchange(0, std::memory_order_relaxed);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP})
+        if (bits & (1u << sig)) {
+            // Put the others back for the next loop.
+            g_caught_signals.fetch_or(bits & ~(1u << sig), std::memory_order_relaxed);
+            return sig;
+        }
+    return 0;
+}
 
 std::uint64_t realtime_ns() {
     timespec ts{};
@@ -119,6 +137,10 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+    struct sigaction sa {};
+    sa.sa_handler = note_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
 
     if (::mkdir(cfg->output.directory.c_str(), 0755) != 0 && errno != EEXIST) {
         log_error("cannot create output.directory {}: {}", cfg->output.directory, std::strerror(errno));
@@ -419,7 +441,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     timespec ts{0, static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(tick).count())};
     int exit_code = 0;
     while (true) {
-        const int sig = ::sigtimedwait(&sigs, nullptr, &ts);
+        int sig = ::sigtimedwait(&sigs, nullptr, &ts);
+        if (sig <= 0) sig = take_caught_signal();
         if (sig == SIGTERM || sig == SIGINT) {
             log_info("{}: stopping intake, draining events in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT");
             break;

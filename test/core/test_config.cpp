@@ -71,7 +71,7 @@ TEST_CASE("all problems of a file are reported at once") {
     CHECK(any_contains(p, "output.fsync"));
 }
 
-TEST_CASE("--set overrides by dotted path, reading JSON or else a string") {
+TEST_CASE("set overrides by dotted path read JSON or else a string") {
     auto c = load_config("{}", "x", {"sources=16", "output.directory=/tmp/x", "pull.source_addresses=[\"h:1\"]",
                                      "building.timeout_ms=250", "output.fsync=100"});
     CHECK(c->sources.size() == 16);
@@ -84,7 +84,7 @@ TEST_CASE("--set overrides by dotted path, reading JSON or else a string") {
     CHECK(any_contains(problems_of("{}", {"input.nope=1"}), "input.nope: unknown key"));
 }
 
-TEST_CASE("sources as an id list is sorted; merge_live keeps restart keys") {
+TEST_CASE("sources as an id list is sorted and merge_live keeps restart keys") {
     auto a = load_config(R"({"sources": [30, 10, 20], "input": {"listen": "127.0.0.1:1"}})", "a", {});
     CHECK(a->sources == std::vector<std::uint32_t>{10, 20, 30});
     auto b = load_config(R"({"sources": 4, "run_number": 7, "building": {"timeout_ms": 50},
