@@ -1,0 +1,921 @@
+#!/usr/bin/env python3
+"""The evbd benchmark suite (issue 8), in one command.
+
+    python3 perf/bench_e2e.py --smoke --bin build/bin --dir /tmp/evb-perf
+    python3 perf/bench_e2e.py --full --bin build/bin --dir /var/tmp/evb-perf --report docs/PERFORMANCE.md
+
+Steps: the limits probe (evb-limits) on the output directory; end-to-end runs of
+evb-source into evbd on loopback (target runs, a matrix of datagram sizes, source
+counts, fragment sizes and push/pull, a metrics on/off pair, a pull credits sweep);
+in --full also the micro-benchmarks and the soak (perf/soak.py). Results go to
+DIR/results.json; --report rewrites the generated sections of docs/PERFORMANCE.md
+and the plot docs/throughput.svg next to it. The exit status says whether every
+tool ran and produced data, never whether a figure met a target.
+
+perf/README.md explains each figure. Python standard library only.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import xml.etree.ElementTree as ElementTree
+
+PERF_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(PERF_DIR)
+sys.path.insert(0, PERF_DIR)
+import plot  # noqa: E402  (perf/plot.py, next to this file)
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+GB = 1e9  # rates and CPU cost are per decimal gigabyte
+
+FRAGMENT_HEADER_BYTES = 40  # wire::kFragmentHeaderBytes
+SLOT_META_BYTES = 64  # alloc::BufferPool::kMetaBytes, in front of every receive slot
+STANDARD_CHUNK = 1432  # payload per datagram: 1472-byte datagrams (1500 MTU)
+JUMBO_CHUNK = 8932  # 8972-byte datagrams (9000 MTU)
+MAX_DATAGRAM = {STANDARD_CHUNK: 1472, JUMBO_CHUNK: 9000}  # input.max_datagram_bytes per variant
+
+SOURCE_COUNTS = (8, 64, 400, 1600)
+FRAGMENT_SIZES = (256, 4 * KiB, 64 * KiB)
+CREDIT_STEPS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+GENERATED_BEGIN = "<!-- generated:begin -->"
+GENERATED_END = "<!-- generated:end -->"
+
+POLL_S = 0.01  # output-size watch period during a run
+SCRAPE_PERIOD_S = 0.1  # the "metrics on" run: scraped like this throughout
+QUIET_CHECK_S = 0.25  # output idle this long: ask evbd (one scrape) whether it is done
+OFF_SETTLE_S = 3.0  # no exporter to ask: output idle this long means done
+
+
+class ToolError(Exception):
+    """A tool failed to run or produced no data: the suite exits non-zero."""
+
+
+# ---------------------------------------------------------------------------
+# Processes and probes
+
+
+def free_udp_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process, all its threads, live or exited."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    # fields[0] is field 3 (state); utime and stime are fields 14 and 15, in clock ticks.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def dir_bytes(path):
+    """Total size of the files in `path` (the output files being written)."""
+    total = 0
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                try:
+                    total += entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    pass  # renamed from .evb.part to .evb between the listing and the stat
+    except FileNotFoundError:
+        pass
+    return total
+
+
+def parse_metrics(text):
+    """Prometheus text exposition -> {'name{labels}': value}."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            values[key] = float(value)
+    return values
+
+
+def metric_sum(metrics, name):
+    """Sum of every series of one metric family (all label values)."""
+    return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
+
+
+class Child:
+    """A helper process (evb-source) whose exit status and CPU time come from wait4."""
+
+    def __init__(self, cmd, stdout_path):
+        self.cmd = cmd
+        self.stdout_path = stdout_path
+        with open(stdout_path, "w") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        self.rc = None
+        self.cpu_s = None
+
+    def poll(self):
+        if self.rc is None:
+            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+            if pid:
+                self.rc = os.waitstatus_to_exitcode(status)
+                self.proc.returncode = self.rc  # reaped here, so Popen must not wait again
+                self.cpu_s = usage.ru_utime + usage.ru_stime
+        return self.rc
+
+    def wait(self, timeout):
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                deadline = time.monotonic() + 10
+            time.sleep(0.01)
+        return self.rc
+
+    def stop(self, timeout=30):
+        if self.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def output(self):
+        with open(self.stdout_path) as f:
+            return f.read()
+
+    def json_output(self):
+        """The last line of output that parses as a JSON object (evb-source --json)."""
+        for line in reversed(self.output().splitlines()):
+            if line.startswith("{"):
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    pass
+        raise ToolError(f"{' '.join(self.cmd)}: no JSON statistics (exit {self.rc}):\n{self.output()[-2000:]}")
+
+
+class Evbd:
+    """evbd on a free loopback port, writing into WORKDIR/data, as evbtest.py drives it."""
+
+    STOPPED = re.compile(r"stopped: (\d+) events complete, (\d+) incomplete, (\d+) written "
+                         r"\((\d+) payload bytes\), (\d+) files closed, (\d+) write errors")
+
+    def __init__(self, bin_dir, workdir, sets, exporter=True, start_timeout=60):
+        self.port = free_udp_port()
+        self.data = os.path.join(workdir, "data")
+        self.logpath = os.path.join(workdir, "evbd.log")
+        cmd = [os.path.join(bin_dir, "evbd"),
+               "--set", f"input.listen=127.0.0.1:{self.port}",
+               "--set", f"output.directory={self.data}",
+               "--set", "monitor.listen=" + ("127.0.0.1:0" if exporter else "")]
+        for s in sets:
+            cmd += ["--set", s]
+        self.cmd = cmd
+        with open(self.logpath, "w") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.pid = self.proc.pid
+        self.metrics_url = None
+        deadline = time.monotonic() + start_timeout
+        while True:
+            text = self.log_text()
+            m = re.search(r"metrics on (http://\S+/metrics)", text)
+            if m:
+                self.metrics_url = m.group(1)
+            if "building run" in text:
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                self.proc.wait()
+                raise ToolError(f"evbd did not start ({' '.join(cmd)}):\n{text[-2000:]}")
+            time.sleep(0.005)
+        self.ready_time = time.monotonic()
+        if exporter and not self.metrics_url:
+            raise ToolError("evbd started without logging its metrics URL")
+
+    def log_text(self):
+        with open(self.logpath) as f:
+            return f.read()
+
+    def metrics(self):
+        return parse_metrics(urllib.request.urlopen(self.metrics_url, timeout=10).read().decode())
+
+    def stop(self, timeout=300):
+        """SIGTERM, wait, and return the counts of its final log line."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise ToolError(f"evbd did not exit within {timeout} s of SIGTERM")
+        text = self.log_text()
+        m = self.STOPPED.search(text)
+        if rc != 0 or not m:
+            raise ToolError(f"evbd exited {rc}:\n{text[-2000:]}")
+        keys = ("complete", "incomplete", "written", "payload_bytes", "files_closed", "write_errors")
+        return dict(zip(keys, (int(g) for g in m.groups())))
+
+
+class Scraper(threading.Thread):
+    """Scrapes /metrics every `period_s`, as a (very eager) Prometheus would."""
+
+    def __init__(self, url, period_s):
+        super().__init__(daemon=True)
+        self.url, self.period_s = url, period_s
+        self.times = []  # when each scrape completed (time.monotonic)
+        self.halt = threading.Event()
+
+    def run(self):
+        # A fixed schedule (start + k periods), so slow scrapes do not lower the rate.
+        next_at = time.monotonic()
+        while not self.halt.wait(max(0.0, next_at - time.monotonic())):
+            try:
+                urllib.request.urlopen(self.url, timeout=5).read()
+                self.times.append(time.monotonic())
+            except OSError:
+                pass
+            next_at = max(next_at + self.period_s, time.monotonic())
+
+    def count(self, t_from, t_to):
+        return sum(1 for t in self.times if t_from <= t <= t_to)
+
+
+# ---------------------------------------------------------------------------
+# One end-to-end run
+
+
+@dataclasses.dataclass
+class RunSpec:
+    name: str
+    group: str  # "target", "matrix", "metrics" or "credits"
+    mode: str = "push"  # "push" or "pull"
+    chunk: int = JUMBO_CHUNK  # payload bytes per datagram at most
+    sources: int = 8
+    fragment: int = JUMBO_CHUNK  # bytes per fragment (every fragment the same)
+    data_bytes: int = 2 * GiB  # payload moved by the run
+    direct_io: bool = True
+    exporter: str = "on"  # "on" (scraped only to see the end), "scraped" (every 100 ms) or "off"
+    credits: int = 64
+    request_batch: int = 16
+    loss: float = 0.0  # pull: the emulator drops each answer datagram with this probability
+    extra: tuple = ()  # more evbd --set KEY=VALUE
+
+    @property
+    def event_bytes(self):
+        return self.sources * self.fragment
+
+    @property
+    def events(self):
+        return max(1, round(self.data_bytes / self.event_bytes))
+
+    @property
+    def datagram_bytes(self):
+        """Largest datagram of the run (header + chunk)."""
+        return FRAGMENT_HEADER_BYTES + min(self.chunk, self.fragment)
+
+    @property
+    def max_datagram(self):
+        return MAX_DATAGRAM[self.chunk]
+
+    def memory(self):
+        """Receive buffer, events in flight and pull credits sized to the event size:
+        several whole events fit in the receive slots, and the credits in half of them."""
+        chunks = max(1, -(-self.fragment // self.chunk))
+        event_slot_bytes = self.sources * chunks * (self.max_datagram + SLOT_META_BYTES)
+        buffer = min(max(4 * event_slot_bytes, 512 * MiB), 2 * GiB)
+        in_flight = min(max(2 * buffer // event_slot_bytes, 64), 4096)
+        credits = min(self.credits, max(1, buffer // (2 * event_slot_bytes)), in_flight)
+        return buffer, in_flight, credits
+
+
+def evbd_settings(spec, serve_port=None):
+    buffer, in_flight, credits = spec.memory()
+    sets = [f"sources={spec.sources}",
+            f"input.max_datagram_bytes={spec.max_datagram}",
+            f"building.max_buffer_bytes={buffer}",
+            f"building.max_events_in_flight={in_flight}",
+            f"output.direct_io={'true' if spec.direct_io else 'false'}"]
+    if spec.mode == "pull":
+        sets += ["mode=pull",
+                 f'pull.source_addresses=["127.0.0.1:{serve_port}"]',
+                 f"pull.events={spec.events}",
+                 f"pull.credits={credits}",
+                 f"pull.request_batch={min(spec.request_batch, credits)}"]
+    return sets + list(spec.extra)
+
+
+def source_args(spec):
+    return ["--sources", str(spec.sources), "--size", str(spec.fragment), "--chunk", str(spec.chunk)]
+
+
+def watch_until_done(evbd, source, spec, t0, cpu0):
+    """Watches the output files grow (every 10 ms, no scrape) until the run is over;
+    returns (end time, evbd CPU seconds at the end, why it ended).
+
+    The run's end is the last time the output grew; evbd's CPU is read at that moment.
+    Once the output has been idle for a moment (and a push source has finished), a
+    scrape every QUIET_CHECK_S asks evbd whether every event is written, or nothing is
+    left in flight; without an exporter, a longer idle time has to do. Events written
+    while the file does not grow (into the O_DIRECT staging buffer: timed-out or
+    re-requested stragglers) move the end to the scrape that sees them.
+    """
+    size, t_end, cpu_end = 0, t0, cpu0
+    last_check, written_at_check = 0.0, None
+    deadline = t0 + max(120.0, spec.data_bytes / 5e6)
+
+    def ended(reason):
+        if size == 0:  # nothing reached the file yet (an O_DIRECT stage not full): now
+            return time.monotonic(), cpu_seconds(evbd.pid), reason
+        return t_end, cpu_end, reason
+
+    while True:
+        now = time.monotonic()
+        current = dir_bytes(evbd.data)
+        if current > size:
+            size, t_end, cpu_end = current, now, cpu_seconds(evbd.pid)
+            written_at_check = None  # the next check starts a new idle period
+        if evbd.proc.poll() is not None:
+            raise ToolError(f"evbd exited during run {spec.name}:\n{evbd.log_text()[-2000:]}")
+        if source is not None and source.poll() not in (None, 0):
+            raise ToolError(f"evb-source failed in run {spec.name}:\n{source.output()[-2000:]}")
+        quiet = now - t_end
+        source_done = source is None or source.poll() == 0
+        if source_done and quiet >= QUIET_CHECK_S and now - last_check >= QUIET_CHECK_S:
+            last_check = now
+            if evbd.metrics_url is None:
+                if quiet >= OFF_SETTLE_S:
+                    return ended("idle")
+            else:
+                m = evbd.metrics()
+                written = m.get("evb_events_written_total", 0)
+                if written_at_check is not None and written > written_at_check:
+                    t_end, cpu_end = now, cpu_seconds(evbd.pid)
+                written_at_check = written
+                if written >= spec.events:
+                    return ended("all written")
+                idle = (m.get("evb_events_in_flight", 0) == 0 and m.get("evb_writer_queue_depth", 0) == 0
+                        and m.get("evb_pull_credits_in_use", 0) == 0)
+                if idle and now - t_end >= 1.0:
+                    return ended("drained")
+        if now > deadline:
+            return ended("timeout")
+        time.sleep(POLL_S)
+
+
+def run_one(spec, bin_dir, out_dir):
+    """One evbd run; returns its result dict (see perf/README.md for each field)."""
+    workdir = os.path.join(out_dir, "runs", spec.name)
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    exe = os.path.join(bin_dir, "evb-source")
+    serve = source = evbd = scraper = None
+    try:
+        serve_stats = os.path.join(workdir, "serve.json")
+        serve_port = None
+        if spec.mode == "pull":
+            serve_port = free_udp_port()
+            serve = Child([exe, "--serve", f"127.0.0.1:{serve_port}", *source_args(spec), "--loss", str(spec.loss),
+                           "--stats-out", serve_stats, "--idle-exit", "60"], os.path.join(workdir, "serve.out"))
+            time.sleep(0.3)  # bound before evbd sends its first REQUEST
+        evbd = Evbd(bin_dir, workdir, evbd_settings(spec, serve_port), exporter=spec.exporter != "off")
+        if spec.exporter == "scraped":
+            scraper = Scraper(evbd.metrics_url, SCRAPE_PERIOD_S)
+            scraper.start()
+        if spec.mode == "push":
+            cpu0 = cpu_seconds(evbd.pid)
+            t0 = time.monotonic()
+            source = Child([exe, "--to", f"127.0.0.1:{evbd.port}", *source_args(spec), "--events", str(spec.events),
+                            "--json"], os.path.join(workdir, "source.out"))
+        else:
+            t0 = evbd.ready_time  # evbd starts requesting as it logs that it is building
+            cpu0 = cpu_seconds(evbd.pid)
+        t_end, cpu_end, end_reason = watch_until_done(evbd, source, spec, t0, cpu0)
+        if scraper:
+            scraper.halt.set()
+            scraper.join()
+        metrics = evbd.metrics() if evbd.metrics_url else None
+        final = evbd.stop()
+        evbd = None
+        sent = source.json_output() if source else None
+        served = None
+        if serve:
+            serve.stop()
+            with open(serve_stats) as f:
+                served = json.load(f)
+        return summarize(spec, t_end - t0, cpu_end - cpu0, end_reason, metrics, final, sent, served,
+                         source.cpu_s if source else serve.cpu_s, scraper.count(t0, t_end) if scraper else None)
+    finally:
+        if scraper:
+            scraper.halt.set()
+        if evbd:
+            evbd.proc.kill()
+            evbd.proc.wait()
+        for child in (source, serve):
+            if child and child.poll() is None:
+                child.proc.kill()
+                child.wait(10)
+        shutil.rmtree(os.path.join(workdir, "data"), ignore_errors=True)
+
+
+def summarize(spec, seconds, cpu_s, end_reason, metrics, final, sent, served, source_cpu_s, scrapes):
+    _, _, credits = spec.memory()
+    r = {
+        "name": spec.name, "group": spec.group, "mode": spec.mode, "chunk": spec.chunk,
+        "datagram_bytes": spec.datagram_bytes, "sources": spec.sources, "fragment": spec.fragment,
+        "direct_io": spec.direct_io, "exporter": spec.exporter, "loss_probability": spec.loss,
+        "credits": credits if spec.mode == "pull" else None, "end": end_reason, "seconds": seconds,
+        "evbd_cpu_s": cpu_s, "source_cpu_s": source_cpu_s, "scrapes": scrapes,
+        # Counts at the end of the run: the metrics when there is an exporter, else
+        # evbd's final log line (which also counts what the shutdown drained).
+        "events_expected": sent["events"] if sent else spec.events,
+        "events_written": final["written"], "payload_bytes": final["payload_bytes"],
+        "events_complete": final["complete"], "events_incomplete": final["incomplete"],
+        "datagrams_sent": sent["datagrams"] if sent else served["answer_datagrams"] - served["lost"],
+        "datagrams_received": None, "kernel_drops": None, "rejected_datagrams": None, "rerequests": None,
+        "source_lost": served["lost"] if served else 0,
+    }
+    if metrics:
+        r["events_written"] = int(metrics.get("evb_events_written_total", 0))
+        r["payload_bytes"] = int(metrics.get("evb_written_payload_bytes_total", 0))
+        r["events_complete"] = int(metrics.get('evb_events_built_total{status="complete"}', 0))
+        r["events_incomplete"] = int(metrics.get('evb_events_built_total{status="incomplete"}', 0))
+        r["datagrams_received"] = int(metrics.get("evb_datagrams_received_total", 0))
+        r["kernel_drops"] = int(metrics.get("evb_kernel_receive_drops_total", 0))
+        r["rejected_datagrams"] = int(metric_sum(metrics, "evb_rejected_datagrams_total"))
+        if spec.mode == "pull":
+            r["rerequests"] = int(metrics.get("evb_pull_rerequests_sent_total", 0))
+    if r["payload_bytes"] == 0 or seconds <= 0:
+        raise ToolError(f"run {spec.name}: no data written ({end_reason})")
+    datagrams = r["datagrams_received"] if r["datagrams_received"] is not None else r["datagrams_sent"]
+    r["payload_bytes_per_s"] = r["payload_bytes"] / seconds
+    r["events_per_s"] = r["events_written"] / seconds
+    r["datagrams_per_s"] = datagrams / seconds
+    r["cpu_s_per_gb"] = cpu_s / (r["payload_bytes"] / GB)
+    r["events_not_complete"] = r["events_expected"] - r["events_complete"]
+    r["loss"] = (r["kernel_drops"] or 0) + r["events_not_complete"]
+    return r
+
+
+# ---------------------------------------------------------------------------
+# The suite
+
+
+def target_specs(data_bytes, full):
+    """The runs the issue's targets are computed from: every datagram full size."""
+    specs = [RunSpec("jumbo-direct", "target", chunk=JUMBO_CHUNK, fragment=JUMBO_CHUNK, data_bytes=data_bytes),
+             RunSpec("standard", "target", chunk=STANDARD_CHUNK, fragment=STANDARD_CHUNK, data_bytes=data_bytes)]
+    if full:
+        specs.insert(1, RunSpec("jumbo-buffered", "target", chunk=JUMBO_CHUNK, fragment=JUMBO_CHUNK,
+                                data_bytes=data_bytes, direct_io=False))
+    return specs
+
+
+def matrix_specs(data_bytes, direct_io):
+    specs = []
+    for mode in ("push", "pull"):
+        for chunk in (STANDARD_CHUNK, JUMBO_CHUNK):
+            for fragment in FRAGMENT_SIZES:
+                if chunk == JUMBO_CHUNK and fragment <= STANDARD_CHUNK:
+                    continue  # one datagram per fragment either way: same as the 1472 run
+                for sources in SOURCE_COUNTS:
+                    name = f"{mode}-{chunk + FRAGMENT_HEADER_BYTES}-{sources}src-{size_label(fragment)}"
+                    specs.append(RunSpec(name, "matrix", mode=mode, chunk=chunk, sources=sources,
+                                         fragment=fragment, data_bytes=data_bytes, direct_io=direct_io))
+    return specs
+
+
+def metrics_specs(data_bytes, repeats):
+    """Alternating on/off runs of the jumbo target configuration."""
+    specs = []
+    for i in range(1, repeats + 1):
+        for exporter in ("scraped", "off"):
+            label = "on" if exporter == "scraped" else "off"
+            specs.append(RunSpec(f"metrics-{label}-{i}", "metrics", exporter=exporter, data_bytes=data_bytes))
+    return specs
+
+
+def credit_specs(data_bytes, steps, loss):
+    """Pull with a lossy emulator, so re-requests happen; retries as configured by default."""
+    return [RunSpec(f"credits-{c}", "credits", mode="pull", sources=64, fragment=4 * KiB, credits=c,
+                    request_batch=16, loss=loss, data_bytes=data_bytes) for c in steps]
+
+
+def size_label(n):
+    if n % MiB == 0:
+        return f"{n // MiB}MiB"
+    if n % KiB == 0:
+        return f"{n // KiB}KiB"
+    return f"{n}B"
+
+
+def plan(args):
+    """Every run of this invocation, in order."""
+    if args.smoke:
+        mb = 50 * MiB
+        specs = target_specs(mb, full=False)
+        specs += [RunSpec("push-8972-1600src-4KiB", "matrix", sources=1600, fragment=4 * KiB, data_bytes=mb),
+                  RunSpec("pull-8972-64src-64KiB", "matrix", mode="pull", sources=64, fragment=64 * KiB,
+                          data_bytes=mb)]
+        specs += metrics_specs(mb, 1)
+        specs += credit_specs(20 * MiB, (4, 64), args.sweep_loss)
+    else:
+        data = int(args.gib * GiB)
+        specs = target_specs(data, full=True)
+        specs += matrix_specs(data, direct_io=not args.buffered_matrix)
+        specs += metrics_specs(data, args.metrics_repeats)
+        specs += credit_specs(int(args.sweep_gib * GiB), CREDIT_STEPS, args.sweep_loss)
+    if args.only:
+        specs = [s for s in specs if re.search(args.only, s.name)]
+    return specs
+
+
+def run_limits(bin_dir, out_dir, seconds):
+    p = subprocess.run([os.path.join(bin_dir, "evb-limits"), "--json", "--dir", out_dir, "--seconds", str(seconds)],
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0 or not p.stdout.strip():
+        raise ToolError(f"evb-limits failed ({p.returncode}): {p.stderr[-2000:]}")
+    limits = json.loads(p.stdout)
+    for key in ("loopback_1472", "loopback_8972"):
+        if not limits.get(key, {}).get("bytes_per_s"):
+            raise ToolError(f"evb-limits reported no {key} figure")
+    return limits
+
+
+def run_micro(bin_dir, quick):
+    """evb-micro-bench through Catch2's XML reporter: [{name, mean_ns, stddev_ns}]."""
+    exe = os.path.join(bin_dir, "evb-micro-bench")
+    if not os.path.exists(exe):
+        return None
+    cmd = [exe, "-r", "xml"]
+    if quick:
+        cmd += ["--benchmark-samples", "3", "--benchmark-resamples", "100", "--benchmark-warmup-time", "10"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    try:
+        root = ElementTree.fromstring(p.stdout)
+    except ElementTree.ParseError as e:
+        raise ToolError(f"evb-micro-bench printed no XML ({p.returncode}): {e}\n{p.stderr[-2000:]}")
+    results = []
+    for b in root.iter("BenchmarkResults"):
+        results.append({"name": b.get("name"),
+                        "mean_ns": float(b.find("mean").get("value")),
+                        "stddev_ns": float(b.find("standardDeviation").get("value"))})
+    if p.returncode != 0 or not results:
+        raise ToolError(f"evb-micro-bench failed ({p.returncode}) or reported nothing:\n{p.stdout[-2000:]}")
+    return results
+
+
+def machine_info(bin_dir, out_dir):
+    def read(path):
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return ""
+    cpu = re.search(r"model name\s*:\s*(.*)", read("/proc/cpuinfo"))
+    mem = re.search(r"MemTotal:\s*(\d+)", read("/proc/meminfo"))
+    version = subprocess.run([os.path.join(bin_dir, "evbd"), "--version"], capture_output=True, text=True)
+    git = subprocess.run(["git", "-C", REPO_DIR, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": platform.node(), "kernel": platform.release(),
+        "cpu": cpu.group(1) if cpu else platform.machine(), "cpus": os.cpu_count(),
+        "memory_bytes": int(mem.group(1)) * 1024 if mem else None,
+        "evbd": version.stdout.strip(), "git": git.stdout.strip() if git.returncode == 0 else None,
+        "filesystem": filesystem_of(out_dir), "load_before": os.getloadavg(),
+    }
+
+
+def filesystem_of(path):
+    """(mount point, type, device) of the filesystem holding `path`."""
+    path = os.path.realpath(path)
+    best = ("", "", "")
+    with open("/proc/mounts") as f:
+        for line in f:
+            dev, mnt, fstype = line.split()[:3]
+            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[0]):
+                best = (mnt, fstype, dev)
+    return {"mount": best[0], "type": best[1], "device": best[2]}
+
+
+# ---------------------------------------------------------------------------
+# Derived figures: ratios to the limits, targets
+
+
+def ratios(run, limits):
+    """Each throughput as a ratio to the probe's matching figure (same run)."""
+    loop = limits["loopback_8972" if run["chunk"] == JUMBO_CHUNK else "loopback_1472"]
+    direct = limits.get("disk_direct_bytes_per_s")
+    return {
+        "loopback_bytes": run["payload_bytes_per_s"] / loop["bytes_per_s"],
+        "loopback_datagrams": run["datagrams_per_s"] / loop["datagrams_per_s"],
+        "disk_direct": run["payload_bytes_per_s"] / direct if isinstance(direct, (int, float)) and direct else None,
+    }
+
+
+def metrics_pair(runs):
+    """Medians of the on and off runs and their ratios (issue 5: within 2%)."""
+    on = [r for r in runs if r["group"] == "metrics" and r["exporter"] == "scraped"]
+    off = [r for r in runs if r["group"] == "metrics" and r["exporter"] == "off"]
+    if not on or not off:
+        return None
+    side = lambda rs: {"runs": len(rs),
+                       "payload_bytes_per_s": statistics.median(r["payload_bytes_per_s"] for r in rs),
+                       "cpu_s_per_gb": statistics.median(r["cpu_s_per_gb"] for r in rs),
+                       "scrapes_per_s": statistics.median((r["scrapes"] or 0) / r["seconds"] for r in rs)}
+    a, b = side(on), side(off)
+    return {"on": a, "off": b,
+            "throughput_ratio": a["payload_bytes_per_s"] / b["payload_bytes_per_s"],
+            "cpu_ratio": a["cpu_s_per_gb"] / b["cpu_s_per_gb"]}
+
+
+def targets(runs, limits):
+    """Issue 8's targets (and issue 5's metrics cost), each PASS/FAIL from this run's ratios."""
+    by_name = {r["name"]: r for r in runs}
+    rows = []
+
+    def add(target, run, measured, threshold, ok):
+        rows.append({"target": target, "run": run, "measured": measured, "threshold": threshold,
+                     "result": "PASS" if ok else "FAIL"})
+
+    jumbo = by_name.get("jumbo-direct")
+    if jumbo:
+        loop = limits["loopback_8972"]["bytes_per_s"]
+        direct = limits.get("disk_direct_bytes_per_s")
+        bound, basis = 0.7 * loop, "70% of loopback 8972 B"
+        if isinstance(direct, (int, float)) and 0.9 * direct < bound:
+            bound, basis = 0.9 * direct, "90% of disk O_DIRECT"
+        add("jumbo: payload >= min(70% loopback, 90% O_DIRECT), zero loss", "jumbo-direct",
+            f"{fmt_rate(jumbo['payload_bytes_per_s'])}, loss {jumbo['loss']}",
+            f"{fmt_rate(bound)} ({basis}), loss 0", jumbo["payload_bytes_per_s"] >= bound and jumbo["loss"] == 0)
+    std = by_name.get("standard")
+    if std:
+        loop = limits["loopback_1472"]["datagrams_per_s"]
+        add("1472 B: datagrams/s >= 70% of loopback 1472 B, zero loss", "standard",
+            f"{fmt_count(std['datagrams_per_s'])}/s, loss {std['loss']}",
+            f"{fmt_count(0.7 * loop)}/s, loss 0", std["datagrams_per_s"] >= 0.7 * loop and std["loss"] == 0)
+    for r in runs:
+        m = re.fullmatch(r"(push|pull)-(\d+)-1600src-(\w+)", r["name"])
+        base = by_name.get(f"{m.group(1)}-{m.group(2)}-8src-{m.group(3)}") if m else None
+        if base:
+            ratio = r["payload_bytes_per_s"] / base["payload_bytes_per_s"]
+            add("1600 sources within 15% of 8 sources", f"{r['name']} / {base['name']}",
+                f"{ratio:.2f}", ">= 0.85", ratio >= 0.85)
+    pair = metrics_pair(runs)
+    if pair:
+        add("metrics on/off throughput within 2% (issue 5)", "metrics-on / metrics-off (medians)",
+            f"{pair['throughput_ratio']:.3f}", ">= 0.98", pair["throughput_ratio"] >= 0.98)
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# Report
+
+
+def fmt_rate(bytes_per_s):
+    return f"{bytes_per_s / GB:.3f} GB/s"
+
+
+def fmt_count(n):
+    if n >= 1e6:
+        return f"{n / 1e6:.2f} M"
+    if n >= 1e3:
+        return f"{n / 1e3:.1f} k"
+    return f"{n:.0f}"
+
+
+def fmt_ratio(x):
+    return "-" if x is None else f"{x:.2f}"
+
+
+def fmt_opt(x):
+    return "n/a" if x is None else str(x)
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render(doc, svg_name):
+    """The generated section of docs/PERFORMANCE.md (Markdown)."""
+    meta, limits, runs = doc["meta"], doc["limits"], doc["runs"]
+    out = []
+    if doc["suite"] == "smoke":
+        out.append("> **Smoke run**: tiny runs that only check the tools work; the figures below "
+                   "are not measurements.\n")
+    fs = meta["filesystem"]
+    out.append(f"Measured {meta['date']} on {meta['host']}: {meta['cpu']}, {meta['cpus']} CPUs, "
+               f"{(meta['memory_bytes'] or 0) / GiB:.0f} GiB, Linux {meta['kernel']}; {meta['evbd']} "
+               f"(git {meta['git']}); output on {fs['mount']} ({fs['type']}, {fs['device']}); "
+               f"load average {meta['load_before'][0]:.2f} before, {meta.get('load_after', [0])[0]:.2f} after. "
+               f"Suite `{doc['suite']}`, {doc['seconds'] / 60:.1f} min. GB = 10^9 bytes.\n")
+
+    out.append("### Machine limits (same run)\n")
+    rows = []
+    for key, label in (("loopback_1472", "loopback pair, 1472 B datagrams"),
+                       ("loopback_8972", "loopback pair, 8972 B datagrams")):
+        lb = limits[key]
+        rows.append([label, fmt_rate(lb["bytes_per_s"]), f"{fmt_count(lb['datagrams_per_s'])}/s", lb["loss"]])
+    rows.append(["memcpy (64 MiB copies)", fmt_rate(limits["memcpy_bytes_per_s"]), "", ""])
+    for key, label in (("disk_buffered_bytes_per_s", "disk, buffered + fdatasync"),
+                       ("disk_direct_bytes_per_s", "disk, O_DIRECT")):
+        v = limits.get(key)
+        rows.append([label, fmt_rate(v) if isinstance(v, (int, float)) else str(v), "", ""])
+    out.append(table(["limit", "bytes/s", "datagrams/s", "loss"], rows) + "\n")
+
+    rows = targets(runs, limits)
+    if rows:
+        out.append("### Targets (issue 8; ratios of this run)\n")
+        out.append(table(["target", "run", "measured", "threshold", "result"],
+                         [[t["target"], t["run"], t["measured"], t["threshold"], f"**{t['result']}**"]
+                          for t in rows]) + "\n")
+
+    header = ["run", "mode", "datagram", "sources", "fragment", "output", "payload", "events/s", "datagrams/s",
+              "evbd CPU s/GB", "kernel drops", "not complete", "÷ loopback B/s", "÷ loopback dgram/s",
+              "÷ O_DIRECT", "end"]
+
+    def run_row(r):
+        q = ratios(r, limits)
+        return [r["name"], r["mode"], r["datagram_bytes"], r["sources"], size_label(r["fragment"]),
+                "O_DIRECT" if r["direct_io"] else "buffered", fmt_rate(r["payload_bytes_per_s"]),
+                fmt_count(r["events_per_s"]), fmt_count(r["datagrams_per_s"]), f"{r['cpu_s_per_gb']:.2f}",
+                fmt_opt(r["kernel_drops"]), r["events_not_complete"], fmt_ratio(q["loopback_bytes"]),
+                fmt_ratio(q["loopback_datagrams"]), fmt_ratio(q["disk_direct"]), r["end"]]
+
+    for group, title in (("target", "Target runs: every datagram full size, 8 sources"),
+                         ("matrix", "End-to-end matrix: datagram size x sources x fragment size, push and pull")):
+        rs = [r for r in runs if r["group"] == group]
+        if rs:
+            out.append(f"### {title}\n")
+            out.append(table(header, [run_row(r) for r in rs]) + "\n")
+    if any(r["group"] == "matrix" for r in runs):
+        out.append(f"![payload throughput against sources and fragment size]({svg_name})\n")
+
+    pair = metrics_pair(runs)
+    if pair:
+        out.append("### Metrics on/off (issue 5)\n")
+        out.append("The jumbo target run with the exporter scraped every 100 ms against `monitor.listen=` "
+                   "(no exporter); medians of alternating runs.\n")
+        out.append(table(["exporter", "runs", "payload", "evbd CPU s/GB", "scrapes/s"],
+                         [[label, s["runs"], fmt_rate(s["payload_bytes_per_s"]), f"{s['cpu_s_per_gb']:.3f}",
+                           f"{s['scrapes_per_s']:.1f}"] for label, s in (("on", pair["on"]), ("off", pair["off"]))]))
+        out.append(f"\nRatio on/off: throughput **{pair['throughput_ratio']:.3f}**, "
+                   f"CPU per GB **{pair['cpu_ratio']:.3f}**.\n")
+
+    sweep = [r for r in runs if r["group"] == "credits"]
+    if sweep:
+        out.append("### Pull credits sweep (issue 4)\n")
+        out.append(f"64 sources x 4 KiB, 8972 B datagrams, the emulator dropping "
+                   f"{sweep[0]['loss_probability']:g} of its answer datagrams; `pull.request_batch` 16 "
+                   f"(at most the credits), retries as by default (`pull.retry_ms` 100).\n")
+        out.append(table(["credits", "events/s", "payload", "re-requests per event", "emulator drops",
+                          "kernel drops", "not complete"],
+                         [[r["credits"], fmt_count(r["events_per_s"]), fmt_rate(r["payload_bytes_per_s"]),
+                           f"{(r['rerequests'] or 0) / max(1, r['events_written']):.4f}", r["source_lost"],
+                           fmt_opt(r["kernel_drops"]), r["events_not_complete"]] for r in sweep]) + "\n")
+
+    if doc.get("micro"):
+        out.append("### Micro-benchmarks (evb-micro-bench)\n")
+        out.append(table(["benchmark", "mean", "std dev"],
+                         [[m["name"], fmt_ns(m["mean_ns"]), fmt_ns(m["stddev_ns"])] for m in doc["micro"]]) + "\n")
+    return "\n".join(out)
+
+
+def fmt_ns(ns):
+    if ns >= 1e6:
+        return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e3:.2f} µs" if ns >= 1e3 else f"{ns:.1f} ns"
+
+
+def replace_block(path, begin, end, body, heading):
+    """Rewrites the text between `begin` and `end` in `path`; appends the block (under
+    `heading`) when the markers are missing. Everything outside the markers is kept."""
+    text = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    if begin in text and end in text:
+        head, _, rest = text.partition(begin)
+        _, _, tail = rest.partition(end)
+        text = head + block + tail
+    else:
+        text = text.rstrip() + ("\n\n" if text else "") + f"{heading}\n\n{block}\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+# ---------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--smoke", action="store_true", help="tiny runs, one per mode (< 2 minutes)")
+    size.add_argument("--full", action="store_true", help="the whole suite (default)")
+    ap.add_argument("--bin", default=os.path.join(REPO_DIR, "build", "bin"), help="directory of evbd, evb-source, ...")
+    ap.add_argument("--dir", "--out", dest="dir", required=True,
+                    help="output directory: evbd's files, the limits probe's disk test, results.json")
+    ap.add_argument("--report", help="rewrite the generated sections of this Markdown file (docs/PERFORMANCE.md)")
+    ap.add_argument("--from-json", metavar="RESULTS", help="only render the report from an earlier results.json")
+    ap.add_argument("--only", metavar="REGEX", help="only the runs whose name matches")
+    ap.add_argument("--gib", type=float, default=2.0, help="payload GiB per end-to-end run (full; default 2)")
+    ap.add_argument("--sweep-gib", type=float, default=0.5, help="payload GiB per credits-sweep run (default 0.5)")
+    ap.add_argument("--sweep-loss", type=float, default=0.001, help="emulator answer loss in the sweep (default 0.001)")
+    ap.add_argument("--metrics-repeats", type=int, default=3, help="alternating metrics on/off pairs (default 3)")
+    ap.add_argument("--buffered-matrix", action="store_true", help="matrix runs with output.direct_io=false")
+    ap.add_argument("--limits-seconds", type=float, help="evb-limits --seconds (default 2, smoke 0.3)")
+    ap.add_argument("--soak-minutes", type=float, default=5.0, help="soak duration in --full (default 5; 0: none)")
+    ap.add_argument("--no-micro", action="store_true", help="skip the micro-benchmarks in --full")
+    args = ap.parse_args()
+
+    bin_dir, out_dir = os.path.abspath(args.bin), os.path.abspath(args.dir)
+    os.makedirs(out_dir, exist_ok=True)
+    if args.from_json:
+        with open(args.from_json) as f:
+            doc = json.load(f)
+    else:
+        doc = run_suite(args, bin_dir, out_dir)
+        with open(os.path.join(out_dir, "results.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+    publish(doc, out_dir, args.report)
+    return 0
+
+
+def run_suite(args, bin_dir, out_dir):
+    started = time.monotonic()
+    suite = "smoke" if args.smoke else "full"
+    doc = {"suite": suite, "meta": machine_info(bin_dir, out_dir), "runs": []}
+    log(f"limits probe on {out_dir}")
+    doc["limits"] = run_limits(bin_dir, out_dir, args.limits_seconds or (0.3 if args.smoke else 2))
+    for spec in plan(args):
+        log(f"run {spec.name}: {spec.mode}, {spec.sources} sources x {size_label(spec.fragment)}, "
+            f"{spec.datagram_bytes} B datagrams, {spec.events} events")
+        r = run_one(spec, bin_dir, out_dir)
+        doc["runs"].append(r)
+        log(f"  {fmt_rate(r['payload_bytes_per_s'])}, {fmt_count(r['events_per_s'])} events/s, "
+            f"CPU {r['cpu_s_per_gb']:.2f} s/GB, loss {r['loss']} ({r['end']}, {r['seconds']:.2f} s)")
+    if not args.no_micro and not args.only:
+        log("micro-benchmarks")
+        doc["micro"] = run_micro(bin_dir, quick=args.smoke)
+    if not args.only and (args.smoke or args.soak_minutes > 0):
+        import soak
+        minutes = soak.SMOKE_SECONDS / 60 if args.smoke else args.soak_minutes
+        log(f"soak, {minutes:.1f} min")
+        doc["soak"] = soak.run_soak(bin_dir, out_dir, minutes * 60)
+    doc["meta"]["load_after"] = os.getloadavg()
+    doc["seconds"] = time.monotonic() - started
+    return doc
+
+
+def publish(doc, out_dir, report):
+    """Writes the plot and the report sections (or prints them when there is no --report)."""
+    svg = plot.throughput_svg(doc["runs"], doc["limits"])
+    svg_path = os.path.join(os.path.dirname(os.path.abspath(report)) if report else out_dir, "throughput.svg")
+    if svg:
+        with open(svg_path, "w") as f:
+            f.write(svg)
+    body = render(doc, os.path.basename(svg_path))
+    soak_body = None
+    if doc.get("soak"):
+        import soak  # perf/soak.py imports this module, so only here
+        soak_body = soak.render(doc["soak"])
+    if report:
+        replace_block(report, GENERATED_BEGIN, GENERATED_END, body, "## Measured figures (generated)")
+        if soak_body:
+            soak.write_report(report, soak_body)
+        log(f"report: {report}, plot: {svg_path if svg else 'none (no matrix runs)'}")
+    print(body)
+    if soak_body:
+        print("\n" + soak_body)
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    # perf/soak.py does `from bench_e2e import ...`: let it find this very module, so
+    # its ToolError is the one caught below.
+    sys.modules.setdefault("bench_e2e", sys.modules["__main__"])
+    try:
+        sys.exit(main())
+    except ToolError as e:
+        log(f"FAILED: {e}")
+        sys.exit(1)
