@@ -92,6 +92,9 @@ class Evbd:
             self.proc.kill()
             fail(f"evbd did not exit within {timeout} s after signal {sig}")
         self.log.close()
+        if rc != 0:
+            lines = self.log_text().splitlines()
+            print(f"evbd exited {rc}; last lines of its log:", *lines[-80:], sep="\n", flush=True)
         return rc
 
 
@@ -131,10 +134,11 @@ def workdir():
 
 
 def sanitized_build():
-    """True when BIN belongs to the ASan/UBSan build (no jemalloc there)."""
+    """True when BIN belongs to a sanitizer build (ASan/UBSan or TSan: no jemalloc there)."""
     cache = os.path.join(BIN, "..", "CMakeCache.txt")
     try:
         with open(cache) as f:
-            return "EVB_SANITIZE:BOOL=ON" in f.read()
+            text = f.read()
+        return "EVB_SANITIZE:BOOL=ON" in text or "EVB_TSAN:BOOL=ON" in text
     except OSError:
         return False
