@@ -1,6 +1,6 @@
 // Reading UDP datagrams out of capture files (pcap and pcapng, through libpcap):
 // link-layer and IP decoding, IPv4 reassembly, and the replay filter. Every packet
-// that is not handed on is counted by reason.
+// that is not handed on is counted by reason. Design notes: docs/REPLAY.md.
 #pragma once
 
 #include <netinet/in.h>
@@ -17,17 +17,20 @@
 namespace evb::net {
 
 // Why a captured packet was not handed on. Values index counters; keep
-// kSkipReasonNames in step.
+// kSkipReasonNames in step. A packet is counted once, under the first reason
+// that applies; the fragments of a datagram that was never handed on are each
+// counted under the datagram's reason.
 enum class SkipReason : std::uint8_t {
-    not_ip = 0,        // ARP, LLDP, other ethertypes, non-IP link payloads
-    not_udp,           // IP but another protocol
+    not_ip = 0,        // ARP, LLDP, other ethertypes or address families
+    not_udp,           // IP but another protocol (also fragments of other protocols)
     other_port,        // UDP to a port the filter does not take
     filtered,          // rejected by the BPF expression
-    truncated,         // cut short by the capture's snaplen
-    ip_fragment,       // a fragment that never completed (or IPv6 fragment)
-    bad_ip_header,     // IP header length or total length impossible
+    truncated,         // cut short by the capture's snaplen (caplen < len)
+    ip_fragment,       // IPv4 fragment of a datagram never completed; every IPv6 fragment
+    bad_ip_header,     // IP version, header length or total length impossible
     bad_udp_length,    // UDP length field disagrees with the packet
-    unsupported_link,  // a link-layer header this reader does not decode
+    unsupported_link,  // a cooked-header packet from a non-Ethernet-like interface (netlink, CAN)
+    bad_link_header,   // link-layer header shorter than its type requires, though not truncated
     count_
 };
 inline constexpr std::size_t kSkipReasonCount = static_cast<std::size_t>(SkipReason::count_);
@@ -41,17 +44,27 @@ struct ReplayFilter {
 // "port" (the given default port), "udp", or anything else as a BPF expression.
 ReplayFilter parse_replay_filter(const std::string& text, std::uint16_t default_port);
 
+// Bounds on IPv4 reassembly state. Each reassembly holds one 64 KiB buffer
+// (the largest IPv4 datagram), allocated the first time its slot is used and
+// reused after that.
+struct ReassemblyLimits {
+    std::size_t max_datagrams = 64;            // concurrent reassemblies; the oldest is dropped for a new one
+    std::uint64_t timeout_ns = 30'000'000'000;  // capture time from first fragment to giving up (Linux's ipfrag_time)
+};
+
 struct CapturedDatagram {
     const std::byte* payload = nullptr;  // valid until the next call to next()
     std::size_t length = 0;
-    std::uint64_t capture_unix_ns = 0;
-    std::uint64_t packet_number = 0;  // 1-based, in the file
+    std::uint64_t capture_unix_ns = 0;  // for a reassembled datagram: its last fragment's
+    std::uint64_t packet_number = 0;    // 1-based, in the file; the last fragment's when reassembled
 };
 
 class CaptureReader {
 public:
-    // Opens `path`. Throws std::runtime_error naming the file and libpcap's reason.
-    CaptureReader(const std::string& path, const ReplayFilter& filter);
+    // Opens `path`. Throws std::runtime_error naming the file and the reason: libpcap's
+    // for an unreadable file, a link type this reader does not decode, or a BPF
+    // expression that does not compile.
+    CaptureReader(const std::string& path, const ReplayFilter& filter, const ReassemblyLimits& limits = {});
     ~CaptureReader();
     CaptureReader(const CaptureReader&) = delete;
     CaptureReader& operator=(const CaptureReader&) = delete;
@@ -59,13 +72,21 @@ public:
     enum class Status { datagram, end, error };
     // Advances to the next datagram that passes the filter. On Status::error,
     // error() names the file, the packet number and the reason; every datagram
-    // returned before stays valid input.
+    // returned before stays valid input. After end or error, reassemblies still
+    // incomplete have been counted as ip_fragment.
     Status next(CapturedDatagram& out);
     const std::string& error() const noexcept { return error_; }
 
+    // Packets read so far. Once next() has returned end, every one of them is
+    // either in skipped() or in datagram_packets().
     std::uint64_t packets() const noexcept { return packets_; }
     const std::array<std::uint64_t, kSkipReasonCount>& skipped() const noexcept { return skipped_; }
+    std::uint64_t datagram_packets() const noexcept { return datagram_packets_; }  // packets of datagrams handed on
+    std::uint64_t reassembled() const noexcept { return reassembled_; }            // datagrams rebuilt from fragments
     int link_type() const noexcept { return link_type_; }
+
+    // Whether this reader decodes libpcap link type `dlt` (a pcap_datalink() value).
+    static bool link_type_supported(int dlt) noexcept;
 
 private:
     struct Impl;
@@ -73,6 +94,8 @@ private:
     std::string path_;
     std::string error_;
     std::uint64_t packets_ = 0;
+    std::uint64_t datagram_packets_ = 0;
+    std::uint64_t reassembled_ = 0;
     std::array<std::uint64_t, kSkipReasonCount> skipped_{};
     int link_type_ = 0;
     ReplayFilter filter_;

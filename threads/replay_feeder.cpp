@@ -66,10 +66,10 @@ std::size_t ReplayFeeder::do_work() {
     std::size_t moved = 0;
     std::uint64_t bytes = 0;
     bool ahead = false;
-    bool read = false;  // the reader advanced, even if only over skipped packets
+    bool advanced = false;  // the reader moved on, if only over skipped packets
     while (moved < s_.batch) {
         if (!have_pending_) {
-            read = true;
+            advanced = true;
             const auto st = reader_->next(pending_);
             if (st == net::CaptureReader::Status::error) {
                 log_error("{}; everything read before it is built and written", reader_->error());
@@ -133,7 +133,7 @@ std::size_t ReplayFeeder::do_work() {
     // Nothing moved and nothing read (pacing, or every slot in flight): report no
     // work, so the runner idles into on_idle() rather than spinning on reclaim().
     if (moved > 0) return moved;
-    return read && !ahead ? 1 : 0;
+    return advanced && !ahead ? 1 : 0;
 }
 
 void ReplayFeeder::on_idle() {
