@@ -75,6 +75,16 @@ case "$cmd" in
     cmake --build build-fuzz -j "$jobs" --target fuzz_wire fuzz_file_reader fuzz_config fuzz_matcher
     echo "setup: running fuzz targets"
     (cd build-fuzz && ctest --output-on-failure -L fuzz --timeout 600)
+    # ThreadSanitizer: the concurrency unit tests and the integration tests that
+    # tolerate TSan's slowdown. test/tsan.supp holds only oneTBB suppressions.
+    if [ ! -f build-tsan/build.ninja ]; then
+      cmake -S "$root" -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEVB_TSAN=ON \
+        -DEVB_WERROR=$werror >/dev/null
+    fi
+    cmake --build build-tsan -j "$jobs" --target evbd evb-source evb-dump evb_unit_tests
+    echo "setup: running tests (ThreadSanitizer)"
+    (cd build-tsan && TSAN_OPTIONS="suppressions=$root/test/tsan.supp exitcode=66" \
+      ctest --output-on-failure --timeout 600 -E "perf|fuzz|alloc|package|replay_public|tcpreplay|incast|hostile|disk_full|crash|push_end_to_end")
     echo "setup: all test suites passed"
     ;;
   *)
