@@ -17,6 +17,7 @@
 
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
+#include "core/clock.hpp"
 #include "core/log.hpp"
 #include "core/notify.hpp"
 #include "core/pipeline.hpp"
@@ -49,11 +50,6 @@ int take_caught_signal() {
     return 0;
 }
 
-std::uint64_t realtime_ns() {
-    timespec ts{};
-    ::clock_gettime(CLOCK_REALTIME, &ts);
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
 
 AdmissionRules make_rules(const Config& c) {
     AdmissionRules r;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fmt/format.h>
 
+#include "core/clock.hpp"
 #include "core/log.hpp"
 
 namespace evb {
@@ -17,11 +18,6 @@ constexpr std::size_t kMaxIov = 4096;            // flush once the gather list i
 constexpr std::size_t kMaxBatchBytes = 8u << 20;  // ... or holds this many bytes
 constexpr std::size_t kMaxEventsPerWork = 1024;
 
-std::uint64_t realtime_ns() noexcept {
-    timespec ts{};
-    ::clock_gettime(CLOCK_REALTIME, &ts);
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
 }  // namespace
 
 DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,

@@ -4,17 +4,11 @@
 
 #include <cstring>
 
+#include "core/clock.hpp"
 #include "core/log.hpp"
 
 namespace evb {
 
-namespace {
-std::uint64_t monotonic_ns() noexcept {
-    timespec ts{};
-    ::clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-}  // namespace
 
 ReplayFeeder::ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, ShardSink& sink,
                            stats::ReaderCounters& counters)

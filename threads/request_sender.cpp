@@ -4,22 +4,13 @@
 
 #include <algorithm>
 
+#include "core/clock.hpp"
 #include "core/log.hpp"
 #include "core/wire.hpp"
 
 namespace evb {
 
 namespace {
-std::uint64_t monotonic_ns() noexcept {
-    timespec ts{};
-    ::clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-std::uint64_t realtime_ns() noexcept {
-    timespec ts{};
-    ::clock_gettime(CLOCK_REALTIME, &ts);
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
 // CLEARs carry many ids; keep each datagram within a standard 1500-byte MTU.
 constexpr std::size_t kClearIdsPerDatagram = (1472 - wire::kRequestHeaderBytes) / 8;
 }  // namespace

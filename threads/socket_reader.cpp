@@ -5,15 +5,9 @@
 
 #include <cstring>
 
-namespace evb {
+#include "core/clock.hpp"
 
-namespace {
-std::uint64_t realtime_ns() noexcept {
-    timespec ts{};
-    ::clock_gettime(CLOCK_REALTIME, &ts);
-    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-}  // namespace
+namespace evb {
 
 void ShardBatches::submit_all(ShardSink& sink, std::uint64_t now_ns) noexcept {
     for (std::size_t s = 0; s < heads_.size(); ++s) {
