@@ -120,18 +120,21 @@ int OutputFile::flush_blocks() {
 int OutputFile::finish_direct() {
     if (const int e = flush_blocks(); e != 0) return e;
     if (stage_len_ > 0) {
-        // The last partial block goes out padded with zeros; the truncate below
-        // cuts the file back to its true length.
-        std::memset(stage_ + stage_len_, 0, kBlock - stage_len_);
-        for (;;) {
-            const ssize_t w = ::pwrite(fd_, stage_, kBlock, static_cast<off_t>(disk_offset_));
+        // The last partial block goes out through the page cache (O_DIRECT off for
+        // this one write): no padding ever reaches the file, so a crash at any
+        // moment leaves it ending at a record, index or footer boundary.
+        const int flags = ::fcntl(fd_, F_GETFL);
+        if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) return errno;
+        std::size_t done = 0;
+        while (done < stage_len_) {
+            const ssize_t w = ::pwrite(fd_, stage_ + done, stage_len_ - done, static_cast<off_t>(disk_offset_ + done));
             if (w < 0 && errno == EINTR) continue;
-            if (w != static_cast<ssize_t>(kBlock)) return w < 0 ? errno : EIO;
-            break;
+            if (w <= 0) return w < 0 ? errno : EIO;
+            done += static_cast<std::size_t>(w);
         }
+        disk_offset_ += stage_len_;
         stage_len_ = 0;
     }
-    if (::ftruncate(fd_, static_cast<off_t>(offset_)) != 0) return errno;
     return 0;
 }
 

@@ -48,10 +48,12 @@ def main():
             doc = dump_json(p)
             f = doc["files"][0]
             # "clean": killed after the index and footer were written, before the
-            # rename; still a .part, and recovery just finishes the job.
-            if f["state"] not in ("unclean", "bad header", "clean"):
+            # rename. "DAMAGED": killed while the index was being written (records,
+            # then part of an index). Either way the good records come first and
+            # recovery must keep every one of them.
+            if f["state"] not in ("unclean", "bad header", "clean", "DAMAGED"):
                 fail(f"{n}: unexpected state {f['state']}")
-            good = f["event_count"] if f["state"] in ("unclean", "clean") else 0
+            good = f["event_count"] if f["state"] != "bad header" else 0
             if f["state"] == "bad header":
                 # Killed before the header reached the disk (direct I/O stages it).
                 check(f["size_bytes"] < 64, f"{n}: a header-less .part is only a cut-off start ({f['size_bytes']} bytes)")
