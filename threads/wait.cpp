@@ -11,18 +11,17 @@
 namespace evb {
 
 void Doorbell::ring() noexcept {
-    seq_.fetch_add(1, std::memory_order_release);
-    // seq_cst pairs with the seq_cst store in park(): either the parker sees our
-    // increment (the futex value changed, so it does not sleep) or we see it asleep.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (sleeping_.load(std::memory_order_relaxed))
+    // Both operations seq_cst, like the parker's store of sleeping_: in the single
+    // total order either our load sees the parker asleep (we wake it), or its store
+    // comes later and the futex finds seq_ already changed (it does not sleep).
+    seq_.fetch_add(1, std::memory_order_seq_cst);
+    if (sleeping_.load(std::memory_order_seq_cst))
         ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&seq_), FUTEX_WAKE_PRIVATE, INT_MAX,
                   nullptr, nullptr, 0);
 }
 
 void Doorbell::wait_changed(std::uint32_t seen, std::chrono::nanoseconds timeout) noexcept {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (seq_.load(std::memory_order_relaxed) != seen) return;
+    if (seq_.load(std::memory_order_seq_cst) != seen) return;
     timespec ts{static_cast<time_t>(timeout.count() / 1'000'000'000),
                 static_cast<long>(timeout.count() % 1'000'000'000)};
     // std::atomic<uint32_t> has the layout of uint32_t on every platform we build for.
