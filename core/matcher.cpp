@@ -186,6 +186,28 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         e->status |= file::record_status::source_error;
     }
     if (++s.received == s.chunk_count) {
+        // Every chunk passed its own checks, but together they must tile the
+        // fragment: each starts where the previous one ended and the last ends at
+        // fragment_length. Otherwise the record would not hold the bytes its
+        // length claims; the fragment is dropped and counted instead.
+        std::uint64_t end = 0;
+        bool tiles = true;
+        for (const ChunkMeta* k = s.head; k != nullptr && tiles; k = k->next) {
+            tiles = k->chunk_offset == end;
+            end += k->payload_length;
+        }
+        if (!tiles || end != s.fragment_length) {
+            counters_.inconsistent_chunks.add();
+            for (ChunkMeta* k = s.head; k != nullptr;) {
+                ChunkMeta* next = k->next;
+                drop(k);
+                k = next;
+            }
+            const std::uint8_t keep = s.state & SourceState::kSourceError;
+            s = SourceState{};
+            s.state = keep;  // unseen again: a correct resend can still complete it
+            return;
+        }
         s.state |= SourceState::kComplete;
         counters_.fragments.add();
         counters_.source_fragments[idx].add();

@@ -258,3 +258,23 @@ TEST_CASE("matcher handles many sources with a sparse id list") {
     auto s = scan_records({r.record(*out.head)}, 40);
     REQUIRE(s.problems.empty());
 }
+
+TEST_CASE("matcher drops a fragment whose chunks leave a gap, and a correct resend still completes it") {
+    Rig r({0, 1});
+    // Two chunks of a 10-byte fragment: [0,3) and the last one [5,10); bytes 3..5
+    // are never sent. Each chunk is valid on its own.
+    auto* a = r.chunk(4, 0, 10, 0, 2, 3);
+    auto* b = r.chunk(4, 0, 10, 1, 2, 5);
+    REQUIRE(a != nullptr);
+    REQUIRE(b != nullptr);
+    CHECK(b->chunk_offset == 5);
+    auto out = r.feed({a, b, r.chunk(4, 1, 4, 0, 1, 1000)});
+    CHECK(out.count == 0);
+    CHECK(r.counters.inconsistent_chunks.get() == 1);
+    CHECK(r.free_slots() == 256 - 1);  // only source 1's chunk is held
+    // A correct copy of the fragment completes the event.
+    out = r.feed({r.chunk(4, 0, 10, 0, 2, 5), r.chunk(4, 0, 10, 1, 2, 5)});
+    REQUIRE(out.count == 1);
+    auto s = scan_records({r.record(*out.head)}, 2);
+    CHECK(s.problems.empty());
+}
