@@ -217,7 +217,11 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         }
         const std::string key = o.substr(0, eq);
         const std::string text = o.substr(eq + 1);
-        json value = json::parse(text, nullptr, false);
+        json value(json::value_t::discarded);
+        try {
+            value = json::parse(text, nullptr, false);
+        } catch (const json::exception&) {  // e.g. a number too large: keep the text
+        }
         if (value.is_discarded()) value = text;
         json* slot = lookup(doc, key, true);
         if (!slot) {
@@ -332,6 +336,11 @@ std::shared_ptr<const Config> load_config(const std::string& text, const std::st
         std::string what = e.what();
         if (const auto p = what.find("syntax error"); p != std::string::npos) what = what.substr(p);
         throw ConfigError({fmt::format("{}:{}:{}: JSON {}", origin, line, col, what)});
+    } catch (const json::exception& e) {
+        // Not a syntax error but still unreadable, e.g. a number too large for a double.
+        std::string what = e.what();
+        if (const auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+        throw ConfigError({fmt::format("{}: JSON {}", origin, what)});
     }
     return build(std::move(doc), overrides);
 }
