@@ -1,5 +1,7 @@
 #include "core/config.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -7,6 +9,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 namespace evb {
 
@@ -48,13 +51,14 @@ const std::vector<Key>& schema() {
         {"input.socket_buffer_bytes", Kind::uint, 64ull << 20, 65536, 2ull << 30, false, "SO_RCVBUF(FORCE) request per socket. A kernel cap is logged and exported as a metric."},
         {"input.max_datagram_bytes", Kind::uint, 9000, 48, 65535, false, "Largest datagram accepted; longer ones are counted as truncated and dropped."},
         {"input.batch", Kind::uint, 64, 1, 1024, false, "Datagrams per recvmmsg call."},
+        {"input.coalesce_us", Kind::uint, 100, 0, 10000, false, "After a receive that did not fill the batch while data flows, a reader sleeps this long before the next, so that each wake-up of it and of the threads after it handles more datagrams (the socket buffer holds them meanwhile). Adds at most this much latency; 0 receives again at once."},
         {"input.spin_loops", Kind::uint, 0, 0, 1000000, false, "Empty non-blocking receives a reader retries before it blocks in poll(). 0 suits a builder sharing its cores; raise it on dedicated cores to trade CPU for wake-up latency."},
         {"input.cpus", Kind::int_list, json::array(), 0, 0, false, "CPU to pin reader i to (entry i); empty: no pinning."},
         {"input.allowed_senders", Kind::string_list, json::array(), 0, 0, false, "When not empty, only datagrams from these IP addresses are accepted; others are counted and dropped."},
         {"building.timeout_ms", Kind::uint, 1000, 1, 3600000, true, "An event not complete this long after its first fragment is written INCOMPLETE."},
-        {"building.workers", Kind::uint, 2, 1, 64, false, "oneTBB worker threads for matching and assembly."},
+        {"building.workers", Kind::uint, 0, 0, 64, false, "oneTBB worker threads for matching and assembly; 0 means the CPUs evbd may use less one per reader and one for the writer, from 1 to 4 (1 on a 2-core machine)."},
         {"building.shards", Kind::uint, 0, 0, 256, false, "Matcher shards (events routed by id); 0 means one per worker."},
-        {"building.max_events_in_flight", Kind::uint, 4096, 16, 1u << 20, false, "Events being built at once (all shards). A fragment that would start one more is counted and dropped."},
+        {"building.max_events_in_flight", Kind::uint, 4096, 16, 1u << 20, false, "Events being built or waiting to be written (all shards). A fragment that would start one more is counted and dropped (evb_malformed_datagrams_total{reason=\"in_flight_limit\"}); size it above the writer's backlog when the disk stalls."},
         {"building.max_buffer_bytes", Kind::uint, 512ull << 20, 1ull << 20, 64ull << 30, false, "Memory for receive buffers (all readers). When all are in use the readers stop reading and the kernel's drops are counted."},
         {"building.late_window", Kind::uint, 65536, 16, 1u << 24, false, "Built event ids remembered per shard to recognise late fragments."},
         {"output.directory", Kind::string, "evb-data", 0, 0, false, "Directory for the output files (created if missing)."},
@@ -261,6 +265,7 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->input.max_datagram_bytes = u32("input.max_datagram_bytes");
     c->input.batch = u32("input.batch");
     c->input.spin_loops = u32("input.spin_loops");
+    c->input.coalesce_us = u32("input.coalesce_us");
     c->input.cpus = lookup(eff, "input.cpus", false)->get<std::vector<int>>();
     c->input.allowed_senders = lookup(eff, "input.allowed_senders", false)->get<std::vector<std::string>>();
     c->building.timeout_ms = u32("building.timeout_ms");
@@ -316,6 +321,15 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
 }
 
 }  // namespace
+
+std::uint32_t Config::worker_count() const noexcept {
+    if (building.workers != 0) return building.workers;
+    cpu_set_t set;
+    long cpus = 0;
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
+    if (cpus <= 0) cpus = static_cast<long>(std::thread::hardware_concurrency());
+    return static_cast<std::uint32_t>(std::clamp<long>(cpus - static_cast<long>(input.readers) - 1, 1, 4));
+}
 
 std::shared_ptr<const Config> load_config(const std::string& text, const std::string& origin,
                                           const std::vector<std::string>& overrides) {

@@ -37,6 +37,7 @@ struct Config {
         std::uint32_t max_datagram_bytes = 0;
         std::uint32_t batch = 64;
         std::uint32_t spin_loops = 0;
+        std::uint32_t coalesce_us = 100;
         std::vector<int> cpus;
         std::vector<std::string> allowed_senders;
     } input;
@@ -78,7 +79,10 @@ struct Config {
 
     nlohmann::json effective;  // every key with defaults filled in
 
-    std::uint32_t shard_count() const noexcept { return building.shards ? building.shards : building.workers; }
+    // building.workers, or for 0 what suits this machine: the CPUs this process may
+    // run on, less one per socket reader and one for the writer, from 1 to 4.
+    std::uint32_t worker_count() const noexcept;
+    std::uint32_t shard_count() const noexcept { return building.shards ? building.shards : worker_count(); }
 };
 
 // Parses config text (JSON; a syntax error reports line and column), applies

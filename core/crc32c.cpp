@@ -1,6 +1,7 @@
 #include "core/crc32c.hpp"
 
 #include <array>
+#include <iterator>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -26,7 +27,62 @@ constexpr auto make_tables() {
 }
 constexpr auto kTables = make_tables();
 
+// GF(2) arithmetic modulo the CRC polynomial, in the reflected representation the
+// register uses: bit 31 is the coefficient of x^0, bit 0 that of x^31. Multiplying
+// a register by x^(8n) is what feeding it n zero bytes does, which is all that is
+// needed to join CRCs of adjacent pieces.
+constexpr std::uint32_t kOne = 0x80000000u;  // x^0
+
+std::uint32_t mul_mod_p(std::uint32_t a, std::uint32_t b) noexcept {
+    std::uint32_t product = 0;
+    for (std::uint32_t bit = kOne; bit != 0 && a != 0; bit >>= 1) {
+        if (a & bit) {
+            product ^= b;
+            a ^= bit;
+        }
+        b = (b & 1u) ? (b >> 1) ^ kPolyReflected : b >> 1;  // b *= x
+    }
+    return product;
+}
+
+// kX2n[k] = x^(2^k) mod P; x^(8n) is the product of the entries for the bits of 8n.
+struct PowerTable {
+    std::array<std::uint32_t, 64> x2n{};
+    PowerTable() noexcept {
+        x2n[0] = kOne >> 1;  // x^1
+        for (std::size_t k = 1; k < x2n.size(); ++k) x2n[k] = mul_mod_p(x2n[k - 1], x2n[k - 1]);
+    }
+};
+const PowerTable kPowers;
+
+std::uint32_t x_pow_8n(std::uint64_t n) noexcept {
+    std::uint32_t r = kOne;
+    std::uint64_t bits = n << 3;
+    for (std::size_t k = 0; bits != 0; ++k, bits >>= 1)
+        if (bits & 1u) r = mul_mod_p(kPowers.x2n[k], r);
+    return r;
+}
+
+// Feeding a register N zero bytes, byte by byte of the register: four lookups.
+struct ZeroFeed {
+    std::array<std::array<std::uint32_t, 256>, 4> t{};
+    explicit ZeroFeed(std::size_t n) noexcept {
+        const std::uint32_t k = x_pow_8n(n);
+        for (std::uint32_t b = 0; b < 256; ++b)
+            for (std::size_t i = 0; i < 4; ++i) t[i][b] = mul_mod_p(k, b << (8 * i));
+    }
+    std::uint32_t operator()(std::uint32_t r) const noexcept {
+        return t[0][r & 0xFFu] ^ t[1][(r >> 8) & 0xFFu] ^ t[2][(r >> 16) & 0xFFu] ^ t[3][r >> 24];
+    }
+};
+
 #if defined(__x86_64__)
+// The crc32 instruction has a latency of three cycles and a throughput of one, so
+// three independent streams over adjacent blocks run three times as fast as one;
+// the streams' registers are then joined by feeding zeros (a table lookup).
+constexpr std::size_t kBlocks[] = {2048, 256, 64};
+const ZeroFeed kFeeds[] = {ZeroFeed(kBlocks[0]), ZeroFeed(kBlocks[1]), ZeroFeed(kBlocks[2])};
+
 __attribute__((target("sse4.2"))) std::uint32_t extend_sse42(std::uint32_t crc,
                                                               const unsigned char* p,
                                                               std::size_t len) noexcept {
@@ -35,8 +91,25 @@ __attribute__((target("sse4.2"))) std::uint32_t extend_sse42(std::uint32_t crc,
         c = _mm_crc32_u8(static_cast<std::uint32_t>(c), *p++);
         --len;
     }
-    // One serial stream: 8 bytes per crc32q (3-cycle latency) is several GB/s, above
-    // what one core receives from a socket. Interleaving streams is a later option.
+    for (std::size_t level = 0; level < std::size(kBlocks); ++level) {
+        const std::size_t n = kBlocks[level];
+        while (len >= 3 * n) {
+            std::uint64_t b = 0, d = 0;
+            for (std::size_t i = 0; i < n; i += 8) {
+                std::uint64_t va, vb, vc;
+                std::memcpy(&va, p + i, 8);
+                std::memcpy(&vb, p + n + i, 8);
+                std::memcpy(&vc, p + 2 * n + i, 8);
+                c = _mm_crc32_u64(c, va);
+                b = _mm_crc32_u64(b, vb);
+                d = _mm_crc32_u64(d, vc);
+            }
+            const ZeroFeed& feed = kFeeds[level];
+            c = feed(feed(static_cast<std::uint32_t>(c)) ^ static_cast<std::uint32_t>(b)) ^ static_cast<std::uint32_t>(d);
+            p += 3 * n;
+            len -= 3 * n;
+        }
+    }
     while (len >= 8) {
         std::uint64_t v;
         std::memcpy(&v, p, 8);
@@ -84,6 +157,19 @@ std::uint32_t crc32c_extend(std::uint32_t crc, const void* data, std::size_t len
     if (kHaveSse42) return extend_sse42(crc, static_cast<const unsigned char*>(data), len);
 #endif
     return crc32c_extend_portable(crc, data, len);
+}
+
+std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t len_b) noexcept {
+    return mul_mod_p(x_pow_8n(len_b), crc_a) ^ crc_b;
+}
+
+std::uint32_t Crc32cJoiner::join(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t len_b) noexcept {
+    Entry& e = cache_[len_b % cache_.size()];
+    if (e.len != len_b) {
+        e.len = len_b;
+        e.factor = x_pow_8n(len_b);
+    }
+    return mul_mod_p(e.factor, crc_a) ^ crc_b;
 }
 
 bool crc32c_hardware() noexcept {

@@ -202,7 +202,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     }
 
     PipelineSettings ps;
-    ps.workers = cfg->building.workers;
+    ps.workers = cfg->worker_count();
     ps.shards = shards;
     ps.matcher.sources = cfg->sources;
     ps.matcher.max_events = std::max<std::uint32_t>(4, cfg->building.max_events_in_flight / shards);
@@ -232,7 +232,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     }
     for (std::uint32_t r = 0; r < (replay ? 0 : readers); ++r) {
         auto a = std::make_unique<SocketReader>(static_cast<std::uint16_t>(r), sockets[r].fd, *pools[r], *pipeline,
-                                                cfg->input.batch, *reader_counters[r]);
+                                                cfg->input.batch, *reader_counters[r], cfg->input.coalesce_us);
         input_commands.push_back(&a->commands());
         input_agents.push_back(std::move(a));
     }
@@ -347,7 +347,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
                  cfg->run_number, cfg->sources.size(), opts.replay_files.size(), cfg->replay_filter, cfg->output.directory);
     else
         log_info("building run {} from {} sources on {} ({} reader(s), {} shard(s), {} worker(s)); writing to {}",
-                 cfg->run_number, cfg->sources.size(), listen.to_string(), readers, shards, cfg->building.workers,
+                 cfg->run_number, cfg->sources.size(), listen.to_string(), readers, shards, cfg->worker_count(),
                  cfg->output.directory);
 
     // Reload: read and validate first; only a valid file changes anything. Live keys

@@ -4,7 +4,7 @@
 
 namespace evb {
 
-void assemble(Event& ev) noexcept {
+void assemble(Event& ev, Crc32cJoiner& joiner) noexcept {
     std::uint64_t length = file::kRecordHeaderBytes;
     for (std::uint32_t i = 0; i < ev.section_count; ++i) {
         const SourceState& s = ev.src[i];
@@ -33,8 +33,17 @@ void assemble(Event& ev) noexcept {
     h.first_fragment_unix_ns = ev.first_fragment_unix_ns;
     h.built_unix_ns = ev.built_unix_ns;
     file::encode_record_header(h, ev.record_header());
+    // The pieces of for_each_record_piece, in the same order: headers and padding
+    // are read, payloads are joined by their CRCs.
     std::uint32_t crc = file::record_crc_seed(ev.record_header());
-    for_each_record_piece(ev, [&](const void* p, std::size_t n) { crc = crc32c_extend(crc, p, n); });
+    for (std::uint32_t i = 0; i < ev.section_count; ++i) {
+        crc = crc32c_extend(crc, ev.section_header(i), file::kSectionHeaderBytes);
+        if (!ev.section_present(i)) continue;
+        for (const ChunkMeta* c = ev.src[i].head; c != nullptr; c = c->next)
+            if (c->payload_length > 0) crc = joiner.join(crc, c->payload_crc32c, c->payload_length);
+        const std::size_t pad = file::padded8(ev.src[i].fragment_length) - ev.src[i].fragment_length;
+        if (pad > 0) crc = crc32c_extend(crc, kZeroPad, pad);
+    }
     file::store_record_crc(ev.record_header(), crc);
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "allocators/buffer_pool.hpp"
+#include "core/crc32c.hpp"
 #include "core/file_format.hpp"
 #include "core/wire.hpp"
 
@@ -23,7 +24,7 @@ struct ChunkMeta {
     std::uint32_t fragment_length;
     std::uint32_t chunk_offset;
     std::uint32_t payload_length;
-    std::uint32_t payload_crc32c;
+    std::uint32_t payload_crc32c;  // from the wire; once matched, the CRC of the payload as received
     std::uint32_t slot;  // index in the owner's pool
     std::uint16_t chunk_index;
     std::uint16_t chunk_count;
@@ -81,9 +82,9 @@ inline constexpr std::size_t event_meta_bytes(std::size_t sections) noexcept {
 inline constexpr std::byte kZeroPad[8] = {};
 
 // Visits the pieces of an assembled record after its 56-byte header, in file
-// order: section header, the fragment's chunk payloads, padding. The assembler runs
-// it to compute the record CRC and the writer to build its gather list, so both
-// agree on the layout by construction.
+// order: section header, the fragment's chunk payloads, padding. The writer builds
+// its gather list with it; assemble() walks the same layout to join the record CRC,
+// and the tests check the two against each other.
 template <typename F>
 void for_each_record_piece(const Event& ev, F&& piece) {
     for (std::uint32_t i = 0; i < ev.section_count; ++i) {
@@ -96,7 +97,14 @@ void for_each_record_piece(const Event& ev, F&& piece) {
     }
 }
 
-// Fills the record and section headers and the record CRC of a built event.
-void assemble(Event& ev) noexcept;
+// Fills the record and section headers and the record CRC of a built event. The
+// record CRC is joined from the chunks' payload CRCs (which the matcher computed),
+// so assembly does not read the payload; `joiner` caches the join factors per
+// chunk length (one per thread).
+void assemble(Event& ev, Crc32cJoiner& joiner) noexcept;
+inline void assemble(Event& ev) noexcept {
+    Crc32cJoiner joiner;
+    assemble(ev, joiner);
+}
 
 }  // namespace evb

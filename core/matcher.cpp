@@ -164,13 +164,17 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         drop(c);
         return;
     }
-    if ((c->flags & wire::fragment_flags::has_crc) &&
-        crc32c(c->payload(), c->payload_length) != c->payload_crc32c) {
+    // The one pass over the payload before it is written: the CRC checks the chunk
+    // when the source sent one, and is kept in either case so that assembly joins
+    // the record CRC from the chunks' CRCs instead of reading the payload again.
+    const std::uint32_t crc = crc32c(c->payload(), c->payload_length);
+    if ((c->flags & wire::fragment_flags::has_crc) && crc != c->payload_crc32c) {
         e->status |= file::record_status::corrupt_dropped;
         counters_.crc_failures.add();
         drop(c);
         return;
     }
+    c->payload_crc32c = crc;
     if (after == nullptr) {
         c->next = s.head;
         s.head = c;

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,15 +18,34 @@ namespace evb::file {
 
 namespace {
 // O_DIRECT wants block-aligned offsets, lengths and memory; 4 KiB covers every
-// common device. Whole blocks are written once 8 MiB are staged.
+// common device.
 constexpr std::size_t kBlock = 4096;
-constexpr std::size_t kStageFlush = 8u << 20;
-constexpr std::size_t kStageBytes = kStageFlush + (1u << 20);
+
+// Linux AIO through its system calls (glibc has no wrappers; libaio is not needed).
+long sys_io_setup(unsigned n, aio_context_t* ctx) { return ::syscall(SYS_io_setup, n, ctx); }
+long sys_io_destroy(aio_context_t ctx) { return ::syscall(SYS_io_destroy, ctx); }
+long sys_io_submit(aio_context_t ctx, long n, iocb** cbs) { return ::syscall(SYS_io_submit, ctx, n, cbs); }
+long sys_io_getevents(aio_context_t ctx, long min, long max, io_event* ev) {
+    return ::syscall(SYS_io_getevents, ctx, min, max, ev, nullptr);
+}
+
+int write_all(int fd, const std::byte* p, std::size_t len, std::uint64_t offset) {
+    std::size_t done = 0;
+    while (done < len) {
+        const ssize_t w = ::pwrite(fd, p + done, len - done, static_cast<off_t>(offset + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return errno;
+        if (w == 0) return EIO;
+        done += static_cast<std::size_t>(w);
+    }
+    return 0;
+}
 }  // namespace
 
 OutputFile::~OutputFile() {
     abandon();
-    std::free(stage_);
+    if (aio_ != 0) sys_io_destroy(aio_);
+    std::free(stages_);
 }
 
 int OutputFile::open(const std::string& directory, const FileHeader& h, bool direct) {
@@ -37,16 +57,18 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
     final_path_ = directory + "/" + file_name(h.run_number, h.builder_id, h.file_sequence, false);
     direct_ = false;
     direct_fallback_ = false;
+    current_ = 0;
     stage_len_ = 0;
     disk_offset_ = 0;
+    async_error_ = 0;
     if (direct) {
         fd_ = ::open(part_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0644);
         if (fd_ < 0 && errno == EINVAL) {
             direct_fallback_ = true;  // the filesystem does not do O_DIRECT
         } else if (fd_ >= 0) {
-            if (stage_ == nullptr) {
+            if (stages_ == nullptr) {
                 void* p = nullptr;
-                if (::posix_memalign(&p, kBlock, kStageBytes) != 0) {
+                if (::posix_memalign(&p, kBlock, kStages * kStageBytes) != 0) {
                     ::close(fd_);
                     ::unlink(part_path_.c_str());
                     fd_ = -1;
@@ -54,7 +76,13 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
                     dir_fd_ = -1;
                     return ENOMEM;
                 }
-                stage_ = static_cast<std::byte*>(p);
+                stages_ = static_cast<std::byte*>(p);
+            }
+            if (!aio_tried_) {
+                // Without AIO (a kernel built without it, or the system-wide limit
+                // reached) stages are written synchronously: slower, still correct.
+                aio_tried_ = true;
+                if (sys_io_setup(kStages, &aio_) != 0) aio_ = 0;
             }
             direct_ = true;
         }
@@ -70,8 +98,8 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
     std::byte hdr[kHeaderBytes];
     encode_file_header(h, hdr);
     struct iovec iov {hdr, sizeof hdr};
-    int e = append(&iov, 1);
-    if (e == 0 && direct_) e = flush_blocks();  // nothing to flush yet; keeps the error paths alike
+    // With O_DIRECT the header waits in the first stage until that stage fills.
+    const int e = append(&iov, 1);
     if (e != 0) {
         // A file without even its header is of no use to anyone: take it back.
         ::close(fd_);
@@ -84,57 +112,104 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
 }
 
 int OutputFile::write_direct(const struct iovec* iov, std::size_t iovcnt) {
+    if (async_error_ != 0) return async_error_;
     for (std::size_t i = 0; i < iovcnt; ++i) {
         const auto* src = static_cast<const std::byte*>(iov[i].iov_base);
         std::size_t len = iov[i].iov_len;
         while (len > 0) {
             const std::size_t take = std::min(len, kStageBytes - stage_len_);
-            std::memcpy(stage_ + stage_len_, src, take);
+            std::memcpy(stages_ + current_ * kStageBytes + stage_len_, src, take);
             stage_len_ += take;
             offset_ += take;
             src += take;
             len -= take;
-            if (stage_len_ >= kStageFlush)
-                if (const int e = flush_blocks(); e != 0) return e;
+            if (stage_len_ == kStageBytes)
+                if (const int e = submit_stage(); e != 0) return e;
         }
     }
     return 0;
 }
 
-int OutputFile::flush_blocks() {
-    const std::size_t whole = stage_len_ & ~(kBlock - 1);
-    std::size_t done = 0;
-    while (done < whole) {
-        const ssize_t w = ::pwrite(fd_, stage_ + done, whole - done, static_cast<off_t>(disk_offset_ + done));
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return errno;
-        if (w == 0) return EIO;
-        done += static_cast<std::size_t>(w);  // O_DIRECT writes whole blocks or fail
+// Hands the full current stage to the kernel and moves on to the next stage,
+// waiting for that one's earlier write if it is still in flight.
+int OutputFile::submit_stage() {
+    std::byte* buf = stages_ + current_ * kStageBytes;
+    // Allocate first: a write inside the file's size is not an extending write, which
+    // ext4 and XFS would complete synchronously inside io_submit. A full disk shows
+    // here, before anything is in flight.
+    if (::fallocate(fd_, 0, static_cast<off_t>(disk_offset_), static_cast<off_t>(kStageBytes)) != 0 &&
+        errno != EOPNOTSUPP)
+        return errno;
+    bool submitted = false;
+    if (aio_ != 0) {
+        iocb& cb = iocbs_[current_];
+        cb = iocb{};
+        cb.aio_data = current_;
+        cb.aio_lio_opcode = IOCB_CMD_PWRITE;
+        cb.aio_fildes = static_cast<std::uint32_t>(fd_);
+        cb.aio_buf = reinterpret_cast<std::uint64_t>(buf);
+        cb.aio_nbytes = kStageBytes;
+        cb.aio_offset = static_cast<std::int64_t>(disk_offset_);
+        iocb* list[1] = {&cb};
+        long rc;
+        do rc = sys_io_submit(aio_, 1, list);
+        while (rc < 0 && errno == EINTR);
+        submitted = rc == 1;
+        if (submitted) in_flight_[current_] = true;
     }
-    std::memmove(stage_, stage_ + whole, stage_len_ - whole);
-    stage_len_ -= whole;
-    disk_offset_ += whole;
-    return 0;
+    if (!submitted)
+        if (const int e = write_all(fd_, buf, kStageBytes, disk_offset_); e != 0) return e;
+    disk_offset_ += kStageBytes;
+    current_ = (current_ + 1) % kStages;
+    stage_len_ = 0;
+    return wait_stage(current_);
+}
+
+// Collects finished writes: at least one, or every one in flight when `all`.
+int OutputFile::reap(bool all) {
+    for (;;) {
+        std::size_t pending = 0;
+        for (bool f : in_flight_) pending += f ? 1 : 0;
+        if (pending == 0) break;
+        io_event ev[kStages];
+        const long n = sys_io_getevents(aio_, all ? static_cast<long>(pending) : 1, kStages, ev);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        for (long i = 0; i < n; ++i) {
+            in_flight_[static_cast<std::size_t>(ev[i].data)] = false;
+            if (ev[i].res != static_cast<std::int64_t>(kStageBytes) && async_error_ == 0)
+                async_error_ = ev[i].res < 0 ? static_cast<int>(-ev[i].res) : EIO;
+        }
+        if (!all) break;
+    }
+    return async_error_;
+}
+
+int OutputFile::wait_stage(std::size_t k) {
+    while (in_flight_[k])
+        if (const int e = reap(false); e != 0) return e;
+    return async_error_;
 }
 
 int OutputFile::finish_direct() {
-    if (const int e = flush_blocks(); e != 0) return e;
-    if (stage_len_ > 0) {
+    if (const int e = reap(true); e != 0) return e;
+    const std::byte* buf = stages_ + current_ * kStageBytes;
+    const std::size_t whole = stage_len_ & ~(kBlock - 1);
+    if (const int e = write_all(fd_, buf, whole, disk_offset_); e != 0) return e;
+    if (stage_len_ > whole) {
         // The last partial block goes out through the page cache (O_DIRECT off for
         // this one write): no padding ever reaches the file, so a crash at any
         // moment leaves it ending at a record, index or footer boundary.
         const int flags = ::fcntl(fd_, F_GETFL);
         if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) return errno;
-        std::size_t done = 0;
-        while (done < stage_len_) {
-            const ssize_t w = ::pwrite(fd_, stage_ + done, stage_len_ - done, static_cast<off_t>(disk_offset_ + done));
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) return w < 0 ? errno : EIO;
-            done += static_cast<std::size_t>(w);
-        }
-        disk_offset_ += stage_len_;
-        stage_len_ = 0;
+        if (const int e = write_all(fd_, buf + whole, stage_len_ - whole, disk_offset_ + whole); e != 0) return e;
     }
+    disk_offset_ += stage_len_;
+    stage_len_ = 0;
+    // The last stage's allocation may reach past the data.
+    if (::ftruncate(fd_, static_cast<off_t>(disk_offset_)) != 0) return errno;
     return 0;
 }
 
@@ -175,22 +250,25 @@ int OutputFile::append(const struct iovec* iov, std::size_t iovcnt) {
 
 int OutputFile::rollback(std::uint64_t offset, std::size_t index_count) {
     if (fd_ < 0) return EBADF;
-    if (index_count < index_.size()) index_.resize(index_count);
     if (direct_) {
-        // Only staged bytes can be taken back; blocks already on disk stay.
+        // Only the stage being filled can be taken back; submitted stages stay.
         if (offset < disk_offset_) return EIO;
+        if (index_count < index_.size()) index_.resize(index_count);
         stage_len_ = static_cast<std::size_t>(offset - disk_offset_);
         offset_ = offset;
         return 0;
     }
+    if (index_count < index_.size()) index_.resize(index_count);
     if (::ftruncate(fd_, static_cast<off_t>(offset)) != 0) return errno;
     offset_ = offset;
     return 0;
 }
 
 int OutputFile::datasync() {
-    // With O_DIRECT the whole blocks are already on the device; the staged tail
-    // stays in memory until more data or the close completes its block.
+    // With O_DIRECT, submitted stages are on the device once their writes finish;
+    // the current stage stays in memory until it fills or the file is closed.
+    if (direct_)
+        if (const int e = reap(true); e != 0) return e;
     return ::fdatasync(fd_) == 0 ? 0 : errno;
 }
 
@@ -213,6 +291,13 @@ int OutputFile::close_clean(bool sync) {
 }
 
 void OutputFile::abandon() {
+    if (direct_ && fd_ >= 0) {
+        // Writes in flight still read the stages: let them finish, and cut off
+        // space allocated past what was submitted.
+        (void)reap(true);
+        in_flight_.fill(false);
+        (void)::ftruncate(fd_, static_cast<off_t>(disk_offset_));
+    }
     if (fd_ >= 0) ::close(fd_);
     if (dir_fd_ >= 0) ::close(dir_fd_);
     fd_ = dir_fd_ = -1;

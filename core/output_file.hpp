@@ -4,8 +4,10 @@
 // success) instead of throwing.
 #pragma once
 
+#include <linux/aio_abi.h>
 #include <sys/uio.h>
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -23,11 +25,14 @@ public:
     OutputFile& operator=(const OutputFile&) = delete;
 
     // Creates `<dir>/<name>.evb.part` (never overwriting) and writes the header.
-    // With `direct`, the file is written with O_DIRECT through an aligned staging
-    // buffer: only whole blocks go to disk until close, when the last block is
-    // written padded and the file truncated to its true size. Where the filesystem
-    // refuses O_DIRECT (tmpfs), the file is written buffered and direct_fallback()
-    // says so. Returns 0 or an errno value.
+    // With `direct`, the file is written with O_DIRECT through aligned staging
+    // buffers: each full 2 MiB stage is handed to the kernel as an asynchronous
+    // write (Linux AIO; its space allocated with fallocate first, so the write
+    // does not extend the file and truly runs in the background) while the next
+    // stage fills; the last partial stage goes out at close, its final partial
+    // block through the page cache. Where the filesystem refuses O_DIRECT (tmpfs),
+    // the file is written buffered and direct_fallback() says so. Returns 0 or an
+    // errno value.
     int open(const std::string& directory, const FileHeader& header, bool direct = false);
     bool direct() const noexcept { return direct_; }
     bool direct_fallback() const noexcept { return direct_fallback_; }
@@ -59,20 +64,33 @@ public:
     const std::string& part_path() const noexcept { return part_path_; }
     const std::string& final_path() const noexcept { return final_path_; }
 
+    // O_DIRECT staging: this many stages of this many bytes.
+    static constexpr std::size_t kStages = 4;
+    static constexpr std::size_t kStageBytes = 2u << 20;
+
 private:
     int write_direct(const struct iovec* iov, std::size_t iovcnt);
-    int flush_blocks();
+    int submit_stage();
+    int reap(bool all);
+    int wait_stage(std::size_t k);
     int finish_direct();
 
     int fd_ = -1;
     int dir_fd_ = -1;
     std::uint64_t offset_ = 0;  // logical file size
-    // O_DIRECT staging: stage_[0] belongs at disk_offset_ (block aligned).
+    // O_DIRECT staging: the current stage's byte 0 belongs at disk_offset_ (a stage
+    // boundary); every byte before it has been submitted.
     bool direct_ = false;
     bool direct_fallback_ = false;
-    std::byte* stage_ = nullptr;
+    std::byte* stages_ = nullptr;  // kStages x kStageBytes, block aligned
+    std::size_t current_ = 0;
     std::size_t stage_len_ = 0;
     std::uint64_t disk_offset_ = 0;
+    aio_context_t aio_ = 0;  // 0: not available, stages are written synchronously
+    bool aio_tried_ = false;
+    std::array<bool, kStages> in_flight_{};
+    std::array<iocb, kStages> iocbs_{};
+    int async_error_ = 0;  // the first failed background write, reported by the next call
     std::vector<IndexEntry> index_;  // capacity kept across files: no steady-state allocation
     std::string part_path_, final_path_;
 };

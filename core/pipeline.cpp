@@ -3,6 +3,8 @@
 #include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_scheduler_observer.h>
+#include <pthread.h>
 
 #include <fmt/format.h>
 
@@ -81,15 +83,33 @@ void run_in_arena(oneapi::tbb::task_arena& arena, F&& f) {
 }
 }  // namespace
 
+namespace {
+// Names oneTBB's workers "evb-worker" the first time each enters the arena, so
+// `top -H` tells them from the thread that happened to create them.
+class WorkerNamer final : public oneapi::tbb::task_scheduler_observer {
+public:
+    explicit WorkerNamer(oneapi::tbb::task_arena& arena) : task_scheduler_observer(arena) { observe(true); }
+    ~WorkerNamer() override { observe(false); }
+    void on_scheduler_entry(bool is_worker) override {
+        thread_local bool named = false;
+        if (!is_worker || named) return;
+        named = true;
+        ::pthread_setname_np(::pthread_self(), "evb-worker");
+    }
+};
+}  // namespace
+
 struct Pipeline::Impl {
     // The process-wide default caps TBB at the core count including the calling
     // thread; the readers and the writer are not TBB threads, so allow `workers`
     // workers on top of them explicitly.
     explicit Impl(std::uint32_t workers)
         : limit(oneapi::tbb::global_control::max_allowed_parallelism, workers + 1),
-          arena(static_cast<int>(workers), 0) {}
+          arena(static_cast<int>(workers), 0),
+          namer(arena) {}
     oneapi::tbb::global_control limit;
     oneapi::tbb::task_arena arena;
+    WorkerNamer namer;
     std::unique_ptr<flow::graph> graph;
 };
 
@@ -104,6 +124,7 @@ struct Pipeline::Shard {
     alloc::ReturnBatcher returns;
     Matcher matcher;
     SpscRing<Event*> to_writer;
+    Crc32cJoiner joiner;  // used by the serial assemble body only
     Event marker{};  // stands for "run ended" on the matcher -> assembler edge
     std::atomic<bool> tick_queued{false};
     std::unique_ptr<MatchNode> match;
@@ -165,7 +186,7 @@ Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> po
                         if (e == &sh->marker) {
                             batch[n++] = nullptr;  // the writer counts these per shard
                         } else {
-                            assemble(*e);
+                            assemble(*e, sh->joiner);
                             batch[n++] = e;
                         }
                         if (n == 64) {

@@ -53,6 +53,7 @@ private:
 
 struct alignas(kFalseSharingBytes) ReaderCounters {
     Counter datagrams;  // every datagram read, good or bad
+    Counter receive_batches;  // recvmmsg calls that returned datagrams
     Counter bytes;
     std::array<Counter, wire::kParseErrorCount> malformed{};  // by wire::ParseError
     Counter truncated;         // longer than input.max_datagram_bytes

@@ -106,6 +106,9 @@ std::vector<FamilyOut> collect(const Sources& s) {
                          sum(M, [](auto& b) { return b.late_fragments.get(); })));
     out.push_back(scalar("evb_kernel_receive_drops_total", "Datagrams the kernel dropped because a socket buffer was full (SO_RXQ_OVFL).",
                          T::counter, sum(R, [](auto& b) { return b.kernel_drops.get(); })));
+    out.push_back(scalar("evb_receive_batches_total",
+                         "recvmmsg calls that returned datagrams; datagrams received over this is the mean batch.",
+                         T::counter, sum(R, [](auto& b) { return b.receive_batches.get(); })));
     out.push_back(scalar("evb_receive_buffer_waits_total", "Times a reader found every receive buffer in use.", T::counter,
                          sum(R, [](auto& b) { return b.buffer_waits.get(); })));
     out.push_back(scalar("evb_fragments_complete_total", "Fragments with every chunk received.", T::counter,

@@ -297,7 +297,7 @@ class RunSpec:
         chunks = max(1, -(-self.fragment // self.chunk))
         event_slot_bytes = self.sources * chunks * (self.max_datagram + SLOT_META_BYTES)
         buffer = min(max(4 * event_slot_bytes, 512 * MiB), 2 * GiB)
-        in_flight = min(max(2 * buffer // event_slot_bytes, 64), 4096)
+        in_flight = min(max(2 * buffer // event_slot_bytes, 64), 65536)
         credits = min(self.credits, max(1, buffer // (2 * event_slot_bytes)), in_flight)
         return buffer, in_flight, credits
 

@@ -57,8 +57,9 @@ int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t lengt
 }
 
 SocketReader::SocketReader(std::uint16_t /*id: names the thread; the pool carries the owner*/, int fd, alloc::BufferPool& pool, ShardSink& sink,
-                           std::uint32_t batch, stats::ReaderCounters& counters)
-    : fd_(fd),
+                           std::uint32_t batch, stats::ReaderCounters& counters, std::uint32_t coalesce_us)
+    : coalesce_ns_(std::uint64_t{coalesce_us} * 1000),
+      fd_(fd),
       pool_(pool),
       sink_(sink),
       counters_(counters),
@@ -135,8 +136,15 @@ std::size_t SocketReader::do_work() {
     }
     batches_.submit_all(sink_, now);
     counters_.datagrams.add(static_cast<std::uint64_t>(got));
+    counters_.receive_batches.add();
     counters_.bytes.add(bytes);
     counters_.kernel_drops.set(recv_.kernel_drops());
+    if (coalesce_ns_ != 0 && static_cast<std::size_t>(got) < n) {
+        // Data flows but less than a batch was waiting: let more gather in the socket
+        // buffer rather than wake for every few datagrams (poll would return at once).
+        const timespec ts{0, static_cast<long>(coalesce_ns_)};
+        ::nanosleep(&ts, nullptr);
+    }
     return static_cast<std::size_t>(got);
 }
 

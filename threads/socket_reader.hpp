@@ -60,8 +60,9 @@ private:
 
 class SocketReader final : public Agent {
 public:
+    // coalesce_us: see input.coalesce_us (0: no pause after a partial batch).
     SocketReader(std::uint16_t id, int fd, alloc::BufferPool& pool, ShardSink& sink,
-                 std::uint32_t batch, stats::ReaderCounters& counters);
+                 std::uint32_t batch, stats::ReaderCounters& counters, std::uint32_t coalesce_us = 0);
 
     std::size_t do_work() override;
     void on_idle() override;
@@ -75,6 +76,7 @@ public:
 
 private:
     std::atomic<const AdmissionRules*> applied_{nullptr};
+    std::uint64_t coalesce_ns_;
     int fd_;
     alloc::BufferPool& pool_;
     ShardSink& sink_;

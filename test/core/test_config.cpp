@@ -65,7 +65,7 @@ TEST_CASE("each kind of bad config gets its own message naming the key") {
 }
 
 TEST_CASE("all problems of a file are reported at once") {
-    const auto p = problems_of(R"({"bogus": 1, "building": {"timeout_ms": "x", "workers": 0}, "output": {"fsync": []}})");
+    const auto p = problems_of(R"({"bogus": 1, "building": {"timeout_ms": "x", "workers": 65}, "output": {"fsync": []}})");
     CHECK(p.size() == 4);
     CHECK(any_contains(p, "bogus"));
     CHECK(any_contains(p, "building.timeout_ms"));

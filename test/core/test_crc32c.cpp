@@ -73,7 +73,7 @@ TEST_CASE("crc32c: known vectors", "[crc32c]") {
 TEST_CASE("crc32c: both paths agree with the bitwise reference", "[crc32c]") {
     INFO("hardware path in use: " << evb::crc32c_hardware());
     std::mt19937_64 rng(0xC2C32C);
-    const auto pool = random_bytes(rng, 4096 + 64);
+    const auto pool = random_bytes(rng, 20000 + 64);
     // Every length up to 300 at every alignment 0..15, then random longer spans: this
     // walks the unaligned head, the 8-byte body and the tail of both implementations.
     for (std::size_t align = 0; align < 16; ++align) {
@@ -98,6 +98,45 @@ TEST_CASE("crc32c: both paths agree with the bitwise reference", "[crc32c]") {
         REQUIRE(evb::crc32c(p, len) == want);
         REQUIRE(evb::crc32c_extend_portable(0, p, len) == want);
     }
+    // Around the sizes where the hardware path switches between its three-stream
+    // block sizes (3 x 64, 3 x 256, 3 x 2048 bytes) and their sums.
+    for (const std::size_t edge : {192u, 768u, 960u, 6144u, 6336u, 6912u, 7104u, 8932u, 12288u, 19968u}) {
+        for (std::size_t len = edge - 9; len <= edge + 9; ++len) {
+            const std::size_t align = rng() % 16;
+            const unsigned char* p = pool.data() + align;
+            INFO("align " << align << " len " << len);
+            REQUIRE(evb::crc32c(p, len) == reference_crc32c(p, len));
+        }
+    }
+}
+
+TEST_CASE("crc32c: combining the CRCs of two pieces equals the CRC of both", "[crc32c]") {
+    std::mt19937_64 rng(0xC0B1);
+    const auto data = random_bytes(rng, 20000);
+    evb::Crc32cJoiner joiner;
+    for (int i = 0; i < 300; ++i) {
+        const std::size_t a_len = rng() % 3000;
+        const std::size_t b_len = (i % 3 == 0) ? 8932 : rng() % (data.size() - a_len);  // a recurring length too
+        const unsigned char* a = data.data();
+        const unsigned char* b = data.data() + a_len;
+        const std::uint32_t want = reference_crc32c(data.data(), a_len + b_len);
+        const std::uint32_t ca = evb::crc32c(a, a_len), cb = evb::crc32c(b, b_len);
+        INFO("a " << a_len << " b " << b_len);
+        REQUIRE(evb::crc32c_combine(ca, cb, b_len) == want);
+        REQUIRE(joiner.join(ca, cb, b_len) == want);
+    }
+    // A record's CRC built from a header prefix and pieces, as the assembler does.
+    std::uint32_t crc = evb::crc32c(data.data(), 52);
+    std::size_t pos = 52;
+    while (pos < data.size()) {
+        const std::size_t n = std::min<std::size_t>(1 + rng() % 9000, data.size() - pos);
+        crc = joiner.join(crc, evb::crc32c(data.data() + pos, n), n);
+        pos += n;
+    }
+    REQUIRE(crc == reference_crc32c(data.data(), data.size()));
+    REQUIRE(evb::crc32c_combine(0, 0, 0) == 0);
+    REQUIRE(evb::crc32c_combine(evb::crc32c(data.data(), 100), evb::crc32c(data.data() + 100, 0), 0) ==
+            evb::crc32c(data.data(), 100));
 }
 
 TEST_CASE("crc32c: extend over pieces equals the CRC of the whole", "[crc32c]") {

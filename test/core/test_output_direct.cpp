@@ -74,3 +74,71 @@ TEST_CASE("direct I/O output on tmpfs is valid whether or not the kernel takes O
     CHECK(file::scan(m.bytes()).problems.empty());
     fs::remove_all(base);
 }
+
+TEST_CASE("direct I/O: sync, rollback inside the open stage and abandon keep the file exact") {
+    const fs::path base = fs::temp_directory_path() / ("evb-direct-rb-" + std::to_string(::getpid()));
+    fs::create_directories(base);
+    file::OutputFile out;
+    REQUIRE(out.open(base.string(), file::FileHeader{7, 0, 2, 1, 5}, true) == 0);
+    if (out.direct_fallback()) {
+        WARN("the temp filesystem refused O_DIRECT; nothing to check here");
+        fs::remove_all(base);
+        return;
+    }
+    std::vector<std::uint64_t> ends;  // the file size after each record
+    auto add = [&](std::uint64_t id, std::size_t bytes) {
+        test::RecordSpec spec;
+        spec.event_id = id;
+        spec.run_number = 7;
+        spec.sections.push_back(test::pattern_section(7, 0, id, bytes));
+        auto rec = test::build_record(spec);
+        const auto off = out.size();
+        iovec iov{rec.data(), rec.size()};
+        REQUIRE(out.append(&iov, 1) == 0);
+        out.note_record(id, off);
+        ends.push_back(out.size());
+    };
+    // 5.5 stages' worth: two stages submitted in the background, more filling.
+    std::uint64_t id = 0;
+    while (out.size() < 5 * file::OutputFile::kStageBytes + file::OutputFile::kStageBytes / 2) add(id++, 50'000);
+    REQUIRE(out.datasync() == 0);
+    // Take back the last record (it lies in the stage not yet submitted) and write
+    // a different one in its place.
+    const std::size_t keep = ends.size() - 1;
+    REQUIRE(out.rollback(ends[keep - 1], keep) == 0);
+    ends.resize(keep);
+    --id;
+    add(id++, 123);
+    // A rollback into data already handed to the disk is refused.
+    CHECK(out.rollback(4096, 1) != 0);
+    REQUIRE(out.close_clean(true) == 0);
+    file::MappedFile m(out.final_path());
+    const auto s = file::scan(m.bytes());
+    CHECK(s.problems.empty());
+    CHECK(s.has_footer);
+    REQUIRE(s.records.size() == id);
+    CHECK(s.records.back().header.event_id == id - 1);
+
+    // Abandoned mid-run: the .part keeps the submitted stages and nothing after them
+    // (no space allocated past the data), and what it keeps scans clean up to a cut.
+    file::OutputFile ab;
+    REQUIRE(ab.open(base.string(), file::FileHeader{7, 0, 3, 1, 5}, true) == 0);
+    ends.clear();
+    while (ab.size() < 2 * file::OutputFile::kStageBytes + 1000) {
+        test::RecordSpec spec;
+        spec.event_id = id;
+        spec.run_number = 7;
+        spec.sections.push_back(test::pattern_section(7, 0, id++, 40'000));
+        auto rec = test::build_record(spec);
+        iovec iov{rec.data(), rec.size()};
+        REQUIRE(ab.append(&iov, 1) == 0);
+    }
+    const std::string part = ab.part_path();
+    ab.abandon();
+    CHECK(fs::file_size(part) == 2 * file::OutputFile::kStageBytes);
+    file::MappedFile pm(part);
+    const auto ps = file::scan(pm.bytes());
+    CHECK(ps.records.size() > 0);
+    CHECK(ps.good_bytes <= fs::file_size(part));
+    fs::remove_all(base);
+}

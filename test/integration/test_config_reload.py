@@ -41,7 +41,7 @@ def main():
         check(r.returncode == 0, "--check-config of a good file exits 0")
         r = subprocess.run([evbd, "--print-config", "--config", good, "--set", "run_number=9"], capture_output=True, text=True)
         eff = json.loads(r.stdout)
-        check(eff["sources"] == 6 and eff["run_number"] == 9 and eff["building"]["workers"] == 2
+        check(eff["sources"] == 6 and eff["run_number"] == 9 and eff["building"]["workers"] == 0
               and eff["output"]["fsync"] == "close", "--print-config shows the file, the --set and every default")
 
         # A live daemon on a config file; the emulator sends throughout.
