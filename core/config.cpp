@@ -51,7 +51,7 @@ const std::vector<Key>& schema() {
         {"input.socket_buffer_bytes", Kind::uint, 64ull << 20, 65536, 2ull << 30, false, "SO_RCVBUF(FORCE) request per socket. A kernel cap is logged and exported as a metric."},
         {"input.max_datagram_bytes", Kind::uint, 9000, 48, 65535, false, "Largest datagram accepted; longer ones are counted as truncated and dropped."},
         {"input.batch", Kind::uint, 64, 1, 1024, false, "Datagrams per recvmmsg call."},
-        {"input.coalesce_us", Kind::uint, 100, 0, 10000, false, "After a receive that did not fill the batch while data flows, a reader sleeps this long before the next, so that each wake-up of it and of the threads after it handles more datagrams (the socket buffer holds them meanwhile). Adds at most this much latency; 0 receives again at once."},
+        {"input.coalesce_us", Kind::uint, 100, 0, 10000, false, "After a receive that did not fill the batch while data flows, a reader sleeps this long before the next, so that each wake-up of it and of the threads after it handles more datagrams (the socket buffer holds them meanwhile). Adds at most this much latency; 0 receives again at once. Off when the socket buffer granted is under 4 MiB."},
         {"input.spin_loops", Kind::uint, 0, 0, 1000000, false, "Empty non-blocking receives a reader retries before it blocks in poll(). 0 suits a builder sharing its cores; raise it on dedicated cores to trade CPU for wake-up latency."},
         {"input.cpus", Kind::int_list, json::array(), 0, 0, false, "CPU to pin reader i to (entry i); empty: no pinning."},
         {"input.allowed_senders", Kind::string_list, json::array(), 0, 0, false, "When not empty, only datagrams from these IP addresses are accepted; others are counted and dropped."},

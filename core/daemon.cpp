@@ -231,8 +231,15 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         input_agents.push_back(std::move(f));
     }
     for (std::uint32_t r = 0; r < (replay ? 0 : readers); ++r) {
+        // Pausing between receives needs room in the socket buffer for what arrives
+        // meanwhile; a small (capped) buffer gets no pause.
+        constexpr std::size_t kCoalesceMinBuffer = 4u << 20;
+        const std::uint32_t coalesce = sockets[r].receive_buffer_bytes >= kCoalesceMinBuffer ? cfg->input.coalesce_us : 0;
+        if (coalesce == 0 && cfg->input.coalesce_us != 0 && r == 0)
+            log_warn("input.coalesce_us: off, the socket buffer ({} bytes) is under {} bytes", sockets[r].receive_buffer_bytes,
+                     kCoalesceMinBuffer);
         auto a = std::make_unique<SocketReader>(static_cast<std::uint16_t>(r), sockets[r].fd, *pools[r], *pipeline,
-                                                cfg->input.batch, *reader_counters[r], cfg->input.coalesce_us);
+                                                cfg->input.batch, *reader_counters[r], coalesce);
         input_commands.push_back(&a->commands());
         input_agents.push_back(std::move(a));
     }

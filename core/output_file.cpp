@@ -61,6 +61,7 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
     stage_len_ = 0;
     disk_offset_ = 0;
     async_error_ = 0;
+    failed_offset_ = ~std::uint64_t{0};
     if (direct) {
         fd_ = ::open(part_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0644);
         if (fd_ < 0 && errno == EINVAL) {
@@ -175,12 +176,24 @@ int OutputFile::reap(bool all) {
         const long n = sys_io_getevents(aio_, all ? static_cast<long>(pending) : 1, kStages, ev);
         if (n < 0) {
             if (errno == EINTR) continue;
-            return errno;
+            // Cannot collect: io_destroy waits for every write in flight, so no stage
+            // is reused under the kernel; the rest of the process writes synchronously.
+            const int e = errno;
+            sys_io_destroy(aio_);
+            aio_ = 0;
+            in_flight_.fill(false);
+            if (async_error_ == 0) async_error_ = e;
+            const std::uint64_t unsure = kStages * kStageBytes;  // what may not have reached the disk
+            failed_offset_ = std::min(failed_offset_, disk_offset_ > unsure ? disk_offset_ - unsure : 0);
+            return async_error_;
         }
         for (long i = 0; i < n; ++i) {
-            in_flight_[static_cast<std::size_t>(ev[i].data)] = false;
-            if (ev[i].res != static_cast<std::int64_t>(kStageBytes) && async_error_ == 0)
-                async_error_ = ev[i].res < 0 ? static_cast<int>(-ev[i].res) : EIO;
+            const auto k = static_cast<std::size_t>(ev[i].data);
+            in_flight_[k] = false;
+            if (ev[i].res != static_cast<std::int64_t>(kStageBytes)) {
+                if (async_error_ == 0) async_error_ = ev[i].res < 0 ? static_cast<int>(-ev[i].res) : EIO;
+                failed_offset_ = std::min(failed_offset_, static_cast<std::uint64_t>(iocbs_[k].aio_offset));
+            }
         }
         if (!all) break;
     }
@@ -251,8 +264,17 @@ int OutputFile::append(const struct iovec* iov, std::size_t iovcnt) {
 int OutputFile::rollback(std::uint64_t offset, std::size_t index_count) {
     if (fd_ < 0) return EBADF;
     if (direct_) {
-        // Only the stage being filled can be taken back; submitted stages stay.
-        if (offset < disk_offset_) return EIO;
+        if (offset < disk_offset_) {
+            // The last kStages - 1 submitted stages still hold their bytes: once their
+            // writes are done, step back to the stage holding `offset` and cut the
+            // file there; what follows is written again from memory.
+            const std::uint64_t back = (disk_offset_ - offset + kStageBytes - 1) / kStageBytes;
+            if (back > kStages - 1) return EIO;
+            if (const int e = reap(true); e != 0) return e;
+            disk_offset_ -= back * kStageBytes;
+            current_ = (current_ + kStages - static_cast<std::size_t>(back)) % kStages;
+            if (::ftruncate(fd_, static_cast<off_t>(disk_offset_)) != 0) return errno;
+        }
         if (index_count < index_.size()) index_.resize(index_count);
         stage_len_ = static_cast<std::size_t>(offset - disk_offset_);
         offset_ = offset;
@@ -296,7 +318,9 @@ void OutputFile::abandon() {
         // space allocated past what was submitted.
         (void)reap(true);
         in_flight_.fill(false);
-        (void)::ftruncate(fd_, static_cast<off_t>(disk_offset_));
+        // After a failed background write the file keeps what precedes it: a hole of
+        // allocated zeros would hide the records after it from recovery anyway.
+        (void)::ftruncate(fd_, static_cast<off_t>(std::min(disk_offset_, failed_offset_)));
     }
     if (fd_ >= 0) ::close(fd_);
     if (dir_fd_ >= 0) ::close(dir_fd_);

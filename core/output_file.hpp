@@ -44,7 +44,9 @@ public:
 
     // Cuts the file back to `offset` (the end of the last record written whole)
     // and forgets index entries beyond `index_count`: after a failed write, the
-    // file again ends at a record boundary. Returns 0 or an errno value.
+    // file again ends at a record boundary. With O_DIRECT, `offset` must lie in the
+    // stage being filled or the kStages - 1 submitted before it (EIO otherwise).
+    // Returns 0 or an errno value.
     int rollback(std::uint64_t offset, std::size_t index_count);
 
     int datasync();
@@ -91,6 +93,7 @@ private:
     std::array<bool, kStages> in_flight_{};
     std::array<iocb, kStages> iocbs_{};
     int async_error_ = 0;  // the first failed background write, reported by the next call
+    std::uint64_t failed_offset_ = ~std::uint64_t{0};  // where the lowest failed write began
     std::vector<IndexEntry> index_;  // capacity kept across files: no steady-state allocation
     std::string part_path_, final_path_;
 };

@@ -653,7 +653,7 @@ def replay_metrics_pair(bin_dir, work_dir, data_bytes, repeats):
     Returns {"on": [...], "off": [...]} of {seconds, cpu_s, payload_bytes, scrapes}."""
     os.makedirs(work_dir, exist_ok=True)
     capture = os.path.join(work_dir, "metrics.pcap")
-    spec = RunSpec("metrics-replay", "metrics-replay", data_bytes=data_bytes)
+    spec = RunSpec("metrics-replay", "metrics-replay", data_bytes=data_bytes, direct_io=False)
     subprocess.run([os.path.join(bin_dir, "evb-source"), "--to", "127.0.0.1:7400", *source_args(spec),
                     "--events", str(spec.events), "--pcap-out", capture, "--dry-run"],
                    check=True, capture_output=True, timeout=600)
@@ -671,20 +671,35 @@ def replay_metrics_pair(bin_dir, work_dir, data_bytes, repeats):
                 with open(logpath, "w") as logf:
                     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
                 scraper = None
-                if arm == "on":
-                    deadline = time.monotonic() + 30
-                    url = None
-                    while url is None and time.monotonic() < deadline and proc.poll() is None:
-                        m = re.search(r"metrics on (http://\S+/metrics)", open(logpath).read())
-                        url = m.group(1) if m else None
-                        time.sleep(0.002)
-                    if url:
+                try:
+                    if arm == "on":
+                        # The exporter is up before intake starts ("metrics on" is logged first).
+                        deadline = time.monotonic() + 30
+                        url = None
+                        while url is None and time.monotonic() < deadline and proc.poll() is None:
+                            m = re.search(r"metrics on (http://\S+/metrics)", open(logpath).read())
+                            url = m.group(1) if m else None
+                            time.sleep(0.001)
+                        if url is None:
+                            raise ToolError(f"evbd --replay logged no metrics URL:\n{open(logpath).read()[-2000:]}")
                         scraper = Scraper(url, SCRAPE_PERIOD_S)
                         scraper.start()
-                _, status, usage = os.wait4(proc.pid, 0)
-                if scraper:
-                    scraper.halt.set()
-                    scraper.join()
+                    deadline = time.monotonic() + 600
+                    while True:
+                        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                        if pid:
+                            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here
+                            break
+                        if time.monotonic() > deadline:
+                            raise ToolError("evbd --replay did not finish within 600 s")
+                        time.sleep(0.01)
+                finally:
+                    if proc.returncode is None:
+                        proc.kill()
+                        proc.wait()
+                    if scraper:
+                        scraper.halt.set()
+                        scraper.join()
                 text = open(logpath).read()
                 done = REPLAY_DONE.search(text)
                 final = Evbd.STOPPED.search(text)

@@ -15,7 +15,9 @@ namespace evb {
 
 namespace {
 constexpr std::size_t kMaxIov = 4096;            // flush once the gather list is this long
-constexpr std::size_t kMaxBatchBytes = 8u << 20;  // ... or holds this many bytes
+// ... or holds this many bytes; with O_DIRECT a failed batch of up to 3 stages
+// (OutputFile::kStageBytes) can still be taken back.
+constexpr std::size_t kMaxBatchBytes = 4u << 20;
 constexpr std::size_t kMaxEventsPerWork = 1024;
 
 }  // namespace

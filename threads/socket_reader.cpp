@@ -1,6 +1,7 @@
 #include "threads/socket_reader.hpp"
 
 #include <poll.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include <cstring>
@@ -140,6 +141,11 @@ std::size_t SocketReader::do_work() {
     counters_.bytes.add(bytes);
     counters_.kernel_drops.set(recv_.kernel_drops());
     if (coalesce_ns_ != 0 && static_cast<std::size_t>(got) < n) {
+        if (!slack_set_) {
+            // The default 50 us timer slack would stretch every pause by up to that.
+            ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+            slack_set_ = true;
+        }
         // Data flows but less than a batch was waiting: let more gather in the socket
         // buffer rather than wake for every few datagrams (poll would return at once).
         const timespec ts{0, static_cast<long>(coalesce_ns_)};

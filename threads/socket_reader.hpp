@@ -77,6 +77,7 @@ public:
 private:
     std::atomic<const AdmissionRules*> applied_{nullptr};
     std::uint64_t coalesce_ns_;
+    bool slack_set_ = false;  // this thread's timer slack lowered (on first pause)
     int fd_;
     alloc::BufferPool& pool_;
     ShardSink& sink_;

@@ -109,8 +109,17 @@ TEST_CASE("direct I/O: sync, rollback inside the open stage and abandon keep the
     ends.resize(keep);
     --id;
     add(id++, 123);
-    // A rollback into data already handed to the disk is refused.
+    // A rollback into the stages already submitted works for the last three of them
+    // (their bytes are still in memory); further back is refused and changes nothing.
     CHECK(out.rollback(4096, 1) != 0);
+    REQUIRE(out.size() > 2 * file::OutputFile::kStageBytes);
+    std::size_t back_to = ends.size() - 1;
+    while (back_to > 0 && out.size() - ends[back_to - 1] < file::OutputFile::kStageBytes + 100'000) --back_to;
+    REQUIRE(back_to > 0);
+    REQUIRE(out.rollback(ends[back_to - 1], back_to) == 0);
+    ends.resize(back_to);
+    id = back_to;
+    for (int k = 0; k < 30; ++k) add(id++, 70'000);
     REQUIRE(out.close_clean(true) == 0);
     file::MappedFile m(out.final_path());
     const auto s = file::scan(m.bytes());
