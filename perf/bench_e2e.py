@@ -43,6 +43,8 @@ FRAGMENT_HEADER_BYTES = 40  # wire::kFragmentHeaderBytes
 SLOT_META_BYTES = 64  # alloc::BufferPool::kMetaBytes, in front of every receive slot
 STANDARD_CHUNK = 1432  # payload per datagram: 1472-byte datagrams (1500 MTU)
 JUMBO_CHUNK = 8932  # 8972-byte datagrams (9000 MTU)
+PULL_WINDOW_DATAGRAMS = 16384  # about 55 ms of datagrams at 300 k/s, under the 100 ms retry
+SOCKET_BUFFER_BYTES = 256 * 1024 * 1024  # as packaging/evbd.json ships for a 10 GbE builder
 MAX_DATAGRAM = {STANDARD_CHUNK: 1472, JUMBO_CHUNK: 9000}  # input.max_datagram_bytes per variant
 
 SOURCE_COUNTS = (8, 64, 400, 1600)
@@ -294,18 +296,27 @@ class RunSpec:
 
     def memory(self):
         """Receive buffer, events in flight and pull credits sized to the event size:
-        several whole events fit in the receive slots, and the credits in half of them."""
+        several whole events fit in the receive slots, and the credits in half of them.
+        Target runs get the largest buffer: a push source at full speed outruns the
+        disk, and the buffer must hold the difference over the run for zero loss."""
         chunks = max(1, -(-self.fragment // self.chunk))
         event_slot_bytes = self.sources * chunks * (self.max_datagram + SLOT_META_BYTES)
-        buffer = min(max(4 * event_slot_bytes, 512 * MiB), 2 * GiB)
+        buffer = 2 * GiB if self.group == "target" else min(max(4 * event_slot_bytes, 512 * MiB), 2 * GiB)
         in_flight = min(max(2 * buffer // event_slot_bytes, 64), 65536)
         credits = min(self.credits, max(1, buffer // (2 * event_slot_bytes)), in_flight)
+        if self.group == "matrix":
+            # One credit window must be taken in well within pull.retry_ms, or the
+            # re-requests add load and the rate collapses (docs/OPERATIONS.md).
+            # Two at least, so that one event is answered while the last is written
+            # (pull.retry_ms is scaled to the window in evbd_settings).
+            credits = min(credits, max(2, PULL_WINDOW_DATAGRAMS // (self.sources * chunks)))
         return buffer, in_flight, credits
 
 
 def evbd_settings(spec, serve_port=None):
     buffer, in_flight, credits = spec.memory()
     sets = [f"sources={spec.sources}",
+            f"input.socket_buffer_bytes={SOCKET_BUFFER_BYTES}",
             f"input.max_datagram_bytes={spec.max_datagram}",
             f"building.max_buffer_bytes={buffer}",
             f"building.max_events_in_flight={in_flight}",
@@ -316,6 +327,13 @@ def evbd_settings(spec, serve_port=None):
                  f"pull.events={spec.events}",
                  f"pull.credits={credits}",
                  f"pull.request_batch={min(spec.request_batch, credits)}"]
+        if spec.group == "matrix":
+            # Re-request only after the window could have arrived at 100 k datagrams/s
+            # (a 1600 x 64 KiB event alone is 73 k datagrams), with the event
+            # timeout above every retry, as --check-config requires.
+            window = credits * spec.sources * max(1, -(-spec.fragment // spec.chunk))
+            retry_ms = max(100, -(-window // 100))
+            sets += [f"pull.retry_ms={retry_ms}", f"building.timeout_ms={retry_ms * 6 + 1000}"]
     return sets + list(spec.extra)
 
 
