@@ -159,7 +159,7 @@ bool DiskWriter::try_resume() {
 }
 
 void DiskWriter::flush_batch() {
-    if (!iov_.empty() && !batch_failed_) {
+    if (!iov_.empty()) {
         if (const int e = file_.append(iov_.data(), iov_.size()); e != 0) {
             block_output(e, "writing");
             return;
@@ -171,10 +171,10 @@ void DiskWriter::flush_batch() {
     release_batch();
 }
 
-void DiskWriter::release_batch() {
+void DiskWriter::release_batch(bool lost) {
     if (batch_.empty()) return;
     const std::uint64_t now = realtime_ns();
-    if (!batch_failed_ && written_hook_) written_hook_(batch_.data(), batch_.size());
+    if (!lost && written_hook_) written_hook_(batch_.data(), batch_.size());
     std::uint64_t payload = 0, records = 0;
     for (Event* e : batch_) {
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
@@ -199,7 +199,7 @@ void DiskWriter::release_batch() {
         (void)pushed;
         d.clear();
     }
-    if (batch_failed_) {
+    if (lost) {
         counters_.events_lost_write_error.add(batch_.size());
     } else {
         counters_.events_written.add(batch_.size());
@@ -207,7 +207,6 @@ void DiskWriter::release_batch() {
         counters_.records_bytes.add(records);
     }
     batch_.clear();
-    batch_failed_ = false;
 }
 
 bool DiskWriter::transition_done() const noexcept {
@@ -335,10 +334,8 @@ void DiskWriter::on_close() {
         }
         log_error("stopping with the output still failing: {} built events could not be written",
                   held_for_retry_.size());
-        counters_.events_lost_write_error.add(held_for_retry_.size());
-        batch_failed_ = true;
         batch_.swap(held_for_retry_);
-        release_batch();
+        release_batch(/*lost=*/true);  // counts them in events_lost_write_error
         return;
     }
     transition_generation_ = 0;

@@ -68,7 +68,9 @@ private:
     bool open_file(std::uint32_t run_number);
     void close_file();
     void flush_batch();
-    void release_batch();
+    // Returns the batch's slots and events to their owners; `lost`: they could not
+    // be written (counted as lost, no written hook, so no CLEAR in pull mode).
+    void release_batch(bool lost = false);
 
     WriterSettings s_;
     std::vector<SpscRing<Event*>*> inputs_;
@@ -105,7 +107,6 @@ private:
     std::uint64_t transition_generation_ = 0;        // 0: no transition pending
     std::uint32_t transition_run_ = 0;
     std::size_t batch_bytes_ = 0;
-    bool batch_failed_ = false;
 };
 
 }  // namespace evb
