@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include "test/temp_dir.hpp"
+
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -27,26 +29,7 @@ using Bytes = std::vector<std::byte>;
 
 namespace {
 
-// A fresh directory under /tmp, removed with everything in it at scope exit.
-class TempDir {
-public:
-    TempDir() {
-        std::string tmpl = "/tmp/evb-test-XXXXXX";
-        if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-        path_ = tmpl;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    TempDir(const TempDir&) = delete;
-    TempDir& operator=(const TempDir&) = delete;
-    const std::string& path() const { return path_; }
-    std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
-private:
-    std::string path_;
-};
+using evb::test::TempDir;
 
 Bytes read_all(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

@@ -11,6 +11,7 @@
 #include "core/file_format.hpp"
 #include "core/output_file.hpp"
 #include "test/core/record_builder.hpp"
+#include "test/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace evb;
@@ -40,7 +41,8 @@ std::string write_file(const std::string& dir, bool direct, int events, bool* fe
 }  // namespace
 
 TEST_CASE("direct I/O output produces the same bytes as buffered output") {
-    const fs::path base = fs::temp_directory_path() / ("evb-direct-" + std::to_string(::getpid()));
+    const test::TempDir tmp;
+    const fs::path base = tmp.path();
     fs::create_directories(base / "d");
     fs::create_directories(base / "b");
     bool fb_direct = false, fb_buffered = false;
@@ -58,7 +60,6 @@ TEST_CASE("direct I/O output produces the same bytes as buffered output") {
     CHECK(s.records.size() == 1000);
     CHECK(s.has_footer);
     if (fb_direct) WARN("the temp filesystem refused O_DIRECT; the direct path fell back to buffered writes");
-    fs::remove_all(base);
 }
 
 TEST_CASE("direct I/O output on tmpfs is valid whether or not the kernel takes O_DIRECT there") {
@@ -76,13 +77,12 @@ TEST_CASE("direct I/O output on tmpfs is valid whether or not the kernel takes O
 }
 
 TEST_CASE("direct I/O: sync, rollback inside the open stage and abandon keep the file exact") {
-    const fs::path base = fs::temp_directory_path() / ("evb-direct-rb-" + std::to_string(::getpid()));
-    fs::create_directories(base);
+    const test::TempDir tmp;
+    const fs::path base = tmp.path();
     file::OutputFile out;
     REQUIRE(out.open(base.string(), file::FileHeader{7, 0, 2, 1, 5}, true) == 0);
     if (out.direct_fallback()) {
         WARN("the temp filesystem refused O_DIRECT; nothing to check here");
-        fs::remove_all(base);
         return;
     }
     std::vector<std::uint64_t> ends;  // the file size after each record
@@ -149,5 +149,4 @@ TEST_CASE("direct I/O: sync, rollback inside the open stage and abandon keep the
     const auto ps = file::scan(pm.bytes());
     CHECK(ps.records.size() > 0);
     CHECK(ps.good_bytes <= fs::file_size(part));
-    fs::remove_all(base);
 }

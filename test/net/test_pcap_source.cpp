@@ -5,6 +5,8 @@
 // checked exactly, and every packet must be accounted for.
 #include <catch2/catch.hpp>
 
+#include "test/temp_dir.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,24 +35,7 @@ using Bytes = std::vector<std::uint8_t>;
 
 namespace {
 
-class TempDir {
-public:
-    TempDir() {
-        std::string tmpl = "/tmp/evb-pcap-test-XXXXXX";
-        if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-        path_ = tmpl;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    TempDir(const TempDir&) = delete;
-    TempDir& operator=(const TempDir&) = delete;
-    std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
-private:
-    std::string path_;
-};
+using evb::test::TempDir;
 
 // ---------------------------------------------------------------------------
 // Packet builders (network byte order unless a name says otherwise)
