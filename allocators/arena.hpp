@@ -19,6 +19,10 @@ public:
     Arena(const Arena&) = delete;
     Arena& operator=(const Arena&) = delete;
 
+    // Blocks of this size and more are made resident when allocated (in 2 MiB pages
+    // where possible): receive pools and staging buffers take no page faults later.
+    static constexpr std::size_t kResidentFromBytes = 1u << 20;
+
     // Zeroed, `alignment`-aligned memory from this arena. Throws std::bad_alloc.
     void* allocate(std::size_t bytes, std::size_t alignment = 64);
     void deallocate(void* p, std::size_t bytes) noexcept;
