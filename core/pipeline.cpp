@@ -3,10 +3,13 @@
 #include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
-#include <oneapi/tbb/task_scheduler_observer.h>
-#include <pthread.h>
+
+#include <bit>
+#include <thread>
 
 #include <fmt/format.h>
+
+#include "threads/runner.hpp"
 
 #if defined(__SANITIZE_THREAD__)
 extern "C" void __tsan_acquire(void* addr);
@@ -84,42 +87,110 @@ void run_in_arena(oneapi::tbb::task_arena& arena, F&& f) {
 }  // namespace
 
 namespace {
-// Names oneTBB's workers "evb-worker" the first time each enters the arena, so
-// `top -H` tells them from the thread that happened to create them.
-class WorkerNamer final : public oneapi::tbb::task_scheduler_observer {
+// A shard's inbox: a bounded multi-producer, single-consumer queue of messages
+// (cells with sequence numbers, after D. Vyukov's bounded queue). The readers, the
+// replay feeder and the control threads put; the shard's driver takes, in the order
+// they were put, which keeps "end of run" behind every chunk put before it.
+class Inbox {
 public:
-    explicit WorkerNamer(oneapi::tbb::task_arena& arena) : task_scheduler_observer(arena) { observe(true); }
-    ~WorkerNamer() override { observe(false); }
-    void on_scheduler_entry(bool is_worker) override {
-        thread_local bool named = false;
-        if (!is_worker || named) return;
-        named = true;
-        ::pthread_setname_np(::pthread_self(), "evb-worker");
+    explicit Inbox(std::size_t min_capacity)
+        : mask_(std::bit_ceil(std::max<std::size_t>(min_capacity, 64)) - 1), cells_(new Cell[mask_ + 1]) {
+        for (std::size_t i = 0; i <= mask_; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
     }
+    // False when full.
+    bool try_put(const ShardInput& m) noexcept {
+        std::size_t pos = tail_.load(std::memory_order_relaxed);
+        for (;;) {
+            Cell& c = cells_[pos & mask_];
+            const std::size_t seq = c.seq.load(std::memory_order_acquire);
+            const auto dif = static_cast<std::ptrdiff_t>(seq) - static_cast<std::ptrdiff_t>(pos);
+            if (dif == 0) {
+                if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+                    c.msg = m;
+                    c.seq.store(pos + 1, std::memory_order_release);
+                    return true;
+                }
+            } else if (dif < 0) {
+                return false;  // the consumer has not freed this cell yet
+            } else {
+                pos = tail_.load(std::memory_order_relaxed);
+            }
+        }
+    }
+    // Hands every message already complete in the queue to f, in order; returns how many.
+    template <typename F>
+    std::size_t drain(F&& f) {
+        std::size_t n = 0;
+        for (;;) {
+            Cell& c = cells_[head_ & mask_];
+            if (c.seq.load(std::memory_order_acquire) != head_ + 1) return n;
+            const ShardInput m = c.msg;
+            c.seq.store(head_ + mask_ + 1, std::memory_order_release);
+            ++head_;
+            ++n;
+            f(m);
+        }
+    }
+
+private:
+    struct Cell {
+        std::atomic<std::size_t> seq;
+        ShardInput msg;
+    };
+    const std::size_t mask_;
+    std::unique_ptr<Cell[]> cells_;
+    alignas(kFalseSharingBytes) std::atomic<std::size_t> tail_{0};
+    alignas(kFalseSharingBytes) std::size_t head_ = 0;  // consumer only
 };
 }  // namespace
 
-struct Pipeline::Impl {
-    // The process-wide default caps TBB at the core count including the calling
-    // thread; the readers and the writer are not TBB threads, so allow `workers`
-    // workers on top of them explicitly.
-    explicit Impl(std::uint32_t workers)
-        : limit(oneapi::tbb::global_control::max_allowed_parallelism, workers + 1),
-          arena(static_cast<int>(workers), 0),
-          namer(arena) {}
-    oneapi::tbb::global_control limit;
+// A thread of ours that runs the flow graph of its shards. Each driver has a task
+// arena with one slot, reserved for it, so oneTBB starts no worker threads: the
+// driver takes its shards' inboxes, puts the messages into the graph from inside
+// the arena, and runs the graph until it is idle, then parks on its doorbell. It
+// does not spin in the scheduler between hand-offs (a oneTBB worker that runs out
+// of work spins and yields for a while before sleeping, which took a fifth of a
+// core from the sender and the readers on a 2-core builder).
+struct Pipeline::Driver final : Agent {
+    Driver() : arena(1, 1) {}
+    std::size_t do_work() override;
+    void on_idle() override {
+        bell.park(std::chrono::milliseconds(100), [this] { return puts.load(std::memory_order_acquire) != done_puts; });
+    }
+    void on_close() override {
+        while (do_work() != 0) {
+        }
+    }
+    // After putting into one of this driver's inboxes: count it and wake the driver.
+    std::uint64_t notify() noexcept {
+        const std::uint64_t n = puts.fetch_add(1, std::memory_order_acq_rel) + 1;
+        bell.ring();
+        return n;
+    }
     oneapi::tbb::task_arena arena;
-    WorkerNamer namer;
     std::unique_ptr<flow::graph> graph;
+    std::vector<Shard*> shards;
+    Doorbell bell;
+    alignas(kFalseSharingBytes) std::atomic<std::uint64_t> puts{0};
+    std::uint64_t done_puts = 0;  // driver thread only
+    alignas(kFalseSharingBytes) std::atomic<std::uint64_t> completed{0};  // puts fully processed
+    std::unique_ptr<AgentRunner> runner;
+};
+
+struct Pipeline::Impl {
+    // No oneTBB worker threads at all: the drivers are the only threads in the arenas.
+    Impl() : limit(oneapi::tbb::global_control::max_allowed_parallelism, 1) {}
+    oneapi::tbb::global_control limit;
 };
 
 struct Pipeline::Shard {
     Shard(std::uint16_t id, const MatcherSettings& ms, std::vector<alloc::BufferPool*> pools,
-          stats::MatcherCounters& c)
+          stats::MatcherCounters& c, std::size_t inbox_capacity)
         : arena(fmt::format("shard-{}", id)),
           returns(std::move(pools), id),
           matcher(id, ms, arena, returns, c),
-          to_writer(ms.max_events + 64) {}  // + room for run-end markers
+          to_writer(ms.max_events + 64),  // + room for run-end markers
+          inbox(inbox_capacity) {}
     alloc::Arena arena;
     alloc::ReturnBatcher returns;
     Matcher matcher;
@@ -127,157 +198,190 @@ struct Pipeline::Shard {
     Crc32cJoiner joiner;  // used by the serial assemble body only
     Event marker{};  // stands for "run ended" on the matcher -> assembler edge
     std::atomic<bool> tick_queued{false};
+    Inbox inbox;
+    Driver* driver = nullptr;
+    // Any thread: queues m for this shard's matcher and wakes its driver.
+    std::uint64_t put(const ShardInput& m) noexcept;
     std::unique_ptr<MatchNode> match;
     std::unique_ptr<AssembleNode> assemble;
 };
 
 Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> pools, Doorbell& writer_doorbell)
-    : impl_(std::make_unique<Impl>(s.workers)) {
+    : impl_(std::make_unique<Impl>()) {
+    // Every batch holds one receive slot at least, so an inbox as large as all the
+    // slots never fills; past 64 k messages a full inbox makes its putter wait.
+    std::size_t slots = 0;
+    for (const auto* p : pools) slots += p->slot_count();
+    const std::size_t inbox_capacity = std::min<std::size_t>(slots + 1024, 65536);
     for (std::uint32_t k = 0; k < s.shards; ++k) {
         counters_.push_back(std::make_unique<stats::MatcherCounters>());
-        shards_.push_back(std::make_unique<Shard>(static_cast<std::uint16_t>(k), s.matcher, pools, *counters_.back()));
+        shards_.push_back(std::make_unique<Shard>(static_cast<std::uint16_t>(k), s.matcher, pools, *counters_.back(),
+                                                  inbox_capacity));
     }
-    // A graph attaches to the arena it is built in; tasks from try_put on any
-    // thread then run on that arena's workers.
-    run_in_arena(impl_->arena, [&] {
-        impl_->graph = std::make_unique<flow::graph>();
-        for (auto& sp : shards_) {
-            Shard* sh = sp.get();
-            sh->match = std::make_unique<MatchNode>(
-                *impl_->graph, flow::serial, [sh](const ShardInput& msg, MatchNode::output_ports_type& out) {
-                    const ShardInput in = handoff_take(msg);
-                    handoff_acquire(&sh->match);
-                    // A serial node's bodies may run on different workers, one after
-                    // the other; oneTBB orders them inside libtbb, out of TSan's view.
-                    handoff_acquire(&sh->matcher);
-                    EventList built;
-                    switch (in.kind) {
-                        case ShardInput::Kind::chunks: sh->matcher.add_chunks(in.head, in.now_ns, built); break;
-                        case ShardInput::Kind::tick:
-                            sh->tick_queued.store(false, std::memory_order_relaxed);
-                            sh->matcher.expire(in.now_ns, built);
-                            break;
-                        case ShardInput::Kind::flush: sh->matcher.flush(in.now_ns, built); break;
-                        case ShardInput::Kind::end_run:
-                            sh->matcher.flush(in.now_ns, built);
-                            sh->matcher.clear_history();
-                            built.push(&sh->marker);
-                            break;
-                        case ShardInput::Kind::set_timeout: sh->matcher.set_timeout_ns(in.now_ns); break;
-                        case ShardInput::Kind::give_up:
-                            sh->matcher.give_up(in.event_id, in.run_number, in.now_ns, built);
-                            break;
-                    }
-                    handoff_release(&sh->matcher);
-                    if (built.head) {
-                        handoff_release(&sh->assemble);
-                        std::get<0>(out).try_put(built.head);
-                    }
-                });
-            sh->assemble = std::make_unique<AssembleNode>(
-                *impl_->graph, flow::serial, [sh, &writer_doorbell](Event* const& msg) {
-                    Event* e = handoff_take(msg);
-                    handoff_acquire(&sh->assemble);
-                    handoff_acquire(&sh->to_writer);  // previous run of this serial body
-                    Event* batch[64];
-                    std::size_t n = 0;
-                    while (e != nullptr) {
-                        Event* next = e->next_out;
-                        if (e == &sh->marker) {
-                            batch[n++] = nullptr;  // the writer counts these per shard
-                        } else {
-                            assemble(*e, sh->joiner);
-                            batch[n++] = e;
+    const std::uint32_t drivers = std::max<std::uint32_t>(1, std::min<std::uint32_t>(s.workers, s.shards));
+    for (std::uint32_t d = 0; d < drivers; ++d) drivers_.push_back(std::make_unique<Driver>());
+    for (std::uint32_t k = 0; k < s.shards; ++k) {
+        Driver& d = *drivers_[k % drivers];
+        shards_[k]->driver = &d;
+        d.shards.push_back(shards_[k].get());
+    }
+    // A graph belongs to the arena it is built in.
+    for (auto& dp : drivers_) {
+        run_in_arena(dp->arena, [&] {
+            dp->graph = std::make_unique<flow::graph>();
+            for (Shard* sh : dp->shards) {
+                sh->match = std::make_unique<MatchNode>(
+                    *dp->graph, flow::serial, [sh](const ShardInput& msg, MatchNode::output_ports_type& out) {
+                        const ShardInput in = handoff_take(msg);
+                        handoff_acquire(&sh->match);
+                        // A serial node's bodies may run on different workers, one after
+                        // the other; oneTBB orders them inside libtbb, out of TSan's view.
+                        handoff_acquire(&sh->matcher);
+                        EventList built;
+                        switch (in.kind) {
+                            case ShardInput::Kind::chunks: sh->matcher.add_chunks(in.head, in.now_ns, built); break;
+                            case ShardInput::Kind::tick:
+                                sh->tick_queued.store(false, std::memory_order_relaxed);
+                                sh->matcher.expire(in.now_ns, built);
+                                break;
+                            case ShardInput::Kind::flush: sh->matcher.flush(in.now_ns, built); break;
+                            case ShardInput::Kind::end_run:
+                                sh->matcher.flush(in.now_ns, built);
+                                sh->matcher.clear_history();
+                                built.push(&sh->marker);
+                                break;
+                            case ShardInput::Kind::set_timeout: sh->matcher.set_timeout_ns(in.now_ns); break;
+                            case ShardInput::Kind::give_up:
+                                sh->matcher.give_up(in.event_id, in.run_number, in.now_ns, built);
+                                break;
                         }
-                        if (n == 64) {
-                            // Cannot fail: the ring holds the shard's whole event pool.
-                            (void)sh->to_writer.try_push_n(batch, n);
-                            n = 0;
+                        handoff_release(&sh->matcher);
+                        if (built.head) {
+                            handoff_release(&sh->assemble);
+                            std::get<0>(out).try_put(built.head);
                         }
-                        e = next;
-                    }
-                    if (n > 0) (void)sh->to_writer.try_push_n(batch, n);
-                    handoff_release(&sh->to_writer);
-                    writer_doorbell.ring();
-                    return flow::continue_msg();
-                });
-            flow::make_edge(flow::output_port<0>(*sh->match), *sh->assemble);
-        }
+                    });
+                sh->assemble = std::make_unique<AssembleNode>(
+                    *dp->graph, flow::serial, [sh, &writer_doorbell](Event* const& msg) {
+                        Event* e = handoff_take(msg);
+                        handoff_acquire(&sh->assemble);
+                        handoff_acquire(&sh->to_writer);  // previous run of this serial body
+                        Event* batch[64];
+                        std::size_t n = 0;
+                        while (e != nullptr) {
+                            Event* next = e->next_out;
+                            if (e == &sh->marker) {
+                                batch[n++] = nullptr;  // the writer counts these per shard
+                            } else {
+                                assemble(*e, sh->joiner);
+                                batch[n++] = e;
+                            }
+                            if (n == 64) {
+                                // Cannot fail: the ring holds the shard's whole event pool.
+                                (void)sh->to_writer.try_push_n(batch, n);
+                                n = 0;
+                            }
+                            e = next;
+                        }
+                        if (n > 0) (void)sh->to_writer.try_push_n(batch, n);
+                        handoff_release(&sh->to_writer);
+                        writer_doorbell.ring();
+                        return flow::continue_msg();
+                    });
+                flow::make_edge(flow::output_port<0>(*sh->match), *sh->assemble);
+            }
+        });
+    }
+    for (std::size_t d = 0; d < drivers_.size(); ++d) {
+        drivers_[d]->runner = std::make_unique<AgentRunner>(
+            drivers_.size() == 1 ? std::string("evb-worker") : fmt::format("evb-worker-{}", d), *drivers_[d]);
+        drivers_[d]->runner->start();
+    }
+}
+
+std::size_t Pipeline::Driver::do_work() {
+    const std::uint64_t target = puts.load(std::memory_order_acquire);
+    if (target == done_puts) return 0;
+    std::size_t n = 0;
+    run_in_arena(arena, [&] {
+        // Put from inside the arena: the tasks go to this thread's own slot, and
+        // wait_for_all runs them and everything they put downstream.
+        for (Shard* sh : shards)
+            n += sh->inbox.drain([sh](const ShardInput& m) {
+                handoff_release(&sh->match);
+                sh->match->try_put(m);
+            });
+        graph->wait_for_all();
     });
+    done_puts = target;
+    completed.store(target, std::memory_order_release);
+    completed.notify_all();
+    return n + 1;
+}
+
+std::uint64_t Pipeline::Shard::put(const ShardInput& m) noexcept {
+    while (!inbox.try_put(m)) {
+        driver->bell.ring();  // full: the driver is behind; let it run
+        std::this_thread::yield();
+    }
+    return driver->notify();
 }
 
 Pipeline::~Pipeline() {
     wait_idle();
-#if defined(__SANITIZE_THREAD__)
-    // The graph's last reference is dropped by a worker inside libtbb, an edge TSan
-    // cannot see, so freeing the graph would be reported as a race. The TSan build
-    // leaves the graph and its nodes to process exit instead.
-    for (auto& s : shards_) {
-        (void)s->assemble.release();
-        (void)s->match.release();
+    for (auto& d : drivers_) d->runner->stop();
+    // The drivers are joined: this thread may enter their arenas to free the graphs.
+    for (auto& d : drivers_) {
+        run_in_arena(d->arena, [&] {
+            for (Shard* s : d->shards) {
+                s->assemble.reset();
+                s->match.reset();
+            }
+            d->graph.reset();
+        });
     }
-    (void)impl_->graph.release();
-#else
-    run_in_arena(impl_->arena, [&] {
-        for (auto& s : shards_) {
-            s->assemble.reset();
-            s->match.reset();
-        }
-        impl_->graph.reset();
-    });
-#endif
 }
 
 void Pipeline::submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept {
-    handoff_release(&shards_[shard]->match);
-    shards_[shard]->match->try_put(ShardInput{ShardInput::Kind::chunks, head, now_ns});
+    shards_[shard]->put(ShardInput{ShardInput::Kind::chunks, head, now_ns});
 }
 
 void Pipeline::tick(std::uint64_t now_ns) noexcept {
     for (auto& s : shards_) {
         // One queued tick per shard at most: a busy shard does not pile them up.
         if (s->tick_queued.exchange(true, std::memory_order_relaxed)) continue;
-        handoff_release(&s->match);
-        s->match->try_put(ShardInput{ShardInput::Kind::tick, nullptr, now_ns});
+        s->put(ShardInput{ShardInput::Kind::tick, nullptr, now_ns});
     }
 }
 
 void Pipeline::flush(std::uint64_t now_ns) noexcept {
-    for (auto& s : shards_) {
-        handoff_release(&s->match);
-        s->match->try_put(ShardInput{ShardInput::Kind::flush, nullptr, now_ns});
-    }
+    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::flush, nullptr, now_ns});
 }
 
 void Pipeline::end_run(std::uint64_t now_ns) noexcept {
-    for (auto& s : shards_) {
-        handoff_release(&s->match);
-        s->match->try_put(ShardInput{ShardInput::Kind::end_run, nullptr, now_ns});
-    }
+    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::end_run, nullptr, now_ns});
 }
 
 void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
                        std::uint64_t now_ns) noexcept {
     // The same routing as the readers' (admit_datagram).
     const auto shard = (event_id / builders) % shards_.size();
-    handoff_release(&shards_[shard]->match);
-    shards_[shard]->match->try_put(ShardInput{ShardInput::Kind::give_up, nullptr, now_ns, event_id, run_number});
+    shards_[shard]->put(ShardInput{ShardInput::Kind::give_up, nullptr, now_ns, event_id, run_number});
 }
 
 void Pipeline::set_timeout_ns(std::uint64_t ns) noexcept {
-    for (auto& s : shards_) {
-        handoff_release(&s->match);
-        s->match->try_put(ShardInput{ShardInput::Kind::set_timeout, nullptr, ns});
-    }
+    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::set_timeout, nullptr, ns});
 }
 
 void Pipeline::wait_idle() {
-    run_in_arena(impl_->arena, [&] { impl_->graph->wait_for_all(); });
-    // Every body ends with a release on its shard's tokens; the wait's own
-    // completion edge is inside libtbb, so state it for TSan here.
-    for (auto& sh : shards_) {
-        handoff_acquire(&sh->matcher);
-        handoff_acquire(&sh->to_writer);
+    // A driver counts what is put into its inboxes and publishes the count it had
+    // read once everything up to it has gone through the graph. Asking with a put
+    // count of our own covers every message put before this call.
+    for (auto& d : drivers_) {
+        const std::uint64_t mine = d->notify();
+        for (std::uint64_t c = d->completed.load(std::memory_order_acquire); c < mine;
+             c = d->completed.load(std::memory_order_acquire))
+            d->completed.wait(c, std::memory_order_acquire);
     }
 }
 

@@ -1,10 +1,11 @@
 // The oneTBB flow graph between the socket readers and the disk writer:
 //
-//   reader --try_put--> matcher[k] (serial) --Event list--> assembler[k] (serial)
-//                                                   --SPSC ring k--> disk writer
+//   reader --inbox k--> driver: try_put --> matcher[k] (serial) --Event list-->
+//       assembler[k] (serial) --SPSC ring k--> disk writer
 //
 // Shard k's matcher and assembler each run as one task at a time, so shard state
-// needs no locks; different shards run in parallel on the graph's task arena.
+// needs no locks. A driver thread ("evb-worker") runs the graph of its shards in a
+// one-slot task arena of its own; with several drivers, shards run in parallel.
 #pragma once
 
 #include <atomic>
@@ -61,8 +62,10 @@ public:
 private:
     struct Impl;
     struct Shard;
+    struct Driver;
     std::unique_ptr<Impl> impl_;
     std::vector<std::unique_ptr<Shard>> shards_;
+    std::vector<std::unique_ptr<Driver>> drivers_;
     std::vector<std::unique_ptr<stats::MatcherCounters>> counters_;
 };
 
