@@ -72,7 +72,8 @@ void* Arena::allocate(std::size_t bytes, std::size_t alignment) {
     const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
     void* p = std::aligned_alloc(alignment, rounded);
     if (!p) throw std::bad_alloc();
-    std::memset(p, 0, rounded);  // resident now as well
+    if (rounded >= kResidentFromBytes) make_resident(p, rounded);  // 2 MiB pages where allowed
+    std::memset(p, 0, rounded);  // the heap may hand back used memory
     return p;
 #endif
 }
