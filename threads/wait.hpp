@@ -33,7 +33,7 @@ private:
 
 struct WaitStrategy {
     std::uint32_t spins = 100;    // idle loops spent spinning (pause instruction)
-    std::uint32_t yields = 20;    // then idle loops that yield the core
+    std::uint32_t yields = 0;     // then idle loops that yield the core
     std::chrono::microseconds park{1000};  // then park this long (or until rung)
 };
 
