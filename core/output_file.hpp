@@ -67,7 +67,7 @@ public:
     const std::string& final_path() const noexcept { return final_path_; }
 
     // O_DIRECT staging: this many stages of this many bytes.
-    static constexpr std::size_t kStages = 4;
+    static constexpr std::size_t kStages = 8;
     static constexpr std::size_t kStageBytes = 2u << 20;
 
 private:

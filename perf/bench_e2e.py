@@ -308,10 +308,14 @@ def evbd_settings(spec, serve_port=None):
                  f"pull.request_batch={min(spec.request_batch, credits)}"]
         if spec.group == "matrix":
             # Re-request only after the window could have arrived at 100 k datagrams/s
-            # (a 1600 x 64 KiB event alone is 73 k datagrams), with the event
-            # timeout above every retry, as --check-config requires.
+            # (a 1600 x 64 KiB event alone is 73 k datagrams) and at 250 MB/s, with
+            # the event timeout above every retry, as --check-config requires.
+            # The same holds for bytes with large events: 2 credits of 1600 x 64 KiB
+            # are 210 MB, more than this machine takes in 256 ms (the datagram rule's
+            # figure), and each re-request has the sources send 100 MB again.
             window = credits * spec.sources * max(1, -(-spec.fragment // spec.chunk))
-            retry_ms = max(100, -(-window // 100))
+            window_bytes = credits * spec.sources * spec.fragment
+            retry_ms = max(100, -(-window // 100), -(-window_bytes // 250_000))
             sets += [f"pull.retry_ms={retry_ms}", f"building.timeout_ms={retry_ms * 6 + 1000}"]
     return sets + list(spec.extra)
 

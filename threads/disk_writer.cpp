@@ -15,8 +15,8 @@ namespace evb {
 
 namespace {
 constexpr std::size_t kMaxIov = 4096;            // flush once the gather list is this long
-// ... or holds this many bytes; with O_DIRECT a failed batch of up to 3 stages
-// (OutputFile::kStageBytes) can still be taken back.
+// ... or holds this many bytes; with O_DIRECT a failed batch of up to kStages - 1
+// stages (OutputFile::kStageBytes each) can still be taken back.
 constexpr std::size_t kMaxBatchBytes = 4u << 20;
 constexpr std::size_t kMaxEventsPerWork = 1024;
 

@@ -46,7 +46,7 @@ TEST_CASE("direct I/O output produces the same bytes as buffered output") {
     fs::create_directories(base / "d");
     fs::create_directories(base / "b");
     bool fb_direct = false, fb_buffered = false;
-    // ~1000 records of up to 60 KB: several 8 MiB staging flushes and an unaligned tail.
+    // ~1000 records of up to 60 KB: several staging flushes and an unaligned tail.
     const auto pd = write_file((base / "d").string(), true, 1000, &fb_direct);
     const auto pb = write_file((base / "b").string(), false, 1000, &fb_buffered);
     CHECK_FALSE(fb_buffered);
@@ -98,9 +98,11 @@ TEST_CASE("direct I/O: sync, rollback inside the open stage and abandon keep the
         out.note_record(id, off);
         ends.push_back(out.size());
     };
-    // 5.5 stages' worth: two stages submitted in the background, more filling.
+    // kStages + 1.5 stages' worth: more submitted than can be taken back, more filling.
+    constexpr std::size_t kStages = file::OutputFile::kStages;
     std::uint64_t id = 0;
-    while (out.size() < 5 * file::OutputFile::kStageBytes + file::OutputFile::kStageBytes / 2) add(id++, 50'000);
+    while (out.size() < (kStages + 1) * file::OutputFile::kStageBytes + file::OutputFile::kStageBytes / 2)
+        add(id++, 50'000);
     REQUIRE(out.datasync() == 0);
     // Take back the last record (it lies in the stage not yet submitted) and write
     // a different one in its place.
@@ -109,8 +111,8 @@ TEST_CASE("direct I/O: sync, rollback inside the open stage and abandon keep the
     ends.resize(keep);
     --id;
     add(id++, 123);
-    // A rollback into the stages already submitted works for the last three of them
-    // (their bytes are still in memory); further back is refused and changes nothing.
+    // A rollback into the stages already submitted works for the last kStages - 1 of
+    // them (their bytes are still in memory); further back is refused and changes nothing.
     CHECK(out.rollback(4096, 1) != 0);
     REQUIRE(out.size() > 2 * file::OutputFile::kStageBytes);
     std::size_t back_to = ends.size() - 1;
