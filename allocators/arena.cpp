@@ -31,7 +31,10 @@ constexpr std::size_t kHugePage = 2u << 20;
 // hot path never takes a page fault on it: a first write into a fresh page costs a
 // fault (and, in a virtual machine, often a fault in the host too), and a 2 GiB
 // receive pool touched for the first time by recvmmsg costs half a million of them.
-void make_resident(void* p, std::size_t bytes) noexcept {
+// False when the kernel cannot back the block (ENOMEM: a memory limit, no
+// overcommit): the caller frees it and fails cleanly rather than being OOM-killed
+// later, in the hot path.
+bool make_resident(void* p, std::size_t bytes) noexcept {
     const auto begin = reinterpret_cast<std::uintptr_t>(p);
     const auto end = begin + bytes;
     const std::uintptr_t huge_begin = (begin + kHugePage - 1) & ~(kHugePage - 1);
@@ -41,10 +44,16 @@ void make_resident(void* p, std::size_t bytes) noexcept {
     const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
     const std::uintptr_t first = (begin + page - 1) & ~(page - 1);
     const std::uintptr_t last = end & ~(page - 1);
-    if (last <= first) return;
-    if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_WRITE) == 0) return;
-    // Older kernels: one write per page. The memory is zeroed, so writing a zero keeps it.
+    if (last <= first) return true;
+    int rc;
+    do {
+        rc = ::madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_WRITE);
+    } while (rc != 0 && errno == EINTR);
+    if (rc == 0) return true;
+    if (errno != EINVAL) return false;
+    // Kernels before 5.14: one write per page. The memory is zeroed, so writing a zero keeps it.
     for (std::uintptr_t a = first; a < last; a += page) reinterpret_cast<volatile unsigned char*>(a)[0] = 0;
+    return true;
 }
 
 }  // namespace
@@ -66,13 +75,19 @@ void* Arena::allocate(std::size_t bytes, std::size_t alignment) {
     void* p = mallocx(bytes, MALLOCX_ARENA(index_) | MALLOCX_ALIGN(alignment) | MALLOCX_ZERO |
                                  MALLOCX_TCACHE_NONE);
     if (!p) throw std::bad_alloc();
-    if (bytes >= kResidentFromBytes) make_resident(p, bytes);
+    if (bytes >= kResidentFromBytes && !make_resident(p, bytes)) {
+        sdallocx(p, bytes, MALLOCX_TCACHE_NONE);
+        throw std::bad_alloc();
+    }
     return p;
 #else
     const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
     void* p = std::aligned_alloc(alignment, rounded);
     if (!p) throw std::bad_alloc();
-    if (rounded >= kResidentFromBytes) make_resident(p, rounded);  // 2 MiB pages where allowed
+    if (rounded >= kResidentFromBytes && !make_resident(p, rounded)) {  // 2 MiB pages where allowed
+        std::free(p);
+        throw std::bad_alloc();
+    }
     std::memset(p, 0, rounded);  // the heap may hand back used memory
     return p;
 #endif

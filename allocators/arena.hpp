@@ -20,7 +20,8 @@ public:
     Arena& operator=(const Arena&) = delete;
 
     // Blocks of this size and more are made resident when allocated (in 2 MiB pages
-    // where possible): receive pools and staging buffers take no page faults later.
+    // where possible): receive pools take no page faults later. std::bad_alloc when
+    // the kernel cannot back them.
     static constexpr std::size_t kResidentFromBytes = 1u << 20;
 
     // Zeroed, `alignment`-aligned memory from this arena. Throws std::bad_alloc.

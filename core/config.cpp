@@ -56,7 +56,7 @@ const std::vector<Key>& schema() {
         {"input.cpus", Kind::int_list, json::array(), 0, 0, false, "CPU to pin reader i to (entry i); empty: no pinning."},
         {"input.allowed_senders", Kind::string_list, json::array(), 0, 0, false, "When not empty, only datagrams from these IP addresses are accepted; others are counted and dropped."},
         {"building.timeout_ms", Kind::uint, 1000, 1, 3600000, true, "An event not complete this long after its first fragment is written INCOMPLETE."},
-        {"building.workers", Kind::uint, 0, 0, 64, false, "Threads that run the oneTBB flow graph (matching and assembly), each in a task arena of its own; 0 means the CPUs evbd may use less one per reader and one for the writer, from 1 to 4 (1 on a 2-core machine)."},
+        {"building.workers", Kind::uint, 0, 0, 64, false, "Threads that run the oneTBB flow graph (matching and assembly), each in a task arena of its own (at most one per shard); 0 means the CPUs evbd may use less one per reader and one for the writer, from 1 to 4 (1 on a 2-core machine)."},
         {"building.shards", Kind::uint, 0, 0, 256, false, "Matcher shards (events routed by id); 0 means one per worker."},
         {"building.max_events_in_flight", Kind::uint, 4096, 16, 1u << 20, false, "Events being built or waiting to be written (all shards). A fragment that would start one more is counted and dropped (evb_malformed_datagrams_total{reason=\"in_flight_limit\"}); size it above the writer's backlog when the disk stalls."},
         {"building.max_buffer_bytes", Kind::uint, 512ull << 20, 1ull << 20, 64ull << 30, false, "Memory for receive buffers (all readers). When all are in use the readers stop reading and the kernel's drops are counted."},

@@ -117,13 +117,23 @@ public:
             }
         }
     }
-    // Hands every message already complete in the queue to f, in order; returns how many.
+    // Hands every message claimed before the call to f, in order, and any complete
+    // after it; returns how many. A cell claimed but not yet filled is waited for
+    // (its putter fills it without blocking), so nothing put before the call is
+    // left behind a gap.
     template <typename F>
     std::size_t drain(F&& f) {
+        const std::size_t claimed = tail_.load(std::memory_order_acquire);
         std::size_t n = 0;
         for (;;) {
             Cell& c = cells_[head_ & mask_];
-            if (c.seq.load(std::memory_order_acquire) != head_ + 1) return n;
+            if (c.seq.load(std::memory_order_acquire) != head_ + 1) {
+                if (static_cast<std::ptrdiff_t>(claimed - head_) <= 0) return n;
+#if defined(__x86_64__)
+                __builtin_ia32_pause();
+#endif
+                continue;
+            }
             const ShardInput m = c.msg;
             c.seq.store(head_ + mask_ + 1, std::memory_order_release);
             ++head_;
@@ -208,11 +218,12 @@ struct Pipeline::Shard {
 
 Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> pools, Doorbell& writer_doorbell)
     : impl_(std::make_unique<Impl>()) {
-    // Every batch holds one receive slot at least, so an inbox as large as all the
-    // slots never fills; past 64 k messages a full inbox makes its putter wait.
+    // Every batch holds one receive slot at least, and events are spread over the
+    // shards by id: twice a shard's share of the slots (at most 64 k messages) is
+    // room enough; a full inbox makes its putter wait for the driver.
     std::size_t slots = 0;
     for (const auto* p : pools) slots += p->slot_count();
-    const std::size_t inbox_capacity = std::min<std::size_t>(slots + 1024, 65536);
+    const std::size_t inbox_capacity = std::min<std::size_t>(2 * slots / std::max<std::uint32_t>(s.shards, 1) + 1024, 65536);
     for (std::uint32_t k = 0; k < s.shards; ++k) {
         counters_.push_back(std::make_unique<stats::MatcherCounters>());
         shards_.push_back(std::make_unique<Shard>(static_cast<std::uint16_t>(k), s.matcher, pools, *counters_.back(),
@@ -220,7 +231,17 @@ Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> po
     }
     const std::uint32_t drivers = std::max<std::uint32_t>(1, std::min<std::uint32_t>(s.workers, s.shards));
     for (std::uint32_t d = 0; d < drivers; ++d) drivers_.push_back(std::make_unique<Driver>());
-    for (std::uint32_t k = 0; k < s.shards; ++k) {
+    try {
+        build_graphs(writer_doorbell);
+    } catch (...) {
+        release_graphs();  // nodes before their graphs, and no driver left running
+        throw;
+    }
+}
+
+void Pipeline::build_graphs(Doorbell& writer_doorbell) {
+    const std::size_t drivers = drivers_.size();
+    for (std::size_t k = 0; k < shards_.size(); ++k) {
         Driver& d = *drivers_[k % drivers];
         shards_[k]->driver = &d;
         d.shards.push_back(shards_[k].get());
@@ -299,6 +320,26 @@ Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> po
     }
 }
 
+void Pipeline::release_graphs() noexcept {
+    for (auto& d : drivers_) {
+        if (!d->runner) continue;
+        d->runner->request_stop();
+        d->bell.ring();  // a parked driver sees the stop now, not at its park timeout
+    }
+    for (auto& d : drivers_)
+        if (d->runner) d->runner->stop();
+    // The drivers are joined: this thread may enter their arenas to free the graphs.
+    for (auto& d : drivers_) {
+        run_in_arena(d->arena, [&] {
+            for (Shard* s : d->shards) {
+                s->assemble.reset();
+                s->match.reset();
+            }
+            d->graph.reset();
+        });
+    }
+}
+
 std::size_t Pipeline::Driver::do_work() {
     const std::uint64_t target = puts.load(std::memory_order_acquire);
     if (target == done_puts) return 0;
@@ -329,17 +370,7 @@ std::uint64_t Pipeline::Shard::put(const ShardInput& m) noexcept {
 
 Pipeline::~Pipeline() {
     wait_idle();
-    for (auto& d : drivers_) d->runner->stop();
-    // The drivers are joined: this thread may enter their arenas to free the graphs.
-    for (auto& d : drivers_) {
-        run_in_arena(d->arena, [&] {
-            for (Shard* s : d->shards) {
-                s->assemble.reset();
-                s->match.reset();
-            }
-            d->graph.reset();
-        });
-    }
+    release_graphs();
 }
 
 void Pipeline::submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept {

@@ -63,6 +63,8 @@ private:
     struct Impl;
     struct Shard;
     struct Driver;
+    void build_graphs(Doorbell& writer_doorbell);
+    void release_graphs() noexcept;
     std::unique_ptr<Impl> impl_;
     std::vector<std::unique_ptr<Shard>> shards_;
     std::vector<std::unique_ptr<Driver>> drivers_;

@@ -36,7 +36,7 @@ void AgentRunner::run() {
     }
     Idler idler(wait_);
     while (!stop_.load(std::memory_order_acquire)) {
-        // Past the spin and yield phases every idle loop parks, until work comes.
+        // Past the spin (and any yield) phase every idle loop parks, until work comes.
         if (idler.idle(agent_.do_work())) agent_.on_idle();
     }
     agent_.on_close();

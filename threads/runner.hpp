@@ -34,6 +34,8 @@ public:
     AgentRunner& operator=(const AgentRunner&) = delete;
 
     void start();
+    // Asks the loop to end without waiting (wake the agent after, if it parks).
+    void request_stop() noexcept { stop_.store(true, std::memory_order_release); }
     // Asks the loop to end, waits for on_close, joins. Idempotent.
     void stop();
     bool running() const noexcept { return thread_.joinable(); }

@@ -1,5 +1,5 @@
-// Waiting without burning a core: a futex doorbell and a spin-then-yield-then-park
-// idle strategy for the dedicated threads.
+// Waiting without burning a core: a futex doorbell and a spin-then-park idle strategy
+// (an optional yield phase between) for the dedicated threads.
 #pragma once
 
 #include <atomic>
