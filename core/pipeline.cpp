@@ -66,8 +66,9 @@ using AssembleNode = flow::function_node<Event*, flow::continue_msg>;
 }  // namespace
 
 namespace {
-// task_arena::execute may run `f` on one of the arena's workers while the caller
-// waits inside libtbb; state the edges both ways for TSan.
+// task_arena::execute runs `f` inside libtbb (on the calling thread: a driver's
+// arena has one slot and no workers), and the graph it builds or frees is used by
+// the driver thread through libtbb too; state the edges both ways for TSan.
 // The entry token is a fixed address: the body acquires it before it reads any of
 // its captures (which live on the caller's stack).
 int g_arena_entry_token;
@@ -255,8 +256,8 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                     *dp->graph, flow::serial, [sh](const ShardInput& msg, MatchNode::output_ports_type& out) {
                         const ShardInput in = handoff_take(msg);
                         handoff_acquire(&sh->match);
-                        // A serial node's bodies may run on different workers, one after
-                        // the other; oneTBB orders them inside libtbb, out of TSan's view.
+                        // A serial node's bodies run one after the other on the driver's
+                        // thread, dispatched inside libtbb, out of TSan's view.
                         handoff_acquire(&sh->matcher);
                         EventList built;
                         switch (in.kind) {

@@ -78,12 +78,17 @@ def free_udp_port():
         return s.getsockname()[1]
 
 
+def stat_cpu_seconds(text):
+    """User + system CPU seconds from the text of a /proc/.../stat file."""
+    fields = text.rpartition(")")[2].split()
+    # fields[0] is field 3 (state); utime and stime are fields 14 and 15, in clock ticks.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid):
     """User + system CPU seconds of a process, all its threads, live or exited."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    # fields[0] is field 3 (state); utime and stime are fields 14 and 15, in clock ticks.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return stat_cpu_seconds(f.read())
 
 
 def rss_bytes(pid):
@@ -625,7 +630,6 @@ def http_get_bytes(port, path="/metrics"):
 def thread_cpu_seconds(pid):
     """CPU seconds of each live thread of `pid`, summed by thread name."""
     out = {}
-    tick = os.sysconf("SC_CLK_TCK")
     for stat in glob.glob(f"/proc/{pid}/task/*/stat"):
         try:
             with open(stat) as f:
@@ -633,8 +637,7 @@ def thread_cpu_seconds(pid):
         except OSError:
             continue  # the thread ended
         name = text[text.index("(") + 1:text.rindex(")")]
-        fields = text.rpartition(")")[2].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[name] = out.get(name, 0.0) + stat_cpu_seconds(text)
     return out
 
 
