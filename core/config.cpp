@@ -71,7 +71,7 @@ const std::vector<Key>& schema() {
         {"pull.credits", Kind::uint, 64, 1, 1u << 20, true, "Events requested and not yet written, at most."},
         {"pull.request_batch", Kind::uint, 16, 1, 8000, true, "Event ids per REQUEST datagram."},
         {"pull.source_addresses", Kind::string_list, json::array(), 0, 0, false, "Addresses (HOST:PORT) that REQUEST and CLEAR datagrams go to."},
-        {"pull.retry_ms", Kind::uint, 100, 1, 600000, true, "Re-request an incomplete event after this long."},
+        {"pull.retry_ms", Kind::uint, 100, 1, 600000, true, "Shortest retry period: an event not written this long after its request is requested again (longer when events take longer; see OPERATIONS.md)."},
         {"pull.max_retries", Kind::uint, 5, 0, 1000, true, "Re-requests before the event is written INCOMPLETE."},
         {"replay.filter", Kind::string, "port", 0, 0, false, "--replay: which captured UDP datagrams are fed in: \"port\" (destination port of input.listen), \"udp\" (all), or a libpcap filter expression."},
         {"log.level", Kind::choice, "info", 0, 0, true, "Log level.", {"debug", "info", "warn", "error"}},

@@ -76,6 +76,7 @@ PullSettings make_pull_settings(const Config& c) {
     p.request_batch = c.pull.request_batch;
     p.retry_ms = c.pull.retry_ms;
     p.max_retries = c.pull.max_retries;
+    p.timeout_ms = c.building.timeout_ms;
     return p;
 }
 
@@ -308,7 +309,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     if (sender) {
         msrc.extra = [&pull_counters](std::vector<monitor::FamilyOut>& out) {
             using T = monitor::FamilyOut::Type;
-            auto add = [&](const char* name, const char* help, T t, std::uint64_t v) {
+            auto add = [&](const char* name, const char* help, T t, auto v) {
                 monitor::FamilyOut f{name, help, t, {}, {}};
                 f.samples.push_back({{}, static_cast<double>(v), {}, 0});
                 out.push_back(std::move(f));
@@ -325,6 +326,11 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
             add("evb_pull_events_given_up_total", "Events written INCOMPLETE after their last re-request.", T::counter,
                 pull_counters.events_given_up.load());
             add("evb_pull_send_errors_total", "Failed sends of REQUEST or CLEAR datagrams.", T::counter, pull_counters.send_errors.load());
+            add("evb_pull_retry_period_seconds",
+                "Time after which an event not yet written is requested again (learned; at least pull.retry_ms).", T::gauge,
+                static_cast<double>(pull_counters.retry_period_ns.load()) * 1e-9);
+            add("evb_pull_round_trip_seconds", "Smoothed time from first request to written, of events answered at once.",
+                T::gauge, static_cast<double>(pull_counters.round_trip_ns.load()) * 1e-9);
         };
     }
     std::unique_ptr<monitor::Exporter> exporter;

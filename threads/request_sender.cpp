@@ -33,7 +33,20 @@ RequestSender::RequestSender(const PullSettings& s, int socket_fd, std::vector<n
     owed_clears_.reserve(max_credits * 2);
     scratch_.resize(max_credits * 2);
     dgram_.resize(wire::request_bytes(std::max<std::size_t>(8000, kClearIdsPerDatagram)));
+    apply(s);
+}
+
+void RequestSender::apply(const PullSettings& s) {
+    s_.credits = s.credits;
+    s_.request_batch = s.request_batch;
+    s_.retry_ms = s.retry_ms;
+    s_.max_retries = s.max_retries;
+    s_.timeout_ms = s.timeout_ms;
+    s_.run_number = s.run_number;
+    retry_timer_.set_bounds(std::uint64_t{s_.retry_ms} * 1'000'000ull,
+                            std::uint64_t{s_.timeout_ms} * 1'000'000ull / (s_.max_retries + 1ull));
     counters_.credits_configured.store(std::min<std::size_t>(s_.credits, max_credits_));
+    counters_.retry_period_ns.store(retry_timer_.period_ns(), std::memory_order_relaxed);
 }
 
 void RequestSender::on_written(const std::uint64_t* ids, std::size_t n) noexcept {
@@ -56,14 +69,23 @@ void RequestSender::send_ids(wire::Type type, const std::uint64_t* ids, std::siz
     if (send_.send(fd_, sources_.size()) < 0) counters_.send_errors.fetch_add(1, std::memory_order_relaxed);
 }
 
-std::size_t RequestSender::take_written() {
+std::size_t RequestSender::take_written(std::uint64_t now) {
     const std::size_t n = written_.try_pop_n(scratch_.data(), scratch_.size());
+    bool sampled = false;
     for (std::size_t i = 0; i < n; ++i) {
         Entry* e = outstanding_.find(scratch_[i]);
         if (e == nullptr) continue;  // not ours (an unrequested event) or already returned
+        if (e->retries == 0 && !e->given_up) {
+            retry_timer_.sample(now - e->requested_ns);
+            sampled = true;
+        }
         outstanding_.erase(scratch_[i]);
         free_entries_.push_back(e);
         owed_clears_.push_back(scratch_[i]);  // the credit is back; a CLEAR is owed first
+    }
+    if (sampled) {
+        counters_.retry_period_ns.store(retry_timer_.period_ns(), std::memory_order_relaxed);
+        counters_.round_trip_ns.store(retry_timer_.smoothed_ns(), std::memory_order_relaxed);
     }
     return n;
 }
@@ -98,7 +120,7 @@ std::size_t RequestSender::send_requests(std::uint64_t now) {
             ids[i] = next_id();
             Entry* e = free_entries_.back();
             free_entries_.pop_back();
-            *e = Entry{ids[i], now + std::uint64_t{s_.retry_ms} * 1'000'000ull, 0, false};
+            *e = Entry{ids[i], now, now + retry_timer_.period_ns(), 0, false};
             outstanding_.insert(ids[i], e);
             retry_queue_.push_back(ids[i]);
         }
@@ -139,7 +161,7 @@ std::size_t RequestSender::retry_due(std::uint64_t now) {
             continue;
         }
         ++e->retries;
-        e->deadline_ns = now + std::uint64_t{s_.retry_ms} * 1'000'000ull;
+        e->deadline_ns = now + retry_timer_.period_ns();
         retry_queue_.push_back(id);
         ids[n++] = id;
         if (n == std::min<std::size_t>(s_.request_batch, 8000)) flush();
@@ -151,18 +173,13 @@ std::size_t RequestSender::retry_due(std::uint64_t now) {
 std::size_t RequestSender::do_work() {
     const PullSettings* next = nullptr;
     for (int i = 0; i < 4 && commands_.try_pop(next); ++i) {
-        s_.credits = next->credits;
-        s_.request_batch = next->request_batch;
-        s_.retry_ms = next->retry_ms;
-        s_.max_retries = next->max_retries;
-        s_.run_number = next->run_number;
+        apply(*next);
         if (s_.credits > max_credits_)
             log_warn("pull.credits {} is above the {} this builder was started with; using {} until a restart",
                      s_.credits, max_credits_, max_credits_);
-        counters_.credits_configured.store(std::min<std::size_t>(s_.credits, max_credits_));
     }
     const std::uint64_t now = monotonic_ns();
-    std::size_t work = take_written();
+    std::size_t work = take_written(now);
     // Order matters: every CLEAR owed goes out before a REQUEST spends the credit.
     work += send_clears();
     work += retry_due(now);
@@ -176,7 +193,7 @@ std::size_t RequestSender::do_work() {
 void RequestSender::on_idle() {
     // Sleep until a credit comes back (the writer rings) or the next retry is due;
     // never spin while out of credits.
-    std::uint64_t wait_ns = std::uint64_t{s_.retry_ms} * 1'000'000ull;
+    std::uint64_t wait_ns = retry_timer_.period_ns();
     if (!retry_queue_.empty()) {
         if (const Entry* e = outstanding_.find(retry_queue_.front()); e != nullptr && !e->given_up) {
             const std::uint64_t now = monotonic_ns();

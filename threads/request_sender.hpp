@@ -5,7 +5,9 @@
 // CLEAR owed. Every owed CLEAR is sent before any REQUEST that spends a returned
 // credit, so no source ever sees more requested-and-not-cleared events than
 // pull.credits. Requests go out in batches of pull.request_batch ids from the
-// builder's own input socket, so the answers come back to the readers.
+// builder's own input socket, so the answers come back to the readers. An event
+// not written within the retry period (RetryTimer: learned from request-to-written
+// times, at least pull.retry_ms) is requested again.
 #pragma once
 
 #include <atomic>
@@ -18,6 +20,7 @@
 #include "core/flat_map.hpp"
 #include "core/wire.hpp"
 #include "net/udp.hpp"
+#include "threads/retry_timer.hpp"
 #include "threads/runner.hpp"
 #include "threads/spsc_ring.hpp"
 #include "threads/wait.hpp"
@@ -32,8 +35,9 @@ struct PullSettings {
     std::uint64_t events = 0;  // 0: no limit
     std::uint32_t credits = 64;
     std::uint32_t request_batch = 16;
-    std::uint32_t retry_ms = 100;
+    std::uint32_t retry_ms = 100;  // the shortest retry period (see RetryTimer)
     std::uint32_t max_retries = 5;
+    std::uint32_t timeout_ms = 1000;  // building.timeout_ms: retries end before it
 };
 
 struct alignas(kFalseSharingBytes) PullCounters {
@@ -46,6 +50,8 @@ struct alignas(kFalseSharingBytes) PullCounters {
     std::atomic<std::uint64_t> events_cleared{0};
     std::atomic<std::uint64_t> events_given_up{0};  // written INCOMPLETE after the last retry
     std::atomic<std::uint64_t> send_errors{0};
+    std::atomic<std::uint64_t> retry_period_ns{0};   // in force now
+    std::atomic<std::uint64_t> round_trip_ns{0};     // smoothed request-to-written time
 };
 
 class RequestSender final : public Agent {
@@ -69,11 +75,13 @@ public:
 private:
     struct Entry {
         std::uint64_t event_id;
-        std::uint64_t deadline_ns;  // next retry
+        std::uint64_t requested_ns;  // first request
+        std::uint64_t deadline_ns;   // next retry
         std::uint32_t retries;
         bool given_up;
     };
-    std::size_t take_written();
+    std::size_t take_written(std::uint64_t now);
+    void apply(const PullSettings& s);
     std::size_t send_clears();
     std::size_t send_requests(std::uint64_t now);
     std::size_t retry_due(std::uint64_t now);
@@ -86,6 +94,7 @@ private:
     GiveUp give_up_;
     PullCounters& counters_;
     std::size_t max_credits_;
+    RetryTimer retry_timer_;
     SpscRing<std::uint64_t> written_;
     SpscRing<const PullSettings*> commands_{16};
     Doorbell doorbell_;

@@ -1,0 +1,161 @@
+#include <catch2/catch.hpp>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "core/wire.hpp"
+#include "net/udp.hpp"
+#include "threads/request_sender.hpp"
+#include "threads/retry_timer.hpp"
+
+using evb::RetryTimer;
+
+namespace {
+constexpr std::uint64_t kMs = 1'000'000;
+}  // namespace
+
+TEST_CASE("RetryTimer starts at the floor and follows steady round trips") {
+    RetryTimer t;
+    t.set_bounds(100 * kMs, 1000 * kMs);
+    CHECK(t.period_ns() == 100 * kMs);
+    CHECK(t.smoothed_ns() == 0);
+    t.sample(300 * kMs);  // first sample: srtt 300, rttvar 150 -> 900
+    CHECK(t.smoothed_ns() == 300 * kMs);
+    CHECK(t.period_ns() == 900 * kMs);
+    for (int i = 0; i < 200; ++i) t.sample(300 * kMs);
+    // The deviation decays to nothing; the period settles at twice the round trip.
+    CHECK(t.smoothed_ns() == 300 * kMs);
+    CHECK(t.period_ns() >= 600 * kMs);
+    CHECK(t.period_ns() < 601 * kMs);
+}
+
+TEST_CASE("RetryTimer never goes below pull.retry_ms nor above the timeout's share") {
+    RetryTimer t;
+    t.set_bounds(100 * kMs, 250 * kMs);
+    for (int i = 0; i < 50; ++i) t.sample(1 * kMs);  // fast answers: the floor holds
+    CHECK(t.period_ns() == 100 * kMs);
+    t.sample(5000 * kMs);  // one very slow event: capped
+    CHECK(t.period_ns() == 250 * kMs);
+    t.set_bounds(100 * kMs, 50 * kMs);  // a cap below the floor is no cap
+    CHECK(t.period_ns() > 250 * kMs);
+    t.set_bounds(100 * kMs, 0);  // 0: no cap
+    CHECK(t.period_ns() > 250 * kMs);
+}
+
+TEST_CASE("RetryTimer tracks a change in round trip within a few dozen samples") {
+    RetryTimer t;
+    t.set_bounds(1 * kMs, 0);
+    for (int i = 0; i < 100; ++i) t.sample(10 * kMs);
+    for (int i = 0; i < 40; ++i) t.sample(50 * kMs);
+    CHECK(t.smoothed_ns() > 45 * kMs);
+    CHECK(t.period_ns() >= t.smoothed_ns());
+    // A huge sample cannot overflow the arithmetic.
+    t.sample(~std::uint64_t{0});
+    CHECK(t.period_ns() > 50 * kMs);
+}
+
+namespace {
+
+// The sources' end: a socket the sender's REQUESTs arrive at.
+struct FakeSource {
+    evb::net::BoundSocket sock = evb::net::bind_udp(evb::net::parse_endpoint("127.0.0.1:0"), {});
+    evb::net::Endpoint at() const {
+        evb::net::Endpoint e;
+        e.len = sizeof(sockaddr_storage);
+        getsockname(sock.fd, reinterpret_cast<sockaddr*>(&e.addr), &e.len);
+        return e;
+    }
+    // Ids of every REQUEST waiting in the socket (CLEARs are skipped).
+    std::vector<std::uint64_t> requested() {
+        std::vector<std::uint64_t> ids;
+        std::vector<std::byte> buf(70000);
+        while (true) {
+            const ssize_t n = recv(sock.fd, buf.data(), buf.size(), MSG_DONTWAIT);
+            if (n <= 0) break;
+            evb::wire::RequestView v;
+            if (evb::wire::parse_request({buf.data(), static_cast<std::size_t>(n)}, v) != evb::wire::ParseError::ok) continue;
+            if (v.type != evb::wire::Type::request) continue;
+            for (std::uint32_t i = 0; i < v.count; ++i) ids.push_back(v.event_id(i));
+        }
+        return ids;
+    }
+    ~FakeSource() { close(sock.fd); }
+};
+
+// One credit, one id per REQUEST.
+evb::PullSettings one_at_a_time(std::uint32_t retry_ms, std::uint32_t max_retries, std::uint32_t timeout_ms,
+                                std::uint64_t events) {
+    evb::PullSettings s;
+    s.credits = 1;
+    s.request_batch = 1;
+    s.retry_ms = retry_ms;
+    s.max_retries = max_retries;
+    s.timeout_ms = timeout_ms;
+    s.events = events;
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("RequestSender learns a slow round trip and stops re-requesting events that are on their way") {
+    FakeSource src;
+    const int fd = evb::net::open_udp_for(src.at());
+    const evb::PullSettings s = one_at_a_time(20, 5, 6000, 4);  // cap: 6000 / 6 = 1 s
+    evb::PullCounters counters;
+    std::vector<std::uint64_t> given_up;
+    evb::RequestSender rs(s, fd, {src.at()}, [&](std::uint64_t id, std::uint64_t) { given_up.push_back(id); }, counters, 4);
+
+    // Event 0: written 150 ms after its request, measured before any retry is looked at.
+    rs.do_work();
+    CHECK(src.requested() == std::vector<std::uint64_t>{0});
+    CHECK(counters.retry_period_ns.load() == 20 * kMs);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    std::uint64_t id = 0;
+    rs.on_written(&id, 1);
+    rs.do_work();  // takes the write (a sample of >= 150 ms), then requests event 1
+    CHECK(counters.round_trip_ns.load() >= 150 * kMs);
+    CHECK(counters.retry_period_ns.load() >= 150 * kMs);
+    CHECK(counters.retry_period_ns.load() <= 1000 * kMs);
+    CHECK(src.requested() == std::vector<std::uint64_t>{1});
+
+    // 60 ms later event 1 is not due again: a fixed 20 ms period would have asked twice by now.
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    rs.do_work();
+    CHECK(src.requested().empty());
+    CHECK(counters.rerequests_sent.load() == 0);
+
+    // Past the learned period it is asked again, and that event is no sample (Karn).
+    const std::uint64_t period_before = counters.retry_period_ns.load();
+    std::this_thread::sleep_for(std::chrono::nanoseconds(period_before));
+    rs.do_work();
+    CHECK(src.requested() == std::vector<std::uint64_t>{1});
+    CHECK(counters.rerequests_sent.load() == 1);
+    id = 1;
+    rs.on_written(&id, 1);
+    rs.do_work();
+    CHECK(counters.retry_period_ns.load() == period_before);
+    CHECK(given_up.empty());
+    close(fd);
+}
+
+TEST_CASE("RequestSender gives up after pull.max_retries at the floor period") {
+    FakeSource src;
+    const int fd = evb::net::open_udp_for(src.at());
+    const evb::PullSettings s = one_at_a_time(5, 2, 1000, 1);
+    evb::PullCounters counters;
+    std::vector<std::uint64_t> given_up;
+    evb::RequestSender rs(s, fd, {src.at()}, [&](std::uint64_t id, std::uint64_t) { given_up.push_back(id); }, counters, 4);
+    rs.do_work();
+    for (int i = 0; i < 200 && given_up.empty(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        rs.do_work();
+    }
+    CHECK(given_up == std::vector<std::uint64_t>{0});
+    CHECK(counters.rerequests_sent.load() == 2);
+    CHECK(src.requested() == std::vector<std::uint64_t>{0, 0, 0});
+    close(fd);
+}
