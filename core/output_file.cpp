@@ -60,6 +60,7 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
     current_ = 0;
     stage_len_ = 0;
     disk_offset_ = 0;
+    allocated_end_ = 0;
     async_error_ = 0;
     failed_offset_ = ~std::uint64_t{0};
     if (direct) {
@@ -138,9 +139,8 @@ int OutputFile::submit_stage() {
     // Allocate first: a write inside the file's size is not an extending write, which
     // ext4 and XFS would complete synchronously inside io_submit. A full disk shows
     // here, before anything is in flight.
-    if (::fallocate(fd_, 0, static_cast<off_t>(disk_offset_), static_cast<off_t>(kStageBytes)) != 0 &&
-        errno != EOPNOTSUPP)
-        return errno;
+    if (disk_offset_ + kStageBytes > allocated_end_)
+        if (const int e = allocate_ahead(); e != 0) return e;
     bool submitted = false;
     if (aio_ != 0) {
         iocb& cb = iocbs_[current_];
@@ -164,6 +164,23 @@ int OutputFile::submit_stage() {
     current_ = (current_ + 1) % kStages;
     stage_len_ = 0;
     return wait_stage(current_);
+}
+
+// Allocates kAllocateBytes from disk_offset_ on, or only the next stage when the
+// disk has no room for more: the disk is full only when that stage does not fit.
+int OutputFile::allocate_ahead() {
+    for (const std::size_t len : {kAllocateBytes, kStageBytes}) {
+        if (::fallocate(fd_, 0, static_cast<off_t>(disk_offset_), static_cast<off_t>(len)) == 0) {
+            allocated_end_ = disk_offset_ + len;
+            return 0;
+        }
+        if (errno == EOPNOTSUPP) {
+            allocated_end_ = disk_offset_ + kAllocateBytes;  // ask again only that much later
+            return 0;
+        }
+        if (errno != ENOSPC && errno != EDQUOT) return errno;
+    }
+    return errno;
 }
 
 // Collects finished writes: at least one, or every one in flight when `all`.
@@ -221,7 +238,7 @@ int OutputFile::finish_direct() {
     }
     disk_offset_ += stage_len_;
     stage_len_ = 0;
-    // The last stage's allocation may reach past the data.
+    // The allocation reaches past the data.
     if (::ftruncate(fd_, static_cast<off_t>(disk_offset_)) != 0) return errno;
     return 0;
 }
@@ -274,6 +291,7 @@ int OutputFile::rollback(std::uint64_t offset, std::size_t index_count) {
             disk_offset_ -= back * kStageBytes;
             current_ = (current_ + kStages - static_cast<std::size_t>(back)) % kStages;
             if (::ftruncate(fd_, static_cast<off_t>(disk_offset_)) != 0) return errno;
+            allocated_end_ = disk_offset_;
         }
         if (index_count < index_.size()) index_.resize(index_count);
         stage_len_ = static_cast<std::size_t>(offset - disk_offset_);
