@@ -53,30 +53,34 @@ def main():
         src_result = {}
 
         def send(first, run, n, rate):
-            src_result[run] = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 8, "--events", n, "--first", first,
+            src_result[(first, run)] = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 8, "--events", n, "--first", first,
                                           "--run", run, "--size", "200:2000", "--rate", rate])
 
         t = threading.Thread(target=send, args=(0, 1, events, 1000))
         t.start()
         time.sleep(0.5)
-        for name, (text, _) in BAD.items():
+        for name, (text, needle) in BAD.items():
+            before = d.log_text().count(needle)
             write(cfg, text)
             d.proc.send_signal(signal.SIGHUP)
-            time.sleep(0.3)
-            m = d.metrics()
-            if m["evb_config_last_reload_successful"] != 0:
-                fail(f"a bad config ({name}) reload reported success")
+            # Wait for this reload's message before the next SIGHUP: signals sent while
+            # one is pending merge into one reload.
+            deadline = time.time() + 20
+            while d.log_text().count(needle) <= before:
+                if d.proc.poll() is not None or time.time() > deadline:
+                    fail(f"no reload message '{needle}' for the bad config ({name}) within 20 s:\n" + d.log_text()[-2000:])
+                time.sleep(0.05)
+            # The daemon logs the problems, then sets the metric.
+            deadline = time.time() + 5
+            while d.metrics()["evb_config_last_reload_successful"] != 0:
+                if time.time() > deadline:
+                    fail(f"a bad config ({name}) reload reported success")
+                time.sleep(0.05)
         check(True, "every bad config reload is reported as failed by evb_config_last_reload_successful")
         log = d.log_text()
         check(all(needle in log for _, needle in BAD.values()), "each bad reload's message is in the log")
         check(d.proc.poll() is None, "evbd keeps running after bad reloads")
 
-        # Timeout reload: 2000 ms -> 300 ms, seen in the metric.
-        port_cfg["building"]["timeout_ms"] = 300
-        write(cfg, json.dumps(port_cfg))
-        d.proc.send_signal(signal.SIGHUP)
-        d.wait_metric("evb_building_timeout_seconds", lambda v: abs(v - 0.3) < 1e-9, timeout=5)
-        check(d.metrics()["evb_config_last_reload_successful"] == 1, "a good reload after bad ones succeeds")
         t.join()
         d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= events, timeout=30)
         m = d.metrics()
@@ -84,26 +88,41 @@ def main():
               m['evb_events_built_total{status="incomplete"}'] == 0,
               f"all {events} events of run 1 complete across the bad reloads: none lost")
 
+        # Timeout reload: 2000 ms -> 300 ms, seen in the metric. Done once run 1's traffic
+        # is all built, so that a stall on a loaded machine cannot time out its events.
+        port_cfg["building"]["timeout_ms"] = 300
+        write(cfg, json.dumps(port_cfg))
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_metric("evb_building_timeout_seconds", lambda v: abs(v - 0.3) < 1e-9, timeout=20)
+        check(d.metrics()["evb_config_last_reload_successful"] == 1, "a good reload after bad ones succeeds")
+
         # The new timeout is in force: a silent source's events now time out after ~300 ms.
         t0 = time.time()
-        run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 7, "--events", 50, "--first", events, "--run", 1,
-                    "--rate", 500])
+        silent = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 7, "--events", 50, "--first", events,
+                             "--run", 1, "--rate", 500])
         d.wait_metric('evb_events_built_total{status="incomplete"}', lambda v: v >= 50, timeout=10)
         check(time.time() - t0 < 2.0, "incomplete events are written after the new 300 ms timeout, not 2000 ms")
 
         # Run transition mid-stream: run 1 traffic continues while the run changes.
         t = threading.Thread(target=send, args=(events + 50, 1, 1500, 1000))
         t.start()
-        time.sleep(0.7)
+        # Change the run once this run-1 traffic is flowing (200 of its events built),
+        # with over a second of it still to come, rather than after a fixed sleep.
+        d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= events + 200, timeout=30)
         port_cfg["run_number"] = 2
         write(cfg, json.dumps(port_cfg))
         d.proc.send_signal(signal.SIGHUP)
-        d.wait_metric("evb_run_number", lambda v: v == 2, timeout=5)
+        d.wait_metric("evb_run_number", lambda v: v == 2, timeout=20)
         t.join()
         send(0, 2, 1000, 2000)
+        # The complete count can pass events + 1000 with run 1 events alone (those built
+        # before the change): wait until evbd has read every datagram sent, after which
+        # the shutdown drain builds and writes everything.
+        total_sent = silent["datagrams"] + sum(r["datagrams"] for r in src_result.values())
+        d.wait_metric("evb_datagrams_received_total", lambda v: v >= total_sent, timeout=30)
         d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= events + 1000, timeout=30)
-        time.sleep(0.5)
         m = d.metrics()
+        check(m["evb_datagrams_received_total"] == total_sent, f"evbd read all {total_sent} datagrams sent")
         rc = d.stop()
         check(rc == 0, "evbd exits 0")
         check(m['evb_rejected_datagrams_total{reason="wrong_run"}'] > 0, "run 1 datagrams after the change counted as wrong-run")

@@ -25,7 +25,10 @@ def main():
                                 "--idle-exit", "20"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(0.3)
         cfg = os.path.join(wd, "evbd.json")
-        conf = {"mode": "pull", "sources": 12, "building": {"timeout_ms": 3000},
+        # timeout_ms 10000: the learned retry period is capped at timeout / (max_retries + 1)
+        # = 476 ms, room for a stall on a loaded machine; pull.retry_ms 50 stays the floor,
+        # so answers the emulator drops are still re-requested quickly.
+        conf = {"mode": "pull", "sources": 12, "building": {"timeout_ms": 10000},
                 "pull": {"source_addresses": [f"127.0.0.1:{sport}"], "credits": CREDITS, "request_batch": 8,
                          "events": EVENTS, "retry_ms": 50, "max_retries": 20}}
         with open(cfg, "w") as f:
@@ -42,7 +45,18 @@ def main():
         check(True, "a reload changed pull.credits at run time (evb_pull_credits_configured)")
         d.wait_metric("evb_events_written_total", lambda v: v >= EVENTS, timeout=90)
         d.wait_metric("evb_pull_credits_in_use", lambda v: v == 0, timeout=10)
-        time.sleep(0.3)  # the last CLEARs reach the emulator
+        # The last CLEARs reach the emulator: poll its stats file (rewritten each second)
+        # until every event is cleared, or 20 s pass; the checks below use its final stats.
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                with open(stats) as f:
+                    s = json.load(f)
+                if s["event_ids_cleared"] >= EVENTS and s["outstanding"] == 0:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
         m = d.metrics()
         check(d.stop() == 0, "evbd exits 0")
         src.send_signal(signal.SIGTERM)

@@ -66,13 +66,15 @@ def main():
         t.start()
         src = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", SOURCES, "--events", EVENTS,
                           "--size", "0:8000", "--chunk", "1432", "--reorder", "64", "--dup", "0.02",
-                          "--rate", "3000", "--seed", "11"])
+                          "--rate", "1000", "--seed", "11"])
         stop.set()
         t.join()
         d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= EVENTS, timeout=30)
         m = d.metrics()
         rc = d.stop()
         check(rc == 0, f"evbd exits 0 after SIGTERM (got {rc})")
+        # 1000 events/s * 48 sources * ~4 KB ~= 192 MB/s: the 64 MiB socket buffer holds
+        # well over 300 ms of traffic, so even a long stall of the receiver drops nothing.
         check(m["evb_kernel_receive_drops_total"] == 0, "no kernel receive drops (the test rate is modest)")
         check(m['evb_events_built_total{status="complete"}'] == EVENTS, f"{EVENTS} events built complete")
         check(m['evb_events_built_total{status="incomplete"}'] == 0, "no incomplete events")
