@@ -15,9 +15,6 @@
 #include "net/udp.hpp"
 
 #include <arpa/inet.h>
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -378,73 +375,14 @@ std::uint32_t fragment_length(const Options& o, std::uint64_t event_id, std::uin
     return o.size_min + static_cast<std::uint32_t>(h % range);
 }
 
-// Writes the same bytes as pattern::fill. The whole words go through a loop with a
-// fixed 8-byte store the compiler keeps in registers; pattern::fill's general
-// per-word copy runs at about half the speed, and the pattern is most of the cost of
-// a datagram.
-void fill_pattern(std::uint32_t run_number, std::uint32_t source_id, std::uint64_t event_id,
-                  std::size_t offset, std::byte* out, std::size_t len) noexcept {
-    const std::size_t head = std::min(len, (8 - offset % 8) % 8);
-    if (head > 0) {
-        pattern::fill(run_number, source_id, event_id, offset, out, head);
-        out += head;
-        offset += head;
-        len -= head;
-    }
-    // The generator state advances by a constant per word, so any word is reachable.
-    std::uint64_t s = pattern::seed(run_number, source_id, event_id) + (offset / 8) * 0x9E3779B97F4A7C15ull;
-    const std::size_t words = len / 8;
-    for (std::size_t i = 0; i < words; ++i) {
-        const std::uint64_t w = pattern::next(s);
-        std::memcpy(out + 8 * i, &w, sizeof w);
-    }
-    if (const std::size_t tail = len % 8; tail > 0) {
-        const std::uint64_t w = pattern::next(s);
-        std::memcpy(out + 8 * words, &w, tail);
-    }
-}
-
-#if defined(__x86_64__)
-// fill_pattern and the payload CRC32C in one pass: the crc32 instruction's 3-cycle
-// chain overlaps with the generator's multiplies, so the CRC comes almost free where
-// a second pass over the payload costs as much as generating it.
-__attribute__((target("sse4.2"))) std::uint32_t fill_pattern_crc_sse42(
-    std::uint32_t run_number, std::uint32_t source_id, std::uint64_t event_id, std::size_t offset,
-    std::byte* out, std::size_t len) noexcept {
-    const std::size_t head = std::min(len, (8 - offset % 8) % 8);
-    std::uint32_t crc = 0;
-    if (head > 0) {
-        pattern::fill(run_number, source_id, event_id, offset, out, head);
-        crc = crc32c(out, head);
-        out += head;
-        offset += head;
-        len -= head;
-    }
-    std::uint64_t s = pattern::seed(run_number, source_id, event_id) + (offset / 8) * 0x9E3779B97F4A7C15ull;
-    std::uint64_t c = static_cast<std::uint32_t>(~crc);  // the CRC register is the complement
-    const std::size_t words = len / 8;
-    for (std::size_t i = 0; i < words; ++i) {
-        const std::uint64_t w = pattern::next(s);
-        std::memcpy(out + 8 * i, &w, sizeof w);
-        c = _mm_crc32_u64(c, w);
-    }
-    crc = ~static_cast<std::uint32_t>(c);
-    if (const std::size_t tail = len % 8; tail > 0) {
-        const std::uint64_t w = pattern::next(s);
-        std::memcpy(out + 8 * words, &w, tail);
-        crc = crc32c_extend(crc, out + 8 * words, tail);
-    }
-    return crc;
-}
-#endif
-
 // Writes the pattern and returns the CRC32C of what it wrote.
+// Two passes: pattern::fill (four generator lanes in AVX2) then the three-stream
+// CRC32C over bytes still in L1 ran at 6.7-7.5 GB/s on the reference VM, against
+// 5.1-5.6 for one fused scalar loop (its crc32 chain and the generator's multiplies
+// share one dependency-bound stream).
 std::uint32_t fill_pattern_crc(std::uint32_t run_number, std::uint32_t source_id, std::uint64_t event_id,
                                std::size_t offset, std::byte* out, std::size_t len) noexcept {
-#if defined(__x86_64__)
-    if (crc32c_hardware()) return fill_pattern_crc_sse42(run_number, source_id, event_id, offset, out, len);
-#endif
-    fill_pattern(run_number, source_id, event_id, offset, out, len);
+    pattern::fill(run_number, source_id, event_id, offset, out, len);
     return crc32c(out, len);
 }
 
@@ -476,7 +414,7 @@ public:
         if (o_.crc)
             crc = fill_pattern_crc(o_.run_number, source_id_, event_id_, offset_, p, payload);
         else
-            fill_pattern(o_.run_number, source_id_, event_id_, offset_, p, payload);
+            pattern::fill(o_.run_number, source_id_, event_id_, offset_, p, payload);
         wire::FragmentHeader h;
         h.flags = o_.crc ? wire::fragment_flags::has_crc : std::uint16_t{0};
         h.source_id = source_id_;

@@ -68,7 +68,7 @@ TEST_CASE("pattern: fill matches an independent implementation of the spec", "[p
                         {3, 65536, 1ull << 40}};
     for (const auto& k : keys) {
         for (std::size_t len : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8},
-                                std::size_t{9}, std::size_t{64}, std::size_t{1001}}) {
+                                std::size_t{9}, std::size_t{64}, std::size_t{1001}, std::size_t{8972}}) {
             const auto want = spec_pattern(k.run, k.source, k.event, len);
             const auto got = fill_all(k.run, k.source, k.event, len);
             INFO("run " << k.run << " source " << k.source << " event " << k.event << " len " << len);
@@ -101,10 +101,11 @@ TEST_CASE("pattern: fill at any offset is the slice of a full fill", "[pattern]"
             REQUIRE(std::equal(buf.begin() + 1, buf.end() - 1, full.begin() + static_cast<std::ptrdiff_t>(offset)));
         }
     }
-    // Far offsets use the skip-ahead: compare with the longhand version.
+    // Far offsets use the skip-ahead: compare with the longhand version (long enough
+    // for the four-lane word loop, and its scalar remainder, to run from there).
     const std::size_t far = 1'000'003;
-    const auto longhand = spec_pattern(run, source, event, far + 20);
-    std::vector<std::byte> tail(20);
+    const auto longhand = spec_pattern(run, source, event, far + 1021);
+    std::vector<std::byte> tail(1021);
     evb::pattern::fill(run, source, event, far, tail.data(), tail.size());
     for (std::size_t i = 0; i < tail.size(); ++i)
         REQUIRE(std::to_integer<std::uint8_t>(tail[i]) == longhand[far + i]);
