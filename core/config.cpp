@@ -59,7 +59,7 @@ const std::vector<Key>& schema() {
         {"building.workers", Kind::uint, 0, 0, 64, false, "Threads that run the oneTBB flow graph (matching and assembly), each in a task arena of its own (at most one per shard); 0 means the CPUs evbd may use less one per reader and one for the writer, from 1 to 4 (1 on a 2-core machine)."},
         {"building.shards", Kind::uint, 0, 0, 256, false, "Matcher shards (events routed by id); 0 means one per worker."},
         {"building.max_events_in_flight", Kind::uint, 4096, 16, 1u << 20, false, "Events being built or waiting to be written (all shards). A fragment that would start one more is counted and dropped (evb_malformed_datagrams_total{reason=\"in_flight_limit\"}); size it above the writer's backlog when the disk stalls."},
-        {"building.max_buffer_bytes", Kind::uint, 512ull << 20, 1ull << 20, 64ull << 30, false, "Memory for receive buffers (all readers). When all are in use the readers stop reading and the kernel's drops are counted."},
+        {"building.max_buffer_bytes", Kind::uint, 512ull << 20, 1ull << 20, 64ull << 30, false, "Memory for receive buffers (all readers), made resident at start (evbd refuses to start if it exceeds 90% of the memory available). When all are in use the readers stop reading and the kernel's drops are counted."},
         {"building.late_window", Kind::uint, 65536, 16, 1u << 24, false, "Built event ids remembered per shard to recognise late fragments."},
         {"output.directory", Kind::string, "evb-data", 0, 0, false, "Directory for the output files (created if missing)."},
         {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},

@@ -14,6 +14,8 @@
 #include <chrono>
 #include <cstring>
 #include <fmt/format.h>
+#include <fstream>
+#include <string>
 
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
@@ -32,6 +34,17 @@
 namespace evb {
 
 namespace {
+
+// MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read.
+std::uint64_t available_memory_bytes() {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    std::uint64_t kib = 0;
+    std::string unit;
+    while (in >> key >> kib >> unit)
+        if (key == "MemAvailable:") return kib * 1024;
+    return 0;
+}
 
 // Signals are blocked in every evbd thread and taken by sigtimedwait in the service
 // loop. A thread that evbd did not create (a sanitizer's runtime thread, say) may
@@ -185,6 +198,17 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
             log_warn("input.socket_buffer_bytes: asked for {} bytes, the kernel granted {} "
                      "(raise net.core.rmem_max or grant CAP_NET_ADMIN)",
                      cfg->input.socket_buffer_bytes, sockets.back().receive_buffer_bytes);
+    }
+
+    // The receive pools are made resident at once. Asking for more than the machine
+    // has free would not fail cleanly: the kernel's OOM killer would end this or
+    // another process while the pages are touched.
+    if (const std::uint64_t avail = available_memory_bytes();
+        avail != 0 && cfg->building.max_buffer_bytes > avail / 10 * 9) {
+        log_error("building.max_buffer_bytes: {} bytes asked for receive buffers, but only {} bytes of memory are "
+                  "available (MemAvailable in /proc/meminfo; at most 90% of it is taken); lower it or free memory",
+                  cfg->building.max_buffer_bytes, avail);
+        return 1;
     }
 
     // Receive pools: one arena and pool per reader. Return ports 0..shards-1 are the
