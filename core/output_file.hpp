@@ -73,8 +73,8 @@ public:
     // Space is allocated this far ahead of the writes. ext4's fallocate waits for
     // every direct write in flight on the file (inode_dio_wait), so allocating per
     // stage would drain the queue of writes at every stage; per 64 MiB it drains
-    // once in 32 stages. A crash leaves at most this much allocated zeros after
-    // the last record (evb-dump --recover cuts them).
+    // once in 32 stages. A crash can leave this much allocated zeros after the last
+    // record, plus the stages that were in flight (evb-dump --recover cuts them).
     static constexpr std::size_t kAllocateBytes = 64u << 20;
 
 private:

@@ -114,6 +114,20 @@ def dir_bytes(path):
     return total
 
 
+def io_written(pid):
+    """write_bytes of /proc/PID/io: bytes the process sent towards storage (counted
+    when an O_DIRECT write is submitted, or when a buffered write dirties the page
+    cache); it only grows. 0 when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("write_bytes:"):
+                    return int(line.split(":")[1])
+    except OSError:
+        pass
+    return 0
+
+
 def parse_metrics(text):
     """Prometheus text exposition -> {'name{labels}': value}."""
     values = {}
@@ -330,17 +344,20 @@ def source_args(spec):
 
 
 def watch_until_done(evbd, source, spec, t0, cpu0):
-    """Watches the output files grow (every 10 ms, no scrape) until the run is over;
-    returns (end time, evbd CPU seconds at the end, why it ended).
+    """Watches evbd write (every 10 ms, no scrape) until the run is over; returns
+    (end time, evbd CPU seconds at the end, why it ended).
 
-    The run's end is the last time the output grew; evbd's CPU is read at that moment.
+    The run's end is the last time evbd wrote: its write_bytes in /proc/PID/io or the
+    output files' sizes grew (files alone would not do: with O_DIRECT the space is
+    allocated 64 MiB ahead, so writes land inside a file that no longer grows); evbd's
+    CPU is read at that moment.
     Once the output has been idle for a moment (and a push source has finished), a
     scrape every QUIET_CHECK_S asks evbd whether every event is written, or nothing is
     left in flight; without an exporter, a longer idle time has to do. Events written
     while the file does not grow (into the O_DIRECT staging buffer: timed-out or
     re-requested stragglers) move the end to the scrape that sees them.
     """
-    size, t_end, cpu_end = 0, t0, cpu0
+    size, io, t_end, cpu_end = 0, io_written(evbd.pid), t0, cpu0
     last_check, written_at_check = 0.0, None
     deadline = t0 + max(120.0, spec.data_bytes / 5e6)
 
@@ -351,9 +368,9 @@ def watch_until_done(evbd, source, spec, t0, cpu0):
 
     while True:
         now = time.monotonic()
-        current = dir_bytes(evbd.data)
-        if current > size:
-            size, t_end, cpu_end = current, now, cpu_seconds(evbd.pid)
+        current, current_io = dir_bytes(evbd.data), io_written(evbd.pid)
+        if current > size or current_io > io:
+            size, io, t_end, cpu_end = max(size, current), current_io, now, cpu_seconds(evbd.pid)
             written_at_check = None  # the next check starts a new idle period
         if evbd.proc.poll() is not None:
             raise ToolError(f"evbd exited during run {spec.name}:\n{evbd.log_text()[-2000:]}")
@@ -642,48 +659,33 @@ def thread_cpu_seconds(pid):
 
 
 class OutputMeter:
-    """Bytes evbd has written into a directory whose closed files are deleted as they
-    appear (so a long run needs no room): the deleted files' sizes plus the sizes of
-    the files still there, closed (.evb) or open (.evb.part). A thread sweeps every
-    50 ms; bytes() lists the directory once under the same lock, and a .part renamed
-    between the listing and its stat is taken under its new name."""
+    """Bytes evbd has written, for output into a directory whose closed files are
+    deleted as they appear (so a long run needs no room; a thread sweeps every 50 ms).
+    The count is evbd's write_bytes from /proc/PID/io (bytes it sent towards storage:
+    at submission with O_DIRECT, when dirtied in the page cache otherwise), not the
+    files' sizes: with O_DIRECT evbd allocates a file's space 64 MiB ahead, so sizes
+    move in 64 MiB steps."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, pid):
         self.directory = directory
-        self.deleted = 0
+        self.pid = pid
         self.lock = threading.Lock()
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
-
-    def _size(self, name):
-        path = os.path.join(self.directory, name)
-        try:
-            return os.stat(path).st_size
-        except FileNotFoundError:
-            if name.endswith(".part"):  # closed meanwhile: X.evb.part -> X.evb
-                try:
-                    return os.stat(path[:-len(".part")]).st_size
-                except FileNotFoundError:
-                    pass
-            return 0
 
     def _run(self):
         while not self.halt.wait(0.05):
             with self.lock:
                 for name in os.listdir(self.directory):
                     if name.endswith(".evb"):
-                        size = self._size(name)
                         try:
                             os.unlink(os.path.join(self.directory, name))
-                            self.deleted += size
                         except FileNotFoundError:
                             pass
 
     def bytes(self):
-        with self.lock:
-            return self.deleted + sum(self._size(n) for n in os.listdir(self.directory)
-                                      if n.endswith(".evb") or n.endswith(".part"))
+        return io_written(self.pid)
 
     def stop(self):
         self.halt.set()
@@ -718,7 +720,7 @@ def metrics_phases(bin_dir, out_dir, blocks, phase_s, seed=5):
     try:
         evbd = Evbd(bin_dir, workdir, evbd_settings(spec) + [f"output.max_file_bytes={64 * MiB}"], exporter=True)
         port = int(re.search(r":(\d+)/metrics$", evbd.metrics_url).group(1))
-        meter = OutputMeter(evbd.data)
+        meter = OutputMeter(evbd.data, evbd.pid)
         source = Child([os.path.join(bin_dir, "evb-source"), "--to", f"127.0.0.1:{evbd.port}", *source_args(spec),
                         "--events", str(10 ** 12)], os.path.join(workdir, "source.out"))
         time.sleep(1.0)  # warm-up: the emulator up to speed, the first files opened

@@ -120,7 +120,7 @@ std::size_t RequestSender::send_requests(std::uint64_t now) {
             ids[i] = next_id();
             Entry* e = free_entries_.back();
             free_entries_.pop_back();
-            *e = Entry{ids[i], now, now + retry_timer_.period_ns(), 0, false};
+            *e = Entry{ids[i], now, now, 0, false};
             outstanding_.insert(ids[i], e);
             retry_queue_.push_back(ids[i]);
         }
@@ -150,8 +150,15 @@ std::size_t RequestSender::retry_due(std::uint64_t now) {
             retry_queue_.pop_front();  // written, or waiting for its INCOMPLETE record
             continue;
         }
-        if (e->deadline_ns > now) break;
+        if (e->sent_ns + retry_timer_.period_ns() > now) break;
         retry_queue_.pop_front();
+        if (e->retries == 0 && e->requested_ns >= backoff_epoch_ns_) {
+            // Asked once and not written within the period: the period may be too
+            // short for every event (none would ever be measured), so double it.
+            retry_timer_.on_timeout();
+            backoff_epoch_ns_ = now;
+            counters_.retry_period_ns.store(retry_timer_.period_ns(), std::memory_order_relaxed);
+        }
         if (e->retries >= s_.max_retries) {
             // Out of retries: the matcher writes it INCOMPLETE; its credit returns
             // when that record is written.
@@ -161,7 +168,7 @@ std::size_t RequestSender::retry_due(std::uint64_t now) {
             continue;
         }
         ++e->retries;
-        e->deadline_ns = now + retry_timer_.period_ns();
+        e->sent_ns = now;
         retry_queue_.push_back(id);
         ids[n++] = id;
         if (n == std::min<std::size_t>(s_.request_batch, 8000)) flush();
@@ -197,7 +204,8 @@ void RequestSender::on_idle() {
     if (!retry_queue_.empty()) {
         if (const Entry* e = outstanding_.find(retry_queue_.front()); e != nullptr && !e->given_up) {
             const std::uint64_t now = monotonic_ns();
-            wait_ns = e->deadline_ns > now ? e->deadline_ns - now : 0;
+            const std::uint64_t due = e->sent_ns + retry_timer_.period_ns();
+            wait_ns = due > now ? due - now : 0;
         }
     }
     if (wait_ns == 0) return;

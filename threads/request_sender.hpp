@@ -76,7 +76,7 @@ private:
     struct Entry {
         std::uint64_t event_id;
         std::uint64_t requested_ns;  // first request
-        std::uint64_t deadline_ns;   // next retry
+        std::uint64_t sent_ns;       // last request; due again at sent_ns + the period
         std::uint32_t retries;
         bool given_up;
     };
@@ -102,7 +102,10 @@ private:
     FlatMap<Entry> outstanding_;
     std::vector<Entry> entries_;          // storage for outstanding_ values
     std::vector<Entry*> free_entries_;
-    std::deque<std::uint64_t> retry_queue_;  // ids in deadline order (stale ids skipped)
+    // Ids in order of their last request, so in deadline order for the one period
+    // all share, whatever it becomes (stale ids skipped).
+    std::deque<std::uint64_t> retry_queue_;
+    std::uint64_t backoff_epoch_ns_ = 0;  // only events requested since the last doubling double it again
     std::vector<std::uint64_t> owed_clears_;
     std::vector<std::uint64_t> scratch_;
     std::vector<std::byte> dgram_;

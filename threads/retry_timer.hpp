@@ -12,7 +12,10 @@
 // credit for a while. Never below pull.retry_ms, never above the share of
 // building.timeout_ms that keeps every retry before the matcher's own timeout.
 // Only events answered at the first request are measured (Karn's rule: an event asked
-// for twice does not say which request its answers belong to).
+// for twice does not say which request its answers belong to). So that the period can
+// grow when every event takes longer than it (none would then be measured), a first
+// request that times out doubles the period (on_timeout, as TCP backs off) until the
+// next measurement.
 #pragma once
 
 #include <algorithm>
@@ -35,18 +38,26 @@ public:
         if (srtt_ns_ < 0) {
             srtt_ns_ = r;
             rttvar_ns_ = r / 2;
-            return;
+        } else {
+            const std::int64_t err = r - srtt_ns_;
+            rttvar_ns_ += ((err < 0 ? -err : err) - rttvar_ns_) / 4;  // beta = 1/4
+            srtt_ns_ += err / 8;                                      // alpha = 1/8
         }
-        const std::int64_t err = r - srtt_ns_;
-        rttvar_ns_ += ((err < 0 ? -err : err) - rttvar_ns_) / 4;  // beta = 1/4
-        srtt_ns_ += err / 8;                                      // alpha = 1/8
+        backoff_ = 0;
+    }
+
+    // An event asked for once was not written within the period: double it (up to
+    // 64x, and never past the cap) until the next sample.
+    void on_timeout() noexcept {
+        if (backoff_ < kMaxBackoff && (cap_ns_ == 0 || period_ns() < cap_ns_)) ++backoff_;
     }
 
     // The time after which an event not yet written is requested again.
     std::uint64_t period_ns() const noexcept {
         std::uint64_t p = floor_ns_;
         if (srtt_ns_ >= 0) p = std::max(p, static_cast<std::uint64_t>(srtt_ns_ + std::max(4 * rttvar_ns_, srtt_ns_)));
-        if (cap_ns_ > floor_ns_) p = std::min(p, cap_ns_);
+        p <<= backoff_;
+        if (cap_ns_ != 0) p = std::min(p, std::max(cap_ns_, floor_ns_));
         return p;
     }
 
@@ -55,10 +66,12 @@ public:
 
 private:
     static constexpr std::uint64_t kMaxSampleNs = 3'600'000'000'000ull;  // an hour: keeps 4 x rttvar in range
+    static constexpr unsigned kMaxBackoff = 6;                             // 64x; an hour << 6 still fits
     std::uint64_t floor_ns_ = 100'000'000;
     std::uint64_t cap_ns_ = 0;
     std::int64_t srtt_ns_ = -1;
     std::int64_t rttvar_ns_ = 0;
+    unsigned backoff_ = 0;
 };
 
 }  // namespace evb

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -40,10 +41,27 @@ TEST_CASE("RetryTimer never goes below pull.retry_ms nor above the timeout's sha
     CHECK(t.period_ns() == 100 * kMs);
     t.sample(5000 * kMs);  // one very slow event: capped
     CHECK(t.period_ns() == 250 * kMs);
-    t.set_bounds(100 * kMs, 50 * kMs);  // a cap below the floor is no cap
-    CHECK(t.period_ns() > 250 * kMs);
+    t.set_bounds(100 * kMs, 50 * kMs);  // a cap below the floor yields the floor
+    CHECK(t.period_ns() == 100 * kMs);
     t.set_bounds(100 * kMs, 0);  // 0: no cap
     CHECK(t.period_ns() > 250 * kMs);
+}
+
+TEST_CASE("RetryTimer doubles on a timeout up to the cap and forgets it at the next sample") {
+    RetryTimer t;
+    t.set_bounds(20 * kMs, 1000 * kMs);
+    t.on_timeout();
+    CHECK(t.period_ns() == 40 * kMs);
+    t.on_timeout();
+    t.on_timeout();
+    CHECK(t.period_ns() == 160 * kMs);
+    for (int i = 0; i < 10; ++i) t.on_timeout();
+    CHECK(t.period_ns() == 1000 * kMs);  // capped
+    t.sample(30 * kMs);                  // srtt 30, rttvar 15: 30 + 60
+    CHECK(t.period_ns() == 90 * kMs);
+    t.set_bounds(20 * kMs, 0);  // no cap: at most 64x
+    for (int i = 0; i < 20; ++i) t.on_timeout();
+    CHECK(t.period_ns() == 64 * 90 * kMs);
 }
 
 TEST_CASE("RetryTimer tracks a change in round trip within a few dozen samples") {
@@ -128,16 +146,19 @@ TEST_CASE("RequestSender learns a slow round trip and stops re-requesting events
     CHECK(src.requested().empty());
     CHECK(counters.rerequests_sent.load() == 0);
 
-    // Past the learned period it is asked again, and that event is no sample (Karn).
+    // Past the learned period it is asked again (which doubles the period), and that
+    // event is no sample when it is written (Karn).
     const std::uint64_t period_before = counters.retry_period_ns.load();
     std::this_thread::sleep_for(std::chrono::nanoseconds(period_before));
     rs.do_work();
     CHECK(src.requested() == std::vector<std::uint64_t>{1});
     CHECK(counters.rerequests_sent.load() == 1);
+    const std::uint64_t backed_off = std::min(2 * period_before, 1000 * kMs);  // doubled, capped at 1 s
+    CHECK(counters.retry_period_ns.load() == backed_off);
     id = 1;
     rs.on_written(&id, 1);
     rs.do_work();
-    CHECK(counters.retry_period_ns.load() == period_before);
+    CHECK(counters.retry_period_ns.load() == backed_off);
     CHECK(given_up.empty());
     close(fd);
 }
@@ -157,5 +178,43 @@ TEST_CASE("RequestSender gives up after pull.max_retries at the floor period") {
     CHECK(given_up == std::vector<std::uint64_t>{0});
     CHECK(counters.rerequests_sent.load() == 2);
     CHECK(src.requested() == std::vector<std::uint64_t>{0, 0, 0});
+    close(fd);
+}
+
+TEST_CASE("RequestSender learns a round trip longer than pull.retry_ms when polled like its thread") {
+    // Every event is written 150 ms after its first request; the sender is polled
+    // every 2 ms. With a fixed 20 ms period every event would be asked for again,
+    // never measured, forever; the doubling lets one be answered at its first request.
+    FakeSource src;
+    const int fd = evb::net::open_udp_for(src.at());
+    constexpr std::uint64_t kEvents = 12;
+    const evb::PullSettings s = one_at_a_time(20, 20, 60000, kEvents);
+    evb::PullCounters counters;
+    evb::RequestSender rs(s, fd, {src.at()}, [](std::uint64_t, std::uint64_t) {}, counters, 4);
+    std::vector<std::chrono::steady_clock::time_point> first(kEvents);
+    std::vector<int> asked(kEvents, 0);
+    std::uint64_t written = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (written < kEvents && std::chrono::steady_clock::now() < deadline) {
+        rs.do_work();
+        const auto now = std::chrono::steady_clock::now();
+        for (const std::uint64_t id : src.requested()) {
+            REQUIRE(id < kEvents);
+            if (asked[id]++ == 0) first[id] = now;
+        }
+        if (written < kEvents && asked[written] > 0 && now - first[written] >= std::chrono::milliseconds(150)) {
+            rs.on_written(&written, 1);
+            ++written;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    REQUIRE(written == kEvents);
+    CHECK(asked[0] > 1);  // the first events are asked for again while the period is short
+    for (std::uint64_t id = kEvents / 2; id < kEvents; ++id) {
+        INFO("event " << id);
+        CHECK(asked[id] == 1);  // learned: the second half is asked for once
+    }
+    CHECK(counters.round_trip_ns.load() >= 150 * kMs);
+    CHECK(counters.retry_period_ns.load() >= 150 * kMs);
     close(fd);
 }
