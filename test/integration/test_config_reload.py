@@ -104,15 +104,17 @@ def main():
         check(time.time() - t0 < 2.0, "incomplete events are written after the new 300 ms timeout, not 2000 ms")
 
         # Run transition mid-stream: run 1 traffic continues while the run changes.
-        t = threading.Thread(target=send, args=(events + 50, 1, 1500, 1000))
+        t = threading.Thread(target=send, args=(events + 50, 1, 3000, 1000))
         t.start()
         # Change the run once this run-1 traffic is flowing (200 of its events built),
-        # with over a second of it still to come, rather than after a fixed sleep.
+        # with nearly three seconds of it still to come (a slow sanitizer build may lag),
+        # rather than after a fixed sleep.
         d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= events + 200, timeout=30)
         port_cfg["run_number"] = 2
         write(cfg, json.dumps(port_cfg))
         d.proc.send_signal(signal.SIGHUP)
         d.wait_metric("evb_run_number", lambda v: v == 2, timeout=20)
+        change_during_run1 = t.is_alive()
         t.join()
         send(0, 2, 1000, 2000)
         # The complete count can pass events + 1000 with run 1 events alone (those built
@@ -125,6 +127,7 @@ def main():
         check(m["evb_datagrams_received_total"] == total_sent, f"evbd read all {total_sent} datagrams sent")
         rc = d.stop()
         check(rc == 0, "evbd exits 0")
+        check(change_during_run1, "the run changed while run-1 traffic was still being sent")
         check(m['evb_rejected_datagrams_total{reason="wrong_run"}'] > 0, "run 1 datagrams after the change counted as wrong-run")
         names = sorted(os.listdir(d.out))
         runs = sorted(set(n[:9] for n in names))
