@@ -46,7 +46,12 @@ void RequestSender::apply(const PullSettings& s) {
     retry_timer_.set_bounds(std::uint64_t{s_.retry_ms} * 1'000'000ull,
                             std::uint64_t{s_.timeout_ms} * 1'000'000ull / (s_.max_retries + 1ull));
     counters_.credits_configured.store(std::min<std::size_t>(s_.credits, max_credits_));
+    publish_timer();
+}
+
+void RequestSender::publish_timer() noexcept {
     counters_.retry_period_ns.store(retry_timer_.period_ns(), std::memory_order_relaxed);
+    counters_.round_trip_ns.store(retry_timer_.smoothed_ns(), std::memory_order_relaxed);
 }
 
 void RequestSender::on_written(const std::uint64_t* ids, std::size_t n) noexcept {
@@ -71,21 +76,15 @@ void RequestSender::send_ids(wire::Type type, const std::uint64_t* ids, std::siz
 
 std::size_t RequestSender::take_written(std::uint64_t now) {
     const std::size_t n = written_.try_pop_n(scratch_.data(), scratch_.size());
-    bool sampled = false;
     for (std::size_t i = 0; i < n; ++i) {
         Entry* e = outstanding_.find(scratch_[i]);
         if (e == nullptr) continue;  // not ours (an unrequested event) or already returned
         if (e->retries == 0 && !e->given_up) {
             retry_timer_.sample(now - e->requested_ns);
-            sampled = true;
         }
         outstanding_.erase(scratch_[i]);
         free_entries_.push_back(e);
         owed_clears_.push_back(scratch_[i]);  // the credit is back; a CLEAR is owed first
-    }
-    if (sampled) {
-        counters_.retry_period_ns.store(retry_timer_.period_ns(), std::memory_order_relaxed);
-        counters_.round_trip_ns.store(retry_timer_.smoothed_ns(), std::memory_order_relaxed);
     }
     return n;
 }
@@ -157,7 +156,6 @@ std::size_t RequestSender::retry_due(std::uint64_t now) {
             // short for every event (none would ever be measured), so double it.
             retry_timer_.on_timeout();
             backoff_epoch_ns_ = now;
-            counters_.retry_period_ns.store(retry_timer_.period_ns(), std::memory_order_relaxed);
         }
         if (e->retries >= s_.max_retries) {
             // Out of retries: the matcher writes it INCOMPLETE; its credit returns
@@ -192,6 +190,7 @@ std::size_t RequestSender::do_work() {
     work += retry_due(now);
     work += send_requests(now);
     counters_.credits_in_use.store(outstanding_.size(), std::memory_order_relaxed);
+    publish_timer();  // after this round's samples, back-offs and reloads
     if (s_.events > 0 && requested_ == s_.events && outstanding_.size() == 0 && !done())
         done_.store(true, std::memory_order_release);
     return work;

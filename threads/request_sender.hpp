@@ -82,6 +82,7 @@ private:
     };
     std::size_t take_written(std::uint64_t now);
     void apply(const PullSettings& s);
+    void publish_timer() noexcept;  // the RetryTimer's state to the gauges
     std::size_t send_clears();
     std::size_t send_requests(std::uint64_t now);
     std::size_t retry_due(std::uint64_t now);
