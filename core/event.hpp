@@ -25,6 +25,7 @@ struct ChunkMeta {
     std::uint32_t chunk_offset;
     std::uint32_t payload_length;
     std::uint32_t payload_crc32c;  // from the wire; once matched, the CRC of the payload as received
+    std::uint32_t received_crc32c;  // computed by the reader while the payload is in its cache
     std::uint32_t slot;  // index in the owner's pool
     std::uint16_t chunk_index;
     std::uint16_t chunk_count;

@@ -164,10 +164,10 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         drop(c);
         return;
     }
-    // The one pass over the payload before it is written: the CRC checks the chunk
-    // when the source sent one, and is kept in either case so that assembly joins
-    // the record CRC from the chunks' CRCs instead of reading the payload again.
-    const std::uint32_t crc = crc32c(c->payload(), c->payload_length);
+    // The payload's CRC (computed on admission, admit_datagram) checks the chunk when
+    // the source sent one, and is kept in either case so that assembly joins the
+    // record CRC from the chunks' CRCs instead of reading the payload again.
+    const std::uint32_t crc = c->received_crc32c;
     if ((c->flags & wire::fragment_flags::has_crc) && crc != c->payload_crc32c) {
         e->status |= file::record_status::corrupt_dropped;
         counters_.crc_failures.add();

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -20,6 +21,22 @@ namespace {
 // O_DIRECT wants block-aligned offsets, lengths and memory; 4 KiB covers every
 // common device.
 constexpr std::size_t kBlock = 4096;
+constexpr std::size_t kHugePage = 2u << 20;
+
+// Every io_submit of a stage pins its pages (get_user_pages). In 4 KiB pages that is
+// 512 page-table walks per 2 MiB stage, a third of the writer's time in a jumbo run
+// (session 5 profile); a 2 MiB page is pinned as one folio. Advice only: without
+// transparent huge pages the stages stay in 4 KiB pages and are merely pre-faulted.
+void back_with_huge_pages(std::byte* p, std::size_t bytes) noexcept {
+#ifdef MADV_HUGEPAGE
+    (void)::madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+    if (::madvise(p, bytes, MADV_POPULATE_WRITE) != 0)
+        for (std::size_t i = 0; i < bytes; i += kBlock) p[i] = std::byte{0};
+}
 
 // Linux AIO through its system calls (glibc has no wrappers; libaio is not needed).
 long sys_io_setup(unsigned n, aio_context_t* ctx) { return ::syscall(SYS_io_setup, n, ctx); }
@@ -70,7 +87,7 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
         } else if (fd_ >= 0) {
             if (stages_ == nullptr) {
                 void* p = nullptr;
-                if (::posix_memalign(&p, kBlock, kStages * kStageBytes) != 0) {
+                if (::posix_memalign(&p, kHugePage, kStages * kStageBytes) != 0) {
                     ::close(fd_);
                     ::unlink(part_path_.c_str());
                     fd_ = -1;
@@ -79,6 +96,7 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
                     return ENOMEM;
                 }
                 stages_ = static_cast<std::byte*>(p);
+                back_with_huge_pages(stages_, kStages * kStageBytes);
             }
             if (!aio_tried_) {
                 // Without AIO (a kernel built without it, or the system-wide limit

@@ -1,6 +1,7 @@
 #include "net/udp.hpp"
 
 #include <arpa/inet.h>
+#include <linux/sock_diag.h>
 #include <netdb.h>
 #include <poll.h>
 #include <unistd.h>
@@ -81,7 +82,6 @@ BoundSocket bind_udp(const Endpoint& at, const SocketOptions& opts) {
     };
     if (opts.reuse_port && ::setsockopt(s.fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0)
         fail("SO_REUSEPORT on");
-    if (::setsockopt(s.fd, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof one) != 0) fail("SO_RXQ_OVFL on");
     if (opts.receive_buffer_bytes > 0) {
         const int want = static_cast<int>(std::min<std::size_t>(opts.receive_buffer_bytes, INT32_MAX / 2));
         // SO_RCVBUFFORCE passes net.core.rmem_max with CAP_NET_ADMIN; without the
@@ -113,19 +113,30 @@ int open_udp_for(const Endpoint& to, std::size_t send_buffer_bytes) {
     return fd;
 }
 
-namespace {
-constexpr std::size_t kControlBytes = CMSG_SPACE(sizeof(std::uint32_t));
+std::uint32_t kernel_drops(int fd) noexcept {
+    std::uint32_t mem[SK_MEMINFO_VARS] = {};
+    socklen_t len = sizeof mem;
+    if (::getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mem, &len) != 0 || len <= SK_MEMINFO_DROPS * sizeof mem[0])
+        return 0;
+    return mem[SK_MEMINFO_DROPS];
 }
 
-RecvBatch::RecvBatch(std::size_t n) : msgs_(n), iovs_(n), names_(n), control_(n * kControlBytes) {
+RecvBatch::RecvBatch(std::size_t n) : msgs_(n), iovs_(n), names_(n) {
     for (std::size_t i = 0; i < n; ++i) {
         auto& h = msgs_[i].msg_hdr;
         h.msg_iov = &iovs_[i];
         h.msg_iovlen = 1;
         h.msg_name = &names_[i];
         h.msg_namelen = sizeof(sockaddr_storage);
-        h.msg_control = control_.data() + i * kControlBytes;
-        h.msg_controllen = kControlBytes;
+    }
+}
+
+void RecvBatch::want_senders(bool on) noexcept {
+    if (on == want_senders_) return;
+    want_senders_ = on;
+    for (std::size_t i = 0; i < msgs_.size(); ++i) {
+        msgs_[i].msg_hdr.msg_name = on ? &names_[i] : nullptr;
+        msgs_[i].msg_hdr.msg_namelen = on ? sizeof(sockaddr_storage) : 0;
     }
 }
 
@@ -136,29 +147,15 @@ void RecvBatch::set_buffer(std::size_t i, void* buf, std::size_t len) noexcept {
 
 int RecvBatch::receive(int fd, std::size_t n, bool wait) noexcept {
     if (n > msgs_.size()) n = msgs_.size();
-    for (std::size_t i = 0; i < n; ++i) {
-        // recvmmsg overwrites these per message; reset them for the next call.
-        msgs_[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
-        msgs_[i].msg_hdr.msg_controllen = kControlBytes;
-    }
+    if (want_senders_)
+        for (std::size_t i = 0; i < n; ++i)  // recvmmsg overwrites it per message
+            msgs_[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
     const int flags = wait ? MSG_WAITFORONE : MSG_DONTWAIT;
     int got;
     do {
         got = ::recvmmsg(fd, msgs_.data(), static_cast<unsigned>(n), flags, nullptr);
     } while (got < 0 && errno == EINTR);
     if (got < 0) return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -errno;
-    // The drop counter is cumulative per socket: the last message carrying it wins.
-    for (int i = got - 1; i >= 0; --i) {
-        auto& h = msgs_[static_cast<std::size_t>(i)].msg_hdr;
-        bool found = false;
-        for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
-                std::memcpy(&kernel_drops_, CMSG_DATA(c), sizeof kernel_drops_);
-                found = true;
-            }
-        }
-        if (found) break;
-    }
     return got;
 }
 

@@ -990,6 +990,7 @@ public:
         const auto t0 = Clock::now();
         auto last_datagram = t0;
         auto last_stats_write = t0;
+        auto last_drops_poll = t0;
         int status = 0;
         while (!g_stop.load(std::memory_order_relaxed)) {
             const int got = recv_.receive(fd_, recv_.capacity(), true);
@@ -1003,16 +1004,21 @@ public:
                 last_datagram = now;
                 for (std::size_t i = 0; i < static_cast<std::size_t>(got); ++i) handle(i);
                 flush();
-                stats_.kernel_drops = recv_.kernel_drops();
+                if (now - last_drops_poll >= std::chrono::milliseconds(1)) {
+                    last_drops_poll = now;
+                    stats_.kernel_drops = net::kernel_drops(fd_);
+                }
             }
             const double idle_s = std::chrono::duration<double>(now - last_datagram).count();
             if (o_.idle_exit_s > 0 && idle_s >= o_.idle_exit_s) break;
             if (!o_.stats_out.empty() && now - last_stats_write >= std::chrono::seconds(1)) {
                 last_stats_write = now;
+                stats_.kernel_drops = net::kernel_drops(fd_);
                 stats_.seconds = std::chrono::duration<double>(now - t0).count();
                 write_file_atomically(o_.stats_out, serve_json(o_, stats_));
             }
         }
+        stats_.kernel_drops = net::kernel_drops(fd_);
         ::close(fd_);
         stats_.seconds = seconds_since(t0);
         const std::string json = serve_json(o_, stats_);

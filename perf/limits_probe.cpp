@@ -144,7 +144,7 @@ LoopbackResult measure_loopback(std::size_t datagram_bytes, double seconds) {
         }
         r.received = got_total;
         r.received_bytes = bytes;
-        r.kernel_drops = batch.kernel_drops();
+        r.kernel_drops = net::kernel_drops(rx.fd);
     });
 
     std::thread sender([&] {
@@ -286,6 +286,7 @@ int run_sink(const Options& o) {
             break;
         }
     }
+    const std::uint32_t drops = net::kernel_drops(rx.fd);
     ::close(rx.fd);
     const double elapsed = seconds_between(first, last);
     const double dps = elapsed > 0 ? static_cast<double>(datagrams) / elapsed : 0;
@@ -293,12 +294,12 @@ int run_sink(const Options& o) {
     if (o.json)
         fmt::print("{{\"datagrams\":{},\"bytes\":{},\"kernel_drops\":{},\"seconds\":{},"
                    "\"datagrams_per_s\":{},\"bytes_per_s\":{}}}\n",
-                   datagrams, bytes, batch.kernel_drops(), json_number(elapsed), json_number(dps),
+                   datagrams, bytes, drops, json_number(elapsed), json_number(dps),
                    json_number(bps));
     else
         fmt::print("sink: {} datagrams, {} bytes, kernel drops {}, {:.3f} s, {:.0f} datagrams/s, "
                    "{:.1f} MB/s\n",
-                   datagrams, bytes, batch.kernel_drops(), elapsed, dps, bps / 1e6);
+                   datagrams, bytes, drops, elapsed, dps, bps / 1e6);
     return 0;
 }
 

@@ -36,8 +36,9 @@ struct AdmissionRules {
     std::vector<net::Endpoint> allowed_senders;  // empty: everyone (port ignored)
 };
 
-// Parses one datagram in slot `idx` of `pool`: either fills its ChunkMeta and returns
-// the shard to hand it to, or counts the reason and returns -1 (slot not used).
+// Parses one datagram in slot `idx` of `pool`: either fills its ChunkMeta (the
+// payload's CRC32C included) and returns the shard to hand it to, or counts the
+// reason and returns -1 (slot not used).
 // Shared by the socket reader and the pcap replay feeder.
 int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t length,
                    const AdmissionRules& rules, std::uint32_t shard_count,
@@ -75,7 +76,12 @@ public:
     const AdmissionRules* applied() const noexcept { return applied_.load(std::memory_order_acquire); }
 
 private:
+    void poll_kernel_drops(std::uint64_t now_ns) noexcept;
+
     std::atomic<const AdmissionRules*> applied_{nullptr};
+    static constexpr std::uint64_t kDropsPollNs = 1'000'000;
+    std::uint64_t drops_polled_ns_ = 0;
+    bool drops_stale_ = false;  // datagrams received since the last poll
     std::uint64_t coalesce_ns_;
     bool slack_set_ = false;  // this thread's timer slack lowered (on first pause)
     int fd_;
