@@ -490,25 +490,45 @@ def summarize(spec, seconds, cpu_s, end_reason, metrics, final, sent, served, so
 # The suite
 
 
+def base_name(name):
+    """A repeated run is named like its first with "#2", "#3": the point it measures."""
+    return name.split("#")[0]
+
+
 def target_specs(data_bytes, full):
-    """The runs the issue's targets are computed from: every datagram full size."""
-    specs = [RunSpec("jumbo-direct", "target", chunk=JUMBO_CHUNK, fragment=JUMBO_CHUNK, data_bytes=data_bytes),
-             RunSpec("standard", "target", chunk=STANDARD_CHUNK, fragment=STANDARD_CHUNK, data_bytes=data_bytes)]
+    """The runs the issue's targets are computed from: every datagram full size. In the
+    full suite the jumbo run is made three times, right after the limits probe, and the
+    target takes their median: on this shared machine one run can land in a slow
+    minute (back-to-back runs of one build have ranged 0.45-1.0 GB/s)."""
+    jumbo = [RunSpec("jumbo-direct", "target", chunk=JUMBO_CHUNK, fragment=JUMBO_CHUNK, data_bytes=data_bytes)]
     if full:
-        specs.insert(1, RunSpec("jumbo-buffered", "target", chunk=JUMBO_CHUNK, fragment=JUMBO_CHUNK,
-                                data_bytes=data_bytes, direct_io=False))
+        jumbo += [dataclasses.replace(jumbo[0], name=f"jumbo-direct#{k}") for k in (2, 3)]
+    specs = jumbo + [RunSpec("standard", "target", chunk=STANDARD_CHUNK, fragment=STANDARD_CHUNK,
+                             data_bytes=data_bytes)]
+    if full:
+        specs.insert(len(jumbo), RunSpec("jumbo-buffered", "target", chunk=JUMBO_CHUNK, fragment=JUMBO_CHUNK,
+                                         data_bytes=data_bytes, direct_io=False))
     return specs
 
 
 def matrix_specs(data_bytes, direct_io):
+    """Per datagram and fragment size, the source counts in the order 8, 1600, 64, 400,
+    1600#2, 8#2: the 1600-against-8 target compares the means of two runs each, made in
+    mirrored order so that a machine getting steadily faster or slower over the group
+    weighs on both sides alike."""
     specs = []
+    order = (8, 1600, 64, 400, 1600, 8)
     for mode in ("push", "pull"):
         for chunk in (STANDARD_CHUNK, JUMBO_CHUNK):
             for fragment in FRAGMENT_SIZES:
                 if chunk == JUMBO_CHUNK and fragment <= STANDARD_CHUNK:
                     continue  # one datagram per fragment either way: same as the 1472 run
-                for sources in SOURCE_COUNTS:
+                seen = set()
+                for sources in order:
                     name = f"{mode}-{chunk + FRAGMENT_HEADER_BYTES}-{sources}src-{size_label(fragment)}"
+                    if sources in seen:
+                        name += "#2"
+                    seen.add(sources)
                     specs.append(RunSpec(name, "matrix", mode=mode, chunk=chunk, sources=sources,
                                          fragment=fragment, data_bytes=data_bytes, direct_io=direct_io))
     return specs
@@ -802,36 +822,52 @@ def phases_summary(m):
 
 def targets(runs, limits, phases=None):
     """Issue 8's targets (and issue 5's metrics cost), each PASS/FAIL from this run's ratios."""
-    by_name = {r["name"]: r for r in runs}
+    by_point = {}
+    for r in runs:
+        by_point.setdefault(base_name(r["name"]), []).append(r)
     rows = []
+
+    def names(rs):
+        return " + ".join(r["name"] for r in rs)
 
     def add(target, run, measured, threshold, ok):
         rows.append({"target": target, "run": run, "measured": measured, "threshold": threshold,
                      "result": "PASS" if ok else "FAIL"})
 
-    jumbo = by_name.get("jumbo-direct")
+    jumbo = by_point.get("jumbo-direct")
     if jumbo:
         loop = limits["loopback_8972"]["bytes_per_s"]
         direct = limits.get("disk_direct_bytes_per_s")
         bound, basis = 0.7 * loop, "70% of loopback 8972 B"
         if isinstance(direct, (int, float)) and 0.9 * direct < bound:
             bound, basis = 0.9 * direct, "90% of disk O_DIRECT"
-        add("jumbo: payload >= min(70% loopback, 90% O_DIRECT), zero loss", "jumbo-direct",
-            f"{fmt_rate(jumbo['payload_bytes_per_s'])}, loss {jumbo['loss']}",
-            f"{fmt_rate(bound)} ({basis}), loss 0", jumbo["payload_bytes_per_s"] >= bound and jumbo["loss"] == 0)
-    std = by_name.get("standard")
+        rates = sorted(r["payload_bytes_per_s"] for r in jumbo)
+        median = rates[len(rates) // 2] if len(rates) % 2 else (rates[len(rates) // 2 - 1] + rates[len(rates) // 2]) / 2
+        loss = sum(r["loss"] for r in jumbo)
+        measured = fmt_rate(median) + (f" (median of {len(rates)}: " + ", ".join(f"{x / GB:.3f}" for x in rates) + ")"
+                                       if len(rates) > 1 else "")
+        add("jumbo: payload >= min(70% loopback, 90% O_DIRECT), zero loss", names(jumbo),
+            f"{measured}, loss {loss}", f"{fmt_rate(bound)} ({basis}), loss 0", median >= bound and loss == 0)
+    std = (by_point.get("standard") or [None])[0]
     if std:
         loop = limits["loopback_1472"]["datagrams_per_s"]
         add("1472 B: datagrams/s >= 70% of loopback 1472 B, zero loss", "standard",
             f"{fmt_count(std['datagrams_per_s'])}/s, loss {std['loss']}",
             f"{fmt_count(0.7 * loop)}/s, loss 0", std["datagrams_per_s"] >= 0.7 * loop and std["loss"] == 0)
-    for r in runs:
-        m = re.fullmatch(r"(push|pull)-(\d+)-1600src-(\w+)", r["name"])
-        base = by_name.get(f"{m.group(1)}-{m.group(2)}-8src-{m.group(3)}") if m else None
-        if base:
-            ratio = r["payload_bytes_per_s"] / base["payload_bytes_per_s"]
-            add("1600 sources within 15% of 8 sources", f"{r['name']} / {base['name']}",
-                f"{ratio:.2f}", ">= 0.85", ratio >= 0.85)
+    def mean_rate(rs):
+        return sum(r["payload_bytes_per_s"] for r in rs) / len(rs)
+
+    for point, many in by_point.items():
+        m = re.fullmatch(r"(push|pull)-(\d+)-1600src-(\w+)", point)
+        few = by_point.get(f"{m.group(1)}-{m.group(2)}-8src-{m.group(3)}") if m else None
+        if few:
+            ratio = mean_rate(many) / mean_rate(few)
+            each = ""
+            if len(many) == len(few) > 1:
+                each = " (runs: " + ", ".join(f"{a['payload_bytes_per_s'] / b['payload_bytes_per_s']:.2f}"
+                                              for a, b in zip(many, few)) + ")"
+            add("1600 sources within 15% of 8 sources", f"mean of {names(many)} / mean of {names(few)}",
+                f"{ratio:.2f}{each}", ">= 0.85", ratio >= 0.85)
     ms = phases_summary(phases)
     if ms:
         # Shown only when the whole 95% interval lies within 2%: a point estimate

@@ -34,12 +34,16 @@ def nice_ceiling(x):
 
 
 def series_of(runs, mode):
-    """{(datagram_bytes, fragment): [(sources, GB/s), ...]} for the matrix runs of one mode."""
-    series = {}
+    """{(datagram_bytes, fragment): [(sources, GB/s), ...]} for the matrix runs of one mode;
+    repeated runs of one point (name#2) are averaged."""
+    points = {}
     for r in runs:
         if r["group"] == "matrix" and r["mode"] == mode:
             key = (1472 if r["chunk"] == 1432 else 8972, r["fragment"])
-            series.setdefault(key, []).append((r["sources"], r["payload_bytes_per_s"] / GB))
+            points.setdefault((key, r["sources"]), []).append(r["payload_bytes_per_s"] / GB)
+    series = {}
+    for (key, sources), rates in points.items():
+        series.setdefault(key, []).append((sources, sum(rates) / len(rates)))
     return {k: sorted(v) for k, v in sorted(series.items())}
 
 
