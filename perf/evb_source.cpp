@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -57,10 +58,12 @@ constexpr std::string_view kUsage = R"(usage:
   evb-source --to HOST:PORT --sources N --events M [--first E] [--first-source S]
              [--run R] [--size A[:B]] [--chunk BYTES] [--rate EVENTS_PER_S]
              [--loss P] [--dup P] [--reorder W] [--seed S] [--no-crc] [--batch K]
-             [--sndbuf BYTES] [--pcap-out FILE] [--pcap-mtu N] [--dry-run] [--json]
+             [--payload pattern|fixed] [--sndbuf BYTES] [--pcap-out FILE] [--pcap-mtu N]
+             [--dry-run] [--json]
   evb-source --serve HOST:PORT --sources N [--first-source S] [--run R]
              [--size A[:B]] [--chunk BYTES] [--loss P] [--seed S] [--no-crc]
-             [--batch K] [--sndbuf BYTES] [--idle-exit SECONDS] [--stats-out FILE] [--json]
+             [--payload pattern|fixed] [--batch K] [--sndbuf BYTES] [--idle-exit SECONDS]
+             [--stats-out FILE] [--json]
 
 Push mode sends, for each event E..E+M-1 and each source S..S+N-1, one fragment
 whose length is drawn from (seed, event, source) uniformly in [A, B] bytes (default
@@ -75,6 +78,11 @@ datagrams are at most 1472 bytes). Payloads carry the test pattern. Defaults:
   --seed S        seed of every random choice (default 1)
   --no-crc        do not set HAS_CRC (default: payload CRC32C in every chunk)
   --batch K       datagrams per sendmmsg (default 64, at most 1024)
+  --payload fixed every chunk carries the same bytes (the pattern's first chunk of
+                  source 0, event 0), generated and checksummed once: the emulator
+                  then spends its CPU on sending, as a front-end board costs the
+                  builder node nothing; evb-dump --pattern rejects such output
+                  (default: pattern, unique per run, source, event and offset)
   --sndbuf BYTES  socket send buffer size
   --pcap-out FILE record every datagram as sent (Ethernet/IPv4/UDP pcap)
   --pcap-mtu N    in the pcap only, split IP packets larger than N into fragments
@@ -115,6 +123,7 @@ struct Options {
     std::uint32_t reorder_window = 0;
     std::uint64_t seed = 1;
     bool crc = true;
+    bool fixed_payload = false;
     bool json = false;
     bool dry_run = false;
     std::uint32_t batch = 64;
@@ -259,6 +268,10 @@ Options parse_options(int argc, char** argv) {
         } else if (flag == "--no-crc") {
             no_value();
             o.crc = false;
+        } else if (flag == "--payload") {
+            const std::string& v = take();
+            if (v != "pattern" && v != "fixed") bad_value(flag, v, "expected pattern or fixed");
+            o.fixed_payload = v == "fixed";
         } else if (flag == "--json") {
             no_value();
             o.json = true;
@@ -386,10 +399,41 @@ std::uint32_t fill_pattern_crc(std::uint32_t run_number, std::uint32_t source_id
     return crc32c(out, len);
 }
 
+// --payload fixed: one chunk of pattern bytes, made and checksummed at start. Every
+// chunk sends its first `len` bytes; the CRC of a full chunk is kept, and those of
+// shorter last chunks in a small table keyed by length.
+class FixedPayload {
+public:
+    explicit FixedPayload(const Options& o) : bytes_(o.chunk_bytes) {
+        pattern::fill(o.run_number, 0, 0, 0, bytes_.data(), bytes_.size());
+        for (auto& e : short_) e.len = kNone;
+    }
+    const std::byte* data() const noexcept { return bytes_.data(); }
+    std::uint32_t crc(std::uint32_t len) noexcept {
+        Entry& e = len == bytes_.size() ? full_ : short_[len % short_.size()];
+        if (e.len != len) {
+            e.len = len;
+            e.crc = crc32c(bytes_.data(), len);
+        }
+        return e.crc;
+    }
+
+private:
+    static constexpr std::uint32_t kNone = ~std::uint32_t{0};
+    struct Entry {
+        std::uint32_t len = kNone;
+        std::uint32_t crc = 0;
+    };
+    std::vector<std::byte> bytes_;
+    Entry full_;
+    std::array<Entry, 64> short_{};
+};
+
 // Walks events x sources x chunks and writes one FRAGMENT datagram at a time.
 class FragmentStream {
 public:
-    explicit FragmentStream(const Options& o) noexcept : o_(o) {}
+    explicit FragmentStream(const Options& o)
+        : o_(o), fixed_(o.fixed_payload ? std::make_unique<FixedPayload>(o) : nullptr) {}
 
     void reset(std::uint64_t first_event, std::uint64_t event_count) noexcept {
         first_event_ = first_event;
@@ -411,10 +455,14 @@ public:
         const std::uint32_t payload = std::min(o_.chunk_bytes, length_ - offset_);
         std::byte* p = out + wire::kFragmentHeaderBytes;
         std::uint32_t crc = 0;
-        if (o_.crc)
+        if (fixed_) {
+            std::memcpy(p, fixed_->data(), payload);
+            if (o_.crc) crc = fixed_->crc(payload);
+        } else if (o_.crc) {
             crc = fill_pattern_crc(o_.run_number, source_id_, event_id_, offset_, p, payload);
-        else
+        } else {
             pattern::fill(o_.run_number, source_id_, event_id_, offset_, p, payload);
+        }
         wire::FragmentHeader h;
         h.flags = o_.crc ? wire::fragment_flags::has_crc : std::uint16_t{0};
         h.source_id = source_id_;
@@ -452,6 +500,7 @@ private:
     }
 
     const Options& o_;
+    std::unique_ptr<FixedPayload> fixed_;  // null: --payload pattern
     std::uint64_t first_event_ = 0;
     std::uint64_t event_count_ = 0;
     std::uint64_t event_index_ = 0;

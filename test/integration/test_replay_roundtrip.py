@@ -19,51 +19,15 @@ import os
 import re
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbtest import BIN, Evbd, check, events_in, fail, run_source, verify, workdir  # noqa: E402
+from evbtest import BIN, Evbd, check, events_in, fail, read_records, run_source, verify, workdir  # noqa: E402
 
 SOURCES = 4
 EVENTS = 400
-
-
-# ---------------------------------------------------------------------------
-# Reading .evb files (docs/FORMATS.md section 2), independently of evb-dump.
-
-def read_records(out_dir):
-    """{event_id: record bytes with the timestamps and the record CRC zeroed}, plus
-    {event_id: (status, [(source_id, section status, payload bytes)])}."""
-    masked, parsed = {}, {}
-    names = sorted(n for n in os.listdir(out_dir) if n.endswith(".evb") or n.endswith(".evb.part"))
-    if not names:
-        fail(f"no output files in {out_dir}")
-    for name in names:
-        with open(os.path.join(out_dir, name), "rb") as f:
-            data = f.read()
-        if data[:8] != b"EVBFILE1":
-            fail(f"{name}: bad file magic")
-        at = 64
-        while at + 56 <= len(data) and data[at:at + 4] == b"EVBR":
-            length = struct.unpack_from("<I", data, at + 4)[0]
-            rec = data[at:at + length]
-            if length < 56 or len(rec) != length:
-                fail(f"{name}: record at {at} has a bad length {length}")
-            event_id, _run, status, nsec = struct.unpack_from("<QIII", rec, 8)
-            if event_id in masked:
-                fail(f"{out_dir}: event {event_id} written twice")
-            masked[event_id] = rec[:32] + b"\0" * 16 + rec[48:52] + b"\0" * 4 + rec[56:]
-            sections, pos = [], 56
-            for _ in range(nsec):
-                sid, sstatus, slen, _res = struct.unpack_from("<IIII", rec, pos)
-                sections.append((sid, sstatus, rec[pos + 16:pos + 16 + slen]))
-                pos += 16 + (slen + 7) // 8 * 8
-            parsed[event_id] = (status, sections)
-            at += length
-    return masked, parsed
 
 
 def dump_view(out_dir):

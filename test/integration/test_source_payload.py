@@ -1,0 +1,95 @@
+"""The emulator's --payload fixed: every chunk carries the same bytes, with a valid
+CRC32C, so evbd builds complete events that verify (structure and every CRC), while
+the per-event test pattern (evb-dump --pattern) does not hold. Fragment lengths vary
+(500..5000 bytes in 1432-byte chunks) so that short last chunks of many lengths,
+whose CRCs the emulator caches by length, are exercised; then the same in serve
+mode through a pull run."""
+import os
+import re
+import shutil
+import subprocess
+
+from evbtest import BIN, Evbd, check, fail, free_udp_port, read_records, run_source, verify, workdir
+
+SOURCES = 4
+EVENTS = 300
+CHUNK = 1432
+
+
+def check_output(label, out_dir, events):
+    plain = subprocess.run([os.path.join(BIN, "evb-dump"), "--verify", out_dir],
+                           capture_output=True, text=True, timeout=120)
+    if plain.returncode != 0:
+        fail(f"{label}: evb-dump --verify found problems:\n{plain.stdout[-600:]}{plain.stderr[-300:]}")
+    check(True, f"{label}: every structure and CRC verifies")
+    rc, text = verify([out_dir])
+    problems = [line for line in text.splitlines() if re.match(r"\S+:\d+: ", line)]
+    if rc != 1 or not problems:
+        fail(f"{label}: evb-dump --pattern should reject the fixed payload (exit {rc}):\n{text[-600:]}")
+    check(True, f"{label}: the per-event pattern check rejects the fixed payload ({problems[0][-80:]})")
+    _masked, parsed = read_records(out_dir)
+    check(sorted(parsed) == list(range(events)), f"{label}: all {events} events written once")
+    check(all(status == 0 for status, _ in parsed.values()), f"{label}: every event complete, no flags")
+    chunk = None
+    lengths = set()
+    for event_id, (_status, sections) in parsed.items():
+        if len(sections) != SOURCES:
+            fail(f"{label}: event {event_id} has {len(sections)} sections")
+        for sid, _st, payload in sections:
+            lengths.add(len(payload))
+            for at in range(0, len(payload), CHUNK):
+                piece = payload[at:at + CHUNK]
+                if chunk is None or len(piece) > len(chunk):
+                    if chunk is not None and piece[:len(chunk)] != chunk:
+                        fail(f"{label}: event {event_id} source {sid}: chunk at {at} differs from the others")
+                    chunk = piece
+                elif piece != chunk[:len(piece)]:
+                    fail(f"{label}: event {event_id} source {sid}: chunk at {at} differs from the others")
+    check(len(chunk) == CHUNK, f"{label}: every chunk is a prefix of one {CHUNK}-byte chunk")
+    check(len(lengths) > 100, f"{label}: {len(lengths)} distinct fragment lengths")
+
+
+def main():
+    wd = workdir()
+    try:
+        os.makedirs(os.path.join(wd, "push"))
+        d = Evbd(os.path.join(wd, "push"), sets=[f"sources={SOURCES}"])
+        st = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", SOURCES, "--events", EVENTS,
+                         "--size", "500:5000", "--chunk", CHUNK, "--rate", "3000", "--payload", "fixed"])
+        check(st.get("events") == EVENTS, f"push: the emulator sent {EVENTS} events")
+        d.wait_metric("evb_events_written_total", lambda v: v >= EVENTS)
+        m = d.metrics()
+        check(m.get("evb_kernel_receive_drops_total", 0) == 0, "push: no kernel drops")
+        rc = d.stop()
+        check(rc == 0, f"push: evbd exits 0 (got {rc})")
+        check_output("push", d.out, EVENTS)
+
+        os.makedirs(os.path.join(wd, "pull"))
+        serve_port = free_udp_port()
+        serve = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{serve_port}",
+                                  "--sources", str(SOURCES), "--size", "500:5000", "--chunk", str(CHUNK),
+                                  "--payload", "fixed", "--idle-exit", "30"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            d = Evbd(os.path.join(wd, "pull"), sets=[f"sources={SOURCES}", "mode=pull",
+                                                      f'pull.source_addresses=["127.0.0.1:{serve_port}"]',
+                                                      f"pull.events={EVENTS}", "pull.credits=8"])
+            d.wait_metric("evb_events_written_total", lambda v: v >= EVENTS)
+            rc = d.stop()
+            check(rc == 0, f"pull: evbd exits 0 (got {rc})")
+            check_output("pull", d.out, EVENTS)
+        finally:
+            serve.kill()
+            serve.wait()
+
+        bad = subprocess.run([os.path.join(BIN, "evb-source"), "--to", "127.0.0.1:9", "--sources", "1",
+                              "--events", "1", "--payload", "random"], capture_output=True, text=True, timeout=30)
+        check(bad.returncode == 2 and "--payload: bad value 'random'" in bad.stderr,
+              f"--payload random is refused naming the flag ({bad.returncode}: {bad.stderr.strip()})")
+    finally:
+        shutil.rmtree(wd, ignore_errors=True)
+    print("1 passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()
