@@ -341,6 +341,12 @@ def evbd_settings(spec, serve_port=None):
             window_bytes = credits * spec.sources * spec.fragment
             retry_ms = max(100, -(-window // 100), -(-window_bytes // 250_000))
             sets += [f"pull.retry_ms={retry_ms}", f"building.timeout_ms={retry_ms * 6 + 1000}"]
+    elif spec.group == "matrix":
+        # building.timeout_ms counts from an event's first fragment, and a 1600 x 64 KiB
+        # event in 1472 B datagrams takes half a second to send at full speed: in a slow
+        # second of the machine the 1 s default cut one short (session 6). Allow every
+        # event 25 MB/s.
+        sets.append(f"building.timeout_ms={max(1000, -(-spec.event_bytes // 25_000))}")
     return sets + list(spec.extra)
 
 
