@@ -20,7 +20,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -68,8 +67,8 @@ constexpr std::string_view kUsage = R"(usage:
 Push mode sends, for each event E..E+M-1 and each source S..S+N-1, one fragment
 whose length is drawn from (seed, event, source) uniformly in [A, B] bytes (default
 1024), split into chunks of at most --chunk payload bytes (default 1432, so
-datagrams are at most 1472 bytes). Payloads carry the test pattern. Defaults:
---first 0, --first-source 0, --run 1.
+datagrams are at most 1472 bytes). Payloads carry the test pattern unless
+--payload fixed. Defaults: --first 0, --first-source 0, --run 1.
   --rate R        at most R events per second (default: as fast as possible)
   --loss P        drop each datagram with probability P (not sent, counted)
   --dup P         send each datagram twice with probability P
@@ -79,10 +78,11 @@ datagrams are at most 1472 bytes). Payloads carry the test pattern. Defaults:
   --no-crc        do not set HAS_CRC (default: payload CRC32C in every chunk)
   --batch K       datagrams per sendmmsg (default 64, at most 1024)
   --payload fixed every chunk carries the same bytes (the pattern's first chunk of
-                  source 0, event 0), generated and checksummed once: the emulator
-                  then spends its CPU on sending, as a front-end board costs the
-                  builder node nothing; evb-dump --pattern rejects such output
-                  (default: pattern, unique per run, source, event and offset)
+                  run R, source 0, event 0), generated once and checksummed once
+                  per chunk length, so the emulator spends its CPU on sending, as
+                  a front-end board costs the builder node nothing; evb-dump
+                  --pattern rejects such output (default: pattern, unique per
+                  run, source, event and offset)
   --sndbuf BYTES  socket send buffer size
   --pcap-out FILE record every datagram as sent (Ethernet/IPv4/UDP pcap)
   --pcap-mtu N    in the pcap only, split IP packets larger than N into fragments
@@ -399,34 +399,28 @@ std::uint32_t fill_pattern_crc(std::uint32_t run_number, std::uint32_t source_id
     return crc32c(out, len);
 }
 
-// --payload fixed: one chunk of pattern bytes, made and checksummed at start. Every
-// chunk sends its first `len` bytes; the CRC of a full chunk is kept, and those of
-// shorter last chunks in a small table keyed by length.
+// --payload fixed: one chunk of pattern bytes, made at start. Every chunk sends its
+// first `len` bytes, whose CRC is computed the first time that length occurs and
+// kept (one entry per possible length, so varying fragment sizes hit it too).
 class FixedPayload {
 public:
-    explicit FixedPayload(const Options& o) : bytes_(o.chunk_bytes) {
+    explicit FixedPayload(const Options& o)
+        : bytes_(o.chunk_bytes), crc_(std::size_t{o.chunk_bytes} + 1), known_(std::size_t{o.chunk_bytes} + 1) {
         pattern::fill(o.run_number, 0, 0, 0, bytes_.data(), bytes_.size());
-        for (auto& e : short_) e.len = kNone;
     }
     const std::byte* data() const noexcept { return bytes_.data(); }
     std::uint32_t crc(std::uint32_t len) noexcept {
-        Entry& e = len == bytes_.size() ? full_ : short_[len % short_.size()];
-        if (e.len != len) {
-            e.len = len;
-            e.crc = crc32c(bytes_.data(), len);
+        if (!known_[len]) {
+            crc_[len] = crc32c(bytes_.data(), len);
+            known_[len] = 1;
         }
-        return e.crc;
+        return crc_[len];
     }
 
 private:
-    static constexpr std::uint32_t kNone = ~std::uint32_t{0};
-    struct Entry {
-        std::uint32_t len = kNone;
-        std::uint32_t crc = 0;
-    };
     std::vector<std::byte> bytes_;
-    Entry full_;
-    std::array<Entry, 64> short_{};
+    std::vector<std::uint32_t> crc_;  // by payload length, 0..chunk_bytes
+    std::vector<std::uint8_t> known_;
 };
 
 // Walks events x sources x chunks and writes one FRAGMENT datagram at a time.

@@ -1,12 +1,15 @@
 """The emulator's --payload fixed: every chunk carries the same bytes, with a valid
 CRC32C, so evbd builds complete events that verify (structure and every CRC), while
 the per-event test pattern (evb-dump --pattern) does not hold. Fragment lengths vary
-(500..5000 bytes in 1432-byte chunks) so that short last chunks of many lengths,
-whose CRCs the emulator caches by length, are exercised; then the same in serve
-mode through a pull run."""
+(0..5000 bytes in 1432-byte chunks) so that short last chunks of many lengths, whose
+CRCs the emulator caches by length, and empty fragments are exercised; then the same
+in serve mode through a pull run. A capture of the emulator's datagrams (--dry-run
+--pcap-out) is checked here byte by byte: every chunk flags HAS_CRC and its CRC32C,
+computed independently below, matches."""
 import os
 import re
 import shutil
+import struct
 import subprocess
 
 from evbtest import BIN, Evbd, check, fail, free_udp_port, read_records, run_source, verify, workdir
@@ -14,6 +17,56 @@ from evbtest import BIN, Evbd, check, fail, free_udp_port, read_records, run_sou
 SOURCES = 4
 EVENTS = 300
 CHUNK = 1432
+SIZES = "0:5000"
+
+
+def _crc32c_table():
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        table.append(c)
+    return table
+
+
+CRC32C_TABLE = _crc32c_table()
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), a byte at a time."""
+    c = 0xFFFFFFFF
+    for b in data:
+        c = (c >> 8) ^ CRC32C_TABLE[(c ^ b) & 0xFF]
+    return c ^ 0xFFFFFFFF
+
+
+def check_capture(path, want_length):
+    """Every FRAGMENT datagram in the emulator's pcap: HAS_CRC set and the CRC right;
+    one of them carries want_length payload bytes."""
+    with open(path, "rb") as f:
+        data = f.read()
+    at, count, lengths = 24, 0, set()
+    while at + 16 <= len(data):
+        incl = struct.unpack_from("<I", data, at + 8)[0]
+        frame = data[at + 16:at + 16 + incl]
+        at += 16 + incl
+        ihl = (frame[14] & 0x0F) * 4
+        udp = frame[14 + ihl + 8:]
+        flags = struct.unpack_from("<H", udp, 6)[0]
+        crc = struct.unpack_from("<I", udp, 36)[0]
+        payload = udp[40:]
+        if not flags & 1:
+            fail(f"datagram {count}: HAS_CRC not set (flags {flags:#x})")
+        if crc32c(payload) != crc:
+            fail(f"datagram {count}: payload of {len(payload)} bytes has CRC32C {crc32c(payload):#010x}, "
+                 f"the header says {crc:#010x}")
+        lengths.add(len(payload))
+        count += 1
+    if count == 0 or want_length not in lengths:
+        fail(f"{path}: {count} datagrams, payload lengths {sorted(lengths)[:10]}..., none of {want_length} bytes")
+    check(True, f"{os.path.basename(path)}: all {count} datagrams flag HAS_CRC with the right CRC32C "
+                f"({len(lengths)} payload lengths, {want_length} among them)")
 
 
 def check_output(label, out_dir, events):
@@ -52,14 +105,22 @@ def check_output(label, out_dir, events):
 def main():
     wd = workdir()
     try:
+        # Fragment lengths 0..5000 (full and short chunks), and empty fragments alone.
+        for name, size, events, want in (("fixed.pcap", SIZES, 60, CHUNK), ("empty.pcap", "0", 5, 0)):
+            capture = os.path.join(wd, name)
+            run_source(["--to", "127.0.0.1:9", "--sources", SOURCES, "--events", events, "--size", size,
+                        "--chunk", CHUNK, "--payload", "fixed", "--dry-run", "--pcap-out", capture])
+            check_capture(capture, want)
+
         os.makedirs(os.path.join(wd, "push"))
         d = Evbd(os.path.join(wd, "push"), sets=[f"sources={SOURCES}"])
         st = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", SOURCES, "--events", EVENTS,
-                         "--size", "500:5000", "--chunk", CHUNK, "--rate", "3000", "--payload", "fixed"])
+                         "--size", SIZES, "--chunk", CHUNK, "--rate", "3000", "--payload", "fixed"])
         check(st.get("events") == EVENTS, f"push: the emulator sent {EVENTS} events")
         d.wait_metric("evb_events_written_total", lambda v: v >= EVENTS)
         m = d.metrics()
         check(m.get("evb_kernel_receive_drops_total", 0) == 0, "push: no kernel drops")
+        check(m.get("evb_crc_failures_total", -1) == 0, "push: evbd counted no CRC failures")
         rc = d.stop()
         check(rc == 0, f"push: evbd exits 0 (got {rc})")
         check_output("push", d.out, EVENTS)
@@ -67,7 +128,7 @@ def main():
         os.makedirs(os.path.join(wd, "pull"))
         serve_port = free_udp_port()
         serve = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{serve_port}",
-                                  "--sources", str(SOURCES), "--size", "500:5000", "--chunk", str(CHUNK),
+                                  "--sources", str(SOURCES), "--size", SIZES, "--chunk", str(CHUNK),
                                   "--payload", "fixed", "--idle-exit", "30"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -75,6 +136,7 @@ def main():
                                                       f'pull.source_addresses=["127.0.0.1:{serve_port}"]',
                                                       f"pull.events={EVENTS}", "pull.credits=8"])
             d.wait_metric("evb_events_written_total", lambda v: v >= EVENTS)
+            check(d.metrics().get("evb_crc_failures_total", -1) == 0, "pull: evbd counted no CRC failures")
             rc = d.stop()
             check(rc == 0, f"pull: evbd exits 0 (got {rc})")
             check_output("pull", d.out, EVENTS)
