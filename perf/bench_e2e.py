@@ -659,10 +659,15 @@ def filesystem_of(path):
 # Derived figures: ratios to the limits, targets
 
 
+def probe_of(run, limits):
+    """The limits a run is compared with: its own probe if one was taken right before
+    it, else the suite's."""
+    return run.get("limits") or limits
+
+
 def ratios(run, limits):
-    """Each throughput as a ratio to the probe's matching figure (same run): the run's
-    own probe if one was taken right before it, else the suite's."""
-    limits = run.get("limits") or limits
+    """Each throughput as a ratio to the probe's matching figure (same run)."""
+    limits = probe_of(run, limits)
     loop = limits["loopback_8972" if run["chunk"] == JUMBO_CHUNK else "loopback_1472"]
     direct = limits.get("disk_direct_bytes_per_s")
     return {
@@ -864,29 +869,26 @@ def targets(runs, limits, phases=None):
     if jumbo:
         each = []  # (rate, bound, basis) per run, against the probe taken before it
         for r in jumbo:
-            lim = r.get("limits") or limits
+            lim = probe_of(r, limits)
             direct = lim.get("disk_direct_bytes_per_s")
-            bound, basis = 0.7 * lim["loopback_8972"]["bytes_per_s"], "70% of loopback 8972 B"
+            bound, basis = 0.7 * lim["loopback_8972"]["bytes_per_s"], "loopback 8972 B"
             if isinstance(direct, (int, float)) and direct > 0 and 0.9 * direct < bound:
-                bound, basis = 0.9 * direct, "90% of disk O_DIRECT"
+                bound, basis = 0.9 * direct, "disk O_DIRECT"
             each.append((r["payload_bytes_per_s"], bound, basis))
         loss = sum(r["loss"] for r in jumbo)
-        if len(each) == 1:
-            rate, bound, basis = each[0]
-            add("jumbo: payload >= min(70% loopback, 90% O_DIRECT), zero loss", names(jumbo),
-                f"{fmt_rate(rate)}, loss {loss}", f"{fmt_rate(bound)} ({basis}), loss 0", rate >= bound and loss == 0)
-        else:
-            ratio = median([rate / bound for rate, bound, _ in each])
-            runs_text = "; ".join(f"{rate / GB:.3f} / {bound / GB:.3f} ({basis.split(' of ')[1]}) = {rate / bound:.2f}"
-                                  for rate, bound, basis in each)
-            own = all(r.get("limits") for r in jumbo[1:])  # results.json before session 6: one probe
-            add("jumbo: payload >= min(70% loopback, 90% O_DIRECT), zero loss",
-                names(jumbo) + (", each against the probe before it" if own else ", against the suite's probe"),
-                f"median ratio {ratio:.2f} (GB/s: {runs_text}), loss {loss}", "ratio >= 1.00, loss 0",
-                ratio >= 1.0 and loss == 0)
+        ratio = median([rate / bound for rate, bound, _ in each])
+        runs_text = "; ".join(f"{rate / GB:.3f} / {bound / GB:.3f} ({basis}) = {rate / bound:.2f}"
+                              for rate, bound, basis in each)
+        where = ""
+        if len(jumbo) > 1:  # results.json before session 6 has one probe for all runs
+            where = ", each against the probe before it" if all(r.get("limits") for r in jumbo[1:]) \
+                else ", against the suite's probe"
+        add("jumbo: payload >= min(70% loopback, 90% O_DIRECT), zero loss", names(jumbo) + where,
+            f"{'median ' if len(each) > 1 else ''}ratio {ratio:.2f} (GB/s: {runs_text}), loss {loss}",
+            "ratio >= 1.00, loss 0", ratio >= 1.0 and loss == 0)
     std = (by_point.get("standard") or [None])[0]
     if std:
-        loop = (std.get("limits") or limits)["loopback_1472"]["datagrams_per_s"]
+        loop = probe_of(std, limits)["loopback_1472"]["datagrams_per_s"]
         add("1472 B: datagrams/s >= 70% of loopback 1472 B, zero loss", "standard",
             f"{fmt_count(std['datagrams_per_s'])}/s, loss {std['loss']}",
             f"{fmt_count(0.7 * loop)}/s, loss 0", std["datagrams_per_s"] >= 0.7 * loop and std["loss"] == 0)

@@ -78,11 +78,11 @@ datagrams are at most 1472 bytes). Payloads carry the test pattern unless
   --no-crc        do not set HAS_CRC (default: payload CRC32C in every chunk)
   --batch K       datagrams per sendmmsg (default 64, at most 1024)
   --payload fixed every chunk carries the same bytes (the pattern's first chunk of
-                  run R, source 0, event 0), generated once and checksummed once
-                  per chunk length, so the emulator spends its CPU on sending, as
-                  a front-end board costs the builder node nothing; evb-dump
-                  --pattern rejects such output (default: pattern, unique per
-                  run, source, event and offset)
+                  run R, source 0, event 0), generated and checksummed at start,
+                  so the emulator spends its CPU on sending, as a front-end
+                  board costs the builder node nothing; evb-dump --pattern
+                  rejects such output (default: pattern, unique per run,
+                  source, event and offset)
   --sndbuf BYTES  socket send buffer size
   --pcap-out FILE record every datagram as sent (Ethernet/IPv4/UDP pcap)
   --pcap-mtu N    in the pcap only, split IP packets larger than N into fragments
@@ -400,27 +400,20 @@ std::uint32_t fill_pattern_crc(std::uint32_t run_number, std::uint32_t source_id
 }
 
 // --payload fixed: one chunk of pattern bytes, made at start. Every chunk sends its
-// first `len` bytes, whose CRC is computed the first time that length occurs and
-// kept (one entry per possible length, so varying fragment sizes hit it too).
+// first `len` bytes, so the CRC of every prefix is computed once, in one pass.
 class FixedPayload {
 public:
-    explicit FixedPayload(const Options& o)
-        : bytes_(o.chunk_bytes), crc_(std::size_t{o.chunk_bytes} + 1), known_(std::size_t{o.chunk_bytes} + 1) {
+    explicit FixedPayload(const Options& o) : bytes_(o.chunk_bytes), prefix_crc_(std::size_t{o.chunk_bytes} + 1) {
         pattern::fill(o.run_number, 0, 0, 0, bytes_.data(), bytes_.size());
+        for (std::size_t len = 1; len < prefix_crc_.size(); ++len)
+            prefix_crc_[len] = crc32c_extend(prefix_crc_[len - 1], &bytes_[len - 1], 1);
     }
     const std::byte* data() const noexcept { return bytes_.data(); }
-    std::uint32_t crc(std::uint32_t len) noexcept {
-        if (!known_[len]) {
-            crc_[len] = crc32c(bytes_.data(), len);
-            known_[len] = 1;
-        }
-        return crc_[len];
-    }
+    std::uint32_t crc(std::uint32_t len) const noexcept { return prefix_crc_[len]; }
 
 private:
     std::vector<std::byte> bytes_;
-    std::vector<std::uint32_t> crc_;  // by payload length, 0..chunk_bytes
-    std::vector<std::uint8_t> known_;
+    std::vector<std::uint32_t> prefix_crc_;  // [len]: CRC32C of the first len bytes
 };
 
 // Walks events x sources x chunks and writes one FRAGMENT datagram at a time.
@@ -494,7 +487,7 @@ private:
     }
 
     const Options& o_;
-    std::unique_ptr<FixedPayload> fixed_;  // null: --payload pattern
+    std::unique_ptr<const FixedPayload> fixed_;  // null: --payload pattern
     std::uint64_t first_event_ = 0;
     std::uint64_t event_count_ = 0;
     std::uint64_t event_index_ = 0;
