@@ -4,8 +4,10 @@
 // the ids it wrote (one SPSC ring, bulk); each returned id is a credit back and a
 // CLEAR owed. Every owed CLEAR is sent before any REQUEST that spends a returned
 // credit, so no source ever sees more requested-and-not-cleared events than
-// pull.credits. Requests go out in batches of pull.request_batch ids from the
-// builder's own input socket, so the answers come back to the readers. An event
+// pull.credits. Requests go out in batches of up to pull.request_batch ids (a
+// partial batch waits for more returned credits only while more than half the
+// credits are in flight) from the builder's own input socket, so the answers come
+// back to the readers. An event
 // not written within the retry period (RetryTimer: learned from request-to-written
 // times, at least pull.retry_ms) is requested again.
 #pragma once

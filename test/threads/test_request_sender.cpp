@@ -218,3 +218,55 @@ TEST_CASE("RequestSender learns a round trip longer than pull.retry_ms when poll
     CHECK(counters.retry_period_ns.load() >= 150 * kMs);
     close(fd);
 }
+
+TEST_CASE("RequestSender holds a partial batch only while more than half the credits are in flight") {
+    FakeSource src;
+    const int fd = evb::net::open_udp_for(src.at());
+    evb::PullCounters counters;
+    auto settings = [](std::uint32_t credits, std::uint32_t batch) {
+        evb::PullSettings s;
+        s.credits = credits;
+        s.request_batch = batch;
+        s.retry_ms = 60000;  // no retries within the test
+        s.timeout_ms = 600000;
+        return s;
+    };
+    auto write = [](evb::RequestSender& rs, std::uint64_t first, std::uint64_t n) {
+        for (std::uint64_t id = first; id < first + n; ++id) rs.on_written(&id, 1);
+        rs.do_work();
+    };
+    using Ids = std::vector<std::uint64_t>;
+
+    SECTION("two credits, batch as large: each returned credit is spent at once") {
+        // Very large events get few credits; waiting for both would idle the sources
+        // while the builder writes the second.
+        evb::RequestSender rs(settings(2, 2), fd, {src.at()}, [](std::uint64_t, std::uint64_t) {}, counters, 8);
+        rs.do_work();
+        CHECK(src.requested() == Ids{0, 1});
+        write(rs, 0, 1);
+        CHECK(src.requested() == Ids{2});
+        write(rs, 1, 1);
+        CHECK(src.requested() == Ids{3});
+    }
+    SECTION("sixteen credits, batch sixteen: requests go out in halves") {
+        evb::RequestSender rs(settings(16, 16), fd, {src.at()}, [](std::uint64_t, std::uint64_t) {}, counters, 64);
+        rs.do_work();
+        CHECK(src.requested().size() == 16);
+        write(rs, 0, 7);
+        CHECK(src.requested().empty());  // 9 of 16 still in flight: wait for more
+        write(rs, 7, 1);
+        CHECK(src.requested() == Ids{16, 17, 18, 19, 20, 21, 22, 23});
+    }
+    SECTION("64 credits, batch 16: full batches only") {
+        evb::RequestSender rs(settings(64, 16), fd, {src.at()}, [](std::uint64_t, std::uint64_t) {}, counters, 256);
+        rs.do_work();
+        CHECK(src.requested().size() == 64);
+        CHECK(counters.requests_sent.load() == 4);
+        write(rs, 0, 15);
+        CHECK(src.requested().empty());
+        write(rs, 15, 1);
+        CHECK(src.requested().size() == 16);
+        CHECK(counters.requests_sent.load() == 5);
+    }
+    close(fd);
+}
