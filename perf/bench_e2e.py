@@ -91,6 +91,19 @@ def cpu_seconds(pid):
         return stat_cpu_seconds(f.read())
 
 
+def host_cpu_times():
+    """The machine's CPU time counters (the first line of /proc/stat), in ticks."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def steal_fraction(before, after):
+    """Share of the machine's CPU time the hypervisor gave to others between two
+    host_cpu_times() readings (the 8th field: steal)."""
+    d = [b - a for a, b in zip(before, after)]
+    return d[7] / sum(d) if len(d) > 7 and sum(d) > 0 else None
+
+
 def rss_bytes(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -430,13 +443,16 @@ def run_one(spec, bin_dir, out_dir):
         evbd = Evbd(bin_dir, workdir, evbd_settings(spec, serve_port), exporter=spec.exporter != "off")
         if spec.mode == "push":
             cpu0 = cpu_seconds(evbd.pid)
+            host0 = host_cpu_times()
             t0 = time.monotonic()
             source = Child([exe, "--to", f"127.0.0.1:{evbd.port}", *source_args(spec), "--events", str(spec.events),
                             "--json"], os.path.join(workdir, "source.out"))
         else:
             t0 = evbd.ready_time  # evbd starts requesting as it logs that it is building
             cpu0 = cpu_seconds(evbd.pid)
+            host0 = host_cpu_times()
         t_end, cpu_end, end_reason = watch_until_done(evbd, source, spec, t0, cpu0)
+        steal = steal_fraction(host0, host_cpu_times())
         metrics = evbd.metrics() if evbd.metrics_url else None
         final = evbd.stop()
         evbd = None
@@ -446,8 +462,10 @@ def run_one(spec, bin_dir, out_dir):
             serve.stop()
             with open(serve_stats) as f:
                 served = json.load(f)
-        return summarize(spec, t_end - t0, cpu_end - cpu0, end_reason, metrics, final, sent, served,
-                         source.cpu_s if source else serve.cpu_s)
+        r = summarize(spec, t_end - t0, cpu_end - cpu0, end_reason, metrics, final, sent, served,
+                      source.cpu_s if source else serve.cpu_s)
+        r["host_steal"] = steal
+        return r
     finally:
         if evbd:
             evbd.proc.kill()
@@ -995,7 +1013,7 @@ def render(doc, svg_name):
 
     header = ["run", "mode", "emulator payload", "datagram", "sources", "fragment", "output", "payload", "events/s",
               "datagrams/s", "evbd CPU s/GB", "kernel drops", "not complete", "÷ loopback B/s", "÷ loopback dgram/s",
-              "÷ O_DIRECT", "end"]
+              "÷ O_DIRECT", "host steal", "end"]
 
     def run_row(r):
         q = ratios(r, limits)
@@ -1004,7 +1022,8 @@ def render(doc, svg_name):
                 size_label(r["fragment"]), "O_DIRECT" if r["direct_io"] else "buffered", fmt_rate(r["payload_bytes_per_s"]),
                 fmt_count(r["events_per_s"]), fmt_count(r["datagrams_per_s"]), f"{r['cpu_s_per_gb']:.2f}",
                 fmt_opt(r["kernel_drops"]), r["events_not_complete"], fmt_ratio(q["loopback_bytes"]),
-                fmt_ratio(q["loopback_datagrams"]), fmt_ratio(q["disk_direct"]), r["end"]]
+                fmt_ratio(q["loopback_datagrams"]), fmt_ratio(q["disk_direct"]),
+                "n/a" if r.get("host_steal") is None else f"{r['host_steal']:.0%}", r["end"]]
 
     for group, title in (("target", "Target runs: every datagram full size, 8 sources"),
                          ("matrix", "End-to-end matrix: datagram size x sources x fragment size, push and pull")):
