@@ -101,8 +101,8 @@ def host_cpu_times():
 def steal_fraction(before, after):
     """Share of the machine's CPU time the hypervisor gave to others between two
     host_cpu_times() readings (the 8th field: steal)."""
-    d = [b - a for a, b in zip(before, after)]
-    return d[7] / sum(d) if len(d) > 7 and sum(d) > 0 else None
+    d = [b - a for a, b in zip(before, after)][:8]  # guest time is already in user
+    return d[7] / sum(d) if len(d) == 8 and sum(d) > 0 else None
 
 
 def rss_bytes(pid):
@@ -371,32 +371,33 @@ def source_args(spec):
 
 def watch_until_done(evbd, source, spec, t0, cpu0):
     """Watches evbd write (every 10 ms, no scrape) until the run is over; returns
-    (end time, evbd CPU seconds at the end, why it ended).
+    (end time, evbd CPU seconds at the end, the machine's CPU times then, why it ended).
 
     The run's end is the last time evbd wrote: its write_bytes in /proc/PID/io or the
     output files' sizes grew (files alone would not do: with O_DIRECT the space is
     allocated 64 MiB ahead, so writes land inside a file that no longer grows); evbd's
-    CPU is read at that moment.
+    CPU and the machine's (for the steal share) are read at that moment.
     Once the output has been idle for a moment (and a push source has finished), a
     scrape every QUIET_CHECK_S asks evbd whether every event is written, or nothing is
     left in flight; without an exporter, a longer idle time has to do. Events written
     while the file does not grow (into the O_DIRECT staging buffer: timed-out or
     re-requested stragglers) move the end to the scrape that sees them.
     """
-    size, io, t_end, cpu_end = 0, io_written(evbd.pid), t0, cpu0
+    size, io, t_end, cpu_end, host_end = 0, io_written(evbd.pid), t0, cpu0, host_cpu_times()
     last_check, written_at_check = 0.0, None
     deadline = t0 + max(120.0, spec.data_bytes / 5e6)
 
     def ended(reason):
         if size == 0:  # nothing reached the file yet (an O_DIRECT stage not full): now
-            return time.monotonic(), cpu_seconds(evbd.pid), reason
-        return t_end, cpu_end, reason
+            return time.monotonic(), cpu_seconds(evbd.pid), host_cpu_times(), reason
+        return t_end, cpu_end, host_end, reason
 
     while True:
         now = time.monotonic()
         current, current_io = dir_bytes(evbd.data), io_written(evbd.pid)
         if current > size or current_io > io:
-            size, io, t_end, cpu_end = max(size, current), current_io, now, cpu_seconds(evbd.pid)
+            size, io, t_end = max(size, current), current_io, now
+            cpu_end, host_end = cpu_seconds(evbd.pid), host_cpu_times()
             written_at_check = None  # the next check starts a new idle period
         if evbd.proc.poll() is not None:
             raise ToolError(f"evbd exited during run {spec.name}:\n{evbd.log_text()[-2000:]}")
@@ -413,7 +414,7 @@ def watch_until_done(evbd, source, spec, t0, cpu0):
                 m = evbd.metrics()
                 written = m.get("evb_events_written_total", 0)
                 if written_at_check is not None and written > written_at_check:
-                    t_end, cpu_end = now, cpu_seconds(evbd.pid)
+                    t_end, cpu_end, host_end = now, cpu_seconds(evbd.pid), host_cpu_times()
                 written_at_check = written
                 if written >= spec.events:
                     return ended("all written")
@@ -452,8 +453,8 @@ def run_one(spec, bin_dir, out_dir):
             t0 = evbd.ready_time  # evbd starts requesting as it logs that it is building
             cpu0 = cpu_seconds(evbd.pid)
             host0 = host_cpu_times()
-        t_end, cpu_end, end_reason = watch_until_done(evbd, source, spec, t0, cpu0)
-        steal = steal_fraction(host0, host_cpu_times())
+        t_end, cpu_end, host_end, end_reason = watch_until_done(evbd, source, spec, t0, cpu0)
+        steal = steal_fraction(host0, host_end)
         metrics = evbd.metrics() if evbd.metrics_url else None
         final = evbd.stop()
         evbd = None
@@ -553,9 +554,10 @@ def target_specs(data_bytes, full):
 def matrix_specs(data_bytes, direct_io):
     """Per datagram and fragment size, the source counts in the order 8, 1600, 64, 400,
     1600#2, 8#2, 8#3, 1600#3: three pairs of a 1600- and an 8-source run, the middle one
-    in mirrored order so that a machine getting steadily faster or slower over the group
-    weighs on both sides alike. The 1600-against-8 target takes the median of the three
-    pairs' ratios: on this shared machine one run in a slow minute (host steal of 10-30%
+    in the other order (a steady drift of the machine over the group then favours the
+    first and third pairs one way and the second the other; under a median it is not
+    cancelled, only kept from all pairs alike). The 1600-against-8 target takes the
+    median of the three pairs' ratios: on this shared machine one run in a slow minute (host steal of 10-30%
     has been seen in single runs) can move a pair's ratio by half, and the median
     outlasts one such run where a mean of two did not."""
     specs = []
@@ -925,7 +927,7 @@ def targets(runs, limits, phases=None):
             each = " (pairs: " + ", ".join(f"{q:.2f}" for q in pairs) + ")" if len(pairs) > 1 else ""
             if len(many) == len(few) >= 3:
                 ratio, how = median(pairs), f"median of the pairs {names(many)} / {names(few)}"
-            else:  # the smoke suite, and results.json files before session 7 (two pairs)
+            else:  # results.json files before session 7 (two pairs)
                 ratio, how = mean_rate(many) / mean_rate(few), f"mean of {names(many)} / mean of {names(few)}"
             add("1600 sources within 15% of 8 sources", how, f"{ratio:.2f}{each}", ">= 0.85", ratio >= 0.85)
     ms = phases_summary(phases)

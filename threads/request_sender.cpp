@@ -114,7 +114,8 @@ std::size_t RequestSender::send_requests(std::uint64_t now) {
         // than one per returned credit, only while more than half the credits are
         // still in flight: with the batch as large as the credits, waiting for all of
         // them would leave the sources idle while the builder writes the last event.
-        const std::size_t hold = std::min<std::size_t>(s_.request_batch, std::max<std::size_t>(1, credits / 2));
+        // Held while want < ceil(credits / 2), that is while in_use > credits / 2.
+        const std::size_t hold = std::min<std::size_t>(s_.request_batch, std::max<std::size_t>(1, (credits + 1) / 2));
         const bool last = s_.events > 0 && s_.events - requested_ == want;
         if (want < hold && !last && in_use > 0) break;
         std::uint64_t ids[8000];

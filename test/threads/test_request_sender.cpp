@@ -248,6 +248,15 @@ TEST_CASE("RequestSender holds a partial batch only while more than half the cre
         write(rs, 1, 1);
         CHECK(src.requested() == Ids{3});
     }
+    SECTION("three credits, batch three: held while two are out, not while one is") {
+        evb::RequestSender rs(settings(3, 3), fd, {src.at()}, [](std::uint64_t, std::uint64_t) {}, counters, 12);
+        rs.do_work();
+        CHECK(src.requested() == Ids{0, 1, 2});
+        write(rs, 0, 1);
+        CHECK(src.requested().empty());  // 2 of 3 still in flight
+        write(rs, 1, 1);
+        CHECK(src.requested() == Ids{3, 4});
+    }
     SECTION("sixteen credits, batch sixteen: requests go out in halves") {
         evb::RequestSender rs(settings(16, 16), fd, {src.at()}, [](std::uint64_t, std::uint64_t) {}, counters, 64);
         rs.do_work();
