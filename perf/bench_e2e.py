@@ -371,7 +371,8 @@ def source_args(spec):
 
 def watch_until_done(evbd, source, spec, t0, cpu0):
     """Watches evbd write (every 10 ms, no scrape) until the run is over; returns
-    (end time, evbd CPU seconds at the end, the machine's CPU times then, why it ended).
+    (end time, evbd CPU seconds at the end, the host's steal share from now to the end,
+    why it ended).
 
     The run's end is the last time evbd wrote: its write_bytes in /proc/PID/io or the
     output files' sizes grew (files alone would not do: with O_DIRECT the space is
@@ -383,14 +384,15 @@ def watch_until_done(evbd, source, spec, t0, cpu0):
     while the file does not grow (into the O_DIRECT staging buffer: timed-out or
     re-requested stragglers) move the end to the scrape that sees them.
     """
-    size, io, t_end, cpu_end, host_end = 0, io_written(evbd.pid), t0, cpu0, host_cpu_times()
+    host0 = host_end = host_cpu_times()
+    size, io, t_end, cpu_end = 0, io_written(evbd.pid), t0, cpu0
     last_check, written_at_check = 0.0, None
     deadline = t0 + max(120.0, spec.data_bytes / 5e6)
 
     def ended(reason):
         if size == 0:  # nothing reached the file yet (an O_DIRECT stage not full): now
-            return time.monotonic(), cpu_seconds(evbd.pid), host_cpu_times(), reason
-        return t_end, cpu_end, host_end, reason
+            return time.monotonic(), cpu_seconds(evbd.pid), steal_fraction(host0, host_cpu_times()), reason
+        return t_end, cpu_end, steal_fraction(host0, host_end), reason
 
     while True:
         now = time.monotonic()
@@ -445,16 +447,13 @@ def run_one(spec, bin_dir, out_dir):
         evbd = Evbd(bin_dir, workdir, evbd_settings(spec, serve_port), exporter=spec.exporter != "off")
         if spec.mode == "push":
             cpu0 = cpu_seconds(evbd.pid)
-            host0 = host_cpu_times()
             t0 = time.monotonic()
             source = Child([exe, "--to", f"127.0.0.1:{evbd.port}", *source_args(spec), "--events", str(spec.events),
                             "--json"], os.path.join(workdir, "source.out"))
         else:
             t0 = evbd.ready_time  # evbd starts requesting as it logs that it is building
             cpu0 = cpu_seconds(evbd.pid)
-            host0 = host_cpu_times()
-        t_end, cpu_end, host_end, end_reason = watch_until_done(evbd, source, spec, t0, cpu0)
-        steal = steal_fraction(host0, host_end)
+        t_end, cpu_end, steal, end_reason = watch_until_done(evbd, source, spec, t0, cpu0)
         metrics = evbd.metrics() if evbd.metrics_url else None
         final = evbd.stop()
         evbd = None
@@ -557,9 +556,9 @@ def matrix_specs(data_bytes, direct_io):
     in the other order (a steady drift of the machine over the group then favours the
     first and third pairs one way and the second the other; under a median it is not
     cancelled, only kept from all pairs alike). The 1600-against-8 target takes the
-    median of the three pairs' ratios: on this shared machine one run in a slow minute (host steal of 10-30%
-    has been seen in single runs) can move a pair's ratio by half, and the median
-    outlasts one such run where a mean of two did not."""
+    median of the three pairs' ratios: on this shared machine one run in a slow minute
+    (host steal of 10-43% has been seen in single runs) can move a pair's ratio by
+    half, and the median outlasts one such run where a mean of two did not."""
     specs = []
     order = (8, 1600, 64, 400, 1600, 8, 8, 1600)
     for mode in ("push", "pull"):

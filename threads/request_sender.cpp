@@ -110,12 +110,11 @@ std::size_t RequestSender::send_requests(std::uint64_t now) {
         std::size_t want = std::min<std::size_t>(credits - in_use, s_.request_batch);
         if (s_.events > 0) want = static_cast<std::size_t>(std::min<std::uint64_t>(want, s_.events - requested_));
         if (want == 0) break;
-        // Hold back a partial batch, for fewer and larger requests (and wake-ups)
-        // than one per returned credit, only while more than half the credits are
-        // still in flight: with the batch as large as the credits, waiting for all of
-        // them would leave the sources idle while the builder writes the last event.
-        // Held while want < ceil(credits / 2), that is while in_use > credits / 2.
-        const std::size_t hold = std::min<std::size_t>(s_.request_batch, std::max<std::size_t>(1, (credits + 1) / 2));
+        // Hold back a partial batch (fewer, larger requests and wake-ups) only while
+        // more than half the credits are in flight, i.e. while want < ceil(credits/2):
+        // waiting for all of them would idle the sources while the last event is
+        // written. credits >= 1 here, so hold >= 1.
+        const std::size_t hold = std::min<std::size_t>(s_.request_batch, (credits + 1) / 2);
         const bool last = s_.events > 0 && s_.events - requested_ == want;
         if (want < hold && !last && in_use > 0) break;
         std::uint64_t ids[8000];

@@ -7,9 +7,8 @@
 // pull.credits. Requests go out in batches of up to pull.request_batch ids (a
 // partial batch waits for more returned credits only while more than half the
 // credits are in flight) from the builder's own input socket, so the answers come
-// back to the readers. An event
-// not written within the retry period (RetryTimer: learned from request-to-written
-// times, at least pull.retry_ms) is requested again.
+// back to the readers. An event not written within the retry period (RetryTimer:
+// learned from request-to-written times, at least pull.retry_ms) is requested again.
 #pragma once
 
 #include <atomic>
