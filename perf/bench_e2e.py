@@ -157,14 +157,46 @@ def metric_sum(metrics, name):
     return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
 
 
+# Where end-to-end runs place their threads: {"emulator": cpu, "reader": cpu}, or None
+# to leave them to the scheduler (--no-pin). Set by main.
+PLACEMENT = None
+
+
+def default_placement():
+    """The emulator on the first CPU this process may use and evbd's socket reader
+    (input.cpus) on the second, as the probe's sender and receiver threads (evb-limits
+    --cpus); evbd's other threads go where the scheduler puts them. This is the
+    placement docs/OPERATIONS.md 5.4 advises (a reader pinned, on a core of its own),
+    with the emulator standing in for boards on other machines. In interleaved jumbo
+    runs of 1.5-2 GiB, 3 of 18 unpinned fell to 0.65-0.66 GB/s, the emulator using about
+    twice its usual CPU; of 8 pinned this way none fell below 0.90 (medians 0.96
+    unpinned, 1.01 pinned).
+    Pinning all of evbd to the second CPU instead was as fast but lost datagrams in a
+    run with 10% host steal: one core for evbd is only as fast as the emulator's.
+    None on a single CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return {"emulator": cpus[0], "reader": cpus[1]} if len(cpus) >= 2 else None
+
+
+def emulator_cpus():
+    return {PLACEMENT["emulator"]} if PLACEMENT else None
+
+
+def placement_sets():
+    """evbd --set for PLACEMENT: its reader pinned."""
+    return [f"input.cpus=[{PLACEMENT['reader']}]"] if PLACEMENT else []
+
+
 class Child:
     """A helper process (evb-source) whose exit status and CPU time come from wait4."""
 
-    def __init__(self, cmd, stdout_path):
+    def __init__(self, cmd, stdout_path, cpus=None):
+        """`cpus`: pin the child to these CPUs before it execs (None: not pinned)."""
         self.cmd = cmd
         self.stdout_path = stdout_path
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         with open(stdout_path, "w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin)
         self.rc = None
         self.cpu_s = None
 
@@ -442,14 +474,16 @@ def run_one(spec, bin_dir, out_dir):
         if spec.mode == "pull":
             serve_port = free_udp_port()
             serve = Child([exe, "--serve", f"127.0.0.1:{serve_port}", *source_args(spec), "--loss", str(spec.loss),
-                           "--stats-out", serve_stats, "--idle-exit", "60"], os.path.join(workdir, "serve.out"))
+                           "--stats-out", serve_stats, "--idle-exit", "60"], os.path.join(workdir, "serve.out"),
+                          cpus=emulator_cpus())
             time.sleep(0.3)  # bound before evbd sends its first REQUEST
-        evbd = Evbd(bin_dir, workdir, evbd_settings(spec, serve_port), exporter=spec.exporter != "off")
+        evbd = Evbd(bin_dir, workdir, evbd_settings(spec, serve_port) + placement_sets(),
+                    exporter=spec.exporter != "off")
         if spec.mode == "push":
             cpu0 = cpu_seconds(evbd.pid)
             t0 = time.monotonic()
             source = Child([exe, "--to", f"127.0.0.1:{evbd.port}", *source_args(spec), "--events", str(spec.events),
-                            "--json"], os.path.join(workdir, "source.out"))
+                            "--json"], os.path.join(workdir, "source.out"), cpus=emulator_cpus())
         else:
             t0 = evbd.ready_time  # evbd starts requesting as it logs that it is building
             cpu0 = cpu_seconds(evbd.pid)
@@ -611,8 +645,10 @@ def plan(args):
 
 
 def run_limits(bin_dir, out_dir, seconds):
-    p = subprocess.run([os.path.join(bin_dir, "evb-limits"), "--json", "--dir", out_dir, "--seconds", str(seconds)],
-                       capture_output=True, text=True, timeout=600)
+    cmd = [os.path.join(bin_dir, "evb-limits"), "--json", "--dir", out_dir, "--seconds", str(seconds)]
+    if PLACEMENT:  # the pair placed as the end-to-end runs are
+        cmd += ["--cpus", f"{PLACEMENT['emulator']},{PLACEMENT['reader']}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if p.returncode != 0 or not p.stdout.strip():
         raise ToolError(f"evb-limits failed ({p.returncode}): {p.stderr[-2000:]}")
     limits = json.loads(p.stdout)
@@ -663,6 +699,7 @@ def machine_info(bin_dir, out_dir):
         "memory_bytes": int(mem.group(1)) * 1024 if mem else None,
         "evbd": version.stdout.strip(), "git": git.stdout.strip() if git.returncode == 0 else None,
         "filesystem": filesystem_of(out_dir), "load_before": os.getloadavg(),
+        "placement": PLACEMENT,
     }
 
 
@@ -788,11 +825,12 @@ def metrics_phases(bin_dir, out_dir, blocks, phase_s, seed=5):
     os.makedirs(workdir)
     evbd = source = meter = None
     try:
-        evbd = Evbd(bin_dir, workdir, evbd_settings(spec) + [f"output.max_file_bytes={64 * MiB}"], exporter=True)
+        evbd = Evbd(bin_dir, workdir, evbd_settings(spec) + [f"output.max_file_bytes={64 * MiB}"] + placement_sets(),
+                    exporter=True)
         port = int(re.search(r":(\d+)/metrics$", evbd.metrics_url).group(1))
         meter = OutputMeter(evbd.data, evbd.pid)
         source = Child([os.path.join(bin_dir, "evb-source"), "--to", f"127.0.0.1:{evbd.port}", *source_args(spec),
-                        "--events", str(10 ** 12)], os.path.join(workdir, "source.out"))
+                        "--events", str(10 ** 12)], os.path.join(workdir, "source.out"), cpus=emulator_cpus())
         time.sleep(1.0)  # warm-up: the emulator up to speed, the first files opened
         plan = []
         for k in range(blocks):
@@ -962,6 +1000,14 @@ def fmt_count(n):
     return f"{n:.0f}"
 
 
+def placement_text(placement):
+    if not placement:
+        # results.json before session 8 has no "placement": nothing was pinned then.
+        return "Emulator, evbd and the probe's pair unpinned."
+    return (f"Emulator (and the probe's sender) pinned to CPU {placement['emulator']}, evbd's socket reader "
+            f"(and the probe's receiver) to CPU {placement['reader']}; evbd's other threads unpinned.")
+
+
 def fmt_ratio(x):
     return "-" if x is None else f"{x:.2f}"
 
@@ -988,7 +1034,8 @@ def render(doc, svg_name):
                f"{(meta['memory_bytes'] or 0) / GiB:.0f} GiB, Linux {meta['kernel']}; {meta['evbd']} "
                f"(git {meta['git']}); output on {fs['mount']} ({fs['type']}, {fs['device']}); "
                f"load average {meta['load_before'][0]:.2f} before, {meta.get('load_after', [0])[0]:.2f} after. "
-               f"Suite `{doc['suite']}`, {doc['seconds'] / 60:.1f} min. GB = 10^9 bytes.\n")
+               f"Suite `{doc['suite']}`, {doc['seconds'] / 60:.1f} min. GB = 10^9 bytes. "
+               + placement_text(meta.get("placement")) + "\n")
 
     out.append("### Machine limits (same run)\n")
     rows = []
@@ -1142,7 +1189,13 @@ def main():
     ap.add_argument("--limits-seconds", type=float, help="evb-limits --seconds (default 2, smoke 0.3)")
     ap.add_argument("--soak-minutes", type=float, default=5.0, help="soak duration in --full (default 5; 0: none)")
     ap.add_argument("--no-micro", action="store_true", help="skip the micro-benchmarks in --full")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="leave the emulator, evbd's reader and the probe's pair where the scheduler puts them "
+                         "(default: the emulator and the probe's sender on the first CPU, evbd's reader and "
+                         "the probe's receiver on the second)")
     args = ap.parse_args()
+    global PLACEMENT
+    PLACEMENT = None if args.no_pin or args.from_json else default_placement()
 
     bin_dir, out_dir = os.path.abspath(args.bin), os.path.abspath(args.dir)
     os.makedirs(out_dir, exist_ok=True)

@@ -8,6 +8,8 @@
 #include "net/udp.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -38,7 +40,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kExitUsage = 2;
 constexpr int kExitFailure = 1;
 
-constexpr std::string_view kUsage = R"(usage: evb-limits [--seconds S] [--dir DIR] [--json]
+constexpr std::string_view kUsage = R"(usage: evb-limits [--seconds S] [--dir DIR] [--cpus S,R] [--json]
        evb-limits --sink HOST:PORT [--idle-exit S] [--json]
 
 Measures this machine's ceilings for benchmark ratios:
@@ -50,6 +52,8 @@ Measures this machine's ceilings for benchmark ratios:
             fdatasync (the sync is timed), and with O_DIRECT ("unsupported" when the
             file system refuses it); at most 512 MiB each, the file is deleted
   --seconds S   time per measurement (default 2)
+  --cpus S,R    run the loopback sender on CPU S and the receiver on CPU R (default:
+                where the scheduler puts them)
   --json        print one JSON object instead of a table
 
 With --sink it is instead a plain receiver for measuring a sender (evb-source) alone:
@@ -60,6 +64,8 @@ from the first datagram to the last.
 
 struct Options {
     std::string sink;
+    int sender_cpu = -1;  // -1: not pinned
+    int receiver_cpu = -1;
     double idle_exit_s = 1;
     double seconds = 2;
     std::string dir = ".";
@@ -100,7 +106,16 @@ struct LoopbackResult {
     double loss = 0;
 };
 
-LoopbackResult measure_loopback(std::size_t datagram_bytes, double seconds) {
+// Pins the calling thread to `cpu` (-1: leaves it alone); returns 0 or an errno.
+int pin_to(int cpu) noexcept {
+    if (cpu < 0) return 0;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set);
+}
+
+LoopbackResult measure_loopback(std::size_t datagram_bytes, double seconds, int sender_cpu, int receiver_cpu) {
     constexpr std::size_t kBatch = 64;
     LoopbackResult r;
     r.datagram_bytes = datagram_bytes;
@@ -124,7 +139,9 @@ LoopbackResult measure_loopback(std::size_t datagram_bytes, double seconds) {
     Clock::time_point t_start = Clock::now();
     Clock::time_point t_last_rx = t_start;
 
+    int receiver_pin = 0, sender_pin = 0;  // errno of pinning, read after join
     std::thread receiver([&] {
+        receiver_pin = pin_to(receiver_cpu);
         std::vector<std::byte> buffers(kBatch * datagram_bytes);
         net::RecvBatch batch(kBatch);
         for (std::size_t i = 0; i < kBatch; ++i)
@@ -148,6 +165,7 @@ LoopbackResult measure_loopback(std::size_t datagram_bytes, double seconds) {
     });
 
     std::thread sender([&] {
+        sender_pin = pin_to(sender_cpu);
         std::vector<std::byte> payload(datagram_bytes, std::byte{0x5A});
         net::SendBatch batch(kBatch);
         for (std::size_t i = 0; i < kBatch; ++i) batch.set(i, payload.data(), payload.size(), nullptr);
@@ -166,6 +184,8 @@ LoopbackResult measure_loopback(std::size_t datagram_bytes, double seconds) {
     receiver.join();
     ::close(tx);
     ::close(rx.fd);
+    for (const auto& [cpu, e] : {std::pair{sender_cpu, sender_pin}, std::pair{receiver_cpu, receiver_pin}})
+        if (e != 0) throw std::runtime_error(fmt::format("--cpus: pinning to CPU {}: {}", cpu, std::strerror(e)));
 
     const double elapsed = seconds_between(t_start, t_last_rx);
     r.datagrams_per_s = elapsed > 0 ? static_cast<double>(r.received) / elapsed : 0;
@@ -336,6 +356,14 @@ Options parse_options(int argc, char** argv) {
         } else if (flag == "--dir") {
             o.dir = value();
             if (o.dir.empty()) throw std::invalid_argument("--dir: bad value '': expected a directory");
+        } else if (flag == "--cpus") {
+            const std::string v = value();
+            int s = -1, r = -1, used = 0;
+            if (std::sscanf(v.c_str(), "%d,%d%n", &s, &r, &used) != 2 || used != static_cast<int>(v.size()) ||
+                s < 0 || r < 0 || s >= CPU_SETSIZE || r >= CPU_SETSIZE)
+                throw std::invalid_argument(fmt::format("--cpus: bad value '{}': expected SENDER,RECEIVER CPU numbers", v));
+            o.sender_cpu = s;
+            o.receiver_cpu = r;
         } else if (flag == "--sink") {
             o.sink = value();
         } else if (flag == "--idle-exit") {
@@ -361,8 +389,8 @@ int main(int argc, char** argv) {
     }
     try {
         if (!o.sink.empty()) return run_sink(o);
-        const LoopbackResult l1472 = measure_loopback(1472, o.seconds);
-        const LoopbackResult l8972 = measure_loopback(8972, o.seconds);
+        const LoopbackResult l1472 = measure_loopback(1472, o.seconds, o.sender_cpu, o.receiver_cpu);
+        const LoopbackResult l8972 = measure_loopback(8972, o.seconds, o.sender_cpu, o.receiver_cpu);
         const double memcpy_bps = measure_memcpy(o.seconds);
         const DiskResult buffered = measure_disk(o.dir, o.seconds, false);
         const DiskResult direct = measure_disk(o.dir, o.seconds, true);

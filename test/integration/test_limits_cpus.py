@@ -1,0 +1,46 @@
+"""evb-limits --cpus S,R (the bench places the probe's loopback pair as it places the
+emulator and evbd's reader): accepted CPUs give loopback figures; a malformed value
+is a usage error naming the flag; a CPU this process may not run on fails the probe
+with a message naming it instead of measuring unpinned."""
+import json
+import os
+import shutil
+import subprocess
+
+from evbtest import BIN, check, workdir
+
+
+def limits(wd, *args):
+    return subprocess.run([os.path.join(BIN, "evb-limits"), "--seconds", "0.1", "--dir", wd, *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def main():
+    wd = workdir()
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+        sender, receiver = allowed[0], allowed[-1]
+        p = limits(wd, "--cpus", f"{sender},{receiver}", "--json")
+        check(p.returncode == 0, f"--cpus {sender},{receiver} runs ({p.returncode}: {p.stderr.strip()})")
+        doc = json.loads(p.stdout)
+        for key in ("loopback_1472", "loopback_8972"):
+            check(doc[key]["received"] > 0 and doc[key]["bytes_per_s"] > 0,
+                  f"pinned {key}: {doc[key]['received']} datagrams received")
+
+        for bad in ("x", "0", "0,1,2", "-1,0", "0,", "1024,0"):
+            p = limits(wd, "--cpus", bad)
+            check(p.returncode == 2 and f"--cpus: bad value '{bad}'" in p.stderr,
+                  f"--cpus {bad!r} is a usage error naming the flag ({p.returncode}: {p.stderr.strip()})")
+
+        outside = next(c for c in range(1023, -1, -1) if c not in allowed)
+        p = limits(wd, "--cpus", f"{sender},{outside}")
+        check(p.returncode == 1 and f"pinning to CPU {outside}" in p.stderr,
+              f"a receiver CPU this process may not use ({outside}) fails naming it "
+              f"({p.returncode}: {p.stderr.strip()})")
+    finally:
+        shutil.rmtree(wd, ignore_errors=True)
+    print("1 passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()
