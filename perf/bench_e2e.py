@@ -165,9 +165,10 @@ PLACEMENT = None
 def default_placement():
     """The emulator on the first CPU this process may use and evbd's socket reader
     (input.cpus) on the second, as the probe's sender and receiver threads (evb-limits
-    --cpus); evbd's other threads go where the scheduler puts them. This is the
-    placement docs/OPERATIONS.md 5.4 advises (a reader pinned, on a core of its own),
-    with the emulator standing in for boards on other machines. In interleaved jumbo
+    --cpus); evbd's other threads go where the scheduler puts them (either CPU). The
+    emulator stands in for boards on other machines; docs/OPERATIONS.md 5.4 advises
+    pinning readers. (On a host with SMT the first two CPUs may be siblings of one
+    core; this VM has none.) In interleaved jumbo
     runs of 1.5-2 GiB, 3 of 18 unpinned fell to 0.65-0.66 GB/s, the emulator using about
     twice its usual CPU; of 8 pinned this way none fell below 0.90 (medians 0.96
     unpinned, 1.01 pinned).
@@ -828,9 +829,11 @@ def metrics_phases(bin_dir, out_dir, blocks, phase_s, seed=5):
         evbd = Evbd(bin_dir, workdir, evbd_settings(spec) + [f"output.max_file_bytes={64 * MiB}"] + placement_sets(),
                     exporter=True)
         port = int(re.search(r":(\d+)/metrics$", evbd.metrics_url).group(1))
-        meter = OutputMeter(evbd.data, evbd.pid)
+        # The emulator first: Child pins it in a preexec_fn, which must not run while
+        # another thread (the meter's) exists.
         source = Child([os.path.join(bin_dir, "evb-source"), "--to", f"127.0.0.1:{evbd.port}", *source_args(spec),
                         "--events", str(10 ** 12)], os.path.join(workdir, "source.out"), cpus=emulator_cpus())
+        meter = OutputMeter(evbd.data, evbd.pid)
         time.sleep(1.0)  # warm-up: the emulator up to speed, the first files opened
         plan = []
         for k in range(blocks):

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -30,6 +31,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -40,7 +42,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kExitUsage = 2;
 constexpr int kExitFailure = 1;
 
-constexpr std::string_view kUsage = R"(usage: evb-limits [--seconds S] [--dir DIR] [--cpus S,R] [--json]
+constexpr std::string_view kUsage = R"(usage: evb-limits [--seconds S] [--dir DIR] [--cpus SENDER,RECEIVER] [--json]
        evb-limits --sink HOST:PORT [--idle-exit S] [--json]
 
 Measures this machine's ceilings for benchmark ratios:
@@ -52,8 +54,9 @@ Measures this machine's ceilings for benchmark ratios:
             fdatasync (the sync is timed), and with O_DIRECT ("unsupported" when the
             file system refuses it); at most 512 MiB each, the file is deleted
   --seconds S   time per measurement (default 2)
-  --cpus S,R    run the loopback sender on CPU S and the receiver on CPU R (default:
-                where the scheduler puts them)
+  --cpus SENDER,RECEIVER
+                run the loopback sender and receiver threads pinned to these CPUs
+                (default: where the scheduler puts them)
   --json        print one JSON object instead of a table
 
 With --sink it is instead a plain receiver for measuring a sender (evb-source) alone:
@@ -340,6 +343,29 @@ double parse_seconds(const std::string& flag, const std::string& text) {
     return s;
 }
 
+// "S,R": two CPUs this process may run on.
+std::pair<int, int> parse_cpus(const std::string& v) {
+    const auto bad = [&](std::string_view why) {
+        return std::invalid_argument(fmt::format("--cpus: bad value '{}': {}", v, why));
+    };
+    const auto comma = v.find(',');
+    if (comma == std::string::npos) throw bad("expected SENDER,RECEIVER CPU numbers");
+    int cpus[2] = {-1, -1};
+    const std::string_view parts[2] = {std::string_view(v).substr(0, comma), std::string_view(v).substr(comma + 1)};
+    for (int i = 0; i < 2; ++i) {
+        const char* end = parts[i].data() + parts[i].size();
+        const auto [p, ec] = std::from_chars(parts[i].data(), end, cpus[i]);
+        if (parts[i].empty() || ec != std::errc{} || p != end || cpus[i] < 0 || cpus[i] >= CPU_SETSIZE)
+            throw bad("expected SENDER,RECEIVER CPU numbers");
+    }
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (::sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+        for (const int c : cpus)
+            if (!CPU_ISSET(c, &allowed)) throw bad(fmt::format("CPU {} is not one this process may run on", c));
+    return {cpus[0], cpus[1]};
+}
+
 Options parse_options(int argc, char** argv) {
     Options o;
     for (int i = 1; i < argc; ++i) {
@@ -358,10 +384,7 @@ Options parse_options(int argc, char** argv) {
             if (o.dir.empty()) throw std::invalid_argument("--dir: bad value '': expected a directory");
         } else if (flag == "--cpus") {
             const std::string v = value();
-            int s = -1, r = -1, used = 0;
-            if (std::sscanf(v.c_str(), "%d,%d%n", &s, &r, &used) != 2 || used != static_cast<int>(v.size()) ||
-                s < 0 || r < 0 || s >= CPU_SETSIZE || r >= CPU_SETSIZE)
-                throw std::invalid_argument(fmt::format("--cpus: bad value '{}': expected SENDER,RECEIVER CPU numbers", v));
+            const auto [s, r] = parse_cpus(v);
             o.sender_cpu = s;
             o.receiver_cpu = r;
         } else if (flag == "--sink") {
@@ -374,6 +397,8 @@ Options parse_options(int argc, char** argv) {
             throw std::invalid_argument(fmt::format("unknown option '{}' (see --help)", flag));
         }
     }
+    if (!o.sink.empty() && o.sender_cpu >= 0)
+        throw std::invalid_argument("--cpus places the loopback pair; it does not apply to --sink");
     return o;
 }
 
