@@ -35,10 +35,6 @@ namespace evb {
 
 namespace {
 
-// How many nice levels the disk writer runs below the readers (CFS weights 335 against
-// 1024: a reader sharing a core with a busy writer gets about three quarters of it).
-constexpr int kWriterNiceOffset = 5;
-
 // MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read.
 std::uint64_t available_memory_bytes() {
     std::ifstream in("/proc/meminfo");
@@ -372,9 +368,6 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     if (!drop_privileges(cfg->user, cfg->output.directory)) return 1;
 
     AgentRunner writer_runner("evb-writer", *writer);
-    // The readers outrank the writer where they share a core: a late write only holds
-    // receive buffers a little longer, a late read can overflow the socket buffer.
-    writer_runner.lower_priority(kWriterNiceOffset);
     std::vector<std::unique_ptr<AgentRunner>> reader_runners;
     for (std::uint32_t r = 0; r < readers; ++r)
         reader_runners.push_back(std::make_unique<AgentRunner>(replay ? std::string("evb-replay") : fmt::format("evb-rx-{}", r),

@@ -157,8 +157,8 @@ def metric_sum(metrics, name):
     return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
 
 
-# Where end-to-end runs place their threads: {"emulator": cpu, "reader": cpu}, or None
-# to leave them to the scheduler (--no-pin). Set by main.
+# Where end-to-end runs place their threads: {"emulator": cpu, "reader": cpu} (--pin),
+# or None to leave them to the scheduler (the default). Set by main.
 PLACEMENT = None
 
 
@@ -168,12 +168,14 @@ def default_placement():
     --cpus); evbd's other threads go where the scheduler puts them (either CPU). The
     emulator stands in for boards on other machines; docs/OPERATIONS.md 5.4 advises
     pinning readers. (On a host with SMT the first two CPUs may be siblings of one
-    core; this VM has none.) In interleaved jumbo
-    runs of 1.5-2 GiB, 3 of 18 unpinned fell to 0.65-0.66 GB/s, the emulator using about
-    twice its usual CPU; of 8 pinned this way none fell below 0.90 (medians 0.96
-    unpinned, 1.01 pinned).
-    Pinning all of evbd to the second CPU instead was as fast but lost datagrams in a
-    run with 10% host steal: one core for evbd is only as fast as the emulator's.
+    core; this VM has none.) In interleaved jumbo runs of 1.5-2 GiB, 3 of 18 unpinned
+    fell to 0.65-0.66 GB/s, the emulator using about twice its usual CPU; of 8 pinned
+    this way none fell below 0.90 (medians 0.96 unpinned, 1.01 pinned). Pinning all of
+    evbd to the second CPU instead was as fast but lost datagrams in a run with 10%
+    host steal: one core for evbd is only as fast as the emulator's. Not the default:
+    on its own core the emulator never slows down for evbd, and in two of three pinned
+    suites push 8972 B x 1600 x 64 KiB runs lost datagrams (3373-37263 kernel drops,
+    the reader sharing its CPU with the matcher), which no unpinned suite ever did.
     None on a single CPU."""
     cpus = sorted(os.sched_getaffinity(0))
     return {"emulator": cpus[0], "reader": cpus[1]} if len(cpus) >= 2 else None
@@ -1192,13 +1194,12 @@ def main():
     ap.add_argument("--limits-seconds", type=float, help="evb-limits --seconds (default 2, smoke 0.3)")
     ap.add_argument("--soak-minutes", type=float, default=5.0, help="soak duration in --full (default 5; 0: none)")
     ap.add_argument("--no-micro", action="store_true", help="skip the micro-benchmarks in --full")
-    ap.add_argument("--no-pin", action="store_true",
-                    help="leave the emulator, evbd's reader and the probe's pair where the scheduler puts them "
-                         "(default: the emulator and the probe's sender on the first CPU, evbd's reader and "
-                         "the probe's receiver on the second)")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin the emulator and the probe's sender to the first CPU, evbd's reader and the "
+                         "probe's receiver to the second (default: all where the scheduler puts them)")
     args = ap.parse_args()
     global PLACEMENT
-    PLACEMENT = None if args.no_pin or args.from_json else default_placement()
+    PLACEMENT = default_placement() if args.pin and not args.from_json else None
 
     bin_dir, out_dir = os.path.abspath(args.bin), os.path.abspath(args.dir)
     os.makedirs(out_dir, exist_ok=True)

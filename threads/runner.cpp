@@ -2,10 +2,6 @@
 
 #include <pthread.h>
 #include <sched.h>
-#include <sys/resource.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 
 #include "core/log.hpp"
@@ -40,13 +36,6 @@ void AgentRunner::run() {
         CPU_SET(cpu_, &set);
         if (const int e = ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set); e != 0)
             log_warn("{}: cannot pin to CPU {}: {}; running unpinned", name_, cpu_, std::strerror(e));
-    }
-    if (nice_offset_ != 0) {
-        const auto tid = static_cast<id_t>(::gettid());
-        errno = 0;
-        const int base = ::getpriority(PRIO_PROCESS, tid);
-        if (errno == 0 && ::setpriority(PRIO_PROCESS, tid, base + nice_offset_) != 0)
-            log_warn("{}: cannot lower the thread's priority by {}: {}", name_, nice_offset_, std::strerror(errno));
     }
     Idler idler(wait_);
     while (!stop_.load(std::memory_order_acquire)) {

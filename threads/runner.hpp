@@ -33,10 +33,6 @@ public:
     AgentRunner(const AgentRunner&) = delete;
     AgentRunner& operator=(const AgentRunner&) = delete;
 
-    // Runs the thread `by` nice levels below the process (Linux: setpriority on the
-    // thread's own id), for work that may lag behind the socket readers. Before start().
-    void lower_priority(int by) noexcept { nice_offset_ = by; }
-
     void start();
     // Asks the loop to end without waiting (wake the agent after, if it parks).
     void request_stop() noexcept { stop_.store(true, std::memory_order_release); }
@@ -50,7 +46,6 @@ private:
     std::string name_;
     Agent& agent_;
     int cpu_;
-    int nice_offset_ = 0;
     WaitStrategy wait_;
     std::atomic<bool> stop_{false};
     std::thread thread_;
