@@ -6,6 +6,7 @@
 // ceiling, not a model of evbd.
 
 #include "net/udp.hpp"
+#include "threads/affinity.hpp"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -110,13 +111,7 @@ struct LoopbackResult {
 };
 
 // Pins the calling thread to `cpu` (-1: leaves it alone); returns 0 or an errno.
-int pin_to(int cpu) noexcept {
-    if (cpu < 0) return 0;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    return ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set);
-}
+int pin_to(int cpu) noexcept { return cpu < 0 ? 0 : evb::pin_this_thread(cpu); }
 
 LoopbackResult measure_loopback(std::size_t datagram_bytes, double seconds, int sender_cpu, int receiver_cpu) {
     constexpr std::size_t kBatch = 64;

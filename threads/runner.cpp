@@ -1,10 +1,11 @@
 #include "threads/runner.hpp"
 
 #include <pthread.h>
-#include <sched.h>
+
 #include <cstring>
 
 #include "core/log.hpp"
+#include "threads/affinity.hpp"
 #include "threads/wait.hpp"
 
 namespace evb {
@@ -31,10 +32,7 @@ void AgentRunner::stop() {
 void AgentRunner::run() {
     ::pthread_setname_np(::pthread_self(), name_.c_str());
     if (cpu_ >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpu_, &set);
-        if (const int e = ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set); e != 0)
+        if (const int e = pin_this_thread(cpu_); e != 0)
             log_warn("{}: cannot pin to CPU {}: {}; running unpinned", name_, cpu_, std::strerror(e));
     }
     Idler idler(wait_);
