@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "threads/affinity.hpp"
@@ -21,8 +22,8 @@ std::vector<int> allowed_cpus() {
     return cpus;
 }
 
-// Runs `pin` on a fresh thread (so the test process keeps its own affinity) and
-// returns its result and the CPUs that thread may then run on.
+// Runs pin_this_thread(cpu) on a fresh thread (so the test process keeps its own
+// affinity) and returns its result and the CPUs that thread may then run on.
 std::pair<int, std::vector<int>> pin_on_new_thread(int cpu) {
     int result = -1;
     std::vector<int> after;
