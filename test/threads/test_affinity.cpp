@@ -12,14 +12,18 @@
 
 namespace {
 
-std::vector<int> allowed_cpus() {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    REQUIRE(::sched_getaffinity(0, sizeof set, &set) == 0);
+std::vector<int> cpus_in(const cpu_set_t& set) {
     std::vector<int> cpus;
     for (int c = 0; c < CPU_SETSIZE; ++c)
         if (CPU_ISSET(c, &set)) cpus.push_back(c);
     return cpus;
+}
+
+std::vector<int> allowed_cpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    REQUIRE(::sched_getaffinity(0, sizeof set, &set) == 0);
+    return cpus_in(set);
 }
 
 // Runs pin_this_thread(cpu) on a fresh thread (so the test process keeps its own
@@ -31,9 +35,7 @@ std::pair<int, std::vector<int>> pin_on_new_thread(int cpu) {
         result = evb::pin_this_thread(cpu);
         cpu_set_t set;
         CPU_ZERO(&set);
-        ::pthread_getaffinity_np(::pthread_self(), sizeof set, &set);
-        for (int c = 0; c < CPU_SETSIZE; ++c)
-            if (CPU_ISSET(c, &set)) after.push_back(c);
+        if (::pthread_getaffinity_np(::pthread_self(), sizeof set, &set) == 0) after = cpus_in(set);
     });
     t.join();
     return {result, after};
