@@ -298,6 +298,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
             },
             pull_counters, max_credits);
         RequestSender* rs = sender.get();
+        pipeline->set_built_hook([rs](std::uint64_t id) { rs->on_built(id); });
         writer->set_written_hook([rs](const Event* const* events, std::size_t n) {
             std::uint64_t ids[256];
             for (std::size_t i = 0; i < n;) {
@@ -345,6 +346,9 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
                 pull_counters.requests_sent.load());
             add("evb_pull_rerequests_sent_total", "Event ids requested again because they were not complete in time.", T::counter,
                 pull_counters.rerequests_sent.load());
+            add("evb_pull_rerequests_avoided_total",
+                "Event ids due for a re-request but not asked again: already built, waiting for the disk.", T::counter,
+                pull_counters.rerequests_avoided.load());
             add("evb_pull_clears_sent_total", "CLEAR datagrams sent (to every source address).", T::counter, pull_counters.clears_sent.load());
             add("evb_pull_events_cleared_total", "Event ids cleared after they were written.", T::counter, pull_counters.events_cleared.load());
             add("evb_pull_events_given_up_total", "Events written INCOMPLETE after their last re-request.", T::counter,

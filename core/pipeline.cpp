@@ -253,7 +253,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
             dp->graph = std::make_unique<flow::graph>();
             for (Shard* sh : dp->shards) {
                 sh->match = std::make_unique<MatchNode>(
-                    *dp->graph, flow::serial, [sh](const ShardInput& msg, MatchNode::output_ports_type& out) {
+                    *dp->graph, flow::serial, [this, sh](const ShardInput& msg, MatchNode::output_ports_type& out) {
                         const ShardInput in = handoff_take(msg);
                         handoff_acquire(&sh->match);
                         // A serial node's bodies run one after the other on the driver's
@@ -278,6 +278,10 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                 break;
                         }
                         handoff_release(&sh->matcher);
+                        if (built.head && built_hook_) {
+                            for (const Event* e = built.head; e != nullptr; e = e->next_out)
+                                if (e != &sh->marker) built_hook_(e->event_id);
+                        }
                         if (built.head) {
                             handoff_release(&sh->assemble);
                             std::get<0>(out).try_put(built.head);

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -51,6 +52,10 @@ public:
     void set_timeout_ns(std::uint64_t ns) noexcept;
     // Pull mode: write this event INCOMPLETE now (out of retries).
     void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders, std::uint64_t now_ns) noexcept;
+    // Pull mode: called on a driver thread with the id of every event the matcher
+    // hands on (complete, timed out or given up), so that the request sender does
+    // not ask again for an event it already has. Set before anything is submitted.
+    void set_built_hook(std::function<void(std::uint64_t event_id)> hook) { built_hook_ = std::move(hook); }
     // Waits until every message put so far has been processed.
     void wait_idle();
 
@@ -69,6 +74,7 @@ private:
     std::vector<std::unique_ptr<Shard>> shards_;
     std::vector<std::unique_ptr<Driver>> drivers_;
     std::vector<std::unique_ptr<stats::MatcherCounters>> counters_;
+    std::function<void(std::uint64_t)> built_hook_;
 };
 
 }  // namespace evb

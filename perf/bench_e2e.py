@@ -531,6 +531,7 @@ def summarize(spec, seconds, cpu_s, end_reason, metrics, final, sent, served, so
         "events_complete": final["complete"], "events_incomplete": final["incomplete"],
         "datagrams_sent": sent["datagrams"] if sent else served["answer_datagrams"] - served["lost"],
         "datagrams_received": None, "kernel_drops": None, "rejected_datagrams": None, "rerequests": None,
+        "rerequests_avoided": None, "duplicate_chunks": None, "late_chunks": None,
         "source_lost": served["lost"] if served else 0,
     }
     if metrics:
@@ -541,8 +542,12 @@ def summarize(spec, seconds, cpu_s, end_reason, metrics, final, sent, served, so
         r["datagrams_received"] = int(metrics.get("evb_datagrams_received_total", 0))
         r["kernel_drops"] = int(metrics.get("evb_kernel_receive_drops_total", 0))
         r["rejected_datagrams"] = int(metric_sum(metrics, "evb_rejected_datagrams_total"))
+        # What re-requests cost: the chunks that came twice, or after their event was written.
+        r["duplicate_chunks"] = int(metrics.get("evb_duplicate_chunks_total", 0))
+        r["late_chunks"] = int(metrics.get("evb_late_fragments_total", 0))
         if spec.mode == "pull":
             r["rerequests"] = int(metrics.get("evb_pull_rerequests_sent_total", 0))
+            r["rerequests_avoided"] = int(metrics.get("evb_pull_rerequests_avoided_total", 0))
     if r["payload_bytes"] == 0 or seconds <= 0:
         raise ToolError(f"run {spec.name}: no data written ({end_reason})")
     datagrams = r["datagrams_received"] if r["datagrams_received"] is not None else r["datagrams_sent"]
@@ -1069,8 +1074,16 @@ def render(doc, svg_name):
                           for t in rows]) + "\n")
 
     header = ["run", "mode", "emulator payload", "datagram", "sources", "fragment", "output", "payload", "events/s",
-              "datagrams/s", "evbd CPU s/GB", "kernel drops", "not complete", "÷ loopback B/s", "÷ loopback dgram/s",
+              "datagrams/s", "evbd CPU s/GB", "kernel drops", "not complete", "re-requested / not (built)",
+              "÷ loopback B/s", "÷ loopback dgram/s",
               "÷ O_DIRECT", "host steal", "end"]
+
+    def rerequests(r):
+        # Pull only: event ids asked for again, and those due but already built
+        # (results.json files before session 10 have no count of the latter).
+        if r["mode"] != "pull":
+            return "-"
+        return f"{fmt_opt(r.get('rerequests'))} / {fmt_opt(r.get('rerequests_avoided'))}"
 
     def run_row(r):
         q = ratios(r, limits)
@@ -1078,7 +1091,7 @@ def render(doc, svg_name):
         return [r["name"], r["mode"], r.get("source_payload", "pattern"), r["datagram_bytes"], r["sources"],
                 size_label(r["fragment"]), "O_DIRECT" if r["direct_io"] else "buffered", fmt_rate(r["payload_bytes_per_s"]),
                 fmt_count(r["events_per_s"]), fmt_count(r["datagrams_per_s"]), f"{r['cpu_s_per_gb']:.2f}",
-                fmt_opt(r["kernel_drops"]), r["events_not_complete"], fmt_ratio(q["loopback_bytes"]),
+                fmt_opt(r["kernel_drops"]), r["events_not_complete"], rerequests(r), fmt_ratio(q["loopback_bytes"]),
                 fmt_ratio(q["loopback_datagrams"]), fmt_ratio(q["disk_direct"]),
                 "n/a" if r.get("host_steal") is None else f"{r['host_steal']:.0%}", r["end"]]
 

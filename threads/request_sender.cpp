@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <bit>
 
 #include "core/clock.hpp"
 #include "core/log.hpp"
@@ -13,6 +14,8 @@ namespace evb {
 namespace {
 // CLEARs carry many ids; keep each datagram within a standard 1500-byte MTU.
 constexpr std::size_t kClearIdsPerDatagram = (1472 - wire::kRequestHeaderBytes) / 8;
+// An id no event carries in practice (the sources count up from pull.first_event).
+constexpr std::uint64_t kNotBuilt = ~std::uint64_t{0};
 }  // namespace
 
 RequestSender::RequestSender(const PullSettings& s, int socket_fd, std::vector<net::Endpoint> sources, GiveUp give_up,
@@ -24,10 +27,14 @@ RequestSender::RequestSender(const PullSettings& s, int socket_fd, std::vector<n
       counters_(counters),
       max_credits_(max_credits),
       written_(max_credits * 2),
+      builders_(std::max<std::uint32_t>(s.builders, 1)),
+      built_mask_(std::bit_ceil(max_credits * 2) - 1),
+      built_(new std::atomic<std::uint64_t>[built_mask_ + 1]),
       outstanding_(max_credits),
       entries_(max_credits),
       send_(sources_.size()),
       cursor_(s.first_event) {
+    for (std::size_t i = 0; i <= built_mask_; ++i) built_[i].store(kNotBuilt, std::memory_order_relaxed);
     free_entries_.reserve(max_credits);
     for (auto& e : entries_) free_entries_.push_back(&e);
     owed_clears_.reserve(max_credits * 2);
@@ -123,6 +130,7 @@ std::size_t RequestSender::send_requests(std::uint64_t now) {
             Entry* e = free_entries_.back();
             free_entries_.pop_back();
             *e = Entry{ids[i], now, now, 0, false};
+            built_[(ids[i] / builders_) & built_mask_].store(kNotBuilt, std::memory_order_relaxed);
             outstanding_.insert(ids[i], e);
             retry_queue_.push_back(ids[i]);
         }
@@ -153,6 +161,13 @@ std::size_t RequestSender::retry_due(std::uint64_t now) {
             continue;
         }
         if (e->sent_ns + retry_timer_.period_ns() > now) break;
+        if (built(id)) {
+            // Built and waiting for the writer: nothing to ask for, and not a
+            // timeout of the round trip either.
+            retry_queue_.pop_front();
+            counters_.rerequests_avoided.fetch_add(1, std::memory_order_relaxed);
+            continue;
+        }
         retry_queue_.pop_front();
         if (e->retries == 0 && e->requested_ns >= backoff_epoch_ns_) {
             // Asked once and not written within the period: the period may be too

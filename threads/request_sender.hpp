@@ -8,13 +8,17 @@
 // partial batch waits for more returned credits only while more than half the
 // credits are in flight) from the builder's own input socket, so the answers come
 // back to the readers. An event not written within the retry period (RetryTimer:
-// learned from request-to-written times, at least pull.retry_ms) is requested again.
+// learned from request-to-written times, at least pull.retry_ms) is requested again,
+// unless the matcher has already handed it on (on_built): then only the disk is
+// behind, and asking every source for the whole event again would add load and
+// bring nothing but duplicates. Its credit still returns when it is written.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +51,7 @@ struct alignas(kFalseSharingBytes) PullCounters {
     std::atomic<std::uint64_t> events_requested{0};
     std::atomic<std::uint64_t> requests_sent{0};    // REQUEST datagrams (first asks)
     std::atomic<std::uint64_t> rerequests_sent{0};  // event ids asked for again
+    std::atomic<std::uint64_t> rerequests_avoided{0};  // due again, but built: only the disk was behind
     std::atomic<std::uint64_t> clears_sent{0};      // CLEAR datagrams
     std::atomic<std::uint64_t> events_cleared{0};
     std::atomic<std::uint64_t> events_given_up{0};  // written INCOMPLETE after the last retry
@@ -68,6 +73,10 @@ public:
 
     // Writer side: ids of events written (the writer is the ring's only producer).
     void on_written(const std::uint64_t* ids, std::size_t n) noexcept;
+    // Matcher side (any driver thread): the event was handed on to be written.
+    void on_built(std::uint64_t event_id) noexcept {
+        built_[(event_id / builders_) & built_mask_].store(event_id, std::memory_order_release);
+    }
     // Control: new live settings (credits, batch, retry period, retries).
     SpscRing<const PullSettings*>& commands() noexcept { return commands_; }
     // True once pull.events events have been requested and written.
@@ -89,6 +98,9 @@ private:
     std::size_t retry_due(std::uint64_t now);
     void send_ids(wire::Type type, const std::uint64_t* ids, std::size_t n);
     std::uint64_t next_id() noexcept;
+    bool built(std::uint64_t event_id) const noexcept {
+        return built_[(event_id / builders_) & built_mask_].load(std::memory_order_acquire) == event_id;
+    }
 
     PullSettings s_;
     int fd_;
@@ -98,6 +110,14 @@ private:
     std::size_t max_credits_;
     RetryTimer retry_timer_;
     SpscRing<std::uint64_t> written_;
+    // Ids the matcher has handed on, one slot per id: the builder's ids are every
+    // builders-th, so id / builders is consecutive over the ids requested, and at
+    // least twice max_credits slots keep the outstanding ones apart. A slot is reset
+    // when its id is requested; a later id taking the slot only ever makes an event
+    // look not built (asked again, as without this).
+    std::uint64_t builders_;
+    std::size_t built_mask_;
+    std::unique_ptr<std::atomic<std::uint64_t>[]> built_;
     SpscRing<const PullSettings*> commands_{16};
     Doorbell doorbell_;
 

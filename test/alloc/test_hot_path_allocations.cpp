@@ -18,13 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include "allocators/arena.hpp"
-#include "allocators/buffer_pool.hpp"
-#include "core/pipeline.hpp"
+#include "core/wire.hpp"
 #include "net/udp.hpp"
-#include "threads/disk_writer.hpp"
-#include "threads/runner.hpp"
-#include "threads/socket_reader.hpp"
+#include "test/pipeline_rig.hpp"
 
 // Read by jemalloc at start-up (declared in jemalloc.h).
 const char* malloc_conf = "tcache:false";
@@ -60,18 +56,6 @@ int main() {
     const std::string dir = "/tmp/evb-alloc-test-" + std::to_string(::getpid());
     std::filesystem::create_directories(dir);
 
-    const auto listen = net::parse_endpoint("127.0.0.1:0");
-    auto sock = net::bind_udp(listen, {32u << 20, false});
-    sockaddr_storage bound{};
-    socklen_t bl = sizeof bound;
-    ::getsockname(sock.fd, reinterpret_cast<sockaddr*>(&bound), &bl);
-    net::Endpoint to;
-    to.addr = bound;
-    to.len = bl;
-
-    alloc::Arena arena("reader-0");
-    alloc::BufferPool pool(arena, 0, 8192, 2048, 3);
-    std::vector<alloc::BufferPool*> pools{&pool};
     PipelineSettings ps;
     ps.workers = 2;
     ps.shards = 2;
@@ -79,23 +63,15 @@ int main() {
     ps.matcher.max_events = 256;
     ps.matcher.late_window = 1024;
     ps.matcher.timeout_ns = 10'000'000'000ull;
-    Doorbell bell;
-    Pipeline pipeline(ps, pools, bell);
-    stats::WriterCounters wc;
     WriterSettings ws;
     ws.directory = dir;
     ws.expected_sources = kSources;
     ws.max_file_bytes = 1ull << 40;  // no rotation while measuring
     ws.fsync = FsyncPolicy::never;
-    DiskWriter writer(ws, pipeline.writer_rings(), pipeline.done_rings(), pools, 2, wc, bell);
-    stats::ReaderCounters rc;
-    SocketReader reader(0, sock.fd, pool, pipeline, 64, rc);
-    AdmissionRules rules;
-    rules.run_number = 1;
-    (void)reader.commands().try_push(&rules);
-    AgentRunner wr("evb-writer", writer), rr("evb-rx-0", reader);
-    wr.start();
-    rr.start();
+    test::PipelineRig rig(ps, ws, 8192, 2048, 32u << 20);
+    const net::Endpoint to = rig.to;
+    stats::WriterCounters& wc = rig.writer_counters;
+    rig.start();
 
     // Every datagram of one round, built once; only the event ids change later.
     const std::size_t per_round = std::size_t{kEventsPerRound} * kSources * kChunks;
@@ -142,14 +118,11 @@ int main() {
     for (int i = 0; i < 60; ++i) send_round();
     const bool all = wait_written(next_event);
     const std::uint64_t after = allocation_requests();
-    rr.stop();
-    pipeline.flush(0);
-    pipeline.wait_idle();
-    wr.stop();
+    rig.stop();
     ::close(out);
     std::filesystem::remove_all(dir);
     if (!all) return fail("measured events were not all written");
-    if (rc.kernel_drops.get() != 0) return fail("kernel drops during the test");
+    if (rig.reader_counters.kernel_drops.get() != 0) return fail("kernel drops during the test");
     std::printf("steady state: %llu events, %llu datagrams, %llu allocation requests\n",
                 static_cast<unsigned long long>(60ull * kEventsPerRound),
                 static_cast<unsigned long long>(60ull * per_round), static_cast<unsigned long long>(after - before));

@@ -279,3 +279,53 @@ TEST_CASE("RequestSender holds a partial batch only while more than half the cre
     }
     close(fd);
 }
+
+TEST_CASE("RequestSender does not ask again for an event the matcher has built, only for the others") {
+    // Two credits: event 0 is built and waits for the disk past the retry period,
+    // event 1 is not built. Only event 1 is asked for again; event 0's credit still
+    // returns only when it is written.
+    FakeSource src;
+    const int fd = evb::net::open_udp_for(src.at());
+    evb::PullSettings s;
+    s.credits = 2;
+    s.request_batch = 2;
+    s.retry_ms = 20;
+    s.max_retries = 50;  // event 1 is not given up within the test
+    s.timeout_ms = 60000;
+    evb::PullCounters counters;
+    std::vector<std::uint64_t> given_up;
+    evb::RequestSender rs(s, fd, {src.at()}, [&](std::uint64_t id, std::uint64_t) { given_up.push_back(id); }, counters, 8);
+    using Ids = std::vector<std::uint64_t>;
+
+    rs.on_built(1);  // a stale mark (an earlier run's event 1) is forgotten when 1 is requested
+    rs.do_work();
+    CHECK(src.requested() == Ids{0, 1});
+    rs.on_built(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));  // past the 20 ms floor
+    rs.do_work();
+    CHECK(src.requested() == Ids{1});
+    CHECK(counters.rerequests_sent.load() == 1);
+    CHECK(counters.rerequests_avoided.load() == 1);
+    CHECK(counters.credits_in_use.load() == 2);  // 0 is built, not written: still a credit
+
+    // Much later event 1 has been asked for again (the period doubles each time it
+    // times out), event 0 never.
+    for (int i = 0; i < 40; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        rs.do_work();
+    }
+    const Ids later = src.requested();
+    CHECK(!later.empty());
+    CHECK(std::count(later.begin(), later.end(), 0u) == 0);
+    CHECK(counters.rerequests_avoided.load() == 1);
+
+    // Written: the credit goes to event 2, which starts unbuilt although its slot
+    // may be shared.
+    std::uint64_t id = 0;
+    rs.on_written(&id, 1);
+    rs.do_work();
+    CHECK(src.requested() == Ids{2});
+    CHECK(counters.events_cleared.load() == 1);
+    CHECK(given_up.empty());
+    close(fd);
+}

@@ -1,0 +1,73 @@
+// The pipeline's built hook (pull mode: the request sender learns which events it
+// need not ask for again), driven through a real socket reader and disk writer.
+#include <catch2/catch.hpp>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/wire.hpp"
+#include "test/pipeline_rig.hpp"
+#include "test/temp_dir.hpp"
+
+using namespace evb;
+
+TEST_CASE("Pipeline tells the built hook every event it hands on, complete or not, once") {
+    test::TempDir dir;
+    PipelineSettings ps;
+    ps.workers = 2;
+    ps.shards = 2;
+    ps.matcher.sources = {0, 1};
+    ps.matcher.max_events = 64;
+    ps.matcher.late_window = 1024;
+    ps.matcher.timeout_ns = 60'000'000'000ull;  // only the flush at stop() ends event 4
+    WriterSettings ws;
+    ws.directory = dir.path();
+    ws.expected_sources = 2;
+    ws.fsync = FsyncPolicy::never;
+    test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20);
+    std::mutex m;
+    std::vector<std::uint64_t> built;
+    rig.pipeline.set_built_hook([&](std::uint64_t id) {
+        std::lock_guard lock(m);
+        built.push_back(id);
+    });
+    auto sorted_built = [&] {
+        std::lock_guard lock(m);
+        std::vector<std::uint64_t> v = built;
+        std::sort(v.begin(), v.end());
+        return v;
+    };
+    rig.start();
+
+    // Events 0-3 from both sources (complete), event 4 from source 0 only.
+    const int out = net::open_udp_for(rig.to, 1u << 20);
+    auto send = [&](std::uint32_t source, std::uint64_t event) {
+        std::vector<std::byte> d(wire::kFragmentHeaderBytes + 100, std::byte{0x5a});
+        wire::FragmentHeader h;
+        h.source_id = source;
+        h.run_number = 1;
+        h.event_id = event;
+        h.fragment_length = 100;
+        h.chunk_count = 1;
+        wire::encode_fragment_header(h, d.data());
+        REQUIRE(::sendto(out, d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&rig.to.addr), rig.to.len) ==
+                static_cast<ssize_t>(d.size()));
+    };
+    for (std::uint64_t e = 0; e < 4; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send(s, e);
+    send(0, 4);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (rig.writer_counters.events_written.get() < 4 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3});  // event 4 is still open
+    rig.stop();
+    ::close(out);
+    CHECK(rig.writer_counters.events_written.get() == 5);
+    CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
+}
