@@ -347,7 +347,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
             add("evb_pull_rerequests_sent_total", "Event ids requested again because they were not complete in time.", T::counter,
                 pull_counters.rerequests_sent.load());
             add("evb_pull_rerequests_avoided_total",
-                "Event ids due for a re-request but not asked again: already built, waiting for the disk.", T::counter,
+                "Event ids due for a re-request but not asked again: already built, waiting for the writer.", T::counter,
                 pull_counters.rerequests_avoided.load());
             add("evb_pull_clears_sent_total", "CLEAR datagrams sent (to every source address).", T::counter, pull_counters.clears_sent.load());
             add("evb_pull_events_cleared_total", "Event ids cleared after they were written.", T::counter, pull_counters.events_cleared.load());
@@ -511,6 +511,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // depend on when the replay ran.
     pipeline->flush(feeder != nullptr && feeder->finished() ? feeder->last_capture_ns() : realtime_ns());
     pipeline->wait_idle();
+    pipeline->set_built_hook({});  // the request sender goes before the pipeline
     writer_runner.stop();
     const double intake_to_written_s = static_cast<double>(monotonic_ns() - intake_started_ns) / 1e9;
     exporter.reset();

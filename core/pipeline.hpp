@@ -54,7 +54,9 @@ public:
     void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders, std::uint64_t now_ns) noexcept;
     // Pull mode: called on a driver thread with the id of every event the matcher
     // hands on (complete, timed out or given up), so that the request sender does
-    // not ask again for an event it already has. Set before anything is submitted.
+    // not ask again for an event it already has. Set before the first put of any
+    // kind (submit, tick, flush, give_up), on the thread that then starts the
+    // putters, or after wait_idle() with no putter left.
     void set_built_hook(std::function<void(std::uint64_t event_id)> hook) { built_hook_ = std::move(hook); }
     // Waits until every message put so far has been processed.
     void wait_idle();

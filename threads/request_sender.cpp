@@ -86,7 +86,7 @@ std::size_t RequestSender::take_written(std::uint64_t now) {
     for (std::size_t i = 0; i < n; ++i) {
         Entry* e = outstanding_.find(scratch_[i]);
         if (e == nullptr) continue;  // not ours (an unrequested event) or already returned
-        if (e->retries == 0 && !e->given_up) {
+        if (e->retries == 0 && !e->given_up && !e->waited_for_writer) {
             retry_timer_.sample(now - e->requested_ns);
         }
         outstanding_.erase(scratch_[i]);
@@ -129,7 +129,7 @@ std::size_t RequestSender::send_requests(std::uint64_t now) {
             ids[i] = next_id();
             Entry* e = free_entries_.back();
             free_entries_.pop_back();
-            *e = Entry{ids[i], now, now, 0, false};
+            *e = Entry{ids[i], now, now, 0, false, false};
             built_[(ids[i] / builders_) & built_mask_].store(kNotBuilt, std::memory_order_relaxed);
             outstanding_.insert(ids[i], e);
             retry_queue_.push_back(ids[i]);
@@ -165,6 +165,7 @@ std::size_t RequestSender::retry_due(std::uint64_t now) {
             // Built and waiting for the writer: nothing to ask for, and not a
             // timeout of the round trip either.
             retry_queue_.pop_front();
+            e->waited_for_writer = true;
             counters_.rerequests_avoided.fetch_add(1, std::memory_order_relaxed);
             continue;
         }

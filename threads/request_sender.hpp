@@ -9,9 +9,12 @@
 // credits are in flight) from the builder's own input socket, so the answers come
 // back to the readers. An event not written within the retry period (RetryTimer:
 // learned from request-to-written times, at least pull.retry_ms) is requested again,
-// unless the matcher has already handed it on (on_built): then only the disk is
-// behind, and asking every source for the whole event again would add load and
-// bring nothing but duplicates. Its credit still returns when it is written.
+// unless the matcher has already handed it on (on_built: complete, or INCOMPLETE
+// after a timeout): then only the writer is behind, and every source would send
+// its whole fragment again only for the matcher to drop it as late. Its credit
+// still returns when it is written, and its time is no sample of the round trip
+// (it measures the writer's stall, which would hold back retries of answers that
+// really were lost).
 #pragma once
 
 #include <atomic>
@@ -51,7 +54,7 @@ struct alignas(kFalseSharingBytes) PullCounters {
     std::atomic<std::uint64_t> events_requested{0};
     std::atomic<std::uint64_t> requests_sent{0};    // REQUEST datagrams (first asks)
     std::atomic<std::uint64_t> rerequests_sent{0};  // event ids asked for again
-    std::atomic<std::uint64_t> rerequests_avoided{0};  // due again, but built: only the disk was behind
+    std::atomic<std::uint64_t> rerequests_avoided{0};  // due again, but built: only the writer was behind
     std::atomic<std::uint64_t> clears_sent{0};      // CLEAR datagrams
     std::atomic<std::uint64_t> events_cleared{0};
     std::atomic<std::uint64_t> events_given_up{0};  // written INCOMPLETE after the last retry
@@ -74,8 +77,9 @@ public:
     // Writer side: ids of events written (the writer is the ring's only producer).
     void on_written(const std::uint64_t* ids, std::size_t n) noexcept;
     // Matcher side (any driver thread): the event was handed on to be written.
+    // Relaxed: the slot is the whole message, nothing else is published with it.
     void on_built(std::uint64_t event_id) noexcept {
-        built_[(event_id / builders_) & built_mask_].store(event_id, std::memory_order_release);
+        built_[(event_id / builders_) & built_mask_].store(event_id, std::memory_order_relaxed);
     }
     // Control: new live settings (credits, batch, retry period, retries).
     SpscRing<const PullSettings*>& commands() noexcept { return commands_; }
@@ -89,6 +93,7 @@ private:
         std::uint64_t sent_ns;       // last request; due again at sent_ns + the period
         std::uint32_t retries;
         bool given_up;
+        bool waited_for_writer;  // was due again but built: not a round-trip sample
     };
     std::size_t take_written(std::uint64_t now);
     void apply(const PullSettings& s);
@@ -99,7 +104,7 @@ private:
     void send_ids(wire::Type type, const std::uint64_t* ids, std::size_t n);
     std::uint64_t next_id() noexcept;
     bool built(std::uint64_t event_id) const noexcept {
-        return built_[(event_id / builders_) & built_mask_].load(std::memory_order_acquire) == event_id;
+        return built_[(event_id / builders_) & built_mask_].load(std::memory_order_relaxed) == event_id;
     }
 
     PullSettings s_;
@@ -110,11 +115,13 @@ private:
     std::size_t max_credits_;
     RetryTimer retry_timer_;
     SpscRing<std::uint64_t> written_;
-    // Ids the matcher has handed on, one slot per id: the builder's ids are every
-    // builders-th, so id / builders is consecutive over the ids requested, and at
-    // least twice max_credits slots keep the outstanding ones apart. A slot is reset
-    // when its id is requested; a later id taking the slot only ever makes an event
-    // look not built (asked again, as without this).
+    // Ids the matcher has handed on, in slot (id / builders) mod a power of two of
+    // at least twice max_credits: this builder's ids are every builders-th, so the
+    // outstanding ones have slots of their own while they span fewer than that many
+    // of its ids (one event held back long enough can share a slot with a new one).
+    // A slot is reset when its id is requested and says "built" only while it holds
+    // that very id, so sharing only ever makes an event look not built: asked
+    // again, as without this.
     std::uint64_t builders_;
     std::size_t built_mask_;
     std::unique_ptr<std::atomic<std::uint64_t>[]> built_;

@@ -18,6 +18,9 @@
 using namespace evb;
 
 TEST_CASE("Pipeline tells the built hook every event it hands on, complete or not, once") {
+    // Before the rig: its destructor may still flush events through the hook.
+    std::mutex m;
+    std::vector<std::uint64_t> built;
     test::TempDir dir;
     PipelineSettings ps;
     ps.workers = 2;
@@ -25,14 +28,12 @@ TEST_CASE("Pipeline tells the built hook every event it hands on, complete or no
     ps.matcher.sources = {0, 1};
     ps.matcher.max_events = 64;
     ps.matcher.late_window = 1024;
-    ps.matcher.timeout_ns = 60'000'000'000ull;  // only the flush at stop() ends event 4
+    ps.matcher.timeout_ns = 60'000'000'000ull;  // only the end of the run ends event 4
     WriterSettings ws;
     ws.directory = dir.path();
     ws.expected_sources = 2;
     ws.fsync = FsyncPolicy::never;
     test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20);
-    std::mutex m;
-    std::vector<std::uint64_t> built;
     rig.pipeline.set_built_hook([&](std::uint64_t id) {
         std::lock_guard lock(m);
         built.push_back(id);
@@ -66,6 +67,11 @@ TEST_CASE("Pipeline tells the built hook every event it hands on, complete or no
     while (rig.writer_counters.events_written.get() < 4 && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3});  // event 4 is still open
+    // The run ends: event 4 is handed on INCOMPLETE; the run-end marker behind it
+    // is no event.
+    rig.pipeline.end_run(0);
+    rig.pipeline.wait_idle();
+    CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
     rig.stop();
     ::close(out);
     CHECK(rig.writer_counters.events_written.get() == 5);

@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DASHBOARD = os.path.join(REPO, "packaging", "grafana", "evbd-dashboard.json")
 OPERATIONS = os.path.join(REPO, "docs", "OPERATIONS.md")
 PULL = {"evb_pull_credits_configured", "evb_pull_credits_in_use", "evb_pull_requests_sent_total",
-        "evb_pull_rerequests_sent_total", "evb_pull_clears_sent_total"}
+        "evb_pull_rerequests_sent_total", "evb_pull_rerequests_avoided_total", "evb_pull_clears_sent_total"}
 # Exported only by builds with jemalloc (the sanitizer build has none).
 JEMALLOC = {"evb_jemalloc_arena_allocated_bytes", "evb_jemalloc_arena_active_bytes", "evb_jemalloc_arena_resident_bytes"}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
