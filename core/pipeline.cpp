@@ -278,11 +278,10 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                 break;
                         }
                         handoff_release(&sh->matcher);
-                        if (built.head && built_hook_) {
-                            for (const Event* e = built.head; e != nullptr; e = e->next_out)
-                                if (e != &sh->marker) built_hook_(e->event_id);
-                        }
                         if (built.head) {
+                            if (built_hook_)
+                                for (const Event* e = built.head; e != nullptr; e = e->next_out)
+                                    if (e != &sh->marker) built_hook_(e->event_id);
                             handoff_release(&sh->assemble);
                             std::get<0>(out).try_put(built.head);
                         }

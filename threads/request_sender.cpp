@@ -130,7 +130,7 @@ std::size_t RequestSender::send_requests(std::uint64_t now) {
             Entry* e = free_entries_.back();
             free_entries_.pop_back();
             *e = Entry{ids[i], now, now, 0, false, false};
-            built_[(ids[i] / builders_) & built_mask_].store(kNotBuilt, std::memory_order_relaxed);
+            built_slot(ids[i]).store(kNotBuilt, std::memory_order_relaxed);
             outstanding_.insert(ids[i], e);
             retry_queue_.push_back(ids[i]);
         }

@@ -78,9 +78,7 @@ public:
     void on_written(const std::uint64_t* ids, std::size_t n) noexcept;
     // Matcher side (any driver thread): the event was handed on to be written.
     // Relaxed: the slot is the whole message, nothing else is published with it.
-    void on_built(std::uint64_t event_id) noexcept {
-        built_[(event_id / builders_) & built_mask_].store(event_id, std::memory_order_relaxed);
-    }
+    void on_built(std::uint64_t event_id) noexcept { built_slot(event_id).store(event_id, std::memory_order_relaxed); }
     // Control: new live settings (credits, batch, retry period, retries).
     SpscRing<const PullSettings*>& commands() noexcept { return commands_; }
     // True once pull.events events have been requested and written.
@@ -103,8 +101,11 @@ private:
     std::size_t retry_due(std::uint64_t now);
     void send_ids(wire::Type type, const std::uint64_t* ids, std::size_t n);
     std::uint64_t next_id() noexcept;
+    std::atomic<std::uint64_t>& built_slot(std::uint64_t event_id) const noexcept {
+        return built_[(event_id / builders_) & built_mask_];
+    }
     bool built(std::uint64_t event_id) const noexcept {
-        return built_[(event_id / builders_) & built_mask_].load(std::memory_order_relaxed) == event_id;
+        return built_slot(event_id).load(std::memory_order_relaxed) == event_id;
     }
 
     PullSettings s_;
