@@ -135,6 +135,52 @@ bool drop_privileges(const std::string& user, const std::string& output_dir) {
     return true;
 }
 
+// Datagrams not taken, by reason, for the stop line; `for_room` counts those refused
+// because a limit of the builder was reached (not because the datagram was bad).
+struct Refusals {
+    std::string text;
+    std::uint64_t for_room = 0;
+};
+Refusals count_refusals(const std::vector<std::unique_ptr<stats::ReaderCounters>>& readers,
+                        const std::vector<std::unique_ptr<stats::MatcherCounters>>& matchers) {
+    Refusals r;
+    auto add = [&r](const char* reason, std::uint64_t n, bool room) {
+        if (n == 0) return;
+        r.text += fmt::format("{}{}={}", r.text.empty() ? "" : " ", reason, n);
+        if (room) r.for_room += n;
+    };
+    auto rsum = [&](auto f) {
+        std::uint64_t n = 0;
+        for (const auto& c : readers) n += f(*c);
+        return n;
+    };
+    auto msum = [&](auto f) {
+        std::uint64_t n = 0;
+        for (const auto& c : matchers) n += f(*c);
+        return n;
+    };
+    std::uint64_t malformed = 0;
+    for (std::size_t i = 1; i < wire::kParseErrorCount; ++i) malformed += rsum([i](auto& c) { return c.malformed[i].get(); });
+    add("malformed", malformed, false);
+    add("truncated", rsum([](auto& c) { return c.truncated.get(); }), false);
+    add("not_fragment", rsum([](auto& c) { return c.not_fragment.get(); }), false);
+    add("wrong_run", rsum([](auto& c) { return c.wrong_run.get(); }), false);
+    add("other_builder", rsum([](auto& c) { return c.other_builder.get(); }), false);
+    add("disallowed_sender", rsum([](auto& c) { return c.disallowed_sender.get(); }), false);
+    add("sender_mismatch", rsum([](auto& c) { return c.sender_mismatch.get(); }), false);
+    add("unknown_source", msum([](auto& c) { return c.unknown_source.get(); }), false);
+    add("inconsistent_chunk", msum([](auto& c) { return c.inconsistent_chunks.get(); }), false);
+    add("crc_failure", msum([](auto& c) { return c.crc_failures.get(); }), false);
+    add("duplicate", msum([](auto& c) { return c.duplicate_chunks.get(); }), false);
+    add("late", msum([](auto& c) { return c.late_fragments.get(); }), false);
+    add("event_too_large", msum([](auto& c) { return c.event_too_large.get(); }), false);
+    add("in_flight_limit", msum([](auto& c) { return c.in_flight_limit_drops.get(); }), true);
+    add("source_share", msum([](auto& c) { return c.source_share_drops.get(); }), true);
+    add("source_held_slots", msum([](auto& c) { return c.source_slot_limit_drops.get(); }), true);
+    add("kernel_drops", rsum([](auto& c) { return c.kernel_drops.get(); }), true);
+    return r;
+}
+
 }  // namespace
 
 int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
@@ -233,6 +279,17 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     ps.matcher.max_events = std::max<std::uint32_t>(4, cfg->building.max_events_in_flight / shards);
     ps.matcher.late_window = cfg->building.late_window;
     ps.matcher.timeout_ns = std::uint64_t{cfg->building.timeout_ms} * 1'000'000ull;
+    // Shares of one source (docs/RELIABILITY.md): a board that opens ids nobody else
+    // sends gets a quarter of a shard's events; one whose incomplete fragments hold
+    // receive slots gets twice its fair part of a shard's slots (at least a quarter
+    // of them, up to 1024 slots, so a few big-fragment sources are not starved).
+    ps.matcher.max_solo_events_per_source = std::max<std::uint32_t>(ps.matcher.max_events / 4, std::min<std::uint32_t>(ps.matcher.max_events, 16));
+    {
+        const std::size_t shard_slots = slots_per_reader * readers / shards;
+        const std::size_t fair = 2 * shard_slots / std::max<std::size_t>(cfg->sources.size(), 1);
+        ps.matcher.max_slots_per_source =
+            static_cast<std::uint32_t>(std::min<std::size_t>(std::max(fair, std::min<std::size_t>(shard_slots / 4, 1024)), UINT32_MAX));
+    }
 
     stats::WriterCounters writer_counters;
     std::vector<std::unique_ptr<stats::ReaderCounters>> reader_counters;
@@ -450,7 +507,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
             for (std::size_t i = 0; i < input_agents.size(); ++i)
                 while (input_applied(i) != rules.back().get() && std::chrono::steady_clock::now() < deadline)
                     ::usleep(1000);
-            pipeline->end_run(feeder != nullptr ? feeder->last_capture_ns() : realtime_ns());
+            pipeline->end_run(feeder != nullptr ? feeder->last_capture_ns() : realtime_ns(), next->run_number);
             control.run_number.store(next->run_number);
             log_info("run {} ended: events in flight written, its file closes once they are; run {} started",
                      running->run_number, next->run_number);
@@ -472,6 +529,38 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     struct stat watched {};
     auto stat_config = [&](struct stat& st) { return !opts.config_path.empty() && ::stat(opts.config_path.c_str(), &st) == 0; };
     if (opts.watch_config) stat_config(watched);
+
+    // A source refused for running ahead of the others (desynchronised) or for
+    // holding too many receive slots is logged once per source, from here, never
+    // from the data path; the counters say how much since.
+    std::vector<std::uint8_t> source_reported(cfg->sources.size(), 0);
+    std::uint64_t next_source_check_ns = 0;
+    auto report_sources = [&] {
+        const std::uint64_t now = monotonic_ns();
+        if (now < next_source_check_ns) return;
+        next_source_check_ns = now + 1'000'000'000ull;
+        for (std::size_t i = 0; i < source_reported.size(); ++i) {
+            std::uint64_t desync = 0, slots = 0;
+            for (const auto& m : pipeline->counters()) {
+                if (i >= m->sources) continue;
+                desync += m->source_desync[i].get();
+                slots += m->source_slot_limit[i].get();
+            }
+            if (desync > 0 && !(source_reported[i] & 1)) {
+                source_reported[i] |= 1;
+                log_warn("source {} is desynchronised: it opens event ids the other sources do not send (reset board, "
+                         "lost trigger sync, or a stranger using its id); beyond its share of events in flight its "
+                         "datagrams are refused (evb_source_desync_datagrams_total); see docs/OPERATIONS.md",
+                         cfg->sources[i]);
+            }
+            if (slots > 0 && !(source_reported[i] & 2)) {
+                source_reported[i] |= 2;
+                log_warn("source {}: its incomplete fragments hold their share of receive buffers; further chunks are "
+                         "refused (evb_source_held_slots_refused_total)",
+                         cfg->sources[i]);
+            }
+        }
+    };
 
     sd_notify_state("READY=1\nSTATUS=receiving");
     // The service loop: timeout ticks and signals.
@@ -500,6 +589,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         } else {
             pipeline->tick(realtime_ns());
         }
+        report_sources();
     }
 
     sd_notify_state("STOPPING=1");
@@ -524,6 +614,15 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     log_info("stopped: {} events complete, {} incomplete, {} written ({} payload bytes), {} files closed, {} write errors",
              complete, incomplete, writer_counters.events_written.get(), writer_counters.payload_bytes.get(),
              writer_counters.files_closed.get(), writer_counters.write_errors.get());
+    const Refusals refused = count_refusals(reader_counters, pipeline->counters());
+    log_info("datagrams rejected: {}", refused.text.empty() ? "none" : refused.text);
+    // Every built event is written or counted lost; anything else is a defect that
+    // must not pass silently.
+    const std::uint64_t accounted = writer_counters.events_written.get() + writer_counters.events_lost_write_error.get();
+    if (accounted != complete + incomplete) {
+        log_error("{} events were built but neither written nor counted lost", complete + incomplete - accounted);
+        exit_code = 1;
+    }
     if (feeder != nullptr && feeder->finished()) {
         std::string skipped;
         for (std::size_t i = 0; i < net::kSkipReasonCount; ++i)
@@ -534,6 +633,14 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         log_info("replay time: {:.3f} s from intake start to the last write ({:.1f} MB/s of payload)", intake_to_written_s,
                  static_cast<double>(writer_counters.payload_bytes.get()) / 1e6 / std::max(intake_to_written_s, 1e-9));
         if (feeder->failed()) exit_code = 1;
+        // Offline there is nobody to lose data to: a replay that had to refuse
+        // datagrams for lack of room did not build its capture.
+        if (refused.for_room > 0) {
+            log_error("replay: {} datagrams refused for lack of room (see above); raise building.max_events_in_flight "
+                      "or building.max_buffer_bytes",
+                      refused.for_room);
+            exit_code = 1;
+        }
     }
     for (auto& s : sockets) ::close(s.fd);
     // Write errors the writer recovered from lost nothing; built events that could

@@ -49,7 +49,9 @@ struct SourceState {
     std::uint16_t chunk_count;
     std::uint16_t received;
     std::uint8_t state;  // kSeen | kComplete | kEmpty | kSourceError
-    static constexpr std::uint8_t kSeen = 1, kComplete = 2, kEmpty = 4, kSourceError = 8;
+    // kRefused: the fragment would make the record longer than a record can say;
+    // its chunks are dropped and the section is written MISSING.
+    static constexpr std::uint8_t kSeen = 1, kComplete = 2, kEmpty = 4, kSourceError = 8, kRefused = 16;
 };
 
 struct Event {
@@ -64,6 +66,8 @@ struct Event {
     std::uint32_t complete_sources;
     std::uint32_t section_count;
     std::uint32_t record_length;  // set by assembly
+    std::int32_t solo_source;     // source that opened the event while no other has joined, else -1
+    std::uint64_t claimed_bytes;  // record bytes the fragments seen so far will take
     std::uint16_t shard;
     SourceState* src;  // section_count entries, in ascending source id order
     std::byte* meta;   // record header, then one 16-byte header per section
@@ -78,6 +82,9 @@ struct Event {
 inline constexpr std::size_t event_meta_bytes(std::size_t sections) noexcept {
     return file::kRecordHeaderBytes + file::kSectionHeaderBytes * sections;
 }
+
+// record_length is a u32: the longest record a file can hold.
+inline constexpr std::uint64_t kMaxRecordBytes = 0xFFFFFFF8u;
 
 // Zero bytes for section padding.
 inline constexpr std::byte kZeroPad[8] = {};

@@ -77,28 +77,49 @@ private:
     std::size_t size_ = 0;
 };
 
-// The last N keys inserted (FIFO eviction), with O(1) membership tests.
+// The last N keys inserted (FIFO eviction), with O(1) membership tests, and the
+// oldest key the window still speaks for: once N keys are remembered, a key below
+// the smallest of them is older than the window (floor()), so the caller can tell
+// "built long ago" from "never seen" without remembering every key. The floor only
+// rises; a key far above the others (a board that jumped ahead) does not move it,
+// because it is the window's minimum, kept with a monotonic queue, that counts.
 class RecentSet {
 public:
-    explicit RecentSet(std::size_t n) : ring_(n), map_(n) {}
+    explicit RecentSet(std::size_t n) : ring_(n), mins_(n), map_(n) {}
     bool contains(std::uint64_t key) const noexcept { return map_.find(key) != nullptr; }
+    // Keys below this were built longer ago than the window reaches (0: none yet).
+    std::uint64_t floor() const noexcept { return floor_; }
     void clear() noexcept {
         while (count_ > 0) {
             map_.erase(ring_[head_]);
             head_ = (head_ + 1) % ring_.size();
             --count_;
         }
+        mhead_ = mcount_ = 0;
+        floor_ = 0;
     }
     void insert(std::uint64_t key) noexcept {
         if (contains(key)) return;
-        if (count_ == ring_.size()) {
-            map_.erase(ring_[head_]);
+        const std::size_t n = ring_.size();
+        if (count_ == n) {
+            const std::uint64_t old = ring_[head_];
+            map_.erase(old);
             --count_;
-            head_ = (head_ + 1) % ring_.size();
+            head_ = (head_ + 1) % n;
+            if (mcount_ > 0 && mins_[mhead_] == old) {
+                mhead_ = (mhead_ + 1) % n;
+                --mcount_;
+            }
         }
-        ring_[(head_ + count_) % ring_.size()] = key;
+        ring_[(head_ + count_) % n] = key;
         ++count_;
         map_.insert(key, marker());
+        // Keys in the queue ascend from its head; larger ones behind a smaller new
+        // key can never be the minimum again.
+        while (mcount_ > 0 && mins_[(mhead_ + mcount_ - 1) % n] > key) --mcount_;
+        mins_[(mhead_ + mcount_) % n] = key;
+        ++mcount_;
+        if (count_ == n && mins_[mhead_] > floor_) floor_ = mins_[mhead_];
     }
 
 private:
@@ -108,6 +129,9 @@ private:
     }
     std::vector<std::uint64_t> ring_;
     std::size_t head_ = 0, count_ = 0;
+    std::vector<std::uint64_t> mins_;  // monotonic queue of the ring's minimum
+    std::size_t mhead_ = 0, mcount_ = 0;
+    std::uint64_t floor_ = 0;
     FlatMap<char> map_;
 };
 

@@ -9,6 +9,15 @@ namespace evb {
 
 namespace {
 constexpr std::size_t kDenseLimit = 1u << 20;
+
+// Events in flight are found by id and run: while a run changes, the readers admit
+// the next run before the old one's events are all built, and both runs may use
+// the same ids. Mixing the run into the key keeps their events apart; a chunk that
+// still meets an event of another run (ids far apart whose keys meet) is counted
+// inconsistent, as it was before runs were told apart.
+std::uint64_t map_key(std::uint64_t event_id, std::uint32_t run) noexcept {
+    return event_id ^ (std::uint64_t{run} * 0x9E3779B97F4A7C15ull);
+}
 }
 
 Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& arena,
@@ -23,6 +32,12 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       meta_(arena, std::size_t{s.max_events} * event_meta_bytes(s.sources.size())),
       map_(s.max_events),
       recent_(s.late_window),
+      next_recent_(s.late_window),
+      pool_size_(s.max_events),
+      max_solo_(s.sources.size() > 1 ? s.max_solo_events_per_source : 0),
+      max_slots_(s.max_slots_per_source),
+      solo_events_(s.sources.size(), 0),
+      held_slots_(s.sources.size(), 0),
       done_(s.max_events),
       done_scratch_(s.max_events) {
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
@@ -67,13 +82,15 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     e->built_unix_ns = 0;
     e->complete_sources = 0;
     e->record_length = 0;
+    e->solo_source = -1;
+    e->claimed_bytes = event_meta_bytes(e->section_count);
     e->next_out = nullptr;
     std::memset(e->src, 0, sizeof(SourceState) * e->section_count);
     e->older = newest_;
     e->newer = nullptr;
     if (newest_) newest_->newer = e; else oldest_ = e;
     newest_ = e;
-    map_.insert(e->event_id, e);
+    map_.insert(map_key(e->event_id, e->run_number), e);
     counters_.events_in_flight.set(map_.size());
     return e;
 }
@@ -86,12 +103,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
             if (s.state & SourceState::kComplete) continue;
             counters_.source_missing[i].add();
             // A partial fragment is written MISSING; its chunks go back now.
-            for (ChunkMeta* c = s.head; c != nullptr;) {
-                ChunkMeta* next = c->next;
-                drop(c);
-                c = next;
-            }
-            s.head = s.tail = nullptr;
+            drop_fragment(s, i);
         }
         counters_.events_incomplete.add();
     } else {
@@ -101,10 +113,36 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
     counters_.build_latency.observe(now_ns >= e->first_fragment_unix_ns ? now_ns - e->first_fragment_unix_ns : 0);
     if (e->older) e->older->newer = e->newer; else oldest_ = e->newer;
     if (e->newer) e->newer->older = e->older; else newest_ = e->older;
-    map_.erase(e->event_id);
-    recent_.insert(e->event_id);
+    if (e->solo_source >= 0) --solo_events_[static_cast<std::size_t>(e->solo_source)];
+    map_.erase(map_key(e->event_id, e->run_number));
+    history(e->run_number).insert(e->event_id);
     counters_.events_in_flight.set(map_.size());
     out.push(e);
+}
+
+RecentSet& Matcher::history(std::uint32_t run) noexcept {
+    if (!history_set_) {
+        history_set_ = true;
+        history_run_ = run;
+    }
+    if (run == history_run_) return recent_;
+    if (!next_valid_ || next_run_ != run) {
+        next_recent_.clear();
+        next_run_ = run;
+        next_valid_ = true;
+    }
+    return next_recent_;
+}
+
+void Matcher::drop_fragment(SourceState& s, std::size_t idx) noexcept {
+    held_slots_[idx] -= s.received;
+    for (ChunkMeta* c = s.head; c != nullptr;) {
+        ChunkMeta* next = c->next;
+        drop(c);
+        c = next;
+    }
+    s.head = s.tail = nullptr;
+    s.received = 0;
 }
 
 void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexcept {
@@ -114,10 +152,18 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         drop(c);
         return;
     }
-    Event* e = map_.find(c->event_id);
+    Event* e = map_.find(map_key(c->event_id, c->run_number));
     if (e == nullptr) {
-        if (recent_.contains(c->event_id)) {
+        if (is_late(c->event_id, c->run_number)) {
             counters_.late_fragments.add();
+            drop(c);
+            return;
+        }
+        // A source may open only its share of the events in flight with ids that no
+        // other source has sent yet (see MatcherSettings::max_solo_events_per_source).
+        if (max_solo_ != 0 && solo_events_[idx] >= max_solo_) {
+            counters_.source_share_drops.add();
+            counters_.source_desync[idx].add();
             drop(c);
             return;
         }
@@ -127,8 +173,27 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
             drop(c);
             return;
         }
+        e->solo_source = idx;
+        ++solo_events_[idx];
     }
     SourceState& s = e->src[idx];
+    if (s.state & SourceState::kRefused) {  // the rest of a fragment refused as too large
+        counters_.event_too_large.add();
+        drop(c);
+        return;
+    }
+    // The payload's CRC (computed on admission, admit_datagram) checks the chunk when
+    // the source sent one, and is kept in either case so that assembly joins the
+    // record CRC from the chunks' CRCs instead of reading the payload again. It is
+    // checked before anything else of the chunk is believed: a damaged chunk must
+    // not fix the fragment's length or chunk count for the genuine ones.
+    const std::uint32_t crc = c->received_crc32c;
+    if ((c->flags & wire::fragment_flags::has_crc) && crc != c->payload_crc32c) {
+        e->status |= file::record_status::corrupt_dropped;
+        counters_.crc_failures.add();
+        drop(c);
+        return;
+    }
     if (s.state & SourceState::kSeen) {
         if (s.fragment_length != c->fragment_length || s.chunk_count != c->chunk_count ||
             e->run_number != c->run_number) {
@@ -137,9 +202,30 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
             return;
         }
     } else {
-        s.state = SourceState::kSeen;
+        if (e->run_number != c->run_number) {
+            counters_.inconsistent_chunks.add();
+            drop(c);
+            return;
+        }
+        // The record's length is a u32: a fragment that would take the record past
+        // it is refused here, and the event is written without it (MISSING).
+        const std::uint64_t bytes = file::section_bytes(c->fragment_length) - file::kSectionHeaderBytes;
+        if (e->claimed_bytes + bytes > kMaxRecordBytes) {
+            s.state |= SourceState::kRefused;
+            counters_.event_too_large.add();
+            drop(c);
+            return;
+        }
+        e->claimed_bytes += bytes;
+        s.state |= SourceState::kSeen;
         s.fragment_length = c->fragment_length;
         s.chunk_count = c->chunk_count;
+    }
+    if (max_slots_ != 0 && held_slots_[idx] >= max_slots_) {
+        counters_.source_slot_limit_drops.add();
+        counters_.source_slot_limit[idx].add();
+        drop(c);
+        return;
     }
     // Duplicate check: a bitmap for the first 64 chunks, the sorted list beyond.
     bool dup = false;
@@ -164,15 +250,10 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         drop(c);
         return;
     }
-    // The payload's CRC (computed on admission, admit_datagram) checks the chunk when
-    // the source sent one, and is kept in either case so that assembly joins the
-    // record CRC from the chunks' CRCs instead of reading the payload again.
-    const std::uint32_t crc = c->received_crc32c;
-    if ((c->flags & wire::fragment_flags::has_crc) && crc != c->payload_crc32c) {
-        e->status |= file::record_status::corrupt_dropped;
-        counters_.crc_failures.add();
-        drop(c);
-        return;
+    // Another source's data: the event is no longer one its opener holds alone.
+    if (e->solo_source >= 0 && e->solo_source != idx) {
+        --solo_events_[static_cast<std::size_t>(e->solo_source)];
+        e->solo_source = -1;
     }
     c->payload_crc32c = crc;
     if (after == nullptr) {
@@ -183,6 +264,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         after->next = c;
     }
     if (c->next == nullptr) s.tail = c;
+    ++held_slots_[idx];
     if (c->chunk_index < 64) s.bitmap |= std::uint64_t{1} << c->chunk_index;
     if (c->flags & wire::fragment_flags::empty) s.state |= SourceState::kEmpty;
     if (c->flags & wire::fragment_flags::source_error) {
@@ -202,16 +284,14 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         }
         if (!tiles || end != s.fragment_length) {
             counters_.inconsistent_chunks.add();
-            for (ChunkMeta* k = s.head; k != nullptr;) {
-                ChunkMeta* next = k->next;
-                drop(k);
-                k = next;
-            }
+            drop_fragment(s, static_cast<std::size_t>(idx));
+            e->claimed_bytes -= file::section_bytes(s.fragment_length) - file::kSectionHeaderBytes;
             const std::uint8_t keep = s.state & SourceState::kSourceError;
             s = SourceState{};
             s.state = keep;  // unseen again: a correct resend can still complete it
             return;
         }
+        held_slots_[idx] -= s.received;  // complete: its slots wait for the writer, not for data
         s.state |= SourceState::kComplete;
         counters_.fragments.add();
         counters_.source_fragments[idx].add();
@@ -241,14 +321,34 @@ void Matcher::expire(std::uint64_t now_ns, EventList& out) {
 
 void Matcher::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, EventList& out) {
     reclaim();
-    Event* e = map_.find(event_id);
-    if (e == nullptr && !recent_.contains(event_id)) e = start_event(event_id, run_number, now_ns);
+    Event* e = map_.find(map_key(event_id, run_number));
+    if (e == nullptr && !is_late(event_id, run_number)) e = start_event(event_id, run_number, now_ns);
     if (e != nullptr) finish(e, false, now_ns, out);
     returns_.flush();
 }
 
 void Matcher::flush(std::uint64_t now_ns, EventList& out) {
     while (oldest_ != nullptr) finish(oldest_, false, now_ns, out);
+    returns_.flush();
+}
+
+void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& out) {
+    reclaim();
+    for (Event* e = oldest_; e != nullptr;) {
+        Event* newer = e->newer;
+        if (e->run_number != next_run) finish(e, false, now_ns, out);
+        e = newer;
+    }
+    // From here on only next_run's chunks arrive: its history becomes the current one.
+    if (next_valid_ && next_run_ == next_run) {
+        std::swap(recent_, next_recent_);
+    } else {
+        recent_.clear();
+    }
+    next_recent_.clear();
+    next_valid_ = false;
+    history_run_ = next_run;
+    history_set_ = true;
     returns_.flush();
 }
 

@@ -34,6 +34,13 @@ struct MatcherSettings {
     std::uint32_t max_events = 1024;     // this shard's event pool
     std::uint32_t late_window = 65536;
     std::uint64_t timeout_ns = 1'000'000'000;
+    // Events in flight that one source opened and no other source has joined yet,
+    // at most (0: no limit). A board that runs far ahead of the others (reset, lost
+    // sync, or a flood of made-up ids) fills only this share of the pool.
+    std::uint32_t max_solo_events_per_source = 0;
+    // Receive slots one source's incomplete fragments may hold in this shard, at
+    // most (0: no limit). Tiny chunks of a huge fragment cannot pin the pool.
+    std::uint32_t max_slots_per_source = 0;
 };
 
 class Matcher {
@@ -46,19 +53,22 @@ public:
     void add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out);
     // Writes out (INCOMPLETE) every event older than the timeout.
     void expire(std::uint64_t now_ns, EventList& out);
-    // Writes out every event in flight (shutdown, run change).
+    // Writes out every event in flight (shutdown).
     void flush(std::uint64_t now_ns, EventList& out);
+    // The run ends and `next_run` goes on: every event of another run is written out
+    // (INCOMPLETE unless complete) and their ids forgotten; events of next_run that
+    // arrived before the end keep building, and their built ids stay remembered.
+    void end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& out);
     // Pull mode, out of retries: writes the event INCOMPLETE now, even when no
     // fragment of it ever arrived (every section MISSING). Nothing if already built.
     void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, EventList& out);
 
     void set_timeout_ns(std::uint64_t ns) noexcept { timeout_ns_ = ns; }
-    // A new run starts: event ids may repeat, so forget the built ones.
-    void clear_history() noexcept { recent_.clear(); }
     // Events the writer has finished with come back here (the writer is the producer).
     SpscRing<Event*>& done_ring() noexcept { return done_; }
     std::size_t in_flight() const noexcept { return map_.size(); }
     std::size_t pool_free() const noexcept { return free_.size(); }
+    std::size_t pool_size() const noexcept { return pool_size_; }
 
 private:
     int source_index(std::uint32_t source_id) const noexcept;
@@ -67,6 +77,15 @@ private:
     void drop(ChunkMeta* c) noexcept { returns_.add(c->owner, c->slot); }
     void reclaim() noexcept;
     void add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexcept;
+    // Built ids of `run`: the current run's, or the next run's while both are about
+    // (the readers admit the next run before its run-end marker reaches this shard).
+    RecentSet& history(std::uint32_t run) noexcept;
+    bool is_late(std::uint64_t event_id, std::uint32_t run) noexcept {
+        RecentSet& h = history(run);
+        return event_id < h.floor() || h.contains(event_id);
+    }
+    // Returns the chunks of a partial fragment to their pools.
+    void drop_fragment(SourceState& s, std::size_t idx) noexcept;
 
     std::uint16_t shard_;
     std::vector<std::uint32_t> sources_;
@@ -80,7 +99,17 @@ private:
     alloc::ArenaArray<std::byte> meta_;
     std::vector<Event*> free_;  // capacity fixed at construction
     FlatMap<Event> map_;
-    RecentSet recent_;
+    RecentSet recent_;       // built ids of history_run_
+    RecentSet next_recent_;  // built ids of next_run_, if next_valid_
+    std::uint32_t history_run_ = 0;
+    bool history_set_ = false;
+    std::uint32_t next_run_ = 0;
+    bool next_valid_ = false;
+    std::size_t pool_size_;
+    std::uint32_t max_solo_;   // 0: no limit
+    std::uint32_t max_slots_;  // 0: no limit
+    std::vector<std::uint32_t> solo_events_;  // per source: events it opened that nobody joined yet
+    std::vector<std::uint32_t> held_slots_;   // per source: slots in its incomplete fragments
     Event* oldest_ = nullptr;
     Event* newest_ = nullptr;
     SpscRing<Event*> done_;

@@ -59,7 +59,7 @@ struct ShardInput {
     ChunkMeta* head = nullptr;
     std::uint64_t now_ns = 0;  // or the new timeout, for set_timeout
     std::uint64_t event_id = 0;  // give_up
-    std::uint32_t run_number = 0;  // give_up
+    std::uint32_t run_number = 0;  // give_up; end_run: the run that goes on
 };
 using MatchNode = flow::multifunction_node<ShardInput, std::tuple<Event*>>;
 using AssembleNode = flow::function_node<Event*, flow::continue_msg>;
@@ -268,8 +268,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                 break;
                             case ShardInput::Kind::flush: sh->matcher.flush(in.now_ns, built); break;
                             case ShardInput::Kind::end_run:
-                                sh->matcher.flush(in.now_ns, built);
-                                sh->matcher.clear_history();
+                                sh->matcher.end_run(in.run_number, in.now_ns, built);
                                 built.push(&sh->marker);
                                 break;
                             case ShardInput::Kind::set_timeout: sh->matcher.set_timeout_ns(in.now_ns); break;
@@ -393,8 +392,8 @@ void Pipeline::flush(std::uint64_t now_ns) noexcept {
     for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::flush, nullptr, now_ns});
 }
 
-void Pipeline::end_run(std::uint64_t now_ns) noexcept {
-    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::end_run, nullptr, now_ns});
+void Pipeline::end_run(std::uint64_t now_ns, std::uint32_t next_run) noexcept {
+    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::end_run, nullptr, now_ns, 0, next_run});
 }
 
 void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
@@ -406,6 +405,14 @@ void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::ui
 
 void Pipeline::set_timeout_ns(std::uint64_t ns) noexcept {
     for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::set_timeout, nullptr, ns});
+}
+
+ShardSink::Room Pipeline::settled_room(std::uint32_t shard) {
+    wait_idle();  // the matcher's pool is read after the last put has gone through it
+    Matcher& m = shards_[shard]->matcher;
+    const std::size_t free = m.pool_free() + m.done_ring().size_approx();
+    const std::size_t used = m.pool_size() - std::min(m.pool_size(), free);
+    return {free, used - std::min(used, m.in_flight())};
 }
 
 void Pipeline::wait_idle() {

@@ -43,12 +43,14 @@ public:
     // Timeout sweep on every shard at time now_ns (skipped for a shard whose last
     // tick is still queued).
     void tick(std::uint64_t now_ns) noexcept override;
+    Room settled_room(std::uint32_t shard) override;
     // Every event in flight is handed on (INCOMPLETE unless complete).
     void flush(std::uint64_t now_ns) noexcept;
-    // Ends the run: flush, forget built event ids, then a marker (nullptr) follows
-    // the flushed events into each shard's writer ring so the writer knows every
-    // event of the old run has reached it.
-    void end_run(std::uint64_t now_ns) noexcept;
+    // Ends the run: every event of a run other than next_run is handed on and its
+    // id forgotten, then a marker (nullptr) follows them into each shard's writer
+    // ring so the writer knows every event of the old run has reached it. Events of
+    // next_run admitted before the end keep building.
+    void end_run(std::uint64_t now_ns, std::uint32_t next_run) noexcept;
     void set_timeout_ns(std::uint64_t ns) noexcept;
     // Pull mode: write this event INCOMPLETE now (out of retries).
     void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders, std::uint64_t now_ns) noexcept;

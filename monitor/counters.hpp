@@ -61,6 +61,7 @@ struct alignas(kFalseSharingBytes) ReaderCounters {
     Counter wrong_run;
     Counter other_builder;     // event of another builder's share
     Counter disallowed_sender;
+    Counter sender_mismatch;   // a pinned source's datagram from another address
     Counter kernel_drops;      // SO_RXQ_OVFL, cumulative per socket
     Counter buffer_waits;      // times the reader found no free receive slot
     Counter receive_errors;
@@ -74,6 +75,9 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     Counter late_fragments;       // event already built
     Counter unknown_source;       // source id not in the configuration
     Counter in_flight_limit_drops;
+    Counter event_too_large;          // chunks of a fragment that would overflow the record length
+    Counter source_share_drops;       // a source's share of events in flight was full (it runs ahead)
+    Counter source_slot_limit_drops;  // a source's incomplete fragments held their share of slots
     Counter events_complete;
     Counter events_incomplete;
     Counter events_in_flight;     // gauge
@@ -82,11 +86,18 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     // fragments, and events written with that source's section MISSING.
     std::unique_ptr<Counter[]> source_fragments;
     std::unique_ptr<Counter[]> source_missing;
+    // Datagrams refused because the source opened its whole share of events in
+    // flight with ids nobody else sent (desynchronised), and because its incomplete
+    // fragments held their share of receive slots.
+    std::unique_ptr<Counter[]> source_desync;
+    std::unique_ptr<Counter[]> source_slot_limit;
     std::size_t sources = 0;
     void size_sources(std::size_t n) {
         sources = n;
         source_fragments = std::make_unique<Counter[]>(n);
         source_missing = std::make_unique<Counter[]>(n);
+        source_desync = std::make_unique<Counter[]>(n);
+        source_slot_limit = std::make_unique<Counter[]>(n);
     }
 };
 

@@ -96,6 +96,10 @@ std::vector<FamilyOut> collect(const Sources& s) {
         add("not_fragment", sum(R, [](auto& b) { return b.not_fragment.get(); }));
         add("unknown_source", sum(M, [](auto& b) { return b.unknown_source.get(); }));
         add("in_flight_limit", sum(M, [](auto& b) { return b.in_flight_limit_drops.get(); }));
+        add("sender_mismatch", sum(R, [](auto& b) { return b.sender_mismatch.get(); }));
+        add("source_share", sum(M, [](auto& b) { return b.source_share_drops.get(); }));
+        add("source_held_slots", sum(M, [](auto& b) { return b.source_slot_limit_drops.get(); }));
+        add("event_too_large", sum(M, [](auto& b) { return b.event_too_large.get(); }));
         out.push_back(std::move(f));
     }
     out.push_back(scalar("evb_duplicate_chunks_total", "Chunks seen a second time (the first copy is kept).", T::counter,
@@ -143,19 +147,32 @@ std::vector<FamilyOut> collect(const Sources& s) {
         // Bounded by the configured source list: one series per expected source.
         FamilyOut f{"evb_source_fragments_total", "Complete fragments received, per expected source.", T::counter, {}, {}};
         FamilyOut g{"evb_source_missing_total", "Events written with this source's section MISSING.", T::counter, {}, {}};
+        FamilyOut d{"evb_source_desync_datagrams_total",
+                    "Datagrams refused because the source opened its whole share of events in flight with ids no other "
+                    "source sent (it is desynchronised).",
+                    T::counter, {}, {}};
+        FamilyOut h{"evb_source_held_slots_refused_total",
+                    "Chunks refused because the source's incomplete fragments held their share of receive buffers.",
+                    T::counter, {}, {}};
         for (std::size_t i = 0; i < s.sources.size(); ++i) {
-            double frag = 0, miss = 0;
+            double frag = 0, miss = 0, desync = 0, held = 0;
             for (const auto* m : M) {
                 if (i >= m->sources) continue;
                 frag += static_cast<double>(m->source_fragments[i].get());
                 miss += static_cast<double>(m->source_missing[i].get());
+                desync += static_cast<double>(m->source_desync[i].get());
+                held += static_cast<double>(m->source_slot_limit[i].get());
             }
             const std::string id = std::to_string(s.sources[i]);
             f.samples.push_back({{{"source", id}}, frag, {}, 0});
             g.samples.push_back({{{"source", id}}, miss, {}, 0});
+            d.samples.push_back({{{"source", id}}, desync, {}, 0});
+            h.samples.push_back({{{"source", id}}, held, {}, 0});
         }
         out.push_back(std::move(f));
         out.push_back(std::move(g));
+        out.push_back(std::move(d));
+        out.push_back(std::move(h));
     }
     out.push_back(scalar("evb_expected_sources", "Sources in the configuration.", T::gauge, static_cast<double>(s.sources.size())));
     out.push_back(scalar("evb_process_start_time_seconds", "Start time of the process since the Unix epoch.", T::gauge, kStartTime));

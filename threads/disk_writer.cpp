@@ -260,14 +260,16 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
         }
     }
     for (std::size_t k = 0; k < inputs_.size(); ++k) {
-        if (!held_[k].empty()) continue;  // this shard waits for the run transition
+        // A shard with new-run events held back is still read: its run-end marker
+        // may be behind them (the readers admit the new run before the marker is
+        // put), and only reading on reaches it.
         const std::size_t n = inputs_[k]->try_pop_n(scratch_.data(), std::min(max_events - total, scratch_.capacity()));
         for (std::size_t i = 0; i < n; ++i) {
             Event* e = scratch_[i];
             if (e == nullptr) {
                 ++markers_[k];
-            } else if (transition_generation_ != 0 && (e->run_number == transition_run_ || !held_[k].empty())) {
-                held_[k].push_back(e);
+            } else if (transition_generation_ != 0 && e->run_number == transition_run_) {
+                held_[k].push_back(e);  // in order; the old run's events go on being written
             } else {
                 write_event(e);
             }
@@ -331,6 +333,10 @@ void DiskWriter::on_close() {
         while (true) {
             const std::size_t n = drain(kMaxEventsPerWork);  // drained into held_for_retry_
             if (n == 0) break;
+        }
+        for (auto& h : held_) {  // new-run events held back by a run transition are lost too
+            held_for_retry_.insert(held_for_retry_.end(), h.begin(), h.end());
+            h.clear();
         }
         log_error("stopping with the output still failing: {} built events could not be written",
                   held_for_retry_.size());

@@ -12,7 +12,38 @@ namespace evb {
 
 ReplayFeeder::ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, ShardSink& sink,
                            stats::ReaderCounters& counters)
-    : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()) {}
+    : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()), budget_(sink.shard_count(), 0) {}
+
+void ReplayFeeder::wait_for_room(std::uint32_t shard) {
+    // What is batched counts against the room only once it has been matched.
+    batches_.submit_all(sink_, last_capture_ns_);
+    ShardSink::Room room = sink_.settled_room(shard);
+    if (room.free > 0) {
+        budget_[shard] = room.free;
+        return;
+    }
+    room_waits_.fetch_add(1, std::memory_order_relaxed);
+    // The writer returns events as it writes them: wait for those. Events still
+    // being built wait for input not fed yet (or for a timeout only later input's
+    // time reaches): then feed on, and the matcher refuses and counts what does
+    // not fit. The time limit is a safety net only.
+    for (int waited_ms = 0; room.writing > 0 && waited_ms < 10'000; ++waited_ms) {
+        const timespec ts{0, 1'000'000};
+        ::nanosleep(&ts, nullptr);
+        room = sink_.settled_room(shard);
+        if (room.free > 0) {
+            budget_[shard] = room.free;
+            return;
+        }
+    }
+    if (!warned_stall_) {
+        log_warn("replay: shard {} has building.max_events_in_flight events waiting for data later in the capture; "
+                 "what does not fit is refused and counted (raise building.max_events_in_flight)",
+                 shard);
+        warned_stall_ = true;
+    }
+    budget_[shard] = 1;
+}
 
 ReplayFeeder::~ReplayFeeder() = default;
 
@@ -114,6 +145,9 @@ std::size_t ReplayFeeder::do_work() {
             pool_.give_back_local(idx);
             continue;
         }
+        // Each datagram may start an event: it goes only where one could start.
+        if (budget_[shard] == 0) wait_for_room(static_cast<std::uint32_t>(shard));
+        --budget_[shard];
         batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));
     }
     batches_.submit_all(sink_, last_capture_ns_);

@@ -44,8 +44,15 @@ public:
     const std::array<std::uint64_t, net::kSkipReasonCount>& skipped() const noexcept { return skipped_; }
     std::uint64_t packets() const noexcept { return packets_; }
 
+    // Times the feeder waited for a shard's event pool (the writer was behind), and
+    // gave up waiting because the pool stayed full (events waiting for data only
+    // later input brings): what then does not fit is refused and counted.
+    std::uint64_t room_waits() const noexcept { return room_waits_.load(std::memory_order_relaxed); }
+
 private:
     bool open_next();
+    // Makes sure shard `shard` can start one more event, waiting for the pipeline.
+    void wait_for_room(std::uint32_t shard);
     void close_reader();
     void finish(bool failed);
 
@@ -69,6 +76,9 @@ private:
     std::uint64_t sleep_ns_ = 0;  // pacing: how long on_idle should wait
     std::array<std::uint64_t, net::kSkipReasonCount> skipped_{};
     std::uint64_t packets_ = 0;
+    std::vector<std::size_t> budget_;  // per shard: events it can still start, as last settled
+    std::atomic<std::uint64_t> room_waits_{0};
+    bool warned_stall_ = false;
     bool failed_ = false;
     std::atomic<bool> finished_{false};
 };

@@ -26,6 +26,16 @@ public:
     virtual void submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept = 0;
     // Time has reached now_ns: every shard times out what is due.
     virtual void tick(std::uint64_t now_ns) noexcept = 0;
+    // Offline input (replay) only: how many more events shard `shard` can start
+    // (free), and how many of its events are built and still with the writer (they
+    // come back as free), counted once everything submitted so far has been matched
+    // (waits for that). An input that has nobody to lose data to waits for room
+    // instead of sending what the shard would have to refuse.
+    struct Room {
+        std::size_t free = SIZE_MAX;
+        std::size_t writing = 0;
+    };
+    virtual Room settled_room(std::uint32_t /*shard*/) { return {}; }
 };
 
 // The per-datagram admission rules a reader applies, from one config snapshot.

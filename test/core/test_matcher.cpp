@@ -29,9 +29,8 @@ struct Rig {
     AdmissionRules rules;
 
     explicit Rig(std::vector<std::uint32_t> sources, std::uint32_t max_events = 16, std::uint64_t timeout_ns = 1000)
-        : matcher(0, MatcherSettings{std::move(sources), max_events, 64, timeout_ns}, arena, returns, counters) {
-        rules.run_number = 1;
-    }
+        : Rig(MatcherSettings{std::move(sources), max_events, 64, timeout_ns}) {}
+    explicit Rig(const MatcherSettings& ms) : matcher(0, ms, arena, returns, counters) { rules.run_number = 1; }
 
     // Encodes one chunk of (event, source)'s pattern fragment into a free slot and
     // admits it as the reader does. Returns the chunk, or nullptr if rejected.
@@ -39,7 +38,10 @@ struct Rig {
                      std::uint16_t count, std::uint32_t chunk_bytes, bool crc = true, bool corrupt = false,
                      std::uint16_t extra_flags = 0) {
         std::uint32_t idx = 0;
-        REQUIRE(pool.try_take(idx));
+        if (!pool.try_take(idx)) {
+            pool.reclaim();  // slots released by earlier events
+            REQUIRE(pool.try_take(idx));
+        }
         const std::uint32_t off = index * chunk_bytes;
         const std::uint32_t len = std::min(chunk_bytes, frag_len - std::min(frag_len, off));
         std::byte* d = pool.data(idx);
@@ -277,4 +279,105 @@ TEST_CASE("matcher drops a fragment whose chunks leave a gap, and a correct rese
     REQUIRE(out.count == 1);
     auto s = scan_records({r.record(*out.head)}, 2);
     CHECK(s.problems.empty());
+}
+
+TEST_CASE("matcher: a chunk that fails its CRC does not fix its fragment's shape") {
+    Rig r({0, 1});
+    // A damaged copy arrives first: wrong length and count in its header, payload
+    // failing its CRC. The genuine chunks that follow must still make the fragment.
+    r.feed({r.chunk(7, 0, 3000, 0, 3, 1000, true, /*corrupt=*/true)});
+    CHECK(r.counters.crc_failures.get() == 1);
+    auto out = r.feed({r.chunk(7, 0, 2000, 0, 2, 1000), r.chunk(7, 0, 2000, 1, 2, 1000), r.chunk(7, 1, 4, 0, 1, 1000)});
+    CHECK(r.counters.inconsistent_chunks.get() == 0);
+    REQUIRE(out.count == 1);
+    CHECK(out.head->status == file::record_status::corrupt_dropped);  // complete, but says a chunk was dropped
+    auto s = scan_records({r.record(*out.head)}, 2);
+    CHECK(s.problems.empty());
+    r.release(out.head);
+    CHECK(r.free_slots() == 256);
+}
+
+TEST_CASE("matcher: a chunk of an event built longer ago than late_window is late, not a second record") {
+    Rig r({0, 1}, /*max_events=*/16);  // late_window 64
+    for (std::uint64_t ev = 0; ev < 200; ++ev) {
+        auto out = r.feed({r.chunk(ev, 0, 8, 0, 1, 1000), r.chunk(ev, 1, 8, 0, 1, 1000)});
+        REQUIRE(out.count == 1);
+        r.release(out.head);
+    }
+    const auto late = r.counters.late_fragments.get();
+    auto out = r.feed({r.chunk(0, 0, 8, 0, 1, 1000), r.chunk(3, 1, 8, 0, 1, 1000)});
+    CHECK(out.count == 0);
+    CHECK(r.matcher.in_flight() == 0);  // no event 0 or 3 started again
+    CHECK(r.counters.late_fragments.get() == late + 2);
+    // Ids after the window are new events as before.
+    out = r.feed({r.chunk(200, 0, 8, 0, 1, 1000), r.chunk(200, 1, 8, 0, 1, 1000)});
+    CHECK(out.count == 1);
+}
+
+TEST_CASE("matcher refuses a fragment that would make its record longer than a record can say") {
+    Rig r({0, 1, 2});
+    // Each fragment claims 1.9 GB: two fit under the 4 GiB record limit, a third does not.
+    const std::uint32_t big = 1'900'000'000u;
+    r.feed({r.chunk(9, 0, big, 0, 2, 1000), r.chunk(9, 1, big, 0, 2, 1000)});
+    CHECK(r.free_slots() == 256 - 2);
+    r.feed({r.chunk(9, 2, big, 0, 2, 1000)});
+    CHECK(r.free_slots() == 256 - 2);  // not held
+    CHECK(r.counters.event_too_large.get() == 1);
+    EventList out;
+    r.matcher.expire(1'000'000, out);
+    REQUIRE(out.count == 1);
+    CHECK((out.head->status & file::record_status::incomplete) != 0);
+}
+
+TEST_CASE("matcher bounds the receive slots one source's incomplete fragments hold") {
+    MatcherSettings ms{{0, 1}, 16, 64, 1'000'000};
+    ms.max_slots_per_source = 8;
+    Rig r(ms);
+    // Tiny chunks of one huge fragment: only 8 are held, the rest refused and counted.
+    std::vector<ChunkMeta*> cs;
+    for (std::uint16_t i = 0; i < 20; ++i) cs.push_back(r.chunk(1, 0, 65535u * 4u, i, 65535, 4));
+    r.feed(cs);
+    CHECK(r.free_slots() == 256 - 8);
+    CHECK(r.counters.source_slot_limit_drops.get() == 12);
+    // The other source is not affected.
+    r.feed({r.chunk(2, 1, 8, 0, 1, 1000)});
+    CHECK(r.free_slots() == 256 - 9);
+    // Once the fragment is gone (timed out) its slots count no longer, and complete
+    // fragments hold nothing against the limit.
+    EventList timed_out;
+    r.matcher.expire(2'000'000, timed_out);
+    REQUIRE(timed_out.count == 2);
+    for (Event* e = timed_out.head; e != nullptr;) {
+        Event* next = e->next_out;
+        r.release(e);
+        e = next;
+    }
+    for (std::uint64_t ev = 10; ev < 30; ++ev) {
+        auto out = r.feed({r.chunk(ev, 1, 8, 0, 1, 1000), r.chunk(ev, 0, 8, 0, 1, 1000)}, 2'000'000);
+        REQUIRE(out.count == 1);
+        r.release(out.head);
+    }
+    CHECK(r.counters.source_slot_limit_drops.get() == 12);
+}
+
+TEST_CASE("matcher gives a source that opens events nobody joins a bounded share of the pool") {
+    MatcherSettings ms{{0, 1, 2}, 16, 64, 1'000'000};
+    ms.max_solo_events_per_source = 4;
+    Rig r(ms);
+    // Source 2 runs far ahead (a reset board, or a flood): it opens 4, the rest is refused.
+    for (std::uint64_t ev = 1000; ev < 1010; ++ev) r.feed({r.chunk(ev, 2, 8, 0, 1, 1000)});
+    CHECK(r.matcher.in_flight() == 4);
+    CHECK(r.counters.source_share_drops.get() == 6);
+    CHECK(r.counters.source_desync[2].get() == 6);
+    // The others' events go on being built, whoever opens them.
+    for (std::uint64_t ev = 0; ev < 40; ++ev) {
+        auto out = r.feed({r.chunk(ev, 0, 8, 0, 1, 1000), r.chunk(ev, 1, 8, 0, 1, 1000), r.chunk(ev, 2, 8, 0, 1, 1000)});
+        REQUIRE(out.count == 1);
+        r.release(out.head);
+    }
+    // Once another source joins one of its events, source 2 may open one more.
+    r.feed({r.chunk(1000, 0, 8, 0, 1, 1000)});
+    r.feed({r.chunk(1010, 2, 8, 0, 1, 1000)});
+    CHECK(r.matcher.in_flight() == 5);
+    CHECK(r.counters.source_share_drops.get() == 6);
 }

@@ -17,6 +17,22 @@
 
 using namespace evb;
 
+namespace {
+// One single-chunk fragment of 100 bytes, sent to the rig's socket.
+void send_fragment(int fd, const net::Endpoint& to, std::uint32_t run, std::uint32_t source, std::uint64_t event) {
+    std::vector<std::byte> d(wire::kFragmentHeaderBytes + 100, std::byte{0x5a});
+    wire::FragmentHeader h;
+    h.source_id = source;
+    h.run_number = run;
+    h.event_id = event;
+    h.fragment_length = 100;
+    h.chunk_count = 1;
+    wire::encode_fragment_header(h, d.data());
+    REQUIRE(::sendto(fd, d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&to.addr), to.len) ==
+            static_cast<ssize_t>(d.size()));
+}
+}  // namespace
+
 TEST_CASE("Pipeline tells the built hook every event it hands on, complete or not, once") {
     // Before the rig: its destructor may still flush events through the hook.
     std::mutex m;
@@ -48,18 +64,7 @@ TEST_CASE("Pipeline tells the built hook every event it hands on, complete or no
 
     // Events 0-3 from both sources (complete), event 4 from source 0 only.
     const int out = net::open_udp_for(rig.to, 1u << 20);
-    auto send = [&](std::uint32_t source, std::uint64_t event) {
-        std::vector<std::byte> d(wire::kFragmentHeaderBytes + 100, std::byte{0x5a});
-        wire::FragmentHeader h;
-        h.source_id = source;
-        h.run_number = 1;
-        h.event_id = event;
-        h.fragment_length = 100;
-        h.chunk_count = 1;
-        wire::encode_fragment_header(h, d.data());
-        REQUIRE(::sendto(out, d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&rig.to.addr), rig.to.len) ==
-                static_cast<ssize_t>(d.size()));
-    };
+    auto send = [&](std::uint32_t source, std::uint64_t event) { send_fragment(out, rig.to, 1, source, event); };
     for (std::uint64_t e = 0; e < 4; ++e)
         for (std::uint32_t s = 0; s < 2; ++s) send(s, e);
     send(0, 4);
@@ -69,11 +74,74 @@ TEST_CASE("Pipeline tells the built hook every event it hands on, complete or no
     CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3});  // event 4 is still open
     // The run ends: event 4 is handed on INCOMPLETE; the run-end marker behind it
     // is no event.
-    rig.pipeline.end_run(0);
+    rig.pipeline.end_run(0, 2);
     rig.pipeline.wait_idle();
     CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
     rig.stop();
     ::close(out);
     CHECK(rig.writer_counters.events_written.get() == 5);
     CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
+}
+
+TEST_CASE("Pipeline: a run change while the new run's data already arrives writes both runs, whatever the timing") {
+    test::TempDir dir;
+    PipelineSettings ps;
+    ps.workers = 1;
+    ps.shards = 2;
+    ps.matcher.sources = {0, 1};
+    ps.matcher.max_events = 64;
+    ps.matcher.late_window = 1024;
+    ps.matcher.timeout_ns = 60'000'000'000ull;
+    WriterSettings ws;
+    ws.directory = dir.path();
+    ws.expected_sources = 2;
+    ws.fsync = FsyncPolicy::never;
+    ws.run_number = 1;
+    test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20);
+    rig.start();
+    const int out = net::open_udp_for(rig.to, 1u << 20);
+    auto send = [&](std::uint32_t run, std::uint32_t source, std::uint64_t event) {
+        send_fragment(out, rig.to, run, source, event);
+    };
+    auto wait_for = [](auto&& cond) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!cond() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        return cond();
+    };
+    auto built = [&] {
+        std::uint64_t n = 0;
+        for (auto& c : rig.pipeline.counters()) n += c->events_complete.get() + c->events_incomplete.get();
+        return n;
+    };
+    for (std::uint64_t e = 0; e < 8; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send(1, s, e);
+    send(1, 0, 8);  // run 1's event 8 stays open until the run ends
+    REQUIRE(wait_for([&] { return rig.writer_counters.events_written.get() == 8; }));
+
+    // The run changes as a reload does it: the writer learns first, then the reader
+    // admits run 2, and run 2's data arrives (and is built) before the run-end marker.
+    WriterSettings next = ws;
+    next.run_number = 2;
+    next.run_generation = 1;
+    REQUIRE(rig.writer.commands().try_push(&next));
+    AdmissionRules run2;
+    run2.run_number = 2;
+    REQUIRE(rig.reader.commands().try_push(&run2));
+    REQUIRE(wait_for([&] { return rig.reader.applied() == &run2; }));
+    for (std::uint64_t e = 0; e < 8; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send(2, s, e);
+    send(2, 0, 8);  // run 2's event 8 is open when the run-end marker passes
+    REQUIRE(wait_for([&] { return built() == 16; }));
+    rig.pipeline.end_run(0, 2);
+    // Run 1's event 8 is written INCOMPLETE, run 2's eight complete events follow.
+    CHECK(wait_for([&] { return rig.writer_counters.events_written.get() == 8 + 1 + 8; }));
+    send(2, 1, 8);  // completes run 2's event 8, which the run end left open
+    CHECK(wait_for([&] { return rig.writer_counters.events_written.get() == 18; }));
+    rig.stop();
+    ::close(out);
+    CHECK(rig.writer_counters.events_written.get() == 18);
+    std::uint64_t incomplete = 0;
+    for (auto& c : rig.pipeline.counters()) incomplete += c->events_incomplete.get();
+    CHECK(incomplete == 1);
+    CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
