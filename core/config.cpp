@@ -55,6 +55,7 @@ const std::vector<Key>& schema() {
         {"input.spin_loops", Kind::uint, 0, 0, 1000000, false, "Empty non-blocking receives a reader retries before it blocks in poll(). 0 suits a builder sharing its cores; raise it on dedicated cores to trade CPU for wake-up latency."},
         {"input.cpus", Kind::int_list, json::array(), 0, 0, false, "CPU to pin reader i to (entry i); empty: no pinning."},
         {"input.allowed_senders", Kind::string_list, json::array(), 0, 0, false, "When not empty, only datagrams from these IP addresses are accepted; others are counted and dropped."},
+        {"input.pin_senders", Kind::boolean, true, 0, 0, false, "Each source id belongs to the address its first datagram of the run came from; its datagrams from any other address are counted (evb_rejected_datagrams_total{reason=\"sender_mismatch\"}) and dropped. A run change pins again. Not applied to --replay."},
         {"building.timeout_ms", Kind::uint, 1000, 1, 3600000, true, "An event not complete this long after its first fragment is written INCOMPLETE."},
         {"building.workers", Kind::uint, 0, 0, 64, false, "Threads that run the oneTBB flow graph (matching and assembly), each in a task arena of its own (at most one per shard); 0 means the CPUs evbd may use less one per reader and one for the writer, from 1 to 4 (1 on a 2-core machine)."},
         {"building.shards", Kind::uint, 0, 0, 256, false, "Matcher shards (events routed by id); 0 means one per worker."},
@@ -268,6 +269,7 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->input.coalesce_us = u32("input.coalesce_us");
     c->input.cpus = lookup(eff, "input.cpus", false)->get<std::vector<int>>();
     c->input.allowed_senders = lookup(eff, "input.allowed_senders", false)->get<std::vector<std::string>>();
+    c->input.pin_senders = lookup(eff, "input.pin_senders", false)->get<bool>();
     c->building.timeout_ms = u32("building.timeout_ms");
     c->building.workers = u32("building.workers");
     c->building.shards = u32("building.shards");

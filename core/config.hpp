@@ -40,6 +40,7 @@ struct Config {
         std::uint32_t coalesce_us = 100;
         std::vector<int> cpus;
         std::vector<std::string> allowed_senders;
+        bool pin_senders = true;
     } input;
 
     struct Building {

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <fmt/format.h>
 #include <fstream>
 #include <string>
@@ -46,6 +47,43 @@ std::uint64_t available_memory_bytes() {
     return 0;
 }
 
+// What this process may still allocate: MemAvailable, and under a cgroup v2 memory
+// limit (systemd MemoryMax=, a container) also memory.max less memory.current.
+// `source` says where the figure came from, for the refusal message. 0: unknown.
+std::uint64_t allocatable_memory_bytes(std::string* source) {
+    std::uint64_t avail = available_memory_bytes();
+    *source = "MemAvailable in /proc/meminfo";
+    // cgroup v2 ("0::/path": memory.max, memory.current) or v1 ("N:memory:/path":
+    // memory.limit_in_bytes, memory.usage_in_bytes; "no limit" is a huge number).
+    std::ifstream cg("/proc/self/cgroup");
+    std::string line;
+    while (std::getline(cg, line)) {
+        std::string dir, max_file, cur_file;
+        if (line.rfind("0::", 0) == 0) {
+            dir = "/sys/fs/cgroup" + line.substr(3);
+            max_file = "/memory.max";
+            cur_file = "/memory.current";
+        } else if (const auto at = line.find(":memory:"); at != std::string::npos) {
+            dir = "/sys/fs/cgroup/memory" + line.substr(at + 8);
+            max_file = "/memory.limit_in_bytes";
+            cur_file = "/memory.usage_in_bytes";
+        } else {
+            continue;
+        }
+        std::ifstream max_in(dir + max_file), cur_in(dir + cur_file);
+        std::string max_text;
+        std::uint64_t current = 0;
+        if (!(max_in >> max_text) || max_text == "max" || !(cur_in >> current)) continue;
+        const std::uint64_t limit = std::strtoull(max_text.c_str(), nullptr, 10);
+        const std::uint64_t room = limit > current ? limit - current : 0;
+        if (avail == 0 || room < avail) {
+            avail = room;
+            *source = "the memory limit less the usage of cgroup " + dir;
+        }
+    }
+    return avail;
+}
+
 // Signals are blocked in every evbd thread and taken by sigtimedwait in the service
 // loop. A thread that evbd did not create (a sanitizer's runtime thread, say) may
 // still receive one; this handler records it so it is neither lost nor fatal.
@@ -64,8 +102,33 @@ int take_caught_signal() {
 }
 
 
-AdmissionRules make_rules(const Config& c) {
+// Settings posted to a thread by reload, freed once that thread has applied them
+// (it reports how many commands it has taken): nothing grows with the reloads.
+template <typename T>
+class Posted {
+public:
+    T* post(std::unique_ptr<T> p) {
+        items_.push_back(std::move(p));
+        return items_.back().get();
+    }
+    // `applied` of the commands posted so far have been taken and read.
+    void release_applied(std::uint64_t applied) {
+        while (released_ < applied && !items_.empty()) {
+            items_.pop_front();
+            ++released_;
+        }
+    }
+    std::size_t held() const noexcept { return items_.size(); }
+
+private:
+    std::deque<std::unique_ptr<T>> items_;
+    std::uint64_t released_ = 0;
+};
+
+AdmissionRules make_rules(const Config& c, bool pin_senders) {
     AdmissionRules r;
+    // A run change makes new rules, and with them a new table: sources pin again.
+    if (pin_senders) r.pins = std::make_shared<SenderPins>(c.sources);
     r.run_number = c.run_number;
     r.builders = c.builders;
     r.builder_id = c.builder_id;
@@ -207,11 +270,11 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         return 1;
     }
 
-    // Keep every config snapshot alive for the process lifetime: threads hold raw
-    // pointers into them (reloads are rare, snapshots are small).
-    std::vector<std::shared_ptr<const Config>> snapshots{cfg};
-    std::vector<std::unique_ptr<AdmissionRules>> rules;
-    std::vector<std::unique_ptr<WriterSettings>> writer_settings;
+    // What reload posts to the threads; each list frees what its thread has taken.
+    // The readers take rules in order, so rules older than the ones every reader
+    // has applied are free (kept in `rules`, newest last).
+    std::deque<std::unique_ptr<AdmissionRules>> rules;
+    Posted<WriterSettings> writer_settings;
 
     // Input: socket readers, or one replay feeder reading capture files.
     const bool replay = !opts.replay_files.empty();
@@ -255,6 +318,26 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
                   "available (MemAvailable in /proc/meminfo; at most 90% of it is taken); lower it or free memory",
                   cfg->building.max_buffer_bytes, avail);
         return 1;
+    }
+
+    // The event pools are allocated at start as well: every event in flight keeps a
+    // state and a section header per expected source. With many sources that is the
+    // larger part (65535 sources x 4096 events is 15 GB); check both together, and
+    // against a cgroup's limit, before anything is allocated.
+    {
+        const std::uint64_t events = std::max<std::uint64_t>(cfg->building.max_events_in_flight, 4ull * shards);
+        const std::uint64_t n = cfg->sources.size();
+        const std::uint64_t event_pools = events * (sizeof(Event) + event_meta_bytes(n) + n * sizeof(SourceState));
+        const std::uint64_t need = event_pools + cfg->building.max_buffer_bytes;
+        std::string where;
+        if (const std::uint64_t avail = allocatable_memory_bytes(&where); avail != 0 && need > avail / 10 * 9) {
+            log_error("memory: the event pools need {} bytes (building.max_events_in_flight {} x {} sources) and the "
+                      "receive buffers {} bytes (building.max_buffer_bytes), {} in all, but only {} bytes can be "
+                      "allocated ({}; at most 90% of it is taken); lower building.max_events_in_flight, the sources, "
+                      "or building.max_buffer_bytes",
+                      event_pools, cfg->building.max_events_in_flight, n, cfg->building.max_buffer_bytes, need, avail, where);
+            return 1;
+        }
     }
 
     // Receive pools: one arena and pool per reader. Return ports 0..shards-1 are the
@@ -305,7 +388,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     std::vector<std::unique_ptr<Agent>> input_agents;
     std::vector<SpscRing<const AdmissionRules*>*> input_commands;
     ReplayFeeder* feeder = nullptr;
-    rules.push_back(std::make_unique<AdmissionRules>(make_rules(*cfg)));
+    const bool pin_senders = cfg->input.pin_senders && !replay;
+    rules.push_back(std::make_unique<AdmissionRules>(make_rules(*cfg, pin_senders)));
     if (replay) {
         auto f = std::make_unique<ReplayFeeder>(replay_settings, *pools[0], *pipeline, *reader_counters[0]);
         feeder = f.get();
@@ -331,7 +415,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // limit, from reader 0's socket so the answers come back to the readers.
     PullCounters pull_counters;
     std::unique_ptr<RequestSender> sender;
-    std::vector<std::unique_ptr<PullSettings>> pull_settings;
+    Posted<PullSettings> pull_settings;
     std::atomic<std::uint32_t> current_run{cfg->run_number};
     if (cfg->mode == Mode::pull && !replay) {
         std::vector<net::Endpoint> addrs;
@@ -356,14 +440,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
             pull_counters, max_credits);
         RequestSender* rs = sender.get();
         pipeline->set_built_hook([rs](std::uint64_t id) { rs->on_built(id); });
-        writer->set_written_hook([rs](const Event* const* events, std::size_t n) {
-            std::uint64_t ids[256];
-            for (std::size_t i = 0; i < n;) {
-                std::size_t k = 0;
-                for (; k < 256 && i < n; ++k, ++i) ids[k] = events[i]->event_id;
-                rs->on_written(ids, k);
-            }
-        });
+        writer->set_written_hook([rs](const std::uint64_t* ids, std::size_t n) { rs->on_written(ids, n); });
     }
 
     monitor::Sources msrc;
@@ -480,26 +557,26 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
             log_warn("reload ({}): {} changed but need a restart; they keep their running values", why, names);
         }
         auto next = merge_live(*running, *loaded);
-        snapshots.push_back(next);
         set_log_level(next->log_level);
         if (next->building.timeout_ms != running->building.timeout_ms)
             pipeline->set_timeout_ns(std::uint64_t{next->building.timeout_ms} * 1'000'000ull);
         const bool run_change = next->run_number != running->run_number;
-        writer_settings.push_back(std::make_unique<WriterSettings>(make_writer_settings(*next)));
-        writer_settings.back()->run_number = next->run_number;
-        writer_settings.back()->run_generation = run_change ? ++run_generation : run_generation;
+        writer_settings.release_applied(writer->commands_applied());
+        auto ws = std::make_unique<WriterSettings>(make_writer_settings(*next));
+        ws->run_number = next->run_number;
+        ws->run_generation = run_change ? ++run_generation : run_generation;
         // The writer learns of a run change first, so it holds the new run's events
         // back until the old run's last events are written and its file is closed.
-        if (!writer->commands().try_push(writer_settings.back().get()))
+        if (!writer->commands().try_push(writer_settings.post(std::move(ws))))
             log_warn("reload: the writer has not taken the previous settings yet; output settings apply later");
         if (sender) {
-            pull_settings.push_back(std::make_unique<PullSettings>(make_pull_settings(*next)));
-            if (!sender->commands().try_push(pull_settings.back().get()))
+            pull_settings.release_applied(sender->commands_applied());
+            if (!sender->commands().try_push(pull_settings.post(std::make_unique<PullSettings>(make_pull_settings(*next)))))
                 log_warn("reload: the request sender has not taken the previous settings yet");
         }
         if (run_change) {
             current_run.store(next->run_number);
-            rules.push_back(std::make_unique<AdmissionRules>(make_rules(*next)));
+            rules.push_back(std::make_unique<AdmissionRules>(make_rules(*next, pin_senders)));
             for (auto* q : input_commands) (void)q->try_push(rules.back().get());
             // Wait (bounded) until every input admits by the new run number, so no
             // old-run chunk can follow the run-end marker into a shard.
@@ -508,6 +585,13 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
                 while (input_applied(i) != rules.back().get() && std::chrono::steady_clock::now() < deadline)
                     ::usleep(1000);
             pipeline->end_run(feeder != nullptr ? feeder->last_capture_ns() : realtime_ns(), next->run_number);
+            // Rules before the oldest that some input still uses are no longer read.
+            while (rules.size() > 1) {
+                bool in_use = false;
+                for (std::size_t i = 0; i < input_agents.size(); ++i) in_use |= input_applied(i) == rules.front().get();
+                if (in_use) break;
+                rules.pop_front();
+            }
             control.run_number.store(next->run_number);
             log_info("run {} ended: events in flight written, its file closes once they are; run {} started",
                      running->run_number, next->run_number);
@@ -535,10 +619,24 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // from the data path; the counters say how much since.
     std::vector<std::uint8_t> source_reported(cfg->sources.size(), 0);
     std::uint64_t next_source_check_ns = 0;
-    auto report_sources = [&] {
+    const SenderPins* reported_pins = nullptr;
+    auto report_sources = [&](bool now_or_never) {
         const std::uint64_t now = monotonic_ns();
-        if (now < next_source_check_ns) return;
+        if (now < next_source_check_ns && !now_or_never) return;
         next_source_check_ns = now + 1'000'000'000ull;
+        if (const SenderPins* pins = rules.back()->pins.get()) {
+            if (pins != reported_pins) {  // a new run: report its sources afresh
+                reported_pins = pins;
+                for (auto& r : source_reported) r &= ~std::uint8_t{4};
+            }
+            for (std::size_t i = 0; i < pins->size() && i < source_reported.size(); ++i) {
+                if (pins->mismatches(i) == 0 || (source_reported[i] & 4)) continue;
+                source_reported[i] |= 4;
+                log_warn("source {}: datagrams from {} refused, the source is pinned to {} since its first datagram "
+                         "of this run (input.pin_senders; evb_rejected_datagrams_total{{reason=\"sender_mismatch\"}})",
+                         pins->source(i), sender_key_text(pins->last_stranger(i)), sender_key_text(pins->pinned(i)));
+            }
+        }
         for (std::size_t i = 0; i < source_reported.size(); ++i) {
             std::uint64_t desync = 0, slots = 0;
             for (const auto& m : pipeline->counters()) {
@@ -589,8 +687,9 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         } else {
             pipeline->tick(realtime_ns());
         }
-        report_sources();
+        report_sources(false);
     }
+    report_sources(true);  // what the last second saw
 
     sd_notify_state("STOPPING=1");
     if (sender_runner) sender_runner->stop();  // no new requests while draining

@@ -221,7 +221,10 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         s.fragment_length = c->fragment_length;
         s.chunk_count = c->chunk_count;
     }
-    if (max_slots_ != 0 && held_slots_[idx] >= max_slots_) {
+    // Only a chunk that would be held counts against the share: one that completes
+    // its fragment (a single-chunk fragment, say) frees the fragment's slots for
+    // the writer at once, so the source's own genuine data still gets through.
+    if (max_slots_ != 0 && held_slots_[idx] >= max_slots_ && s.received + 1u < s.chunk_count) {
         counters_.source_slot_limit_drops.add();
         counters_.source_slot_limit[idx].add();
         drop(c);

@@ -39,7 +39,8 @@ struct MatcherSettings {
     // sync, or a flood of made-up ids) fills only this share of the pool.
     std::uint32_t max_solo_events_per_source = 0;
     // Receive slots one source's incomplete fragments may hold in this shard, at
-    // most (0: no limit). Tiny chunks of a huge fragment cannot pin the pool.
+    // most (0: no limit). Tiny chunks of a huge fragment cannot pin the pool; a
+    // chunk that completes its fragment is always taken.
     std::uint32_t max_slots_per_source = 0;
 };
 

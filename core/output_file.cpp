@@ -42,8 +42,8 @@ void back_with_huge_pages(std::byte* p, std::size_t bytes) noexcept {
 long sys_io_setup(unsigned n, aio_context_t* ctx) { return ::syscall(SYS_io_setup, n, ctx); }
 long sys_io_destroy(aio_context_t ctx) { return ::syscall(SYS_io_destroy, ctx); }
 long sys_io_submit(aio_context_t ctx, long n, iocb** cbs) { return ::syscall(SYS_io_submit, ctx, n, cbs); }
-long sys_io_getevents(aio_context_t ctx, long min, long max, io_event* ev) {
-    return ::syscall(SYS_io_getevents, ctx, min, max, ev, nullptr);
+long sys_io_getevents(aio_context_t ctx, long min, long max, io_event* ev, timespec* timeout = nullptr) {
+    return ::syscall(SYS_io_getevents, ctx, min, max, ev, timeout);
 }
 
 int write_all(int fd, const std::byte* p, std::size_t len, std::uint64_t offset) {
@@ -76,6 +76,7 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
     direct_fallback_ = false;
     current_ = 0;
     stage_len_ = 0;
+    pushed_len_ = 0;
     disk_offset_ = 0;
     allocated_end_ = 0;
     async_error_ = 0;
@@ -181,6 +182,7 @@ int OutputFile::submit_stage() {
     disk_offset_ += kStageBytes;
     current_ = (current_ + 1) % kStages;
     stage_len_ = 0;
+    pushed_len_ = 0;
     return wait_stage(current_);
 }
 
@@ -222,17 +224,50 @@ int OutputFile::reap(bool all) {
             failed_offset_ = std::min(failed_offset_, disk_offset_ > unsure ? disk_offset_ - unsure : 0);
             return async_error_;
         }
-        for (long i = 0; i < n; ++i) {
-            const auto k = static_cast<std::size_t>(ev[i].data);
-            in_flight_[k] = false;
-            if (ev[i].res != static_cast<std::int64_t>(kStageBytes)) {
-                if (async_error_ == 0) async_error_ = ev[i].res < 0 ? static_cast<int>(-ev[i].res) : EIO;
-                failed_offset_ = std::min(failed_offset_, static_cast<std::uint64_t>(iocbs_[k].aio_offset));
-            }
-        }
+        for (long i = 0; i < n; ++i) complete(ev[i]);
         if (!all) break;
     }
     return async_error_;
+}
+
+void OutputFile::complete(const io_event& ev) {
+    const auto k = static_cast<std::size_t>(ev.data);
+    in_flight_[k] = false;
+    if (ev.res != static_cast<std::int64_t>(kStageBytes)) {
+        if (async_error_ == 0) async_error_ = ev.res < 0 ? static_cast<int>(-ev.res) : EIO;
+        failed_offset_ = std::min(failed_offset_, static_cast<std::uint64_t>(iocbs_[k].aio_offset));
+    }
+}
+
+// Collects the writes that have finished, without waiting for any.
+void OutputFile::reap_ready() {
+    if (aio_ == 0) return;
+    io_event ev[kStages];
+    timespec now{0, 0};
+    const long n = sys_io_getevents(aio_, 0, kStages, ev, &now);
+    for (long i = 0; i < n; ++i) complete(ev[i]);  // n < 0: left to the next blocking reap
+}
+
+std::uint64_t OutputFile::kernel_offset() {
+    if (!direct_) return offset_;
+    reap_ready();
+    std::uint64_t off = disk_offset_ + pushed_len_;
+    for (std::size_t k = 0; k < kStages; ++k)
+        if (in_flight_[k]) off = std::min(off, static_cast<std::uint64_t>(iocbs_[k].aio_offset));
+    return std::min({off, failed_offset_, offset_});
+}
+
+int OutputFile::push_partial() {
+    if (!direct_ || fd_ < 0 || stage_len_ == pushed_len_) return async_error_;
+    if (async_error_ != 0) return async_error_;
+    std::byte* buf = stages_ + current_ * kStageBytes;
+    const std::size_t len = (stage_len_ + kBlock - 1) & ~(kBlock - 1);
+    std::memset(buf + stage_len_, 0, len - stage_len_);  // no stale bytes of an earlier use in the padding
+    if (disk_offset_ + kStageBytes > allocated_end_)
+        if (const int e = allocate_ahead(); e != 0) return e;
+    if (const int e = write_all(fd_, buf, len, disk_offset_); e != 0) return e;
+    pushed_len_ = stage_len_;
+    return 0;
 }
 
 int OutputFile::wait_stage(std::size_t k) {
@@ -256,6 +291,7 @@ int OutputFile::finish_direct() {
     }
     disk_offset_ += stage_len_;
     stage_len_ = 0;
+    pushed_len_ = 0;
     // The allocation reaches past the data.
     if (::ftruncate(fd_, static_cast<off_t>(disk_offset_)) != 0) return errno;
     return 0;
@@ -308,11 +344,13 @@ int OutputFile::rollback(std::uint64_t offset, std::size_t index_count) {
             if (const int e = reap(true); e != 0) return e;
             disk_offset_ -= back * kStageBytes;
             current_ = (current_ + kStages - static_cast<std::size_t>(back)) % kStages;
+            pushed_len_ = 0;  // the file was cut at the stage's start
             if (::ftruncate(fd_, static_cast<off_t>(disk_offset_)) != 0) return errno;
             allocated_end_ = disk_offset_;
         }
         if (index_count < index_.size()) index_.resize(index_count);
         stage_len_ = static_cast<std::size_t>(offset - disk_offset_);
+        pushed_len_ = std::min(pushed_len_, stage_len_);
         offset_ = offset;
         return 0;
     }

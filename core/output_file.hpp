@@ -51,6 +51,17 @@ public:
     int rollback(std::uint64_t offset, std::size_t index_count);
 
     int datasync();
+    // The bytes before this offset are with the kernel: written by a call that
+    // returned, or by an asynchronous write that completed (collected here without
+    // waiting). Buffered, that is size(); with O_DIRECT, the stage being filled and
+    // the writes still in flight are not. Nothing may be called written (or CLEARed
+    // in pull mode) beyond it.
+    std::uint64_t kernel_offset();
+    // O_DIRECT: writes the stage being filled now, its whole blocks and the last
+    // one padded with zeros, so kernel_offset() reaches size() without waiting for
+    // the stage to fill (the writer calls it when it runs out of events). The stage
+    // goes on filling and is written again when full. Returns 0 or an errno value.
+    int push_partial();
     // Writes index and footer, syncs when `sync` is set, closes and renames to `.evb`.
     int close_clean(bool sync);
     // Closes without index or footer and leaves the `.part` name (used after a write
@@ -82,6 +93,8 @@ private:
     int submit_stage();
     int allocate_ahead();
     int reap(bool all);
+    void reap_ready();
+    void complete(const io_event& ev);
     int wait_stage(std::size_t k);
     int finish_direct();
 
@@ -95,6 +108,7 @@ private:
     std::byte* stages_ = nullptr;  // kStages x kStageBytes, block aligned
     std::size_t current_ = 0;
     std::size_t stage_len_ = 0;
+    std::size_t pushed_len_ = 0;  // bytes of the current stage push_partial() wrote
     std::uint64_t disk_offset_ = 0;
     std::uint64_t allocated_end_ = 0;  // space allocated up to here
     aio_context_t aio_ = 0;  // 0: not available, stages are written synchronously

@@ -35,6 +35,8 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
       markers_(inputs_.size(), 0),
       held_(inputs_.size()) {
     iov_.reserve(kMaxIov + 4096);
+    unsettled_.reserve(std::size_t{1} << 16);
+    settled_ids_.reserve(256);
     batch_.reserve(kMaxEventsPerWork);
     scratch_.reserve(kMaxEventsPerWork);
     for (auto& d : done_pending_) d.reserve(kMaxEventsPerWork);
@@ -93,13 +95,16 @@ void DiskWriter::close_file() {
         current_name_.clear();
     }
     const bool sync = s_.fsync != FsyncPolicy::never;
+    const std::uint64_t with_kernel = file_.kernel_offset();
     if (const int e = file_.close_clean(sync); e != 0) {
         counters_.write_errors.add();
         log_error("closing {}: {} (the .part file keeps every record written; evb-dump --recover makes it clean)",
                   file_.part_path(), std::strerror(e));
+        settle_or_lose(with_kernel);
         file_.abandon();
         return;
     }
+    settle(UINT64_MAX);  // closed: every record is with the kernel
     counters_.files_closed.add();
 }
 
@@ -109,15 +114,18 @@ void DiskWriter::block_output(int err, const char* what) {
     // index if the disk lets us; else it stays a .part that ends at a record
     // boundary. The batch's events are held, in order, and written again later.
     const std::string path = file_.part_path();
+    const std::uint64_t with_kernel = std::min(file_.kernel_offset(), batch_start_offset_);
     const int rb = file_.rollback(batch_start_offset_, batch_start_index_);
     const int cl = rb == 0 ? file_.close_clean(s_.fsync != FsyncPolicy::never) : rb;
     if (cl != 0) {
+        settle_or_lose(with_kernel);
         file_.abandon();
         log_error("{} {}: {}; the file keeps every record written before the error ({}), "
                   "{} events held for retry; output resumes when the disk takes data again",
                   what, path, std::strerror(err), rb == 0 ? "left as .part, index not written" : "could not be cut back",
                   batch_.size());
     } else {
+        settle(UINT64_MAX);  // closed at the last whole record before the batch
         counters_.files_closed.add();
         log_error("{} {}: {}; the file was cut back to its last whole record and closed; {} events held for "
                   "retry; output resumes when the disk takes data again",
@@ -174,19 +182,23 @@ void DiskWriter::flush_batch() {
 void DiskWriter::release_batch(bool lost) {
     if (batch_.empty()) return;
     const std::uint64_t now = realtime_ns();
-    if (!lost && written_hook_) written_hook_(batch_.data(), batch_.size());
     std::uint64_t payload = 0, records = 0;
+    std::uint64_t end = batch_start_offset_;
     for (Event* e : batch_) {
+        std::uint64_t event_payload = 0;
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
             if (!e->section_present(i)) continue;
-            payload += e->src[i].fragment_length;
+            event_payload += e->src[i].fragment_length;
             for (ChunkMeta* c = e->src[i].head; c != nullptr;) {
                 ChunkMeta* next = c->next;  // read before the slot can be reused
                 returns_.add(c->owner, c->slot);
                 c = next;
             }
         }
+        payload += event_payload;
         records += e->record_length;
+        end += e->record_length;
+        if (!lost) unsettled_.push_back({end, e->event_id, event_payload, e->record_length});
         counters_.write_latency.observe(now > e->built_unix_ns ? now - e->built_unix_ns : 0);
         done_pending_[e->shard].push_back(e);
     }
@@ -199,14 +211,46 @@ void DiskWriter::release_batch(bool lost) {
         (void)pushed;
         d.clear();
     }
-    if (lost) {
-        counters_.events_lost_write_error.add(batch_.size());
-    } else {
-        counters_.events_written.add(batch_.size());
-        counters_.payload_bytes.add(payload);
-        counters_.records_bytes.add(records);
-    }
+    if (lost) counters_.events_lost_write_error.add(batch_.size());
     batch_.clear();
+    // The slots went back already: the bytes are in the file's pages or staging
+    // buffer. Whether the kernel has them is another matter (settle).
+    if (!lost && file_.is_open()) settle(file_.kernel_offset());
+}
+
+void DiskWriter::settle(std::uint64_t kernel_offset) {
+    std::size_t i = unsettled_head_;
+    std::uint64_t payload = 0, records = 0;
+    while (i < unsettled_.size() && unsettled_[i].end <= kernel_offset) {
+        const std::size_t from = i;
+        settled_ids_.clear();
+        for (; i < unsettled_.size() && unsettled_[i].end <= kernel_offset && settled_ids_.size() < 256; ++i) {
+            settled_ids_.push_back(unsettled_[i].event_id);
+            payload += unsettled_[i].payload_bytes;
+            records += unsettled_[i].record_bytes;
+        }
+        if (written_hook_) written_hook_(settled_ids_.data(), settled_ids_.size());
+        counters_.events_written.add(i - from);
+    }
+    counters_.payload_bytes.add(payload);
+    counters_.records_bytes.add(records);
+    unsettled_head_ = i;
+    if (unsettled_head_ == unsettled_.size()) {
+        unsettled_.clear();  // capacity kept
+        unsettled_head_ = 0;
+    }
+}
+
+void DiskWriter::settle_or_lose(std::uint64_t kernel_offset) {
+    settle(kernel_offset);
+    const std::size_t lost = unsettled_.size() - unsettled_head_;
+    if (lost > 0) {
+        counters_.events_lost_write_error.add(lost);
+        log_error("{} events written to {} did not reach the kernel before the file had to be given up",
+                  lost, file_.part_path());
+    }
+    unsettled_.clear();
+    unsettled_head_ = 0;
 }
 
 bool DiskWriter::transition_done() const noexcept {
@@ -293,6 +337,8 @@ std::size_t DiskWriter::do_work() {
             transition_generation_ = next->run_generation;
             transition_run_ = next->run_number;
         }
+        // Release: every read of *next happens before the poster may free it.
+        commands_applied_.fetch_add(1, std::memory_order_release);
     }
     if (blocked_ && !try_resume()) {
         counters_.queue_depth.set(pending() + held_for_retry_.size());
@@ -300,6 +346,13 @@ std::size_t DiskWriter::do_work() {
     }
     const std::size_t n = drain(kMaxEventsPerWork);
     counters_.queue_depth.set(pending());
+    if (unsettled_head_ < unsettled_.size() && file_.is_open()) {
+        // Out of events with records not yet with the kernel (O_DIRECT): hand the
+        // partial stage over now rather than when it fills, so that pull mode's
+        // credits come back and the counts move at any rate.
+        if (n == 0) (void)file_.push_partial();  // a failure shows at the next write
+        settle(file_.kernel_offset());
+    }
     if (s_.fsync == FsyncPolicy::periodic && file_.is_open()) {
         const std::uint64_t now = realtime_ns();
         if (now - last_sync_ns_ >= std::uint64_t{s_.fsync_period_ms} * 1'000'000ull) {

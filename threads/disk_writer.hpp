@@ -6,6 +6,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -39,9 +40,10 @@ struct WriterSettings {
     std::uint64_t run_generation = 0;
 };
 
-// Called on the writer thread once per written batch with the events just made
-// durable as far as the fsync policy goes (pull mode returns credits here).
-using WrittenHook = std::function<void(const Event* const* events, std::size_t n)>;
+// Called on the writer thread with the ids of events whose records the kernel has
+// (the write returned, or the O_DIRECT write completed), in file order; durable as
+// far as the fsync policy goes (pull mode returns credits and CLEARs here).
+using WrittenHook = std::function<void(const std::uint64_t* event_ids, std::size_t n)>;
 
 class DiskWriter final : public Agent {
 public:
@@ -56,6 +58,8 @@ public:
     void set_written_hook(WrittenHook h) { written_hook_ = std::move(h); }
     // Control: new live settings (rotation size, fsync policy). Caller keeps it alive.
     SpscRing<const WriterSettings*>& commands() noexcept { return commands_; }
+    // Commands taken and applied so far: the poster may free every one before that.
+    std::uint64_t commands_applied() const noexcept { return commands_applied_.load(std::memory_order_acquire); }
     // Events queued in the input rings (approximate, any thread).
     std::size_t pending() const noexcept;
     // The file being written, if any (any thread; for the status page).
@@ -71,6 +75,18 @@ private:
     // Returns the batch's slots and events to their owners; `lost`: they could not
     // be written (counted as lost, no written hook, so no CLEAR in pull mode).
     void release_batch(bool lost = false);
+    // Events whose records are in the file but maybe not yet with the kernel (an
+    // O_DIRECT stage still filling or in flight): counted written, and told to the
+    // written hook, once the kernel has every byte up to `end` in the file.
+    struct Unsettled {
+        std::uint64_t end;  // file offset just past the record
+        std::uint64_t event_id;
+        std::uint64_t payload_bytes;
+        std::uint32_t record_bytes;
+    };
+    void settle(std::uint64_t kernel_offset);
+    // The file is closed: settled up to `kernel_offset`, the rest counted lost.
+    void settle_or_lose(std::uint64_t kernel_offset);
 
     WriterSettings s_;
     std::vector<SpscRing<Event*>*> inputs_;
@@ -79,6 +95,7 @@ private:
     stats::WriterCounters& counters_;
     Doorbell& doorbell_;  // rung by the assemblers after each hand-off
     SpscRing<const WriterSettings*> commands_{16};
+    std::atomic<std::uint64_t> commands_applied_{0};
     WrittenHook written_hook_;
 
     file::OutputFile file_;
@@ -98,6 +115,9 @@ private:
     bool try_resume();
     bool warned_direct_ = false;
 
+    std::vector<Unsettled> unsettled_;  // in file order, from unsettled_head_ on
+    std::size_t unsettled_head_ = 0;
+    std::vector<std::uint64_t> settled_ids_;
     std::vector<iovec> iov_;          // gather list of the batch being written
     std::vector<Event*> batch_;       // events in iov_
     std::vector<Event*> scratch_;     // popped from one ring

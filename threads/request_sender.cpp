@@ -201,6 +201,7 @@ std::size_t RequestSender::do_work() {
         if (s_.credits > max_credits_)
             log_warn("pull.credits {} is above the {} this builder was started with; using {} until a restart",
                      s_.credits, max_credits_, max_credits_);
+        commands_applied_.fetch_add(1, std::memory_order_release);  // *next is no longer read
     }
     const std::uint64_t now = monotonic_ns();
     std::size_t work = take_written(now);

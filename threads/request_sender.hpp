@@ -81,6 +81,8 @@ public:
     void on_built(std::uint64_t event_id) noexcept { built_slot(event_id).store(event_id, std::memory_order_relaxed); }
     // Control: new live settings (credits, batch, retry period, retries).
     SpscRing<const PullSettings*>& commands() noexcept { return commands_; }
+    // Commands taken and applied so far: the poster may free every one before that.
+    std::uint64_t commands_applied() const noexcept { return commands_applied_.load(std::memory_order_acquire); }
     // True once pull.events events have been requested and written.
     bool done() const noexcept { return done_.load(std::memory_order_acquire); }
 
@@ -127,6 +129,7 @@ private:
     std::size_t built_mask_;
     std::unique_ptr<std::atomic<std::uint64_t>[]> built_;
     SpscRing<const PullSettings*> commands_{16};
+    std::atomic<std::uint64_t> commands_applied_{0};
     Doorbell doorbell_;
 
     FlatMap<Entry> outstanding_;

@@ -74,22 +74,14 @@ SocketReader::SocketReader(std::uint16_t /*id: names the thread; the pool carrie
       armed_(batch, kNone),
       batches_(sink.shard_count()) {}
 
-namespace {
 bool sender_allowed(const std::vector<net::Endpoint>& allowed, const sockaddr_storage& from) noexcept {
-    for (const auto& a : allowed) {
-        if (a.addr.ss_family != from.ss_family) continue;
-        if (from.ss_family == AF_INET &&
-            reinterpret_cast<const sockaddr_in&>(a.addr).sin_addr.s_addr ==
-                reinterpret_cast<const sockaddr_in&>(from).sin_addr.s_addr)
-            return true;
-        if (from.ss_family == AF_INET6 &&
-            std::memcmp(&reinterpret_cast<const sockaddr_in6&>(a.addr).sin6_addr,
-                        &reinterpret_cast<const sockaddr_in6&>(from).sin6_addr, 16) == 0)
-            return true;
-    }
+    // One comparable form for both families: IPv4 whole, IPv4-mapped IPv6 as IPv4,
+    // other IPv6 by a keyed hash of its 16 bytes.
+    const std::uint64_t key = sender_key(from);
+    for (const auto& a : allowed)
+        if (sender_key(a.addr) == key) return true;
     return false;
 }
-}  // namespace
 
 std::size_t SocketReader::do_work() {
     // Control first, bounded: a new snapshot replaces the old between batches.
@@ -118,7 +110,7 @@ std::size_t SocketReader::do_work() {
         return 0;
     }
     // The sender's address is only looked at when the rules restrict senders.
-    recv_.want_senders(!rules_->allowed_senders.empty());
+    recv_.want_senders(!rules_->allowed_senders.empty() || rules_->pins);
     const int got = recv_.receive(fd_, n, false);
     if (got <= 0) {
         if (got < 0) counters_.receive_errors.add();
@@ -139,6 +131,12 @@ std::size_t SocketReader::do_work() {
             counters_.disallowed_sender.add();
         } else {
             shard = admit_datagram(pool_, idx, len, *rules_, shards, counters_);
+            // A source's datagrams come from where its first one of the run came from.
+            if (shard >= 0 && rules_->pins &&
+                !rules_->pins->admit(ChunkMeta::in_slot(pool_.meta(idx))->source_id, sender_key(recv_.sender(i)))) {
+                counters_.sender_mismatch.add();
+                shard = -1;
+            }
         }
         if (shard < 0) continue;  // not handed on: the slot stays armed for the next receive
         batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));

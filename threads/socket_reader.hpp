@@ -14,6 +14,7 @@
 #include "monitor/counters.hpp"
 #include "net/udp.hpp"
 #include "threads/runner.hpp"
+#include "threads/sender_pins.hpp"
 #include "threads/spsc_ring.hpp"
 
 namespace evb {
@@ -44,7 +45,13 @@ struct AdmissionRules {
     std::uint32_t builders = 1;
     std::uint32_t builder_id = 0;
     std::vector<net::Endpoint> allowed_senders;  // empty: everyone (port ignored)
+    // input.pin_senders: this run's table (shared by the readers), or none.
+    std::shared_ptr<SenderPins> pins;
 };
+
+// Whether `from` is one of `allowed` (address only; an IPv4 sender arriving
+// IPv4-mapped on an IPv6 socket matches its IPv4 entry, and the other way round).
+bool sender_allowed(const std::vector<net::Endpoint>& allowed, const sockaddr_storage& from) noexcept;
 
 // Parses one datagram in slot `idx` of `pool`: either fills its ChunkMeta (the
 // payload's CRC32C included) and returns the shard to hand it to, or counts the

@@ -339,14 +339,17 @@ TEST_CASE("matcher bounds the receive slots one source's incomplete fragments ho
     r.feed(cs);
     CHECK(r.free_slots() == 256 - 8);
     CHECK(r.counters.source_slot_limit_drops.get() == 12);
-    // The other source is not affected.
-    r.feed({r.chunk(2, 1, 8, 0, 1, 1000)});
-    CHECK(r.free_slots() == 256 - 9);
+    // A chunk that completes its fragment is still taken from the source; the
+    // other source is not affected.
+    r.feed({r.chunk(2, 0, 8, 0, 1, 1000)});
+    r.feed({r.chunk(3, 1, 8, 0, 1, 1000)});
+    CHECK(r.free_slots() == 256 - 10);
+    CHECK(r.counters.source_slot_limit_drops.get() == 12);
     // Once the fragment is gone (timed out) its slots count no longer, and complete
     // fragments hold nothing against the limit.
     EventList timed_out;
     r.matcher.expire(2'000'000, timed_out);
-    REQUIRE(timed_out.count == 2);
+    REQUIRE(timed_out.count == 3);
     for (Event* e = timed_out.head; e != nullptr;) {
         Event* next = e->next_out;
         r.release(e);

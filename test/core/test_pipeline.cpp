@@ -6,11 +6,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
 #include <chrono>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "core/file_format.hpp"
 #include "core/wire.hpp"
 #include "test/pipeline_rig.hpp"
 #include "test/temp_dir.hpp"
@@ -31,6 +36,24 @@ void send_fragment(int fd, const net::Endpoint& to, std::uint32_t run, std::uint
     REQUIRE(::sendto(fd, d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&to.addr), to.len) ==
             static_cast<ssize_t>(d.size()));
 }
+// Two sources, one event pool per shard, events end only with the run (or a stop).
+PipelineSettings two_sources(std::uint32_t shards, std::uint32_t max_events) {
+    PipelineSettings ps;
+    ps.workers = shards > 1 ? 2 : 1;
+    ps.shards = shards;
+    ps.matcher.sources = {0, 1};
+    ps.matcher.max_events = max_events;
+    ps.matcher.late_window = 1024;
+    ps.matcher.timeout_ns = 60'000'000'000ull;
+    return ps;
+}
+WriterSettings writer_into(const std::string& dir) {
+    WriterSettings ws;
+    ws.directory = dir;
+    ws.expected_sources = 2;
+    ws.fsync = FsyncPolicy::never;
+    return ws;
+}
 }  // namespace
 
 TEST_CASE("Pipeline tells the built hook every event it hands on, complete or not, once") {
@@ -38,17 +61,8 @@ TEST_CASE("Pipeline tells the built hook every event it hands on, complete or no
     std::mutex m;
     std::vector<std::uint64_t> built;
     test::TempDir dir;
-    PipelineSettings ps;
-    ps.workers = 2;
-    ps.shards = 2;
-    ps.matcher.sources = {0, 1};
-    ps.matcher.max_events = 64;
-    ps.matcher.late_window = 1024;
-    ps.matcher.timeout_ns = 60'000'000'000ull;  // only the end of the run ends event 4
-    WriterSettings ws;
-    ws.directory = dir.path();
-    ws.expected_sources = 2;
-    ws.fsync = FsyncPolicy::never;
+    const PipelineSettings ps = two_sources(2, 64);  // only the end of the run ends event 4
+    const WriterSettings ws = writer_into(dir.path());
     test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20);
     rig.pipeline.set_built_hook([&](std::uint64_t id) {
         std::lock_guard lock(m);
@@ -85,17 +99,9 @@ TEST_CASE("Pipeline tells the built hook every event it hands on, complete or no
 
 TEST_CASE("Pipeline: a run change while the new run's data already arrives writes both runs, whatever the timing") {
     test::TempDir dir;
-    PipelineSettings ps;
+    PipelineSettings ps = two_sources(2, 64);
     ps.workers = 1;
-    ps.shards = 2;
-    ps.matcher.sources = {0, 1};
-    ps.matcher.max_events = 64;
-    ps.matcher.late_window = 1024;
-    ps.matcher.timeout_ns = 60'000'000'000ull;
-    WriterSettings ws;
-    ws.directory = dir.path();
-    ws.expected_sources = 2;
-    ws.fsync = FsyncPolicy::never;
+    WriterSettings ws = writer_into(dir.path());
     ws.run_number = 1;
     test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20);
     rig.start();
@@ -144,4 +150,43 @@ TEST_CASE("Pipeline: a run change while the new run's data already arrives write
     for (auto& c : rig.pipeline.counters()) incomplete += c->events_incomplete.get();
     CHECK(incomplete == 1);
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
+}
+
+TEST_CASE("DiskWriter with O_DIRECT tells the written hook only of records the kernel has") {
+    test::TempDir dir;
+    const PipelineSettings ps = two_sources(1, 256);
+    WriterSettings ws = writer_into(dir.path());
+    ws.direct_io = true;
+    // Every id the hook reports must already be in a file as the kernel sees it
+    // (read back through the page cache, which O_DIRECT writes update once done).
+    std::vector<std::uint64_t> reported, missing_from_disk;
+    test::PipelineRig rig(ps, ws, 1024, 256, 8u << 20);
+    rig.writer.set_written_hook([&](const std::uint64_t* ids, std::size_t n) {
+        std::set<std::uint64_t> on_disk;
+        for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
+            std::ifstream in(f.path(), std::ios::binary);
+            std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+            std::vector<std::byte> image(raw.size());
+            std::memcpy(image.data(), raw.data(), raw.size());
+            for (const auto& r : file::scan(image).records) on_disk.insert(r.header.event_id);
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+            reported.push_back(ids[i]);
+            if (!on_disk.count(ids[i])) missing_from_disk.push_back(ids[i]);
+        }
+    });
+    rig.start();
+    const int out = net::open_udp_for(rig.to, 1u << 20);
+    for (std::uint64_t e = 0; e < 20; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send_fragment(out, rig.to, 1, s, e);
+    // A trickle far below a 2 MiB stage: the hook must still hear of them while the
+    // file is open (pull mode's credits depend on it), not only at close.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (rig.writer_counters.events_written.get() < 20 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    CHECK(rig.writer_counters.events_written.get() == 20);
+    rig.stop();
+    ::close(out);
+    CHECK(reported.size() == 20);
+    CHECK(missing_from_disk.empty());
 }

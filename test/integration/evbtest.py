@@ -176,3 +176,19 @@ def read_records(out_dir):
             parsed[event_id] = (status, sections)
             at += length
     return masked, parsed
+
+
+MAGIC = 0x31425645
+
+
+def frag(event, source, length, offset, index, count, payload, run=1, flags=0):
+    """One FRAGMENT datagram (v1 header, no CRC) with `payload`."""
+    return struct.pack("<IBBHIIQIIHHI", MAGIC, 1, 1, flags, source, run, event, length, offset, index, count, 0) + payload
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0

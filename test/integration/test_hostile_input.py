@@ -7,28 +7,12 @@ import os
 import random
 import shutil
 import socket
-import struct
 import subprocess
 import time
 import urllib.error
 import urllib.request
 
-from evbtest import Evbd, check, fail, run_source, verify, workdir
-
-MAGIC = 0x31425645
-
-
-def frag(event, source, length, offset, index, count, payload, run=1, flags=0):
-    return struct.pack("<IBBHIIQIIHHI", MAGIC, 1, 1, flags, source, run, event, length, offset, index, count, 0) + payload
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
+from evbtest import Evbd, check, fail, frag, rss_kib, run_source, verify, workdir
 
 def main():
     wd = workdir()

@@ -1,11 +1,13 @@
 """Start-up problems that a configuration check cannot see (they depend on the
 machine) make evbd exit 1 at once with an error naming the key, instead of
 starting half-way or being ended by the kernel: receive buffers larger than the
-memory available (made resident at start, they would bring the OOM killer), an
+memory available (made resident at start, they would bring the OOM killer), event
+pools (per-source state of every event in flight) larger than it, an
 output directory that cannot be created, a user that does not exist."""
 import os
 import shutil
 import subprocess
+import time
 
 from evbtest import BIN, check, free_udp_port, workdir
 
@@ -43,6 +45,17 @@ def main():
         else:
             print(f"note: {avail} bytes available, more than the key's 64 GiB maximum allows asking for; "
                   "memory case not run on this machine")
+
+        # Event pools larger than any machine: 65535 sources x 1 Mi events in flight
+        # (3.8 TB of per-source state). Refused at once, naming the keys, instead of
+        # spending a minute in the kernel allocating it.
+        t0 = time.time()
+        rc, out = start(wd, "sources=65535", "building.max_events_in_flight=1048576")
+        took = time.time() - t0
+        check(rc == 1, f"evbd exits 1 when the event pools exceed the memory it may allocate (got {rc})")
+        check("building.max_events_in_flight" in out and "65535 sources" in out,
+              "the error names building.max_events_in_flight and the sources:\n" + out[-500:])
+        check(took < 10, f"and does so at once ({took:.1f} s), before allocating")
 
         # An output directory that cannot be created (below a regular file).
         blocker = os.path.join(wd, "a-file")

@@ -1,0 +1,54 @@
+"""Reloads do not leak: every configuration snapshot, writer setting and admission
+rule set that a reload replaces is freed once no thread uses it. evbd runs on a
+large configuration (30000 source ids, about 200 KB of JSON) and takes 300 reloads
+(SIGHUP), half of them run changes; its resident memory may not grow by more than
+a few megabytes (each leaked snapshot of this configuration would be over 120 KB,
+300 of them over 36 MB)."""
+import json
+import os
+import signal
+import time
+
+from evbtest import Evbd, check, fail, rss_kib, workdir
+
+
+def main():
+    wd = workdir()
+    cfg_path = os.path.join(wd, "evbd.json")
+    cfg = {"sources": list(range(0, 60000, 2)), "building": {"max_events_in_flight": 64}, "run_number": 1}
+
+    def write(run):
+        cfg["run_number"] = run
+        with open(cfg_path + ".tmp", "w") as f:
+            json.dump(cfg, f)
+        os.replace(cfg_path + ".tmp", cfg_path)
+
+    write(1)
+    d = Evbd(wd, args=["--config", cfg_path])
+
+    def reload(n, run):
+        write(run)
+        d.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 20
+        while d.log_text().count("configuration applied") < n:
+            if time.time() > deadline:
+                fail(f"reload {n} was not applied within 20 s:\n" + d.log_text()[-2000:])
+            time.sleep(0.005)
+
+    done = 0
+    for _ in range(40):  # warm-up: allocator caches, the exporter's first scrapes
+        done += 1
+        reload(done, 1 + done % 2)
+    before = rss_kib(d.proc.pid)
+    for _ in range(300):
+        done += 1
+        reload(done, 1 + done % 2)
+    after = rss_kib(d.proc.pid)
+    rc = d.stop()
+    check(rc == 0, "evbd stops cleanly after the reloads")
+    grown = after - before
+    check(grown < 8 * 1024, f"300 reloads of a 200 KB configuration grew resident memory by {grown} KiB (< 8 MiB)")
+
+
+if __name__ == "__main__":
+    main()
