@@ -61,6 +61,8 @@ const std::vector<Key>& schema() {
         {"building.shards", Kind::uint, 0, 0, 256, false, "Matcher shards (events routed by id); 0 means one per worker."},
         {"building.max_events_in_flight", Kind::uint, 4096, 16, 1u << 20, false, "Events being built or waiting to be written (all shards). A fragment that would start one more is counted and dropped (evb_malformed_datagrams_total{reason=\"in_flight_limit\"}); size it above the writer's backlog when the disk stalls."},
         {"building.max_buffer_bytes", Kind::uint, 512ull << 20, 1ull << 20, 64ull << 30, false, "Memory for receive buffers (all readers), made resident at start (evbd refuses to start if it exceeds 90% of MemAvailable; a cgroup memory limit is not consulted). When all are in use the readers stop reading and the kernel's drops are counted."},
+        {"building.source_timeout_ms", Kind::uint, 0, 0, 3600000, false, "A source that has sent nothing this long while the others went on is marked absent: events stop waiting for it (written INCOMPLETE, its section MISSING, as soon as every present source is in) until it sends again. 0: half of building.timeout_ms."},
+        {"building.source_timeout_events", Kind::uint, 0, 0, 1u << 20, false, "... or while the others started this many events (per shard), whichever comes first. 0: a quarter of a shard's events in flight (building.max_events_in_flight / shards / 4), so that events waiting for a dead source never hold more than that, at any trigger rate."},
         {"building.late_window", Kind::uint, 65536, 16, 1u << 24, false, "Built event ids remembered per shard to recognise late fragments."},
         {"output.directory", Kind::string, "evb-data", 0, 0, false, "Directory for the output files (created if missing)."},
         {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
@@ -270,6 +272,8 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->input.cpus = lookup(eff, "input.cpus", false)->get<std::vector<int>>();
     c->input.allowed_senders = lookup(eff, "input.allowed_senders", false)->get<std::vector<std::string>>();
     c->input.pin_senders = lookup(eff, "input.pin_senders", false)->get<bool>();
+    c->building.source_timeout_ms = u32("building.source_timeout_ms");
+    c->building.source_timeout_events = u32("building.source_timeout_events");
     c->building.timeout_ms = u32("building.timeout_ms");
     c->building.workers = u32("building.workers");
     c->building.shards = u32("building.shards");

@@ -45,6 +45,8 @@ struct Config {
 
     struct Building {
         std::uint32_t timeout_ms = 1000;
+        std::uint32_t source_timeout_ms = 0;      // 0: timeout_ms / 2
+        std::uint32_t source_timeout_events = 0;  // 0: a quarter of a shard's pool
         std::uint32_t workers = 2;
         std::uint32_t shards = 0;
         std::uint32_t max_events_in_flight = 0;

@@ -362,6 +362,14 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     ps.matcher.max_events = std::max<std::uint32_t>(4, cfg->building.max_events_in_flight / shards);
     ps.matcher.late_window = cfg->building.late_window;
     ps.matcher.timeout_ns = std::uint64_t{cfg->building.timeout_ms} * 1'000'000ull;
+    // Dead-source detection (docs/OPERATIONS.md, "When a board dies").
+    ps.matcher.source_timeout_ns =
+        std::uint64_t{cfg->building.source_timeout_ms != 0 ? cfg->building.source_timeout_ms
+                                                           : std::max<std::uint32_t>(1, cfg->building.timeout_ms / 2)} *
+        1'000'000ull;
+    ps.matcher.source_timeout_events = cfg->building.source_timeout_events != 0
+                                           ? cfg->building.source_timeout_events
+                                           : std::max<std::uint32_t>(1, ps.matcher.max_events / 4);
     // Shares of one source (docs/RELIABILITY.md): a board that opens ids nobody else
     // sends gets a quarter of a shard's events; one whose incomplete fragments hold
     // receive slots gets twice its fair part of a shard's slots (at least a quarter
@@ -619,6 +627,26 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // from the data path; the counters say how much since.
     std::vector<std::uint8_t> source_reported(cfg->sources.size(), 0);
     std::uint64_t next_source_check_ns = 0;
+    // Present/absent per source over all shards (absent while any shard holds it so),
+    // one log line and one count per transition.
+    std::vector<std::uint8_t> source_absent(cfg->sources.size(), 0);
+    control.size_sources(cfg->sources.size());
+    auto report_source_states = [&] {
+        for (std::size_t i = 0; i < source_absent.size(); ++i) {
+            std::uint8_t absent = 0;
+            for (const auto& m : pipeline->counters())
+                if (i < m->sources && m->source_absent[i].get() != 0) absent = 1;
+            if (absent == source_absent[i]) continue;
+            source_absent[i] = absent;
+            (absent ? control.source_went_absent : control.source_came_back)[i].fetch_add(1, std::memory_order_relaxed);
+            if (absent)
+                log_warn("source {} is absent: nothing from it while the others went on; events no longer wait for it "
+                         "(written INCOMPLETE, its section MISSING) until it sends again",
+                         cfg->sources[i]);
+            else
+                log_info("source {} is present again: events wait for it from the first one its data reached", cfg->sources[i]);
+        }
+    };
     const SenderPins* reported_pins = nullptr;
     auto report_sources = [&](bool now_or_never) {
         const std::uint64_t now = monotonic_ns();
@@ -688,6 +716,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
             pipeline->tick(realtime_ns());
         }
         report_sources(false);
+        report_source_states();
     }
     report_sources(true);  // what the last second saw
 

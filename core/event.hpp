@@ -51,7 +51,10 @@ struct SourceState {
     std::uint8_t state;  // kSeen | kComplete | kEmpty | kSourceError
     // kRefused: the fragment would make the record longer than a record can say;
     // its chunks are dropped and the section is written MISSING.
-    static constexpr std::uint8_t kSeen = 1, kComplete = 2, kEmpty = 4, kSourceError = 8, kRefused = 16;
+    // kNotAwaited: the source was absent when the event started; the event does
+    // not wait for it (a fragment that still comes is taken).
+    static constexpr std::uint8_t kSeen = 1, kComplete = 2, kEmpty = 4, kSourceError = 8, kRefused = 16,
+                                  kNotAwaited = 32;
 };
 
 struct Event {
@@ -67,6 +70,7 @@ struct Event {
     std::uint32_t section_count;
     std::uint32_t record_length;  // set by assembly
     std::int32_t solo_source;     // source that opened the event while no other has joined, else -1
+    std::uint32_t not_awaited;    // sources marked kNotAwaited and not complete
     std::uint64_t claimed_bytes;  // record bytes the fragments seen so far will take
     std::uint16_t shard;
     SourceState* src;  // section_count entries, in ascending source id order

@@ -38,6 +38,11 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       max_slots_(s.max_slots_per_source),
       solo_events_(s.sources.size(), 0),
       held_slots_(s.sources.size(), 0),
+      source_timeout_ns_(s.sources.size() > 1 ? s.source_timeout_ns : 0),
+      source_timeout_events_(s.sources.size() > 1 ? s.source_timeout_events : 0),
+      seen_at_event_(s.sources.size(), 0),
+      seen_at_ns_(s.sources.size(), 0),
+      absent_(s.sources.size(), 0),
       done_(s.max_events),
       done_scratch_(s.max_events) {
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
@@ -46,6 +51,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
         for (std::size_t i = 0; i < sources_.size(); ++i) dense_index_[sources_[i]] = static_cast<std::int32_t>(i);
     }
     free_.reserve(s.max_events);
+    absent_list_.reserve(s.sources.size());
     const std::size_t n = sources_.size();
     for (std::size_t i = s.max_events; i-- > 0;) {
         Event& e = events_[i];
@@ -86,6 +92,12 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     e->claimed_bytes = event_meta_bytes(e->section_count);
     e->next_out = nullptr;
     std::memset(e->src, 0, sizeof(SourceState) * e->section_count);
+    // Sources absent now are not waited for by this event, even if they return
+    // before it is done: their fragments for it were most likely never sent.
+    e->not_awaited = static_cast<std::uint32_t>(absent_list_.size());
+    for (const std::uint32_t i : absent_list_) e->src[i].state = SourceState::kNotAwaited;
+    // The run's first event starts every source's silence clock.
+    if (events_started_++ == 0) std::fill(seen_at_ns_.begin(), seen_at_ns_.end(), now_ns);
     e->older = newest_;
     e->newer = nullptr;
     if (newest_) newest_->newer = e; else oldest_ = e;
@@ -152,6 +164,10 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         drop(c);
         return;
     }
+    // Any chunk of a source counts as a sign of life, even a late or refused one.
+    seen_at_event_[idx] = events_started_;
+    seen_at_ns_[idx] = now_ns;
+    if (absent_[idx]) set_absent(static_cast<std::size_t>(idx), false);  // back: events wait for it again
     Event* e = map_.find(map_key(c->event_id, c->run_number));
     if (e == nullptr) {
         if (is_late(c->event_id, c->run_number)) {
@@ -175,6 +191,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         }
         e->solo_source = idx;
         ++solo_events_[idx];
+        seen_at_event_[idx] = events_started_;  // the event it opened is not one it missed
     }
     SourceState& s = e->src[idx];
     if (s.state & SourceState::kRefused) {  // the rest of a fragment refused as too large
@@ -289,16 +306,73 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
             counters_.inconsistent_chunks.add();
             drop_fragment(s, static_cast<std::size_t>(idx));
             e->claimed_bytes -= file::section_bytes(s.fragment_length) - file::kSectionHeaderBytes;
-            const std::uint8_t keep = s.state & SourceState::kSourceError;
+            const std::uint8_t keep = s.state & (SourceState::kSourceError | SourceState::kNotAwaited);
             s = SourceState{};
             s.state = keep;  // unseen again: a correct resend can still complete it
             return;
         }
         held_slots_[idx] -= s.received;  // complete: its slots wait for the writer, not for data
         s.state |= SourceState::kComplete;
+        if (s.state & SourceState::kNotAwaited) --e->not_awaited;
         counters_.fragments.add();
         counters_.source_fragments[idx].add();
-        if (++e->complete_sources == e->section_count) finish(e, true, now_ns, out);
+        if (++e->complete_sources == e->section_count) {
+            finish(e, true, now_ns, out);
+        } else if ((e->not_awaited != 0 || !absent_list_.empty()) && done(*e)) {
+            counters_.events_released_absent.add();
+            finish(e, false, now_ns, out);
+        }
+    }
+}
+
+bool Matcher::done(const Event& e) const noexcept {
+    std::size_t settled = std::size_t{e.complete_sources} + e.not_awaited;
+    if (settled + absent_list_.size() < e.section_count) return false;
+    for (const std::uint32_t i : absent_list_)
+        if (!(e.src[i].state & (SourceState::kComplete | SourceState::kNotAwaited))) ++settled;
+    return settled == e.section_count;
+}
+
+void Matcher::set_absent(std::size_t idx, bool absent) noexcept {
+    absent_[idx] = absent ? 1 : 0;
+    counters_.source_absent[idx].set(absent ? 1 : 0);
+    if (absent) {
+        absent_list_.push_back(static_cast<std::uint32_t>(idx));
+    } else {
+        absent_list_.erase(std::find(absent_list_.begin(), absent_list_.end(), static_cast<std::uint32_t>(idx)));
+    }
+}
+
+void Matcher::find_absent(std::uint64_t now_ns, EventList& out) noexcept {
+    if (source_timeout_ns_ == 0 && source_timeout_events_ == 0) return;
+    // A scan costs one look per source: made every source_timeout_events / 8
+    // events started, and every millisecond of time.
+    const bool by_events = source_timeout_events_ != 0 && events_started_ >= next_absence_scan_;
+    const bool by_time = source_timeout_ns_ != 0 && now_ns >= last_absence_scan_ns_ + 1'000'000;
+    if (!by_events && !by_time) return;
+    next_absence_scan_ = events_started_ + std::max<std::uint64_t>(1, source_timeout_events_ / 8);
+    if (by_time) last_absence_scan_ns_ = now_ns;
+    bool any = false;
+    for (std::size_t i = 0; i < absent_.size(); ++i) {
+        if (absent_[i]) continue;
+        // The others went on: events started here since this source's last chunk.
+        const std::uint64_t missed = events_started_ - seen_at_event_[i];
+        if (missed == 0) continue;
+        const bool silent_long = source_timeout_ns_ != 0 && now_ns >= seen_at_ns_[i] + source_timeout_ns_;
+        if (silent_long || (source_timeout_events_ != 0 && missed >= source_timeout_events_)) {
+            set_absent(i, true);
+            any = true;
+        }
+    }
+    if (!any) return;
+    // Events that waited only for sources now absent are handed on at once.
+    for (Event* e = oldest_; e != nullptr;) {
+        Event* newer = e->newer;
+        if (done(*e)) {
+            counters_.events_released_absent.add();
+            finish(e, false, now_ns, out);
+        }
+        e = newer;
     }
 }
 
@@ -317,6 +391,7 @@ void Matcher::add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out) 
 }
 
 void Matcher::expire(std::uint64_t now_ns, EventList& out) {
+    find_absent(now_ns, out);
     while (oldest_ != nullptr && oldest_->first_fragment_unix_ns + timeout_ns_ <= now_ns)
         finish(oldest_, false, now_ns, out);
     returns_.flush();
@@ -352,6 +427,10 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     next_valid_ = false;
     history_run_ = next_run;
     history_set_ = true;
+    // Every source starts the new run present; the silence clocks restart with it.
+    while (!absent_list_.empty()) set_absent(absent_list_.back(), false);
+    std::fill(seen_at_event_.begin(), seen_at_event_.end(), events_started_);
+    std::fill(seen_at_ns_.begin(), seen_at_ns_.end(), now_ns);
     returns_.flush();
 }
 

@@ -42,6 +42,12 @@ struct MatcherSettings {
     // most (0: no limit). Tiny chunks of a huge fragment cannot pin the pool; a
     // chunk that completes its fragment is always taken.
     std::uint32_t max_slots_per_source = 0;
+    // Dead-source detection (0: off). A source is *absent* once it has sent
+    // nothing to this shard while the others started source_timeout_events events
+    // here, or for source_timeout_ns while they started at least one. Events stop
+    // waiting for an absent source; its next chunk makes it present again.
+    std::uint64_t source_timeout_ns = 0;
+    std::uint32_t source_timeout_events = 0;
 };
 
 class Matcher {
@@ -65,6 +71,7 @@ public:
     void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, EventList& out);
 
     void set_timeout_ns(std::uint64_t ns) noexcept { timeout_ns_ = ns; }
+    bool source_absent(std::size_t idx) const noexcept { return absent_[idx] != 0; }
     // Events the writer has finished with come back here (the writer is the producer).
     SpscRing<Event*>& done_ring() noexcept { return done_; }
     std::size_t in_flight() const noexcept { return map_.size(); }
@@ -85,6 +92,12 @@ private:
         RecentSet& h = history(run);
         return event_id < h.floor() || h.contains(event_id);
     }
+    // Every present source has its fragment (absent ones are not waited for).
+    bool done(const Event& e) const noexcept;
+    // Marks sources absent that fell silent (see MatcherSettings), and hands on the
+    // events that waited only for them.
+    void find_absent(std::uint64_t now_ns, EventList& out) noexcept;
+    void set_absent(std::size_t idx, bool absent) noexcept;
     // Returns the chunks of a partial fragment to their pools.
     void drop_fragment(SourceState& s, std::size_t idx) noexcept;
 
@@ -111,6 +124,17 @@ private:
     std::uint32_t max_slots_;  // 0: no limit
     std::vector<std::uint32_t> solo_events_;  // per source: events it opened that nobody joined yet
     std::vector<std::uint32_t> held_slots_;   // per source: slots in its incomplete fragments
+    // Dead-source detection: events started in this shard, and per source when
+    // (event count, time) its last chunk arrived; absent sources listed.
+    std::uint64_t source_timeout_ns_;
+    std::uint64_t source_timeout_events_;
+    std::uint64_t events_started_ = 0;
+    std::uint64_t next_absence_scan_ = 0;  // events_started_ at which to look again
+    std::uint64_t last_absence_scan_ns_ = 0;
+    std::vector<std::uint64_t> seen_at_event_;
+    std::vector<std::uint64_t> seen_at_ns_;
+    std::vector<std::uint8_t> absent_;
+    std::vector<std::uint32_t> absent_list_;
     Event* oldest_ = nullptr;
     Event* newest_ = nullptr;
     SpscRing<Event*> done_;

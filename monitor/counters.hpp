@@ -78,6 +78,7 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     Counter event_too_large;          // chunks of a fragment that would overflow the record length
     Counter source_share_drops;       // a source's share of events in flight was full (it runs ahead)
     Counter source_slot_limit_drops;  // a source's incomplete fragments held their share of slots
+    Counter events_released_absent;   // events handed on without waiting for absent sources
     Counter events_complete;
     Counter events_incomplete;
     Counter events_in_flight;     // gauge
@@ -91,6 +92,8 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     // fragments held their share of receive slots.
     std::unique_ptr<Counter[]> source_desync;
     std::unique_ptr<Counter[]> source_slot_limit;
+    // 1 while this shard holds the source absent (dead-source detection).
+    std::unique_ptr<Counter[]> source_absent;
     std::size_t sources = 0;
     void size_sources(std::size_t n) {
         sources = n;
@@ -98,6 +101,7 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
         source_missing = std::make_unique<Counter[]>(n);
         source_desync = std::make_unique<Counter[]>(n);
         source_slot_limit = std::make_unique<Counter[]>(n);
+        source_absent = std::make_unique<Counter[]>(n);
     }
 };
 

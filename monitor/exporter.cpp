@@ -173,6 +173,27 @@ std::vector<FamilyOut> collect(const Sources& s) {
         out.push_back(std::move(g));
         out.push_back(std::move(d));
         out.push_back(std::move(h));
+        FamilyOut st{"evb_source_state",
+                     "1 while the source is present, 0 while it is absent (sent nothing while the others went on; events "
+                     "do not wait for it).",
+                     T::gauge, {}, {}};
+        FamilyOut tr{"evb_source_state_transitions_total", "Times the source became absent (to=\"absent\") or present again.",
+                     T::counter, {}, {}};
+        for (std::size_t i = 0; i < s.sources.size(); ++i) {
+            double absent = 0;
+            for (const auto* m : M)
+                if (i < m->sources && m->source_absent[i].get() != 0) absent = 1;
+            const std::string id = std::to_string(s.sources[i]);
+            st.samples.push_back({{{"source", id}}, 1 - absent, {}, 0});
+            if (s.control != nullptr && s.control->source_went_absent) {
+                tr.samples.push_back({{{"source", id}, {"to", "absent"}},
+                                      static_cast<double>(s.control->source_went_absent[i].load(std::memory_order_relaxed)), {}, 0});
+                tr.samples.push_back({{{"source", id}, {"to", "present"}},
+                                      static_cast<double>(s.control->source_came_back[i].load(std::memory_order_relaxed)), {}, 0});
+            }
+        }
+        out.push_back(std::move(st));
+        if (!tr.samples.empty()) out.push_back(std::move(tr));
     }
     out.push_back(scalar("evb_expected_sources", "Sources in the configuration.", T::gauge, static_cast<double>(s.sources.size())));
     out.push_back(scalar("evb_process_start_time_seconds", "Start time of the process since the Unix epoch.", T::gauge, kStartTime));

@@ -26,6 +26,13 @@ struct ControlState {
     // Live settings in force (they change by reload).
     std::atomic<std::uint64_t> timeout_ms{0};
     std::atomic<std::uint64_t> max_file_bytes{0};
+    // Per expected source: transitions to absent and back (dead-source detection),
+    // counted by the service loop.
+    std::unique_ptr<std::atomic<std::uint64_t>[]> source_went_absent, source_came_back;
+    void size_sources(std::size_t n) {
+        source_went_absent = std::make_unique<std::atomic<std::uint64_t>[]>(n);
+        source_came_back = std::make_unique<std::atomic<std::uint64_t>[]>(n);
+    }
     std::mutex text_mutex;  // guards the strings below (status page only)
     std::string last_reload_message = "none yet";
 };

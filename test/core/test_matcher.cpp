@@ -384,3 +384,111 @@ TEST_CASE("matcher gives a source that opens events nobody joins a bounded share
     CHECK(r.matcher.in_flight() == 5);
     CHECK(r.counters.source_share_drops.get() == 6);
 }
+
+namespace {
+// Three sources, events waiting far longer than any test runs (the source timeout
+// alone ends the wait): absent after 8 events or 10 ms without a chunk.
+constexpr std::uint64_t kMs = 1'000'000;
+MatcherSettings dead_source_settings() {
+    MatcherSettings ms{{0, 1, 2}, 64, 1024, 100'000 * kMs};
+    ms.source_timeout_ns = 10 * kMs;
+    ms.source_timeout_events = 8;
+    return ms;
+}
+// Collects and releases what the matcher hands on; returns (id, status) pairs.
+std::vector<std::pair<std::uint64_t, std::uint32_t>> take(Rig& r, EventList out) {
+    std::vector<std::pair<std::uint64_t, std::uint32_t>> got;
+    for (Event* e = out.head; e != nullptr;) {
+        Event* next = e->next_out;
+        got.emplace_back(e->event_id, e->status);
+        r.release(e);
+        e = next;
+    }
+    return got;
+}
+}  // namespace
+
+TEST_CASE("dead source: a source merely slower than the others is never marked absent") {
+    Rig r(dead_source_settings());
+    std::size_t complete = 0;
+    // Source 2 lags 6 events (under the 8-event limit) and 9 ms (under 10 ms).
+    for (std::uint64_t ev = 0; ev < 200; ++ev) {
+        const std::uint64_t now = ev * 1500 * 1000;
+        auto out = r.feed({r.chunk(ev, 0, 8, 0, 1, 1000), r.chunk(ev, 1, 8, 0, 1, 1000)}, now);
+        if (ev >= 6) out = r.feed({r.chunk(ev - 6, 2, 8, 0, 1, 1000)}, now);
+        for (auto [id, status] : take(r, out)) {
+            CHECK(status == 0);
+            ++complete;
+        }
+    }
+    CHECK_FALSE(r.matcher.source_absent(2));
+    CHECK(complete == 194);
+}
+
+TEST_CASE("dead source: absent from the first event, found by count, waiting events released at once") {
+    Rig r(dead_source_settings());
+    std::vector<std::pair<std::uint64_t, std::uint32_t>> got;
+    for (std::uint64_t ev = 0; ev < 20; ++ev) {
+        auto g = take(r, r.feed({r.chunk(ev, 0, 8, 0, 1, 1000), r.chunk(ev, 1, 8, 0, 1, 1000)}, ev));
+        got.insert(got.end(), g.begin(), g.end());
+    }
+    // All 20 written INCOMPLETE long before the 1 s timeout; from the 9th event on
+    // (once found absent) each as soon as sources 0 and 1 are in.
+    REQUIRE(got.size() == 20);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        CHECK(got[i].first == i);
+        CHECK(got[i].second == file::record_status::incomplete);
+    }
+    CHECK(r.matcher.source_absent(2));
+    CHECK(r.counters.source_missing[2].get() == 20);
+    CHECK(r.counters.source_missing[0].get() == 0);
+}
+
+TEST_CASE("dead source: at a low rate the silence time finds it, and all sources silent is no data") {
+    Rig r(dead_source_settings());
+    auto out = r.feed({r.chunk(0, 0, 8, 0, 1, 1000), r.chunk(0, 1, 8, 0, 1, 1000)}, 100);
+    CHECK(out.count == 0);
+    EventList later;
+    r.matcher.expire(9 * kMs, later);  // 9 ms of silence: not yet
+    CHECK(later.count == 0);
+    r.matcher.expire(11 * kMs, later);
+    REQUIRE(later.count == 1);
+    CHECK(r.matcher.source_absent(2));
+    CHECK_FALSE(r.matcher.source_absent(0));
+    take(r, later);
+    // Nobody sends for a long time: nobody more is absent.
+    EventList none;
+    r.matcher.expire(1000 * kMs, none);
+    CHECK(none.count == 0);
+    CHECK_FALSE(r.matcher.source_absent(0));
+    CHECK_FALSE(r.matcher.source_absent(1));
+
+    Rig quiet(dead_source_settings());
+    EventList nothing;
+    quiet.matcher.expire(5000 * kMs, nothing);
+    for (std::size_t i = 0; i < 3; ++i) CHECK_FALSE(quiet.matcher.source_absent(i));
+}
+
+TEST_CASE("dead source: a flapping source is waited for again from the first event it reaches") {
+    Rig r(dead_source_settings());
+    auto feed01 = [&](std::uint64_t ev) { return take(r, r.feed({r.chunk(ev, 0, 8, 0, 1, 1000), r.chunk(ev, 1, 8, 0, 1, 1000)}, ev)); };
+    for (std::uint64_t ev = 0; ev < 10; ++ev) feed01(ev);
+    REQUIRE(r.matcher.source_absent(2));
+    // Event 10 has only source 0 so far; then source 2 returns with event 11.
+    CHECK(take(r, r.feed({r.chunk(10, 0, 8, 0, 1, 1000)}, 10)).empty());
+    CHECK(take(r, r.feed({r.chunk(11, 2, 8, 0, 1, 1000)}, 11)).empty());
+    CHECK_FALSE(r.matcher.source_absent(2));
+    // Event 10 started while it was absent: not waited for. Event 11 it reached: complete.
+    auto g = take(r, r.feed({r.chunk(10, 1, 8, 0, 1, 1000)}, 12));
+    REQUIRE(g.size() == 1);
+    CHECK(g[0] == std::make_pair(std::uint64_t{10}, file::record_status::incomplete));
+    g = take(r, r.feed({r.chunk(11, 0, 8, 0, 1, 1000), r.chunk(11, 1, 8, 0, 1, 1000)}, 13));
+    REQUIRE(g.size() == 1);
+    CHECK(g[0] == std::make_pair(std::uint64_t{11}, std::uint32_t{0}));
+    // It dies again: after 8 more events it is absent again and its events are released.
+    std::size_t released = 0;
+    for (std::uint64_t ev = 12; ev < 30; ++ev) released += feed01(ev).size();
+    CHECK(r.matcher.source_absent(2));
+    CHECK(released == 18);
+    CHECK(r.matcher.in_flight() == 0);
+}

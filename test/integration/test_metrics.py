@@ -19,7 +19,10 @@ def main():
     wd = workdir()
     prom = None
     try:
-        d = Evbd(wd, sets=["sources=5", "building.timeout_ms=400"])
+        # Source 4 is silent; dead-source detection is kept from acting so that every
+        # event waits for the timeout (the latency bounds below).
+        d = Evbd(wd, sets=["sources=5", "building.timeout_ms=400", "building.source_timeout_ms=3600000",
+                           "building.source_timeout_events=1048576"])
         # Sources 0..3 send; source 4 is silent, so every event ends INCOMPLETE.
         src = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", EVENTS, "--size", "100:4000",
                           "--dup", "0.01", "--rate", "2000", "--seed", "3"])

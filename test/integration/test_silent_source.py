@@ -1,5 +1,7 @@
-"""One expected source never sends: after building.timeout_ms every event is written
-INCOMPLETE, with that source's section MISSING and every other section intact."""
+"""One expected source never sends and dead-source detection is kept from acting
+(building.source_timeout_* far beyond the run; test_dead_source.py covers it): after
+building.timeout_ms every event is written INCOMPLETE, with that source's section
+MISSING and every other section intact."""
 import shutil
 import time
 
@@ -15,7 +17,8 @@ TIMEOUT_MS = 1000
 def main():
     wd = workdir()
     try:
-        d = Evbd(wd, sets=["sources=5", f"building.timeout_ms={TIMEOUT_MS}"])
+        d = Evbd(wd, sets=["sources=5", f"building.timeout_ms={TIMEOUT_MS}", "building.source_timeout_ms=3600000",
+                           "building.source_timeout_events=1048576"])
         t0 = time.time()
         # Sources 0..3 send; source 4 is silent.
         run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", EVENTS, "--size", "100:3000",
