@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -114,6 +115,10 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
         dir_fd_ = -1;
         return e;
     }
+    // `evb-dump --recover` leaves a file alone while its writer holds this lock; the
+    // kernel drops it when the file is closed or the process dies. Advisory, and
+    // where the file system has no flock the file simply goes unprotected.
+    (void)::flock(fd_, LOCK_EX | LOCK_NB);
     offset_ = 0;
     std::byte hdr[kHeaderBytes];
     encode_file_header(h, hdr);

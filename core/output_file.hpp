@@ -24,7 +24,9 @@ public:
     OutputFile(const OutputFile&) = delete;
     OutputFile& operator=(const OutputFile&) = delete;
 
-    // Creates `<dir>/<name>.evb.part` (never overwriting) and writes the header.
+    // Creates `<dir>/<name>.evb.part` (never overwriting), takes an exclusive flock on
+    // it (held until the file is closed: recovery does not touch a locked file) and
+    // writes the header.
     // With `direct`, the file is written with O_DIRECT through aligned staging
     // buffers: each full 2 MiB stage is handed to the kernel as an asynchronous
     // write (Linux AIO; its space allocated with fallocate first, kAllocateBytes
