@@ -2,11 +2,13 @@
 on disk (0 bytes, a cut-off header, nothing but allocated zeros): they hold no
 event, so recovery removes them, says so, goes on with the other files and exits 0.
 `--recover DIR` recovers every .part in DIR and leaves alone a file that a running
-evbd holds (its lock)."""
+evbd holds (its lock). And evbd no longer leaves such files: killed with its first
+direct-I/O stage still in memory, the .part it leaves has its header."""
 import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 
 from evbtest import BIN, Evbd, check, fail, run_source, workdir
@@ -23,9 +25,28 @@ def write(path, data):
         f.write(data)
 
 
+def killed_before_first_stage(wd):
+    """SIGKILL while the first file's records still wait in the first 2 MiB stage."""
+    out = os.path.join(wd, "direct")
+    d = Evbd(wd, sets=["sources=2", "output.direct_io=true", f"output.directory={out}"])
+    run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 2, "--events", 20, "--size", "100:1000", "--rate", 2000])
+    d.wait_metric("evb_events_written_total", lambda v: v >= 20, timeout=20)
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait()
+    d.log.close()
+    fell_back = "does not support O_DIRECT" in d.log_text()
+    (name,) = os.listdir(out)
+    doc = json.loads(run("--json", os.path.join(out, name)).stdout)
+    f = doc["files"][0]
+    check(name.endswith(".evb.part") and f["state"] == "unclean" and f["size_bytes"] >= 64,
+          f"killed before its first direct-I/O stage was written, evbd leaves {name} with its header "
+          f"({f['size_bytes']} bytes, {f['state']}{', O_DIRECT refused: buffered' if fell_back else ''})")
+
+
 def main():
     wd = workdir()
     try:
+        killed_before_first_stage(wd)
         # One real file, cut inside its records: an unclean .part with 40 good events.
         d = Evbd(wd, sets=["sources=2"])
         run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 2, "--events", 100, "--size", "100:2000", "--rate", 2000])
