@@ -238,6 +238,10 @@ private:
     Sources s_;
 };
 
+// The scrape server's worker threads and how long one request may take to arrive.
+constexpr int kServerThreads = 8;
+constexpr int kRequestTimeoutMs = 5000;
+
 // civetweb calls this before the Exposer's handlers; it serves the status page at
 // "/" and leaves every other path (such as /metrics) to the Exposer.
 const Sources* g_status_sources = nullptr;
@@ -324,8 +328,19 @@ Exporter::Exporter(const std::string& listen, Sources sources) : impl_(std::make
     g_status_sources = &impl_->sources;
     const auto colon = listen.rfind(':');
     impl_->host = colon == std::string::npos ? listen : listen.substr(0, colon);
-    // civetweb wants "ADDR:PORT"; its worker threads only serve scrapes.
-    impl_->exposer = std::make_unique<prometheus::Exposer>(listen, 2, &impl_->callbacks);
+    // civetweb gives each connection one of its worker threads from accept to close,
+    // and a client that sends nothing holds it until request_timeout_ms. With the
+    // former 2 threads and civetweb's default 30 s, two idle connections stopped
+    // every scrape for 30 s at a time. Eight threads and 5 s: a few idle or slow
+    // clients still leave a thread free, and none holds one for long. No keep-alive:
+    // a scrape is one request, and a kept-alive connection would hold a thread too.
+    std::vector<std::string> options = {
+        "listening_ports", listen,  // "ADDR:PORT"
+        "num_threads", std::to_string(kServerThreads),
+        "request_timeout_ms", std::to_string(kRequestTimeoutMs),
+        "enable_keep_alive", "no",
+    };
+    impl_->exposer = std::make_unique<prometheus::Exposer>(std::move(options), &impl_->callbacks);
     impl_->collector = std::make_shared<Collector>(impl_->sources);
     impl_->exposer->RegisterCollectable(impl_->collector);
 }
