@@ -7,8 +7,10 @@
 #include <cstring>
 #include <fmt/format.h>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 namespace evb {
@@ -68,7 +70,7 @@ const std::vector<Key>& schema() {
         {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
         {"output.direct_io", Kind::boolean, false, 0, 0, false, "Write through an aligned staging buffer with O_DIRECT."},
         {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
-        {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address; port 0 picks a free port; empty disables."},
+        {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
         {"pull.first_event", Kind::uint, 0, 0, UINT64_MAX, false, "First event id requested in pull mode."},
         {"pull.events", Kind::uint, 0, 0, UINT64_MAX, false, "Events to request before stopping; 0: no limit."},
         {"pull.credits", Kind::uint, 64, 1, 1u << 20, true, "Events requested and not yet written, at most."},
@@ -213,6 +215,96 @@ void find_unknown(const json& node, const std::string& prefix, std::vector<std::
     }
 }
 
+// Deepest nesting of arrays and objects accepted in configuration JSON. The schema
+// needs 3 (the document, a section, a list). nlohmann parses without recursion, but
+// printing, copying, comparing and destroying a value recurse once per level: a few
+// ten thousand levels overflow the stack. So the text is measured before it is
+// parsed, and nothing deeper than this ever becomes a json value.
+constexpr std::size_t kMaxJsonDepth = 64;
+
+struct TooDeep {
+    std::size_t line = 1, column = 0;  // of the bracket that opens level kMaxJsonDepth + 1
+    std::string path;                  // keys and indices leading to it, e.g. input.listen[0][0]
+};
+
+// Scans JSON text for nesting beyond kMaxJsonDepth, without parsing it (syntax is
+// the parser's business; brackets inside strings do not count).
+std::optional<TooDeep> find_too_deep(std::string_view text) {
+    struct Level {
+        bool object;
+        bool expect_key;       // object: the next string is a key
+        std::string_view key;  // object: the latest key
+        std::size_t index;     // array: the element being read
+    };
+    std::vector<Level> levels;
+    std::size_t line = 1, column = 0;
+    bool in_string = false, escaped = false;
+    std::size_t string_start = 0;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const char ch = text[i];
+        if (ch == '\n') {
+            ++line;
+            column = 0;
+        } else {
+            ++column;
+        }
+        if (in_string) {
+            if (escaped) {
+                escaped = false;
+            } else if (ch == '\\') {
+                escaped = true;
+            } else if (ch == '"') {
+                in_string = false;
+                if (!levels.empty() && levels.back().object && levels.back().expect_key)
+                    levels.back().key = text.substr(string_start, i - string_start);
+            }
+            continue;
+        }
+        switch (ch) {
+            case '"':
+                in_string = true;
+                string_start = i + 1;
+                break;
+            case '{':
+            case '[':
+                if (levels.size() == kMaxJsonDepth) {
+                    TooDeep t{line, column, {}};
+                    for (const Level& l : levels) {
+                        if (l.object)
+                            t.path += fmt::format("{}{}", t.path.empty() ? "" : ".", l.key);
+                        else
+                            t.path += fmt::format("[{}]", l.index);
+                        if (t.path.size() > 60) {
+                            t.path = t.path.substr(0, 57) + "...";
+                            break;
+                        }
+                    }
+                    return t;
+                }
+                levels.push_back({ch == '{', ch == '{', {}, 0});
+                break;
+            case '}':
+            case ']':
+                if (!levels.empty()) levels.pop_back();
+                break;
+            case ',':
+                if (!levels.empty()) {
+                    if (levels.back().object)
+                        levels.back().expect_key = true;
+                    else
+                        ++levels.back().index;
+                }
+                break;
+            case ':':
+                if (!levels.empty()) levels.back().expect_key = false;
+                break;
+            default:
+                break;
+        }
+    }
+    return std::nullopt;
+}
+
 std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& overrides) {
     std::vector<std::string> problems;
     if (!doc.is_object()) throw ConfigError({fmt::format("the configuration must be a JSON object, got {}", show(doc))});
@@ -224,6 +316,11 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         }
         const std::string key = o.substr(0, eq);
         const std::string text = o.substr(eq + 1);
+        if (const auto deep = find_too_deep(text)) {
+            problems.push_back(fmt::format("--set {}: the value is JSON nested deeper than {} levels (column {}, at {})",
+                                           key, kMaxJsonDepth, deep->column, deep->path.empty() ? "the top" : deep->path));
+            continue;
+        }
         json value(json::value_t::discarded);
         try {
             value = json::parse(text, nullptr, false);
@@ -339,6 +436,10 @@ std::uint32_t Config::worker_count() const noexcept {
 
 std::shared_ptr<const Config> load_config(const std::string& text, const std::string& origin,
                                           const std::vector<std::string>& overrides) {
+    if (const auto deep = find_too_deep(text))
+        throw ConfigError({fmt::format("{}:{}:{}: JSON nested deeper than {} levels, at {} (a configuration needs 3)",
+                                       origin, deep->line, deep->column, kMaxJsonDepth,
+                                       deep->path.empty() ? "the top" : deep->path)});
     json doc;
     try {
         doc = json::parse(text, nullptr, true, /*ignore_comments=*/false);

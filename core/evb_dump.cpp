@@ -5,8 +5,13 @@
 // Exit status: 0 ok, 1 verification problems (with --verify/--pattern, or a recovered
 // file that does not verify), 2 usage or I/O errors.
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +20,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -42,7 +49,7 @@ constexpr std::size_t kMaxProblemsKept = 1000;
 constexpr std::size_t kMaxProblemsPrinted = 20;
 
 constexpr std::string_view kUsage = R"(usage: evb-dump [options] FILE|DIR...
-       evb-dump --recover FILE.evb.part
+       evb-dump --recover FILE.evb.part|DIR
 
 Inspect evbd output files: .evb (closed) and .evb.part (being written, or left
 behind by a crash). A directory stands for the .evb and .evb.part files in it,
@@ -57,7 +64,10 @@ in name order.
   --pattern        as --verify, and also check every payload byte against the
                    test pattern of the source emulator
   --recover FILE   rewrite an unclean FILE.evb.part as FILE.evb holding every
-                   good event (may be repeated; FILE.evb.part is removed)
+                   good event (may be repeated; FILE.evb.part is removed). A
+                   .part cut off before its header holds no event: it is
+                   removed and reported. A DIR stands for its .evb.part files;
+                   one that a running evbd is writing is left alone
   -h, --help       show this help
 
 exit status: 0 ok, 1 verification problems, 2 usage or I/O error
@@ -417,6 +427,8 @@ struct RecoverReport {
     std::string output;
     std::string error;            // recovery did not happen (message names the file)
     std::string note;             // nothing needed doing
+    bool removed = false;         // held no event (cut off before its header) and is gone
+    bool in_use = false;          // a running evbd holds it: left alone
     std::uint64_t size = 0;
     std::uint64_t kept_events = 0;
     std::uint64_t kept_bytes = 0;  // header and records
@@ -425,15 +437,60 @@ struct RecoverReport {
     bool output_verified = false;
 };
 
-RecoverReport recover_one(const std::string& path) {
+struct UniqueFd {
+    explicit UniqueFd(int f) : fd(f) {}
+    ~UniqueFd() {
+        if (fd >= 0) ::close(fd);
+    }
+    UniqueFd(const UniqueFd&) = delete;
+    UniqueFd& operator=(const UniqueFd&) = delete;
+    int fd;
+};
+
+// Why a .part holds no event at all, or nothing: a crash before its header reached
+// the disk leaves it empty, cut inside the header, or (direct I/O) as space
+// allocated ahead of a write that never landed, all zero bytes.
+std::optional<std::string> why_no_events(const std::string& path, std::span<const std::byte> img) {
+    if (!ends_with(path, ".part")) return std::nullopt;
+    if (img.size() < ef::kHeaderBytes)
+        return fmt::format("{} bytes, shorter than the {}-byte file header", img.size(), ef::kHeaderBytes);
+    if (std::all_of(img.begin(), img.end(), [](std::byte b) { return b == std::byte{0}; }))
+        return fmt::format("{} bytes, all zero: no header ever reached the disk", img.size());
+    return std::nullopt;
+}
+
+// `named`: the file was named on the command line (not found in a directory), so a
+// file that cannot be touched is an error rather than a note.
+RecoverReport recover_one(const std::string& path, bool named) {
     RecoverReport rr;
     rr.path = path;
     try {
+        // evbd holds an exclusive flock on the file it is writing (OutputFile::open):
+        // copying and deleting a file that still grows would lose what follows.
+        // Holding the lock ourselves until we are done keeps a writer out meanwhile.
+        const UniqueFd lock{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+        if (lock.fd < 0) throw std::runtime_error(fmt::format("{}: {}", path, std::strerror(errno)));
+        if (::flock(lock.fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+            rr.in_use = true;
+            if (named)
+                rr.error = fmt::format("{}: in use by a running evbd (it holds the file's lock); not touched", path);
+            else
+                rr.note = "in use by a running evbd (it holds the file's lock), left alone";
+            return rr;
+        }
         {
             const ef::MappedFile file(path);
             const ef::ScanResult s = ef::scan(file.bytes());
             rr.size = file.bytes().size();
             if (!s.header_ok) {
+                if (const auto why = why_no_events(path, file.bytes())) {
+                    if (::unlink(path.c_str()) != 0)
+                        throw std::runtime_error(fmt::format("{}: holds no events ({}) but cannot be removed: {}", path,
+                                                             *why, std::strerror(errno)));
+                    rr.removed = true;
+                    rr.note = *why;
+                    return rr;
+                }
                 rr.error = fmt::format("{}: cannot recover: {}", path,
                                        s.problems.empty() ? "bad header" : s.problems[0].what);
                 return rr;
@@ -461,6 +518,35 @@ RecoverReport recover_one(const std::string& path) {
         rr.error = e.what();
     }
     return rr;
+}
+
+// What --recover works on: a file as named, a directory's .evb.part files in name
+// order (closed .evb files need no recovery). Returns false (after reporting) when
+// an argument cannot be listed or does not exist.
+bool expand_recover_args(const std::vector<std::string>& args, std::vector<std::pair<std::string, bool>>& files,
+                         std::vector<std::string>& errors) {
+    bool ok = true;
+    for (const auto& a : args) {
+        std::error_code ec;
+        if (!fs::is_directory(a, ec)) {
+            files.emplace_back(a, true);
+            continue;
+        }
+        std::vector<std::string> found;
+        fs::directory_iterator it(a, ec), end;
+        for (; !ec && it != end; it.increment(ec)) {
+            const std::string name = it->path().filename().string();
+            if (ends_with(name, ".evb.part") && it->is_regular_file(ec)) found.push_back(it->path().string());
+        }
+        if (ec) {
+            errors.push_back(fmt::format("{}: {}", a, ec.message()));
+            ok = false;
+            continue;
+        }
+        std::sort(found.begin(), found.end());
+        for (auto& f : found) files.emplace_back(std::move(f), false);
+    }
+    return ok;
 }
 
 // ---- output ----
@@ -523,6 +609,18 @@ Json recover_json(const RecoverReport& r) {
     Json j{{"path", r.path}};
     if (!r.error.empty()) {
         j["error"] = r.error;
+        if (r.in_use) j["in_use"] = true;
+        return j;
+    }
+    if (r.removed) {
+        j["removed"] = true;
+        j["reason"] = r.note;
+        j["event_count"] = 0;
+        return j;
+    }
+    if (r.in_use) {
+        j["in_use"] = true;
+        j["note"] = r.note;
         return j;
     }
     if (!r.note.empty()) {
@@ -542,6 +640,14 @@ Json recover_json(const RecoverReport& r) {
 void print_recover_text(const RecoverReport& r) {
     if (!r.error.empty()) {
         std::fprintf(stderr, "evb-dump: %s\n", r.error.c_str());
+        return;
+    }
+    if (r.removed) {
+        fmt::print("removed {}: {}; it held no events\n", r.path, r.note);
+        return;
+    }
+    if (r.in_use) {
+        fmt::print("{}: {}\n", r.path, r.note);
         return;
     }
     if (!r.note.empty()) {
@@ -651,15 +757,19 @@ int main(int argc, char** argv) {
     int status = kExitOk;
     auto raise = [&status](int s) { status = std::max(status, s); };
 
+    std::vector<std::string> files, input_errors;
+    std::vector<std::pair<std::string, bool>> to_recover;  // path, named on the command line
+    if (!expand_recover_args(o.recover, to_recover, input_errors)) raise(kExitUsage);
     std::vector<RecoverReport> recovered;
-    for (const auto& path : o.recover) {
-        recovered.push_back(recover_one(path));
+    for (const auto& [path, named] : to_recover) {
+        recovered.push_back(recover_one(path, named));
         const auto& r = recovered.back();
         if (!r.error.empty()) raise(kExitUsage);
         else if (r.note.empty() && !r.output_verified) raise(kExitProblems);
     }
+    if (to_recover.empty() && !o.recover.empty() && input_errors.empty() && !o.json)
+        fmt::print("no .evb.part files to recover\n");
 
-    std::vector<std::string> files, input_errors;
     if (!expand_inputs(o.inputs, files, input_errors)) raise(kExitUsage);
     if (!o.inputs.empty() && files.empty()) raise(kExitUsage);
 

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -57,6 +58,50 @@ int write_all(int fd, const std::byte* p, std::size_t len, std::uint64_t offset)
     }
     return 0;
 }
+
+void lock_for_writing(int fd) noexcept {
+    // `evb-dump --recover` leaves a file alone while its writer holds this lock; the
+    // kernel drops it when the file is closed or the process dies. Advisory, and
+    // where the file system has no flock the file simply goes unprotected.
+    (void)::flock(fd, LOCK_EX | LOCK_NB);
+}
+
+// Creates `name` in `dir_fd` holding `header`, locked, never replacing a file.
+// Returns the descriptor or -errno.
+int create_with_header(int dir_fd, const std::string& name, const std::byte* header) {
+    // An unnamed file (O_TMPFILE) gets its lock and header first and its name last,
+    // so a crash never leaves a .part without a header and recovery never finds the
+    // file unlocked while it is written. linkat fails with EEXIST rather than
+    // replace a file, as O_EXCL would.
+    int fd = ::openat(dir_fd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        lock_for_writing(fd);
+        int e = write_all(fd, header, kHeaderBytes, 0);
+        if (e == 0) {
+            // Linking an open file by its /proc name needs no privilege (AT_EMPTY_PATH would).
+            const std::string self = fmt::format("/proc/self/fd/{}", fd);
+            if (::linkat(AT_FDCWD, self.c_str(), dir_fd, name.c_str(), AT_SYMLINK_FOLLOW) == 0) return fd;
+            e = errno;
+        }
+        ::close(fd);
+        if (e == EEXIST) return -EEXIST;
+        // Otherwise (no /proc, a file system that cannot link an unnamed file, a
+        // full disk) the named way below gives the answer.
+    }
+    // File systems without O_TMPFILE: a crash between these two steps leaves an empty
+    // .part, which evb-dump --recover removes.
+    fd = ::openat(dir_fd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return -errno;
+    lock_for_writing(fd);
+    if (const int e = write_all(fd, header, kHeaderBytes, 0); e != 0) {
+        // A file without even its header is of no use to anyone: take it back.
+        ::close(fd);
+        ::unlinkat(dir_fd, name.c_str(), 0);
+        return -e;
+    }
+    return fd;
+}
+
 }  // namespace
 
 OutputFile::~OutputFile() {
@@ -70,7 +115,8 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
     index_.clear();
     dir_fd_ = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir_fd_ < 0) return errno;
-    part_path_ = directory + "/" + file_name(h.run_number, h.builder_id, h.file_sequence, true);
+    const std::string name = file_name(h.run_number, h.builder_id, h.file_sequence, true);
+    part_path_ = directory + "/" + name;
     final_path_ = directory + "/" + file_name(h.run_number, h.builder_id, h.file_sequence, false);
     direct_ = false;
     direct_fallback_ = false;
@@ -81,55 +127,56 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
     allocated_end_ = 0;
     async_error_ = 0;
     failed_offset_ = ~std::uint64_t{0};
-    if (direct) {
-        fd_ = ::open(part_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0644);
-        if (fd_ < 0 && errno == EINVAL) {
-            direct_fallback_ = true;  // the filesystem does not do O_DIRECT
-        } else if (fd_ >= 0) {
-            if (stages_ == nullptr) {
-                void* p = nullptr;
-                if (::posix_memalign(&p, kHugePage, kStages * kStageBytes) != 0) {
-                    ::close(fd_);
-                    ::unlink(part_path_.c_str());
-                    fd_ = -1;
-                    ::close(dir_fd_);
-                    dir_fd_ = -1;
-                    return ENOMEM;
-                }
-                stages_ = static_cast<std::byte*>(p);
-                back_with_huge_pages(stages_, kStages * kStageBytes);
-            }
-            if (!aio_tried_) {
-                // Without AIO (a kernel built without it, or the system-wide limit
-                // reached) stages are written synchronously: slower, still correct.
-                aio_tried_ = true;
-                if (sys_io_setup(kStages, &aio_) != 0) aio_ = 0;
-            }
-            direct_ = true;
-        }
-    }
-    if (fd_ < 0) fd_ = ::open(part_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    std::byte hdr[kHeaderBytes];
+    encode_file_header(h, hdr);
+    fd_ = create_with_header(dir_fd_, name, hdr);
     if (fd_ < 0) {
-        const int e = errno;
+        const int e = -fd_;
+        fd_ = -1;
         ::close(dir_fd_);
         dir_fd_ = -1;
         return e;
     }
-    offset_ = 0;
-    std::byte hdr[kHeaderBytes];
-    encode_file_header(h, hdr);
-    struct iovec iov {hdr, sizeof hdr};
-    // With O_DIRECT the header waits in the first stage until that stage fills.
-    const int e = append(&iov, 1);
-    if (e != 0) {
-        // A file without even its header is of no use to anyone: take it back.
-        ::close(fd_);
-        fd_ = -1;
-        ::unlink(part_path_.c_str());
-        ::close(dir_fd_);
-        dir_fd_ = -1;
+    offset_ = kHeaderBytes;
+    if (direct)
+        if (const int e = start_direct(hdr); e != 0) {
+            ::close(fd_);
+            fd_ = -1;
+            ::unlinkat(dir_fd_, name.c_str(), 0);
+            ::close(dir_fd_);
+            dir_fd_ = -1;
+            return e;
+        }
+    return 0;
+}
+
+int OutputFile::start_direct(const std::byte* header) {
+    // O_DIRECT is switched on only now, after the header went out through the page
+    // cache; a file system that refuses it (tmpfs before Linux 6.6) refuses it here.
+    const int flags = ::fcntl(fd_, F_GETFL);
+    if (flags < 0 || ::fcntl(fd_, F_SETFL, flags | O_DIRECT) != 0) {
+        direct_fallback_ = true;
+        return 0;
     }
-    return e;
+    if (stages_ == nullptr) {
+        void* p = nullptr;
+        if (::posix_memalign(&p, kHugePage, kStages * kStageBytes) != 0) return ENOMEM;
+        stages_ = static_cast<std::byte*>(p);
+        back_with_huge_pages(stages_, kStages * kStageBytes);
+    }
+    if (!aio_tried_) {
+        // Without AIO (a kernel built without it, or the system-wide limit
+        // reached) stages are written synchronously: slower, still correct.
+        aio_tried_ = true;
+        if (sys_io_setup(kStages, &aio_) != 0) aio_ = 0;
+    }
+    // The first stage starts with the header too: stages cover whole blocks from
+    // offset 0, so its write puts the same 64 bytes there again (the kernel writes
+    // the cached page back before a direct write over it).
+    std::memcpy(stages_, header, kHeaderBytes);
+    stage_len_ = kHeaderBytes;
+    direct_ = true;
+    return 0;
 }
 
 int OutputFile::write_direct(const struct iovec* iov, std::size_t iovcnt) {
@@ -393,8 +440,10 @@ void OutputFile::abandon() {
         (void)reap(true);
         in_flight_.fill(false);
         // After a failed background write the file keeps what precedes it: a hole of
-        // allocated zeros would hide the records after it from recovery anyway.
-        (void)::ftruncate(fd_, static_cast<off_t>(std::min(disk_offset_, failed_offset_)));
+        // allocated zeros would hide the records after it from recovery anyway. The
+        // header, written at open, stays in any case.
+        const std::uint64_t keep = std::max<std::uint64_t>(std::min(disk_offset_, failed_offset_), kHeaderBytes);
+        (void)::ftruncate(fd_, static_cast<off_t>(keep));
     }
     if (fd_ >= 0) ::close(fd_);
     if (dir_fd_ >= 0) ::close(dir_fd_);

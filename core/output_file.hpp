@@ -24,7 +24,10 @@ public:
     OutputFile(const OutputFile&) = delete;
     OutputFile& operator=(const OutputFile&) = delete;
 
-    // Creates `<dir>/<name>.evb.part` (never overwriting) and writes the header.
+    // Creates `<dir>/<name>.evb.part` (never overwriting) holding the header: the name
+    // appears only once the header is written where the file system can create
+    // unnamed files (O_TMPFILE), right before it elsewhere. Takes an exclusive flock on
+    // the file, held until it is closed: recovery does not touch a locked file.
     // With `direct`, the file is written with O_DIRECT through aligned staging
     // buffers: each full 2 MiB stage is handed to the kernel as an asynchronous
     // write (Linux AIO; its space allocated with fallocate first, kAllocateBytes
@@ -32,8 +35,9 @@ public:
     // background) while the next
     // stage fills; the last partial stage goes out at close, its final partial
     // block through the page cache. Where the filesystem refuses O_DIRECT (tmpfs),
-    // the file is written buffered and direct_fallback() says so. Returns 0 or an
-    // errno value.
+    // the file is written buffered and direct_fallback() says so. The header goes
+    // through the page cache either way, so a crash before the first stage is
+    // written still leaves a file with its header. Returns 0 or an errno value.
     int open(const std::string& directory, const FileHeader& header, bool direct = false);
     bool direct() const noexcept { return direct_; }
     bool direct_fallback() const noexcept { return direct_fallback_; }
@@ -89,6 +93,7 @@ public:
     static constexpr std::size_t kAllocateBytes = 64u << 20;
 
 private:
+    int start_direct(const std::byte* header);
     int write_direct(const struct iovec* iov, std::size_t iovcnt);
     int submit_stage();
     int allocate_ahead();

@@ -1,16 +1,15 @@
 #include "monitor/exporter.hpp"
 
-#include <CivetServer.h>
-#include <civetweb.h>
-#include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
 #include <time.h>
 
 #include <fmt/format.h>
+#include <limits>
 
 #include "allocators/arena.hpp"
 #include "core/wire.hpp"
+#include "monitor/http_server.hpp"
 
 #ifndef EVB_VERSION
 #define EVB_VERSION "unknown"
@@ -241,44 +240,34 @@ std::vector<FamilyOut> collect(const Sources& s) {
 
 namespace {
 
-class Collector final : public prometheus::Collectable {
-public:
-    explicit Collector(const Sources& s) : s_(s) {}
-    std::vector<prometheus::MetricFamily> Collect() const override {
-        std::vector<prometheus::MetricFamily> fams;
-        for (auto& f : collect(s_)) {
-            prometheus::MetricFamily m;
-            m.name = f.name;
-            m.help = f.help;
-            m.type = f.type == FamilyOut::Type::counter ? prometheus::MetricType::Counter
-                     : f.type == FamilyOut::Type::gauge ? prometheus::MetricType::Gauge
-                                                        : prometheus::MetricType::Histogram;
-            for (auto& smp : f.samples) {
-                prometheus::ClientMetric cm;
-                for (auto& [k, v] : smp.labels) cm.label.push_back({k, v});
-                if (f.type == FamilyOut::Type::counter) cm.counter.value = smp.value;
-                else if (f.type == FamilyOut::Type::gauge) cm.gauge.value = smp.value;
-                else {
-                    cm.histogram.sample_count = smp.count;
-                    cm.histogram.sample_sum = smp.value;
-                    for (std::size_t i = 0; i < f.bounds.size(); ++i)
-                        cm.histogram.bucket.push_back({smp.buckets[i], f.bounds[i]});
-                    cm.histogram.bucket.push_back({smp.count, std::numeric_limits<double>::infinity()});
-                }
-                m.metric.push_back(std::move(cm));
+// The families in the Prometheus text exposition format (version 0.0.4).
+std::string metrics_text(const Sources& s) {
+    std::vector<prometheus::MetricFamily> fams;
+    for (auto& f : collect(s)) {
+        prometheus::MetricFamily m;
+        m.name = f.name;
+        m.help = f.help;
+        m.type = f.type == FamilyOut::Type::counter ? prometheus::MetricType::Counter
+                 : f.type == FamilyOut::Type::gauge ? prometheus::MetricType::Gauge
+                                                    : prometheus::MetricType::Histogram;
+        for (auto& smp : f.samples) {
+            prometheus::ClientMetric cm;
+            for (auto& [k, v] : smp.labels) cm.label.push_back({k, v});
+            if (f.type == FamilyOut::Type::counter) cm.counter.value = smp.value;
+            else if (f.type == FamilyOut::Type::gauge) cm.gauge.value = smp.value;
+            else {
+                cm.histogram.sample_count = smp.count;
+                cm.histogram.sample_sum = smp.value;
+                for (std::size_t i = 0; i < f.bounds.size(); ++i)
+                    cm.histogram.bucket.push_back({smp.buckets[i], f.bounds[i]});
+                cm.histogram.bucket.push_back({smp.count, std::numeric_limits<double>::infinity()});
             }
-            fams.push_back(std::move(m));
+            m.metric.push_back(std::move(cm));
         }
-        return fams;
+        fams.push_back(std::move(m));
     }
-
-private:
-    Sources s_;
-};
-
-// civetweb calls this before the Exposer's handlers; it serves the status page at
-// "/" and leaves every other path (such as /metrics) to the Exposer.
-const Sources* g_status_sources = nullptr;
+    return prometheus::TextSerializer().Serialize(fams);
+}
 
 std::string status_page(const Sources& s) {
     double complete = 0, incomplete = 0, inflight = 0;
@@ -332,50 +321,25 @@ std::string status_page(const Sources& s) {
         EVB_VERSION, rows);
 }
 
-int begin_request(struct mg_connection* conn) {
-    const mg_request_info* ri = mg_get_request_info(conn);
-    if (ri == nullptr || ri->local_uri == nullptr || std::string_view(ri->local_uri) != "/" || !g_status_sources) return 0;
-    if (std::string_view(ri->request_method) != "GET" && std::string_view(ri->request_method) != "HEAD") {
-        mg_printf(conn, "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-        return 405;
-    }
-    const std::string body = status_page(*g_status_sources);
-    mg_printf(conn, "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-              body.size());
-    if (std::string_view(ri->request_method) == "GET") mg_write(conn, body.data(), body.size());
-    return 200;
-}
-
 }  // namespace
 
 struct Exporter::Impl {
     Sources sources;
-    CivetCallbacks callbacks{};
-    std::unique_ptr<prometheus::Exposer> exposer;
-    std::shared_ptr<Collector> collector;
-    std::string host;
+    std::unique_ptr<HttpServer> server;
 };
 
 Exporter::Exporter(const std::string& listen, Sources sources) : impl_(std::make_unique<Impl>()) {
     impl_->sources = std::move(sources);
-    impl_->callbacks.begin_request = &begin_request;
-    g_status_sources = &impl_->sources;
-    const auto colon = listen.rfind(':');
-    impl_->host = colon == std::string::npos ? listen : listen.substr(0, colon);
-    // civetweb wants "ADDR:PORT"; its worker threads only serve scrapes.
-    impl_->exposer = std::make_unique<prometheus::Exposer>(listen, 2, &impl_->callbacks);
-    impl_->collector = std::make_shared<Collector>(impl_->sources);
-    impl_->exposer->RegisterCollectable(impl_->collector);
+    const Sources* src = &impl_->sources;
+    impl_->server = std::make_unique<HttpServer>(listen, [src](std::string_view path) -> HttpResponse {
+        if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", metrics_text(*src)};
+        if (path == "/") return {200, "text/html; charset=utf-8", status_page(*src)};
+        return {404, "text/plain; charset=utf-8", "not found: evbd serves /metrics and /\n"};
+    });
 }
 
-Exporter::~Exporter() {
-    impl_->exposer.reset();
-    g_status_sources = nullptr;
-}
+Exporter::~Exporter() = default;
 
-std::string Exporter::bound_address() const {
-    const auto ports = impl_->exposer->GetListeningPorts();
-    return fmt::format("{}:{}", impl_->host, ports.empty() ? 0 : ports[0]);
-}
+std::string Exporter::bound_address() const { return impl_->server->bound_address(); }
 
 }  // namespace evb::monitor

@@ -1,6 +1,6 @@
-// The Prometheus scrape endpoint (prometheus-cpp pull Exposer) and the human status
-// page at `/`. Metrics are gathered at scrape time from the per-thread counter
-// blocks: the hot path never talks to the exporter.
+// The Prometheus scrape endpoint at `/metrics` (prometheus-cpp's text format) and the
+// human status page at `/`, served by HttpServer. Metrics are gathered at scrape
+// time from the per-thread counter blocks: the hot path never talks to the exporter.
 #pragma once
 
 #include <atomic>
@@ -69,7 +69,8 @@ std::vector<FamilyOut> collect(const Sources& s);
 
 class Exporter {
 public:
-    // Binds `listen` ("HOST:PORT", port 0 = any free port). Throws on failure.
+    // Binds `listen` ("HOST:PORT" or "[V6]:PORT", several separated by commas; port
+    // 0 = any free port). Throws std::runtime_error naming the address on failure.
     Exporter(const std::string& listen, Sources sources);
     ~Exporter();
     std::string bound_address() const;

@@ -13,7 +13,7 @@ root=$(pwd)
 packages=(
   cmake ninja-build g++ pkg-config ccache git
   libtbb-dev libjemalloc-dev libfmt-dev nlohmann-json3-dev catch2
-  prometheus-cpp-dev libcivetweb-dev libpcap-dev
+  prometheus-cpp-dev libpcap-dev
   python3 prometheus
   clang libclang-rt-14-dev
   dpkg-dev adduser systemd

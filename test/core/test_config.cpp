@@ -102,3 +102,46 @@ TEST_CASE("sources as an id list is sorted and merge_live keeps restart keys") {
     CHECK(m->run_number == 7);
     CHECK(m->building.timeout_ms == 50);
 }
+
+namespace {
+std::string nested(std::size_t levels, char open = '[', char close = ']') {
+    return std::string(levels, open) + std::string(levels, close);
+}
+}  // namespace
+
+TEST_CASE("config: JSON nested deeper than 64 levels is refused before it is parsed") {
+    SECTION("50,000 levels of arrays in input.listen (was a stack overflow)") {
+        const auto p = problems_of("{\n  \"input\": {\"listen\": " + nested(50'000) + "}\n}");
+        REQUIRE(p.size() == 1);
+        INFO(p[0]);
+        CHECK(any_contains(p, "test.json:2:"));  // the line of the bracket that goes too deep
+        CHECK(any_contains(p, "nested deeper than 64 levels"));
+        CHECK(any_contains(p, "input.listen[0][0]"));
+    }
+    SECTION("objects, and an array index in the path") {
+        std::string deep;
+        for (int i = 0; i < 100'000; ++i) deep += "{\"k\":";
+        deep += "1" + std::string(100'000, '}');
+        const auto p = problems_of(R"({"sources": [1, 2, )" + deep + "]}");
+        REQUIRE(p.size() == 1);
+        INFO(p[0]);
+        CHECK(any_contains(p, "nested deeper than 64 levels"));
+        CHECK(any_contains(p, "sources[2].k.k.k"));
+    }
+    SECTION("a --set value") {
+        const auto p = problems_of("{}", {"building.timeout_ms=" + nested(60'000)});
+        REQUIRE(p.size() == 1);
+        INFO(p[0]);
+        CHECK(any_contains(p, "--set building.timeout_ms"));
+        CHECK(any_contains(p, "nested deeper than 64 levels"));
+    }
+    SECTION("64 levels are only a wrong type; brackets inside strings do not count") {
+        const auto p = problems_of("{\"input\": {\"listen\": " + nested(62) + "}}");
+        INFO(p[0]);
+        CHECK(any_contains(p, "input.listen: expected string"));
+        CHECK_FALSE(any_contains(p, "nested"));
+        const std::string text =
+            "{\"input\": {\"listen\": \"127.0.0.1:1\", \"allowed_senders\": [\"\\\"" + nested(1000) + "\"]}}";
+        CHECK(problems_of(text).empty());
+    }
+}

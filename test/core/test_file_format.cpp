@@ -2,6 +2,8 @@
 
 #include "test/temp_dir.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -648,6 +650,38 @@ TEST_CASE("file: recover() refuses what it cannot or must not do", "[file]") {
         CHECK_THROWS_AS(ef::recover(part), std::runtime_error);
         CHECK(read_all(done) == other);
         CHECK(read_all(part) == im.bytes);
+    }
+}
+
+namespace {
+// Whether some other open file description holds an flock on `path`.
+bool locked_by_someone(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    const bool locked = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    ::close(fd);
+    return locked;
+}
+}  // namespace
+
+TEST_CASE("file: the file being written is locked against recovery until it is closed", "[file]") {
+    TempDir dir;
+    const auto records = build_all(test_events(3));
+    SECTION("closed cleanly") {
+        ef::OutputFile f;
+        REQUIRE(f.open(dir.path(), test_header()) == 0);
+        CHECK(locked_by_someone(f.part_path()));
+        write_records(f, records);
+        CHECK(locked_by_someone(f.part_path()));
+        REQUIRE(f.close_clean(false) == 0);
+        CHECK_FALSE(locked_by_someone(f.final_path()));
+    }
+    SECTION("abandoned after a write error") {
+        ef::OutputFile f;
+        REQUIRE(f.open(dir.path(), test_header()) == 0);
+        write_records(f, records);
+        f.abandon();
+        CHECK_FALSE(locked_by_someone(f.part_path()));
     }
 }
 

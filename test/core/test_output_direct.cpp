@@ -159,3 +159,39 @@ TEST_CASE("direct I/O: sync, rollback inside the open stage and abandon keep the
     CHECK(ps.records.size() > 0);
     CHECK(ps.good_bytes <= fs::file_size(part));
 }
+
+TEST_CASE("direct I/O: the header is on disk from the moment the file has a name") {
+    // A crash before the first 2 MiB stage is written must leave a .part that reads
+    // as a file with no records, not an empty one.
+    const test::TempDir tmp;
+    file::OutputFile out;
+    const file::FileHeader h{7, 4, 0, 2, 99};
+    REQUIRE(out.open(tmp.path(), h, true) == 0);
+    if (out.direct_fallback()) {
+        WARN("the temp filesystem refused O_DIRECT; nothing to check here");
+        return;
+    }
+    const auto check_header_only = [&](const std::string& what) {
+        INFO(what);
+        REQUIRE(fs::file_size(out.part_path()) == file::kHeaderBytes);
+        file::MappedFile m(out.part_path());
+        const auto s = file::scan(m.bytes());
+        CHECK(s.header_ok);
+        CHECK(s.header.file_sequence == 4);
+        CHECK(s.records.empty());
+    };
+    check_header_only("just opened");
+    test::RecordSpec spec;
+    spec.event_id = 1;
+    spec.run_number = 7;
+    spec.sections.push_back(test::pattern_section(7, 0, 1, 1000));
+    spec.sections.push_back(test::pattern_section(7, 1, 1, 1000));
+    auto rec = test::build_record(spec);
+    iovec iov{rec.data(), rec.size()};
+    REQUIRE(out.append(&iov, 1) == 0);
+    check_header_only("one record waiting in the first stage");
+    // Abandoned before any stage was written: the header stays.
+    const std::string part = out.part_path();
+    out.abandon();
+    CHECK(fs::file_size(part) == file::kHeaderBytes);
+}

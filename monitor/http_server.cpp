@@ -1,0 +1,270 @@
+#include "monitor/http_server.hpp"
+
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <fmt/format.h>
+#include <stdexcept>
+
+#include "net/udp.hpp"
+
+namespace evb::monitor {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kRequestTimeout = std::chrono::milliseconds(HttpServer::kRequestTimeoutMs);
+// When accept fails for want of descriptors or memory the listening sockets stay
+// readable: they are left out of poll this long instead of spinning on them.
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
+constexpr int kListenBacklog = 64;
+
+int listen_tcp(const std::string& address) {
+    net::Endpoint at;
+    try {
+        at = net::parse_endpoint(address);
+    } catch (const std::invalid_argument& e) {
+        throw std::runtime_error(fmt::format("monitor.listen {}", e.what()));
+    }
+    const int fd = ::socket(at.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error(fmt::format("monitor.listen {}: socket: {}", address, std::strerror(errno)));
+    // A restarted evbd binds at once, without waiting for the old connections'
+    // TIME_WAIT to pass.
+    const int one = 1;
+    (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&at.addr), at.len) != 0 || ::listen(fd, kListenBacklog) != 0) {
+        const int e = errno;
+        ::close(fd);
+        throw std::runtime_error(fmt::format("monitor.listen {}: {}", address, std::strerror(e)));
+    }
+    return fd;
+}
+
+const char* reason_phrase(int status) {
+    switch (status) {
+        case 200: return "OK";
+        case 400: return "Bad Request";
+        case 404: return "Not Found";
+        case 405: return "Method Not Allowed";
+        case 431: return "Request Header Fields Too Large";
+        case 500: return "Internal Server Error";
+        default: return "Unknown";
+    }
+}
+
+std::string serialize(const HttpResponse& r, bool head) {
+    std::string out = fmt::format("HTTP/1.1 {} {}\r\n", r.status, reason_phrase(r.status));
+    if (!r.content_type.empty()) out += fmt::format("Content-Type: {}\r\n", r.content_type);
+    if (r.status == 405) out += "Allow: GET, HEAD\r\n";
+    out += fmt::format("Content-Length: {}\r\nConnection: close\r\n\r\n", r.body.size());
+    if (!head) out += r.body;
+    return out;
+}
+
+HttpResponse plain(int status, std::string text) { return {status, "text/plain; charset=utf-8", std::move(text)}; }
+
+// One past the blank line that ends the request's header block, or npos.
+std::size_t header_end(std::string_view in) {
+    const std::size_t crlf = in.find("\r\n\r\n");
+    const std::size_t lf = in.find("\n\n");
+    return std::min(crlf == std::string_view::npos ? crlf : crlf + 4, lf == std::string_view::npos ? lf : lf + 2);
+}
+
+// The whole answer to a request whose header block has arrived.
+std::string respond(std::string_view request, const HttpServer::Handler& handler) {
+    std::string_view line = request.substr(0, request.find('\n'));
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    const std::size_t sp1 = line.find(' ');
+    const std::size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
+    if (sp2 == std::string_view::npos || !line.substr(sp2 + 1).starts_with("HTTP/"))
+        return serialize(plain(400, "bad request line\n"), false);
+    const std::string_view method = line.substr(0, sp1);
+    std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+    const bool head = method == "HEAD";
+    if (method != "GET" && !head) return serialize(plain(405, "only GET and HEAD\n"), false);
+    if (target.empty() || target[0] != '/') return serialize(plain(400, "bad request target\n"), false);
+    target = target.substr(0, target.find_first_of("?#"));
+    try {
+        return serialize(handler(target), head);
+    } catch (const std::exception& e) {
+        return serialize(plain(500, fmt::format("{}\n", e.what())), head);
+    }
+}
+
+}  // namespace
+
+struct HttpServer::Connection {
+    enum class State {
+        reading,   // the request, up to its blank line
+        writing,   // the answer
+        draining,  // answer sent and our side shut: reading until the client closes, so
+                   // that closing does not reset the connection under an unread answer
+    };
+    int fd = -1;
+    Clock::time_point accepted;
+    State state = State::reading;
+    std::string in;
+    std::string out;
+    std::size_t sent = 0;
+};
+
+HttpServer::HttpServer(const std::string& listen, Handler handler) : handler_(std::move(handler)) {
+    try {
+        std::size_t start = 0;
+        for (;;) {
+            const std::size_t comma = listen.find(',', start);
+            listeners_.push_back(listen_tcp(listen.substr(start, comma == std::string::npos ? comma : comma - start)));
+            if (comma == std::string::npos) break;
+            start = comma + 1;
+        }
+        wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (wake_fd_ < 0) throw std::runtime_error(fmt::format("monitor: eventfd: {}", std::strerror(errno)));
+        thread_ = std::thread([this] { run(); });
+    } catch (...) {
+        for (int fd : listeners_) ::close(fd);
+        if (wake_fd_ >= 0) ::close(wake_fd_);
+        throw;
+    }
+}
+
+HttpServer::~HttpServer() {
+    const std::uint64_t one = 1;
+    // An eventfd write of 8 bytes cannot be short; it fails only at a counter of
+    // 2^64 - 1, and the thread is woken by any value.
+    (void)!::write(wake_fd_, &one, sizeof one);
+    thread_.join();
+    for (int fd : listeners_) ::close(fd);
+    ::close(wake_fd_);
+}
+
+std::string HttpServer::bound_address() const {
+    net::Endpoint at;
+    at.len = sizeof at.addr;
+    if (::getsockname(listeners_.front(), reinterpret_cast<sockaddr*>(&at.addr), &at.len) != 0) return "?";
+    return at.to_string();
+}
+
+void HttpServer::run() {
+    ::pthread_setname_np(::pthread_self(), "evb-metrics");
+    std::vector<Connection> conns;
+    conns.reserve(kMaxConnections);
+    std::vector<pollfd> fds;
+    fds.reserve(1 + listeners_.size() + kMaxConnections);
+    Clock::time_point accept_paused_until{};
+    char buf[4096];
+
+    // Reads, answers and sends as far as the socket allows; false: close it now.
+    auto serve = [&](Connection& c) {
+        using State = Connection::State;
+        while (c.state != State::writing) {
+            const ssize_t r = ::recv(c.fd, buf, sizeof buf, 0);
+            if (r == 0) return false;  // the client closed (for a drained one: done)
+            if (r < 0) {
+                if (errno == EINTR) continue;
+                return errno == EAGAIN || errno == EWOULDBLOCK;
+            }
+            if (c.state == State::draining) continue;
+            c.in.append(buf, static_cast<std::size_t>(r));
+            if (header_end(c.in) != std::string::npos) {
+                c.out = respond(c.in, handler_);
+                c.state = State::writing;
+            } else if (c.in.size() > kMaxRequestBytes) {
+                c.out = serialize(plain(431, "request too long\n"), false);
+                c.state = State::writing;
+            }
+        }
+        while (c.sent < c.out.size()) {
+            const ssize_t w = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+            if (w < 0) {
+                if (errno == EINTR) continue;
+                return errno == EAGAIN || errno == EWOULDBLOCK;
+            }
+            c.sent += static_cast<std::size_t>(w);
+        }
+        ::shutdown(c.fd, SHUT_WR);
+        c.state = State::draining;
+        return true;
+    };
+
+    auto accept_all = [&](int listener) {
+        for (;;) {
+            const int fd = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0) {
+                if (errno == EINTR || errno == ECONNABORTED) continue;
+                if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                    accept_paused_until = Clock::now() + kAcceptBackoff;
+                return;  // EAGAIN: no more waiting
+            }
+            if (conns.size() == kMaxConnections) {
+                // Full: the oldest connection not being answered makes room, so that
+                // clients holding connections open cannot keep a scrape out.
+                auto victim = conns.end();
+                for (auto it = conns.begin(); it != conns.end(); ++it)
+                    if (it->state != Connection::State::writing &&
+                        (victim == conns.end() || it->accepted < victim->accepted))
+                        victim = it;
+                if (victim == conns.end()) {
+                    ::close(fd);
+                    continue;
+                }
+                ::close(victim->fd);
+                conns.erase(victim);
+            }
+            conns.push_back({fd, Clock::now(), Connection::State::reading, {}, {}, 0});
+        }
+    };
+
+    for (;;) {
+        const auto now = Clock::now();
+        std::erase_if(conns, [&](const Connection& c) {
+            if (now - c.accepted < kRequestTimeout) return false;
+            ::close(c.fd);
+            return true;
+        });
+        const bool accepting = now >= accept_paused_until;
+        fds.clear();
+        fds.push_back({wake_fd_, POLLIN, 0});
+        if (accepting)
+            for (int fd : listeners_) fds.push_back({fd, POLLIN, 0});
+        const std::size_t first_conn = fds.size();
+        auto wake_at = accepting ? Clock::time_point::max() : accept_paused_until;
+        for (const auto& c : conns) {
+            fds.push_back({c.fd, static_cast<short>(c.state == Connection::State::writing ? POLLOUT : POLLIN), 0});
+            wake_at = std::min(wake_at, c.accepted + kRequestTimeout);
+        }
+        int timeout_ms = -1;
+        if (wake_at != Clock::time_point::max())
+            timeout_ms = static_cast<int>(
+                std::chrono::ceil<std::chrono::milliseconds>(std::max(wake_at - now, Clock::duration::zero())).count());
+        if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
+            if (errno == EINTR) continue;
+            // ENOMEM: the kernel could not allocate poll's table. Try again shortly
+            // rather than spin.
+            ::poll(nullptr, 0, 10);
+            continue;
+        }
+        if (fds[0].revents != 0) break;
+        for (std::size_t i = 0; i < conns.size(); ++i) {
+            if (fds[first_conn + i].revents == 0) continue;
+            if (!serve(conns[i])) {
+                ::close(conns[i].fd);
+                conns[i].fd = -1;
+            }
+        }
+        std::erase_if(conns, [](const Connection& c) { return c.fd < 0; });
+        if (accepting)
+            for (std::size_t k = 0; k < listeners_.size(); ++k)
+                if (fds[1 + k].revents != 0) accept_all(listeners_[k]);
+    }
+    for (const auto& c : conns) ::close(c.fd);
+}
+
+}  // namespace evb::monitor

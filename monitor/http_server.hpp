@@ -1,0 +1,62 @@
+// The HTTP server behind /metrics and the status page: one thread (`evb-metrics`)
+// polls the listening sockets and every connection, so no client, idle or slow,
+// holds anything another one needs. Each connection carries one request
+// (`Connection: close`) and has kRequestTimeoutMs from accept to its answer sent;
+// at most kMaxConnections are open, and a new one displaces the oldest still waiting
+// for its request. GET and HEAD only. IPv4 and IPv6.
+//
+// Debian 12's civetweb, which served this before, is built without IPv6 and keeps
+// one worker thread per connection until its request arrives. The thread is the
+// server's own, like civetweb's were, not an AgentRunner's: it sleeps in poll() on
+// its sockets, and the runner's spin-then-park loop is for the data path.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace evb::monitor {
+
+struct HttpResponse {
+    int status = 200;
+    std::string content_type;
+    std::string body;
+};
+
+class HttpServer {
+public:
+    // Answers a GET (or HEAD) of `path`, the request target without its query
+    // string. Runs on the server thread.
+    using Handler = std::function<HttpResponse(std::string_view path)>;
+
+    // Binds every address of `listen`: "HOST:PORT" or "[V6]:PORT", several separated
+    // by commas; port 0 picks a free port. Then starts the thread. Throws
+    // std::runtime_error naming the address that could not be used.
+    HttpServer(const std::string& listen, Handler handler);
+    // Stops the thread and closes every socket.
+    ~HttpServer();
+    HttpServer(const HttpServer&) = delete;
+    HttpServer& operator=(const HttpServer&) = delete;
+
+    // The first address as bound, e.g. "127.0.0.1:9464" or "[::1]:40123".
+    std::string bound_address() const;
+
+    static constexpr std::size_t kMaxConnections = 64;
+    static constexpr int kRequestTimeoutMs = 5000;
+    static constexpr std::size_t kMaxRequestBytes = 16384;  // request line and headers
+
+private:
+    struct Connection;
+    void run();
+
+    std::vector<int> listeners_;
+    int wake_fd_ = -1;  // eventfd: the destructor's stop signal to the thread
+    Handler handler_;
+    std::thread thread_;
+};
+
+}  // namespace evb::monitor

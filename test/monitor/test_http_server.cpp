@@ -1,0 +1,137 @@
+// The metrics endpoint's HTTP server: addresses (IPv4, IPv6, lists, port 0), the
+// answers it gives, and that connections which send nothing cannot keep a request out.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "monitor/http_server.hpp"
+#include "net/udp.hpp"
+
+using evb::monitor::HttpResponse;
+using evb::monitor::HttpServer;
+
+namespace {
+
+// A connected, blocking TCP socket with a receive timeout; -1 if it cannot connect.
+int connect_to(const std::string& address) {
+    const auto at = evb::net::parse_endpoint(address);
+    const int fd = ::socket(at.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&at.addr), at.len) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// Sends `request` and returns everything the server sends until it closes.
+std::string round_trip(const std::string& address, const std::string& request) {
+    const int fd = connect_to(address);
+    REQUIRE(fd >= 0);
+    REQUIRE(::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size()));
+    std::string reply;
+    char buf[4096];
+    for (;;) {
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        reply.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+    return reply;
+}
+
+bool have_ipv6_loopback() {
+    const int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    const bool ok = ::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    return ok;
+}
+
+HttpResponse echo_path(std::string_view path) {
+    if (path == "/missing") return {404, "text/plain", "no\n"};
+    if (path == "/throw") throw std::runtime_error("collector failed");
+    return {200, "text/plain", "path=" + std::string(path) + "\n"};
+}
+
+}  // namespace
+
+TEST_CASE("http server: answers GET and HEAD, refuses the rest") {
+    HttpServer server("127.0.0.1:0", echo_path);
+    const std::string at = server.bound_address();
+    REQUIRE(at.rfind("127.0.0.1:", 0) == 0);
+    CHECK(at != "127.0.0.1:0");
+
+    std::string r = round_trip(at, "GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");
+    CHECK(r.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+    CHECK(r.find("Content-Length: 14\r\n") != std::string::npos);
+    CHECK(r.find("Connection: close\r\n") != std::string::npos);
+    CHECK(r.ends_with("\r\n\r\npath=/metrics\n"));
+
+    r = round_trip(at, "HEAD / HTTP/1.0\n\n");
+    CHECK(r.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+    CHECK(r.find("Content-Length: 7\r\n") != std::string::npos);
+    CHECK(r.ends_with("\r\n\r\n"));  // no body
+
+    r = round_trip(at, "POST / HTTP/1.1\r\nContent-Length: 12\r\n\r\nrun_number=5");
+    CHECK(r.rfind("HTTP/1.1 405 ", 0) == 0);
+    CHECK(r.find("Allow: GET, HEAD\r\n") != std::string::npos);
+
+    CHECK(round_trip(at, "GET /missing HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404 ", 0) == 0);
+    CHECK(round_trip(at, "GET /throw HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 500 ", 0) == 0);
+    CHECK(round_trip(at, "GARBAGE\r\n\r\n").rfind("HTTP/1.1 400 ", 0) == 0);
+    CHECK(round_trip(at, "GET nope HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 400 ", 0) == 0);
+    const std::string huge = "GET / HTTP/1.1\r\nX: " + std::string(HttpServer::kMaxRequestBytes, 'a');
+    CHECK(round_trip(at, huge).rfind("HTTP/1.1 431 ", 0) == 0);
+}
+
+TEST_CASE("http server: IPv6, address lists and bad addresses") {
+    if (have_ipv6_loopback()) {
+        HttpServer v6("[::1]:0", echo_path);
+        const std::string at = v6.bound_address();
+        CHECK(at.rfind("[::1]:", 0) == 0);
+        CHECK(round_trip(at, "GET /six HTTP/1.1\r\n\r\n").ends_with("path=/six\n"));
+
+        HttpServer both("127.0.0.1:0,[::1]:0", echo_path);
+        CHECK(both.bound_address().rfind("127.0.0.1:", 0) == 0);
+    } else {
+        WARN("no IPv6 loopback here: the IPv6 cases are not run");
+    }
+    CHECK_THROWS_WITH(HttpServer("127.0.0.1", echo_path), Catch::Contains("monitor.listen"));
+    CHECK_THROWS_WITH(HttpServer("127.0.0.1:99999", echo_path), Catch::Contains("port"));
+    HttpServer taken("127.0.0.1:0", echo_path);
+    CHECK_THROWS_WITH(HttpServer(taken.bound_address(), echo_path), Catch::Contains("in use"));
+}
+
+TEST_CASE("http server: connections that send nothing do not keep a request out") {
+    HttpServer server("127.0.0.1:0", echo_path);
+    const std::string at = server.bound_address();
+    // More idle connections than there are places: the oldest idle ones make room.
+    std::vector<int> idle;
+    for (std::size_t i = 0; i < HttpServer::kMaxConnections + 10; ++i) {
+        const int fd = connect_to(at);
+        REQUIRE(fd >= 0);
+        idle.push_back(fd);
+    }
+    const std::string r = round_trip(at, "GET /metrics HTTP/1.1\r\n\r\n");
+    CHECK(r.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+    // The first idle connections were displaced: closed without an answer.
+    char c;
+    CHECK(::recv(idle.front(), &c, 1, 0) == 0);
+    for (int fd : idle) ::close(fd);
+}
