@@ -463,6 +463,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     control.last_reload_message = "initial configuration loaded";
     control.timeout_ms.store(cfg->building.timeout_ms);
     control.max_file_bytes.store(cfg->output.max_file_bytes);
+    control.expected_sources.store(cfg->sources.size());
     if (!sockets.empty()) {
         control.socket_buffer_bytes.store(sockets[0].receive_buffer_bytes);
         control.socket_buffer_capped.store(sockets[0].receive_buffer_capped);
@@ -539,6 +540,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // need a restart keep their running values and are named in a warning.
     std::shared_ptr<const Config> running = cfg;
     std::uint64_t run_generation = 0;
+    std::uint32_t set_generation = 0;
     auto input_applied = [&](std::size_t i) -> const AdmissionRules* {
         if (feeder != nullptr) return feeder->applied();
         return static_cast<SocketReader*>(input_agents[i].get())->applied();
@@ -558,6 +560,22 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
             sd_notify_state("READY=1\nSTATUS=receiving (last reload failed)");
             return;
         }
+        // Sources may change live only within the set the pools were built for.
+        std::vector<std::uint32_t> unknown;
+        for (const auto id : loaded->sources)
+            if (!std::binary_search(cfg->sources.begin(), cfg->sources.end(), id)) unknown.push_back(id);
+        if (!unknown.empty()) {
+            const std::string first = std::to_string(unknown[0]);
+            log_error("reload ({}): sources: {} source(s) not in the set evbd started with (first: {}); taking sources "
+                      "out and back in is live, adding new ones needs a restart",
+                      why, unknown.size(), first);
+            log_error("reload ({}): configuration unchanged, still running on the previous one", why);
+            control.last_reload_ok.store(false);
+            std::lock_guard lock(control.text_mutex);
+            control.last_reload_message = fmt::format("FAILED ({}): sources: source {} needs a restart", why, first);
+            sd_notify_state("READY=1\nSTATUS=receiving (last reload failed)");
+            return;
+        }
         const auto restart = restart_keys_changed(*running, *loaded);
         if (!restart.empty()) {
             std::string names;
@@ -569,10 +587,16 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         if (next->building.timeout_ms != running->building.timeout_ms)
             pipeline->set_timeout_ns(std::uint64_t{next->building.timeout_ms} * 1'000'000ull);
         const bool run_change = next->run_number != running->run_number;
+        const bool sources_change = next->sources != running->sources;
+        if (sources_change) ++set_generation;
         writer_settings.release_applied(writer->commands_applied());
         auto ws = std::make_unique<WriterSettings>(make_writer_settings(*next));
         ws->run_number = next->run_number;
-        ws->run_generation = run_change ? ++run_generation : run_generation;
+        ws->set_generation = set_generation;
+        // Each run change and each change of the expected sources is one transition:
+        // every shard sends the writer one marker for it.
+        run_generation += (run_change ? 1 : 0) + (sources_change ? 1 : 0);
+        ws->run_generation = run_generation;
         // The writer learns of a run change first, so it holds the new run's events
         // back until the old run's last events are written and its file is closed.
         if (!writer->commands().try_push(writer_settings.post(std::move(ws))))
@@ -581,6 +605,27 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
             pull_settings.release_applied(sender->commands_applied());
             if (!sender->commands().try_push(pull_settings.post(std::make_unique<PullSettings>(make_pull_settings(*next)))))
                 log_warn("reload: the request sender has not taken the previous settings yet");
+        }
+        if (sources_change) {
+            // Events from now on have a section per expected source only; the writer
+            // (told first) closes the file once the earlier set's events are through.
+            std::vector<std::uint8_t> expected(cfg->sources.size(), 0);
+            std::string out, back;
+            for (std::size_t i = 0; i < cfg->sources.size(); ++i) {
+                const std::uint32_t id = cfg->sources[i];
+                const bool now = std::binary_search(next->sources.begin(), next->sources.end(), id);
+                const bool before = std::binary_search(running->sources.begin(), running->sources.end(), id);
+                expected[i] = now ? 1 : 0;
+                if (before && !now) out += (out.empty() ? "" : ", ") + std::to_string(id);
+                if (!before && now) back += (back.empty() ? "" : ", ") + std::to_string(id);
+            }
+            pipeline->set_expected_sources(expected, set_generation,
+                                           feeder != nullptr ? feeder->last_capture_ns() : realtime_ns());
+            control.expected_sources.store(next->sources.size());
+            log_info("reload ({}): {} expected sources from now on{}{}; the current file closes once the events "
+                     "in flight are written, the run goes on in a new file",
+                     why, next->sources.size(), out.empty() ? "" : "; taken out: " + out,
+                     back.empty() ? "" : "; back in: " + back);
         }
         if (run_change) {
             current_run.store(next->run_number);

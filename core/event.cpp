@@ -7,6 +7,7 @@ namespace evb {
 void assemble(Event& ev, Crc32cJoiner& joiner) noexcept {
     std::uint64_t length = file::kRecordHeaderBytes;
     for (std::uint32_t i = 0; i < ev.section_count; ++i) {
+        if (!ev.section_in_record(i)) continue;
         const SourceState& s = ev.src[i];
         std::uint32_t status = 0;
         std::uint32_t len = 0;
@@ -29,7 +30,7 @@ void assemble(Event& ev, Crc32cJoiner& joiner) noexcept {
     h.event_id = ev.event_id;
     h.run_number = ev.run_number;
     h.status = ev.status;
-    h.section_count = ev.section_count;
+    h.section_count = ev.record_sections();
     h.first_fragment_unix_ns = ev.first_fragment_unix_ns;
     h.built_unix_ns = ev.built_unix_ns;
     file::encode_record_header(h, ev.record_header());
@@ -37,6 +38,7 @@ void assemble(Event& ev, Crc32cJoiner& joiner) noexcept {
     // are read, payloads are joined by their CRCs.
     std::uint32_t crc = file::record_crc_seed(ev.record_header());
     for (std::uint32_t i = 0; i < ev.section_count; ++i) {
+        if (!ev.section_in_record(i)) continue;
         crc = crc32c_extend(crc, ev.section_header(i), file::kSectionHeaderBytes);
         if (!ev.section_present(i)) continue;
         for (const ChunkMeta* c = ev.src[i].head; c != nullptr; c = c->next)

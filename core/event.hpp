@@ -53,8 +53,10 @@ struct SourceState {
     // its chunks are dropped and the section is written MISSING.
     // kNotAwaited: the source was absent when the event started; the event does
     // not wait for it (a fragment that still comes is taken).
+    // kRemoved: the source was not in the expected set when the event started (an
+    // operator took it out by reload); the record has no section for it.
     static constexpr std::uint8_t kSeen = 1, kComplete = 2, kEmpty = 4, kSourceError = 8, kRefused = 16,
-                                  kNotAwaited = 32;
+                                  kNotAwaited = 32, kRemoved = 64;
 };
 
 struct Event {
@@ -71,6 +73,8 @@ struct Event {
     std::uint32_t record_length;  // set by assembly
     std::int32_t solo_source;     // source that opened the event while no other has joined, else -1
     std::uint32_t not_awaited;    // sources marked kNotAwaited and not complete
+    std::uint32_t removed_count;  // sources marked kRemoved: the record has section_count - this sections
+    std::uint32_t set_generation; // the expected-source set the event started under (see Matcher)
     std::uint64_t claimed_bytes;  // record bytes the fragments seen so far will take
     std::uint16_t shard;
     SourceState* src;  // section_count entries, in ascending source id order
@@ -81,6 +85,9 @@ struct Event {
         return meta + file::kRecordHeaderBytes + file::kSectionHeaderBytes * i;
     }
     bool section_present(std::uint32_t i) const noexcept { return src[i].state & SourceState::kComplete; }
+    // Whether the record has a section for source i (it does unless removed).
+    bool section_in_record(std::uint32_t i) const noexcept { return !(src[i].state & SourceState::kRemoved); }
+    std::uint32_t record_sections() const noexcept { return section_count - removed_count; }
 };
 
 inline constexpr std::size_t event_meta_bytes(std::size_t sections) noexcept {
@@ -100,6 +107,7 @@ inline constexpr std::byte kZeroPad[8] = {};
 template <typename F>
 void for_each_record_piece(const Event& ev, F&& piece) {
     for (std::uint32_t i = 0; i < ev.section_count; ++i) {
+        if (!ev.section_in_record(i)) continue;
         piece(ev.section_header(i), file::kSectionHeaderBytes);
         if (!ev.section_present(i)) continue;
         for (const ChunkMeta* c = ev.src[i].head; c != nullptr; c = c->next)

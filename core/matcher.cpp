@@ -43,6 +43,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       seen_at_event_(s.sources.size(), 0),
       seen_at_ns_(s.sources.size(), 0),
       absent_(s.sources.size(), 0),
+      expected_(s.sources.size(), 1),
       done_(s.max_events),
       done_scratch_(s.max_events) {
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
@@ -94,8 +95,12 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     std::memset(e->src, 0, sizeof(SourceState) * e->section_count);
     // Sources absent now are not waited for by this event, even if they return
     // before it is done: their fragments for it were most likely never sent.
-    e->not_awaited = static_cast<std::uint32_t>(absent_list_.size());
+    e->not_awaited = static_cast<std::uint32_t>(absent_list_.size() + removed_list_.size());
     for (const std::uint32_t i : absent_list_) e->src[i].state = SourceState::kNotAwaited;
+    // Sources the operator removed: no section in the record, nothing to wait for.
+    e->removed_count = static_cast<std::uint32_t>(removed_list_.size());
+    for (const std::uint32_t i : removed_list_) e->src[i].state = SourceState::kNotAwaited | SourceState::kRemoved;
+    e->set_generation = set_generation_;
     // The run's first event starts every source's silence clock.
     if (events_started_++ == 0) std::fill(seen_at_ns_.begin(), seen_at_ns_.end(), now_ns);
     e->older = newest_;
@@ -112,7 +117,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
         e->status |= file::record_status::incomplete;
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
             SourceState& s = e->src[i];
-            if (s.state & SourceState::kComplete) continue;
+            if (s.state & (SourceState::kComplete | SourceState::kRemoved)) continue;
             counters_.source_missing[i].add();
             // A partial fragment is written MISSING; its chunks go back now.
             drop_fragment(s, i);
@@ -126,6 +131,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
     if (e->older) e->older->newer = e->newer; else oldest_ = e->newer;
     if (e->newer) e->newer->older = e->older; else newest_ = e->older;
     if (e->solo_source >= 0) --solo_events_[static_cast<std::size_t>(e->solo_source)];
+    if (e->set_generation != set_generation_ && older_in_flight_ > 0) --older_in_flight_;
     map_.erase(map_key(e->event_id, e->run_number));
     history(e->run_number).insert(e->event_id);
     counters_.events_in_flight.set(map_.size());
@@ -168,7 +174,13 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
     seen_at_event_[idx] = events_started_;
     seen_at_ns_[idx] = now_ns;
     if (absent_[idx]) set_absent(static_cast<std::size_t>(idx), false);  // back: events wait for it again
+
     Event* e = map_.find(map_key(c->event_id, c->run_number));
+    if (e == nullptr && !expected_[idx]) {  // removed by the operator: opens nothing
+        counters_.unknown_source.add();
+        drop(c);
+        return;
+    }
     if (e == nullptr) {
         if (is_late(c->event_id, c->run_number)) {
             counters_.late_fragments.add();
@@ -194,6 +206,11 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         seen_at_event_[idx] = events_started_;  // the event it opened is not one it missed
     }
     SourceState& s = e->src[idx];
+    if (s.state & SourceState::kRemoved) {  // the event started after its source was removed
+        counters_.unknown_source.add();
+        drop(c);
+        return;
+    }
     if (s.state & SourceState::kRefused) {  // the rest of a fragment refused as too large
         counters_.event_too_large.add();
         drop(c);
@@ -316,13 +333,32 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         if (s.state & SourceState::kNotAwaited) --e->not_awaited;
         counters_.fragments.add();
         counters_.source_fragments[idx].add();
-        if (++e->complete_sources == e->section_count) {
-            finish(e, true, now_ns, out);
+        if (++e->complete_sources + e->removed_count == e->section_count) {
+            finish(e, true, now_ns, out);  // every section of its record is in
         } else if ((e->not_awaited != 0 || !absent_list_.empty()) && done(*e)) {
             counters_.events_released_absent.add();
             finish(e, false, now_ns, out);
         }
     }
+}
+
+void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation, std::uint64_t now_ns) {
+    for (std::size_t i = 0; i < expected_.size(); ++i) {
+        const std::uint8_t was = expected_[i];
+        expected_[i] = i < expected.size() ? expected[i] : 0;
+        if (expected_[i] && !was) {  // back in: its silence clock starts now, not when it was taken out
+            seen_at_event_[i] = events_started_;
+            seen_at_ns_[i] = now_ns;
+        }
+        if (!expected_[i] && absent_[i]) set_absent(i, false);  // removed: neither present nor absent
+    }
+    removed_list_.clear();
+    for (std::size_t i = 0; i < expected_.size(); ++i)
+        if (!expected_[i]) removed_list_.push_back(static_cast<std::uint32_t>(i));
+    set_generation_ = generation;
+    // Every event in flight now belongs to an earlier set; they finish under it.
+    older_in_flight_ = map_.size();
+    ++pending_markers_;
 }
 
 bool Matcher::done(const Event& e) const noexcept {
@@ -354,7 +390,7 @@ void Matcher::find_absent(std::uint64_t now_ns, EventList& out) noexcept {
     if (by_time) last_absence_scan_ns_ = now_ns;
     bool any = false;
     for (std::size_t i = 0; i < absent_.size(); ++i) {
-        if (absent_[i]) continue;
+        if (absent_[i] || !expected_[i]) continue;
         // The others went on: events started here since this source's last chunk.
         const std::uint64_t missed = events_started_ - seen_at_event_[i];
         if (missed == 0) continue;

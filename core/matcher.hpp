@@ -72,6 +72,19 @@ public:
 
     void set_timeout_ns(std::uint64_t ns) noexcept { timeout_ns_ = ns; }
     bool source_absent(std::size_t idx) const noexcept { return absent_[idx] != 0; }
+    // The operator changed the expected sources (by reload, within the set the
+    // matcher was built with): expected[i] for source index i. Events from now on
+    // have no section for the others and do not wait for them; events in flight
+    // finish under the set they started with. `generation` numbers the sets; once
+    // no event of an earlier set is in flight, take_set_markers() says how many
+    // "set ended" markers to hand to the writer (one per change).
+    void set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation, std::uint64_t now_ns = 0);
+    std::uint32_t take_set_markers() noexcept {
+        if (older_in_flight_ != 0) return 0;
+        const std::uint32_t n = pending_markers_;
+        pending_markers_ = 0;
+        return n;
+    }
     // Events the writer has finished with come back here (the writer is the producer).
     SpscRing<Event*>& done_ring() noexcept { return done_; }
     std::size_t in_flight() const noexcept { return map_.size(); }
@@ -135,6 +148,12 @@ private:
     std::vector<std::uint64_t> seen_at_ns_;
     std::vector<std::uint8_t> absent_;
     std::vector<std::uint32_t> absent_list_;
+    // Expected-source set (live removal and return by the operator).
+    std::vector<std::uint8_t> expected_;      // per source index
+    std::vector<std::uint32_t> removed_list_;
+    std::uint32_t set_generation_ = 0;
+    std::size_t older_in_flight_ = 0;         // events in flight of an earlier set
+    std::uint32_t pending_markers_ = 0;
     Event* oldest_ = nullptr;
     Event* newest_ = nullptr;
     SpscRing<Event*> done_;

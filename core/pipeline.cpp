@@ -54,12 +54,13 @@ inline T handoff_take(const T& in) noexcept {
 
 namespace {
 struct ShardInput {
-    enum class Kind : std::uint8_t { chunks, tick, flush, end_run, set_timeout, give_up };
+    enum class Kind : std::uint8_t { chunks, tick, flush, end_run, set_timeout, give_up, set_sources };
     Kind kind = Kind::chunks;
     ChunkMeta* head = nullptr;
     std::uint64_t now_ns = 0;  // or the new timeout, for set_timeout
     std::uint64_t event_id = 0;  // give_up
-    std::uint32_t run_number = 0;  // give_up; end_run: the run that goes on
+    std::uint32_t run_number = 0;  // give_up; end_run: the run that goes on; set_sources: the generation
+    const std::vector<std::uint8_t>* expected = nullptr;  // set_sources (kept alive by the poster until idle)
 };
 using MatchNode = flow::multifunction_node<ShardInput, std::tuple<Event*>>;
 using AssembleNode = flow::function_node<Event*, flow::continue_msg>;
@@ -275,7 +276,13 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                             case ShardInput::Kind::give_up:
                                 sh->matcher.give_up(in.event_id, in.run_number, in.now_ns, built);
                                 break;
+                            case ShardInput::Kind::set_sources:
+                                sh->matcher.set_expected(*in.expected, in.run_number, in.now_ns);
+                                break;
                         }
+                        // An expected-source set ends once none of its events is in flight
+                        // here: its marker follows them to the writer (as a run's does).
+                        for (std::uint32_t m = sh->matcher.take_set_markers(); m > 0; --m) built.push(&sh->marker);
                         handoff_release(&sh->matcher);
                         if (built.head) {
                             if (built_hook_)
@@ -401,6 +408,16 @@ void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::ui
     // The same routing as the readers' (admit_datagram).
     const auto shard = (event_id / builders) % shards_.size();
     shards_[shard]->put(ShardInput{ShardInput::Kind::give_up, nullptr, now_ns, event_id, run_number});
+}
+
+void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation,
+                                    std::uint64_t now_ns) {
+    for (auto& s : shards_) {
+        ShardInput m{ShardInput::Kind::set_sources, nullptr, now_ns, 0, generation};
+        m.expected = &expected;
+        s->put(m);
+    }
+    wait_idle();  // every shard has copied `expected`
 }
 
 void Pipeline::set_timeout_ns(std::uint64_t ns) noexcept {

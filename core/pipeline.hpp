@@ -52,6 +52,11 @@ public:
     // next_run admitted before the end keep building.
     void end_run(std::uint64_t now_ns, std::uint32_t next_run) noexcept;
     void set_timeout_ns(std::uint64_t ns) noexcept;
+    // The expected sources change (index i of the source list: expected[i]);
+    // `generation` numbers the change (see Matcher::set_expected). Returns once
+    // every shard has taken it. Each shard hands the writer one marker when the
+    // last event of the earlier set has gone by.
+    void set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation, std::uint64_t now_ns);
     // Pull mode: write this event INCOMPLETE now (out of retries).
     void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders, std::uint64_t now_ns) noexcept;
     // Pull mode: called on a driver thread with the id of every event the matcher

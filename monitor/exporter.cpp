@@ -194,7 +194,10 @@ std::vector<FamilyOut> collect(const Sources& s) {
         out.push_back(std::move(st));
         if (!tr.samples.empty()) out.push_back(std::move(tr));
     }
-    out.push_back(scalar("evb_expected_sources", "Sources in the configuration.", T::gauge, static_cast<double>(s.sources.size())));
+    out.push_back(scalar("evb_expected_sources", "Sources expected now (the configuration's sources).", T::gauge,
+                         static_cast<double>(s.control != nullptr && s.control->expected_sources.load() != 0
+                                                 ? s.control->expected_sources.load()
+                                                 : s.sources.size())));
     out.push_back(scalar("evb_process_start_time_seconds", "Start time of the process since the Unix epoch.", T::gauge, kStartTime));
     {
         FamilyOut f{"evb_build_info", "Version and git hash of this build.", T::gauge, {}, {}};

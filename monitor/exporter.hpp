@@ -26,6 +26,7 @@ struct ControlState {
     // Live settings in force (they change by reload).
     std::atomic<std::uint64_t> timeout_ms{0};
     std::atomic<std::uint64_t> max_file_bytes{0};
+    std::atomic<std::uint64_t> expected_sources{0};  // the sources expected now (a reload may take some out)
     // Per expected source: transitions to absent and back (dead-source detection),
     // counted by the service loop.
     std::unique_ptr<std::atomic<std::uint64_t>[]> source_went_absent, source_came_back;

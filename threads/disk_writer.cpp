@@ -34,6 +34,7 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
       done_pending_(done_rings_.size()),
       markers_(inputs_.size(), 0),
       held_(inputs_.size()) {
+    expected_by_set_.emplace_back(s.set_generation, s.expected_sources);
     iov_.reserve(kMaxIov + 4096);
     unsettled_.reserve(std::size_t{1} << 16);
     settled_ids_.reserve(256);
@@ -52,13 +53,19 @@ std::size_t DiskWriter::pending() const noexcept {
     return n;
 }
 
-bool DiskWriter::open_file(std::uint32_t run) {
+bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set) {
     const std::uint64_t now = realtime_ns();
     if (now < retry_open_after_ns_) return false;
     ::mkdir(s_.directory.c_str(), 0755);
     if (run != file_run_) next_seq_ = 0;
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
-    file::FileHeader h{run, seq, s_.builder_id, s_.expected_sources, now};
+    std::uint32_t expected = s_.expected_sources;
+    for (auto it = expected_by_set_.rbegin(); it != expected_by_set_.rend(); ++it)
+        if (it->first == set) {
+            expected = it->second;
+            break;
+        }
+    file::FileHeader h{run, seq, s_.builder_id, expected, now};
     if (const int e = file_.open(s_.directory, h, s_.direct_io); e != 0) {
         counters_.write_errors.add();
         log_error("cannot open {}/{}: {} (retrying in 1 s)", s_.directory,
@@ -71,6 +78,7 @@ bool DiskWriter::open_file(std::uint32_t run) {
         warned_direct_ = true;
     }
     file_run_ = run;
+    file_set_ = set;
     next_seq_ = seq + 1;
     {
         std::lock_guard lock(name_mutex_);
@@ -264,12 +272,13 @@ void DiskWriter::write_event(Event* e) {
         held_for_retry_.push_back(e);
         return;
     }
-    if (file_.is_open() && e->run_number != file_run_) close_file();
+    // A file holds one run and one expected-source set (its header says how many).
+    if (file_.is_open() && (e->run_number != file_run_ || e->set_generation != file_set_)) close_file();
     if (blocked_) {
         held_for_retry_.push_back(e);
         return;
     }
-    if (!file_.is_open() && !open_file(e->run_number)) {
+    if (!file_.is_open() && !open_file(e->run_number, e->set_generation)) {
         // No file to write to: hold the event (and all after it) until a retry works.
         held_for_retry_.push_back(e);
         blocked_ = true;
@@ -296,7 +305,7 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
         // new run's events held back meanwhile, in their order.
         transition_generation_ = 0;
         flush_batch();
-        if (file_.is_open() && file_run_ != transition_run_) close_file();
+        if (file_.is_open() && (file_run_ != transition_run_ || file_set_ != transition_set_)) close_file();
         for (auto& h : held_) {
             for (Event* e : h) write_event(e);
             total += h.size();
@@ -312,7 +321,8 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
             Event* e = scratch_[i];
             if (e == nullptr) {
                 ++markers_[k];
-            } else if (transition_generation_ != 0 && e->run_number == transition_run_) {
+            } else if (transition_generation_ != 0 && e->run_number == transition_run_ &&
+                       e->set_generation == transition_set_) {
                 held_[k].push_back(e);  // in order; the old run's events go on being written
             } else {
                 write_event(e);
@@ -331,11 +341,14 @@ std::size_t DiskWriter::do_work() {
         s_.max_file_bytes = next->max_file_bytes;
         s_.fsync = next->fsync;
         s_.fsync_period_ms = next->fsync_period_ms;
+        if (expected_by_set_.empty() || expected_by_set_.back().first != next->set_generation)
+            expected_by_set_.emplace_back(next->set_generation, next->expected_sources);
         if (next->run_generation > s_.run_generation) {
             s_.run_generation = next->run_generation;
             s_.run_number = next->run_number;
             transition_generation_ = next->run_generation;
             transition_run_ = next->run_number;
+            transition_set_ = next->set_generation;
         }
         // Release: every read of *next happens before the poster may free it.
         commands_applied_.fetch_add(1, std::memory_order_release);

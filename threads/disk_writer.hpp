@@ -38,6 +38,10 @@ struct WriterSettings {
     // arrived, then closes the old run's file.
     std::uint32_t run_number = 0;
     std::uint64_t run_generation = 0;
+    // The expected-source set (Matcher::set_expected) these settings go with: its
+    // events are held back the same way when run_generation grows, and files of
+    // that set state expected_sources in their header.
+    std::uint32_t set_generation = 0;
 };
 
 // Called on the writer thread with the ids of events whose records the kernel has
@@ -69,7 +73,7 @@ private:
     std::size_t drain(std::size_t max_events);
     void write_event(Event* e);
     bool transition_done() const noexcept;
-    bool open_file(std::uint32_t run_number);
+    bool open_file(std::uint32_t run_number, std::uint32_t set_generation);
     void close_file();
     void flush_batch();
     // Returns the batch's slots and events to their owners; `lost`: they could not
@@ -102,6 +106,10 @@ private:
     mutable std::mutex name_mutex_;  // guards current_name_: set per file, read per scrape
     std::string current_name_;
     std::uint32_t file_run_ = 0;
+    std::uint32_t file_set_ = 0;
+    // Expected sources per set generation, as announced (newest last).
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> expected_by_set_;
+    std::uint32_t transition_set_ = 0;
     std::uint32_t next_seq_ = 0;
     std::uint64_t last_sync_ns_ = 0;
     std::uint64_t retry_open_after_ns_ = 0;

@@ -492,3 +492,41 @@ TEST_CASE("dead source: a flapping source is waited for again from the first eve
     CHECK(released == 18);
     CHECK(r.matcher.in_flight() == 0);
 }
+
+TEST_CASE("expected sources changed by the operator: events in flight finish under their set, later ones have no section for the removed") {
+    Rig r({0, 1, 2});
+    CHECK(r.feed({r.chunk(1, 0, 8, 0, 1, 1000), r.chunk(1, 1, 8, 0, 1, 1000)}).count == 0);
+    r.matcher.set_expected({1, 1, 0}, 1);
+    CHECK(r.matcher.take_set_markers() == 0);  // event 1 (of the earlier set) is in flight
+    // Event 2 needs only sources 0 and 1 and has two sections; source 2 opens nothing.
+    auto out = r.feed({r.chunk(2, 2, 8, 0, 1, 1000)});
+    CHECK(out.count == 0);
+    CHECK(r.counters.unknown_source.get() == 1);
+    out = r.feed({r.chunk(2, 0, 8, 0, 1, 1000), r.chunk(2, 1, 8, 0, 1, 1000)});
+    REQUIRE(out.count == 1);
+    CHECK(out.head->status == 0);
+    CHECK(out.head->record_sections() == 2);
+    auto s = scan_records({r.record(*out.head)}, 2);
+    CHECK(s.problems.empty());
+    std::vector<file::SectionView> secs;
+    REQUIRE(file::parse_sections(s.records[0], secs));
+    REQUIRE(secs.size() == 2);
+    CHECK(secs[1].source_id == 1);
+    r.release(out.head);
+    CHECK(r.matcher.take_set_markers() == 0);
+    // Event 1 still waits for source 2, under the set it started with.
+    out = r.feed({r.chunk(1, 2, 8, 0, 1, 1000)});
+    REQUIRE(out.count == 1);
+    CHECK(out.head->record_sections() == 3);
+    CHECK(out.head->status == 0);
+    r.release(out.head);
+    CHECK(r.matcher.take_set_markers() == 1);  // the earlier set has ended here
+    CHECK(r.matcher.take_set_markers() == 0);
+    // Back in: events wait for it again.
+    r.matcher.set_expected({1, 1, 1}, 2);
+    CHECK(r.matcher.take_set_markers() == 1);  // nothing was in flight
+    CHECK(r.feed({r.chunk(3, 0, 8, 0, 1, 1000), r.chunk(3, 1, 8, 0, 1, 1000)}).count == 0);
+    out = r.feed({r.chunk(3, 2, 8, 0, 1, 1000)});
+    REQUIRE(out.count == 1);
+    CHECK(out.head->record_sections() == 3);
+}

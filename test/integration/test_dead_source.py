@@ -5,15 +5,19 @@ push8k    9 sources expected, 8 send 40000 events at 8 kHz: at least 99.9% of th
           reported absent (metric, one log line). Then source 8 sends again with
           the others: the events from shortly after its return are complete, and
           it is reported present. Resident memory stays bounded.
+removed   the dead source taken out by a reload mid-run: the events after it are
+          complete with 8 sections, in a new file of the same run whose header says
+          8; brought back by another reload, 9 again.
 pull      the same in pull mode against the emulator serving 8 of 9 sources.
 1600      1600 sources expected, 1 of them dead; then 16 of them dead.
 Bounded in time: a few seconds of traffic per case."""
 import json
 import os
+import signal
 import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, events_in, free_udp_port, rss_kib, run_source, workdir
+from evbtest import BIN, Evbd, check, events_in, free_udp_port, rss_kib, run_source, verify, workdir
 
 
 def sections_missing(e):
@@ -101,11 +105,58 @@ def case_1600(wd, dead):
     check_dead(name, d.out, 0, events, list(range(1600 - dead, 1600)))
 
 
+def case_removed(wd):
+    """The operator takes the dead source out by reload mid-run, then brings it back."""
+    sub = os.path.join(wd, "removed")
+    cfg = os.path.join(sub, "evbd.json")
+
+    def write(sources):
+        with open(cfg + ".tmp", "w") as f:
+            json.dump({"sources": sources, "run_number": 3}, f)
+        os.replace(cfg + ".tmp", cfg)
+
+    write(9)
+    d = Evbd(sub, args=["--config", cfg])
+    rss0 = rss_kib(d.proc.pid)
+    run_source(["--to", f"127.0.0.1:{d.port}", "--run", 3, "--sources", 8, "--events", 8000, "--rate", 8000])
+    d.wait_metric("evb_events_written_total", lambda v: v >= 8000, timeout=30)
+    write(list(range(8)))
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_metric("evb_expected_sources", lambda v: v == 8, timeout=10)
+    run_source(["--to", f"127.0.0.1:{d.port}", "--run", 3, "--sources", 8, "--events", 8000, "--first", 8000,
+                "--rate", 8000])
+    d.wait_metric("evb_events_written_total", lambda v: v >= 16000, timeout=30)
+    write(9)  # back in
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_metric("evb_expected_sources", lambda v: v == 9, timeout=10)
+    run_source(["--to", f"127.0.0.1:{d.port}", "--run", 3, "--sources", 9, "--events", 2000, "--first", 16000,
+                "--rate", 8000])
+    d.wait_metric("evb_events_written_total", lambda v: v >= 18000, timeout=30)
+    rss1 = rss_kib(d.proc.pid)
+    rc = d.stop()
+    check(rc == 0, "removed: evbd stops cleanly")
+    evs, doc = events_in(d.out)
+    files = sorted(doc["files"], key=lambda f: f["header"]["file_sequence"])
+    check([f["header"]["run_number"] for f in files] == [3, 3, 3], "removed: three files, all of run 3")
+    check([f["header"]["expected_sources"] for f in files] == [9, 8, 9],
+          "removed: their headers say 9, then 8 expected sources after the reload, then 9 again")
+    middle = {e["event_id"]: e for e in files[1]["events"]}
+    ok = [i for i in range(8000, 16000) if middle.get(i, {}).get("status") == [] and len(middle[i]["sections"]) == 8]
+    check(len(ok) == 8000, f"removed: the 8000 events after the reload are complete with 8 sections ({len(ok)})")
+    last = {e["event_id"]: e for e in files[2]["events"]}
+    back = [i for i in range(16000, 18000) if last.get(i, {}).get("status") == [] and len(last[i]["sections"]) == 9]
+    check(len(back) == 2000, f"removed: brought back, the next 2000 events are complete with 9 sections ({len(back)})")
+    check(rss1 - rss0 < 64 * 1024, f"removed: resident memory bounded (+{(rss1 - rss0) // 1024} MiB)")
+    rc, text = verify([d.out])
+    check(rc == 0, "removed: evb-dump --verify --pattern passes")
+
+
 def main():
     wd = workdir()
-    for sub in ("push", "pull", "s1600-1", "s1600-16"):
+    for sub in ("push", "pull", "s1600-1", "s1600-16", "removed"):
         os.makedirs(os.path.join(wd, sub))
     case_push(wd)
+    case_removed(wd)
     case_pull(wd)
     case_1600(wd, 1)
     case_1600(wd, 16)
