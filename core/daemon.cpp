@@ -619,8 +619,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
                 if (before && !now) out += (out.empty() ? "" : ", ") + std::to_string(id);
                 if (!before && now) back += (back.empty() ? "" : ", ") + std::to_string(id);
             }
-            pipeline->set_expected_sources(expected, set_generation,
-                                           feeder != nullptr ? feeder->last_capture_ns() : realtime_ns());
+            pipeline->set_expected_sources(expected, set_generation);
             control.expected_sources.store(next->sources.size());
             log_info("reload ({}): {} expected sources from now on{}{}; the current file closes once the events "
                      "in flight are written, the run goes on in a new file",

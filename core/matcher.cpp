@@ -41,7 +41,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       source_timeout_ns_(s.sources.size() > 1 ? s.source_timeout_ns : 0),
       source_timeout_events_(s.sources.size() > 1 ? s.source_timeout_events : 0),
       seen_at_event_(s.sources.size(), 0),
-      seen_at_ns_(s.sources.size(), 0),
+      started_ns_(std::max<std::size_t>(s.source_timeout_events, 4096), 0),
       absent_(s.sources.size(), 0),
       expected_(s.sources.size(), 1),
       done_(s.max_events),
@@ -101,8 +101,8 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     e->removed_count = static_cast<std::uint32_t>(removed_list_.size());
     for (const std::uint32_t i : removed_list_) e->src[i].state = SourceState::kNotAwaited | SourceState::kRemoved;
     e->set_generation = set_generation_;
-    // The run's first event starts every source's silence clock.
-    if (events_started_++ == 0) std::fill(seen_at_ns_.begin(), seen_at_ns_.end(), now_ns);
+    started_ns_[events_started_ % started_ns_.size()] = now_ns;
+    ++events_started_;
     e->older = newest_;
     e->newer = nullptr;
     if (newest_) newest_->newer = e; else oldest_ = e;
@@ -172,7 +172,6 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
     }
     // Any chunk of a source counts as a sign of life, even a late or refused one.
     seen_at_event_[idx] = events_started_;
-    seen_at_ns_[idx] = now_ns;
     if (absent_[idx]) set_absent(static_cast<std::size_t>(idx), false);  // back: events wait for it again
 
     Event* e = map_.find(map_key(c->event_id, c->run_number));
@@ -342,14 +341,11 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
     }
 }
 
-void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation, std::uint64_t now_ns) {
+void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation) {
     for (std::size_t i = 0; i < expected_.size(); ++i) {
         const std::uint8_t was = expected_[i];
         expected_[i] = i < expected.size() ? expected[i] : 0;
-        if (expected_[i] && !was) {  // back in: its silence clock starts now, not when it was taken out
-            seen_at_event_[i] = events_started_;
-            seen_at_ns_[i] = now_ns;
-        }
+        if (expected_[i] && !was) seen_at_event_[i] = events_started_;  // back in: missed nothing yet
         if (!expected_[i] && absent_[i]) set_absent(i, false);  // removed: neither present nor absent
     }
     removed_list_.clear();
@@ -394,7 +390,11 @@ void Matcher::find_absent(std::uint64_t now_ns, EventList& out) noexcept {
         // The others went on: events started here since this source's last chunk.
         const std::uint64_t missed = events_started_ - seen_at_event_[i];
         if (missed == 0) continue;
-        const bool silent_long = source_timeout_ns_ != 0 && now_ns >= seen_at_ns_[i] + source_timeout_ns_;
+        // How long the first event it missed has waited for it (beyond the ring of
+        // start times, long enough: the count alone would have found it).
+        const bool silent_long =
+            source_timeout_ns_ != 0 &&
+            (missed > started_ns_.size() || now_ns >= started_ns_[seen_at_event_[i] % started_ns_.size()] + source_timeout_ns_);
         if (silent_long || (source_timeout_events_ != 0 && missed >= source_timeout_events_)) {
             set_absent(i, true);
             any = true;
@@ -466,7 +466,6 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     // Every source starts the new run present; the silence clocks restart with it.
     while (!absent_list_.empty()) set_absent(absent_list_.back(), false);
     std::fill(seen_at_event_.begin(), seen_at_event_.end(), events_started_);
-    std::fill(seen_at_ns_.begin(), seen_at_ns_.end(), now_ns);
     returns_.flush();
 }
 

@@ -78,7 +78,7 @@ public:
     // finish under the set they started with. `generation` numbers the sets; once
     // no event of an earlier set is in flight, take_set_markers() says how many
     // "set ended" markers to hand to the writer (one per change).
-    void set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation, std::uint64_t now_ns = 0);
+    void set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation);
     std::uint32_t take_set_markers() noexcept {
         if (older_in_flight_ != 0) return 0;
         const std::uint32_t n = pending_markers_;
@@ -137,15 +137,16 @@ private:
     std::uint32_t max_slots_;  // 0: no limit
     std::vector<std::uint32_t> solo_events_;  // per source: events it opened that nobody joined yet
     std::vector<std::uint32_t> held_slots_;   // per source: slots in its incomplete fragments
-    // Dead-source detection: events started in this shard, and per source when
-    // (event count, time) its last chunk arrived; absent sources listed.
+    // Dead-source detection: events started in this shard, the start times of the
+    // latest of them (a ring), and per source the count at its last chunk: the
+    // first event it missed is number seen_at_event_ (absent sources listed).
     std::uint64_t source_timeout_ns_;
     std::uint64_t source_timeout_events_;
     std::uint64_t events_started_ = 0;
     std::uint64_t next_absence_scan_ = 0;  // events_started_ at which to look again
     std::uint64_t last_absence_scan_ns_ = 0;
     std::vector<std::uint64_t> seen_at_event_;
-    std::vector<std::uint64_t> seen_at_ns_;
+    std::vector<std::uint64_t> started_ns_;
     std::vector<std::uint8_t> absent_;
     std::vector<std::uint32_t> absent_list_;
     // Expected-source set (live removal and return by the operator).

@@ -277,7 +277,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                 sh->matcher.give_up(in.event_id, in.run_number, in.now_ns, built);
                                 break;
                             case ShardInput::Kind::set_sources:
-                                sh->matcher.set_expected(*in.expected, in.run_number, in.now_ns);
+                                sh->matcher.set_expected(*in.expected, in.run_number);
                                 break;
                         }
                         // An expected-source set ends once none of its events is in flight
@@ -410,10 +410,9 @@ void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::ui
     shards_[shard]->put(ShardInput{ShardInput::Kind::give_up, nullptr, now_ns, event_id, run_number});
 }
 
-void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation,
-                                    std::uint64_t now_ns) {
+void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation) {
     for (auto& s : shards_) {
-        ShardInput m{ShardInput::Kind::set_sources, nullptr, now_ns, 0, generation};
+        ShardInput m{ShardInput::Kind::set_sources, nullptr, 0, 0, generation};
         m.expected = &expected;
         s->put(m);
     }

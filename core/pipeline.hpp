@@ -56,7 +56,7 @@ public:
     // `generation` numbers the change (see Matcher::set_expected). Returns once
     // every shard has taken it. Each shard hands the writer one marker when the
     // last event of the earlier set has gone by.
-    void set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation, std::uint64_t now_ns);
+    void set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation);
     // Pull mode: write this event INCOMPLETE now (out of retries).
     void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders, std::uint64_t now_ns) noexcept;
     // Pull mode: called on a driver thread with the id of every event the matcher

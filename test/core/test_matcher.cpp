@@ -530,3 +530,23 @@ TEST_CASE("expected sources changed by the operator: events in flight finish und
     REQUIRE(out.count == 1);
     CHECK(out.head->record_sections() == 3);
 }
+
+TEST_CASE("dead source: rate changes do not make a live source absent") {
+    Rig r(dead_source_settings());
+    std::uint64_t now = 0;
+    std::size_t complete = 0;
+    auto event = [&](std::uint64_t ev) {
+        // Each source's fragment comes a little later than the one before.
+        for (std::uint32_t s = 0; s < 3; ++s)
+            for (auto [id, status] : take(r, r.feed({r.chunk(ev, s, 8, 0, 1, 1000)}, now + s * 100'000)))
+                complete += status == 0 ? 1 : 0;
+    };
+    std::uint64_t ev = 0;
+    for (; ev < 100; ++ev, now += 100'000) event(ev);  // 10 kHz: far more than 8 events per 10 ms
+    for (; ev < 110; ++ev, now += 50 * kMs) event(ev);  // 20 Hz: 50 ms gaps, over the 10 ms timeout
+    for (; ev < 300; ++ev, now += 20'000) event(ev);    // 50 kHz again
+    EventList tick;
+    r.matcher.expire(now + 1000 * kMs, tick);  // a long pause: nobody sent, nobody is absent
+    for (std::size_t i = 0; i < 3; ++i) CHECK_FALSE(r.matcher.source_absent(i));
+    CHECK(complete == 300);
+}

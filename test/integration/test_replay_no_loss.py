@@ -51,15 +51,19 @@ def main():
     check(rc == 0, "evb-dump --verify --pattern passes")
     check("datagrams rejected: none" in log, "the stop line says no datagram was rejected")
 
-    # Source 8 is expected but absent from the capture: every event waits for it
-    # until its timeout, which only later capture time reaches, so a pool of 16
-    # events must refuse some; the replay says so and fails.
+    # Source 8 is expected but absent from the capture, and dead-source detection is
+    # held off: every event waits for it until its timeout, which only later capture
+    # time reaches, so a pool of 16 events must refuse some; the replay says so and
+    # fails. (With detection on, the default, source 8 is found absent and nothing
+    # is refused.)
     out2 = os.path.join(wd, "short")
     rc, log = replay(capture, out2, ["sources=9", "building.max_events_in_flight=16",
-                                     "building.timeout_ms=100000"])
+                                     "building.timeout_ms=100000", "building.source_timeout_ms=3600000",
+                                     "building.source_timeout_events=1048576"])
     check(rc != 0, f"a replay that refused datagrams for lack of room exits non-zero (rc {rc})")
     check("in_flight_limit=" in log, "its stop line names the in_flight_limit refusals")
 
 
 if __name__ == "__main__":
     main()
+
