@@ -160,7 +160,6 @@ WriterSettings make_writer_settings(const Config& c) {
     WriterSettings w;
     w.directory = c.output.directory;
     w.builder_id = c.builder_id;
-    w.expected_sources = static_cast<std::uint32_t>(c.sources.size());
     w.max_file_bytes = c.output.max_file_bytes;
     w.fsync = c.output.fsync;
     w.fsync_period_ms = c.output.fsync_period_ms;
@@ -398,6 +397,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     ReplayFeeder* feeder = nullptr;
     const bool pin_senders = cfg->input.pin_senders && !replay;
     rules.push_back(std::make_unique<AdmissionRules>(make_rules(*cfg, pin_senders)));
+    std::uint64_t rules_posted = 1;  // rule sets made so far (each with its own pins)
     if (replay) {
         auto f = std::make_unique<ReplayFeeder>(replay_settings, *pools[0], *pipeline, *reader_counters[0]);
         feeder = f.get();
@@ -464,6 +464,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     control.timeout_ms.store(cfg->building.timeout_ms);
     control.max_file_bytes.store(cfg->output.max_file_bytes);
     control.expected_sources.store(cfg->sources.size());
+    control.size_sources(cfg->sources.size());
     if (!sockets.empty()) {
         control.socket_buffer_bytes.store(sockets[0].receive_buffer_bytes);
         control.socket_buffer_capped.store(sockets[0].receive_buffer_capped);
@@ -629,6 +630,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         if (run_change) {
             current_run.store(next->run_number);
             rules.push_back(std::make_unique<AdmissionRules>(make_rules(*next, pin_senders)));
+            ++rules_posted;
             for (auto* q : input_commands) (void)q->try_push(rules.back().get());
             // Wait (bounded) until every input admits by the new run number, so no
             // old-run chunk can follow the run-end marker into a shard.
@@ -637,6 +639,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
                 while (input_applied(i) != rules.back().get() && std::chrono::steady_clock::now() < deadline)
                     ::usleep(1000);
             pipeline->end_run(feeder != nullptr ? feeder->last_capture_ns() : realtime_ns(), next->run_number);
+            pipeline->wait_idle();  // its markers are on their way before the next reload
             // Rules before the oldest that some input still uses are no longer read.
             while (rules.size() > 1) {
                 bool in_use = false;
@@ -672,9 +675,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     std::vector<std::uint8_t> source_reported(cfg->sources.size(), 0);
     std::uint64_t next_source_check_ns = 0;
     // Present/absent per source over all shards (absent while any shard holds it so),
-    // one log line and one count per transition.
+    // one log line and one count per transition (counts sized before the exporter).
     std::vector<std::uint8_t> source_absent(cfg->sources.size(), 0);
-    control.size_sources(cfg->sources.size());
     auto report_source_states = [&] {
         for (std::size_t i = 0; i < source_absent.size(); ++i) {
             std::uint8_t absent = 0;
@@ -691,14 +693,14 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
                 log_info("source {} is present again: events wait for it from the first one its data reached", cfg->sources[i]);
         }
     };
-    const SenderPins* reported_pins = nullptr;
+    std::uint64_t reported_rules = 0;  // rules_posted when the pins were last reported
     auto report_sources = [&](bool now_or_never) {
         const std::uint64_t now = monotonic_ns();
         if (now < next_source_check_ns && !now_or_never) return;
         next_source_check_ns = now + 1'000'000'000ull;
         if (const SenderPins* pins = rules.back()->pins.get()) {
-            if (pins != reported_pins) {  // a new run: report its sources afresh
-                reported_pins = pins;
+            if (rules_posted != reported_rules) {  // a new run: report its sources afresh
+                reported_rules = rules_posted;
                 for (auto& r : source_reported) r &= ~std::uint8_t{4};
             }
             for (std::size_t i = 0; i < pins->size() && i < source_reported.size(); ++i) {

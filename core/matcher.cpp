@@ -436,7 +436,9 @@ void Matcher::expire(std::uint64_t now_ns, EventList& out) {
 void Matcher::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, EventList& out) {
     reclaim();
     Event* e = map_.find(map_key(event_id, run_number));
-    if (e == nullptr && !is_late(event_id, run_number)) e = start_event(event_id, run_number, now_ns);
+    // Only an id actually built is skipped: an id below the late floor that was never
+    // built (its request lost for long) still gets its record, so its credit returns.
+    if (e == nullptr && !history(run_number).contains(event_id)) e = start_event(event_id, run_number, now_ns);
     if (e != nullptr) finish(e, false, now_ns, out);
     returns_.flush();
 }

@@ -308,11 +308,13 @@ int OutputFile::push_partial() {
     if (!direct_ || fd_ < 0 || stage_len_ == pushed_len_) return async_error_;
     if (async_error_ != 0) return async_error_;
     std::byte* buf = stages_ + current_ * kStageBytes;
+    // Only from the block the last push ended in: what came before is on disk.
+    const std::size_t from = pushed_len_ & ~(kBlock - 1);
     const std::size_t len = (stage_len_ + kBlock - 1) & ~(kBlock - 1);
     std::memset(buf + stage_len_, 0, len - stage_len_);  // no stale bytes of an earlier use in the padding
     if (disk_offset_ + kStageBytes > allocated_end_)
         if (const int e = allocate_ahead(); e != 0) return e;
-    if (const int e = write_all(fd_, buf, len, disk_offset_); e != 0) return e;
+    if (const int e = write_all(fd_, buf + from, len - from, disk_offset_ + from); e != 0) return e;
     pushed_len_ = stage_len_;
     return 0;
 }
@@ -442,7 +444,10 @@ void OutputFile::abandon() {
         // After a failed background write the file keeps what precedes it: a hole of
         // allocated zeros would hide the records after it from recovery anyway. The
         // header, written at open, stays in any case.
-        const std::uint64_t keep = std::max<std::uint64_t>(std::min(disk_offset_, failed_offset_), kHeaderBytes);
+        // What push_partial() wrote of the current stage is kept too: those records
+        // were counted written (kernel_offset) and in pull mode CLEARed.
+        const std::uint64_t keep =
+            std::max<std::uint64_t>(std::min(disk_offset_ + pushed_len_, failed_offset_), kHeaderBytes);
         (void)::ftruncate(fd_, static_cast<off_t>(keep));
     }
     if (fd_ >= 0) ::close(fd_);

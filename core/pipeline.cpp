@@ -4,6 +4,7 @@
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 
+#include <array>
 #include <bit>
 #include <thread>
 
@@ -201,14 +202,25 @@ struct Pipeline::Shard {
         : arena(fmt::format("shard-{}", id)),
           returns(std::move(pools), id),
           matcher(id, ms, arena, returns, c),
-          to_writer(ms.max_events + 64),  // + room for run-end markers
+          to_writer(ms.max_events + kMarkerRoom),
           inbox(inbox_capacity) {}
     alloc::Arena arena;
     alloc::ReturnBatcher returns;
     Matcher matcher;
     SpscRing<Event*> to_writer;
     Crc32cJoiner joiner;  // used by the serial assemble body only
-    Event marker{};  // stands for "run ended" on the matcher -> assembler edge
+    // Room in to_writer for "run ended" / "source set ended" markers (nullptr) the
+    // writer has not taken yet: one per run or source change (reloads wait for the
+    // graph, so they do not pile up while it works).
+    static constexpr std::size_t kMarkerRoom = 1024;
+    // On the matcher -> assembler edge a marker node stands for `record_length`
+    // markers in a row. A list can hold a node once only (it is linked through the
+    // node), so each body that sends markers takes the next of these nodes; a
+    // node comes round again only after 16 more marker lists, long after the
+    // assembler has passed it (a reload waits for the graph before the next).
+    std::array<Event, 16> markers{};
+    std::size_t next_marker = 0;
+    bool is_marker(const Event* e) const noexcept { return e >= markers.data() && e < markers.data() + markers.size(); }
     std::atomic<bool> tick_queued{false};
     Inbox inbox;
     Driver* driver = nullptr;
@@ -261,6 +273,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                         // thread, dispatched inside libtbb, out of TSan's view.
                         handoff_acquire(&sh->matcher);
                         EventList built;
+                        std::uint32_t markers = 0;  // to follow the events built here
                         switch (in.kind) {
                             case ShardInput::Kind::chunks: sh->matcher.add_chunks(in.head, in.now_ns, built); break;
                             case ShardInput::Kind::tick:
@@ -270,7 +283,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                             case ShardInput::Kind::flush: sh->matcher.flush(in.now_ns, built); break;
                             case ShardInput::Kind::end_run:
                                 sh->matcher.end_run(in.run_number, in.now_ns, built);
-                                built.push(&sh->marker);
+                                ++markers;
                                 break;
                             case ShardInput::Kind::set_timeout: sh->matcher.set_timeout_ns(in.now_ns); break;
                             case ShardInput::Kind::give_up:
@@ -282,12 +295,17 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                         }
                         // An expected-source set ends once none of its events is in flight
                         // here: its marker follows them to the writer (as a run's does).
-                        for (std::uint32_t m = sh->matcher.take_set_markers(); m > 0; --m) built.push(&sh->marker);
+                        markers += sh->matcher.take_set_markers();
+                        if (markers > 0) {
+                            Event& m = sh->markers[sh->next_marker++ % sh->markers.size()];
+                            m.record_length = markers;
+                            built.push(&m);
+                        }
                         handoff_release(&sh->matcher);
                         if (built.head) {
                             if (built_hook_)
                                 for (const Event* e = built.head; e != nullptr; e = e->next_out)
-                                    if (e != &sh->marker) built_hook_(e->event_id);
+                                    if (!sh->is_marker(e)) built_hook_(e->event_id);
                             handoff_release(&sh->assemble);
                             std::get<0>(out).try_put(built.head);
                         }
@@ -301,16 +319,16 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                         std::size_t n = 0;
                         while (e != nullptr) {
                             Event* next = e->next_out;
-                            if (e == &sh->marker) {
-                                batch[n++] = nullptr;  // the writer counts these per shard
-                            } else {
-                                assemble(*e, sh->joiner);
-                                batch[n++] = e;
-                            }
-                            if (n == 64) {
-                                // Cannot fail: the ring holds the shard's whole event pool.
-                                (void)sh->to_writer.try_push_n(batch, n);
-                                n = 0;
+                            const std::uint32_t copies = sh->is_marker(e) ? e->record_length : 1;
+                            if (!sh->is_marker(e)) assemble(*e, sh->joiner);
+                            for (std::uint32_t k = 0; k < copies; ++k) {
+                                batch[n++] = sh->is_marker(e) ? nullptr : e;  // the writer counts markers per shard
+                                if (n == 64) {
+                                    // Cannot fail: the ring holds the shard's whole event pool
+                                    // and kMarkerRoom markers.
+                                    (void)sh->to_writer.try_push_n(batch, n);
+                                    n = 0;
+                                }
                             }
                             e = next;
                         }

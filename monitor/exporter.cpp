@@ -174,7 +174,7 @@ std::vector<FamilyOut> collect(const Sources& s) {
         out.push_back(std::move(h));
         FamilyOut st{"evb_source_state",
                      "1 while the source is present, 0 while it is absent (sent nothing while the others went on; events "
-                     "do not wait for it).",
+                     "do not wait for it). A source taken out by reload reads 1 (evb_expected_sources counts the set).",
                      T::gauge, {}, {}};
         FamilyOut tr{"evb_source_state_transitions_total", "Times the source became absent (to=\"absent\") or present again.",
                      T::counter, {}, {}};

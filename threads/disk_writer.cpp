@@ -34,7 +34,6 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
       done_pending_(done_rings_.size()),
       markers_(inputs_.size(), 0),
       held_(inputs_.size()) {
-    expected_by_set_.emplace_back(s.set_generation, s.expected_sources);
     iov_.reserve(kMaxIov + 4096);
     unsettled_.reserve(std::size_t{1} << 16);
     settled_ids_.reserve(256);
@@ -53,18 +52,14 @@ std::size_t DiskWriter::pending() const noexcept {
     return n;
 }
 
-bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set) {
+bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t expected) {
     const std::uint64_t now = realtime_ns();
     if (now < retry_open_after_ns_) return false;
     ::mkdir(s_.directory.c_str(), 0755);
     if (run != file_run_) next_seq_ = 0;
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
-    std::uint32_t expected = s_.expected_sources;
-    for (auto it = expected_by_set_.rbegin(); it != expected_by_set_.rend(); ++it)
-        if (it->first == set) {
-            expected = it->second;
-            break;
-        }
+    // The header states what the file's records hold: one section per source
+    // expected by the set they were built under (the event's own count).
     file::FileHeader h{run, seq, s_.builder_id, expected, now};
     if (const int e = file_.open(s_.directory, h, s_.direct_io); e != 0) {
         counters_.write_errors.add();
@@ -278,7 +273,7 @@ void DiskWriter::write_event(Event* e) {
         held_for_retry_.push_back(e);
         return;
     }
-    if (!file_.is_open() && !open_file(e->run_number, e->set_generation)) {
+    if (!file_.is_open() && !open_file(e->run_number, e->set_generation, e->record_sections())) {
         // No file to write to: hold the event (and all after it) until a retry works.
         held_for_retry_.push_back(e);
         blocked_ = true;
@@ -341,8 +336,6 @@ std::size_t DiskWriter::do_work() {
         s_.max_file_bytes = next->max_file_bytes;
         s_.fsync = next->fsync;
         s_.fsync_period_ms = next->fsync_period_ms;
-        if (expected_by_set_.empty() || expected_by_set_.back().first != next->set_generation)
-            expected_by_set_.emplace_back(next->set_generation, next->expected_sources);
         if (next->run_generation > s_.run_generation) {
             s_.run_generation = next->run_generation;
             s_.run_number = next->run_number;

@@ -28,7 +28,6 @@ namespace evb {
 struct WriterSettings {
     std::string directory;
     std::uint32_t builder_id = 0;
-    std::uint32_t expected_sources = 0;
     std::uint64_t max_file_bytes = 1ull << 30;
     FsyncPolicy fsync = FsyncPolicy::on_close;
     std::uint32_t fsync_period_ms = 0;
@@ -39,8 +38,8 @@ struct WriterSettings {
     std::uint32_t run_number = 0;
     std::uint64_t run_generation = 0;
     // The expected-source set (Matcher::set_expected) these settings go with: its
-    // events are held back the same way when run_generation grows, and files of
-    // that set state expected_sources in their header.
+    // events are held back the same way when run_generation grows. (A file's header
+    // states the sections its events have, taken from the events.)
     std::uint32_t set_generation = 0;
 };
 
@@ -73,7 +72,7 @@ private:
     std::size_t drain(std::size_t max_events);
     void write_event(Event* e);
     bool transition_done() const noexcept;
-    bool open_file(std::uint32_t run_number, std::uint32_t set_generation);
+    bool open_file(std::uint32_t run_number, std::uint32_t set_generation, std::uint32_t expected_sources);
     void close_file();
     void flush_batch();
     // Returns the batch's slots and events to their owners; `lost`: they could not
@@ -107,8 +106,6 @@ private:
     std::string current_name_;
     std::uint32_t file_run_ = 0;
     std::uint32_t file_set_ = 0;
-    // Expected sources per set generation, as announced (newest last).
-    std::vector<std::pair<std::uint32_t, std::uint32_t>> expected_by_set_;
     std::uint32_t transition_set_ = 0;
     std::uint32_t next_seq_ = 0;
     std::uint64_t last_sync_ns_ = 0;

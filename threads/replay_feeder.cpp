@@ -22,12 +22,18 @@ void ReplayFeeder::wait_for_room(std::uint32_t shard) {
         budget_[shard] = room.free;
         return;
     }
+    if (writer_stuck_) {  // once waited 10 s in vain (the output is blocked): feed on
+        budget_[shard] = 1;
+        return;
+    }
     room_waits_.fetch_add(1, std::memory_order_relaxed);
     // The writer returns events as it writes them: wait for those. Events still
     // being built wait for input not fed yet (or for a timeout only later input's
     // time reaches): then feed on, and the matcher refuses and counts what does
-    // not fit. The time limit is a safety net only.
-    for (int waited_ms = 0; room.writing > 0 && waited_ms < 10'000; ++waited_ms) {
+    // not fit. A writer that returns nothing for 10 s (its disk refuses data) is
+    // not waited for again.
+    int waited_ms = 0;
+    for (; room.writing > 0 && waited_ms < 10'000; ++waited_ms) {
         const timespec ts{0, 1'000'000};
         ::nanosleep(&ts, nullptr);
         room = sink_.settled_room(shard);
@@ -36,7 +42,11 @@ void ReplayFeeder::wait_for_room(std::uint32_t shard) {
             return;
         }
     }
-    if (!warned_stall_) {
+    if (waited_ms == 10'000) {
+        writer_stuck_ = true;
+        log_warn("replay: the writer returned no event for 10 s (is the output blocked?); feeding on, and what does "
+                 "not fit is refused and counted");
+    } else if (!warned_stall_) {
         log_warn("replay: shard {} has building.max_events_in_flight events waiting for data later in the capture; "
                  "what does not fit is refused and counted (raise building.max_events_in_flight)",
                  shard);

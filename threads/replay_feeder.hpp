@@ -79,6 +79,7 @@ private:
     std::vector<std::size_t> budget_;  // per shard: events it can still start, as last settled
     std::atomic<std::uint64_t> room_waits_{0};
     bool warned_stall_ = false;
+    bool writer_stuck_ = false;
     bool failed_ = false;
     std::atomic<bool> finished_{false};
 };

@@ -65,7 +65,6 @@ int main() {
     ps.matcher.timeout_ns = 10'000'000'000ull;
     WriterSettings ws;
     ws.directory = dir;
-    ws.expected_sources = kSources;
     ws.max_file_bytes = 1ull << 40;  // no rotation while measuring
     ws.fsync = FsyncPolicy::never;
     test::PipelineRig rig(ps, ws, 8192, 2048, 32u << 20);

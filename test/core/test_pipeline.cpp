@@ -50,7 +50,6 @@ PipelineSettings two_sources(std::uint32_t shards, std::uint32_t max_events) {
 WriterSettings writer_into(const std::string& dir) {
     WriterSettings ws;
     ws.directory = dir;
-    ws.expected_sources = 2;
     ws.fsync = FsyncPolicy::never;
     return ws;
 }
@@ -154,6 +153,20 @@ TEST_CASE("Pipeline: a run change while the new run's data already arrives write
 
 TEST_CASE("DiskWriter with O_DIRECT tells the written hook only of records the kernel has") {
     test::TempDir dir;
+    {
+        // Where the filesystem refuses O_DIRECT (tmpfs) the writer falls back to the
+        // page cache and this test would prove nothing: say so instead of passing.
+        file::OutputFile probe;
+        REQUIRE(probe.open(dir.path(), file::FileHeader{1, 99, 0, 2, 0}, true) == 0);
+        const bool fell_back = probe.direct_fallback();
+        probe.abandon();
+        std::filesystem::remove_all(dir.path());
+        std::filesystem::create_directory(dir.path());
+        if (fell_back) {
+            WARN("the test directory's filesystem refuses O_DIRECT: not tested here");
+            return;
+        }
+    }
     const PipelineSettings ps = two_sources(1, 256);
     WriterSettings ws = writer_into(dir.path());
     ws.direct_io = true;
@@ -189,4 +202,44 @@ TEST_CASE("DiskWriter with O_DIRECT tells the written hook only of records the k
     ::close(out);
     CHECK(reported.size() == 20);
     CHECK(missing_from_disk.empty());
+}
+
+TEST_CASE("Pipeline: one reload that changes both the run and the expected sources hands the writer both markers") {
+    test::TempDir dir;
+    PipelineSettings ps = two_sources(1, 64);
+    WriterSettings ws = writer_into(dir.path());
+    ws.run_number = 1;
+    test::PipelineRig rig(ps, ws, 1024, 256, 8u << 20);
+    rig.start();
+    const int out = net::open_udp_for(rig.to, 1u << 20);
+    auto wait_for = [](auto&& cond) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!cond() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        return cond();
+    };
+    send_fragment(out, rig.to, 1, 0, 0);  // run 1's event 0 stays open
+    REQUIRE(wait_for([&] { return rig.pipeline.events_in_flight() == 1; }));
+    // As the daemon's reload: the writer first (two transitions), then the sources,
+    // then the readers and the run end. The old set's last event leaves with the run
+    // end, so one matcher body sends both markers.
+    WriterSettings next = ws;
+    next.run_number = 2;
+    next.run_generation = 2;
+    next.set_generation = 1;
+    REQUIRE(rig.writer.commands().try_push(&next));
+    const std::vector<std::uint8_t> expected{1, 1};
+    rig.pipeline.set_expected_sources(expected, 1);
+    AdmissionRules run2;
+    run2.run_number = 2;
+    REQUIRE(rig.reader.commands().try_push(&run2));
+    REQUIRE(wait_for([&] { return rig.reader.applied() == &run2; }));
+    rig.pipeline.end_run(0, 2);
+    rig.pipeline.wait_idle();
+    for (std::uint64_t e = 0; e < 4; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send_fragment(out, rig.to, 2, s, e);
+    CHECK(wait_for([&] { return rig.writer_counters.events_written.get() == 5; }));
+    rig.stop();
+    ::close(out);
+    CHECK(rig.writer_counters.events_written.get() == 5);
+    CHECK(rig.writer_counters.files_closed.get() == 2);
 }
