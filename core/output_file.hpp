@@ -66,6 +66,10 @@ public:
     // the stage to fill (the writer calls it when it runs out of events). The stage
     // goes on filling and is written again when full. Returns 0 or an errno value.
     int push_partial();
+    // The bytes before this offset have been handed to the kernel (written, or
+    // submitted and maybe still in flight): push_partial() helps only records
+    // that end beyond it.
+    std::uint64_t submitted_offset() const noexcept { return direct_ ? disk_offset_ + pushed_len_ : offset_; }
     // Writes index and footer, syncs when `sync` is set, closes and renames to `.evb`.
     int close_clean(bool sync);
     // Closes without index or footer and leaves the `.part` name (used after a write

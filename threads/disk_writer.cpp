@@ -19,6 +19,10 @@ constexpr std::size_t kMaxIov = 4096;            // flush once the gather list i
 // stages (OutputFile::kStageBytes each) can still be taken back.
 constexpr std::size_t kMaxBatchBytes = 4u << 20;
 constexpr std::size_t kMaxEventsPerWork = 1024;
+// O_DIRECT: how long a record may wait in a stage that is not full before the
+// writer, out of events, writes the partial stage out (see do_work).
+constexpr std::uint64_t kPushAfterNs = 20'000'000;
+constexpr std::uint64_t kSettlePollNs = 500'000;
 
 }  // namespace
 
@@ -201,7 +205,7 @@ void DiskWriter::release_batch(bool lost) {
         payload += event_payload;
         records += e->record_length;
         end += e->record_length;
-        if (!lost) unsettled_.push_back({end, e->event_id, event_payload, e->record_length});
+        if (!lost) unsettled_.push_back({end, e->event_id, event_payload, e->record_length, now});
         counters_.write_latency.observe(now > e->built_unix_ns ? now - e->built_unix_ns : 0);
         done_pending_[e->shard].push_back(e);
     }
@@ -217,8 +221,7 @@ void DiskWriter::release_batch(bool lost) {
     if (lost) counters_.events_lost_write_error.add(batch_.size());
     batch_.clear();
     // The slots went back already: the bytes are in the file's pages or staging
-    // buffer. Whether the kernel has them is another matter (settle).
-    if (!lost && file_.is_open()) settle(file_.kernel_offset());
+    // buffer. Whether the kernel has them is another matter (settle, in do_work).
 }
 
 void DiskWriter::settle(std::uint64_t kernel_offset) {
@@ -352,11 +355,20 @@ std::size_t DiskWriter::do_work() {
     }
     const std::size_t n = drain(kMaxEventsPerWork);
     counters_.queue_depth.set(pending());
-    if (unsettled_head_ < unsettled_.size() && file_.is_open()) {
-        // Out of events with records not yet with the kernel (O_DIRECT): hand the
-        // partial stage over now rather than when it fills, so that pull mode's
-        // credits come back and the counts move at any rate.
-        if (n == 0) (void)file_.push_partial();  // a failure shows at the next write
+    // Settled after every pass that wrote, and while waiting (the runner spins before
+    // it parks) at most every kSettlePollNs: kernel_offset() asks the kernel which
+    // O_DIRECT writes have finished, a system call not to be made per spin.
+    const std::uint64_t now_ns = unsettled_head_ < unsettled_.size() ? realtime_ns() : 0;
+    if (unsettled_head_ < unsettled_.size() && file_.is_open() && (n > 0 || now_ns >= next_settle_poll_ns_)) {
+        next_settle_poll_ns_ = now_ns + kSettlePollNs;
+        // Records not yet with the kernel (O_DIRECT) that have waited kPushAfterNs
+        // while the writer ran out of events: hand the partial stage over now rather
+        // than when it fills, so that pull mode's credits come back and the counts
+        // move at any rate. At a high rate stages fill first and nothing is written
+        // twice.
+        const Unsettled& oldest = unsettled_[unsettled_head_];
+        if (n == 0 && oldest.end > file_.submitted_offset() && now_ns >= oldest.written_ns + kPushAfterNs)
+            (void)file_.push_partial();  // a failure shows at the next write
         settle(file_.kernel_offset());
     }
     if (s_.fsync == FsyncPolicy::periodic && file_.is_open()) {
@@ -374,7 +386,9 @@ void DiskWriter::on_idle() {
         doorbell_.park(std::chrono::milliseconds(100), [] { return false; });
         return;
     }
-    doorbell_.park(std::chrono::milliseconds(50), [this] { return pending() > 0; });
+    // With records waiting for their stage, wake in time to push it (do_work).
+    const bool unsettled = unsettled_head_ < unsettled_.size();
+    doorbell_.park(std::chrono::milliseconds(unsettled ? 10 : 50), [this] { return pending() > 0; });
 }
 
 void DiskWriter::on_close() {

@@ -86,6 +86,7 @@ private:
         std::uint64_t event_id;
         std::uint64_t payload_bytes;
         std::uint32_t record_bytes;
+        std::uint64_t written_ns;  // when the writer handed it to the file
     };
     void settle(std::uint64_t kernel_offset);
     // The file is closed: settled up to `kernel_offset`, the rest counted lost.
@@ -122,6 +123,7 @@ private:
 
     std::vector<Unsettled> unsettled_;  // in file order, from unsettled_head_ on
     std::size_t unsettled_head_ = 0;
+    std::uint64_t next_settle_poll_ns_ = 0;
     std::vector<std::uint64_t> settled_ids_;
     std::vector<iovec> iov_;          // gather list of the batch being written
     std::vector<Event*> batch_;       // events in iov_
