@@ -295,13 +295,29 @@ std::string status_page(const Sources& s) {
         run = s.control->run_number.load();
     }
     if (s.open_files) files = s.open_files();
-    {
-    }
     std::string rows;
     auto row = [&](const std::string& k, const std::string& v) { rows += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, v); };
     row("run", std::to_string(run));
     row("uptime", fmt::format("{:.0f} s", up));
-    row("expected sources", std::to_string(s.sources.size()));
+    row("expected sources", std::to_string(s.control != nullptr && s.control->expected_sources.load() != 0
+                                               ? s.control->expected_sources.load()
+                                               : s.sources.size()));
+    {
+        // Sources that sent nothing while the others went on (events do not wait for them).
+        std::string absent;
+        std::size_t n = 0;
+        for (std::size_t i = 0; i < s.sources.size(); ++i) {
+            bool is_absent = false;
+            for (const auto* m : s.matchers)
+                if (i < m->sources && m->source_absent[i].get() != 0) is_absent = true;
+            if (!is_absent) continue;
+            if (++n <= 32) absent += (absent.empty() ? "" : ", ") + std::to_string(s.sources[i]);
+        }
+        if (n > 32) absent += fmt::format(" and {} more", n - 32);
+        row("absent sources", n == 0 ? std::string("none")
+                                     : fmt::format("<b style=\"color:#b00\">{} {}</b> (events written without {})",
+                                                   n == 1 ? "source" : "sources", absent, n == 1 ? "it" : "them"));
+    }
     row("datagrams received", fmt::format("{:.0f} (average {:.0f}/s)", dgrams, up > 0 ? dgrams / up : 0));
     row("bytes received", fmt::format("{:.0f} (average {:.1f} MB/s)", bytes, up > 0 ? bytes / up / 1e6 : 0));
     row("kernel drops", fmt::format("{:.0f}", drops));
