@@ -38,7 +38,7 @@ TEST_CASE("sender_key: IPv4 and IPv4-mapped IPv6 are one address, other IPv6 add
     CHECK(sender_key_text(sender_key(v6("2001:db8::1"))) == "an IPv6 address");
 }
 
-TEST_CASE("SenderPins: the first address of a source wins; others are refused and counted") {
+TEST_CASE("SenderPins: the first address of a source wins, others are refused and counted") {
     SenderPins pins({3, 7, 2000000});  // a sparse id beyond the dense table too
     const auto board = sender_key(v4("10.0.0.3"));
     const auto stranger = sender_key(v4("10.0.0.99"));

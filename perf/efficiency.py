@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""CPU per byte of evbd against a bare receiver, on the same traffic, in one invocation.
+
+    python3 perf/efficiency.py --bin build/bin --dir /var/tmp/evb-eff [--mb 400] [--runs 1]
+
+For each datagram size (8972 and 1472 bytes: 8 sources, one chunk per fragment, the
+fixed payload) the full rate is first measured as what evb-source sends into a bare
+receiver (`evb-limits --sink`: recvmmsg into 64 buffers, count, nothing else). Then,
+at 10%, 30%, 60% and 100% of that rate, the same traffic goes once into the bare
+receiver and once into evbd on its defaults with buffered output and with
+output.direct_io, and the CPU seconds each process used (utime + stime from
+/proc/PID/stat, from start to the last datagram written) are divided by the GB of
+datagrams sent. The table gives CPU s/GB of each and the ratio evbd / bare per cell,
+and evbd's CPU per thread. Runs of a cell are alternated (bare, buffered, direct)
+and medians reported. It never checks a figure against a target: it measures.
+Python standard library only.
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = (8972, 1472)
+FRACTIONS = (0.1, 0.3, 0.6, 1.0)
+SOURCES = 8
+
+
+def free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid):
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def source_cmd(bin_dir, port, size, events, rate):
+    payload = size - 40
+    cmd = [os.path.join(bin_dir, "evb-source"), "--to", f"127.0.0.1:{port}", "--sources", str(SOURCES),
+           "--events", str(events), "--size", str(payload), "--chunk", str(payload), "--payload", "fixed", "--json"]
+    if rate:
+        cmd += ["--rate", str(int(rate))]
+    return cmd
+
+
+def run_bare(bin_dir, size, events, rate):
+    port = free_port()
+    sink = subprocess.Popen([os.path.join(bin_dir, "evb-limits"), "--sink", f"127.0.0.1:{port}", "--idle-exit", "1",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    time.sleep(0.3)
+    c0 = cpu_seconds(sink.pid)
+    src = json.loads(subprocess.run(source_cmd(bin_dir, port, size, events, rate), capture_output=True, text=True,
+                                    timeout=600).stdout)
+    c1 = cpu_seconds(sink.pid)  # before the idle second it waits to exit
+    out, _ = sink.communicate(timeout=30)
+    got = json.loads(out)
+    return {"cpu_s": c1 - c0, "gb": src["bytes"] / 1e9, "sent_per_s": src["bytes"] / max(src["seconds"], 1e-9),
+            "received": got.get("datagrams", 0), "sent": src["datagrams"]}
+
+
+def run_evbd(bin_dir, size, events, rate, direct, data_dir):
+    port = free_port()
+    shutil.rmtree(data_dir, ignore_errors=True)
+    log = data_dir + ".log"
+    with open(log, "w") as out:
+        evbd = subprocess.Popen([os.path.join(bin_dir, "evbd"), "--set", f"input.listen=127.0.0.1:{port}",
+                                 "--set", f"output.directory={data_dir}", "--set", "monitor.listen=127.0.0.1:0",
+                                 "--set", f"output.direct_io={'true' if direct else 'false'}"],
+                                stdout=out, stderr=subprocess.STDOUT)
+    # The clock starts once evbd is up (its receive buffers made resident).
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        with open(log) as f:
+            if "building run" in f.read():
+                break
+        time.sleep(0.05)
+    time.sleep(0.2)
+    c0, t0 = cpu_seconds(evbd.pid), thread_cpu(evbd.pid)
+    src = json.loads(subprocess.run(source_cmd(bin_dir, port, size, events, rate), capture_output=True, text=True,
+                                    timeout=600).stdout)
+    time.sleep(0.3)  # the last events reach the disk
+    c1, t1 = cpu_seconds(evbd.pid), thread_cpu(evbd.pid)
+    evbd.terminate()
+    evbd.wait(timeout=60)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    threads = {k: round(v - t0.get(k, 0.0), 3) for k, v in t1.items() if v - t0.get(k, 0.0) > 0}
+    return {"cpu_s": c1 - c0, "gb": src["bytes"] / 1e9, "threads": threads}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default="build/bin")
+    ap.add_argument("--dir", required=True, help="where evbd writes (a disk, not tmpfs: O_DIRECT)")
+    ap.add_argument("--mb", type=float, default=400, help="MB of datagrams per run (default 400)")
+    ap.add_argument("--runs", type=int, default=1, help="runs per cell and program (medians reported)")
+    ap.add_argument("--json", help="also write every figure to this file")
+    a = ap.parse_args()
+    os.makedirs(a.dir, exist_ok=True)
+    results = []
+    for size in SIZES:
+        per_event = SOURCES * size
+        events = max(1000, int(a.mb * 1e6 / per_event))
+        full = run_bare(a.bin, size, events, 0)
+        full_rate = full["sent_per_s"] / per_event  # events/s the sender reaches into a bare receiver
+        for frac in FRACTIONS:
+            rate = 0 if frac == 1.0 else full_rate * frac
+            cell = {"size": size, "fraction": frac, "events_per_s": round(rate if rate else full_rate),
+                    "bare": [], "buffered": [], "direct": [], "threads_buffered": None, "threads_direct": None}
+            for _ in range(a.runs):
+                b = run_bare(a.bin, size, events, rate)
+                cell["bare"].append(b["cpu_s"] / b["gb"])
+                for direct in (False, True):
+                    e = run_evbd(a.bin, size, events, rate, direct, os.path.join(a.dir, "data"))
+                    key = "direct" if direct else "buffered"
+                    cell[key].append(e["cpu_s"] / e["gb"])
+                    cell["threads_" + key] = {k: round(v / e["gb"], 3) for k, v in e["threads"].items()}
+            results.append(cell)
+            print(json.dumps(cell), file=sys.stderr, flush=True)
+    print("| datagram | rate (events/s) | bare CPU s/GB | evbd buffered s/GB | ratio | evbd O_DIRECT s/GB | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for c in results:
+        bare = statistics.median(c["bare"])
+        buf = statistics.median(c["buffered"])
+        dio = statistics.median(c["direct"])
+        label = "full" if c["fraction"] == 1.0 else f"{int(c['fraction'] * 100)}%"
+        print(f"| {c['size']} B | {label} ({c['events_per_s']}) | {bare:.2f} | {buf:.2f} | {buf / bare:.1f}x | "
+              f"{dio:.2f} | {dio / bare:.1f}x |")
+    print()
+    print("evbd CPU s/GB per thread (last run of each cell):")
+    for c in results:
+        label = "full" if c["fraction"] == 1.0 else f"{int(c['fraction'] * 100)}%"
+        print(f"- {c['size']} B {label}: buffered {c['threads_buffered']}; O_DIRECT {c['threads_direct']}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
