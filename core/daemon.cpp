@@ -136,7 +136,8 @@ AdmissionRules make_rules(const Config& c, bool pin_senders) {
         // Only the address matters; accept "ADDR" as well as "ADDR:PORT".
         const bool has_port = a.find("]:") != std::string::npos ||
                               (a.find(':') != std::string::npos && a.find(':') == a.rfind(':'));
-        r.allowed_senders.push_back(net::parse_endpoint(has_port ? a : (a.find(':') != std::string::npos ? "[" + a + "]:0" : a + ":0")));
+        const net::Endpoint e = net::parse_endpoint(has_port ? a : (a.find(':') != std::string::npos ? "[" + a + "]:0" : a + ":0"));
+        r.allowed_sender_keys.push_back(sender_key(e.addr));
     }
     return r;
 }
@@ -679,9 +680,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     std::vector<std::uint8_t> source_absent(cfg->sources.size(), 0);
     auto report_source_states = [&] {
         for (std::size_t i = 0; i < source_absent.size(); ++i) {
-            std::uint8_t absent = 0;
-            for (const auto& m : pipeline->counters())
-                if (i < m->sources && m->source_absent[i].get() != 0) absent = 1;
+            const std::uint8_t absent = monitor::source_absent(msrc.matchers, i) ? 1 : 0;
             if (absent == source_absent[i]) continue;
             source_absent[i] = absent;
             (absent ? control.source_went_absent : control.source_came_back)[i].fetch_add(1, std::memory_order_relaxed);

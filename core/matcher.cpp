@@ -8,8 +8,6 @@
 namespace evb {
 
 namespace {
-constexpr std::size_t kDenseLimit = 1u << 20;
-
 // Events in flight are found by id and run: while a run changes, the readers admit
 // the next run before the old one's events are all built, and both runs may use
 // the same ids. Mixing the run into the key keeps their events apart; a chunk that
@@ -23,7 +21,7 @@ std::uint64_t map_key(std::uint64_t event_id, std::uint32_t run) noexcept {
 Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& arena,
                  alloc::ReturnBatcher& slot_returns, stats::MatcherCounters& counters)
     : shard_(shard),
-      sources_(s.sources),
+      source_index_(s.sources),
       timeout_ns_(s.timeout_ns),
       returns_(slot_returns),
       counters_(counters),
@@ -47,13 +45,9 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       done_(s.max_events),
       done_scratch_(s.max_events) {
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
-    if (!sources_.empty() && sources_.back() < kDenseLimit) {
-        dense_index_.assign(sources_.back() + 1, -1);
-        for (std::size_t i = 0; i < sources_.size(); ++i) dense_index_[sources_[i]] = static_cast<std::int32_t>(i);
-    }
     free_.reserve(s.max_events);
     absent_list_.reserve(s.sources.size());
-    const std::size_t n = sources_.size();
+    const std::size_t n = source_index_.size();
     for (std::size_t i = s.max_events; i-- > 0;) {
         Event& e = events_[i];
         e.shard = shard_;
@@ -61,15 +55,9 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
         e.src = states_.data() + i * n;
         e.meta = meta_.data() + i * event_meta_bytes(n);
         // Section headers keep their source id for the pool's lifetime.
-        for (std::size_t k = 0; k < n; ++k) wire::store_u32(e.section_header(static_cast<std::uint32_t>(k)), sources_[k]);
+        for (std::size_t k = 0; k < n; ++k) wire::store_u32(e.section_header(static_cast<std::uint32_t>(k)), source_index_.id(k));
         free_.push_back(&e);
     }
-}
-
-int Matcher::source_index(std::uint32_t id) const noexcept {
-    if (!dense_index_.empty()) return id < dense_index_.size() ? dense_index_[id] : -1;
-    const auto it = std::lower_bound(sources_.begin(), sources_.end(), id);
-    return (it != sources_.end() && *it == id) ? static_cast<int>(it - sources_.begin()) : -1;
 }
 
 void Matcher::reclaim() noexcept {
@@ -164,7 +152,7 @@ void Matcher::drop_fragment(SourceState& s, std::size_t idx) noexcept {
 }
 
 void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexcept {
-    const int idx = source_index(c->source_id);
+    const int idx = source_index_(c->source_id);
     if (idx < 0) {
         counters_.unknown_source.add();
         drop(c);
@@ -378,9 +366,12 @@ void Matcher::set_absent(std::size_t idx, bool absent) noexcept {
 void Matcher::find_absent(std::uint64_t now_ns, EventList& out) noexcept {
     if (source_timeout_ns_ == 0 && source_timeout_events_ == 0) return;
     // A scan costs one look per source: made every source_timeout_events / 8
-    // events started, and every millisecond of time.
+    // events started, and every source_timeout_ns / 16 of time (at least 1 ms):
+    // detection comes at most that much late, and 1600 sources are not read
+    // thousands of times a second.
     const bool by_events = source_timeout_events_ != 0 && events_started_ >= next_absence_scan_;
-    const bool by_time = source_timeout_ns_ != 0 && now_ns >= last_absence_scan_ns_ + 1'000'000;
+    const bool by_time = source_timeout_ns_ != 0 &&
+                         now_ns >= last_absence_scan_ns_ + std::max<std::uint64_t>(1'000'000, source_timeout_ns_ / 16);
     if (!by_events && !by_time) return;
     next_absence_scan_ = events_started_ + std::max<std::uint64_t>(1, source_timeout_events_ / 8);
     if (by_time) last_absence_scan_ns_ = now_ns;

@@ -11,6 +11,7 @@
 #include "allocators/buffer_pool.hpp"
 #include "core/event.hpp"
 #include "core/flat_map.hpp"
+#include "core/source_index.hpp"
 #include "monitor/counters.hpp"
 #include "threads/spsc_ring.hpp"
 
@@ -92,7 +93,6 @@ public:
     std::size_t pool_size() const noexcept { return pool_size_; }
 
 private:
-    int source_index(std::uint32_t source_id) const noexcept;
     Event* start_event(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns) noexcept;
     void finish(Event* ev, bool complete, std::uint64_t now_ns, EventList& out) noexcept;
     void drop(ChunkMeta* c) noexcept { returns_.add(c->owner, c->slot); }
@@ -115,8 +115,7 @@ private:
     void drop_fragment(SourceState& s, std::size_t idx) noexcept;
 
     std::uint16_t shard_;
-    std::vector<std::uint32_t> sources_;
-    std::vector<std::int32_t> dense_index_;  // source id -> section, when ids are small
+    SourceIndex source_index_;  // source id -> section
     std::uint64_t timeout_ns_;
     alloc::ReturnBatcher& returns_;
     stats::MatcherCounters& counters_;

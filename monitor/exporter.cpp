@@ -66,6 +66,12 @@ FamilyOut histogram(std::string name, std::string help, const std::vector<const 
 
 }  // namespace
 
+bool source_absent(const std::vector<const stats::MatcherCounters*>& matchers, std::size_t i) noexcept {
+    for (const auto* m : matchers)
+        if (i < m->sources && m->source_absent[i].get() != 0) return true;
+    return false;
+}
+
 std::vector<FamilyOut> collect(const Sources& s) {
     using T = FamilyOut::Type;
     std::vector<FamilyOut> out;
@@ -179,11 +185,8 @@ std::vector<FamilyOut> collect(const Sources& s) {
         FamilyOut tr{"evb_source_state_transitions_total", "Times the source became absent (to=\"absent\") or present again.",
                      T::counter, {}, {}};
         for (std::size_t i = 0; i < s.sources.size(); ++i) {
-            double absent = 0;
-            for (const auto* m : M)
-                if (i < m->sources && m->source_absent[i].get() != 0) absent = 1;
             const std::string id = std::to_string(s.sources[i]);
-            st.samples.push_back({{{"source", id}}, 1 - absent, {}, 0});
+            st.samples.push_back({{{"source", id}}, source_absent(M, i) ? 0.0 : 1.0, {}, 0});
             if (s.control != nullptr && s.control->source_went_absent) {
                 tr.samples.push_back({{{"source", id}, {"to", "absent"}},
                                       static_cast<double>(s.control->source_went_absent[i].load(std::memory_order_relaxed)), {}, 0});
@@ -307,10 +310,7 @@ std::string status_page(const Sources& s) {
         std::string absent;
         std::size_t n = 0;
         for (std::size_t i = 0; i < s.sources.size(); ++i) {
-            bool is_absent = false;
-            for (const auto* m : s.matchers)
-                if (i < m->sources && m->source_absent[i].get() != 0) is_absent = true;
-            if (!is_absent) continue;
+            if (!source_absent(s.matchers, i)) continue;
             if (++n <= 32) absent += (absent.empty() ? "" : ", ") + std::to_string(s.sources[i]);
         }
         if (n > 32) absent += fmt::format(" and {} more", n - 32);

@@ -38,6 +38,10 @@ struct ControlState {
     std::string last_reload_message = "none yet";
 };
 
+// Whether any shard holds source index i absent (dead-source detection): the one
+// reading of the shards' flags, for the metrics, the status page and the log.
+bool source_absent(const std::vector<const stats::MatcherCounters*>& matchers, std::size_t i) noexcept;
+
 struct Sources {
     std::vector<const stats::ReaderCounters*> readers;
     std::vector<const stats::MatcherCounters*> matchers;

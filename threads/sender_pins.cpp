@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
-#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -11,7 +10,6 @@ namespace evb {
 
 namespace {
 constexpr std::uint64_t kIpv4Tag = std::uint64_t{1} << 32;
-constexpr std::size_t kDenseLimit = 1u << 20;
 
 std::uint64_t hash_key() {
     static const std::uint64_t key = [] {
@@ -47,21 +45,10 @@ std::string sender_key_text(std::uint64_t key) {
 }
 
 SenderPins::SenderPins(const std::vector<std::uint32_t>& sources)
-    : sources_(sources), slots_(std::make_unique<Slot[]>(sources.size())) {
-    if (!sources_.empty() && sources_.back() < kDenseLimit) {
-        dense_.assign(sources_.back() + 1, -1);
-        for (std::size_t i = 0; i < sources_.size(); ++i) dense_[sources_[i]] = static_cast<std::int32_t>(i);
-    }
-}
-
-int SenderPins::index(std::uint32_t id) const noexcept {
-    if (!dense_.empty()) return id < dense_.size() ? dense_[id] : -1;
-    const auto it = std::lower_bound(sources_.begin(), sources_.end(), id);
-    return (it != sources_.end() && *it == id) ? static_cast<int>(it - sources_.begin()) : -1;
-}
+    : index_(sources), slots_(std::make_unique<Slot[]>(sources.size())) {}
 
 bool SenderPins::admit(std::uint32_t source_id, std::uint64_t key) noexcept {
-    const int i = index(source_id);
+    const int i = index_(source_id);
     if (i < 0) return true;
     Slot& s = slots_[static_cast<std::size_t>(i)];
     std::uint64_t pinned = s.pinned.load(std::memory_order_relaxed);

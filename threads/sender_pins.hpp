@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/source_index.hpp"
+
 namespace evb {
 
 // The address a datagram came from, as one comparable number: IPv4 (also when it
@@ -27,21 +29,19 @@ public:
     // True when `source_id` is unknown (the matcher counts it), not yet pinned (it is
     // pinned now, to `key`), or pinned to `key`. False: refuse and count.
     bool admit(std::uint32_t source_id, std::uint64_t key) noexcept;
-    std::size_t size() const noexcept { return sources_.size(); }
-    std::uint32_t source(std::size_t i) const noexcept { return sources_[i]; }
+    std::size_t size() const noexcept { return index_.size(); }
+    std::uint32_t source(std::size_t i) const noexcept { return index_.id(i); }
     std::uint64_t pinned(std::size_t i) const noexcept { return slots_[i].pinned.load(std::memory_order_relaxed); }
     std::uint64_t mismatches(std::size_t i) const noexcept { return slots_[i].mismatches.load(std::memory_order_relaxed); }
     std::uint64_t last_stranger(std::size_t i) const noexcept { return slots_[i].stranger.load(std::memory_order_relaxed); }
 
 private:
-    int index(std::uint32_t source_id) const noexcept;
     struct Slot {
         std::atomic<std::uint64_t> pinned{0};      // 0: not yet
         std::atomic<std::uint64_t> mismatches{0};  // written by any reader: only on refusals
         std::atomic<std::uint64_t> stranger{0};    // the last address refused
     };
-    std::vector<std::uint32_t> sources_;
-    std::vector<std::int32_t> dense_;  // source id -> slot, when ids are small
+    SourceIndex index_;  // source id -> slot
     std::unique_ptr<Slot[]> slots_;
 };
 

@@ -4,6 +4,7 @@
 #include <sys/prctl.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/clock.hpp"
@@ -74,13 +75,10 @@ SocketReader::SocketReader(std::uint16_t /*id: names the thread; the pool carrie
       armed_(batch, kNone),
       batches_(sink.shard_count()) {}
 
-bool sender_allowed(const std::vector<net::Endpoint>& allowed, const sockaddr_storage& from) noexcept {
+bool sender_allowed(const std::vector<std::uint64_t>& allowed_keys, const sockaddr_storage& from) noexcept {
     // One comparable form for both families: IPv4 whole, IPv4-mapped IPv6 as IPv4,
     // other IPv6 by a keyed hash of its 16 bytes.
-    const std::uint64_t key = sender_key(from);
-    for (const auto& a : allowed)
-        if (sender_key(a.addr) == key) return true;
-    return false;
+    return std::find(allowed_keys.begin(), allowed_keys.end(), sender_key(from)) != allowed_keys.end();
 }
 
 std::size_t SocketReader::do_work() {
@@ -110,7 +108,7 @@ std::size_t SocketReader::do_work() {
         return 0;
     }
     // The sender's address is only looked at when the rules restrict senders.
-    recv_.want_senders(!rules_->allowed_senders.empty() || rules_->pins);
+    recv_.want_senders(!rules_->allowed_sender_keys.empty() || rules_->pins);
     const int got = recv_.receive(fd_, n, false);
     if (got <= 0) {
         if (got < 0) counters_.receive_errors.add();
@@ -127,7 +125,7 @@ std::size_t SocketReader::do_work() {
         int shard = -1;
         if (recv_.truncated(i)) {
             counters_.truncated.add();
-        } else if (!rules_->allowed_senders.empty() && !sender_allowed(rules_->allowed_senders, recv_.sender(i))) {
+        } else if (!rules_->allowed_sender_keys.empty() && !sender_allowed(rules_->allowed_sender_keys, recv_.sender(i))) {
             counters_.disallowed_sender.add();
         } else {
             shard = admit_datagram(pool_, idx, len, *rules_, shards, counters_);

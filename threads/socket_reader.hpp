@@ -44,14 +44,16 @@ struct AdmissionRules {
     std::uint32_t run_number = 0;
     std::uint32_t builders = 1;
     std::uint32_t builder_id = 0;
-    std::vector<net::Endpoint> allowed_senders;  // empty: everyone (port ignored)
+    // input.allowed_senders as sender_key()s, made once per rule set: empty lets
+    // everyone in (the port is ignored).
+    std::vector<std::uint64_t> allowed_sender_keys;
     // input.pin_senders: this run's table (shared by the readers), or none.
     std::shared_ptr<SenderPins> pins;
 };
 
-// Whether `from` is one of `allowed` (address only; an IPv4 sender arriving
+// Whether `from` is one of the allowed keys (address only; an IPv4 sender arriving
 // IPv4-mapped on an IPv6 socket matches its IPv4 entry, and the other way round).
-bool sender_allowed(const std::vector<net::Endpoint>& allowed, const sockaddr_storage& from) noexcept;
+bool sender_allowed(const std::vector<std::uint64_t>& allowed_keys, const sockaddr_storage& from) noexcept;
 
 // Parses one datagram in slot `idx` of `pool`: either fills its ChunkMeta (the
 // payload's CRC32C included) and returns the shard to hand it to, or counts the

@@ -192,3 +192,8 @@ def rss_kib(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
+
+
+def write_text(path, text):
+    with open(path, "w") as f:
+        f.write(text)

@@ -9,14 +9,9 @@ import signal
 import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, fail, run_source, verify, workdir
+from evbtest import BIN, check, Evbd, fail, run_source, verify, workdir, write_text as write
 
 LEVELS = 50_000
-
-
-def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
 
 
 def main():

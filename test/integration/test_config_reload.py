@@ -9,7 +9,7 @@ import subprocess
 import threading
 import time
 
-from evbtest import BIN, Evbd, check, events_in, fail, run_source, verify, workdir
+from evbtest import BIN, check, Evbd, events_in, fail, run_source, verify, workdir, write_text as write
 
 BAD = {
     "syntax": ('{\n  "sources": 4,\n  "building": {"timeout_ms": 10,}\n}\n', ":3:"),
@@ -18,11 +18,6 @@ BAD = {
     "out of range": ('{"building": {"timeout_ms": 0}}', "building.timeout_ms: 0 is out of range"),
     "contradiction": ('{"mode": "pull"}', "pull.source_addresses: pull mode needs at least one source address"),
 }
-
-
-def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
 
 
 def main():
