@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "allocators/arena.hpp"
-#include "threads/spsc_ring.hpp"
-#include "threads/wait.hpp"
+#include "allocators/handoff/spsc_ring.hpp"
+#include "allocators/handoff/wait.hpp"
 
 namespace evb::alloc {
 

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "allocators/arena.hpp"
-#include "core/wire.hpp"
+#include "core/format/wire.hpp"
 #include "monitor/http_server.hpp"
 
 #ifndef EVB_VERSION

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "monitor/counters.hpp"
+#include "core/model/counters.hpp"
 
 namespace evb::monitor {
 

@@ -9,9 +9,9 @@
 // The hot path writes the test pattern straight into preallocated send buffers and
 // hands them to sendmmsg; nothing is allocated, logged or timed per datagram.
 
-#include "core/crc32c.hpp"
-#include "core/pattern.hpp"
-#include "core/wire.hpp"
+#include "core/format/crc32c.hpp"
+#include "core/format/pattern.hpp"
+#include "core/format/wire.hpp"
 #include "net/udp.hpp"
 
 #include <arpa/inet.h>

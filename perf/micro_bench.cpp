@@ -22,14 +22,14 @@
 
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
-#include "core/crc32c.hpp"
-#include "core/event.hpp"
-#include "core/file_format.hpp"
-#include "core/matcher.hpp"
-#include "core/output_file.hpp"
-#include "core/pattern.hpp"
-#include "core/wire.hpp"
-#include "monitor/counters.hpp"
+#include "core/format/crc32c.hpp"
+#include "core/model/event.hpp"
+#include "core/format/file_format.hpp"
+#include "core/model/matcher.hpp"
+#include "core/io/output_file.hpp"
+#include "core/format/pattern.hpp"
+#include "core/format/wire.hpp"
+#include "core/model/counters.hpp"
 #include "threads/socket_reader.hpp"
 
 using namespace evb;

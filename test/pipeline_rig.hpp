@@ -12,7 +12,7 @@
 
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
-#include "core/pipeline.hpp"
+#include "threads/pipeline.hpp"
 #include "net/udp.hpp"
 #include "threads/disk_writer.hpp"
 #include "threads/runner.hpp"

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <fmt/format.h>
 
-#include "core/clock.hpp"
-#include "core/log.hpp"
+#include "core/util/clock.hpp"
+#include "core/util/log.hpp"
 
 namespace evb {
 

@@ -15,13 +15,13 @@
 #include <vector>
 
 #include "allocators/buffer_pool.hpp"
-#include "core/event.hpp"
-#include "core/config.hpp"
-#include "core/output_file.hpp"
-#include "monitor/counters.hpp"
+#include "core/model/event.hpp"
+#include "core/config/config.hpp"
+#include "core/io/output_file.hpp"
+#include "core/model/counters.hpp"
 #include "threads/runner.hpp"
-#include "threads/spsc_ring.hpp"
-#include "threads/wait.hpp"
+#include "allocators/handoff/spsc_ring.hpp"
+#include "allocators/handoff/wait.hpp"
 
 namespace evb {
 

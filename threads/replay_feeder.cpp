@@ -4,8 +4,8 @@
 
 #include <cstring>
 
-#include "core/clock.hpp"
-#include "core/log.hpp"
+#include "core/util/clock.hpp"
+#include "core/util/log.hpp"
 
 namespace evb {
 

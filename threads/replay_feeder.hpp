@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "allocators/buffer_pool.hpp"
-#include "monitor/counters.hpp"
+#include "core/model/counters.hpp"
 #include "net/pcap_source.hpp"
 #include "threads/runner.hpp"
 #include "threads/socket_reader.hpp"

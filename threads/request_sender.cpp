@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <bit>
 
-#include "core/clock.hpp"
-#include "core/log.hpp"
-#include "core/wire.hpp"
+#include "core/util/clock.hpp"
+#include "core/util/log.hpp"
+#include "core/format/wire.hpp"
 
 namespace evb {
 

@@ -25,13 +25,13 @@
 #include <string>
 #include <vector>
 
-#include "core/flat_map.hpp"
-#include "core/wire.hpp"
+#include "core/model/flat_map.hpp"
+#include "core/format/wire.hpp"
 #include "net/udp.hpp"
 #include "threads/retry_timer.hpp"
 #include "threads/runner.hpp"
-#include "threads/spsc_ring.hpp"
-#include "threads/wait.hpp"
+#include "allocators/handoff/spsc_ring.hpp"
+#include "allocators/handoff/wait.hpp"
 
 namespace evb {
 

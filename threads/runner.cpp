@@ -4,9 +4,9 @@
 
 #include <cstring>
 
-#include "core/log.hpp"
+#include "core/util/log.hpp"
 #include "threads/affinity.hpp"
-#include "threads/wait.hpp"
+#include "allocators/handoff/wait.hpp"
 
 namespace evb {
 

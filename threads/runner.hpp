@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-#include "threads/wait.hpp"
+#include "allocators/handoff/wait.hpp"
 
 namespace evb {
 

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/clock.hpp"
-#include "core/crc32c.hpp"
+#include "core/util/clock.hpp"
+#include "core/format/crc32c.hpp"
 
 namespace evb {
 

@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "allocators/buffer_pool.hpp"
-#include "core/config.hpp"
-#include "core/event.hpp"
-#include "monitor/counters.hpp"
+#include "core/config/config.hpp"
+#include "core/model/event.hpp"
+#include "core/model/counters.hpp"
 #include "net/udp.hpp"
 #include "threads/runner.hpp"
-#include "threads/sender_pins.hpp"
-#include "threads/spsc_ring.hpp"
+#include "core/model/sender_pins.hpp"
+#include "allocators/handoff/spsc_ring.hpp"
 
 namespace evb {
 

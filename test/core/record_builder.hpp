@@ -9,9 +9,9 @@
 #include <span>
 #include <vector>
 
-#include "core/crc32c.hpp"
-#include "core/file_format.hpp"
-#include "core/pattern.hpp"
+#include "core/format/crc32c.hpp"
+#include "core/format/file_format.hpp"
+#include "core/format/pattern.hpp"
 
 namespace evb::test {
 

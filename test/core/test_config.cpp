@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config.hpp"
+#include "core/config/config.hpp"
 
 using evb::ConfigError;
 using evb::load_config;

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/crc32c.hpp"
+#include "core/format/crc32c.hpp"
 
 namespace {
 

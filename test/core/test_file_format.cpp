@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "core/crc32c.hpp"
-#include "core/file_format.hpp"
-#include "core/output_file.hpp"
-#include "core/wire.hpp"
+#include "core/format/crc32c.hpp"
+#include "core/format/file_format.hpp"
+#include "core/io/output_file.hpp"
+#include "core/format/wire.hpp"
 #include "test/core/record_builder.hpp"
 
 namespace fs = std::filesystem;

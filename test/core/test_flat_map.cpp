@@ -3,7 +3,7 @@
 #include <random>
 #include <unordered_map>
 
-#include "core/flat_map.hpp"
+#include "core/model/flat_map.hpp"
 
 using evb::FlatMap;
 using evb::RecentSet;

@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <string>
 
-#include "core/file_format.hpp"
-#include "core/output_file.hpp"
+#include "core/format/file_format.hpp"
+#include "core/io/output_file.hpp"
 #include "test/core/record_builder.hpp"
 #include "test/temp_dir.hpp"
 

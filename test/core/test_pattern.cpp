@@ -5,7 +5,7 @@
 #include <random>
 #include <vector>
 
-#include "core/pattern.hpp"
+#include "core/format/pattern.hpp"
 
 namespace {
 

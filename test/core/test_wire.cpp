@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/wire.hpp"
+#include "core/format/wire.hpp"
 
 using evb::wire::FragmentHeader;
 using evb::wire::FragmentView;

@@ -4,7 +4,7 @@
 #include <span>
 #include <vector>
 
-#include "core/file_format.hpp"
+#include "core/format/file_format.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     const std::span<const std::byte> img(reinterpret_cast<const std::byte*>(data), size);

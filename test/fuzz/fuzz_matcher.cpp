@@ -9,9 +9,9 @@
 
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
-#include "core/event.hpp"
-#include "core/file_format.hpp"
-#include "core/matcher.hpp"
+#include "core/model/event.hpp"
+#include "core/format/file_format.hpp"
+#include "core/model/matcher.hpp"
 #include "threads/socket_reader.hpp"
 
 using namespace evb;

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <span>
 
-#include "core/wire.hpp"
+#include "core/format/wire.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     const std::span<const std::byte> d(reinterpret_cast<const std::byte*>(data), size);

@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/wire.hpp"
+#include "core/format/wire.hpp"
 #include "net/udp.hpp"
 #include "threads/request_sender.hpp"
 #include "threads/retry_timer.hpp"

@@ -1,0 +1,99 @@
+// Bounded single-producer single-consumer ring of trivially copyable items.
+//
+// Each index lives on its own cache line and each side caches the other side's
+// index, so a push or pop touches the shared line only when the cached view says
+// the ring looks full (producer) or empty (consumer). Bulk calls move many items
+// with one release store: hand-offs are batched, never one atomic per item.
+#pragma once
+
+#include <atomic>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <type_traits>
+
+#include "allocators/handoff/cache_line.hpp"
+
+namespace evb {
+
+template <typename T>
+class SpscRing {
+    static_assert(std::is_trivially_copyable_v<T>, "ring items are copied with plain stores");
+
+public:
+    explicit SpscRing(std::size_t min_capacity)
+        : capacity_(std::bit_ceil(min_capacity < 2 ? std::size_t{2} : min_capacity)),
+          mask_(capacity_ - 1),
+          items_(std::make_unique<T[]>(capacity_)) {}
+
+    SpscRing(const SpscRing&) = delete;
+    SpscRing& operator=(const SpscRing&) = delete;
+
+    std::size_t capacity() const noexcept { return capacity_; }
+
+    // Producer side.
+    [[nodiscard]] bool try_push(const T& item) noexcept { return try_push_n(&item, 1) == 1; }
+
+    // Pushes up to n items, returns how many fitted.
+    [[nodiscard]] std::size_t try_push_n(const T* items, std::size_t n) noexcept {
+        const std::uint64_t tail = producer_.tail.load(std::memory_order_relaxed);
+        std::size_t room = capacity_ - static_cast<std::size_t>(tail - producer_.cached_head);
+        if (room < n) {
+            // Acquire pairs with the consumer's release in try_pop_n: slots it has
+            // released are no longer read, so overwriting them is safe.
+            producer_.cached_head = consumer_.head.load(std::memory_order_acquire);
+            room = capacity_ - static_cast<std::size_t>(tail - producer_.cached_head);
+        }
+        if (n > room) n = room;
+        for (std::size_t i = 0; i < n; ++i) items_[(tail + i) & mask_] = items[i];
+        // Release publishes the item stores above before the consumer sees the tail.
+        producer_.tail.store(tail + n, std::memory_order_release);
+        return n;
+    }
+
+    // Consumer side.
+    [[nodiscard]] bool try_pop(T& out) noexcept { return try_pop_n(&out, 1) == 1; }
+
+    [[nodiscard]] std::size_t try_pop_n(T* out, std::size_t max) noexcept {
+        const std::uint64_t head = consumer_.head.load(std::memory_order_relaxed);
+        std::size_t avail = static_cast<std::size_t>(consumer_.cached_tail - head);
+        if (avail < max) {
+            // Acquire pairs with the producer's release: item stores are visible.
+            consumer_.cached_tail = producer_.tail.load(std::memory_order_acquire);
+            avail = static_cast<std::size_t>(consumer_.cached_tail - head);
+        }
+        const std::size_t n = avail < max ? avail : max;
+        for (std::size_t i = 0; i < n; ++i) out[i] = items_[(head + i) & mask_];
+        // Release: our reads of these slots happen before the producer reuses them.
+        consumer_.head.store(head + n, std::memory_order_release);
+        return n;
+    }
+
+    // Either side, approximate (for metrics).
+    std::size_t size_approx() const noexcept {
+        return static_cast<std::size_t>(producer_.tail.load(std::memory_order_relaxed) -
+                                        consumer_.head.load(std::memory_order_relaxed));
+    }
+
+private:
+    struct alignas(kFalseSharingBytes) ProducerSide {
+        std::atomic<std::uint64_t> tail{0};
+        std::uint64_t cached_head = 0;
+    };
+    struct alignas(kFalseSharingBytes) ConsumerSide {
+        std::atomic<std::uint64_t> head{0};
+        std::uint64_t cached_tail = 0;
+    };
+    static_assert(sizeof(ProducerSide) == kFalseSharingBytes);
+    static_assert(sizeof(ConsumerSide) == kFalseSharingBytes);
+
+    const std::size_t capacity_;
+    const std::size_t mask_;
+    std::unique_ptr<T[]> items_;
+    ProducerSide producer_;
+    ConsumerSide consumer_;
+};
+
+}  // namespace evb

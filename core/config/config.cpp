@@ -1,0 +1,514 @@
+#include "core/config/config.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <thread>
+
+namespace evb {
+
+using nlohmann::json;
+
+ConfigError::ConfigError(std::vector<std::string> p)
+    : std::runtime_error([&] {
+          std::string s = "invalid configuration:";
+          for (const auto& x : p) s += "\n  " + x;
+          return s;
+      }()),
+      problems(std::move(p)) {}
+
+namespace {
+
+enum class Kind { uint, boolean, string, string_list, int_list, sources, fsync, choice };
+
+struct Key {
+    const char* path;
+    Kind kind;
+    json def;
+    std::uint64_t min = 0;
+    std::uint64_t max = UINT64_MAX;
+    bool live = false;
+    const char* doc = "";
+    std::vector<const char*> choices = {};
+};
+
+// The schema. Order here is the order of docs/CONFIG.md and --print-config.
+const std::vector<Key>& schema() {
+    static const std::vector<Key> keys = {
+        {"builder_id", Kind::uint, 0, 0, 999, false, "This builder's id: in file names, REQUEST/CLEAR datagrams and the event partition."},
+        {"builders", Kind::uint, 1, 1, 999, false, "How many builders share the event stream: event e belongs to builder e % builders."},
+        {"run_number", Kind::uint, 1, 0, 999999, true, "Current run. Changing it by reload ends the run (in-flight events finished, file closed) and starts the new one; fragments of other runs are counted as wrong-run and dropped."},
+        {"mode", Kind::choice, "push", 0, 0, false, "\"push\": sources send on their own; \"pull\": the builder requests events under a credit limit.", {"push", "pull"}},
+        {"sources", Kind::sources, 8, 1, 65535, true, "Expected sources: a count N (ids 0..N-1) or an array of distinct ids. Every event gets one section per expected source. A reload may take sources out and bring them back (within the set evbd started with; adding others needs a restart): the current file closes and the run goes on in a new file whose header states the new number; events in flight finish under the set they started with."},
+        {"input.listen", Kind::string, "127.0.0.1:7400", 0, 0, false, "UDP address the socket readers bind (HOST:PORT or [V6]:PORT)."},
+        {"input.readers", Kind::uint, 1, 1, 16, false, "Socket-reader threads; more than one binds the port with SO_REUSEPORT."},
+        {"input.socket_buffer_bytes", Kind::uint, 64ull << 20, 65536, 2ull << 30, false, "SO_RCVBUF(FORCE) request per socket. A kernel cap is logged and exported as a metric."},
+        {"input.max_datagram_bytes", Kind::uint, 9000, 48, 65535, false, "Largest datagram accepted; longer ones are counted as truncated and dropped."},
+        {"input.batch", Kind::uint, 64, 1, 1024, false, "Datagrams per recvmmsg call."},
+        {"input.coalesce_us", Kind::uint, 100, 0, 10000, false, "After a receive that did not fill the batch while data flows, a reader sleeps this long before the next, so that each wake-up of it and of the threads after it handles more datagrams (the socket buffer holds them meanwhile). Adds at most this much latency; 0 receives again at once. Off when the socket buffer granted is under 4 MiB."},
+        {"input.spin_loops", Kind::uint, 0, 0, 1000000, false, "Empty non-blocking receives a reader retries before it blocks in poll(). 0 suits a builder sharing its cores; raise it on dedicated cores to trade CPU for wake-up latency."},
+        {"input.cpus", Kind::int_list, json::array(), 0, 0, false, "CPU to pin reader i to (entry i); empty: no pinning."},
+        {"input.allowed_senders", Kind::string_list, json::array(), 0, 0, false, "When not empty, only datagrams from these IP addresses are accepted; others are counted and dropped."},
+        {"input.pin_senders", Kind::boolean, true, 0, 0, false, "Each source id belongs to the address its first datagram of the run came from; its datagrams from any other address are counted (evb_rejected_datagrams_total{reason=\"sender_mismatch\"}) and dropped. A run change pins again. Not applied to --replay."},
+        {"building.timeout_ms", Kind::uint, 1000, 1, 3600000, true, "An event not complete this long after its first fragment is written INCOMPLETE."},
+        {"building.workers", Kind::uint, 0, 0, 64, false, "Threads that run the oneTBB flow graph (matching and assembly), each in a task arena of its own (at most one per shard); 0 means the CPUs evbd may use less one per reader and one for the writer, from 1 to 4 (1 on a 2-core machine)."},
+        {"building.shards", Kind::uint, 0, 0, 256, false, "Matcher shards (events routed by id); 0 means one per worker."},
+        {"building.max_events_in_flight", Kind::uint, 4096, 16, 1u << 20, false, "Events being built or waiting to be written (all shards). A fragment that would start one more is counted and dropped (evb_malformed_datagrams_total{reason=\"in_flight_limit\"}); size it above the writer's backlog when the disk stalls."},
+        {"building.max_buffer_bytes", Kind::uint, 512ull << 20, 1ull << 20, 64ull << 30, false, "Memory for receive buffers (all readers), made resident at start (evbd refuses to start if, with the event pools, it exceeds 90% of what the process may allocate: MemAvailable, or a cgroup memory limit less its usage). When all are in use the readers stop reading and the kernel's drops are counted."},
+        {"building.source_timeout_ms", Kind::uint, 0, 0, 3600000, false, "A source that has sent nothing this long while the others went on is marked absent: events stop waiting for it (written INCOMPLETE, its section MISSING, as soon as every present source is in) until it sends again. 0: half of building.timeout_ms."},
+        {"building.source_timeout_events", Kind::uint, 0, 0, 1u << 20, false, "A source is also marked absent once the others have started this many events (per shard) without it, if that comes before building.source_timeout_ms. 0: a quarter of a shard's events in flight (building.max_events_in_flight / shards / 4), so that events waiting for a dead source never hold more than that, at any trigger rate."},
+        {"building.late_window", Kind::uint, 65536, 16, 1u << 24, false, "Built event ids remembered per shard to recognise late fragments."},
+        {"output.directory", Kind::string, "evb-data", 0, 0, false, "Directory for the output files (created if missing)."},
+        {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
+        {"output.direct_io", Kind::boolean, false, 0, 0, false, "Write through an aligned staging buffer with O_DIRECT."},
+        {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
+        {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
+        {"pull.first_event", Kind::uint, 0, 0, UINT64_MAX, false, "First event id requested in pull mode."},
+        {"pull.events", Kind::uint, 0, 0, UINT64_MAX, false, "Events to request before stopping; 0: no limit."},
+        {"pull.credits", Kind::uint, 64, 1, 1u << 20, true, "Events requested and not yet written, at most."},
+        {"pull.request_batch", Kind::uint, 16, 1, 8000, true, "Event ids per REQUEST datagram."},
+        {"pull.source_addresses", Kind::string_list, json::array(), 0, 0, false, "Addresses (HOST:PORT) that REQUEST and CLEAR datagrams go to."},
+        {"pull.retry_ms", Kind::uint, 100, 1, 600000, true, "Shortest retry period: an event not written this long after its request is requested again (longer when events take longer; see OPERATIONS.md)."},
+        {"pull.max_retries", Kind::uint, 5, 0, 1000, true, "Re-requests before the event is written INCOMPLETE."},
+        {"replay.filter", Kind::string, "port", 0, 0, false, "--replay: which captured UDP datagrams are fed in: \"port\" (destination port of input.listen), \"udp\" (all), or a libpcap filter expression."},
+        {"log.level", Kind::choice, "info", 0, 0, true, "Log level.", {"debug", "info", "warn", "error"}},
+        {"user", Kind::string, "", 0, 0, false, "When started as root: the user to switch to after binding sockets."},
+    };
+    return keys;
+}
+
+const char* kind_name(Kind k) {
+    switch (k) {
+        case Kind::uint: return "unsigned integer";
+        case Kind::boolean: return "boolean";
+        case Kind::string: return "string";
+        case Kind::string_list: return "array of strings";
+        case Kind::int_list: return "array of integers";
+        case Kind::sources: return "count or array of ids";
+        case Kind::fsync: return "\"never\", \"close\" or integer ms";
+        case Kind::choice: return "string";
+    }
+    return "?";
+}
+
+json* lookup(json& root, const std::string& path, bool create) {
+    json* cur = &root;
+    std::size_t start = 0;
+    while (true) {
+        const auto dot = path.find('.', start);
+        const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        if (!cur->is_object()) return nullptr;
+        if (!cur->contains(part)) {
+            if (!create) return nullptr;
+            (*cur)[part] = dot == std::string::npos ? json() : json::object();
+        }
+        cur = &(*cur)[part];
+        if (dot == std::string::npos) return cur;
+        start = dot + 1;
+    }
+}
+
+bool is_uint(const json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0); }
+
+std::string show(const json& v) {
+    std::string s = v.dump();
+    return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+// Checks one value; appends problems; returns true when usable.
+bool check_value(const Key& k, const json& v, std::vector<std::string>& problems) {
+    auto bad_type = [&] {
+        problems.push_back(fmt::format("{}: expected {}, got {}", k.path, kind_name(k.kind), show(v)));
+        return false;
+    };
+    auto range = [&](std::uint64_t x) {
+        if (x < k.min || x > k.max) {
+            problems.push_back(fmt::format("{}: {} is out of range [{}, {}]", k.path, x, k.min, k.max));
+            return false;
+        }
+        return true;
+    };
+    switch (k.kind) {
+        case Kind::uint:
+            if (!is_uint(v)) return bad_type();
+            return range(v.get<std::uint64_t>());
+        case Kind::boolean:
+            return v.is_boolean() ? true : bad_type();
+        case Kind::string:
+            return v.is_string() ? true : bad_type();
+        case Kind::choice:
+            if (!v.is_string()) return bad_type();
+            if (std::find(k.choices.begin(), k.choices.end(), v.get<std::string>()) == k.choices.end()) {
+                std::string list;
+                for (const char* c : k.choices) list += fmt::format("{}\"{}\"", list.empty() ? "" : ", ", c);
+                problems.push_back(fmt::format("{}: {} is not one of {}", k.path, show(v), list));
+                return false;
+            }
+            return true;
+        case Kind::string_list:
+            if (!v.is_array()) return bad_type();
+            for (std::size_t i = 0; i < v.size(); ++i)
+                if (!v[i].is_string()) {
+                    problems.push_back(fmt::format("{}[{}]: expected string, got {}", k.path, i, show(v[i])));
+                    return false;
+                }
+            return true;
+        case Kind::int_list:
+            if (!v.is_array()) return bad_type();
+            for (std::size_t i = 0; i < v.size(); ++i)
+                if (!v[i].is_number_integer() || v[i].get<std::int64_t>() < 0 || v[i].get<std::int64_t>() > 4095) {
+                    problems.push_back(fmt::format("{}[{}]: expected a CPU number 0..4095, got {}", k.path, i, show(v[i])));
+                    return false;
+                }
+            return true;
+        case Kind::sources:
+            if (is_uint(v)) return range(v.get<std::uint64_t>());
+            if (!v.is_array()) return bad_type();
+            if (v.empty() || v.size() > k.max) {
+                problems.push_back(fmt::format("{}: the id list must hold 1..{} ids, it holds {}", k.path, k.max, v.size()));
+                return false;
+            } else {
+                std::set<std::uint64_t> seen;
+                for (std::size_t i = 0; i < v.size(); ++i) {
+                    if (!is_uint(v[i]) || v[i].get<std::uint64_t>() > UINT32_MAX) {
+                        problems.push_back(fmt::format("{}[{}]: expected a source id 0..4294967295, got {}", k.path, i, show(v[i])));
+                        return false;
+                    }
+                    if (!seen.insert(v[i].get<std::uint64_t>()).second) {
+                        problems.push_back(fmt::format("{}[{}]: source id {} appears twice", k.path, i, v[i].get<std::uint64_t>()));
+                        return false;
+                    }
+                }
+            }
+            return true;
+        case Kind::fsync:
+            if (v.is_string() && (v == "never" || v == "close")) return true;
+            if (is_uint(v)) return range(v.get<std::uint64_t>());
+            return bad_type();
+    }
+    return false;
+}
+
+void find_unknown(const json& node, const std::string& prefix, std::vector<std::string>& problems) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+        const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+        const bool known = std::any_of(schema().begin(), schema().end(),
+                                       [&](const Key& k) { return path == k.path; });
+        if (known) continue;
+        const bool is_section = std::any_of(schema().begin(), schema().end(), [&](const Key& k) {
+            return std::string_view(k.path).starts_with(path + ".");
+        });
+        if (is_section && it.value().is_object())
+            find_unknown(it.value(), path, problems);
+        else if (is_section)
+            problems.push_back(fmt::format("{}: expected an object (a section of keys), got {}", path, show(it.value())));
+        else
+            problems.push_back(fmt::format("{}: unknown key", path));
+    }
+}
+
+// Deepest nesting of arrays and objects accepted in configuration JSON. The schema
+// needs 3 (the document, a section, a list). nlohmann parses without recursion, but
+// printing, copying, comparing and destroying a value recurse once per level: a few
+// ten thousand levels overflow the stack. So the text is measured before it is
+// parsed, and nothing deeper than this ever becomes a json value.
+constexpr std::size_t kMaxJsonDepth = 64;
+
+struct TooDeep {
+    std::size_t line = 1, column = 0;  // of the bracket that opens level kMaxJsonDepth + 1
+    std::string path;                  // keys and indices leading to it, e.g. input.listen[0][0]
+};
+
+// Scans JSON text for nesting beyond kMaxJsonDepth, without parsing it (syntax is
+// the parser's business; brackets inside strings do not count).
+std::optional<TooDeep> find_too_deep(std::string_view text) {
+    struct Level {
+        bool object;
+        bool expect_key;       // object: the next string is a key
+        std::string_view key;  // object: the latest key
+        std::size_t index;     // array: the element being read
+    };
+    std::vector<Level> levels;
+    std::size_t line = 1, column = 0;
+    bool in_string = false, escaped = false;
+    std::size_t string_start = 0;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+        const char ch = text[i];
+        if (ch == '\n') {
+            ++line;
+            column = 0;
+        } else {
+            ++column;
+        }
+        if (in_string) {
+            if (escaped) {
+                escaped = false;
+            } else if (ch == '\\') {
+                escaped = true;
+            } else if (ch == '"') {
+                in_string = false;
+                if (!levels.empty() && levels.back().object && levels.back().expect_key)
+                    levels.back().key = text.substr(string_start, i - string_start);
+            }
+            continue;
+        }
+        switch (ch) {
+            case '"':
+                in_string = true;
+                string_start = i + 1;
+                break;
+            case '{':
+            case '[':
+                if (levels.size() == kMaxJsonDepth) {
+                    TooDeep t{line, column, {}};
+                    for (const Level& l : levels) {
+                        if (l.object)
+                            t.path += fmt::format("{}{}", t.path.empty() ? "" : ".", l.key);
+                        else
+                            t.path += fmt::format("[{}]", l.index);
+                        if (t.path.size() > 60) {
+                            t.path = t.path.substr(0, 57) + "...";
+                            break;
+                        }
+                    }
+                    return t;
+                }
+                levels.push_back({ch == '{', ch == '{', {}, 0});
+                break;
+            case '}':
+            case ']':
+                if (!levels.empty()) levels.pop_back();
+                break;
+            case ',':
+                if (!levels.empty()) {
+                    if (levels.back().object)
+                        levels.back().expect_key = true;
+                    else
+                        ++levels.back().index;
+                }
+                break;
+            case ':':
+                if (!levels.empty()) levels.back().expect_key = false;
+                break;
+            default:
+                break;
+        }
+    }
+    return std::nullopt;
+}
+
+std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& overrides) {
+    std::vector<std::string> problems;
+    if (!doc.is_object()) throw ConfigError({fmt::format("the configuration must be a JSON object, got {}", show(doc))});
+    for (const auto& o : overrides) {
+        const auto eq = o.find('=');
+        if (eq == std::string::npos || eq == 0) {
+            problems.push_back(fmt::format("--set {}: expected KEY=VALUE", o));
+            continue;
+        }
+        const std::string key = o.substr(0, eq);
+        const std::string text = o.substr(eq + 1);
+        if (const auto deep = find_too_deep(text)) {
+            problems.push_back(fmt::format("--set {}: the value is JSON nested deeper than {} levels (column {}, at {})",
+                                           key, kMaxJsonDepth, deep->column, deep->path.empty() ? "the top" : deep->path));
+            continue;
+        }
+        json value(json::value_t::discarded);
+        try {
+            value = json::parse(text, nullptr, false);
+        } catch (const json::exception&) {  // e.g. a number too large: keep the text
+        }
+        if (value.is_discarded()) value = text;
+        json* slot = lookup(doc, key, true);
+        if (!slot) {
+            problems.push_back(fmt::format("--set {}: a parent of this key is not an object", key));
+            continue;
+        }
+        *slot = std::move(value);
+    }
+    find_unknown(doc, "", problems);
+
+    json eff = json::object();
+    for (const auto& k : schema()) {
+        const json* v = lookup(doc, k.path, false);
+        json use = k.def;
+        if (v && check_value(k, *v, problems)) use = *v;
+        *lookup(eff, k.path, true) = use;
+    }
+
+    auto c = std::make_shared<Config>();
+    auto u64 = [&](const char* p) { return lookup(eff, p, false)->get<std::uint64_t>(); };
+    auto u32 = [&](const char* p) { return static_cast<std::uint32_t>(u64(p)); };
+    auto str = [&](const char* p) { return lookup(eff, p, false)->get<std::string>(); };
+    c->builder_id = u32("builder_id");
+    c->builders = u32("builders");
+    c->run_number = u32("run_number");
+    c->mode = str("mode") == "pull" ? Mode::pull : Mode::push;
+    const json& src = *lookup(eff, "sources", false);
+    if (src.is_array()) {
+        for (const auto& s : src) c->sources.push_back(s.get<std::uint32_t>());
+        std::sort(c->sources.begin(), c->sources.end());
+    } else {
+        for (std::uint32_t i = 0; i < src.get<std::uint32_t>(); ++i) c->sources.push_back(i);
+    }
+    c->input.listen = str("input.listen");
+    c->input.readers = u32("input.readers");
+    c->input.socket_buffer_bytes = u64("input.socket_buffer_bytes");
+    c->input.max_datagram_bytes = u32("input.max_datagram_bytes");
+    c->input.batch = u32("input.batch");
+    c->input.spin_loops = u32("input.spin_loops");
+    c->input.coalesce_us = u32("input.coalesce_us");
+    c->input.cpus = lookup(eff, "input.cpus", false)->get<std::vector<int>>();
+    c->input.allowed_senders = lookup(eff, "input.allowed_senders", false)->get<std::vector<std::string>>();
+    c->input.pin_senders = lookup(eff, "input.pin_senders", false)->get<bool>();
+    c->building.source_timeout_ms = u32("building.source_timeout_ms");
+    c->building.source_timeout_events = u32("building.source_timeout_events");
+    c->building.timeout_ms = u32("building.timeout_ms");
+    c->building.workers = u32("building.workers");
+    c->building.shards = u32("building.shards");
+    c->building.max_events_in_flight = u32("building.max_events_in_flight");
+    c->building.max_buffer_bytes = u64("building.max_buffer_bytes");
+    c->building.late_window = u32("building.late_window");
+    c->output.directory = str("output.directory");
+    c->output.max_file_bytes = u64("output.max_file_bytes");
+    c->output.direct_io = lookup(eff, "output.direct_io", false)->get<bool>();
+    const json& fs = *lookup(eff, "output.fsync", false);
+    if (fs.is_string()) {
+        c->output.fsync = fs == "never" ? FsyncPolicy::never : FsyncPolicy::on_close;
+    } else {
+        c->output.fsync = FsyncPolicy::periodic;
+        c->output.fsync_period_ms = fs.get<std::uint32_t>();
+    }
+    c->monitor.listen = str("monitor.listen");
+    c->pull.first_event = u64("pull.first_event");
+    c->pull.events = u64("pull.events");
+    c->pull.credits = u32("pull.credits");
+    c->pull.request_batch = u32("pull.request_batch");
+    c->pull.source_addresses = lookup(eff, "pull.source_addresses", false)->get<std::vector<std::string>>();
+    c->pull.retry_ms = u32("pull.retry_ms");
+    c->pull.max_retries = u32("pull.max_retries");
+    c->log_level = str("log.level");
+    c->replay_filter = str("replay.filter");
+    c->user = str("user");
+
+    // Contradictions between keys.
+    if (c->builder_id >= c->builders)
+        problems.push_back(fmt::format("builder_id: {} must be less than builders ({})", c->builder_id, c->builders));
+    if (c->mode == Mode::pull && c->pull.source_addresses.empty())
+        problems.push_back("pull.source_addresses: pull mode needs at least one source address");
+    if (c->input.listen.empty()) problems.push_back("input.listen: must not be empty");
+    if (c->mode == Mode::pull &&
+        std::uint64_t{c->building.timeout_ms} <= std::uint64_t{c->pull.retry_ms} * (c->pull.max_retries + 1ull))
+        problems.push_back(fmt::format(
+            "building.timeout_ms: {} ms must exceed pull.retry_ms x (pull.max_retries + 1) = {} ms in pull mode, or "
+            "events time out before their last re-request",
+            c->building.timeout_ms, std::uint64_t{c->pull.retry_ms} * (c->pull.max_retries + 1ull)));
+    if (c->output.directory.empty()) problems.push_back("output.directory: must not be empty");
+    if (c->building.max_buffer_bytes / (c->input.max_datagram_bytes + 64ull) < 2ull * c->input.batch * c->input.readers)
+        problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",
+                                       c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.readers, c->input.batch));
+    if (c->input.cpus.size() > c->input.readers)
+        problems.push_back(fmt::format("input.cpus: {} entries for {} reader(s)", c->input.cpus.size(), c->input.readers));
+
+    if (!problems.empty()) throw ConfigError(std::move(problems));
+    c->effective = std::move(eff);
+    return c;
+}
+
+}  // namespace
+
+std::uint32_t Config::worker_count() const noexcept {
+    if (building.workers != 0) return building.workers;
+    cpu_set_t set;
+    long cpus = 0;
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
+    if (cpus <= 0) cpus = static_cast<long>(std::thread::hardware_concurrency());
+    return static_cast<std::uint32_t>(std::clamp<long>(cpus - static_cast<long>(input.readers) - 1, 1, 4));
+}
+
+std::shared_ptr<const Config> load_config(const std::string& text, const std::string& origin,
+                                          const std::vector<std::string>& overrides) {
+    if (const auto deep = find_too_deep(text))
+        throw ConfigError({fmt::format("{}:{}:{}: JSON nested deeper than {} levels, at {} (a configuration needs 3)",
+                                       origin, deep->line, deep->column, kMaxJsonDepth,
+                                       deep->path.empty() ? "the top" : deep->path)});
+    json doc;
+    try {
+        doc = json::parse(text, nullptr, true, /*ignore_comments=*/false);
+    } catch (const json::parse_error& e) {
+        // nlohmann reports a byte offset; turn it into line and column.
+        std::size_t line = 1, col = 1;
+        for (std::size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
+            if (text[i] == '\n') {
+                ++line;
+                col = 1;
+            } else {
+                ++col;
+            }
+        }
+        std::string what = e.what();
+        if (const auto p = what.find("syntax error"); p != std::string::npos) what = what.substr(p);
+        throw ConfigError({fmt::format("{}:{}:{}: JSON {}", origin, line, col, what)});
+    } catch (const json::exception& e) {
+        // Not a syntax error but still unreadable, e.g. a number too large for a double.
+        std::string what = e.what();
+        if (const auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+        throw ConfigError({fmt::format("{}: JSON {}", origin, what)});
+    }
+    return build(std::move(doc), overrides);
+}
+
+std::shared_ptr<const Config> load_config_file(const std::string& path,
+                                               const std::vector<std::string>& overrides) {
+    std::ifstream in(path);
+    if (!in) throw ConfigError({fmt::format("{}: cannot open: {}", path, std::strerror(errno))});
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return load_config(ss.str(), path, overrides);
+}
+
+std::shared_ptr<const Config> default_config(const std::vector<std::string>& overrides) {
+    return build(json::object(), overrides);
+}
+
+std::vector<std::string> restart_keys_changed(const Config& a, const Config& b) {
+    std::vector<std::string> out;
+    for (const auto& k : schema()) {
+        if (k.live) continue;
+        const json* x = lookup(const_cast<json&>(a.effective), k.path, false);
+        const json* y = lookup(const_cast<json&>(b.effective), k.path, false);
+        if (x && y && *x != *y) out.emplace_back(k.path);
+    }
+    return out;
+}
+
+std::shared_ptr<const Config> merge_live(const Config& running, const Config& loaded) {
+    json doc = loaded.effective;
+    for (const auto& k : schema()) {
+        if (k.live) continue;
+        *lookup(doc, k.path, true) = *lookup(const_cast<json&>(running.effective), k.path, false);
+    }
+    return build(std::move(doc), {});
+}
+
+std::string config_reference_markdown() {
+    std::string s = "| key | type | default | range | applies | meaning |\n|---|---|---|---|---|---|\n";
+    for (const auto& k : schema()) {
+        std::string range = "";
+        if (k.kind == Kind::uint || k.kind == Kind::sources || k.kind == Kind::fsync)
+            range = k.max == UINT64_MAX ? fmt::format(">= {}", k.min) : fmt::format("{} .. {}", k.min, k.max);
+        s += fmt::format("| `{}` | {} | `{}` | {} | {} | {} |\n", k.path, kind_name(k.kind), k.def.dump(),
+                         range, k.live ? "live (reload)" : "restart", k.doc);
+    }
+    return s;
+}
+
+}  // namespace evb

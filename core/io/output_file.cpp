@@ -1,0 +1,555 @@
+#include "core/io/output_file.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fmt/format.h>
+#include <stdexcept>
+
+namespace evb::file {
+
+namespace {
+// O_DIRECT wants block-aligned offsets, lengths and memory; 4 KiB covers every
+// common device.
+constexpr std::size_t kBlock = 4096;
+constexpr std::size_t kHugePage = 2u << 20;
+
+// Every io_submit of a stage pins its pages (get_user_pages). In 4 KiB pages that is
+// 512 page-table walks per 2 MiB stage, a third of the writer's time in a jumbo run
+// (session 5 profile); a 2 MiB page is pinned as one folio. Advice only: without
+// transparent huge pages the stages stay in 4 KiB pages and are merely pre-faulted.
+void back_with_huge_pages(std::byte* p, std::size_t bytes) noexcept {
+#ifdef MADV_HUGEPAGE
+    (void)::madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+    if (::madvise(p, bytes, MADV_POPULATE_WRITE) != 0)
+        for (std::size_t i = 0; i < bytes; i += kBlock) p[i] = std::byte{0};
+}
+
+// Linux AIO through its system calls (glibc has no wrappers; libaio is not needed).
+long sys_io_setup(unsigned n, aio_context_t* ctx) { return ::syscall(SYS_io_setup, n, ctx); }
+long sys_io_destroy(aio_context_t ctx) { return ::syscall(SYS_io_destroy, ctx); }
+long sys_io_submit(aio_context_t ctx, long n, iocb** cbs) { return ::syscall(SYS_io_submit, ctx, n, cbs); }
+long sys_io_getevents(aio_context_t ctx, long min, long max, io_event* ev, timespec* timeout = nullptr) {
+    return ::syscall(SYS_io_getevents, ctx, min, max, ev, timeout);
+}
+
+int write_all(int fd, const std::byte* p, std::size_t len, std::uint64_t offset) {
+    std::size_t done = 0;
+    while (done < len) {
+        const ssize_t w = ::pwrite(fd, p + done, len - done, static_cast<off_t>(offset + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return errno;
+        if (w == 0) return EIO;
+        done += static_cast<std::size_t>(w);
+    }
+    return 0;
+}
+
+void lock_for_writing(int fd) noexcept {
+    // `evb-dump --recover` leaves a file alone while its writer holds this lock; the
+    // kernel drops it when the file is closed or the process dies. Advisory, and
+    // where the file system has no flock the file simply goes unprotected.
+    (void)::flock(fd, LOCK_EX | LOCK_NB);
+}
+
+// Creates `name` in `dir_fd` holding `header`, locked, never replacing a file.
+// Returns the descriptor or -errno.
+int create_with_header(int dir_fd, const std::string& name, const std::byte* header) {
+    // An unnamed file (O_TMPFILE) gets its lock and header first and its name last,
+    // so a crash never leaves a .part without a header and recovery never finds the
+    // file unlocked while it is written. linkat fails with EEXIST rather than
+    // replace a file, as O_EXCL would.
+    int fd = ::openat(dir_fd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        lock_for_writing(fd);
+        int e = write_all(fd, header, kHeaderBytes, 0);
+        if (e == 0) {
+            // Linking an open file by its /proc name needs no privilege (AT_EMPTY_PATH would).
+            const std::string self = fmt::format("/proc/self/fd/{}", fd);
+            if (::linkat(AT_FDCWD, self.c_str(), dir_fd, name.c_str(), AT_SYMLINK_FOLLOW) == 0) return fd;
+            e = errno;
+        }
+        ::close(fd);
+        if (e == EEXIST) return -EEXIST;
+        // Otherwise (no /proc, a file system that cannot link an unnamed file, a
+        // full disk) the named way below gives the answer.
+    }
+    // File systems without O_TMPFILE: a crash between these two steps leaves an empty
+    // .part, which evb-dump --recover removes.
+    fd = ::openat(dir_fd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return -errno;
+    lock_for_writing(fd);
+    if (const int e = write_all(fd, header, kHeaderBytes, 0); e != 0) {
+        // A file without even its header is of no use to anyone: take it back.
+        ::close(fd);
+        ::unlinkat(dir_fd, name.c_str(), 0);
+        return -e;
+    }
+    return fd;
+}
+
+}  // namespace
+
+OutputFile::~OutputFile() {
+    abandon();
+    if (aio_ != 0) sys_io_destroy(aio_);
+    std::free(stages_);
+}
+
+int OutputFile::open(const std::string& directory, const FileHeader& h, bool direct) {
+    abandon();
+    index_.clear();
+    dir_fd_ = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd_ < 0) return errno;
+    const std::string name = file_name(h.run_number, h.builder_id, h.file_sequence, true);
+    part_path_ = directory + "/" + name;
+    final_path_ = directory + "/" + file_name(h.run_number, h.builder_id, h.file_sequence, false);
+    direct_ = false;
+    direct_fallback_ = false;
+    current_ = 0;
+    stage_len_ = 0;
+    pushed_len_ = 0;
+    disk_offset_ = 0;
+    allocated_end_ = 0;
+    async_error_ = 0;
+    failed_offset_ = ~std::uint64_t{0};
+    std::byte hdr[kHeaderBytes];
+    encode_file_header(h, hdr);
+    fd_ = create_with_header(dir_fd_, name, hdr);
+    if (fd_ < 0) {
+        const int e = -fd_;
+        fd_ = -1;
+        ::close(dir_fd_);
+        dir_fd_ = -1;
+        return e;
+    }
+    offset_ = kHeaderBytes;
+    if (direct)
+        if (const int e = start_direct(hdr); e != 0) {
+            ::close(fd_);
+            fd_ = -1;
+            ::unlinkat(dir_fd_, name.c_str(), 0);
+            ::close(dir_fd_);
+            dir_fd_ = -1;
+            return e;
+        }
+    return 0;
+}
+
+int OutputFile::start_direct(const std::byte* header) {
+    // O_DIRECT is switched on only now, after the header went out through the page
+    // cache; a file system that refuses it (tmpfs before Linux 6.6) refuses it here.
+    const int flags = ::fcntl(fd_, F_GETFL);
+    if (flags < 0 || ::fcntl(fd_, F_SETFL, flags | O_DIRECT) != 0) {
+        direct_fallback_ = true;
+        return 0;
+    }
+    if (stages_ == nullptr) {
+        void* p = nullptr;
+        if (::posix_memalign(&p, kHugePage, kStages * kStageBytes) != 0) return ENOMEM;
+        stages_ = static_cast<std::byte*>(p);
+        back_with_huge_pages(stages_, kStages * kStageBytes);
+    }
+    if (!aio_tried_) {
+        // Without AIO (a kernel built without it, or the system-wide limit
+        // reached) stages are written synchronously: slower, still correct.
+        aio_tried_ = true;
+        if (sys_io_setup(kStages, &aio_) != 0) aio_ = 0;
+    }
+    // The first stage starts with the header too: stages cover whole blocks from
+    // offset 0, so its write puts the same 64 bytes there again (the kernel writes
+    // the cached page back before a direct write over it).
+    std::memcpy(stages_, header, kHeaderBytes);
+    stage_len_ = kHeaderBytes;
+    direct_ = true;
+    return 0;
+}
+
+int OutputFile::write_direct(const struct iovec* iov, std::size_t iovcnt) {
+    if (async_error_ != 0) return async_error_;
+    for (std::size_t i = 0; i < iovcnt; ++i) {
+        const auto* src = static_cast<const std::byte*>(iov[i].iov_base);
+        std::size_t len = iov[i].iov_len;
+        while (len > 0) {
+            const std::size_t take = std::min(len, kStageBytes - stage_len_);
+            std::memcpy(stages_ + current_ * kStageBytes + stage_len_, src, take);
+            stage_len_ += take;
+            offset_ += take;
+            src += take;
+            len -= take;
+            if (stage_len_ == kStageBytes)
+                if (const int e = submit_stage(); e != 0) return e;
+        }
+    }
+    return 0;
+}
+
+// Hands the full current stage to the kernel and moves on to the next stage,
+// waiting for that one's earlier write if it is still in flight.
+int OutputFile::submit_stage() {
+    std::byte* buf = stages_ + current_ * kStageBytes;
+    // Allocate first: a write inside the file's size is not an extending write, which
+    // ext4 and XFS would complete synchronously inside io_submit. A full disk shows
+    // here, before anything is in flight.
+    if (disk_offset_ + kStageBytes > allocated_end_)
+        if (const int e = allocate_ahead(); e != 0) return e;
+    bool submitted = false;
+    if (aio_ != 0) {
+        iocb& cb = iocbs_[current_];
+        cb = iocb{};
+        cb.aio_data = current_;
+        cb.aio_lio_opcode = IOCB_CMD_PWRITE;
+        cb.aio_fildes = static_cast<std::uint32_t>(fd_);
+        cb.aio_buf = reinterpret_cast<std::uint64_t>(buf);
+        cb.aio_nbytes = kStageBytes;
+        cb.aio_offset = static_cast<std::int64_t>(disk_offset_);
+        iocb* list[1] = {&cb};
+        long rc;
+        do rc = sys_io_submit(aio_, 1, list);
+        while (rc < 0 && errno == EINTR);
+        submitted = rc == 1;
+        if (submitted) in_flight_[current_] = true;
+    }
+    if (!submitted)
+        if (const int e = write_all(fd_, buf, kStageBytes, disk_offset_); e != 0) return e;
+    disk_offset_ += kStageBytes;
+    current_ = (current_ + 1) % kStages;
+    stage_len_ = 0;
+    pushed_len_ = 0;
+    return wait_stage(current_);
+}
+
+// Allocates kAllocateBytes from disk_offset_ on, or only the next stage when the
+// disk has no room for more: the disk is full only when that stage does not fit.
+int OutputFile::allocate_ahead() {
+    for (const std::size_t len : {kAllocateBytes, kStageBytes}) {
+        if (::fallocate(fd_, 0, static_cast<off_t>(disk_offset_), static_cast<off_t>(len)) == 0) {
+            allocated_end_ = disk_offset_ + len;
+            return 0;
+        }
+        if (errno == EOPNOTSUPP) {
+            allocated_end_ = disk_offset_ + kAllocateBytes;  // ask again only that much later
+            return 0;
+        }
+        if (errno != ENOSPC && errno != EDQUOT) return errno;
+    }
+    return errno;
+}
+
+// Collects finished writes: at least one, or every one in flight when `all`.
+int OutputFile::reap(bool all) {
+    for (;;) {
+        std::size_t pending = 0;
+        for (bool f : in_flight_) pending += f ? 1 : 0;
+        if (pending == 0) break;
+        io_event ev[kStages];
+        const long n = sys_io_getevents(aio_, all ? static_cast<long>(pending) : 1, kStages, ev);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            // Cannot collect: io_destroy waits for every write in flight, so no stage
+            // is reused under the kernel; the rest of the process writes synchronously.
+            const int e = errno;
+            sys_io_destroy(aio_);
+            aio_ = 0;
+            in_flight_.fill(false);
+            if (async_error_ == 0) async_error_ = e;
+            const std::uint64_t unsure = kStages * kStageBytes;  // what may not have reached the disk
+            failed_offset_ = std::min(failed_offset_, disk_offset_ > unsure ? disk_offset_ - unsure : 0);
+            return async_error_;
+        }
+        for (long i = 0; i < n; ++i) complete(ev[i]);
+        if (!all) break;
+    }
+    return async_error_;
+}
+
+void OutputFile::complete(const io_event& ev) {
+    const auto k = static_cast<std::size_t>(ev.data);
+    in_flight_[k] = false;
+    if (ev.res != static_cast<std::int64_t>(kStageBytes)) {
+        if (async_error_ == 0) async_error_ = ev.res < 0 ? static_cast<int>(-ev.res) : EIO;
+        failed_offset_ = std::min(failed_offset_, static_cast<std::uint64_t>(iocbs_[k].aio_offset));
+    }
+}
+
+// Collects the writes that have finished, without waiting for any.
+void OutputFile::reap_ready() {
+    if (aio_ == 0) return;
+    io_event ev[kStages];
+    timespec now{0, 0};
+    const long n = sys_io_getevents(aio_, 0, kStages, ev, &now);
+    for (long i = 0; i < n; ++i) complete(ev[i]);  // n < 0: left to the next blocking reap
+}
+
+std::uint64_t OutputFile::kernel_offset() {
+    if (!direct_) return offset_;
+    reap_ready();
+    std::uint64_t off = disk_offset_ + pushed_len_;
+    for (std::size_t k = 0; k < kStages; ++k)
+        if (in_flight_[k]) off = std::min(off, static_cast<std::uint64_t>(iocbs_[k].aio_offset));
+    return std::min({off, failed_offset_, offset_});
+}
+
+int OutputFile::push_partial() {
+    if (!direct_ || fd_ < 0 || stage_len_ == pushed_len_) return async_error_;
+    if (async_error_ != 0) return async_error_;
+    std::byte* buf = stages_ + current_ * kStageBytes;
+    // Only from the block the last push ended in: what came before is on disk.
+    const std::size_t from = pushed_len_ & ~(kBlock - 1);
+    const std::size_t len = (stage_len_ + kBlock - 1) & ~(kBlock - 1);
+    std::memset(buf + stage_len_, 0, len - stage_len_);  // no stale bytes of an earlier use in the padding
+    if (disk_offset_ + kStageBytes > allocated_end_)
+        if (const int e = allocate_ahead(); e != 0) return e;
+    if (const int e = write_all(fd_, buf + from, len - from, disk_offset_ + from); e != 0) return e;
+    pushed_len_ = stage_len_;
+    return 0;
+}
+
+int OutputFile::wait_stage(std::size_t k) {
+    while (in_flight_[k])
+        if (const int e = reap(false); e != 0) return e;
+    return async_error_;
+}
+
+int OutputFile::finish_direct() {
+    if (const int e = reap(true); e != 0) return e;
+    const std::byte* buf = stages_ + current_ * kStageBytes;
+    const std::size_t whole = stage_len_ & ~(kBlock - 1);
+    if (const int e = write_all(fd_, buf, whole, disk_offset_); e != 0) return e;
+    if (stage_len_ > whole) {
+        // The last partial block goes out through the page cache (O_DIRECT off for
+        // this one write): no padding ever reaches the file, so a crash at any
+        // moment leaves it ending at a record, index or footer boundary.
+        const int flags = ::fcntl(fd_, F_GETFL);
+        if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) return errno;
+        if (const int e = write_all(fd_, buf + whole, stage_len_ - whole, disk_offset_ + whole); e != 0) return e;
+    }
+    disk_offset_ += stage_len_;
+    stage_len_ = 0;
+    pushed_len_ = 0;
+    // The allocation reaches past the data.
+    if (::ftruncate(fd_, static_cast<off_t>(disk_offset_)) != 0) return errno;
+    return 0;
+}
+
+int OutputFile::append(const struct iovec* iov, std::size_t iovcnt) {
+    if (direct_) return write_direct(iov, iovcnt);
+    // pwritev takes at most IOV_MAX entries and may write short; walk the list.
+    std::size_t i = 0;
+    std::size_t skip = 0;  // bytes of iov[i] already written
+    while (i < iovcnt) {
+        struct iovec local[IOV_MAX];
+        std::size_t n = 0;
+        std::size_t want = 0;
+        for (std::size_t k = i; k < iovcnt && n < IOV_MAX; ++k, ++n) {
+            local[n] = iov[k];
+            if (k == i) {
+                local[n].iov_base = static_cast<char*>(local[n].iov_base) + skip;
+                local[n].iov_len -= skip;
+            }
+            want += local[n].iov_len;
+        }
+        const ssize_t w = ::pwritev(fd_, local, static_cast<int>(n), static_cast<off_t>(offset_));
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (w == 0 && want > 0) return EIO;
+        offset_ += static_cast<std::uint64_t>(w);
+        std::size_t left = static_cast<std::size_t>(w);
+        while (i < iovcnt && left >= iov[i].iov_len - skip) {
+            left -= iov[i].iov_len - skip;
+            skip = 0;
+            ++i;
+        }
+        skip += left;
+    }
+    return 0;
+}
+
+int OutputFile::rollback(std::uint64_t offset, std::size_t index_count) {
+    if (fd_ < 0) return EBADF;
+    if (direct_) {
+        if (offset < disk_offset_) {
+            // The last kStages - 1 submitted stages still hold their bytes: once their
+            // writes are done, step back to the stage holding `offset` and cut the
+            // file there; what follows is written again from memory.
+            const std::uint64_t back = (disk_offset_ - offset + kStageBytes - 1) / kStageBytes;
+            if (back > kStages - 1) return EIO;
+            if (const int e = reap(true); e != 0) return e;
+            disk_offset_ -= back * kStageBytes;
+            current_ = (current_ + kStages - static_cast<std::size_t>(back)) % kStages;
+            pushed_len_ = 0;  // the file was cut at the stage's start
+            if (::ftruncate(fd_, static_cast<off_t>(disk_offset_)) != 0) return errno;
+            allocated_end_ = disk_offset_;
+        }
+        if (index_count < index_.size()) index_.resize(index_count);
+        stage_len_ = static_cast<std::size_t>(offset - disk_offset_);
+        pushed_len_ = std::min(pushed_len_, stage_len_);
+        offset_ = offset;
+        return 0;
+    }
+    if (index_count < index_.size()) index_.resize(index_count);
+    if (::ftruncate(fd_, static_cast<off_t>(offset)) != 0) return errno;
+    offset_ = offset;
+    return 0;
+}
+
+int OutputFile::datasync() {
+    // With O_DIRECT, submitted stages are on the device once their writes finish;
+    // the current stage stays in memory until it fills or the file is closed.
+    if (direct_)
+        if (const int e = reap(true); e != 0) return e;
+    return ::fdatasync(fd_) == 0 ? 0 : errno;
+}
+
+int OutputFile::close_clean(bool sync) {
+    if (fd_ < 0) return EBADF;
+    const auto tail = encode_index_and_footer(index_, offset_);
+    struct iovec iov {const_cast<std::byte*>(tail.data()), tail.size()};
+    if (const int e = append(&iov, 1); e != 0) return e;
+    if (direct_)
+        if (const int e = finish_direct(); e != 0) return e;
+    if (sync && ::fdatasync(fd_) != 0) return errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (::rename(part_path_.c_str(), final_path_.c_str()) != 0) return errno;
+    // The rename is durable only once the directory entry is synced.
+    if (sync) ::fsync(dir_fd_);
+    ::close(dir_fd_);
+    dir_fd_ = -1;
+    return 0;
+}
+
+void OutputFile::abandon() {
+    if (direct_ && fd_ >= 0) {
+        // Writes in flight still read the stages: let them finish, and cut off
+        // space allocated past what was submitted.
+        (void)reap(true);
+        in_flight_.fill(false);
+        // After a failed background write the file keeps what precedes it: a hole of
+        // allocated zeros would hide the records after it from recovery anyway. The
+        // header, written at open, stays in any case.
+        // What push_partial() wrote of the current stage is kept too: those records
+        // were counted written (kernel_offset) and in pull mode CLEARed.
+        const std::uint64_t keep =
+            std::max<std::uint64_t>(std::min(disk_offset_ + pushed_len_, failed_offset_), kHeaderBytes);
+        (void)::ftruncate(fd_, static_cast<off_t>(keep));
+    }
+    if (fd_ >= 0) ::close(fd_);
+    if (dir_fd_ >= 0) ::close(dir_fd_);
+    fd_ = dir_fd_ = -1;
+}
+
+std::uint32_t next_file_sequence(const std::string& directory, std::uint32_t run,
+                                 std::uint32_t builder) {
+    const std::string prefix = fmt::format("run{:06}_{:03}_", run, builder);
+    std::uint32_t next = 0;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(directory, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind(prefix, 0) != 0) continue;
+        const std::string rest = name.substr(prefix.size());
+        // At least five digits: file_name pads to five but writes sequences past 99999
+        // in full, and those must count too or the next open would collide.
+        std::size_t k = 0;
+        std::uint64_t seq = 0;
+        while (k < rest.size() && k < 10 && rest[k] >= '0' && rest[k] <= '9')
+            seq = seq * 10 + static_cast<std::uint64_t>(rest[k++] - '0');
+        if (k < 5 || seq >= UINT32_MAX || rest.compare(k, 4, ".evb") != 0) continue;
+        if (seq + 1 > next) next = static_cast<std::uint32_t>(seq + 1);
+    }
+    return next;
+}
+
+std::size_t recover(const std::string& part_path, std::string* out_path) {
+    MappedFile in(part_path);
+    const ScanResult s = scan(in.bytes());
+    if (!s.header_ok)
+        throw std::runtime_error(fmt::format("{}: {}", part_path,
+                                             s.problems.empty() ? "bad header" : s.problems[0].what));
+    std::string dest = part_path;
+    if (dest.size() > 5 && dest.compare(dest.size() - 5, 5, ".part") == 0)
+        dest.resize(dest.size() - 5);
+    else if (dest.size() > 4 && dest.compare(dest.size() - 4, 4, ".evb") == 0)
+        dest += ".recovered.evb";
+    else
+        dest += ".evb";
+    // rename() would silently replace an existing file: never trade a good file for a
+    // recovered one.
+    if (::access(dest.c_str(), F_OK) == 0)
+        throw std::runtime_error(fmt::format("{}: already exists, not overwriting it", dest));
+    const std::string tmp = dest + ".tmp";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw std::runtime_error(fmt::format("{}: {}", tmp, std::strerror(errno)));
+    std::vector<IndexEntry> index;
+    index.reserve(s.records.size());
+    for (const auto& r : s.records) index.push_back({r.header.event_id, r.file_offset});
+    const auto tail = encode_index_and_footer(index, s.good_bytes);
+    struct iovec iov[2] = {{const_cast<std::byte*>(in.bytes().data()), s.good_bytes},
+                           {const_cast<std::byte*>(tail.data()), tail.size()}};
+    std::size_t total = s.good_bytes + tail.size(), done = 0;
+    int e = 0;  // errno of the first failure
+    while (done < total) {
+        // Re-slice the two-element list after a short write.
+        struct iovec cur[2];
+        int n = 0;
+        std::size_t off = done;
+        for (auto& v : iov) {
+            if (off >= v.iov_len) {
+                off -= v.iov_len;
+                continue;
+            }
+            cur[n++] = {static_cast<char*>(v.iov_base) + off, v.iov_len - off};
+            off = 0;
+        }
+        const ssize_t w = ::writev(fd, cur, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            e = w < 0 ? errno : EIO;
+            break;
+        }
+        done += static_cast<std::size_t>(w);
+    }
+    if (e == 0 && ::fsync(fd) != 0) e = errno;
+    if (e != 0) {
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw std::runtime_error(fmt::format("{}: write failed: {}", tmp, std::strerror(e)));
+    }
+    ::close(fd);
+    if (::rename(tmp.c_str(), dest.c_str()) != 0) {
+        const int re = errno;
+        ::unlink(tmp.c_str());
+        throw std::runtime_error(fmt::format("{}: rename failed: {}", dest, std::strerror(re)));
+    }
+    // Make the new name durable before the old file goes, so a crash in between
+    // leaves at least one of them.
+    const std::string dir = std::filesystem::path(dest).parent_path().string();
+    if (const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        dfd >= 0) {
+        ::fsync(dfd);
+        ::close(dfd);
+    }
+    if (dest != part_path && part_path.size() > 5 &&
+        part_path.compare(part_path.size() - 5, 5, ".part") == 0)
+        ::unlink(part_path.c_str());
+    if (out_path) *out_path = dest;
+    return s.records.size();
+}
+
+}  // namespace evb::file

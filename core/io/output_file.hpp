@@ -1,0 +1,142 @@
+// One output file being written: `.evb.part` while open, renamed to `.evb` when it
+// is closed with its index and footer. Used by the disk-writer thread, by
+// `evb-dump --recover` and by tests. Data-path calls return an errno value (0 on
+// success) instead of throwing.
+#pragma once
+
+#include <linux/aio_abi.h>
+#include <sys/uio.h>
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/format/file_format.hpp"
+
+namespace evb::file {
+
+class OutputFile {
+public:
+    OutputFile() = default;
+    ~OutputFile();
+    OutputFile(const OutputFile&) = delete;
+    OutputFile& operator=(const OutputFile&) = delete;
+
+    // Creates `<dir>/<name>.evb.part` (never overwriting) holding the header: the name
+    // appears only once the header is written where the file system can create
+    // unnamed files (O_TMPFILE), right before it elsewhere. Takes an exclusive flock on
+    // the file, held until it is closed: recovery does not touch a locked file.
+    // With `direct`, the file is written with O_DIRECT through aligned staging
+    // buffers: each full 2 MiB stage is handed to the kernel as an asynchronous
+    // write (Linux AIO; its space allocated with fallocate first, kAllocateBytes
+    // at a time, so the write does not extend the file and truly runs in the
+    // background) while the next
+    // stage fills; the last partial stage goes out at close, its final partial
+    // block through the page cache. Where the filesystem refuses O_DIRECT (tmpfs),
+    // the file is written buffered and direct_fallback() says so. The header goes
+    // through the page cache either way, so a crash before the first stage is
+    // written still leaves a file with its header. Returns 0 or an errno value.
+    int open(const std::string& directory, const FileHeader& header, bool direct = false);
+    bool direct() const noexcept { return direct_; }
+    bool direct_fallback() const noexcept { return direct_fallback_; }
+
+    // Appends bytes gathered from iov; handles short writes, EINTR and IOV_MAX.
+    int append(const struct iovec* iov, std::size_t iovcnt);
+    // Records that an event record starts at `offset` (for the index).
+    void note_record(std::uint64_t event_id, std::uint64_t offset) { index_.push_back({event_id, offset}); }
+
+    // Cuts the file back to `offset` (the end of the last record written whole)
+    // and forgets index entries beyond `index_count`: after a failed write, the
+    // file again ends at a record boundary. With O_DIRECT, `offset` must lie in the
+    // stage being filled or the kStages - 1 submitted before it (EIO otherwise).
+    // Returns 0 or an errno value.
+    int rollback(std::uint64_t offset, std::size_t index_count);
+
+    int datasync();
+    // The bytes before this offset are with the kernel: written by a call that
+    // returned, or by an asynchronous write that completed (collected here without
+    // waiting). Buffered, that is size(); with O_DIRECT, the stage being filled and
+    // the writes still in flight are not. Nothing may be called written (or CLEARed
+    // in pull mode) beyond it.
+    std::uint64_t kernel_offset();
+    // O_DIRECT: writes the stage being filled now, its whole blocks and the last
+    // one padded with zeros, so kernel_offset() reaches size() without waiting for
+    // the stage to fill (the writer calls it when it runs out of events). The stage
+    // goes on filling and is written again when full. Returns 0 or an errno value.
+    int push_partial();
+    // The bytes before this offset have been handed to the kernel (written, or
+    // submitted and maybe still in flight): push_partial() helps only records
+    // that end beyond it.
+    std::uint64_t submitted_offset() const noexcept { return direct_ ? disk_offset_ + pushed_len_ : offset_; }
+    // Writes index and footer, syncs when `sync` is set, closes and renames to `.evb`.
+    int close_clean(bool sync);
+    // Closes without index or footer and leaves the `.part` name (used after a write
+    // error, so the file keeps every record written before it).
+    void abandon();
+
+    // Room for this many index entries before the index grows; the capacity is kept
+    // across files, so a long run stops allocating once its largest file is seen.
+    void reserve_index(std::size_t events) { index_.reserve(events); }
+
+    bool is_open() const noexcept { return fd_ >= 0; }
+    std::uint64_t size() const noexcept { return offset_; }
+    std::size_t event_count() const noexcept { return index_.size(); }
+    const std::string& part_path() const noexcept { return part_path_; }
+    const std::string& final_path() const noexcept { return final_path_; }
+
+    // O_DIRECT staging: this many stages of this many bytes.
+    static constexpr std::size_t kStages = 8;
+    static constexpr std::size_t kStageBytes = 2u << 20;
+    // Space is allocated this far ahead of the writes. ext4's fallocate waits for
+    // every direct write in flight on the file (inode_dio_wait), so allocating per
+    // stage would drain the queue of writes at every stage; per 64 MiB it drains
+    // once in 32 stages. A crash can leave this much allocated zeros after the last
+    // record, plus the stages that were in flight (evb-dump --recover cuts them).
+    static constexpr std::size_t kAllocateBytes = 64u << 20;
+
+private:
+    int start_direct(const std::byte* header);
+    int write_direct(const struct iovec* iov, std::size_t iovcnt);
+    int submit_stage();
+    int allocate_ahead();
+    int reap(bool all);
+    void reap_ready();
+    void complete(const io_event& ev);
+    int wait_stage(std::size_t k);
+    int finish_direct();
+
+    int fd_ = -1;
+    int dir_fd_ = -1;
+    std::uint64_t offset_ = 0;  // logical file size
+    // O_DIRECT staging: the current stage's byte 0 belongs at disk_offset_ (a stage
+    // boundary); every byte before it has been submitted.
+    bool direct_ = false;
+    bool direct_fallback_ = false;
+    std::byte* stages_ = nullptr;  // kStages x kStageBytes, block aligned
+    std::size_t current_ = 0;
+    std::size_t stage_len_ = 0;
+    std::size_t pushed_len_ = 0;  // bytes of the current stage push_partial() wrote
+    std::uint64_t disk_offset_ = 0;
+    std::uint64_t allocated_end_ = 0;  // space allocated up to here
+    aio_context_t aio_ = 0;  // 0: not available, stages are written synchronously
+    bool aio_tried_ = false;
+    std::array<bool, kStages> in_flight_{};
+    std::array<iocb, kStages> iocbs_{};
+    int async_error_ = 0;  // the first failed background write, reported by the next call
+    std::uint64_t failed_offset_ = ~std::uint64_t{0};  // where the lowest failed write began
+    std::vector<IndexEntry> index_;  // capacity kept across files: no steady-state allocation
+    std::string part_path_, final_path_;
+};
+
+// The next file_sequence for (run, builder) in `directory`: one past the highest
+// existing `.evb` or `.evb.part`, so a restarted builder never overwrites a file.
+std::uint32_t next_file_sequence(const std::string& directory, std::uint32_t run_number,
+                                 std::uint32_t builder_id);
+
+// Rewrites an unclean file as a clean `.evb` holding every good record. Returns the
+// number of records kept; throws std::runtime_error naming the file on failure.
+std::size_t recover(const std::string& part_path, std::string* out_path = nullptr);
+
+}  // namespace evb::file

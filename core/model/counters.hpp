@@ -1,0 +1,122 @@
+// Hot-path statistics: plain uint64 counters, one writing thread each (or one
+// serialised task chain, for a matcher shard), grouped in cache-line-aligned blocks
+// so no two writers share a line. The exporter sums the blocks at scrape time.
+//
+// Relaxed atomics give the scraper a tear-free read; the writer's load+store
+// compiles to plain moves (no lock prefix) because only one thread writes.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "allocators/handoff/cache_line.hpp"
+#include "core/format/wire.hpp"
+
+namespace evb::stats {
+
+class Counter {
+public:
+    void add(std::uint64_t n = 1) noexcept {
+        v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    }
+    void set(std::uint64_t n) noexcept { v_.store(n, std::memory_order_relaxed); }
+    std::uint64_t get() const noexcept { return v_.load(std::memory_order_relaxed); }
+
+private:
+    std::atomic<std::uint64_t> v_{0};
+};
+
+// Fixed-bucket histogram of durations in nanoseconds (Prometheus exposes seconds).
+class LatencyHistogram {
+public:
+    // Upper bounds in ns: 10us .. 60s, roughly x2.5 steps.
+    static constexpr std::array<std::uint64_t, 16> kBoundsNs = {
+        10'000,      25'000,      100'000,      250'000,      1'000'000,      2'500'000,
+        10'000'000,  25'000'000,  100'000'000,  250'000'000,  1'000'000'000,  2'500'000'000,
+        5'000'000'000, 10'000'000'000, 30'000'000'000, 60'000'000'000};
+    void observe(std::uint64_t ns) noexcept {
+        std::size_t i = 0;
+        while (i < kBoundsNs.size() && ns > kBoundsNs[i]) ++i;
+        buckets_[i].add();
+        sum_ns_.add(ns);
+    }
+    std::uint64_t bucket(std::size_t i) const noexcept { return buckets_[i].get(); }  // i <= size
+    std::uint64_t sum_ns() const noexcept { return sum_ns_.get(); }
+
+private:
+    std::array<Counter, kBoundsNs.size() + 1> buckets_{};  // last: above every bound
+    Counter sum_ns_;
+};
+
+struct alignas(kFalseSharingBytes) ReaderCounters {
+    Counter datagrams;  // every datagram read, good or bad
+    Counter receive_batches;  // recvmmsg calls that returned datagrams
+    Counter bytes;
+    std::array<Counter, wire::kParseErrorCount> malformed{};  // by wire::ParseError
+    Counter truncated;         // longer than input.max_datagram_bytes
+    Counter not_fragment;      // REQUEST/CLEAR sent to the builder
+    Counter wrong_run;
+    Counter other_builder;     // event of another builder's share
+    Counter disallowed_sender;
+    Counter sender_mismatch;   // a pinned source's datagram from another address
+    Counter kernel_drops;      // SO_RXQ_OVFL, cumulative per socket
+    Counter buffer_waits;      // times the reader found no free receive slot
+    Counter receive_errors;
+};
+
+struct alignas(kFalseSharingBytes) MatcherCounters {
+    Counter fragments;          // complete fragments
+    Counter duplicate_chunks;
+    Counter crc_failures;
+    Counter inconsistent_chunks;  // disagrees with earlier chunks of the fragment
+    Counter late_fragments;       // event already built
+    Counter unknown_source;       // source id not in the configuration
+    Counter in_flight_limit_drops;
+    Counter event_too_large;          // chunks of a fragment that would overflow the record length
+    Counter source_share_drops;       // a source's share of events in flight was full (it runs ahead)
+    Counter source_slot_limit_drops;  // a source's incomplete fragments held their share of slots
+    Counter events_released_absent;   // events handed on without waiting for absent sources
+    Counter events_complete;
+    Counter events_incomplete;
+    Counter events_in_flight;     // gauge
+    LatencyHistogram build_latency;
+    // Per expected source (index = position in the sorted source list): complete
+    // fragments, and events written with that source's section MISSING.
+    std::unique_ptr<Counter[]> source_fragments;
+    std::unique_ptr<Counter[]> source_missing;
+    // Datagrams refused because the source opened its whole share of events in
+    // flight with ids nobody else sent (desynchronised), and because its incomplete
+    // fragments held their share of receive slots.
+    std::unique_ptr<Counter[]> source_desync;
+    std::unique_ptr<Counter[]> source_slot_limit;
+    // 1 while this shard holds the source absent (dead-source detection).
+    std::unique_ptr<Counter[]> source_absent;
+    std::size_t sources = 0;
+    void size_sources(std::size_t n) {
+        sources = n;
+        source_fragments = std::make_unique<Counter[]>(n);
+        source_missing = std::make_unique<Counter[]>(n);
+        source_desync = std::make_unique<Counter[]>(n);
+        source_slot_limit = std::make_unique<Counter[]>(n);
+        source_absent = std::make_unique<Counter[]>(n);
+    }
+};
+
+struct alignas(kFalseSharingBytes) WriterCounters {
+    Counter events_written;
+    Counter records_bytes;
+    Counter payload_bytes;
+    Counter files_opened;
+    Counter files_closed;
+    Counter write_errors;
+    Counter events_lost_write_error;
+    Counter output_blocked;  // gauge: 1 while a write error holds the output
+    Counter queue_depth;  // gauge: events handed to the writer, not yet written
+    Counter writes;       // pwritev calls
+    LatencyHistogram write_latency;  // built -> written
+};
+
+}  // namespace evb::stats

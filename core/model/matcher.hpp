@@ -1,0 +1,163 @@
+// One matcher shard: links chunks into fragments and fragments into events, detects
+// duplicates, late and inconsistent chunks, and times events out. A shard is driven
+// by one task at a time (a serial flow-graph node), so it takes no locks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "allocators/arena.hpp"
+#include "allocators/buffer_pool.hpp"
+#include "core/model/event.hpp"
+#include "core/model/flat_map.hpp"
+#include "core/model/source_index.hpp"
+#include "core/model/counters.hpp"
+#include "allocators/handoff/spsc_ring.hpp"
+
+namespace evb {
+
+// Events handed on, linked through Event::next_out, in the order they were built.
+struct EventList {
+    Event* head = nullptr;
+    Event* tail = nullptr;
+    std::size_t count = 0;
+    void push(Event* e) noexcept {
+        e->next_out = nullptr;
+        if (tail) tail->next_out = e; else head = e;
+        tail = e;
+        ++count;
+    }
+};
+
+struct MatcherSettings {
+    std::vector<std::uint32_t> sources;  // ascending
+    std::uint32_t max_events = 1024;     // this shard's event pool
+    std::uint32_t late_window = 65536;
+    std::uint64_t timeout_ns = 1'000'000'000;
+    // Events in flight that one source opened and no other source has joined yet,
+    // at most (0: no limit). A board that runs far ahead of the others (reset, lost
+    // sync, or a flood of made-up ids) fills only this share of the pool.
+    std::uint32_t max_solo_events_per_source = 0;
+    // Receive slots one source's incomplete fragments may hold in this shard, at
+    // most (0: no limit). Tiny chunks of a huge fragment cannot pin the pool; a
+    // chunk that completes its fragment is always taken.
+    std::uint32_t max_slots_per_source = 0;
+    // Dead-source detection (0: off). A source is *absent* once it has sent
+    // nothing to this shard while the others started source_timeout_events events
+    // here, or for source_timeout_ns while they started at least one. Events stop
+    // waiting for an absent source; its next chunk makes it present again.
+    std::uint64_t source_timeout_ns = 0;
+    std::uint32_t source_timeout_events = 0;
+};
+
+class Matcher {
+public:
+    Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& arena,
+            alloc::ReturnBatcher& slot_returns, stats::MatcherCounters& counters);
+
+    // Takes ownership of a list of chunks (linked by ChunkMeta::next) received at
+    // now_ns; appends every event this completes or times out to `out`.
+    void add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out);
+    // Writes out (INCOMPLETE) every event older than the timeout.
+    void expire(std::uint64_t now_ns, EventList& out);
+    // Writes out every event in flight (shutdown).
+    void flush(std::uint64_t now_ns, EventList& out);
+    // The run ends and `next_run` goes on: every event of another run is written out
+    // (INCOMPLETE unless complete) and their ids forgotten; events of next_run that
+    // arrived before the end keep building, and their built ids stay remembered.
+    void end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& out);
+    // Pull mode, out of retries: writes the event INCOMPLETE now, even when no
+    // fragment of it ever arrived (every section MISSING). Nothing if already built.
+    void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, EventList& out);
+
+    void set_timeout_ns(std::uint64_t ns) noexcept { timeout_ns_ = ns; }
+    bool source_absent(std::size_t idx) const noexcept { return absent_[idx] != 0; }
+    // The operator changed the expected sources (by reload, within the set the
+    // matcher was built with): expected[i] for source index i. Events from now on
+    // have no section for the others and do not wait for them; events in flight
+    // finish under the set they started with. `generation` numbers the sets; once
+    // no event of an earlier set is in flight, take_set_markers() says how many
+    // "set ended" markers to hand to the writer (one per change).
+    void set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation);
+    std::uint32_t take_set_markers() noexcept {
+        if (older_in_flight_ != 0) return 0;
+        const std::uint32_t n = pending_markers_;
+        pending_markers_ = 0;
+        return n;
+    }
+    // Events the writer has finished with come back here (the writer is the producer).
+    SpscRing<Event*>& done_ring() noexcept { return done_; }
+    std::size_t in_flight() const noexcept { return map_.size(); }
+    std::size_t pool_free() const noexcept { return free_.size(); }
+    std::size_t pool_size() const noexcept { return pool_size_; }
+
+private:
+    Event* start_event(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns) noexcept;
+    void finish(Event* ev, bool complete, std::uint64_t now_ns, EventList& out) noexcept;
+    void drop(ChunkMeta* c) noexcept { returns_.add(c->owner, c->slot); }
+    void reclaim() noexcept;
+    void add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexcept;
+    // Built ids of `run`: the current run's, or the next run's while both are about
+    // (the readers admit the next run before its run-end marker reaches this shard).
+    RecentSet& history(std::uint32_t run) noexcept;
+    bool is_late(std::uint64_t event_id, std::uint32_t run) noexcept {
+        RecentSet& h = history(run);
+        return event_id < h.floor() || h.contains(event_id);
+    }
+    // Every present source has its fragment (absent ones are not waited for).
+    bool done(const Event& e) const noexcept;
+    // Marks sources absent that fell silent (see MatcherSettings), and hands on the
+    // events that waited only for them.
+    void find_absent(std::uint64_t now_ns, EventList& out) noexcept;
+    void set_absent(std::size_t idx, bool absent) noexcept;
+    // Returns the chunks of a partial fragment to their pools.
+    void drop_fragment(SourceState& s, std::size_t idx) noexcept;
+
+    std::uint16_t shard_;
+    SourceIndex source_index_;  // source id -> section
+    std::uint64_t timeout_ns_;
+    alloc::ReturnBatcher& returns_;
+    stats::MatcherCounters& counters_;
+
+    alloc::ArenaArray<Event> events_;
+    alloc::ArenaArray<SourceState> states_;
+    alloc::ArenaArray<std::byte> meta_;
+    std::vector<Event*> free_;  // capacity fixed at construction
+    FlatMap<Event> map_;
+    RecentSet recent_;       // built ids of history_run_
+    RecentSet next_recent_;  // built ids of next_run_, if next_valid_
+    std::uint32_t history_run_ = 0;
+    bool history_set_ = false;
+    std::uint32_t next_run_ = 0;
+    bool next_valid_ = false;
+    std::size_t pool_size_;
+    std::uint32_t max_solo_;   // 0: no limit
+    std::uint32_t max_slots_;  // 0: no limit
+    std::vector<std::uint32_t> solo_events_;  // per source: events it opened that nobody joined yet
+    std::vector<std::uint32_t> held_slots_;   // per source: slots in its incomplete fragments
+    // Dead-source detection: events started in this shard, the start times of the
+    // latest of them (a ring), and per source the count at its last chunk: the
+    // first event it missed is number seen_at_event_ (absent sources listed).
+    std::uint64_t source_timeout_ns_;
+    std::uint64_t source_timeout_events_;
+    std::uint64_t events_started_ = 0;
+    std::uint64_t next_absence_scan_ = 0;  // events_started_ at which to look again
+    std::uint64_t last_absence_scan_ns_ = 0;
+    std::vector<std::uint64_t> seen_at_event_;
+    std::vector<std::uint64_t> started_ns_;
+    std::vector<std::uint8_t> absent_;
+    std::vector<std::uint32_t> absent_list_;
+    // Expected-source set (live removal and return by the operator).
+    std::vector<std::uint8_t> expected_;      // per source index
+    std::vector<std::uint32_t> removed_list_;
+    std::uint32_t set_generation_ = 0;
+    std::size_t older_in_flight_ = 0;         // events in flight of an earlier set
+    std::uint32_t pending_markers_ = 0;
+    Event* oldest_ = nullptr;
+    Event* newest_ = nullptr;
+    SpscRing<Event*> done_;
+    std::vector<Event*> done_scratch_;
+};
+
+}  // namespace evb

@@ -1,0 +1,837 @@
+// evb-dump: summarise, list, verify and recover evbd output files
+// (docs/FORMATS.md section 2). An offline operator tool: it reads whole files through
+// a read-only mapping and may allocate freely.
+//
+// Exit status: 0 ok, 1 verification problems (with --verify/--pattern, or a recovered
+// file that does not verify), 2 usage or I/O errors.
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/format/file_format.hpp"
+#include "core/io/output_file.hpp"
+#include "core/format/pattern.hpp"
+#include "core/format/wire.hpp"
+
+namespace {
+
+namespace ef = evb::file;
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+constexpr int kExitOk = 0;
+constexpr int kExitProblems = 1;
+constexpr int kExitUsage = 2;
+
+// Problems kept per file; beyond this only the count grows, so a file with a
+// systematic fault (every event wrong) does not flood the terminal or memory.
+constexpr std::size_t kMaxProblemsKept = 1000;
+// Problems printed per file in text mode.
+constexpr std::size_t kMaxProblemsPrinted = 20;
+
+constexpr std::string_view kUsage = R"(usage: evb-dump [options] FILE|DIR...
+       evb-dump --recover FILE.evb.part|DIR
+
+Inspect evbd output files: .evb (closed) and .evb.part (being written, or left
+behind by a crash). A directory stands for the .evb and .evb.part files in it,
+in name order.
+
+  (no option)      one summary line per file
+  --events         also list every event: id, offset, length, status and the
+                   sections that are missing, empty or flagged by their source
+  --json           print one JSON document instead of text
+  --verify         check every structure and CRC; report each problem as
+                   FILE:OFFSET: message and exit 1 if there is any
+  --pattern        as --verify, and also check every payload byte against the
+                   test pattern of the source emulator
+  --recover FILE   rewrite an unclean FILE.evb.part as FILE.evb holding every
+                   good event (may be repeated; FILE.evb.part is removed). A
+                   .part cut off before its header holds no event: it is
+                   removed and reported. A DIR stands for its .evb.part files;
+                   one that a running evbd is writing is left alone
+  -h, --help       show this help
+
+exit status: 0 ok, 1 verification problems, 2 usage or I/O error
+)";
+
+struct Options {
+    bool events = false;
+    bool json = false;
+    bool verify = false;
+    bool pattern = false;
+    bool help = false;
+    std::vector<std::string> recover;
+    std::vector<std::string> inputs;
+};
+
+// Returns an error message, or nothing when the arguments are usable.
+std::optional<std::string> parse_args(int argc, char** argv, Options& o) {
+    bool options_done = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view a = argv[i];
+        if (options_done || a.empty() || a[0] != '-' || a == "-") {
+            o.inputs.emplace_back(a);
+        } else if (a == "--") {
+            options_done = true;
+        } else if (a == "--events") {
+            o.events = true;
+        } else if (a == "--json") {
+            o.json = true;
+        } else if (a == "--verify") {
+            o.verify = true;
+        } else if (a == "--pattern") {
+            o.pattern = o.verify = true;
+        } else if (a == "-h" || a == "--help") {
+            o.help = true;
+        } else if (a == "--recover") {
+            if (i + 1 >= argc) return "--recover needs a FILE";
+            o.recover.emplace_back(argv[++i]);
+        } else if (a.substr(0, 10) == "--recover=") {
+            if (a.size() == 10) return "--recover needs a FILE";
+            o.recover.emplace_back(a.substr(10));
+        } else {
+            return fmt::format("unknown option '{}'", a);
+        }
+    }
+    if (!o.help && o.inputs.empty() && o.recover.empty()) return "no FILE or DIR given";
+    return std::nullopt;
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+    return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+bool is_evb_name(std::string_view name) { return ends_with(name, ".evb") || ends_with(name, ".evb.part"); }
+
+std::string human_bytes(std::uint64_t n) {
+    if (n < 1024) return fmt::format("{} B", n);
+    const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = static_cast<double>(n) / 1024.0;
+    std::size_t u = 0;
+    while (v >= 1024.0 && u + 1 < std::size(units)) {
+        v /= 1024.0;
+        ++u;
+    }
+    return fmt::format("{:.1f} {}", v, units[u]);
+}
+
+// Status bit names, as the spec spells them; unknown bits as hex.
+template <std::size_t N>
+std::vector<std::string> bit_names(std::uint32_t bits,
+                                   const std::array<std::pair<std::uint32_t, const char*>, N>& names) {
+    std::vector<std::string> out;
+    for (const auto& [bit, name] : names) {
+        if (bits & bit) {
+            out.emplace_back(name);
+            bits &= ~bit;
+        }
+    }
+    if (bits != 0) out.push_back(fmt::format("0x{:x}", bits));
+    return out;
+}
+
+constexpr std::array<std::pair<std::uint32_t, const char*>, 4> kRecordBits = {{
+    {ef::record_status::incomplete, "INCOMPLETE"},
+    {ef::record_status::duplicates, "DUPLICATES"},
+    {ef::record_status::source_error, "SOURCE_ERROR"},
+    {ef::record_status::corrupt_dropped, "CORRUPT_DROPPED"},
+}};
+constexpr std::uint32_t kRecordBitsDefined = 0xF;
+constexpr std::array<std::pair<std::uint32_t, const char*>, 3> kSectionBits = {{
+    {ef::section_status::missing, "MISSING"},
+    {ef::section_status::empty, "EMPTY"},
+    {ef::section_status::source_error, "SOURCE_ERROR"},
+}};
+constexpr std::uint32_t kSectionBitsDefined = 0x7;
+
+std::string join(const std::vector<std::string>& v, std::string_view sep) {
+    std::string out;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        if (i > 0) out += sep;
+        out += v[i];
+    }
+    return out;
+}
+
+struct SectionInfo {
+    std::uint32_t source_id = 0;
+    std::uint32_t status = 0;
+    std::uint32_t length = 0;
+};
+
+struct EventInfo {
+    std::uint64_t event_id = 0;
+    std::uint64_t offset = 0;
+    std::uint32_t length = 0;
+    std::uint32_t status = 0;
+    std::uint64_t first_fragment_unix_ns = 0;
+    std::uint64_t built_unix_ns = 0;
+    std::vector<SectionInfo> sections;
+};
+
+struct FileReport {
+    std::string path;
+    std::string io_error;  // set when the file could not be read at all
+    std::uint64_t size = 0;
+    bool header_ok = false;
+    ef::FileHeader header;
+    bool has_footer = false;
+    std::uint64_t good_bytes = 0;
+    std::uint64_t event_count = 0;
+    std::uint64_t payload_bytes = 0;
+    std::array<std::uint64_t, 4> record_bits{};   // events with each kRecordBits bit
+    std::array<std::uint64_t, 3> section_bits{};  // sections with each kSectionBits bit
+    std::vector<ef::Problem> problems;            // the first kMaxProblemsKept
+    std::uint64_t problem_count = 0;
+    bool cut_tail = false;             // no footer, and the bytes after the last good record
+                                       // are the start of a record cut short (a crash mid-write)
+    std::vector<EventInfo> events;     // with --events
+
+    void add_problem(std::uint64_t offset, std::string what) {
+        ++problem_count;
+        if (problems.size() < kMaxProblemsKept) problems.push_back({offset, std::move(what)});
+    }
+
+    std::string state() const {
+        if (!io_error.empty()) return "unreadable";
+        if (!header_ok) return "bad header";
+        if (problem_count == 0) return "clean";
+        // Not closed: only the footer is missing, or also a last record cut short.
+        if (!has_footer && (problem_count == 1 || (problem_count == 2 && cut_tail))) return "unclean";
+        return "DAMAGED";
+    }
+};
+
+// runNNNNNN_BBB_SSSSS.evb[.part]: the numbers a file's name claims, if it has that form.
+struct NameFields {
+    std::uint64_t run, builder, sequence;
+};
+std::optional<NameFields> parse_file_name(std::string_view name) {
+    // Reads at least `min_digits` (at most 10) digits from the front of what is left of the name.
+    auto number = [&name](std::size_t min_digits, std::uint64_t& out) {
+        std::size_t k = 0;
+        out = 0;
+        while (k < name.size() && k < 10 && name[k] >= '0' && name[k] <= '9')
+            out = out * 10 + static_cast<std::uint64_t>(name[k++] - '0');
+        name.remove_prefix(k);
+        return k >= min_digits;
+    };
+    auto literal = [&name](std::string_view lit) {
+        if (name.substr(0, lit.size()) != lit) return false;
+        name.remove_prefix(lit.size());
+        return true;
+    };
+    NameFields f{};
+    if (!literal("run") || !number(6, f.run) || !literal("_") || !number(3, f.builder) || !literal("_") ||
+        !number(5, f.sequence) || !literal(".evb"))
+        return std::nullopt;
+    if (!name.empty() && name != ".part") return std::nullopt;
+    return f;
+}
+
+// Checks the rules scan() leaves to the reader's judgement: fields that must agree
+// across the header, the records and the sections, and the pattern when asked for.
+void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, const Options& o,
+                     FileReport& rep) {
+    const std::byte* base = img.data();
+    for (std::size_t i = 40; i < 60; ++i) {
+        if (base[i] != std::byte{0}) {
+            rep.add_problem(i, "file header reserved bytes 40..59 are not 0");
+            break;
+        }
+    }
+    if (s.has_footer) {
+        const std::uint64_t index_offset = evb::wire::load_u64(base + img.size() - ef::kFooterBytes + 8);
+        if (evb::wire::load_u32(base + index_offset + 4) != 0)
+            rep.add_problem(index_offset + 4, "index reserved field is not 0");
+    }
+    const std::string name = fs::path(rep.path).filename().string();
+    if (const auto nf = parse_file_name(name)) {
+        if (nf->run != s.header.run_number || nf->builder != s.header.builder_id ||
+            nf->sequence != s.header.file_sequence)
+            rep.add_problem(16, fmt::format("file name says run {} builder {} sequence {}, header says "
+                                            "run {} builder {} sequence {}",
+                                            nf->run, nf->builder, nf->sequence, s.header.run_number,
+                                            s.header.builder_id, s.header.file_sequence));
+    }
+
+    std::unordered_map<std::uint64_t, std::uint64_t> seen;  // event_id -> first offset
+    seen.reserve(s.records.size());
+    std::vector<ef::SectionView> sections;
+    std::string why;
+    for (const auto& r : s.records) {
+        const auto& h = r.header;
+        const std::uint64_t at = r.file_offset;
+        for (std::size_t b = 0; b < kRecordBits.size(); ++b)
+            if (h.status & kRecordBits[b].first) ++rep.record_bits[b];
+        if (const auto [it, fresh] = seen.emplace(h.event_id, at); !fresh)
+            rep.add_problem(at, fmt::format("event {} appears again (first at offset {})", h.event_id, it->second));
+        if (h.run_number != s.header.run_number)
+            rep.add_problem(at, fmt::format("event {} has run {}, the file is run {}", h.event_id,
+                                            h.run_number, s.header.run_number));
+        if (h.section_count != s.header.expected_sources)
+            rep.add_problem(at, fmt::format("event {} has {} sections, the file expects {} sources",
+                                            h.event_id, h.section_count, s.header.expected_sources));
+        if (h.status & ~kRecordBitsDefined)
+            rep.add_problem(at + 20, fmt::format("event {} has undefined status bits 0x{:x}", h.event_id,
+                                                 h.status & ~kRecordBitsDefined));
+        if (!ef::parse_sections(r, sections, &why)) {  // scan() accepted it, so unexpected
+            rep.add_problem(at, fmt::format("event {}: {}", h.event_id, why));
+            continue;
+        }
+        EventInfo ev;
+        if (o.events) {
+            ev.event_id = h.event_id;
+            ev.offset = at;
+            ev.length = h.record_length;
+            ev.status = h.status;
+            ev.first_fragment_unix_ns = h.first_fragment_unix_ns;
+            ev.built_unix_ns = h.built_unix_ns;
+        }
+        bool any_missing = false;
+        for (const auto& sec : sections) {
+            const std::uint64_t sec_at = static_cast<std::uint64_t>(sec.payload - r.bytes) + at -
+                                         ef::kSectionHeaderBytes;
+            for (std::size_t b = 0; b < kSectionBits.size(); ++b)
+                if (sec.status & kSectionBits[b].first) ++rep.section_bits[b];
+            rep.payload_bytes += sec.length;
+            const bool missing = sec.status & ef::section_status::missing;
+            const bool empty = sec.status & ef::section_status::empty;
+            any_missing = any_missing || missing;
+            if (sec.status & ~kSectionBitsDefined)
+                rep.add_problem(sec_at + 4, fmt::format("event {} source {}: undefined section status bits 0x{:x}",
+                                                        h.event_id, sec.source_id, sec.status & ~kSectionBitsDefined));
+            if (missing && empty)
+                rep.add_problem(sec_at + 4, fmt::format("event {} source {}: both MISSING and EMPTY",
+                                                        h.event_id, sec.source_id));
+            if (empty && sec.length != 0)
+                rep.add_problem(sec_at + 8, fmt::format("event {} source {}: EMPTY with {} bytes",
+                                                        h.event_id, sec.source_id, sec.length));
+            if ((sec.status & ef::section_status::source_error) &&
+                !(h.status & ef::record_status::source_error))
+                rep.add_problem(at + 20, fmt::format("event {}: source {} is flagged SOURCE_ERROR, the event is not",
+                                                     h.event_id, sec.source_id));
+            if (o.pattern && sec.length > 0) {
+                const std::size_t bad = evb::pattern::first_mismatch(h.run_number, sec.source_id, h.event_id, 0,
+                                                                     sec.payload, sec.length);
+                if (bad != sec.length)
+                    rep.add_problem(sec_at + ef::kSectionHeaderBytes + bad,
+                                    fmt::format("event {} source {}: payload byte {} of {} differs from the "
+                                                "test pattern",
+                                                h.event_id, sec.source_id, bad, sec.length));
+            }
+            if (o.events) ev.sections.push_back({sec.source_id, sec.status, sec.length});
+        }
+        const bool incomplete = h.status & ef::record_status::incomplete;
+        if (any_missing && !incomplete)
+            rep.add_problem(at + 20, fmt::format("event {} has a MISSING section but is not INCOMPLETE", h.event_id));
+        if (!any_missing && incomplete)
+            rep.add_problem(at + 20, fmt::format("event {} is INCOMPLETE but no section is MISSING", h.event_id));
+        if (o.events) rep.events.push_back(std::move(ev));
+    }
+}
+
+FileReport examine(const std::string& path, const Options& o) {
+    FileReport rep;
+    rep.path = path;
+    try {
+        const ef::MappedFile file(path);
+        const auto img = file.bytes();
+        rep.size = img.size();
+        const ef::ScanResult s = ef::scan(img);
+        rep.header_ok = s.header_ok;
+        rep.header = s.header;
+        rep.has_footer = s.has_footer;
+        rep.good_bytes = s.good_bytes;
+        rep.event_count = s.records.size();
+        for (const auto& p : s.problems) rep.add_problem(p.offset, p.what);
+        if (s.header_ok && !s.has_footer && s.good_bytes < img.size()) {
+            const std::byte* tail = img.data() + s.good_bytes;
+            const std::uint64_t left = img.size() - s.good_bytes;
+            const std::uint32_t marker = ef::kRecordMarker;
+            if (left < ef::kRecordHeaderBytes) {
+                rep.cut_tail = std::memcmp(tail, &marker, std::min<std::uint64_t>(left, 4)) == 0;
+            } else {
+                const std::uint32_t len = evb::wire::load_u32(tail + 4);
+                rep.cut_tail = evb::wire::load_u32(tail) == marker && len % 8 == 0 &&
+                               len >= ef::kRecordHeaderBytes && len > left;
+            }
+        }
+        if (s.header_ok) check_semantics(img, s, o, rep);
+    } catch (const std::exception& e) {
+        rep.io_error = e.what();
+    }
+    std::stable_sort(rep.problems.begin(), rep.problems.end(),
+                     [](const ef::Problem& a, const ef::Problem& b) { return a.offset < b.offset; });
+    return rep;
+}
+
+// Expands directories into their .evb/.evb.part files, sorted by name. Returns false
+// (after reporting) when an input cannot be listed or does not exist.
+bool expand_inputs(const std::vector<std::string>& inputs, std::vector<std::string>& files,
+                   std::vector<std::string>& errors) {
+    bool ok = true;
+    for (const auto& in : inputs) {
+        std::error_code ec;
+        const auto st = fs::status(in, ec);
+        if (ec || !fs::exists(st)) {
+            errors.push_back(fmt::format("{}: no such file or directory", in));
+            ok = false;
+            continue;
+        }
+        if (!fs::is_directory(st)) {
+            files.push_back(in);
+            continue;
+        }
+        std::vector<std::string> found;
+        fs::directory_iterator it(in, ec), end;
+        for (; !ec && it != end; it.increment(ec)) {
+            const std::string name = it->path().filename().string();
+            if (is_evb_name(name) && it->is_regular_file(ec)) found.push_back(it->path().string());
+        }
+        if (ec) {
+            errors.push_back(fmt::format("{}: {}", in, ec.message()));
+            ok = false;
+            continue;
+        }
+        if (found.empty()) errors.push_back(fmt::format("{}: no .evb or .evb.part files", in));
+        std::sort(found.begin(), found.end());
+        files.insert(files.end(), found.begin(), found.end());
+    }
+    return ok;
+}
+
+// ---- recovery ----
+
+struct RecoverReport {
+    std::string path;
+    std::string output;
+    std::string error;            // recovery did not happen (message names the file)
+    std::string note;             // nothing needed doing
+    bool removed = false;         // held no event (cut off before its header) and is gone
+    bool in_use = false;          // a running evbd holds it: left alone
+    std::uint64_t size = 0;
+    std::uint64_t kept_events = 0;
+    std::uint64_t kept_bytes = 0;  // header and records
+    std::uint64_t dropped_bytes = 0;
+    std::string stop_reason;  // why the scan stopped before the end, if it did
+    bool output_verified = false;
+};
+
+struct UniqueFd {
+    explicit UniqueFd(int f) : fd(f) {}
+    ~UniqueFd() {
+        if (fd >= 0) ::close(fd);
+    }
+    UniqueFd(const UniqueFd&) = delete;
+    UniqueFd& operator=(const UniqueFd&) = delete;
+    int fd;
+};
+
+// Why a .part holds no event at all, or nothing: a crash before its header reached
+// the disk leaves it empty, cut inside the header, or (direct I/O) as space
+// allocated ahead of a write that never landed, all zero bytes.
+std::optional<std::string> why_no_events(const std::string& path, std::span<const std::byte> img) {
+    if (!ends_with(path, ".part")) return std::nullopt;
+    if (img.size() < ef::kHeaderBytes)
+        return fmt::format("{} bytes, shorter than the {}-byte file header", img.size(), ef::kHeaderBytes);
+    if (std::all_of(img.begin(), img.end(), [](std::byte b) { return b == std::byte{0}; }))
+        return fmt::format("{} bytes, all zero: no header ever reached the disk", img.size());
+    return std::nullopt;
+}
+
+// `named`: the file was named on the command line (not found in a directory), so a
+// file that cannot be touched is an error rather than a note.
+RecoverReport recover_one(const std::string& path, bool named) {
+    RecoverReport rr;
+    rr.path = path;
+    try {
+        // evbd holds an exclusive flock on the file it is writing (OutputFile::open):
+        // copying and deleting a file that still grows would lose what follows.
+        // Holding the lock ourselves until we are done keeps a writer out meanwhile.
+        const UniqueFd lock{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+        if (lock.fd < 0) throw std::runtime_error(fmt::format("{}: {}", path, std::strerror(errno)));
+        if (::flock(lock.fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+            rr.in_use = true;
+            if (named)
+                rr.error = fmt::format("{}: in use by a running evbd (it holds the file's lock); not touched", path);
+            else
+                rr.note = "in use by a running evbd (it holds the file's lock), left alone";
+            return rr;
+        }
+        {
+            const ef::MappedFile file(path);
+            const ef::ScanResult s = ef::scan(file.bytes());
+            rr.size = file.bytes().size();
+            if (!s.header_ok) {
+                if (const auto why = why_no_events(path, file.bytes())) {
+                    if (::unlink(path.c_str()) != 0)
+                        throw std::runtime_error(fmt::format("{}: holds no events ({}) but cannot be removed: {}", path,
+                                                             *why, std::strerror(errno)));
+                    rr.removed = true;
+                    rr.note = *why;
+                    return rr;
+                }
+                rr.error = fmt::format("{}: cannot recover: {}", path,
+                                       s.problems.empty() ? "bad header" : s.problems[0].what);
+                return rr;
+            }
+            if (s.has_footer && s.problems.empty() && !ends_with(path, ".part")) {
+                rr.note = "already clean, nothing to do";
+                rr.kept_events = s.records.size();
+                return rr;
+            }
+            rr.kept_bytes = s.good_bytes;
+            for (const auto& p : s.problems) {
+                if (p.offset == s.good_bytes && p.offset != rr.size) {
+                    rr.stop_reason = p.what;
+                    break;
+                }
+            }
+            const std::uint64_t tail = s.has_footer ? rr.size - s.good_bytes : 0;  // the old index
+            rr.dropped_bytes = rr.size - s.good_bytes - (rr.stop_reason.empty() ? tail : 0);
+        }
+        rr.kept_events = ef::recover(path, &rr.output);
+        const ef::MappedFile out(rr.output);
+        const ef::ScanResult check = ef::scan(out.bytes());
+        rr.output_verified = check.problems.empty() && check.has_footer && check.records.size() == rr.kept_events;
+    } catch (const std::exception& e) {
+        rr.error = e.what();
+    }
+    return rr;
+}
+
+// What --recover works on: a file as named, a directory's .evb.part files in name
+// order (closed .evb files need no recovery). Returns false (after reporting) when
+// an argument cannot be listed or does not exist.
+bool expand_recover_args(const std::vector<std::string>& args, std::vector<std::pair<std::string, bool>>& files,
+                         std::vector<std::string>& errors) {
+    bool ok = true;
+    for (const auto& a : args) {
+        std::error_code ec;
+        if (!fs::is_directory(a, ec)) {
+            files.emplace_back(a, true);
+            continue;
+        }
+        std::vector<std::string> found;
+        fs::directory_iterator it(a, ec), end;
+        for (; !ec && it != end; it.increment(ec)) {
+            const std::string name = it->path().filename().string();
+            if (ends_with(name, ".evb.part") && it->is_regular_file(ec)) found.push_back(it->path().string());
+        }
+        if (ec) {
+            errors.push_back(fmt::format("{}: {}", a, ec.message()));
+            ok = false;
+            continue;
+        }
+        std::sort(found.begin(), found.end());
+        for (auto& f : found) files.emplace_back(std::move(f), false);
+    }
+    return ok;
+}
+
+// ---- output ----
+
+Json header_json(const FileReport& r) {
+    if (!r.header_ok) return nullptr;
+    return Json{{"run_number", r.header.run_number},
+                {"builder_id", r.header.builder_id},
+                {"file_sequence", r.header.file_sequence},
+                {"expected_sources", r.header.expected_sources},
+                {"created_unix_ns", r.header.created_unix_ns}};
+}
+
+Json file_json(const FileReport& r, const Options& o) {
+    Json j;
+    j["path"] = r.path;
+    j["state"] = r.state();
+    if (!r.io_error.empty()) {
+        j["error"] = r.io_error;
+        return j;
+    }
+    j["size_bytes"] = r.size;
+    j["header"] = header_json(r);
+    j["has_footer"] = r.has_footer;
+    j["good_bytes"] = r.good_bytes;
+    j["event_count"] = r.event_count;
+    j["payload_bytes"] = r.payload_bytes;
+    Json rb = Json::object();
+    for (std::size_t b = 0; b < kRecordBits.size(); ++b) rb[kRecordBits[b].second] = r.record_bits[b];
+    j["events_with_status"] = rb;
+    Json sb = Json::object();
+    for (std::size_t b = 0; b < kSectionBits.size(); ++b) sb[kSectionBits[b].second] = r.section_bits[b];
+    j["sections_with_status"] = sb;
+    j["problem_count"] = r.problem_count;
+    Json probs = Json::array();
+    for (const auto& p : r.problems) probs.push_back({{"offset", p.offset}, {"message", p.what}});
+    j["problems"] = probs;
+    if (o.events) {
+        Json evs = Json::array();
+        for (const auto& e : r.events) {
+            Json secs = Json::array();
+            for (const auto& s : e.sections)
+                secs.push_back({{"source_id", s.source_id},
+                                {"status", bit_names(s.status, kSectionBits)},
+                                {"length", s.length}});
+            evs.push_back({{"event_id", e.event_id},
+                           {"offset", e.offset},
+                           {"length", e.length},
+                           {"status", bit_names(e.status, kRecordBits)},
+                           {"first_fragment_unix_ns", e.first_fragment_unix_ns},
+                           {"built_unix_ns", e.built_unix_ns},
+                           {"sections", secs}});
+        }
+        j["events"] = evs;
+    }
+    return j;
+}
+
+Json recover_json(const RecoverReport& r) {
+    Json j{{"path", r.path}};
+    if (!r.error.empty()) {
+        j["error"] = r.error;
+        if (r.in_use) j["in_use"] = true;
+        return j;
+    }
+    if (r.removed) {
+        j["removed"] = true;
+        j["reason"] = r.note;
+        j["event_count"] = 0;
+        return j;
+    }
+    if (r.in_use) {
+        j["in_use"] = true;
+        j["note"] = r.note;
+        return j;
+    }
+    if (!r.note.empty()) {
+        j["note"] = r.note;
+        j["event_count"] = r.kept_events;
+        return j;
+    }
+    j["output"] = r.output;
+    j["kept_events"] = r.kept_events;
+    j["kept_bytes"] = r.kept_bytes;
+    j["dropped_bytes"] = r.dropped_bytes;
+    if (!r.stop_reason.empty()) j["stopped_at"] = {{"offset", r.kept_bytes}, {"reason", r.stop_reason}};
+    j["output_verified"] = r.output_verified;
+    return j;
+}
+
+void print_recover_text(const RecoverReport& r) {
+    if (!r.error.empty()) {
+        std::fprintf(stderr, "evb-dump: %s\n", r.error.c_str());
+        return;
+    }
+    if (r.removed) {
+        fmt::print("removed {}: {}; it held no events\n", r.path, r.note);
+        return;
+    }
+    if (r.in_use) {
+        fmt::print("{}: {}\n", r.path, r.note);
+        return;
+    }
+    if (!r.note.empty()) {
+        fmt::print("{}: {} ({} events)\n", r.path, r.note, r.kept_events);
+        return;
+    }
+    fmt::print("recovered {} -> {}\n", r.path, r.output);
+    fmt::print("  kept {} events ({} of {})\n", r.kept_events, human_bytes(r.kept_bytes), human_bytes(r.size));
+    if (!r.stop_reason.empty())
+        fmt::print("  dropped {} from offset {}: {}\n", human_bytes(r.dropped_bytes), r.kept_bytes, r.stop_reason);
+    if (!r.output_verified) fmt::print("  WARNING: the recovered file does not verify\n");
+}
+
+std::string section_notes(const EventInfo& e) {
+    std::vector<std::string> missing, empty, flagged;
+    for (const auto& s : e.sections) {
+        if (s.status & ef::section_status::missing) missing.push_back(std::to_string(s.source_id));
+        if (s.status & ef::section_status::empty) empty.push_back(std::to_string(s.source_id));
+        if (s.status & ef::section_status::source_error) flagged.push_back(std::to_string(s.source_id));
+    }
+    std::string out = std::to_string(e.sections.size());
+    if (!missing.empty()) out += "  missing:" + join(missing, ",");
+    if (!empty.empty()) out += "  empty:" + join(empty, ",");
+    if (!flagged.empty()) out += "  source_error:" + join(flagged, ",");
+    return out;
+}
+
+void print_events_text(const FileReport& r) {
+    if (!r.io_error.empty() || !r.header_ok) return;
+    fmt::print("{}: run {}, builder {}, sequence {}, {} expected sources, {} events\n", r.path,
+               r.header.run_number, r.header.builder_id, r.header.file_sequence, r.header.expected_sources,
+               r.event_count);
+    if (r.events.empty()) return;
+    fmt::print("  {:>20} {:>12} {:>9}  {:<28} {}\n", "event_id", "offset", "length", "status", "sections");
+    for (const auto& e : r.events) {
+        const auto names = bit_names(e.status, kRecordBits);
+        fmt::print("  {:>20} {:>12} {:>9}  {:<28} {}\n", e.event_id, e.offset, e.length,
+                   names.empty() ? std::string("-") : join(names, ","), section_notes(e));
+    }
+    fmt::print("\n");
+}
+
+void print_summary_text(const std::vector<FileReport>& reports) {
+    if (reports.empty()) return;
+    std::size_t w = 4;
+    for (const auto& r : reports) w = std::max(w, r.path.size());
+    fmt::print("{:<{}}  {:>7} {:>4} {:>6} {:>4} {:>9} {:>10}  {:<10} {:>10} {:>5} {:>9} {:>7}\n", "file", w, "run",
+               "bld", "seq", "src", "events", "size", "state", "incomplete", "dups", "src_error", "corrupt");
+    std::uint64_t events = 0, bytes = 0;
+    for (const auto& r : reports) {
+        bytes += r.size;
+        if (!r.header_ok) {
+            fmt::print("{:<{}}  {:>7} {:>4} {:>6} {:>4} {:>9} {:>10}  {}\n", r.path, w, "-", "-", "-", "-", "-",
+                       r.io_error.empty() ? human_bytes(r.size) : std::string("-"), r.state());
+            continue;
+        }
+        events += r.event_count;
+        fmt::print("{:<{}}  {:>7} {:>4} {:>6} {:>4} {:>9} {:>10}  {:<10} {:>10} {:>5} {:>9} {:>7}\n", r.path, w,
+                   r.header.run_number, r.header.builder_id, r.header.file_sequence, r.header.expected_sources,
+                   r.event_count, human_bytes(r.size), r.state(), r.record_bits[0], r.record_bits[1],
+                   r.record_bits[2], r.record_bits[3]);
+    }
+    if (reports.size() > 1)
+        fmt::print("total: {} files, {} events, {}\n", reports.size(), events, human_bytes(bytes));
+}
+
+std::string plural(std::uint64_t n, std::string_view one, std::string_view many) {
+    return fmt::format("{} {}", n, n == 1 ? one : many);
+}
+
+// FILE:OFFSET: message lines; `limit` per file, then a count of the rest.
+void print_problems_text(const FileReport& r, std::size_t limit) {
+    if (!r.io_error.empty()) return;
+    std::size_t shown = 0;
+    for (const auto& p : r.problems) {
+        if (shown == limit) break;
+        fmt::print("{}:{}: {}\n", r.path, p.offset, p.what);
+        ++shown;
+    }
+    if (r.problem_count > shown)
+        fmt::print("{}: ... {} not shown\n", r.path, plural(r.problem_count - shown, "more problem", "more problems"));
+}
+
+// Without --verify: one line per file that is not clean, with its first problem.
+void print_notes_text(const FileReport& r) {
+    if (!r.io_error.empty() || r.problems.empty()) return;
+    const auto& p = r.problems.front();
+    const std::string more = r.problem_count > 1
+                                 ? fmt::format(" (+{}; --verify lists all)", plural(r.problem_count - 1, "more", "more"))
+                                 : "";
+    fmt::print("{}:{}: {}{}\n", r.path, p.offset, p.what, more);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options o;
+    if (const auto err = parse_args(argc, argv, o)) {
+        std::fprintf(stderr, "evb-dump: %s (see evb-dump --help)\n", err->c_str());
+        return kExitUsage;
+    }
+    if (o.help) {
+        fmt::print("{}", kUsage);
+        return kExitOk;
+    }
+
+    int status = kExitOk;
+    auto raise = [&status](int s) { status = std::max(status, s); };
+
+    std::vector<std::string> files, input_errors;
+    std::vector<std::pair<std::string, bool>> to_recover;  // path, named on the command line
+    if (!expand_recover_args(o.recover, to_recover, input_errors)) raise(kExitUsage);
+    std::vector<RecoverReport> recovered;
+    for (const auto& [path, named] : to_recover) {
+        recovered.push_back(recover_one(path, named));
+        const auto& r = recovered.back();
+        if (!r.error.empty()) raise(kExitUsage);
+        else if (r.note.empty() && !r.output_verified) raise(kExitProblems);
+    }
+    if (to_recover.empty() && !o.recover.empty() && input_errors.empty() && !o.json)
+        fmt::print("no .evb.part files to recover\n");
+
+    if (!expand_inputs(o.inputs, files, input_errors)) raise(kExitUsage);
+    if (!o.inputs.empty() && files.empty()) raise(kExitUsage);
+
+    std::vector<FileReport> reports;
+    reports.reserve(files.size());
+    std::uint64_t total_problems = 0;
+    std::size_t files_with_problems = 0;
+    for (const auto& f : files) {
+        reports.push_back(examine(f, o));
+        const auto& r = reports.back();
+        if (!r.io_error.empty()) {
+            input_errors.push_back(r.io_error);
+            raise(kExitUsage);
+            continue;
+        }
+        total_problems += r.problem_count;
+        if (r.problem_count > 0) ++files_with_problems;
+    }
+    if (o.verify && total_problems > 0) raise(kExitProblems);
+
+    if (o.json) {
+        Json doc;
+        Json jf = Json::array();
+        for (const auto& r : reports) jf.push_back(file_json(r, o));
+        doc["files"] = jf;
+        if (!o.recover.empty()) {
+            Json jr = Json::array();
+            for (const auto& r : recovered) jr.push_back(recover_json(r));
+            doc["recovered"] = jr;
+        }
+        doc["errors"] = input_errors;
+        doc["verified"] = o.verify;
+        doc["pattern_checked"] = o.pattern;
+        doc["problem_count"] = total_problems;
+        doc["exit_status"] = status;
+        fmt::print("{}\n", doc.dump(2));
+        return status;
+    }
+
+    for (const auto& e : input_errors) std::fprintf(stderr, "evb-dump: %s\n", e.c_str());
+    for (const auto& r : recovered) print_recover_text(r);
+    if (!recovered.empty() && !reports.empty()) fmt::print("\n");
+    if (o.events)
+        for (const auto& r : reports) print_events_text(r);
+    print_summary_text(reports);
+
+    if (o.verify) {
+        for (const auto& r : reports) print_problems_text(r, kMaxProblemsPrinted);
+        const std::size_t readable = static_cast<std::size_t>(std::count_if(
+            reports.begin(), reports.end(), [](const FileReport& r) { return r.io_error.empty(); }));
+        std::uint64_t events = 0;
+        for (const auto& r : reports) events += r.event_count;
+        if (total_problems == 0)
+            fmt::print("verify{}: OK, {}, {}\n", o.pattern ? " (with pattern)" : "",
+                       plural(readable, "file", "files"), plural(events, "event", "events"));
+        else
+            fmt::print("verify{}: FAILED, {} in {} of {}\n", o.pattern ? " (with pattern)" : "",
+                       plural(total_problems, "problem", "problems"), files_with_problems,
+                       plural(readable, "file", "files"));
+    } else {
+        // Without --verify, one line per file that is not clean says why.
+        for (const auto& r : reports) print_notes_text(r);
+    }
+    return status;
+}

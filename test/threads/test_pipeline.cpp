@@ -1,0 +1,245 @@
+// The pipeline's built hook (pull mode: the request sender learns which events it
+// need not ask for again), driven through a real socket reader and disk writer.
+#include <catch2/catch.hpp>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/format/file_format.hpp"
+#include "core/format/wire.hpp"
+#include "test/pipeline_rig.hpp"
+#include "test/temp_dir.hpp"
+
+using namespace evb;
+
+namespace {
+// One single-chunk fragment of 100 bytes, sent to the rig's socket.
+void send_fragment(int fd, const net::Endpoint& to, std::uint32_t run, std::uint32_t source, std::uint64_t event) {
+    std::vector<std::byte> d(wire::kFragmentHeaderBytes + 100, std::byte{0x5a});
+    wire::FragmentHeader h;
+    h.source_id = source;
+    h.run_number = run;
+    h.event_id = event;
+    h.fragment_length = 100;
+    h.chunk_count = 1;
+    wire::encode_fragment_header(h, d.data());
+    REQUIRE(::sendto(fd, d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&to.addr), to.len) ==
+            static_cast<ssize_t>(d.size()));
+}
+// Two sources, one event pool per shard, events end only with the run (or a stop).
+PipelineSettings two_sources(std::uint32_t shards, std::uint32_t max_events) {
+    PipelineSettings ps;
+    ps.workers = shards > 1 ? 2 : 1;
+    ps.shards = shards;
+    ps.matcher.sources = {0, 1};
+    ps.matcher.max_events = max_events;
+    ps.matcher.late_window = 1024;
+    ps.matcher.timeout_ns = 60'000'000'000ull;
+    return ps;
+}
+WriterSettings writer_into(const std::string& dir) {
+    WriterSettings ws;
+    ws.directory = dir;
+    ws.fsync = FsyncPolicy::never;
+    return ws;
+}
+}  // namespace
+
+TEST_CASE("Pipeline tells the built hook every event it hands on, complete or not, once") {
+    // Before the rig: its destructor may still flush events through the hook.
+    std::mutex m;
+    std::vector<std::uint64_t> built;
+    test::TempDir dir;
+    const PipelineSettings ps = two_sources(2, 64);  // only the end of the run ends event 4
+    const WriterSettings ws = writer_into(dir.path());
+    test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20);
+    rig.pipeline.set_built_hook([&](std::uint64_t id) {
+        std::lock_guard lock(m);
+        built.push_back(id);
+    });
+    auto sorted_built = [&] {
+        std::lock_guard lock(m);
+        std::vector<std::uint64_t> v = built;
+        std::sort(v.begin(), v.end());
+        return v;
+    };
+    rig.start();
+
+    // Events 0-3 from both sources (complete), event 4 from source 0 only.
+    const int out = net::open_udp_for(rig.to, 1u << 20);
+    auto send = [&](std::uint32_t source, std::uint64_t event) { send_fragment(out, rig.to, 1, source, event); };
+    for (std::uint64_t e = 0; e < 4; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send(s, e);
+    send(0, 4);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (rig.writer_counters.events_written.get() < 4 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3});  // event 4 is still open
+    // The run ends: event 4 is handed on INCOMPLETE; the run-end marker behind it
+    // is no event.
+    rig.pipeline.end_run(0, 2);
+    rig.pipeline.wait_idle();
+    CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
+    rig.stop();
+    ::close(out);
+    CHECK(rig.writer_counters.events_written.get() == 5);
+    CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
+}
+
+TEST_CASE("Pipeline: a run change while the new run's data already arrives writes both runs, whatever the timing") {
+    test::TempDir dir;
+    PipelineSettings ps = two_sources(2, 64);
+    ps.workers = 1;
+    WriterSettings ws = writer_into(dir.path());
+    ws.run_number = 1;
+    test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20);
+    rig.start();
+    const int out = net::open_udp_for(rig.to, 1u << 20);
+    auto send = [&](std::uint32_t run, std::uint32_t source, std::uint64_t event) {
+        send_fragment(out, rig.to, run, source, event);
+    };
+    auto wait_for = [](auto&& cond) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!cond() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        return cond();
+    };
+    auto built = [&] {
+        std::uint64_t n = 0;
+        for (auto& c : rig.pipeline.counters()) n += c->events_complete.get() + c->events_incomplete.get();
+        return n;
+    };
+    for (std::uint64_t e = 0; e < 8; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send(1, s, e);
+    send(1, 0, 8);  // run 1's event 8 stays open until the run ends
+    REQUIRE(wait_for([&] { return rig.writer_counters.events_written.get() == 8; }));
+
+    // The run changes as a reload does it: the writer learns first, then the reader
+    // admits run 2, and run 2's data arrives (and is built) before the run-end marker.
+    WriterSettings next = ws;
+    next.run_number = 2;
+    next.run_generation = 1;
+    REQUIRE(rig.writer.commands().try_push(&next));
+    AdmissionRules run2;
+    run2.run_number = 2;
+    REQUIRE(rig.reader.commands().try_push(&run2));
+    REQUIRE(wait_for([&] { return rig.reader.applied() == &run2; }));
+    for (std::uint64_t e = 0; e < 8; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send(2, s, e);
+    send(2, 0, 8);  // run 2's event 8 is open when the run-end marker passes
+    REQUIRE(wait_for([&] { return built() == 16; }));
+    rig.pipeline.end_run(0, 2);
+    // Run 1's event 8 is written INCOMPLETE, run 2's eight complete events follow.
+    CHECK(wait_for([&] { return rig.writer_counters.events_written.get() == 8 + 1 + 8; }));
+    send(2, 1, 8);  // completes run 2's event 8, which the run end left open
+    CHECK(wait_for([&] { return rig.writer_counters.events_written.get() == 18; }));
+    rig.stop();
+    ::close(out);
+    CHECK(rig.writer_counters.events_written.get() == 18);
+    std::uint64_t incomplete = 0;
+    for (auto& c : rig.pipeline.counters()) incomplete += c->events_incomplete.get();
+    CHECK(incomplete == 1);
+    CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
+}
+
+TEST_CASE("DiskWriter with O_DIRECT tells the written hook only of records the kernel has") {
+    test::TempDir dir;
+    {
+        // Where the filesystem refuses O_DIRECT (tmpfs) the writer falls back to the
+        // page cache and this test would prove nothing: say so instead of passing.
+        file::OutputFile probe;
+        REQUIRE(probe.open(dir.path(), file::FileHeader{1, 99, 0, 2, 0}, true) == 0);
+        const bool fell_back = probe.direct_fallback();
+        probe.abandon();
+        std::filesystem::remove_all(dir.path());
+        std::filesystem::create_directory(dir.path());
+        if (fell_back) {
+            WARN("the test directory's filesystem refuses O_DIRECT: not tested here");
+            return;
+        }
+    }
+    const PipelineSettings ps = two_sources(1, 256);
+    WriterSettings ws = writer_into(dir.path());
+    ws.direct_io = true;
+    // Every id the hook reports must already be in a file as the kernel sees it
+    // (read back through the page cache, which O_DIRECT writes update once done).
+    std::vector<std::uint64_t> reported, missing_from_disk;
+    test::PipelineRig rig(ps, ws, 1024, 256, 8u << 20);
+    rig.writer.set_written_hook([&](const std::uint64_t* ids, std::size_t n) {
+        std::set<std::uint64_t> on_disk;
+        for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
+            std::ifstream in(f.path(), std::ios::binary);
+            std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+            std::vector<std::byte> image(raw.size());
+            std::memcpy(image.data(), raw.data(), raw.size());
+            for (const auto& r : file::scan(image).records) on_disk.insert(r.header.event_id);
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+            reported.push_back(ids[i]);
+            if (!on_disk.count(ids[i])) missing_from_disk.push_back(ids[i]);
+        }
+    });
+    rig.start();
+    const int out = net::open_udp_for(rig.to, 1u << 20);
+    for (std::uint64_t e = 0; e < 20; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send_fragment(out, rig.to, 1, s, e);
+    // A trickle far below a 2 MiB stage: the hook must still hear of them while the
+    // file is open (pull mode's credits depend on it), not only at close.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (rig.writer_counters.events_written.get() < 20 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    CHECK(rig.writer_counters.events_written.get() == 20);
+    rig.stop();
+    ::close(out);
+    CHECK(reported.size() == 20);
+    CHECK(missing_from_disk.empty());
+}
+
+TEST_CASE("Pipeline: one reload that changes both the run and the expected sources hands the writer both markers") {
+    test::TempDir dir;
+    PipelineSettings ps = two_sources(1, 64);
+    WriterSettings ws = writer_into(dir.path());
+    ws.run_number = 1;
+    test::PipelineRig rig(ps, ws, 1024, 256, 8u << 20);
+    rig.start();
+    const int out = net::open_udp_for(rig.to, 1u << 20);
+    auto wait_for = [](auto&& cond) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!cond() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        return cond();
+    };
+    send_fragment(out, rig.to, 1, 0, 0);  // run 1's event 0 stays open
+    REQUIRE(wait_for([&] { return rig.pipeline.events_in_flight() == 1; }));
+    // As the daemon's reload: the writer first (two transitions), then the sources,
+    // then the readers and the run end. The old set's last event leaves with the run
+    // end, so one matcher body sends both markers.
+    WriterSettings next = ws;
+    next.run_number = 2;
+    next.run_generation = 2;
+    next.set_generation = 1;
+    REQUIRE(rig.writer.commands().try_push(&next));
+    const std::vector<std::uint8_t> expected{1, 1};
+    rig.pipeline.set_expected_sources(expected, 1);
+    AdmissionRules run2;
+    run2.run_number = 2;
+    REQUIRE(rig.reader.commands().try_push(&run2));
+    REQUIRE(wait_for([&] { return rig.reader.applied() == &run2; }));
+    rig.pipeline.end_run(0, 2);
+    rig.pipeline.wait_idle();
+    for (std::uint64_t e = 0; e < 4; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send_fragment(out, rig.to, 2, s, e);
+    CHECK(wait_for([&] { return rig.writer_counters.events_written.get() == 5; }));
+    rig.stop();
+    ::close(out);
+    CHECK(rig.writer_counters.events_written.get() == 5);
+    CHECK(rig.writer_counters.files_closed.get() == 2);
+}

@@ -1,0 +1,482 @@
+#include "threads/pipeline.hpp"
+
+#include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include <array>
+#include <bit>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "threads/runner.hpp"
+
+#if defined(__SANITIZE_THREAD__)
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+#endif
+
+namespace evb {
+
+namespace flow = oneapi::tbb::flow;
+
+namespace {
+// oneTBB hands a message to the task that runs a node body inside libtbb, which
+// ThreadSanitizer does not see. These annotations state the happens-before that
+// the hand-off provides, so TSan checks our data without reporting the hand-off.
+inline void handoff_release([[maybe_unused]] void* token) noexcept {
+#if defined(__SANITIZE_THREAD__)
+    __tsan_release(token);
+#endif
+}
+inline void handoff_acquire([[maybe_unused]] void* token) noexcept {
+#if defined(__SANITIZE_THREAD__)
+    __tsan_acquire(token);
+#endif
+}
+// The message itself is copied into oneTBB's task object by the putting thread
+// after its release; TSan cannot see that copy's hand-off either, so the body
+// takes its own copy with reads ignored, then works only on that copy.
+template <typename T>
+inline T handoff_take(const T& in) noexcept {
+#if defined(__SANITIZE_THREAD__)
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    T copy = in;
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+    return copy;
+#else
+    return in;
+#endif
+}
+}  // namespace
+
+namespace {
+struct ShardInput {
+    enum class Kind : std::uint8_t { chunks, tick, flush, end_run, set_timeout, give_up, set_sources };
+    Kind kind = Kind::chunks;
+    ChunkMeta* head = nullptr;
+    std::uint64_t now_ns = 0;  // or the new timeout, for set_timeout
+    std::uint64_t event_id = 0;  // give_up
+    std::uint32_t run_number = 0;  // give_up; end_run: the run that goes on; set_sources: the generation
+    const std::vector<std::uint8_t>* expected = nullptr;  // set_sources (kept alive by the poster until idle)
+};
+using MatchNode = flow::multifunction_node<ShardInput, std::tuple<Event*>>;
+using AssembleNode = flow::function_node<Event*, flow::continue_msg>;
+}  // namespace
+
+namespace {
+// task_arena::execute runs `f` inside libtbb (on the calling thread: a driver's
+// arena has one slot and no workers), and the graph it builds or frees is used by
+// the driver thread through libtbb too; state the edges both ways for TSan.
+// The entry token is a fixed address: the body acquires it before it reads any of
+// its captures (which live on the caller's stack).
+int g_arena_entry_token;
+
+template <typename F>
+void run_in_arena(oneapi::tbb::task_arena& arena, F&& f) {
+    int token = 0;
+    auto body = [&] {
+        handoff_acquire(&g_arena_entry_token);
+        f();
+        handoff_release(&token);
+    };
+    handoff_release(&g_arena_entry_token);  // after the closure is built
+    arena.execute(body);
+    handoff_acquire(&token);
+}
+}  // namespace
+
+namespace {
+// A shard's inbox: a bounded multi-producer, single-consumer queue of messages
+// (cells with sequence numbers, after D. Vyukov's bounded queue). The readers, the
+// replay feeder and the control threads put; the shard's driver takes, in the order
+// they were put, which keeps "end of run" behind every chunk put before it.
+class Inbox {
+public:
+    explicit Inbox(std::size_t min_capacity)
+        : mask_(std::bit_ceil(std::max<std::size_t>(min_capacity, 64)) - 1), cells_(new Cell[mask_ + 1]) {
+        for (std::size_t i = 0; i <= mask_; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
+    }
+    // False when full.
+    bool try_put(const ShardInput& m) noexcept {
+        std::size_t pos = tail_.load(std::memory_order_relaxed);
+        for (;;) {
+            Cell& c = cells_[pos & mask_];
+            const std::size_t seq = c.seq.load(std::memory_order_acquire);
+            const auto dif = static_cast<std::ptrdiff_t>(seq) - static_cast<std::ptrdiff_t>(pos);
+            if (dif == 0) {
+                if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+                    c.msg = m;
+                    c.seq.store(pos + 1, std::memory_order_release);
+                    return true;
+                }
+            } else if (dif < 0) {
+                return false;  // the consumer has not freed this cell yet
+            } else {
+                pos = tail_.load(std::memory_order_relaxed);
+            }
+        }
+    }
+    // Hands every message claimed before the call to f, in order, and any complete
+    // after it; returns how many. A cell claimed but not yet filled is waited for
+    // (its putter fills it without blocking), so nothing put before the call is
+    // left behind a gap.
+    template <typename F>
+    std::size_t drain(F&& f) {
+        const std::size_t claimed = tail_.load(std::memory_order_acquire);
+        std::size_t n = 0;
+        for (;;) {
+            Cell& c = cells_[head_ & mask_];
+            if (c.seq.load(std::memory_order_acquire) != head_ + 1) {
+                if (static_cast<std::ptrdiff_t>(claimed - head_) <= 0) return n;
+#if defined(__x86_64__)
+                __builtin_ia32_pause();
+#endif
+                continue;
+            }
+            const ShardInput m = c.msg;
+            c.seq.store(head_ + mask_ + 1, std::memory_order_release);
+            ++head_;
+            ++n;
+            f(m);
+        }
+    }
+
+private:
+    struct Cell {
+        std::atomic<std::size_t> seq;
+        ShardInput msg;
+    };
+    const std::size_t mask_;
+    std::unique_ptr<Cell[]> cells_;
+    alignas(kFalseSharingBytes) std::atomic<std::size_t> tail_{0};
+    alignas(kFalseSharingBytes) std::size_t head_ = 0;  // consumer only
+};
+}  // namespace
+
+// A thread of ours that runs the flow graph of its shards. Each driver has a task
+// arena with one slot, reserved for it, so oneTBB starts no worker threads: the
+// driver takes its shards' inboxes, puts the messages into the graph from inside
+// the arena, and runs the graph until it is idle, then parks on its doorbell. It
+// does not spin in the scheduler between hand-offs (a oneTBB worker that runs out
+// of work spins and yields for a while before sleeping, which took a fifth of a
+// core from the sender and the readers on a 2-core builder).
+struct Pipeline::Driver final : Agent {
+    Driver() : arena(1, 1) {}
+    std::size_t do_work() override;
+    void on_idle() override {
+        bell.park(std::chrono::milliseconds(100), [this] { return puts.load(std::memory_order_acquire) != done_puts; });
+    }
+    void on_close() override {
+        while (do_work() != 0) {
+        }
+    }
+    // After putting into one of this driver's inboxes: count it and wake the driver.
+    std::uint64_t notify() noexcept {
+        const std::uint64_t n = puts.fetch_add(1, std::memory_order_acq_rel) + 1;
+        bell.ring();
+        return n;
+    }
+    oneapi::tbb::task_arena arena;
+    std::unique_ptr<flow::graph> graph;
+    std::vector<Shard*> shards;
+    Doorbell bell;
+    alignas(kFalseSharingBytes) std::atomic<std::uint64_t> puts{0};
+    std::uint64_t done_puts = 0;  // driver thread only
+    alignas(kFalseSharingBytes) std::atomic<std::uint64_t> completed{0};  // puts fully processed
+    std::unique_ptr<AgentRunner> runner;
+};
+
+struct Pipeline::Impl {
+    // No oneTBB worker threads at all: the drivers are the only threads in the arenas.
+    Impl() : limit(oneapi::tbb::global_control::max_allowed_parallelism, 1) {}
+    oneapi::tbb::global_control limit;
+};
+
+struct Pipeline::Shard {
+    Shard(std::uint16_t id, const MatcherSettings& ms, std::vector<alloc::BufferPool*> pools,
+          stats::MatcherCounters& c, std::size_t inbox_capacity)
+        : arena(fmt::format("shard-{}", id)),
+          returns(std::move(pools), id),
+          matcher(id, ms, arena, returns, c),
+          to_writer(ms.max_events + kMarkerRoom),
+          inbox(inbox_capacity) {}
+    alloc::Arena arena;
+    alloc::ReturnBatcher returns;
+    Matcher matcher;
+    SpscRing<Event*> to_writer;
+    Crc32cJoiner joiner;  // used by the serial assemble body only
+    // Room in to_writer for "run ended" / "source set ended" markers (nullptr) the
+    // writer has not taken yet: one per run or source change (reloads wait for the
+    // graph, so they do not pile up while it works).
+    static constexpr std::size_t kMarkerRoom = 1024;
+    // On the matcher -> assembler edge a marker node stands for `record_length`
+    // markers in a row. A list can hold a node once only (it is linked through the
+    // node), so each body that sends markers takes the next of these nodes; a
+    // node comes round again only after 16 more marker lists, long after the
+    // assembler has passed it (a reload waits for the graph before the next).
+    std::array<Event, 16> markers{};
+    std::size_t next_marker = 0;
+    bool is_marker(const Event* e) const noexcept { return e >= markers.data() && e < markers.data() + markers.size(); }
+    std::atomic<bool> tick_queued{false};
+    Inbox inbox;
+    Driver* driver = nullptr;
+    // Any thread: queues m for this shard's matcher and wakes its driver.
+    std::uint64_t put(const ShardInput& m) noexcept;
+    std::unique_ptr<MatchNode> match;
+    std::unique_ptr<AssembleNode> assemble;
+};
+
+Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> pools, Doorbell& writer_doorbell)
+    : impl_(std::make_unique<Impl>()) {
+    // Every batch holds one receive slot at least, and events are spread over the
+    // shards by id: twice a shard's share of the slots (at most 64 k messages) is
+    // room enough; a full inbox makes its putter wait for the driver.
+    std::size_t slots = 0;
+    for (const auto* p : pools) slots += p->slot_count();
+    const std::size_t inbox_capacity = std::min<std::size_t>(2 * slots / std::max<std::uint32_t>(s.shards, 1) + 1024, 65536);
+    for (std::uint32_t k = 0; k < s.shards; ++k) {
+        counters_.push_back(std::make_unique<stats::MatcherCounters>());
+        shards_.push_back(std::make_unique<Shard>(static_cast<std::uint16_t>(k), s.matcher, pools, *counters_.back(),
+                                                  inbox_capacity));
+    }
+    const std::uint32_t drivers = std::max<std::uint32_t>(1, std::min<std::uint32_t>(s.workers, s.shards));
+    for (std::uint32_t d = 0; d < drivers; ++d) drivers_.push_back(std::make_unique<Driver>());
+    try {
+        build_graphs(writer_doorbell);
+    } catch (...) {
+        release_graphs();  // nodes before their graphs, and no driver left running
+        throw;
+    }
+}
+
+void Pipeline::build_graphs(Doorbell& writer_doorbell) {
+    const std::size_t drivers = drivers_.size();
+    for (std::size_t k = 0; k < shards_.size(); ++k) {
+        Driver& d = *drivers_[k % drivers];
+        shards_[k]->driver = &d;
+        d.shards.push_back(shards_[k].get());
+    }
+    // A graph belongs to the arena it is built in.
+    for (auto& dp : drivers_) {
+        run_in_arena(dp->arena, [&] {
+            dp->graph = std::make_unique<flow::graph>();
+            for (Shard* sh : dp->shards) {
+                sh->match = std::make_unique<MatchNode>(
+                    *dp->graph, flow::serial, [this, sh](const ShardInput& msg, MatchNode::output_ports_type& out) {
+                        const ShardInput in = handoff_take(msg);
+                        handoff_acquire(&sh->match);
+                        // A serial node's bodies run one after the other on the driver's
+                        // thread, dispatched inside libtbb, out of TSan's view.
+                        handoff_acquire(&sh->matcher);
+                        EventList built;
+                        std::uint32_t markers = 0;  // to follow the events built here
+                        switch (in.kind) {
+                            case ShardInput::Kind::chunks: sh->matcher.add_chunks(in.head, in.now_ns, built); break;
+                            case ShardInput::Kind::tick:
+                                sh->tick_queued.store(false, std::memory_order_relaxed);
+                                sh->matcher.expire(in.now_ns, built);
+                                break;
+                            case ShardInput::Kind::flush: sh->matcher.flush(in.now_ns, built); break;
+                            case ShardInput::Kind::end_run:
+                                sh->matcher.end_run(in.run_number, in.now_ns, built);
+                                ++markers;
+                                break;
+                            case ShardInput::Kind::set_timeout: sh->matcher.set_timeout_ns(in.now_ns); break;
+                            case ShardInput::Kind::give_up:
+                                sh->matcher.give_up(in.event_id, in.run_number, in.now_ns, built);
+                                break;
+                            case ShardInput::Kind::set_sources:
+                                sh->matcher.set_expected(*in.expected, in.run_number);
+                                break;
+                        }
+                        // An expected-source set ends once none of its events is in flight
+                        // here: its marker follows them to the writer (as a run's does).
+                        markers += sh->matcher.take_set_markers();
+                        if (markers > 0) {
+                            Event& m = sh->markers[sh->next_marker++ % sh->markers.size()];
+                            m.record_length = markers;
+                            built.push(&m);
+                        }
+                        handoff_release(&sh->matcher);
+                        if (built.head) {
+                            if (built_hook_)
+                                for (const Event* e = built.head; e != nullptr; e = e->next_out)
+                                    if (!sh->is_marker(e)) built_hook_(e->event_id);
+                            handoff_release(&sh->assemble);
+                            std::get<0>(out).try_put(built.head);
+                        }
+                    });
+                sh->assemble = std::make_unique<AssembleNode>(
+                    *dp->graph, flow::serial, [sh, &writer_doorbell](Event* const& msg) {
+                        Event* e = handoff_take(msg);
+                        handoff_acquire(&sh->assemble);
+                        handoff_acquire(&sh->to_writer);  // previous run of this serial body
+                        Event* batch[64];
+                        std::size_t n = 0;
+                        while (e != nullptr) {
+                            Event* next = e->next_out;
+                            const std::uint32_t copies = sh->is_marker(e) ? e->record_length : 1;
+                            if (!sh->is_marker(e)) assemble(*e, sh->joiner);
+                            for (std::uint32_t k = 0; k < copies; ++k) {
+                                batch[n++] = sh->is_marker(e) ? nullptr : e;  // the writer counts markers per shard
+                                if (n == 64) {
+                                    // Cannot fail: the ring holds the shard's whole event pool
+                                    // and kMarkerRoom markers.
+                                    (void)sh->to_writer.try_push_n(batch, n);
+                                    n = 0;
+                                }
+                            }
+                            e = next;
+                        }
+                        if (n > 0) (void)sh->to_writer.try_push_n(batch, n);
+                        handoff_release(&sh->to_writer);
+                        writer_doorbell.ring();
+                        return flow::continue_msg();
+                    });
+                flow::make_edge(flow::output_port<0>(*sh->match), *sh->assemble);
+            }
+        });
+    }
+    for (std::size_t d = 0; d < drivers_.size(); ++d) {
+        drivers_[d]->runner = std::make_unique<AgentRunner>(
+            drivers_.size() == 1 ? std::string("evb-worker") : fmt::format("evb-worker-{}", d), *drivers_[d]);
+        drivers_[d]->runner->start();
+    }
+}
+
+void Pipeline::release_graphs() noexcept {
+    for (auto& d : drivers_) {
+        if (!d->runner) continue;
+        d->runner->request_stop();
+        d->bell.ring();  // a parked driver sees the stop now, not at its park timeout
+    }
+    for (auto& d : drivers_)
+        if (d->runner) d->runner->stop();
+    // The drivers are joined: this thread may enter their arenas to free the graphs.
+    for (auto& d : drivers_) {
+        run_in_arena(d->arena, [&] {
+            for (Shard* s : d->shards) {
+                s->assemble.reset();
+                s->match.reset();
+            }
+            d->graph.reset();
+        });
+    }
+}
+
+std::size_t Pipeline::Driver::do_work() {
+    const std::uint64_t target = puts.load(std::memory_order_acquire);
+    if (target == done_puts) return 0;
+    std::size_t n = 0;
+    run_in_arena(arena, [&] {
+        // Put from inside the arena: the tasks go to this thread's own slot, and
+        // wait_for_all runs them and everything they put downstream.
+        for (Shard* sh : shards)
+            n += sh->inbox.drain([sh](const ShardInput& m) {
+                handoff_release(&sh->match);
+                sh->match->try_put(m);
+            });
+        graph->wait_for_all();
+    });
+    done_puts = target;
+    completed.store(target, std::memory_order_release);
+    completed.notify_all();
+    return n + 1;
+}
+
+std::uint64_t Pipeline::Shard::put(const ShardInput& m) noexcept {
+    while (!inbox.try_put(m)) {
+        driver->bell.ring();  // full: the driver is behind; let it run
+        std::this_thread::yield();
+    }
+    return driver->notify();
+}
+
+Pipeline::~Pipeline() {
+    wait_idle();
+    release_graphs();
+}
+
+void Pipeline::submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept {
+    shards_[shard]->put(ShardInput{ShardInput::Kind::chunks, head, now_ns});
+}
+
+void Pipeline::tick(std::uint64_t now_ns) noexcept {
+    for (auto& s : shards_) {
+        // One queued tick per shard at most: a busy shard does not pile them up.
+        if (s->tick_queued.exchange(true, std::memory_order_relaxed)) continue;
+        s->put(ShardInput{ShardInput::Kind::tick, nullptr, now_ns});
+    }
+}
+
+void Pipeline::flush(std::uint64_t now_ns) noexcept {
+    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::flush, nullptr, now_ns});
+}
+
+void Pipeline::end_run(std::uint64_t now_ns, std::uint32_t next_run) noexcept {
+    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::end_run, nullptr, now_ns, 0, next_run});
+}
+
+void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
+                       std::uint64_t now_ns) noexcept {
+    // The same routing as the readers' (admit_datagram).
+    const auto shard = (event_id / builders) % shards_.size();
+    shards_[shard]->put(ShardInput{ShardInput::Kind::give_up, nullptr, now_ns, event_id, run_number});
+}
+
+void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation) {
+    for (auto& s : shards_) {
+        ShardInput m{ShardInput::Kind::set_sources, nullptr, 0, 0, generation};
+        m.expected = &expected;
+        s->put(m);
+    }
+    wait_idle();  // every shard has copied `expected`
+}
+
+void Pipeline::set_timeout_ns(std::uint64_t ns) noexcept {
+    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::set_timeout, nullptr, ns});
+}
+
+ShardSink::Room Pipeline::settled_room(std::uint32_t shard) {
+    wait_idle();  // the matcher's pool is read after the last put has gone through it
+    Matcher& m = shards_[shard]->matcher;
+    const std::size_t free = m.pool_free() + m.done_ring().size_approx();
+    const std::size_t used = m.pool_size() - std::min(m.pool_size(), free);
+    return {free, used - std::min(used, m.in_flight())};
+}
+
+void Pipeline::wait_idle() {
+    // A driver counts what is put into its inboxes and publishes the count it had
+    // read once everything up to it has gone through the graph. Asking with a put
+    // count of our own covers every message put before this call.
+    for (auto& d : drivers_) {
+        const std::uint64_t mine = d->notify();
+        for (std::uint64_t c = d->completed.load(std::memory_order_acquire); c < mine;
+             c = d->completed.load(std::memory_order_acquire))
+            d->completed.wait(c, std::memory_order_acquire);
+    }
+}
+
+std::vector<SpscRing<Event*>*> Pipeline::writer_rings() {
+    std::vector<SpscRing<Event*>*> v;
+    for (auto& s : shards_) v.push_back(&s->to_writer);
+    return v;
+}
+
+std::vector<SpscRing<Event*>*> Pipeline::done_rings() {
+    std::vector<SpscRing<Event*>*> v;
+    for (auto& s : shards_) v.push_back(&s->matcher.done_ring());
+    return v;
+}
+
+std::size_t Pipeline::events_in_flight() const noexcept {
+    std::size_t n = 0;
+    for (const auto& c : counters_) n += c->events_in_flight.get();
+    return n;
+}
+
+}  // namespace evb

@@ -1,0 +1,89 @@
+// The oneTBB flow graph between the socket readers and the disk writer:
+//
+//   reader --inbox k--> driver: try_put --> matcher[k] (serial) --Event list-->
+//       assembler[k] (serial) --SPSC ring k--> disk writer
+//
+// Shard k's matcher and assembler each run as one task at a time, so shard state
+// needs no locks. A driver thread ("evb-worker") runs the graph of its shards in a
+// one-slot task arena of its own; with several drivers, shards run in parallel.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "allocators/arena.hpp"
+#include "allocators/buffer_pool.hpp"
+#include "core/model/matcher.hpp"
+#include "core/model/counters.hpp"
+#include "threads/socket_reader.hpp"
+#include "allocators/handoff/spsc_ring.hpp"
+#include "allocators/handoff/wait.hpp"
+
+namespace evb {
+
+struct PipelineSettings {
+    std::uint32_t workers = 2;
+    std::uint32_t shards = 2;
+    MatcherSettings matcher;  // max_events is per shard
+};
+
+class Pipeline final : public ShardSink {
+public:
+    // pools: every buffer pool whose slots may enter the graph (the matcher of shard k
+    // returns dropped slots through return port k of each pool).
+    Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> pools, Doorbell& writer_doorbell);
+    ~Pipeline() override;
+
+    std::uint32_t shard_count() const noexcept override { return static_cast<std::uint32_t>(shards_.size()); }
+    void submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept override;
+
+    // Timeout sweep on every shard at time now_ns (skipped for a shard whose last
+    // tick is still queued).
+    void tick(std::uint64_t now_ns) noexcept override;
+    Room settled_room(std::uint32_t shard) override;
+    // Every event in flight is handed on (INCOMPLETE unless complete).
+    void flush(std::uint64_t now_ns) noexcept;
+    // Ends the run: every event of a run other than next_run is handed on and its
+    // id forgotten, then a marker (nullptr) follows them into each shard's writer
+    // ring so the writer knows every event of the old run has reached it. Events of
+    // next_run admitted before the end keep building.
+    void end_run(std::uint64_t now_ns, std::uint32_t next_run) noexcept;
+    void set_timeout_ns(std::uint64_t ns) noexcept;
+    // The expected sources change (index i of the source list: expected[i]);
+    // `generation` numbers the change (see Matcher::set_expected). Returns once
+    // every shard has taken it. Each shard hands the writer one marker when the
+    // last event of the earlier set has gone by.
+    void set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation);
+    // Pull mode: write this event INCOMPLETE now (out of retries).
+    void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders, std::uint64_t now_ns) noexcept;
+    // Pull mode: called on a driver thread with the id of every event the matcher
+    // hands on (complete, timed out or given up), so that the request sender does
+    // not ask again for an event it already has. Set before the first put of any
+    // kind (submit, tick, flush, give_up), on the thread that then starts the
+    // putters, or after wait_idle() with no putter left.
+    void set_built_hook(std::function<void(std::uint64_t event_id)> hook) { built_hook_ = std::move(hook); }
+    // Waits until every message put so far has been processed.
+    void wait_idle();
+
+    std::vector<SpscRing<Event*>*> writer_rings();
+    std::vector<SpscRing<Event*>*> done_rings();
+    std::size_t events_in_flight() const noexcept;
+    const std::vector<std::unique_ptr<stats::MatcherCounters>>& counters() const noexcept { return counters_; }
+
+private:
+    struct Impl;
+    struct Shard;
+    struct Driver;
+    void build_graphs(Doorbell& writer_doorbell);
+    void release_graphs() noexcept;
+    std::unique_ptr<Impl> impl_;
+    std::vector<std::unique_ptr<Shard>> shards_;
+    std::vector<std::unique_ptr<Driver>> drivers_;
+    std::vector<std::unique_ptr<stats::MatcherCounters>> counters_;
+    std::function<void(std::uint64_t)> built_hook_;
+};
+
+}  // namespace evb
