@@ -17,27 +17,28 @@ perf/README.md explains each figure. Python standard library only.
 import argparse
 import collections
 import dataclasses
-import glob
 import json
 import os
 import platform
 import random
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import xml.etree.ElementTree as ElementTree
 
 PERF_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_DIR = os.path.dirname(PERF_DIR)
 sys.path.insert(0, PERF_DIR)
-import plot  # noqa: E402  (perf/plot.py, next to this file)
+# perf/plot.py, perf/soak.py and perf/evbperf.py, next to this file
+import plot  # noqa: E402
+import soak  # noqa: E402
+from evbperf import (Child, Evbd, ToolError, cpu_seconds, free_udp_port, log, replace_block,  # noqa: E402
+                     thread_cpu_seconds)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 GB = 1e9  # rates and CPU cost are per decimal gigabyte
@@ -65,31 +66,8 @@ QUIET_CHECK_S = 0.25  # output idle this long: ask evbd (one scrape) whether it 
 OFF_SETTLE_S = 3.0  # no exporter to ask: output idle this long means done
 
 
-class ToolError(Exception):
-    """A tool failed to run or produced no data: the suite exits non-zero."""
-
-
 # ---------------------------------------------------------------------------
-# Processes and probes
-
-
-def free_udp_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stat_cpu_seconds(text):
-    """User + system CPU seconds from the text of a /proc/.../stat file."""
-    fields = text.rpartition(")")[2].split()
-    # fields[0] is field 3 (state); utime and stime are fields 14 and 15, in clock ticks.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid):
-    """User + system CPU seconds of a process, all its threads, live or exited."""
-    with open(f"/proc/{pid}/stat") as f:
-        return stat_cpu_seconds(f.read())
+# Probes and placement
 
 
 def host_cpu_times():
@@ -103,14 +81,6 @@ def steal_fraction(before, after):
     host_cpu_times() readings (the 8th field: steal)."""
     d = [b - a for a, b in zip(before, after)][:8]  # guest time is already in user
     return d[7] / sum(d) if len(d) == 8 and sum(d) > 0 else None
-
-
-def rss_bytes(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def dir_bytes(path):
@@ -140,16 +110,6 @@ def io_written(pid):
     except OSError:
         pass
     return 0
-
-
-def parse_metrics(text):
-    """Prometheus text exposition -> {'name{labels}': value}."""
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            values[key] = float(value)
-    return values
 
 
 def metric_sum(metrics, name):
@@ -188,120 +148,6 @@ def emulator_cpus():
 def placement_sets():
     """evbd --set for PLACEMENT: its reader pinned."""
     return [f"input.cpus=[{PLACEMENT['reader']}]"] if PLACEMENT else []
-
-
-class Child:
-    """A helper process (evb-source) whose exit status and CPU time come from wait4."""
-
-    def __init__(self, cmd, stdout_path, cpus=None):
-        """`cpus`: pin the child to these CPUs before it execs (None: not pinned)."""
-        self.cmd = cmd
-        self.stdout_path = stdout_path
-        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-        with open(stdout_path, "w") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin)
-        self.rc = None
-        self.cpu_s = None
-
-    def poll(self):
-        if self.rc is None:
-            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
-            if pid:
-                self.rc = os.waitstatus_to_exitcode(status)
-                self.proc.returncode = self.rc  # reaped here, so Popen must not wait again
-                self.cpu_s = usage.ru_utime + usage.ru_stime
-        return self.rc
-
-    def wait(self, timeout):
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                deadline = time.monotonic() + 10
-            time.sleep(0.01)
-        return self.rc
-
-    def stop(self, timeout=30):
-        if self.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.wait(timeout)
-
-    def output(self):
-        with open(self.stdout_path) as f:
-            return f.read()
-
-    def json_output(self):
-        """The last line of output that parses as a JSON object (evb-source --json)."""
-        for line in reversed(self.output().splitlines()):
-            if line.startswith("{"):
-                try:
-                    return json.loads(line)
-                except ValueError:
-                    pass
-        raise ToolError(f"{' '.join(self.cmd)}: no JSON statistics (exit {self.rc}):\n{self.output()[-2000:]}")
-
-
-class Evbd:
-    """evbd on a free loopback port, writing into WORKDIR/data, as evbtest.py drives it."""
-
-    STOPPED = re.compile(r"stopped: (\d+) events complete, (\d+) incomplete, (\d+) written "
-                         r"\((\d+) payload bytes\), (\d+) files closed, (\d+) write errors")
-
-    def __init__(self, bin_dir, workdir, sets, exporter=True, start_timeout=60):
-        self.port = free_udp_port()
-        self.data = os.path.join(workdir, "data")
-        self.logpath = os.path.join(workdir, "evbd.log")
-        cmd = [os.path.join(bin_dir, "evbd"),
-               "--set", f"input.listen=127.0.0.1:{self.port}",
-               "--set", f"output.directory={self.data}",
-               "--set", "monitor.listen=" + ("127.0.0.1:0" if exporter else "")]
-        for s in sets:
-            cmd += ["--set", s]
-        self.cmd = cmd
-        with open(self.logpath, "w") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        self.pid = self.proc.pid
-        self.metrics_url = None
-        deadline = time.monotonic() + start_timeout
-        while True:
-            text = self.log_text()
-            m = re.search(r"metrics on (http://\S+/metrics)", text)
-            if m:
-                self.metrics_url = m.group(1)
-            if "building run" in text:
-                break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                self.proc.wait()
-                raise ToolError(f"evbd did not start ({' '.join(cmd)}):\n{text[-2000:]}")
-            time.sleep(0.005)
-        self.ready_time = time.monotonic()
-        if exporter and not self.metrics_url:
-            raise ToolError("evbd started without logging its metrics URL")
-
-    def log_text(self):
-        with open(self.logpath) as f:
-            return f.read()
-
-    def metrics(self):
-        return parse_metrics(urllib.request.urlopen(self.metrics_url, timeout=10).read().decode())
-
-    def stop(self, timeout=300):
-        """SIGTERM, wait, and return the counts of its final log line."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise ToolError(f"evbd did not exit within {timeout} s of SIGTERM")
-        text = self.log_text()
-        m = self.STOPPED.search(text)
-        if rc != 0 or not m:
-            raise ToolError(f"evbd exited {rc}:\n{text[-2000:]}")
-        keys = ("complete", "incomplete", "written", "payload_bytes", "files_closed", "write_errors")
-        return dict(zip(keys, (int(g) for g in m.groups())))
 
 
 # ---------------------------------------------------------------------------
@@ -759,20 +605,6 @@ def http_get_bytes(port, path="/metrics"):
             n += len(chunk)
 
 
-def thread_cpu_seconds(pid):
-    """CPU seconds of each live thread of `pid`, summed by thread name."""
-    out = {}
-    for stat in glob.glob(f"/proc/{pid}/task/*/stat"):
-        try:
-            with open(stat) as f:
-                text = f.read()
-        except OSError:
-            continue  # the thread ended
-        name = text[text.index("(") + 1:text.rindex(")")]
-        out[name] = out.get(name, 0.0) + stat_cpu_seconds(text)
-    return out
-
-
 class OutputMeter:
     """Bytes evbd has written, for output into a directory whose closed files are
     deleted as they appear (so a long run needs no room; a thread sweeps every 50 ms).
@@ -1165,24 +997,6 @@ def fmt_ns(ns):
     return f"{ns / 1e3:.2f} µs" if ns >= 1e3 else f"{ns:.1f} ns"
 
 
-def replace_block(path, begin, end, body, heading):
-    """Rewrites the text between `begin` and `end` in `path`; appends the block (under
-    `heading`) when the markers are missing. Everything outside the markers is kept."""
-    text = ""
-    if os.path.exists(path):
-        with open(path) as f:
-            text = f.read()
-    block = f"{begin}\n{body.rstrip()}\n{end}"
-    if begin in text and end in text:
-        head, _, rest = text.partition(begin)
-        _, _, tail = rest.partition(end)
-        text = head + block + tail
-    else:
-        text = text.rstrip() + ("\n\n" if text else "") + f"{heading}\n\n{block}\n"
-    with open(path, "w") as f:
-        f.write(text)
-
-
 # ---------------------------------------------------------------------------
 
 
@@ -1258,7 +1072,6 @@ def run_suite(args, bin_dir, out_dir):
         log("micro-benchmarks")
         doc["micro"] = run_micro(bin_dir, quick=args.smoke)
     if not args.only and (args.smoke or args.soak_minutes > 0):
-        import soak
         minutes = soak.SMOKE_SECONDS / 60 if args.smoke else args.soak_minutes
         log(f"soak, {minutes:.1f} min")
         doc["soak"] = soak.run_soak(bin_dir, out_dir, minutes * 60)
@@ -1277,7 +1090,6 @@ def publish(doc, out_dir, report):
     body = render(doc, os.path.basename(svg_path))
     soak_body = None
     if doc.get("soak"):
-        import soak  # perf/soak.py imports this module, so only here
         soak_body = soak.render(doc["soak"])
     if report:
         replace_block(report, GENERATED_BEGIN, GENERATED_END, body, "## Measured figures (generated)")
@@ -1289,14 +1101,7 @@ def publish(doc, out_dir, report):
         print("\n" + soak_body)
 
 
-def log(msg):
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 if __name__ == "__main__":
-    # perf/soak.py does `from bench_e2e import ...`: let it find this very module, so
-    # its ToolError is the one caught below.
-    sys.modules.setdefault("bench_e2e", sys.modules["__main__"])
     try:
         sys.exit(main())
     except ToolError as e:

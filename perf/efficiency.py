@@ -25,8 +25,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-# The suite's helpers: one place reads /proc and picks ports.
-from bench_e2e import cpu_seconds, free_udp_port as free_port, thread_cpu_seconds as thread_cpu  # noqa: E402
+# The perf scripts' shared helpers (perf/evbperf.py): one place reads /proc and picks ports.
+from evbperf import cpu_seconds, free_udp_port as free_port, thread_cpu_seconds as thread_cpu  # noqa: E402
 
 SIZES = (8972, 1472)
 FRACTIONS = (0.1, 0.3, 0.6, 1.0)

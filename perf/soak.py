@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_e2e import Child, Evbd, ToolError, log, replace_block, rss_bytes  # noqa: E402
+from evbperf import Child, Evbd, ToolError, log, replace_block  # noqa: E402  (perf/evbperf.py)
 
 SMOKE_SECONDS = 20
 WARMUP_FRACTION = 0.2
@@ -47,6 +47,15 @@ def delete_closed_files(directory):
         for entry in entries:
             if entry.name.endswith(".evb"):
                 os.unlink(entry.path)
+
+
+def rss_bytes(pid):
+    """Resident memory of a process (VmRSS in /proc/PID/status), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def sample(evbd, t):
