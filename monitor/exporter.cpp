@@ -9,7 +9,9 @@
 
 #include "allocators/arena.hpp"
 #include "core/format/wire.hpp"
+#include "core/util/log.hpp"
 #include "monitor/http_server.hpp"
+#include "monitor/sums.hpp"
 
 #ifndef EVB_VERSION
 #define EVB_VERSION "unknown"
@@ -94,17 +96,9 @@ std::vector<FamilyOut> collect(const Sources& s) {
     }
     {
         FamilyOut f{"evb_rejected_datagrams_total", "Well-formed datagrams not taken, by reason.", T::counter, {}, {}};
-        auto add = [&](const char* r, double v) { f.samples.push_back({{{"reason", r}}, v, {}, 0}); };
-        add("wrong_run", sum(R, [](auto& b) { return b.wrong_run.get(); }));
-        add("other_builder", sum(R, [](auto& b) { return b.other_builder.get(); }));
-        add("disallowed_sender", sum(R, [](auto& b) { return b.disallowed_sender.get(); }));
-        add("not_fragment", sum(R, [](auto& b) { return b.not_fragment.get(); }));
-        add("unknown_source", sum(M, [](auto& b) { return b.unknown_source.get(); }));
-        add("in_flight_limit", sum(M, [](auto& b) { return b.in_flight_limit_drops.get(); }));
-        add("sender_mismatch", sum(R, [](auto& b) { return b.sender_mismatch.get(); }));
-        add("source_share", sum(M, [](auto& b) { return b.source_share_drops.get(); }));
-        add("source_held_slots", sum(M, [](auto& b) { return b.source_slot_limit_drops.get(); }));
-        add("event_too_large", sum(M, [](auto& b) { return b.event_too_large.get(); }));
+        for (const Refusal& r : kRefusals)
+            if (r.rejected_family)
+                f.samples.push_back({{{"reason", r.reason}}, static_cast<double>(r.count(R, M)), {}, 0});
         out.push_back(std::move(f));
     }
     out.push_back(scalar("evb_duplicate_chunks_total", "Chunks seen a second time (the first copy is kept).", T::counter,
@@ -240,7 +234,10 @@ std::vector<FamilyOut> collect(const Sources& s) {
             out.push_back(std::move(r));
         }
     }
-    if (s.extra) s.extra(out);
+    if (s.pull != nullptr)
+        for (const PullMetric& p : kPullMetrics)
+            out.push_back(scalar(p.name, p.help, p.gauge ? T::gauge : T::counter,
+                                 static_cast<double>((s.pull->*p.field).get()) * p.scale));
     return out;
 }
 
@@ -273,6 +270,29 @@ std::string metrics_text(const Sources& s) {
         fams.push_back(std::move(m));
     }
     return prometheus::TextSerializer().Serialize(fams);
+}
+
+std::string html_escape(std::string_view in) {
+    std::string out;
+    out.reserve(in.size());
+    for (const char c : in) {
+        switch (c) {
+            case '<': out += "&lt;"; break;
+            case '>': out += "&gt;"; break;
+            case '&': out += "&amp;"; break;
+            case '"': out += "&quot;"; break;
+            default: out += c;
+        }
+    }
+    return out;
+}
+
+std::string utc_text(std::uint64_t unix_ms) {
+    const time_t t = static_cast<time_t>(unix_ms / 1000);
+    tm u{};
+    ::gmtime_r(&t, &u);
+    return fmt::format("{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC", u.tm_year + 1900, u.tm_mon + 1, u.tm_mday, u.tm_hour,
+                       u.tm_min, u.tm_sec);
 }
 
 std::string status_page(const Sources& s) {
@@ -329,15 +349,30 @@ std::string status_page(const Sources& s) {
         row("payload written", fmt::format("{} bytes", s.writer->payload_bytes.get()));
         row("write errors", std::to_string(s.writer->write_errors.get()));
     }
+    {
+        // The same sums as the stop line's "datagrams rejected".
+        const RefusalSummary refused = summarise_refusals(s.readers, s.matchers);
+        row("datagrams rejected", refused.text.empty() ? "none" : refused.text);
+    }
     std::string fl;
-    for (auto& f : files) fl += f + "<br>";
+    for (auto& f : files) fl += html_escape(f) + "<br>";
     row("files being written", fl.empty() ? "none" : fl);
-    row("last reload", reload);
+    row("last reload", html_escape(reload));
+    // The distinct-error log: one row per kind of warning or error.
+    std::string errors;
+    for (const DistinctError& e : distinct_errors())
+        errors += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+                              e.level == LogLevel::error ? "<b style=\"color:#b00\">error</b>" : "warning", e.count,
+                              utc_text(e.first_unix_ms), utc_text(e.last_unix_ms), html_escape(e.last_text));
+    if (errors.empty()) errors = "<tr><td colspan=\"5\">none</td></tr>\n";
     return fmt::format(
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>evbd</title>"
-        "<meta http-equiv=\"refresh\" content=\"5\"><style>body{{font-family:sans-serif}}th{{text-align:left;padding-right:1em}}</style>"
-        "</head><body><h1>evbd {}</h1><table>\n{}</table><p><a href=\"/metrics\">metrics</a></p></body></html>\n",
-        EVB_VERSION, rows);
+        "<meta http-equiv=\"refresh\" content=\"5\"><style>body{{font-family:sans-serif}}th{{text-align:left;padding-right:1em}}"
+        "td{{padding-right:1em;vertical-align:top}}</style>"
+        "</head><body><h1>evbd {}</h1><table>\n{}</table>"
+        "<h2>Warnings and errors</h2><table><tr><th>level</th><th>count</th><th>first</th><th>last</th><th>last message</th></tr>\n"
+        "{}</table><p><a href=\"/metrics\">metrics</a></p></body></html>\n",
+        EVB_VERSION, rows, errors);
 }
 
 }  // namespace

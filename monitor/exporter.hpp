@@ -49,8 +49,7 @@ struct Sources {
     std::vector<std::uint32_t> sources;
     std::uint32_t run_number = 0;
     ControlState* control = nullptr;
-    // Extra families (pull mode adds its own), appended at scrape time.
-    std::function<void(std::vector<struct FamilyOut>&)> extra;
+    const stats::PullCounters* pull = nullptr;  // pull mode only
     // Files open for writing now (status page).
     std::function<std::vector<std::string>()> open_files;
 };

@@ -1,7 +1,8 @@
 // evbd's data path on one loopback socket, wired as the daemon wires it: a socket
-// reader, the flow graph and a disk writer, each on its thread. For tests that move
-// real datagrams through the pipeline. Start after any hook is set; stop() drains
-// every event in flight to the writer.
+// reader, the flow graph's workers and a disk writer, each on its thread. For tests
+// that move real datagrams through the pipeline; the pull-mode channels (built and
+// written ids) are the test's, if it wants them. stop() drains every event in
+// flight to the writer.
 #pragma once
 
 #include <sys/socket.h>
@@ -15,6 +16,7 @@
 #include "threads/pipeline.hpp"
 #include "net/udp.hpp"
 #include "threads/disk_writer.hpp"
+#include "threads/graph_workers.hpp"
 #include "threads/runner.hpp"
 #include "threads/socket_reader.hpp"
 
@@ -23,17 +25,18 @@ namespace evb::test {
 struct PipelineRig {
     // slots of slot_bytes each in the reader's pool; ws.directory must exist.
     PipelineRig(const PipelineSettings& ps, const WriterSettings& ws, std::size_t slots, std::size_t slot_bytes,
-                std::size_t socket_buffer_bytes)
+                std::size_t socket_buffer_bytes, BuiltIds* built = nullptr, WrittenIds* written = nullptr)
         : sock(net::bind_udp(net::parse_endpoint("127.0.0.1:0"), {socket_buffer_bytes, false})),
           to(bound(sock.fd)),
           arena("reader-0"),
           pool(arena, 0, slots, slot_bytes, ps.shards + 1),  // return ports: the shards and the writer
           pools{&pool},
-          pipeline(ps, pools, bell),
-          writer(ws, pipeline.writer_rings(), pipeline.done_rings(), pools, ps.shards, writer_counters, bell),
+          pipeline(ps, pools, bell, built),
+          workers(pipeline),
+          writer(ws, pipeline.writer_rings(), pipeline.done_rings(), pools, ps.shards, writer_counters, bell, written),
           reader(0, sock.fd, pool, pipeline, 64, reader_counters) {
         rules.run_number = 1;
-        (void)reader.commands().try_push(&rules);
+        (void)reader.rules().post(&rules);
     }
     ~PipelineRig() {
         if (running) stop();
@@ -43,6 +46,7 @@ struct PipelineRig {
     PipelineRig& operator=(const PipelineRig&) = delete;
 
     void start() {
+        workers.start();
         writer_runner.start();
         reader_runner.start();
         running = true;
@@ -53,6 +57,7 @@ struct PipelineRig {
         pipeline.flush(0);
         pipeline.wait_idle();
         writer_runner.stop();
+        workers.stop();
         running = false;
     }
 
@@ -69,7 +74,9 @@ struct PipelineRig {
     alloc::BufferPool pool;
     std::vector<alloc::BufferPool*> pools;
     Doorbell bell;
+    NoTbbWorkers no_tbb_workers;
     Pipeline pipeline;
+    GraphWorkers workers;
     stats::WriterCounters writer_counters;
     DiskWriter writer;
     stats::ReaderCounters reader_counters;

@@ -28,13 +28,15 @@ constexpr std::uint64_t kSettlePollNs = 500'000;
 
 DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,
                        std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
-                       std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell)
+                       std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell,
+                       WrittenIds* written)
     : s_(s),
       inputs_(std::move(inputs)),
       done_rings_(std::move(done_rings)),
       returns_(std::move(pools), return_port),
       counters_(counters),
       doorbell_(doorbell),
+      written_(written),
       done_pending_(done_rings_.size()),
       markers_(inputs_.size(), 0),
       held_(inputs_.size()) {
@@ -235,7 +237,7 @@ void DiskWriter::settle(std::uint64_t kernel_offset) {
             payload += unsettled_[i].payload_bytes;
             records += unsettled_[i].record_bytes;
         }
-        if (written_hook_) written_hook_(settled_ids_.data(), settled_ids_.size());
+        if (written_ != nullptr) written_->push(settled_ids_.data(), settled_ids_.size());
         counters_.events_written.add(i - from);
     }
     counters_.payload_bytes.add(payload);
@@ -398,7 +400,7 @@ void DiskWriter::on_close() {
     // count what could not be written.
     for (int attempt = 0; blocked_ && attempt < 10; ++attempt) {
         retry_write_after_ns_ = retry_open_after_ns_ = 0;
-        if (!try_resume()) ::usleep(200'000);
+        if (!try_resume()) doorbell_.park(std::chrono::milliseconds(200), [] { return false; });
     }
     while (!blocked_ && drain(kMaxEventsPerWork) > 0) {
     }

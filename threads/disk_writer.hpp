@@ -14,51 +14,29 @@
 #include <string>
 #include <vector>
 
+#include "core/config/snapshot.hpp"
 #include "allocators/buffer_pool.hpp"
 #include "core/model/event.hpp"
-#include "core/config/config.hpp"
 #include "core/io/output_file.hpp"
 #include "core/model/counters.hpp"
+#include "threads/channels.hpp"
 #include "threads/runner.hpp"
 #include "allocators/handoff/spsc_ring.hpp"
 #include "allocators/handoff/wait.hpp"
 
 namespace evb {
 
-struct WriterSettings {
-    std::string directory;
-    std::uint32_t builder_id = 0;
-    std::uint64_t max_file_bytes = 1ull << 30;
-    FsyncPolicy fsync = FsyncPolicy::on_close;
-    std::uint32_t fsync_period_ms = 0;
-    bool direct_io = false;
-    // Run transition: when run_generation grows, the writer holds back events of
-    // run_number until every shard's run-end marker number run_generation has
-    // arrived, then closes the old run's file.
-    std::uint32_t run_number = 0;
-    std::uint64_t run_generation = 0;
-    // The expected-source set (Matcher::set_expected) these settings go with: its
-    // events are held back the same way when run_generation grows. (A file's header
-    // states the sections its events have, taken from the events.)
-    std::uint32_t set_generation = 0;
-};
-
-// Called on the writer thread with the ids of events whose records the kernel has
-// (the write returned, or the O_DIRECT write completed), in file order; durable as
-// far as the fsync policy goes (pull mode returns credits and CLEARs here).
-using WrittenHook = std::function<void(const std::uint64_t* event_ids, std::size_t n)>;
-
 class DiskWriter final : public Agent {
 public:
     DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,
                std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
-               std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell);
+               std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell,
+               WrittenIds* written = nullptr);
 
     std::size_t do_work() override;
     void on_idle() override;
     void on_close() override;
 
-    void set_written_hook(WrittenHook h) { written_hook_ = std::move(h); }
     // Control: new live settings (rotation size, fsync policy). Caller keeps it alive.
     SpscRing<const WriterSettings*>& commands() noexcept { return commands_; }
     // Commands taken and applied so far: the poster may free every one before that.
@@ -100,7 +78,10 @@ private:
     Doorbell& doorbell_;  // rung by the assemblers after each hand-off
     SpscRing<const WriterSettings*> commands_{16};
     std::atomic<std::uint64_t> commands_applied_{0};
-    WrittenHook written_hook_;
+    // Pull mode: the ids of events whose records the kernel has (the write returned,
+    // or the O_DIRECT write completed), in file order, durable as far as the fsync
+    // policy goes; the request sender returns credits and CLEARs them.
+    WrittenIds* written_;
 
     file::OutputFile file_;
     mutable std::mutex name_mutex_;  // guards current_name_: set per file, read per scrape

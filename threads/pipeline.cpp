@@ -1,7 +1,6 @@
 #include "threads/pipeline.hpp"
 
 #include <oneapi/tbb/flow_graph.h>
-#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 
 #include <array>
@@ -10,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "allocators/handoff/mpsc_queue.hpp"
 #include "threads/runner.hpp"
 
 #if defined(__SANITIZE_THREAD__)
@@ -89,74 +89,6 @@ void run_in_arena(oneapi::tbb::task_arena& arena, F&& f) {
 }
 }  // namespace
 
-namespace {
-// A shard's inbox: a bounded multi-producer, single-consumer queue of messages
-// (cells with sequence numbers, after D. Vyukov's bounded queue). The readers, the
-// replay feeder and the control threads put; the shard's driver takes, in the order
-// they were put, which keeps "end of run" behind every chunk put before it.
-class Inbox {
-public:
-    explicit Inbox(std::size_t min_capacity)
-        : mask_(std::bit_ceil(std::max<std::size_t>(min_capacity, 64)) - 1), cells_(new Cell[mask_ + 1]) {
-        for (std::size_t i = 0; i <= mask_; ++i) cells_[i].seq.store(i, std::memory_order_relaxed);
-    }
-    // False when full.
-    bool try_put(const ShardInput& m) noexcept {
-        std::size_t pos = tail_.load(std::memory_order_relaxed);
-        for (;;) {
-            Cell& c = cells_[pos & mask_];
-            const std::size_t seq = c.seq.load(std::memory_order_acquire);
-            const auto dif = static_cast<std::ptrdiff_t>(seq) - static_cast<std::ptrdiff_t>(pos);
-            if (dif == 0) {
-                if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
-                    c.msg = m;
-                    c.seq.store(pos + 1, std::memory_order_release);
-                    return true;
-                }
-            } else if (dif < 0) {
-                return false;  // the consumer has not freed this cell yet
-            } else {
-                pos = tail_.load(std::memory_order_relaxed);
-            }
-        }
-    }
-    // Hands every message claimed before the call to f, in order, and any complete
-    // after it; returns how many. A cell claimed but not yet filled is waited for
-    // (its putter fills it without blocking), so nothing put before the call is
-    // left behind a gap.
-    template <typename F>
-    std::size_t drain(F&& f) {
-        const std::size_t claimed = tail_.load(std::memory_order_acquire);
-        std::size_t n = 0;
-        for (;;) {
-            Cell& c = cells_[head_ & mask_];
-            if (c.seq.load(std::memory_order_acquire) != head_ + 1) {
-                if (static_cast<std::ptrdiff_t>(claimed - head_) <= 0) return n;
-#if defined(__x86_64__)
-                __builtin_ia32_pause();
-#endif
-                continue;
-            }
-            const ShardInput m = c.msg;
-            c.seq.store(head_ + mask_ + 1, std::memory_order_release);
-            ++head_;
-            ++n;
-            f(m);
-        }
-    }
-
-private:
-    struct Cell {
-        std::atomic<std::size_t> seq;
-        ShardInput msg;
-    };
-    const std::size_t mask_;
-    std::unique_ptr<Cell[]> cells_;
-    alignas(kFalseSharingBytes) std::atomic<std::size_t> tail_{0};
-    alignas(kFalseSharingBytes) std::size_t head_ = 0;  // consumer only
-};
-}  // namespace
-
 // A thread of ours that runs the flow graph of its shards. Each driver has a task
 // arena with one slot, reserved for it, so oneTBB starts no worker threads: the
 // driver takes its shards' inboxes, puts the messages into the graph from inside
@@ -187,13 +119,6 @@ struct Pipeline::Driver final : Agent {
     alignas(kFalseSharingBytes) std::atomic<std::uint64_t> puts{0};
     std::uint64_t done_puts = 0;  // driver thread only
     alignas(kFalseSharingBytes) std::atomic<std::uint64_t> completed{0};  // puts fully processed
-    std::unique_ptr<AgentRunner> runner;
-};
-
-struct Pipeline::Impl {
-    // No oneTBB worker threads at all: the drivers are the only threads in the arenas.
-    Impl() : limit(oneapi::tbb::global_control::max_allowed_parallelism, 1) {}
-    oneapi::tbb::global_control limit;
 };
 
 struct Pipeline::Shard {
@@ -222,7 +147,7 @@ struct Pipeline::Shard {
     std::size_t next_marker = 0;
     bool is_marker(const Event* e) const noexcept { return e >= markers.data() && e < markers.data() + markers.size(); }
     std::atomic<bool> tick_queued{false};
-    Inbox inbox;
+    MpscQueue<ShardInput> inbox;  // the shard's inbox
     Driver* driver = nullptr;
     // Any thread: queues m for this shard's matcher and wakes its driver.
     std::uint64_t put(const ShardInput& m) noexcept;
@@ -230,8 +155,9 @@ struct Pipeline::Shard {
     std::unique_ptr<AssembleNode> assemble;
 };
 
-Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> pools, Doorbell& writer_doorbell)
-    : impl_(std::make_unique<Impl>()) {
+Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> pools, Doorbell& writer_doorbell,
+                   BuiltIds* built)
+    : built_(built) {
     // Every batch holds one receive slot at least, and events are spread over the
     // shards by id: twice a shard's share of the slots (at most 64 k messages) is
     // room enough; a full inbox makes its putter wait for the driver.
@@ -303,9 +229,9 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                         }
                         handoff_release(&sh->matcher);
                         if (built.head) {
-                            if (built_hook_)
+                            if (built_ != nullptr)
                                 for (const Event* e = built.head; e != nullptr; e = e->next_out)
-                                    if (!sh->is_marker(e)) built_hook_(e->event_id);
+                                    if (!sh->is_marker(e)) built_->mark(e->event_id);
                             handoff_release(&sh->assemble);
                             std::get<0>(out).try_put(built.head);
                         }
@@ -341,22 +267,21 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
             }
         });
     }
-    for (std::size_t d = 0; d < drivers_.size(); ++d) {
-        drivers_[d]->runner = std::make_unique<AgentRunner>(
-            drivers_.size() == 1 ? std::string("evb-worker") : fmt::format("evb-worker-{}", d), *drivers_[d]);
-        drivers_[d]->runner->start();
-    }
+}
+
+std::vector<Agent*> Pipeline::workers() noexcept {
+    std::vector<Agent*> v;
+    for (auto& d : drivers_) v.push_back(d.get());
+    return v;
+}
+
+void Pipeline::wake_workers() noexcept {
+    for (auto& d : drivers_) d->bell.ring();
 }
 
 void Pipeline::release_graphs() noexcept {
-    for (auto& d : drivers_) {
-        if (!d->runner) continue;
-        d->runner->request_stop();
-        d->bell.ring();  // a parked driver sees the stop now, not at its park timeout
-    }
-    for (auto& d : drivers_)
-        if (d->runner) d->runner->stop();
-    // The drivers are joined: this thread may enter their arenas to free the graphs.
+    // The drivers are joined (or never ran): this thread may enter their arenas to
+    // free the graphs.
     for (auto& d : drivers_) {
         run_in_arena(d->arena, [&] {
             for (Shard* s : d->shards) {
@@ -396,10 +321,7 @@ std::uint64_t Pipeline::Shard::put(const ShardInput& m) noexcept {
     return driver->notify();
 }
 
-Pipeline::~Pipeline() {
-    wait_idle();
-    release_graphs();
-}
+Pipeline::~Pipeline() { release_graphs(); }
 
 void Pipeline::submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept {
     shards_[shard]->put(ShardInput{ShardInput::Kind::chunks, head, now_ns});
@@ -424,7 +346,7 @@ void Pipeline::end_run(std::uint64_t now_ns, std::uint32_t next_run) noexcept {
 void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
                        std::uint64_t now_ns) noexcept {
     // The same routing as the readers' (admit_datagram).
-    const auto shard = (event_id / builders) % shards_.size();
+    const auto shard = shard_of(event_id, builders, static_cast<std::uint32_t>(shards_.size()));
     shards_[shard]->put(ShardInput{ShardInput::Kind::give_up, nullptr, now_ns, event_id, run_number});
 }
 

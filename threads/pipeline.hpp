@@ -4,21 +4,24 @@
 //       assembler[k] (serial) --SPSC ring k--> disk writer
 //
 // Shard k's matcher and assembler each run as one task at a time, so shard state
-// needs no locks. A driver thread ("evb-worker") runs the graph of its shards in a
-// one-slot task arena of its own; with several drivers, shards run in parallel.
+// needs no locks. A driver (an Agent: threads/graph_workers.hpp runs each on a
+// thread "evb-worker-N") runs the graph of its shards in a one-slot task arena of
+// its own; with several drivers, shards run in parallel. The pipeline starts no
+// thread itself.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
+#include "core/config/snapshot.hpp"
 #include "core/model/matcher.hpp"
 #include "core/model/counters.hpp"
-#include "threads/socket_reader.hpp"
+#include "threads/channels.hpp"
+#include "threads/runner.hpp"
 #include "allocators/handoff/spsc_ring.hpp"
 #include "allocators/handoff/wait.hpp"
 
@@ -33,9 +36,17 @@ struct PipelineSettings {
 class Pipeline final : public ShardSink {
 public:
     // pools: every buffer pool whose slots may enter the graph (the matcher of shard k
-    // returns dropped slots through return port k of each pool).
-    Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> pools, Doorbell& writer_doorbell);
+    // returns dropped slots through return port k of each pool). built (pull mode):
+    // the id of every event the matchers hand on is marked there, so the request
+    // sender does not ask again for an event it already has.
+    Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> pools, Doorbell& writer_doorbell,
+             BuiltIds* built = nullptr);
+    // The workers must have been stopped (GraphWorkers::stop).
     ~Pipeline() override;
+
+    // The graph's drivers, for GraphWorkers to run; wake_workers rings each one.
+    std::vector<Agent*> workers() noexcept;
+    void wake_workers() noexcept;
 
     std::uint32_t shard_count() const noexcept override { return static_cast<std::uint32_t>(shards_.size()); }
     void submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept override;
@@ -57,14 +68,8 @@ public:
     // every shard has taken it. Each shard hands the writer one marker when the
     // last event of the earlier set has gone by.
     void set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation);
-    // Pull mode: write this event INCOMPLETE now (out of retries).
-    void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders, std::uint64_t now_ns) noexcept;
-    // Pull mode: called on a driver thread with the id of every event the matcher
-    // hands on (complete, timed out or given up), so that the request sender does
-    // not ask again for an event it already has. Set before the first put of any
-    // kind (submit, tick, flush, give_up), on the thread that then starts the
-    // putters, or after wait_idle() with no putter left.
-    void set_built_hook(std::function<void(std::uint64_t event_id)> hook) { built_hook_ = std::move(hook); }
+    void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
+                 std::uint64_t now_ns) noexcept override;
     // Waits until every message put so far has been processed.
     void wait_idle();
 
@@ -74,16 +79,14 @@ public:
     const std::vector<std::unique_ptr<stats::MatcherCounters>>& counters() const noexcept { return counters_; }
 
 private:
-    struct Impl;
     struct Shard;
     struct Driver;
     void build_graphs(Doorbell& writer_doorbell);
     void release_graphs() noexcept;
-    std::unique_ptr<Impl> impl_;
     std::vector<std::unique_ptr<Shard>> shards_;
     std::vector<std::unique_ptr<Driver>> drivers_;
     std::vector<std::unique_ptr<stats::MatcherCounters>> counters_;
-    std::function<void(std::uint64_t)> built_hook_;
+    BuiltIds* built_;
 };
 
 }  // namespace evb

@@ -32,17 +32,19 @@ void ReplayFeeder::wait_for_room(std::uint32_t shard) {
     // time reaches): then feed on, and the matcher refuses and counts what does
     // not fit. A writer that returns nothing for 10 s (its disk refuses data) is
     // not waited for again.
-    int waited_ms = 0;
-    for (; room.writing > 0 && waited_ms < 10'000; ++waited_ms) {
-        const timespec ts{0, 1'000'000};
-        ::nanosleep(&ts, nullptr);
+    // The writer rings the pool's doorbell when it returns slots, which it does as
+    // it returns events: park on that (bounded), not in a sleep loop.
+    const std::uint64_t give_up_ns = monotonic_ns() + 10'000'000'000ull;
+    bool gave_up = false;
+    while (room.writing > 0 && !(gave_up = monotonic_ns() >= give_up_ns)) {
+        pool_.doorbell().park(std::chrono::milliseconds(10), [] { return false; });
         room = sink_.settled_room(shard);
         if (room.free > 0) {
             budget_[shard] = room.free;
             return;
         }
     }
-    if (waited_ms == 10'000) {
+    if (gave_up) {
         writer_stuck_ = true;
         log_warn("replay: the writer returned no event for 10 s (is the output blocked?); feeding on, and what does "
                  "not fit is refused and counted");
@@ -88,10 +90,8 @@ bool ReplayFeeder::open_next() {
 
 std::size_t ReplayFeeder::do_work() {
     if (finished()) return 0;
-    const AdmissionRules* next = nullptr;
-    for (int i = 0; i < 4 && commands_.try_pop(next); ++i) rules_ = next;
+    rules_ = inbox_.take();
     if (rules_ == nullptr) return 0;
-    if (applied_.load(std::memory_order_relaxed) != rules_) applied_.store(rules_, std::memory_order_release);
     if (!reader_ && !open_next()) {
         finish(failed_);
         return 0;

@@ -34,8 +34,8 @@ public:
     std::size_t do_work() override;
     void on_idle() override;
 
-    SpscRing<const AdmissionRules*>& commands() noexcept { return commands_; }
-    const AdmissionRules* applied() const noexcept { return applied_.load(std::memory_order_acquire); }
+    // Control: admission rule sets (start, run changes), kept alive by the poster.
+    RulesInbox& rules() noexcept { return inbox_; }
     // Set (release) once every file is consumed or one failed; read by the service loop.
     bool finished() const noexcept { return finished_.load(std::memory_order_acquire); }
     bool failed() const noexcept { return failed_; }             // valid after finished()
@@ -61,9 +61,8 @@ private:
     ShardSink& sink_;
     stats::ReaderCounters& counters_;
     ShardBatches batches_;
-    SpscRing<const AdmissionRules*> commands_{16};
+    RulesInbox inbox_;
     const AdmissionRules* rules_ = nullptr;
-    std::atomic<const AdmissionRules*> applied_{nullptr};
 
     std::size_t next_file_ = 0;
     std::unique_ptr<net::CaptureReader> reader_;

@@ -14,27 +14,24 @@ namespace evb {
 namespace {
 // CLEARs carry many ids; keep each datagram within a standard 1500-byte MTU.
 constexpr std::size_t kClearIdsPerDatagram = (1472 - wire::kRequestHeaderBytes) / 8;
-// An id no event carries in practice (the sources count up from pull.first_event).
-constexpr std::uint64_t kNotBuilt = ~std::uint64_t{0};
 }  // namespace
 
-RequestSender::RequestSender(const PullSettings& s, int socket_fd, std::vector<net::Endpoint> sources, GiveUp give_up,
-                             PullCounters& counters, std::size_t max_credits)
+RequestSender::RequestSender(const PullSettings& s, int socket_fd, std::vector<net::Endpoint> sources,
+                             WrittenIds& written, BuiltIds& built, ShardSink& give_up_to, stats::PullCounters& counters,
+                             std::size_t max_credits)
     : s_(s),
       fd_(socket_fd),
       sources_(std::move(sources)),
-      give_up_(std::move(give_up)),
+      written_(written),
+      built_(built),
+      give_up_to_(give_up_to),
       counters_(counters),
       max_credits_(max_credits),
-      written_(max_credits * 2),
-      builders_(std::max<std::uint32_t>(s.builders, 1)),
-      built_mask_(std::bit_ceil(max_credits * 2) - 1),
-      built_(new std::atomic<std::uint64_t>[built_mask_ + 1]),
       outstanding_(max_credits),
       entries_(max_credits),
+      retry_queue_(max_credits * 4),
       send_(sources_.size()),
       cursor_(s.first_event) {
-    for (std::size_t i = 0; i <= built_mask_; ++i) built_[i].store(kNotBuilt, std::memory_order_relaxed);
     free_entries_.reserve(max_credits);
     for (auto& e : entries_) free_entries_.push_back(&e);
     owed_clears_.reserve(max_credits * 2);
@@ -52,21 +49,13 @@ void RequestSender::apply(const PullSettings& s) {
     s_.run_number = s.run_number;
     retry_timer_.set_bounds(std::uint64_t{s_.retry_ms} * 1'000'000ull,
                             std::uint64_t{s_.timeout_ms} * 1'000'000ull / (s_.max_retries + 1ull));
-    counters_.credits_configured.store(std::min<std::size_t>(s_.credits, max_credits_));
+    counters_.credits_configured.set(std::min<std::size_t>(s_.credits, max_credits_));
     publish_timer();
 }
 
 void RequestSender::publish_timer() noexcept {
-    counters_.retry_period_ns.store(retry_timer_.period_ns(), std::memory_order_relaxed);
-    counters_.round_trip_ns.store(retry_timer_.smoothed_ns(), std::memory_order_relaxed);
-}
-
-void RequestSender::on_written(const std::uint64_t* ids, std::size_t n) noexcept {
-    // Cannot overflow: at most max_credits events are outstanding, and the ring
-    // holds twice that.
-    const std::size_t pushed = written_.try_push_n(ids, n);
-    (void)pushed;
-    doorbell_.ring();
+    counters_.retry_period_ns.set(retry_timer_.period_ns());
+    counters_.round_trip_ns.set(retry_timer_.smoothed_ns());
 }
 
 std::uint64_t RequestSender::next_id() noexcept {
@@ -78,11 +67,11 @@ std::uint64_t RequestSender::next_id() noexcept {
 void RequestSender::send_ids(wire::Type type, const std::uint64_t* ids, std::size_t n) {
     const std::size_t len = wire::encode_request(type, s_.builder_id, s_.run_number, {ids, n}, dgram_);
     for (std::size_t i = 0; i < sources_.size(); ++i) send_.set(i, dgram_.data(), len, &sources_[i]);
-    if (send_.send(fd_, sources_.size()) < 0) counters_.send_errors.fetch_add(1, std::memory_order_relaxed);
+    if (send_.send(fd_, sources_.size()) < 0) counters_.send_errors.add(1);
 }
 
 std::size_t RequestSender::take_written(std::uint64_t now) {
-    const std::size_t n = written_.try_pop_n(scratch_.data(), scratch_.size());
+    const std::size_t n = written_.pop(scratch_.data(), scratch_.size());
     for (std::size_t i = 0; i < n; ++i) {
         Entry* e = outstanding_.find(scratch_[i]);
         if (e == nullptr) continue;  // not ours (an unrequested event) or already returned
@@ -101,9 +90,9 @@ std::size_t RequestSender::send_clears() {
     for (std::size_t i = 0; i < owed; i += kClearIdsPerDatagram) {
         const std::size_t n = std::min(kClearIdsPerDatagram, owed - i);
         send_ids(wire::Type::clear, owed_clears_.data() + i, n);
-        counters_.clears_sent.fetch_add(1, std::memory_order_relaxed);
+        counters_.clears_sent.add(1);
     }
-    counters_.events_cleared.fetch_add(owed, std::memory_order_relaxed);
+    counters_.events_cleared.add(owed);
     owed_clears_.clear();
     return owed;
 }
@@ -130,15 +119,15 @@ std::size_t RequestSender::send_requests(std::uint64_t now) {
             Entry* e = free_entries_.back();
             free_entries_.pop_back();
             *e = Entry{ids[i], now, now, 0, false, false};
-            built_slot(ids[i]).store(kNotBuilt, std::memory_order_relaxed);
+            built_.forget(ids[i]);
             outstanding_.insert(ids[i], e);
             retry_queue_.push_back(ids[i]);
         }
         send_ids(wire::Type::request, ids, want);
         requested_ += want;
         sent += want;
-        counters_.requests_sent.fetch_add(1, std::memory_order_relaxed);
-        counters_.events_requested.fetch_add(want, std::memory_order_relaxed);
+        counters_.requests_sent.add(1);
+        counters_.events_requested.add(want);
     }
     return sent;
 }
@@ -149,7 +138,7 @@ std::size_t RequestSender::retry_due(std::uint64_t now) {
     auto flush = [&] {
         if (n == 0) return;
         send_ids(wire::Type::request, ids, n);
-        counters_.rerequests_sent.fetch_add(n, std::memory_order_relaxed);
+        counters_.rerequests_sent.add(n);
         total += n;
         n = 0;
     };
@@ -161,12 +150,12 @@ std::size_t RequestSender::retry_due(std::uint64_t now) {
             continue;
         }
         if (e->sent_ns + retry_timer_.period_ns() > now) break;
-        if (built(id)) {
+        if (built_.built(id)) {
             // Built and waiting for the writer: nothing to ask for, and not a
             // timeout of the round trip either.
             retry_queue_.pop_front();
             e->waited_for_writer = true;
-            counters_.rerequests_avoided.fetch_add(1, std::memory_order_relaxed);
+            counters_.rerequests_avoided.add(1);
             continue;
         }
         retry_queue_.pop_front();
@@ -180,8 +169,8 @@ std::size_t RequestSender::retry_due(std::uint64_t now) {
             // Out of retries: the matcher writes it INCOMPLETE; its credit returns
             // when that record is written.
             e->given_up = true;
-            counters_.events_given_up.fetch_add(1, std::memory_order_relaxed);
-            give_up_(id, realtime_ns());
+            counters_.events_given_up.add(1);
+            give_up_to_.give_up(id, s_.run_number, s_.builders, realtime_ns());
             continue;
         }
         ++e->retries;
@@ -209,7 +198,7 @@ std::size_t RequestSender::do_work() {
     work += send_clears();
     work += retry_due(now);
     work += send_requests(now);
-    counters_.credits_in_use.store(outstanding_.size(), std::memory_order_relaxed);
+    counters_.credits_in_use.set(outstanding_.size());
     publish_timer();  // after this round's samples, back-offs and reloads
     if (s_.events > 0 && requested_ == s_.events && outstanding_.size() == 0 && !done())
         done_.store(true, std::memory_order_release);
@@ -228,8 +217,7 @@ void RequestSender::on_idle() {
         }
     }
     if (wait_ns == 0) return;
-    doorbell_.park(std::chrono::nanoseconds(std::min<std::uint64_t>(wait_ns, 100'000'000ull)),
-                   [this] { return written_.size_approx() > 0; });
+    written_.park(std::chrono::nanoseconds(std::min<std::uint64_t>(wait_ns, 100'000'000ull)));
 }
 
 }  // namespace evb

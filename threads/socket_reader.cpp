@@ -61,7 +61,7 @@ int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t lengt
     // assembly joins the record CRC from the chunks' CRCs.
     c->received_crc32c = crc32c(c->payload(), c->payload_length);
     // Events of one builder's share are spread over all shards.
-    return static_cast<int>((f.event_id / rules.builders) % shard_count);
+    return static_cast<int>(shard_of(f.event_id, rules.builders, shard_count));
 }
 
 SocketReader::SocketReader(std::uint16_t /*id: names the thread; the pool carries the owner*/, int fd, alloc::BufferPool& pool, ShardSink& sink,
@@ -82,13 +82,9 @@ bool sender_allowed(const std::vector<std::uint64_t>& allowed_keys, const sockad
 }
 
 std::size_t SocketReader::do_work() {
-    // Control first, bounded: a new snapshot replaces the old between batches.
-    const AdmissionRules* next = nullptr;
-    for (int i = 0; i < 4 && commands_.try_pop(next); ++i) rules_ = next;
+    // Control first: a new snapshot replaces the old between batches.
+    rules_ = inbox_.take();
     if (rules_ == nullptr) return 0;
-    // Release: datagrams handed on before this store were admitted under the old
-    // rules; a reload that sees the new pointer knows later ones use the new rules.
-    if (applied_.load(std::memory_order_relaxed) != rules_) applied_.store(rules_, std::memory_order_release);
 
     pool_.reclaim();
     // Arm every empty receive position with a free slot, in order; receive into

@@ -31,10 +31,10 @@ private:
     std::atomic<bool> sleeping_{false};
 };
 
+// Then the agent parks: on what, and for how long, is its own choice (on_idle).
 struct WaitStrategy {
-    std::uint32_t spins = 100;    // idle loops spent spinning (pause instruction)
-    std::uint32_t yields = 0;     // then idle loops that yield the core
-    std::chrono::microseconds park{1000};  // then park this long (or until rung)
+    std::uint32_t spins = 100;  // idle loops spent spinning (pause instruction)
+    std::uint32_t yields = 0;   // then idle loops that yield the core
 };
 
 // Counts consecutive idle loops and picks spin, yield or park.

@@ -195,6 +195,7 @@ ScanResult scan(std::span<const std::byte> img) {
         } else {
             res.has_footer = true;
             index_offset = off;
+            res.index_offset = off;
             res.index.reserve(count);
             for (std::uint64_t i = 0; i < count; ++i) {
                 const std::byte* e = base + off + kIndexHeaderBytes + i * kIndexEntryBytes;
@@ -253,6 +254,17 @@ ScanResult scan(std::span<const std::byte> img) {
         pos += v.header.record_length;
     }
     res.good_bytes = pos;
+    if (!res.has_footer && pos < size) {
+        const std::byte* tail = base + pos;
+        const std::uint64_t left = size - pos;
+        if (left < kRecordHeaderBytes) {
+            const std::uint32_t marker = kRecordMarker;
+            res.cut_record = std::memcmp(tail, &marker, std::min<std::uint64_t>(left, 4)) == 0;
+        } else {
+            const std::uint32_t len = load_u32(tail + 4);
+            res.cut_record = load_u32(tail) == kRecordMarker && len % 8 == 0 && len >= kRecordHeaderBytes && len > left;
+        }
+    }
     if (res.has_footer && pos == index_offset) {
         bool match = res.index.size() == res.records.size();
         for (std::size_t i = 0; match && i < res.records.size(); ++i)

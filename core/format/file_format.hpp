@@ -20,6 +20,10 @@ inline constexpr std::uint32_t kRecordMarker = 0x52425645u;  // "EVBR"
 inline constexpr std::uint32_t kIndexMarker = 0x58445645u;   // "EVDX"
 inline constexpr char kFileMagic[8] = {'E', 'V', 'B', 'F', 'I', 'L', 'E', '1'};
 inline constexpr char kFooterMagic[8] = {'E', 'V', 'B', 'E', 'N', 'D', '0', '1'};
+// Reserved bytes a reader checks are 0: in the file header, and in the index header.
+inline constexpr std::size_t kHeaderReservedOffset = 40;
+inline constexpr std::size_t kHeaderReservedBytes = 20;
+inline constexpr std::size_t kIndexReservedOffset = 4;  // from the index's start, 4 bytes
 
 namespace record_status {
 inline constexpr std::uint32_t incomplete = 1u << 0;
@@ -106,6 +110,10 @@ struct ScanResult {
     std::vector<RecordView> records;  // every good record, in file order
     std::uint64_t good_bytes = 0;     // header plus good records: where recovery cuts
     bool has_footer = false;          // a footer with the right magic and CRC
+    std::uint64_t index_offset = 0;   // where the index starts (has_footer only)
+    // No footer, and the bytes after good_bytes are the start of a record the file
+    // ends inside: a write cut short (a crash), not damage.
+    bool cut_record = false;
     std::vector<IndexEntry> index;
     std::vector<Problem> problems;    // empty when the file is clean and consistent
 };

@@ -135,8 +135,4 @@ private:
 std::uint32_t next_file_sequence(const std::string& directory, std::uint32_t run_number,
                                  std::uint32_t builder_id);
 
-// Rewrites an unclean file as a clean `.evb` holding every good record. Returns the
-// number of records kept; throws std::runtime_error naming the file on failure.
-std::size_t recover(const std::string& part_path, std::string* out_path = nullptr);
-
 }  // namespace evb::file

@@ -119,4 +119,20 @@ struct alignas(kFalseSharingBytes) WriterCounters {
     LatencyHistogram write_latency;  // built -> written
 };
 
+// Pull mode's request sender (its only writer).
+struct alignas(kFalseSharingBytes) PullCounters {
+    Counter credits_configured;  // gauge
+    Counter credits_in_use;      // gauge
+    Counter events_requested;
+    Counter requests_sent;       // REQUEST datagrams (first asks)
+    Counter rerequests_sent;     // event ids asked for again
+    Counter rerequests_avoided;  // due again, but built: only the writer was behind
+    Counter clears_sent;         // CLEAR datagrams
+    Counter events_cleared;
+    Counter events_given_up;     // written INCOMPLETE after the last retry
+    Counter send_errors;
+    Counter retry_period_ns;     // gauge: in force now
+    Counter round_trip_ns;       // gauge: smoothed request-to-written time
+};
+
 }  // namespace evb::stats

@@ -29,6 +29,7 @@
 
 #include "core/format/file_format.hpp"
 #include "core/io/output_file.hpp"
+#include "core/io/recovery.hpp"
 #include "core/format/pattern.hpp"
 #include "core/format/wire.hpp"
 
@@ -253,17 +254,15 @@ std::optional<NameFields> parse_file_name(std::string_view name) {
 void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, const Options& o,
                      FileReport& rep) {
     const std::byte* base = img.data();
-    for (std::size_t i = 40; i < 60; ++i) {
+    for (std::size_t i = ef::kHeaderReservedOffset; i < ef::kHeaderReservedOffset + ef::kHeaderReservedBytes; ++i) {
         if (base[i] != std::byte{0}) {
-            rep.add_problem(i, "file header reserved bytes 40..59 are not 0");
+            rep.add_problem(i, fmt::format("file header reserved bytes {}..{} are not 0", ef::kHeaderReservedOffset,
+                                           ef::kHeaderReservedOffset + ef::kHeaderReservedBytes - 1));
             break;
         }
     }
-    if (s.has_footer) {
-        const std::uint64_t index_offset = evb::wire::load_u64(base + img.size() - ef::kFooterBytes + 8);
-        if (evb::wire::load_u32(base + index_offset + 4) != 0)
-            rep.add_problem(index_offset + 4, "index reserved field is not 0");
-    }
+    if (s.has_footer && evb::wire::load_u32(base + s.index_offset + ef::kIndexReservedOffset) != 0)
+        rep.add_problem(s.index_offset + ef::kIndexReservedOffset, "index reserved field is not 0");
     const std::string name = fs::path(rep.path).filename().string();
     if (const auto nf = parse_file_name(name)) {
         if (nf->run != s.header.run_number || nf->builder != s.header.builder_id ||
@@ -364,18 +363,7 @@ FileReport examine(const std::string& path, const Options& o) {
         rep.good_bytes = s.good_bytes;
         rep.event_count = s.records.size();
         for (const auto& p : s.problems) rep.add_problem(p.offset, p.what);
-        if (s.header_ok && !s.has_footer && s.good_bytes < img.size()) {
-            const std::byte* tail = img.data() + s.good_bytes;
-            const std::uint64_t left = img.size() - s.good_bytes;
-            const std::uint32_t marker = ef::kRecordMarker;
-            if (left < ef::kRecordHeaderBytes) {
-                rep.cut_tail = std::memcmp(tail, &marker, std::min<std::uint64_t>(left, 4)) == 0;
-            } else {
-                const std::uint32_t len = evb::wire::load_u32(tail + 4);
-                rep.cut_tail = evb::wire::load_u32(tail) == marker && len % 8 == 0 &&
-                               len >= ef::kRecordHeaderBytes && len > left;
-            }
-        }
+        rep.cut_tail = s.header_ok && s.cut_record;
         if (s.header_ok) check_semantics(img, s, o, rep);
     } catch (const std::exception& e) {
         rep.io_error = e.what();
@@ -510,7 +498,13 @@ RecoverReport recover_one(const std::string& path, bool named) {
             const std::uint64_t tail = s.has_footer ? rr.size - s.good_bytes : 0;  // the old index
             rr.dropped_bytes = rr.size - s.good_bytes - (rr.stop_reason.empty() ? tail : 0);
         }
-        rr.kept_events = ef::recover(path, &rr.output);
+        const ef::Recovery rec = ef::recover(path);
+        if (!rec.ok()) {
+            rr.error = rec.error;
+            return rr;
+        }
+        rr.kept_events = rec.events;
+        rr.output = rec.output;
         const ef::MappedFile out(rr.output);
         const ef::ScanResult check = ef::scan(out.bytes());
         rr.output_verified = check.problems.empty() && check.has_footer && check.records.size() == rr.kept_events;

@@ -3,12 +3,50 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <mutex>
+
 namespace evb {
 
 namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::info)};
 constexpr const char* kNames[] = {"debug", "info", "warn", "error"};
+
+struct ErrorKind {
+    std::string kind;  // the format string (or the text, when none was given)
+    DistinctError seen;
+};
+std::mutex g_errors_mutex;
+std::vector<ErrorKind> g_errors;  // guarded by g_errors_mutex
+
+void remember(LogLevel level, std::string_view text, std::string_view kind, std::uint64_t now_ms) {
+    std::lock_guard lock(g_errors_mutex);
+    auto it = std::find_if(g_errors.begin(), g_errors.end(), [&](const ErrorKind& e) { return e.kind == kind; });
+    if (it == g_errors.end()) {
+        if (g_errors.size() == kDistinctErrors) {
+            it = g_errors.end() - 1;  // full: the last entry stands for every later kind
+            it->kind = "(other kinds)";
+        } else {
+            g_errors.push_back({std::string(kind), {level, 0, now_ms, now_ms, {}}});
+            it = g_errors.end() - 1;
+        }
+    }
+    it->seen.level = std::max(it->seen.level, level);
+    ++it->seen.count;
+    it->seen.last_unix_ms = now_ms;
+    it->seen.last_text.assign(text);
+}
 }  // namespace
+
+std::vector<DistinctError> distinct_errors() {
+    std::vector<DistinctError> v;
+    {
+        std::lock_guard lock(g_errors_mutex);
+        for (const auto& e : g_errors) v.push_back(e.seen);
+    }
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.last_unix_ms > b.last_unix_ms; });
+    return v;
+}
 
 void set_log_level(std::string_view name) {
     for (int i = 0; i < 4; ++i)
@@ -17,9 +55,12 @@ void set_log_level(std::string_view name) {
 
 LogLevel log_level() noexcept { return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed)); }
 
-void log_line(LogLevel level, std::string_view text) {
+void log_line(LogLevel level, std::string_view text, std::string_view kind) {
     timespec ts{};
     ::clock_gettime(CLOCK_REALTIME, &ts);
+    if (level >= LogLevel::warn)
+        remember(level, text, kind.empty() ? text : kind,
+                 static_cast<std::uint64_t>(ts.tv_sec) * 1000 + static_cast<std::uint64_t>(ts.tv_nsec) / 1'000'000);
     tm t{};
     ::gmtime_r(&ts.tv_sec, &t);
     // One write per line so lines from different threads do not interleave.

@@ -20,6 +20,7 @@
 #include "core/format/crc32c.hpp"
 #include "core/format/file_format.hpp"
 #include "core/io/output_file.hpp"
+#include "core/io/recovery.hpp"
 #include "core/format/wire.hpp"
 #include "test/core/record_builder.hpp"
 
@@ -585,9 +586,12 @@ TEST_CASE("file: recover() rewrites a cut .part as a clean file of its good reco
         std::size_t want = 0;
         while (want < im.records.size() && im.offsets[want] + im.records[want].size() <= cut) ++want;
 
-        std::string out;
         INFO("cut at " << cut);
-        REQUIRE(ef::recover(part, &out) == want);
+        const ef::Recovery rec = ef::recover(part);
+        INFO(rec.error);
+        REQUIRE(rec.ok());
+        REQUIRE(rec.events == want);
+        const std::string out = rec.output;
         CHECK(out == want_out);
         CHECK_FALSE(fs::exists(part));
         CHECK_FALSE(fs::exists(out + ".tmp"));
@@ -615,9 +619,10 @@ TEST_CASE("file: recover() keeps the records before a damaged one", "[file]") {
     img[im.offsets[4] + 60] ^= std::byte{0x80};
     const std::string part = dir / "run000042_001_00003.evb.part";
     write_all(part, img);
-    std::string out;
-    REQUIRE(ef::recover(part, &out) == 4);
-    const Bytes out_img = read_all(out);
+    const ef::Recovery rec = ef::recover(part);
+    REQUIRE(rec.ok());
+    REQUIRE(rec.events == 4);
+    const Bytes out_img = read_all(rec.output);
     const auto r = ef::scan(out_img);
     INFO(problems_text(r));
     CHECK(r.problems.empty());
@@ -629,17 +634,21 @@ TEST_CASE("file: recover() refuses what it cannot or must not do", "[file]") {
     TempDir dir;
     const Image im = make_image(3, false);
 
-    SECTION("a damaged header: throws, leaves the file") {
+    SECTION("a damaged header: an error naming the file, the file left as it was") {
         Bytes img = im.bytes;
         img[20] ^= std::byte{1};
         const std::string part = dir / "run000042_001_00003.evb.part";
         write_all(part, img);
-        CHECK_THROWS_AS(ef::recover(part), std::runtime_error);
+        const ef::Recovery rec = ef::recover(part);
+        CHECK_FALSE(rec.ok());
+        CHECK(rec.error.find(part) != std::string::npos);
         CHECK(fs::exists(part));
         CHECK_FALSE(fs::exists(dir / "run000042_001_00003.evb"));
     }
     SECTION("a file that does not exist") {
-        CHECK_THROWS_AS(ef::recover(dir / "nothing.evb.part"), std::runtime_error);
+        const ef::Recovery rec = ef::recover(dir / "nothing.evb.part");
+        CHECK_FALSE(rec.ok());
+        CHECK(rec.error.find("nothing.evb.part") != std::string::npos);
     }
     SECTION("an existing output is never overwritten") {
         const std::string part = dir / "run000042_001_00003.evb.part";
@@ -647,7 +656,9 @@ TEST_CASE("file: recover() refuses what it cannot or must not do", "[file]") {
         write_all(part, im.bytes);
         const Bytes other = make_image(1, true).bytes;
         write_all(done, other);
-        CHECK_THROWS_AS(ef::recover(part), std::runtime_error);
+        const ef::Recovery rec = ef::recover(part);
+        CHECK_FALSE(rec.ok());
+        CHECK(rec.error.find("not overwriting") != std::string::npos);
         CHECK(read_all(done) == other);
         CHECK(read_all(part) == im.bytes);
     }

@@ -1,5 +1,5 @@
-// The pipeline's built hook (pull mode: the request sender learns which events it
-// need not ask for again), driven through a real socket reader and disk writer.
+// The pipeline driven through a real socket reader, graph workers and disk writer:
+// the pull-mode channels (built ids, written ids), run and source-set changes.
 #include <catch2/catch.hpp>
 
 #include <sys/socket.h>
@@ -17,6 +17,7 @@
 
 #include "core/format/file_format.hpp"
 #include "core/format/wire.hpp"
+#include "test/fragment.hpp"
 #include "test/pipeline_rig.hpp"
 #include "test/temp_dir.hpp"
 
@@ -25,14 +26,7 @@ using namespace evb;
 namespace {
 // One single-chunk fragment of 100 bytes, sent to the rig's socket.
 void send_fragment(int fd, const net::Endpoint& to, std::uint32_t run, std::uint32_t source, std::uint64_t event) {
-    std::vector<std::byte> d(wire::kFragmentHeaderBytes + 100, std::byte{0x5a});
-    wire::FragmentHeader h;
-    h.source_id = source;
-    h.run_number = run;
-    h.event_id = event;
-    h.fragment_length = 100;
-    h.chunk_count = 1;
-    wire::encode_fragment_header(h, d.data());
+    const auto d = test::fragment_datagram(run, source, event, 100, std::byte{0x5a});
     REQUIRE(::sendto(fd, d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&to.addr), to.len) ==
             static_cast<ssize_t>(d.size()));
 }
@@ -55,24 +49,18 @@ WriterSettings writer_into(const std::string& dir) {
 }
 }  // namespace
 
-TEST_CASE("Pipeline tells the built hook every event it hands on, complete or not, once") {
-    // Before the rig: its destructor may still flush events through the hook.
-    std::mutex m;
-    std::vector<std::uint64_t> built;
+TEST_CASE("Pipeline marks every event it hands on as built, complete or not") {
     test::TempDir dir;
     const PipelineSettings ps = two_sources(2, 64);  // only the end of the run ends event 4
     const WriterSettings ws = writer_into(dir.path());
-    test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20);
-    rig.pipeline.set_built_hook([&](std::uint64_t id) {
-        std::lock_guard lock(m);
-        built.push_back(id);
-    });
-    auto sorted_built = [&] {
-        std::lock_guard lock(m);
-        std::vector<std::uint64_t> v = built;
-        std::sort(v.begin(), v.end());
+    BuiltIds built(64, 1);
+    auto built_ids = [&] {
+        std::vector<std::uint64_t> v;
+        for (std::uint64_t id = 0; id < 8; ++id)
+            if (built.built(id)) v.push_back(id);
         return v;
     };
+    test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20, &built);
     rig.start();
 
     // Events 0-3 from both sources (complete), event 4 from source 0 only.
@@ -84,16 +72,16 @@ TEST_CASE("Pipeline tells the built hook every event it hands on, complete or no
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (rig.writer_counters.events_written.get() < 4 && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3});  // event 4 is still open
+    CHECK(built_ids() == std::vector<std::uint64_t>{0, 1, 2, 3});  // event 4 is still open
     // The run ends: event 4 is handed on INCOMPLETE; the run-end marker behind it
     // is no event.
     rig.pipeline.end_run(0, 2);
     rig.pipeline.wait_idle();
-    CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
+    CHECK(built_ids() == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
     rig.stop();
     ::close(out);
     CHECK(rig.writer_counters.events_written.get() == 5);
-    CHECK(sorted_built() == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
+    CHECK(built_ids() == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
 }
 
 TEST_CASE("Pipeline: a run change while the new run's data already arrives writes both runs, whatever the timing") {
@@ -131,8 +119,8 @@ TEST_CASE("Pipeline: a run change while the new run's data already arrives write
     REQUIRE(rig.writer.commands().try_push(&next));
     AdmissionRules run2;
     run2.run_number = 2;
-    REQUIRE(rig.reader.commands().try_push(&run2));
-    REQUIRE(wait_for([&] { return rig.reader.applied() == &run2; }));
+    REQUIRE(rig.reader.rules().post(&run2));
+    REQUIRE(wait_for([&] { return rig.reader.rules().applied() == &run2; }));
     for (std::uint64_t e = 0; e < 8; ++e)
         for (std::uint32_t s = 0; s < 2; ++s) send(2, s, e);
     send(2, 0, 8);  // run 2's event 8 is open when the run-end marker passes
@@ -151,7 +139,7 @@ TEST_CASE("Pipeline: a run change while the new run's data already arrives write
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
 
-TEST_CASE("DiskWriter with O_DIRECT tells the written hook only of records the kernel has") {
+TEST_CASE("DiskWriter with O_DIRECT passes on as written only the records the kernel has") {
     test::TempDir dir;
     {
         // Where the filesystem refuses O_DIRECT (tmpfs) the writer falls back to the
@@ -170,11 +158,16 @@ TEST_CASE("DiskWriter with O_DIRECT tells the written hook only of records the k
     const PipelineSettings ps = two_sources(1, 256);
     WriterSettings ws = writer_into(dir.path());
     ws.direct_io = true;
-    // Every id the hook reports must already be in a file as the kernel sees it
+    // Every id the writer passes on must already be in a file as the kernel sees it
     // (read back through the page cache, which O_DIRECT writes update once done).
+    // The writer runs on this thread, so each check happens before it goes on.
     std::vector<std::uint64_t> reported, missing_from_disk;
-    test::PipelineRig rig(ps, ws, 1024, 256, 8u << 20);
-    rig.writer.set_written_hook([&](const std::uint64_t* ids, std::size_t n) {
+    WrittenIds written(64);
+    test::PipelineRig rig(ps, ws, 1024, 256, 8u << 20, nullptr, &written);
+    auto check_reported = [&] {
+        std::uint64_t ids[128];
+        const std::size_t n = written.pop(ids, 128);
+        if (n == 0) return;
         std::set<std::uint64_t> on_disk;
         for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
             std::ifstream in(f.path(), std::ios::binary);
@@ -187,17 +180,22 @@ TEST_CASE("DiskWriter with O_DIRECT tells the written hook only of records the k
             reported.push_back(ids[i]);
             if (!on_disk.count(ids[i])) missing_from_disk.push_back(ids[i]);
         }
-    });
-    rig.start();
+    };
+    rig.workers.start();
+    rig.reader_runner.start();
     const int out = net::open_udp_for(rig.to, 1u << 20);
     for (std::uint64_t e = 0; e < 20; ++e)
         for (std::uint32_t s = 0; s < 2; ++s) send_fragment(out, rig.to, 1, s, e);
-    // A trickle far below a 2 MiB stage: the hook must still hear of them while the
+    // A trickle far below a 2 MiB stage: the writer must still pass them on while the
     // file is open (pull mode's credits depend on it), not only at close.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (rig.writer_counters.events_written.get() < 20 && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    while (rig.writer_counters.events_written.get() < 20 && std::chrono::steady_clock::now() < deadline) {
+        if (rig.writer.do_work() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        check_reported();
+    }
     CHECK(rig.writer_counters.events_written.get() == 20);
+    rig.writer_runner.start();  // the rig stops it, with everything else
+    rig.running = true;
     rig.stop();
     ::close(out);
     CHECK(reported.size() == 20);
@@ -231,8 +229,8 @@ TEST_CASE("Pipeline: one reload that changes both the run and the expected sourc
     rig.pipeline.set_expected_sources(expected, 1);
     AdmissionRules run2;
     run2.run_number = 2;
-    REQUIRE(rig.reader.commands().try_push(&run2));
-    REQUIRE(wait_for([&] { return rig.reader.applied() == &run2; }));
+    REQUIRE(rig.reader.rules().post(&run2));
+    REQUIRE(wait_for([&] { return rig.reader.rules().applied() == &run2; }));
     rig.pipeline.end_run(0, 2);
     rig.pipeline.wait_idle();
     for (std::uint64_t e = 0; e < 4; ++e)

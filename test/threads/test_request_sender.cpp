@@ -117,48 +117,66 @@ evb::PullSettings one_at_a_time(std::uint32_t retry_ms, std::uint32_t max_retrie
     return s;
 }
 
+// The sender's channels: written ids in, built ids in, give-ups out (recorded).
+struct GiveUps final : evb::ShardSink {
+    std::uint32_t shard_count() const noexcept override { return 1; }
+    void submit(std::uint32_t, evb::ChunkMeta*, std::uint64_t) noexcept override {}
+    void tick(std::uint64_t) noexcept override {}
+    void give_up(std::uint64_t event_id, std::uint32_t, std::uint32_t, std::uint64_t) noexcept override {
+        ids.push_back(event_id);
+    }
+    std::vector<std::uint64_t> ids;
+};
+struct Channels {
+    explicit Channels(std::size_t max_credits) : written(max_credits), built(max_credits, 1) {}
+    evb::WrittenIds written;
+    evb::BuiltIds built;
+    GiveUps give_ups;
+};
+
 }  // namespace
 
 TEST_CASE("RequestSender learns a slow round trip and stops re-requesting events that are on their way") {
     FakeSource src;
     const int fd = evb::net::open_udp_for(src.at());
     const evb::PullSettings s = one_at_a_time(20, 5, 6000, 4);  // cap: 6000 / 6 = 1 s
-    evb::PullCounters counters;
-    std::vector<std::uint64_t> given_up;
-    evb::RequestSender rs(s, fd, {src.at()}, [&](std::uint64_t id, std::uint64_t) { given_up.push_back(id); }, counters, 4);
+    evb::stats::PullCounters counters;
+    Channels ch(4);
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 4);
+    const auto& given_up = ch.give_ups.ids;
 
     // Event 0: written 150 ms after its request, measured before any retry is looked at.
     rs.do_work();
     CHECK(src.requested() == std::vector<std::uint64_t>{0});
-    CHECK(counters.retry_period_ns.load() == 20 * kMs);
+    CHECK(counters.retry_period_ns.get() == 20 * kMs);
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
     std::uint64_t id = 0;
-    rs.on_written(&id, 1);
+    ch.written.push(&id, 1);
     rs.do_work();  // takes the write (a sample of >= 150 ms), then requests event 1
-    CHECK(counters.round_trip_ns.load() >= 150 * kMs);
-    CHECK(counters.retry_period_ns.load() >= 150 * kMs);
-    CHECK(counters.retry_period_ns.load() <= 1000 * kMs);
+    CHECK(counters.round_trip_ns.get() >= 150 * kMs);
+    CHECK(counters.retry_period_ns.get() >= 150 * kMs);
+    CHECK(counters.retry_period_ns.get() <= 1000 * kMs);
     CHECK(src.requested() == std::vector<std::uint64_t>{1});
 
     // 60 ms later event 1 is not due again: a fixed 20 ms period would have asked twice by now.
     std::this_thread::sleep_for(std::chrono::milliseconds(60));
     rs.do_work();
     CHECK(src.requested().empty());
-    CHECK(counters.rerequests_sent.load() == 0);
+    CHECK(counters.rerequests_sent.get() == 0);
 
     // Past the learned period it is asked again (which doubles the period), and that
     // event is no sample when it is written (Karn).
-    const std::uint64_t period_before = counters.retry_period_ns.load();
+    const std::uint64_t period_before = counters.retry_period_ns.get();
     std::this_thread::sleep_for(std::chrono::nanoseconds(period_before));
     rs.do_work();
     CHECK(src.requested() == std::vector<std::uint64_t>{1});
-    CHECK(counters.rerequests_sent.load() == 1);
+    CHECK(counters.rerequests_sent.get() == 1);
     const std::uint64_t backed_off = std::min(2 * period_before, 1000 * kMs);  // doubled, capped at 1 s
-    CHECK(counters.retry_period_ns.load() == backed_off);
+    CHECK(counters.retry_period_ns.get() == backed_off);
     id = 1;
-    rs.on_written(&id, 1);
+    ch.written.push(&id, 1);
     rs.do_work();
-    CHECK(counters.retry_period_ns.load() == backed_off);
+    CHECK(counters.retry_period_ns.get() == backed_off);
     CHECK(given_up.empty());
     close(fd);
 }
@@ -167,16 +185,17 @@ TEST_CASE("RequestSender gives up after pull.max_retries at the floor period") {
     FakeSource src;
     const int fd = evb::net::open_udp_for(src.at());
     const evb::PullSettings s = one_at_a_time(5, 2, 1000, 1);
-    evb::PullCounters counters;
-    std::vector<std::uint64_t> given_up;
-    evb::RequestSender rs(s, fd, {src.at()}, [&](std::uint64_t id, std::uint64_t) { given_up.push_back(id); }, counters, 4);
+    evb::stats::PullCounters counters;
+    Channels ch(4);
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 4);
+    const auto& given_up = ch.give_ups.ids;
     rs.do_work();
     for (int i = 0; i < 200 && given_up.empty(); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
         rs.do_work();
     }
     CHECK(given_up == std::vector<std::uint64_t>{0});
-    CHECK(counters.rerequests_sent.load() == 2);
+    CHECK(counters.rerequests_sent.get() == 2);
     CHECK(src.requested() == std::vector<std::uint64_t>{0, 0, 0});
     close(fd);
 }
@@ -189,8 +208,9 @@ TEST_CASE("RequestSender learns a round trip longer than pull.retry_ms when poll
     const int fd = evb::net::open_udp_for(src.at());
     constexpr std::uint64_t kEvents = 12;
     const evb::PullSettings s = one_at_a_time(20, 20, 60000, kEvents);
-    evb::PullCounters counters;
-    evb::RequestSender rs(s, fd, {src.at()}, [](std::uint64_t, std::uint64_t) {}, counters, 4);
+    evb::stats::PullCounters counters;
+    Channels ch(4);
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 4);
     std::vector<std::chrono::steady_clock::time_point> first(kEvents);
     std::vector<int> asked(kEvents, 0);
     std::uint64_t written = 0;
@@ -203,7 +223,7 @@ TEST_CASE("RequestSender learns a round trip longer than pull.retry_ms when poll
             if (asked[id]++ == 0) first[id] = now;
         }
         if (written < kEvents && asked[written] > 0 && now - first[written] >= std::chrono::milliseconds(150)) {
-            rs.on_written(&written, 1);
+            ch.written.push(&written, 1);
             ++written;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -214,15 +234,15 @@ TEST_CASE("RequestSender learns a round trip longer than pull.retry_ms when poll
         INFO("event " << id);
         CHECK(asked[id] == 1);  // learned: the second half is asked for once
     }
-    CHECK(counters.round_trip_ns.load() >= 150 * kMs);
-    CHECK(counters.retry_period_ns.load() >= 150 * kMs);
+    CHECK(counters.round_trip_ns.get() >= 150 * kMs);
+    CHECK(counters.retry_period_ns.get() >= 150 * kMs);
     close(fd);
 }
 
 TEST_CASE("RequestSender holds a partial batch only while more than half the credits are in flight") {
     FakeSource src;
     const int fd = evb::net::open_udp_for(src.at());
-    evb::PullCounters counters;
+    evb::stats::PullCounters counters;
     auto settings = [](std::uint32_t credits, std::uint32_t batch) {
         evb::PullSettings s;
         s.credits = credits;
@@ -231,8 +251,8 @@ TEST_CASE("RequestSender holds a partial batch only while more than half the cre
         s.timeout_ms = 600000;
         return s;
     };
-    auto write = [](evb::RequestSender& rs, std::uint64_t first, std::uint64_t n) {
-        for (std::uint64_t id = first; id < first + n; ++id) rs.on_written(&id, 1);
+    auto write = [](Channels& ch, evb::RequestSender& rs, std::uint64_t first, std::uint64_t n) {
+        for (std::uint64_t id = first; id < first + n; ++id) ch.written.push(&id, 1);
         rs.do_work();
     };
     using Ids = std::vector<std::uint64_t>;
@@ -240,42 +260,46 @@ TEST_CASE("RequestSender holds a partial batch only while more than half the cre
     SECTION("two credits, batch as large: each returned credit is spent at once") {
         // Very large events get few credits; waiting for both would idle the sources
         // while the builder writes the second.
-        evb::RequestSender rs(settings(2, 2), fd, {src.at()}, [](std::uint64_t, std::uint64_t) {}, counters, 8);
+        Channels ch(8);
+        evb::RequestSender rs(settings(2, 2), fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 8);
         rs.do_work();
         CHECK(src.requested() == Ids{0, 1});
-        write(rs, 0, 1);
+        write(ch, rs, 0, 1);
         CHECK(src.requested() == Ids{2});
-        write(rs, 1, 1);
+        write(ch, rs, 1, 1);
         CHECK(src.requested() == Ids{3});
     }
     SECTION("three credits, batch three: held while two are out, not while one is") {
-        evb::RequestSender rs(settings(3, 3), fd, {src.at()}, [](std::uint64_t, std::uint64_t) {}, counters, 12);
+        Channels ch(12);
+        evb::RequestSender rs(settings(3, 3), fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 12);
         rs.do_work();
         CHECK(src.requested() == Ids{0, 1, 2});
-        write(rs, 0, 1);
+        write(ch, rs, 0, 1);
         CHECK(src.requested().empty());  // 2 of 3 still in flight
-        write(rs, 1, 1);
+        write(ch, rs, 1, 1);
         CHECK(src.requested() == Ids{3, 4});
     }
     SECTION("sixteen credits, batch sixteen: requests go out in halves") {
-        evb::RequestSender rs(settings(16, 16), fd, {src.at()}, [](std::uint64_t, std::uint64_t) {}, counters, 64);
+        Channels ch(64);
+        evb::RequestSender rs(settings(16, 16), fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 64);
         rs.do_work();
         CHECK(src.requested().size() == 16);
-        write(rs, 0, 7);
+        write(ch, rs, 0, 7);
         CHECK(src.requested().empty());  // 9 of 16 still in flight: wait for more
-        write(rs, 7, 1);
+        write(ch, rs, 7, 1);
         CHECK(src.requested() == Ids{16, 17, 18, 19, 20, 21, 22, 23});
     }
     SECTION("64 credits, batch 16: full batches only") {
-        evb::RequestSender rs(settings(64, 16), fd, {src.at()}, [](std::uint64_t, std::uint64_t) {}, counters, 256);
+        Channels ch(256);
+        evb::RequestSender rs(settings(64, 16), fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 256);
         rs.do_work();
         CHECK(src.requested().size() == 64);
-        CHECK(counters.requests_sent.load() == 4);
-        write(rs, 0, 15);
+        CHECK(counters.requests_sent.get() == 4);
+        write(ch, rs, 0, 15);
         CHECK(src.requested().empty());
-        write(rs, 15, 1);
+        write(ch, rs, 15, 1);
         CHECK(src.requested().size() == 16);
-        CHECK(counters.requests_sent.load() == 5);
+        CHECK(counters.requests_sent.get() == 5);
     }
     close(fd);
 }
@@ -292,21 +316,22 @@ TEST_CASE("RequestSender does not ask again for an event the matcher has built, 
     s.retry_ms = 20;
     s.max_retries = 50;  // event 1 is not given up within the test
     s.timeout_ms = 60000;
-    evb::PullCounters counters;
-    std::vector<std::uint64_t> given_up;
-    evb::RequestSender rs(s, fd, {src.at()}, [&](std::uint64_t id, std::uint64_t) { given_up.push_back(id); }, counters, 8);
+    evb::stats::PullCounters counters;
+    Channels ch(8);
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 8);
+    const auto& given_up = ch.give_ups.ids;
     using Ids = std::vector<std::uint64_t>;
 
-    rs.on_built(1);  // a mark made before 1 is requested (a stale slot) is forgotten then
+    ch.built.mark(1);  // a mark made before 1 is requested (a stale slot) is forgotten then
     rs.do_work();
     CHECK(src.requested() == Ids{0, 1});
-    rs.on_built(0);
+    ch.built.mark(0);
     std::this_thread::sleep_for(std::chrono::milliseconds(40));  // past the 20 ms floor
     rs.do_work();
     CHECK(src.requested() == Ids{1});
-    CHECK(counters.rerequests_sent.load() == 1);
-    CHECK(counters.rerequests_avoided.load() == 1);
-    CHECK(counters.credits_in_use.load() == 2);  // 0 is built, not written: still a credit
+    CHECK(counters.rerequests_sent.get() == 1);
+    CHECK(counters.rerequests_avoided.get() == 1);
+    CHECK(counters.credits_in_use.get() == 2);  // 0 is built, not written: still a credit
 
     // Much later event 1 has been asked for again (every 40 ms: the first timeout
     // of a first request doubled the period), event 0 never.
@@ -317,19 +342,19 @@ TEST_CASE("RequestSender does not ask again for an event the matcher has built, 
     const Ids later = src.requested();
     CHECK(!later.empty());
     CHECK(std::count(later.begin(), later.end(), 0u) == 0);
-    CHECK(counters.rerequests_avoided.load() == 1);
+    CHECK(counters.rerequests_avoided.get() == 1);
 
     // Written: the credit goes to event 2 (event 1 may fall due in the same round).
     // Neither event 0 (it waited for the writer) nor event 1 (asked again) is a
     // sample of the round trip.
     std::uint64_t id = 0;
-    rs.on_written(&id, 1);
+    ch.written.push(&id, 1);
     rs.do_work();
     const Ids after = src.requested();
     CHECK(std::count(after.begin(), after.end(), 2u) == 1);
     CHECK(std::count(after.begin(), after.end(), 0u) == 0);
-    CHECK(counters.round_trip_ns.load() == 0);
-    CHECK(counters.events_cleared.load() == 1);
+    CHECK(counters.round_trip_ns.get() == 0);
+    CHECK(counters.events_cleared.get() == 1);
     CHECK(given_up.empty());
     close(fd);
 }

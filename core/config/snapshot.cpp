@@ -1,0 +1,100 @@
+#include "core/config/snapshot.hpp"
+
+#include <algorithm>
+
+#include "allocators/buffer_pool.hpp"
+#include "net/udp.hpp"
+
+namespace evb {
+
+Sizing sizing_for(const Config& c, std::uint32_t inputs) {
+    Sizing s;
+    s.readers = inputs;
+    s.shards = c.shard_count();
+    s.slots_per_reader = c.building.max_buffer_bytes / inputs / (c.input.max_datagram_bytes + alloc::BufferPool::kMetaBytes);
+    return s;
+}
+
+namespace {
+
+MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
+    MatcherSettings m;
+    m.sources = c.sources;
+    m.max_events = std::max<std::uint32_t>(4, c.building.max_events_in_flight / z.shards);
+    m.late_window = c.building.late_window;
+    m.timeout_ns = std::uint64_t{c.building.timeout_ms} * 1'000'000ull;
+    // Dead-source detection (docs/OPERATIONS.md, "When a board dies").
+    m.source_timeout_ns = std::uint64_t{c.building.source_timeout_ms != 0
+                                            ? c.building.source_timeout_ms
+                                            : std::max<std::uint32_t>(1, c.building.timeout_ms / 2)} *
+                          1'000'000ull;
+    m.source_timeout_events = c.building.source_timeout_events != 0 ? c.building.source_timeout_events
+                                                                    : std::max<std::uint32_t>(1, m.max_events / 4);
+    // Shares of one source (docs/RELIABILITY.md): a board that opens ids nobody else
+    // sends gets a quarter of a shard's events; one whose incomplete fragments hold
+    // receive slots gets twice its fair part of a shard's slots (at least a quarter
+    // of them, up to 1024 slots, so a few big-fragment sources are not starved).
+    m.max_solo_events_per_source = std::max<std::uint32_t>(m.max_events / 4, std::min<std::uint32_t>(m.max_events, 16));
+    const std::size_t shard_slots = z.slots_per_reader * z.readers / z.shards;
+    const std::size_t fair = 2 * shard_slots / std::max<std::size_t>(c.sources.size(), 1);
+    m.max_slots_per_source = static_cast<std::uint32_t>(
+        std::min<std::size_t>(std::max(fair, std::min<std::size_t>(shard_slots / 4, 1024)), UINT32_MAX));
+    return m;
+}
+
+AdmissionRules admission_rules(const Config& c) {
+    AdmissionRules r;
+    r.run_number = c.run_number;
+    r.builders = c.builders;
+    r.builder_id = c.builder_id;
+    for (const auto& a : c.input.allowed_senders) {
+        // Only the address matters; accept "ADDR" as well as "ADDR:PORT".
+        const bool has_port = a.find("]:") != std::string::npos ||
+                              (a.find(':') != std::string::npos && a.find(':') == a.rfind(':'));
+        const net::Endpoint e =
+            net::parse_endpoint(has_port ? a : (a.find(':') != std::string::npos ? "[" + a + "]:0" : a + ":0"));
+        r.allowed_sender_keys.push_back(sender_key(e.addr));
+    }
+    return r;
+}
+
+WriterSettings writer_settings(const Config& c) {
+    WriterSettings w;
+    w.directory = c.output.directory;
+    w.builder_id = c.builder_id;
+    w.max_file_bytes = c.output.max_file_bytes;
+    w.fsync = c.output.fsync;
+    w.fsync_period_ms = c.output.fsync_period_ms;
+    w.direct_io = c.output.direct_io;
+    w.run_number = c.run_number;
+    return w;
+}
+
+PullSettings pull_settings(const Config& c) {
+    PullSettings p;
+    p.builder_id = c.builder_id;
+    p.builders = c.builders;
+    p.run_number = c.run_number;
+    p.first_event = c.pull.first_event;
+    p.events = c.pull.events;
+    p.credits = c.pull.credits;
+    p.request_batch = c.pull.request_batch;
+    p.retry_ms = c.pull.retry_ms;
+    p.max_retries = c.pull.max_retries;
+    p.timeout_ms = c.building.timeout_ms;
+    return p;
+}
+
+}  // namespace
+
+std::shared_ptr<const Snapshot> make_snapshot(std::shared_ptr<const Config> c, const Sizing& s) {
+    auto snap = std::make_shared<Snapshot>();
+    snap->matcher = matcher_settings(*c, s);
+    snap->rules = admission_rules(*c);
+    snap->writer = writer_settings(*c);
+    snap->pull = pull_settings(*c);
+    snap->config = std::move(c);
+    return snap;
+}
+
+}  // namespace evb

@@ -1,0 +1,89 @@
+// One translation of a Config into what each thread reads: made once at start and
+// once per reload, never changed after (threads get pointers to their part, posted
+// on their command rings). Everything a thread needs from the configuration is
+// derived here, and only here.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config/config.hpp"
+#include "core/model/matcher.hpp"
+#include "core/model/sender_pins.hpp"
+
+namespace evb {
+
+// Events are spread over builders, then over one builder's shards, by id. The
+// readers route datagrams with it and the request sender's give-ups follow the
+// same path, so a shard sees every chunk of its events.
+constexpr std::uint32_t shard_of(std::uint64_t event_id, std::uint32_t builders, std::uint32_t shards) noexcept {
+    return static_cast<std::uint32_t>((event_id / builders) % shards);
+}
+
+// The per-datagram admission rules a reader applies.
+struct AdmissionRules {
+    std::uint32_t run_number = 0;
+    std::uint32_t builders = 1;
+    std::uint32_t builder_id = 0;
+    // input.allowed_senders as sender_key()s, made once per rule set: empty lets
+    // everyone in (the port is ignored).
+    std::vector<std::uint64_t> allowed_sender_keys;
+    // input.pin_senders: this run's table (shared by the readers), or none.
+    std::shared_ptr<SenderPins> pins;
+};
+
+struct WriterSettings {
+    std::string directory;
+    std::uint32_t builder_id = 0;
+    std::uint64_t max_file_bytes = 1ull << 30;
+    FsyncPolicy fsync = FsyncPolicy::on_close;
+    std::uint32_t fsync_period_ms = 0;
+    bool direct_io = false;
+    // Run transition: when run_generation grows, the writer holds back events of
+    // run_number until every shard's run-end marker number run_generation has
+    // arrived, then closes the old run's file.
+    std::uint32_t run_number = 0;
+    std::uint64_t run_generation = 0;
+    // The expected-source set (Matcher::set_expected) these settings go with: its
+    // events are held back the same way when run_generation grows. (A file's header
+    // states the sections its events have, taken from the events.)
+    std::uint32_t set_generation = 0;
+};
+
+struct PullSettings {
+    std::uint32_t builder_id = 0;
+    std::uint32_t builders = 1;
+    std::uint32_t run_number = 1;
+    std::uint64_t first_event = 0;
+    std::uint64_t events = 0;  // 0: no limit
+    std::uint32_t credits = 64;
+    std::uint32_t request_batch = 16;
+    std::uint32_t retry_ms = 100;  // the shortest retry period (see RetryTimer)
+    std::uint32_t max_retries = 5;
+    std::uint32_t timeout_ms = 1000;  // building.timeout_ms: retries end before it
+};
+
+// What the start fixed and a reload cannot change: the sizes the pools were made for.
+struct Sizing {
+    std::uint32_t readers = 1;
+    std::uint32_t shards = 1;
+    std::size_t slots_per_reader = 0;
+};
+
+// Sizing for a configuration (`inputs`: socket readers, or 1 for a replay).
+Sizing sizing_for(const Config& c, std::uint32_t inputs);
+
+struct Snapshot {
+    std::shared_ptr<const Config> config;
+    MatcherSettings matcher;  // one shard's
+    AdmissionRules rules;     // pins not made (a run change makes its own table)
+    WriterSettings writer;    // transition fields left 0 (the reload numbers them)
+    PullSettings pull;
+};
+
+// `c` must be valid (load_config_file / default_config checked it).
+std::shared_ptr<const Snapshot> make_snapshot(std::shared_ptr<const Config> c, const Sizing& s);
+
+}  // namespace evb

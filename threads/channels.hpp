@@ -1,0 +1,132 @@
+// The named channels between evbd's threads. daemon.cpp creates them and hands
+// each to the threads at its two ends; nothing else carries data between threads
+// except the rings the pipeline and the buffer pools own (shard inboxes, writer
+// rings, done rings, return rings: see docs/ARCHITECTURE.md, "Threads").
+#pragma once
+
+#include <atomic>
+#include <bit>
+#include <cstdint>
+#include <memory>
+
+#include "allocators/handoff/spsc_ring.hpp"
+#include "allocators/handoff/wait.hpp"
+#include "core/config/snapshot.hpp"
+#include "core/model/event.hpp"
+
+namespace evb {
+
+// Into the flow graph: a shard's inbox, put to by the readers or the replay
+// feeder (chunks), the service loop (ticks, run ends) and the request sender
+// (give-ups). Implemented by Pipeline.
+class ShardSink {
+public:
+    virtual ~ShardSink() = default;
+    virtual std::uint32_t shard_count() const noexcept = 0;
+    virtual void submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept = 0;
+    // Time has reached now_ns: every shard times out what is due.
+    virtual void tick(std::uint64_t now_ns) noexcept = 0;
+    // Pull mode: write this event INCOMPLETE now (out of retries).
+    virtual void give_up(std::uint64_t /*event_id*/, std::uint32_t /*run_number*/, std::uint32_t /*builders*/,
+                         std::uint64_t /*now_ns*/) noexcept {}
+    // Offline input (replay) only: how many more events shard `shard` can start
+    // (free), and how many of its events are built and still with the writer (they
+    // come back as free), counted once everything submitted so far has been matched
+    // (waits for that). An input that has nobody to lose data to waits for room
+    // instead of sending what the shard would have to refuse.
+    struct Room {
+        std::size_t free = SIZE_MAX;
+        std::size_t writing = 0;
+    };
+    virtual Room settled_room(std::uint32_t /*shard*/) { return {}; }
+};
+
+// Service loop -> an input (a socket reader or the replay feeder): admission rule
+// sets, newest last; and back, which set is in force. The input takes them between
+// batches; the poster keeps each set alive until no input has it in force.
+class RulesInbox {
+public:
+    bool post(const AdmissionRules* rules) noexcept { return ring_.try_push(rules); }
+    // The service loop waits on `bell` for a new set to be in force.
+    void ring_when_applied(Doorbell& bell) noexcept { bell_ = &bell; }
+    // Any thread: the set in force.
+    const AdmissionRules* applied() const noexcept { return applied_.load(std::memory_order_acquire); }
+
+    // Input thread, between batches: the rules to admit by now (nullptr: none yet).
+    const AdmissionRules* take() noexcept {
+        const AdmissionRules* next = nullptr;
+        for (int i = 0; i < 4 && ring_.try_pop(next); ++i) current_ = next;  // bounded
+        // Release: datagrams handed on before this store were admitted under the old
+        // rules; a reload that sees the new pointer knows later ones use the new rules.
+        if (current_ != nullptr && applied_.load(std::memory_order_relaxed) != current_) {
+            applied_.store(current_, std::memory_order_release);
+            if (bell_ != nullptr) bell_->ring();
+        }
+        return current_;
+    }
+
+private:
+    SpscRing<const AdmissionRules*> ring_{16};
+    const AdmissionRules* current_ = nullptr;  // input thread only
+    std::atomic<const AdmissionRules*> applied_{nullptr};
+    Doorbell* bell_ = nullptr;
+};
+
+// Disk writer -> request sender (pull mode): ids of events whose records the
+// kernel has, in file order. One producer (the writer), one consumer.
+class WrittenIds {
+public:
+    // At most `outstanding` ids are ever unread (the credits): the ring holds twice that.
+    explicit WrittenIds(std::size_t outstanding) : ring_(outstanding * 2) {}
+    void push(const std::uint64_t* ids, std::size_t n) noexcept {
+        (void)ring_.try_push_n(ids, n);  // cannot overflow, see the constructor
+        bell_.ring();
+    }
+    std::size_t pop(std::uint64_t* out, std::size_t max) noexcept { return ring_.try_pop_n(out, max); }
+    bool empty() const noexcept { return ring_.size_approx() == 0; }
+    // The consumer parks here until ids arrive or `timeout` passes.
+    void park(std::chrono::nanoseconds timeout) noexcept {
+        bell_.park(timeout, [this] { return !empty(); });
+    }
+
+private:
+    SpscRing<std::uint64_t> ring_;
+    Doorbell bell_;
+};
+
+// Matcher shards -> request sender (pull mode): which requested events have been
+// handed on to be written, so a due re-request of one is skipped. Slot
+// (id / builders) mod a power of two of at least twice the credits: this builder's
+// ids are every builders-th, so the outstanding ones have slots of their own while
+// they span fewer than that many of its ids (one event held back long enough can
+// share a slot with a new one). A slot is reset when its id is requested and says
+// "built" only while it holds that very id, so sharing only ever makes an event
+// look not built: asked again, as without this table.
+class BuiltIds {
+public:
+    BuiltIds(std::size_t max_credits, std::uint32_t builders)
+        : builders_(std::max<std::uint32_t>(builders, 1)),
+          mask_(std::bit_ceil(max_credits * 2) - 1),
+          slots_(new std::atomic<std::uint64_t>[mask_ + 1]) {
+        for (std::size_t i = 0; i <= mask_; ++i) slots_[i].store(kNotBuilt, std::memory_order_relaxed);
+    }
+    // Any driver thread. Relaxed: the slot is the whole message.
+    void mark(std::uint64_t event_id) noexcept { slot(event_id).store(event_id, std::memory_order_relaxed); }
+    // Request sender: the id is (re)requested now; an older mark in its slot is void.
+    void forget(std::uint64_t event_id) noexcept { slot(event_id).store(kNotBuilt, std::memory_order_relaxed); }
+    bool built(std::uint64_t event_id) const noexcept {
+        return slot(event_id).load(std::memory_order_relaxed) == event_id;
+    }
+
+private:
+    // An id no event carries in practice (the sources count up from pull.first_event).
+    static constexpr std::uint64_t kNotBuilt = ~std::uint64_t{0};
+    std::atomic<std::uint64_t>& slot(std::uint64_t event_id) const noexcept {
+        return slots_[(event_id / builders_) & mask_];
+    }
+    std::uint64_t builders_;
+    std::size_t mask_;
+    std::unique_ptr<std::atomic<std::uint64_t>[]> slots_;
+};
+
+}  // namespace evb

@@ -1,0 +1,108 @@
+// The service loop: evbd's main thread once the others run. It takes signals
+// (SIGTERM/SIGINT stop, SIGHUP reloads), watches the config file, ticks the
+// matchers' timeouts, and logs source trouble from the counters (never from the
+// data path). A reload reads and checks the file first; only a valid one changes
+// anything, and live keys reach each thread as a new snapshot on its command ring.
+#pragma once
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "allocators/handoff/wait.hpp"
+#include "core/config/snapshot.hpp"
+#include "monitor/exporter.hpp"
+#include "threads/daemon.hpp"
+#include "threads/disk_writer.hpp"
+#include "threads/pipeline.hpp"
+#include "threads/replay_feeder.hpp"
+#include "threads/request_sender.hpp"
+#include "threads/socket_reader.hpp"
+
+namespace evb {
+
+// Blocks SIGTERM, SIGINT and SIGHUP in this thread and every thread started after
+// (they inherit the mask); the service loop takes them with sigtimedwait.
+sigset_t block_signals();
+
+// Settings posted to a thread by reload, freed once that thread has applied them
+// (it reports how many commands it has taken): nothing grows with the reloads.
+template <typename T>
+class Posted {
+public:
+    T* post(std::unique_ptr<T> p) {
+        items_.push_back(std::move(p));
+        return items_.back().get();
+    }
+    // `applied` of the commands posted so far have been taken and read.
+    void release_applied(std::uint64_t applied) {
+        while (released_ < applied && !items_.empty()) {
+            items_.pop_front();
+            ++released_;
+        }
+    }
+
+private:
+    std::deque<std::unique_ptr<T>> items_;
+    std::uint64_t released_ = 0;
+};
+
+// The threads the loop talks to, through their command rings and the pipeline.
+struct ServiceTargets {
+    Pipeline& pipeline;
+    DiskWriter& writer;
+    RequestSender* sender = nullptr;   // pull mode
+    std::vector<RulesInbox*> inputs;   // the readers' or the replay feeder's
+    ReplayFeeder* feeder = nullptr;    // replay only
+    Doorbell& rules_applied;           // rung by the inputs on each new rule set
+};
+
+class ServiceLoop {
+public:
+    // Posts the first admission rules to the inputs (before they start).
+    ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapshot> start, const Sizing& sizing,
+                ServiceTargets targets, monitor::ControlState& control, sigset_t signals);
+
+    // Until SIGTERM/SIGINT, or the replay's end.
+    void run();
+
+private:
+    void reload(const char* why);
+    void reload_failed(const char* why, const std::string& message);
+    void change_sources(const Config& next, const char* why);
+    void change_run(const Config& next);
+    bool config_file_changed();
+    void report_sources(bool now_or_never);
+    void report_source_states();
+    bool inputs_apply(const AdmissionRules* rules) const noexcept;
+    const AdmissionRules* post_rules();  // from running_, pins made afresh
+
+    const DaemonOptions& opts_;
+    const Sizing sizing_;
+    ServiceTargets t_;
+    monitor::ControlState& control_;
+    sigset_t signals_;
+    const std::shared_ptr<const Config> started_;  // the pools were made for its sources
+    std::shared_ptr<const Snapshot> running_;
+    const bool pin_senders_;
+    // Rule sets the inputs may still read, newest last (each run makes one, with
+    // its own pin table); older than the one every input applies are freed.
+    std::deque<std::unique_ptr<AdmissionRules>> rules_;
+    std::uint64_t rules_posted_ = 0;
+    Posted<WriterSettings> writer_settings_;
+    Posted<PullSettings> pull_settings_;
+    std::uint64_t run_generation_ = 0;
+    std::uint32_t set_generation_ = 0;
+    struct stat watched_ {};  // --watch-config: the file's identity and mtime
+    // Source trouble is logged once per source (bits: 1 desync, 2 held slots, 4 pin).
+    std::vector<std::uint8_t> source_reported_;
+    std::uint64_t reported_rules_ = 0;  // rules_posted_ when the pins were last reported
+    std::uint64_t next_source_check_ns_ = 0;
+    std::vector<std::uint8_t> source_absent_;  // over all shards, as last logged
+};
+
+}  // namespace evb

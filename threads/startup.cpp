@@ -1,0 +1,187 @@
+#include "threads/startup.hpp"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "allocators/buffer_pool.hpp"
+#include "core/model/event.hpp"
+#include "core/model/matcher.hpp"
+#include "core/util/log.hpp"
+
+namespace evb {
+
+namespace {
+
+// MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read.
+std::uint64_t available_memory_bytes() {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    std::uint64_t kib = 0;
+    std::string unit;
+    while (in >> key >> kib >> unit)
+        if (key == "MemAvailable:") return kib * 1024;
+    return 0;
+}
+
+// What this process may still allocate: MemAvailable, and under a cgroup v2 memory
+// limit (systemd MemoryMax=, a container) also memory.max less memory.current.
+// `source` says where the figure came from, for the refusal message. 0: unknown.
+std::uint64_t allocatable_memory_bytes(std::string* source) {
+    std::uint64_t avail = available_memory_bytes();
+    *source = "MemAvailable in /proc/meminfo";
+    // cgroup v2 ("0::/path": memory.max, memory.current) or v1 ("N:memory:/path":
+    // memory.limit_in_bytes, memory.usage_in_bytes; "no limit" is a huge number).
+    std::ifstream cg("/proc/self/cgroup");
+    std::string line;
+    while (std::getline(cg, line)) {
+        std::string dir, max_file, cur_file;
+        if (line.rfind("0::", 0) == 0) {
+            dir = "/sys/fs/cgroup" + line.substr(3);
+            max_file = "/memory.max";
+            cur_file = "/memory.current";
+        } else if (const auto at = line.find(":memory:"); at != std::string::npos) {
+            dir = "/sys/fs/cgroup/memory" + line.substr(at + 8);
+            max_file = "/memory.limit_in_bytes";
+            cur_file = "/memory.usage_in_bytes";
+        } else {
+            continue;
+        }
+        std::ifstream max_in(dir + max_file), cur_in(dir + cur_file);
+        std::string max_text;
+        std::uint64_t current = 0;
+        if (!(max_in >> max_text) || max_text == "max" || !(cur_in >> current)) continue;
+        const std::uint64_t limit = std::strtoull(max_text.c_str(), nullptr, 10);
+        const std::uint64_t room = limit > current ? limit - current : 0;
+        if (avail == 0 || room < avail) {
+            avail = room;
+            *source = "the memory limit less the usage of cgroup " + dir;
+        }
+    }
+    return avail;
+}
+
+}  // namespace
+
+bool prepare_output_directory(const std::string& dir) {
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+        log_error("cannot create output.directory {}: {}", dir, std::strerror(errno));
+        return false;
+    }
+    if (::access(dir.c_str(), W_OK) != 0) {
+        log_error("output.directory {} is not writable: {}", dir, std::strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+std::optional<ReplaySettings> replay_settings(const DaemonOptions& opts, const Config& c) {
+    ReplaySettings r;
+    r.files = opts.replay_files;
+    if (opts.replay_speed != "max") {
+        char* end = nullptr;
+        r.speed = std::strtod(opts.replay_speed.c_str(), &end);
+        if (end == opts.replay_speed.c_str() || *end != '\0' || !(r.speed > 0)) {
+            log_error("--replay-speed: '{}' is not max, 1 or a positive factor", opts.replay_speed);
+            return std::nullopt;
+        }
+    }
+    r.filter = net::parse_replay_filter(c.replay_filter, net::parse_endpoint(c.input.listen).port());
+    r.tick_ns = std::uint64_t{std::clamp<std::uint32_t>(c.building.timeout_ms / 4, 1, 50)} * 1'000'000ull;
+    r.batch = c.input.batch;
+    return r;
+}
+
+std::vector<net::BoundSocket> bind_input_sockets(const Config& c, std::uint32_t readers) {
+    std::vector<net::BoundSocket> sockets;
+    const net::Endpoint listen = net::parse_endpoint(c.input.listen);
+    for (std::uint32_t r = 0; r < readers; ++r) {
+        sockets.push_back(net::bind_udp(listen, {c.input.socket_buffer_bytes, readers > 1}));
+        if (sockets.back().receive_buffer_capped)
+            log_warn("input.socket_buffer_bytes: asked for {} bytes, the kernel granted {} "
+                     "(raise net.core.rmem_max or grant CAP_NET_ADMIN)",
+                     c.input.socket_buffer_bytes, sockets.back().receive_buffer_bytes);
+    }
+    return sockets;
+}
+
+bool check_memory(const Config& c, const Sizing& z) {
+    // The receive pools are made resident at once. Asking for more than the machine
+    // has free would not fail cleanly: the kernel's OOM killer would end this or
+    // another process while the pages are touched.
+    if (const std::uint64_t avail = available_memory_bytes(); avail != 0 && c.building.max_buffer_bytes > avail / 10 * 9) {
+        log_error("building.max_buffer_bytes: {} bytes asked for receive buffers, but only {} bytes of memory are "
+                  "available (MemAvailable in /proc/meminfo; at most 90% of it is taken); lower it or free memory",
+                  c.building.max_buffer_bytes, avail);
+        return false;
+    }
+    // The event pools are allocated at start as well: every event in flight keeps a
+    // state and a section header per expected source. With many sources that is the
+    // larger part (65535 sources x 4096 events is 15 GB); check both together, and
+    // against a cgroup's limit, before anything is allocated.
+    const std::uint64_t events = std::max<std::uint64_t>(c.building.max_events_in_flight, 4ull * z.shards);
+    const std::uint64_t n = c.sources.size();
+    const std::uint64_t event_pools = events * (sizeof(Event) + event_meta_bytes(n) + n * sizeof(SourceState));
+    const std::uint64_t need = event_pools + c.building.max_buffer_bytes;
+    std::string where;
+    if (const std::uint64_t avail = allocatable_memory_bytes(&where); avail != 0 && need > avail / 10 * 9) {
+        log_error("memory: the event pools need {} bytes (building.max_events_in_flight {} x {} sources) and the "
+                  "receive buffers {} bytes (building.max_buffer_bytes), {} in all, but only {} bytes can be "
+                  "allocated ({}; at most 90% of it is taken); lower building.max_events_in_flight, the sources, "
+                  "or building.max_buffer_bytes",
+                  event_pools, c.building.max_events_in_flight, n, c.building.max_buffer_bytes, need, avail, where);
+        return false;
+    }
+    return true;
+}
+
+std::optional<std::vector<net::Endpoint>> pull_source_addresses(const Config& c) {
+    std::vector<net::Endpoint> addrs;
+    for (const auto& a : c.pull.source_addresses) {
+        try {
+            addrs.push_back(net::parse_endpoint(a));
+        } catch (const std::exception& e) {
+            log_error("pull.source_addresses: {}", e.what());
+            return std::nullopt;
+        }
+    }
+    return addrs;
+}
+
+// Nothing evbd does after start-up needs root (SO_RCVBUFFORCE has been applied
+// already), so every capability goes.
+bool drop_privileges(const std::string& user, const std::string& output_dir) {
+    if (user.empty()) return true;
+    if (::geteuid() != 0) {
+        log_warn("user: {} is set but evbd is not running as root; staying as uid {}", user, ::geteuid());
+        return true;
+    }
+    const passwd* pw = ::getpwnam(user.c_str());
+    if (pw == nullptr) {
+        log_error("user: no such user '{}'", user);
+        return false;
+    }
+    // The output directory evbd created as root must stay writable after the switch.
+    if (::chown(output_dir.c_str(), pw->pw_uid, pw->pw_gid) != 0)
+        log_warn("user: cannot hand {} to {}: {}", output_dir, user, std::strerror(errno));
+    if (::initgroups(pw->pw_name, pw->pw_gid) != 0 || ::setgid(pw->pw_gid) != 0 || ::setuid(pw->pw_uid) != 0) {
+        log_error("user: cannot switch to {}: {}", user, std::strerror(errno));
+        return false;
+    }
+    ::prctl(PR_SET_DUMPABLE, 1);  // core dumps and /proc stay usable for the operator
+    if (::setuid(0) == 0) {
+        log_error("user: switched to {} but could regain root; refusing to run", user);
+        return false;
+    }
+    log_info("running as user {} (uid {}, gid {})", user, pw->pw_uid, pw->pw_gid);
+    return true;
+}
+
+}  // namespace evb

@@ -1,0 +1,40 @@
+// Start-up chores, in the order run_daemon does them, before any thread exists.
+// Each one logs what is wrong, naming the key to change, and says whether evbd
+// may go on.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config/snapshot.hpp"
+#include "net/udp.hpp"
+#include "threads/daemon.hpp"
+#include "threads/replay_feeder.hpp"
+
+namespace evb {
+
+// output.directory exists (made if missing) and is writable.
+bool prepare_output_directory(const std::string& dir);
+
+// --replay: the feeder's settings, or nothing on a bad --replay-speed.
+std::optional<ReplaySettings> replay_settings(const DaemonOptions& opts, const Config& c);
+
+// One socket per reader, bound to input.listen (SO_REUSEPORT when several). A
+// bind failure throws, before any thread exists.
+std::vector<net::BoundSocket> bind_input_sockets(const Config& c, std::uint32_t readers);
+
+// The receive pools and the event pools are allocated and touched at start:
+// refuse to start when they would not fit in the memory this process may use
+// (MemAvailable, and a cgroup's limit), rather than meet the OOM killer later.
+bool check_memory(const Config& c, const Sizing& z);
+
+// pull.source_addresses, parsed.
+std::optional<std::vector<net::Endpoint>> pull_source_addresses(const Config& c);
+
+// Started as root with `user` set: switch to that user (sockets are bound, the
+// output directory exists, the exporter listens).
+bool drop_privileges(const std::string& user, const std::string& output_dir);
+
+}  // namespace evb
