@@ -68,6 +68,31 @@ FamilyOut histogram(std::string name, std::string help, const std::vector<const 
 
 }  // namespace
 
+const char* run_state_name(int state) noexcept {
+    switch (static_cast<RunState>(state)) {
+        case RunState::stopped: return "stopped";
+        case RunState::running: return "running";
+        case RunState::stopping: return "stopping";
+    }
+    return "unknown";
+}
+
+RunCounts run_counts(const Sources& s) noexcept {
+    RunCounts r;
+    for (const auto* m : s.matchers) {
+        r.complete += m->events_complete.get();
+        r.incomplete += m->events_incomplete.get();
+    }
+    if (s.writer != nullptr) {
+        r.written = s.writer->events_written.get();
+        r.lost = s.writer->events_lost_write_error.get();
+        r.payload_bytes = s.writer->payload_bytes.get();
+        r.record_bytes = s.writer->records_bytes.get();
+        r.files_closed = s.writer->files_closed.get();
+    }
+    return r;
+}
+
 bool source_absent(const std::vector<const stats::MatcherCounters*>& matchers, std::size_t i) noexcept {
     for (const auto* m : matchers)
         if (i < m->sources && m->source_absent[i].get() != 0) return true;
@@ -202,7 +227,10 @@ std::vector<FamilyOut> collect(const Sources& s) {
         out.push_back(std::move(f));
     }
     if (auto* c = s.control) {
-        out.push_back(scalar("evb_run_number", "Run being built.", T::gauge, c->run_number.load()));
+        out.push_back(scalar("evb_run_number", "Run being built (or the last one, while stopped).", T::gauge,
+                             c->run_number.load()));
+        out.push_back(scalar("evb_run_state", "0 stopped, 1 running, 2 stopping (run control).", T::gauge,
+                             c->run_state.load()));
         out.push_back(scalar("evb_config_last_reload_successful", "1 if the last configuration reload succeeded.", T::gauge,
                              c->last_reload_ok.load() ? 1 : 0));
         out.push_back(scalar("evb_config_last_reload_success_timestamp_seconds", "Time of the last successful configuration load.",
@@ -320,7 +348,7 @@ std::string status_page(const Sources& s) {
     if (s.open_files) files = s.open_files();
     std::string rows;
     auto row = [&](const std::string& k, const std::string& v) { rows += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, v); };
-    row("run", std::to_string(run));
+    row("run", fmt::format("{} ({})", run, s.control != nullptr ? run_state_name(s.control->run_state.load()) : "running"));
     row("uptime", fmt::format("{:.0f} s", up));
     row("expected sources", std::to_string(s.control != nullptr && s.control->expected_sources.load() != 0
                                                ? s.control->expected_sources.load()

@@ -16,8 +16,23 @@
 namespace evb::monitor {
 
 // Control-plane state the exporter shows; updated by the service loop.
+// Run control: what evbd is doing (evb-ctl status, evb_run_state).
+enum class RunState : int { stopped = 0, running = 1, stopping = 2 };
+const char* run_state_name(int state) noexcept;
+
+// Cumulative counts, taken at a run's start so that a run's own can be told.
+struct RunCounts {
+    std::uint64_t complete = 0, incomplete = 0, written = 0, lost = 0, payload_bytes = 0, record_bytes = 0,
+                  files_closed = 0;
+};
+RunCounts run_counts(const struct Sources& s) noexcept;
+
 struct ControlState {
     std::atomic<std::uint32_t> run_number{0};
+    std::atomic<int> run_state{static_cast<int>(RunState::running)};
+    std::atomic<std::uint64_t> run_started_unix_ms{0};
+    RunCounts at_run_start;  // guarded by text_mutex
+    std::string transition;  // guarded by text_mutex: a transition under way, or the last one's outcome
     std::atomic<bool> last_reload_ok{true};
     std::atomic<std::uint64_t> last_reload_success_unix_s{0};
     std::atomic<std::uint64_t> reloads{0};

@@ -19,7 +19,7 @@ std::uint64_t sum(const std::vector<const Block*>& blocks, Get get) {
 }  // namespace
 
 // One line each: the name the operator sees, where it is counted.
-const std::array<Refusal, 17> kRefusals = {{
+const std::array<Refusal, 18> kRefusals = {{
     {"malformed", false, false,
      [](const Readers& r, const Matchers&) {
          return sum(r, [](auto& b) {
@@ -36,6 +36,10 @@ const std::array<Refusal, 17> kRefusals = {{
      [](const Readers& r, const Matchers&) { return sum(r, [](auto& b) { return b.disallowed_sender.get(); }); }},
     {"sender_mismatch", true, false,
      [](const Readers& r, const Matchers&) { return sum(r, [](auto& b) { return b.sender_mismatch.get(); }); }},
+    {"not_running", true, false,
+     [](const Readers& r, const Matchers& m) {
+         return sum(r, [](auto& b) { return b.not_running.get(); }) + sum(m, [](auto& b) { return b.not_running_drops.get(); });
+     }},
     {"unknown_source", true, false, [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.unknown_source.get(); }); }},
     {"inconsistent_chunk", false, false,
      [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.inconsistent_chunks.get(); }); }},

@@ -4,10 +4,17 @@
 // rings, done rings, return rings: see docs/ARCHITECTURE.md, "Threads").
 #pragma once
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <bit>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
 
 #include "allocators/handoff/spsc_ring.hpp"
 #include "allocators/handoff/wait.hpp"
@@ -127,6 +134,74 @@ private:
     std::uint64_t builders_;
     std::size_t mask_;
     std::unique_ptr<std::atomic<std::uint64_t>[]> slots_;
+};
+
+// Control socket thread <-> service loop (run control, evb-ctl): one command at a
+// time goes to the loop, which answers when the command is done (a stop: once the
+// run's file is closed). Control plane only: a mutex is fine here.
+struct ControlCommand {
+    enum class Op : std::uint8_t { start, stop, reload } op = Op::start;
+    bool has_run = false;  // start --run N
+    std::uint32_t run = 0;
+    std::uint64_t id = 0;  // the asker's, returned with the reply
+};
+struct ControlReply {
+    std::uint64_t id = 0;
+    bool ok = false;
+    std::string json;  // one JSON object: "ok", "error" or the figures
+};
+
+class ControlMailbox {
+public:
+    ControlMailbox() : wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+    ~ControlMailbox() {
+        if (wake_fd_ >= 0) ::close(wake_fd_);
+    }
+    ControlMailbox(const ControlMailbox&) = delete;
+    ControlMailbox& operator=(const ControlMailbox&) = delete;
+
+    // Control thread: false while an earlier command is not yet answered.
+    bool submit(const ControlCommand& c) {
+        std::lock_guard lock(m_);
+        if (busy_) return false;
+        busy_ = true;
+        command_ = c;
+        return true;
+    }
+    // Service loop: the command to carry out, if one came.
+    std::optional<ControlCommand> take() {
+        std::lock_guard lock(m_);
+        std::optional<ControlCommand> c;
+        c.swap(command_);
+        return c;
+    }
+    // Service loop: the command is done; wakes the control thread.
+    void answer(ControlReply r) {
+        {
+            std::lock_guard lock(m_);
+            replies_.push_back(std::move(r));
+            busy_ = false;
+        }
+        const std::uint64_t one = 1;
+        (void)!::write(wake_fd_, &one, sizeof one);
+    }
+    // Control thread: answers ready to send.
+    std::deque<ControlReply> take_replies() {
+        std::uint64_t n = 0;
+        (void)!::read(wake_fd_, &n, sizeof n);
+        std::lock_guard lock(m_);
+        std::deque<ControlReply> out;
+        out.swap(replies_);
+        return out;
+    }
+    int wake_fd() const noexcept { return wake_fd_; }  // readable when answers are ready
+
+private:
+    std::mutex m_;
+    bool busy_ = false;
+    std::optional<ControlCommand> command_;
+    std::deque<ControlReply> replies_;
+    int wake_fd_;
 };
 
 }  // namespace evb

@@ -11,7 +11,9 @@
 //                                                          done rings, return rings
 //   evb-request     RequestSender  written ids, built ids  REQUEST/CLEAR datagrams;
 //                                                          give-ups into the inboxes
-//   main            ServiceLoop    signals, config file    ticks, run ends, reloads
+//   main            ServiceLoop    signals, config file,   ticks, run ends, reloads,
+//                                  control commands        control answers
+//   evb-control     ControlServer  control.socket          commands to the service loop
 //   (exporter)      Exporter       HTTP scrapes            reads the counters only
 #include "threads/daemon.hpp"
 
@@ -28,6 +30,7 @@
 #include "monitor/exporter.hpp"
 #include "monitor/sums.hpp"
 #include "threads/channels.hpp"
+#include "threads/control_server.hpp"
 #include "threads/disk_writer.hpp"
 #include "threads/graph_workers.hpp"
 #include "threads/pipeline.hpp"
@@ -156,6 +159,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     const std::size_t max_credits = max_credits_for(*cfg);
     Doorbell writer_bell;    // assemblers -> writer: events in its rings
     Doorbell rules_applied;  // inputs -> service loop: new admission rules in force
+    ControlMailbox control_mailbox;  // control socket thread <-> service loop
     std::unique_ptr<WrittenIds> written_ids = pull ? std::make_unique<WrittenIds>(max_credits) : nullptr;
     std::unique_ptr<BuiltIds> built_ids = pull ? std::make_unique<BuiltIds>(max_credits, cfg->builders) : nullptr;
 
@@ -199,17 +203,9 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     }
     std::unique_ptr<AgentRunner> sender_thread = sender ? std::make_unique<AgentRunner>("evb-request", *sender) : nullptr;
 
-    // The service loop posts the first admission rules to the inputs now.
     monitor::ControlState control;
-    std::vector<RulesInbox*> input_rules;
-    for (auto& r : readers) input_rules.push_back(&r->rules());
-    if (feeder) input_rules.push_back(&feeder->rules());
-    for (auto* in : input_rules) in->ring_when_applied(rules_applied);
-    ServiceLoop service(opts, snap, sizing, {pipeline, writer, sender.get(), input_rules, feeder.get(), rules_applied},
-                        control, signals);
-
-    // The exporter reads the counters and the control state; it writes nothing.
-    control.run_number.store(cfg->run_number);
+    monitor::Sources msrc;  // every counter block, summed where read
+    // What the exporter, the control socket and the run summaries read.
     control.last_reload_success_unix_s.store(realtime_ns() / 1'000'000'000ull);
     control.last_reload_message = "initial configuration loaded";
     control.timeout_ms.store(cfg->building.timeout_ms);
@@ -220,7 +216,6 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         control.socket_buffer_bytes.store(sockets[0].receive_buffer_bytes);
         control.socket_buffer_capped.store(sockets[0].receive_buffer_capped);
     }
-    monitor::Sources msrc;
     for (auto& c : reader_counters) msrc.readers.push_back(c.get());
     for (auto& c : pipeline.counters()) msrc.matchers.push_back(c.get());
     msrc.writer = &writer_counters;
@@ -233,12 +228,31 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         if (auto f = writer.current_file(); !f.empty()) v.push_back(std::move(f));
         return v;
     };
+    std::vector<RulesInbox*> input_rules;
+    for (auto& r : readers) input_rules.push_back(&r->rules());
+    if (feeder) input_rules.push_back(&feeder->rules());
+    for (auto* in : input_rules) in->ring_when_applied(rules_applied);
+    // The service loop posts the first admission rules to the inputs now.
+    ServiceLoop service(opts, snap, sizing,
+                        {pipeline, writer, sender.get(), input_rules, feeder.get(), rules_applied,
+                         cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc},
+                        control, signals);
+
+    // The exporter reads the counters and the control state; it writes nothing.
     std::unique_ptr<monitor::Exporter> exporter;
     if (!cfg->monitor.listen.empty()) {
         exporter = std::make_unique<monitor::Exporter>(cfg->monitor.listen, msrc);
         log_info("metrics on http://{}/metrics", exporter->bound_address());
     }
     if (!drop_privileges(cfg->user, cfg->output.directory)) return 1;
+    // The control socket is made as the user evbd runs as (its group may connect).
+    std::unique_ptr<ControlServer> control_server;
+    std::unique_ptr<AgentRunner> control_thread;
+    if (!cfg->control.socket.empty()) {
+        control_server = std::make_unique<ControlServer>(cfg->control.socket, control_mailbox, msrc, control);
+        control_thread = std::make_unique<AgentRunner>("evb-control", *control_server);
+        log_info("run control on {} (evb-ctl --socket {})", cfg->control.socket, cfg->control.socket);
+    }
 
     // Start: consumers before producers.
     const std::uint64_t intake_started_ns = monotonic_ns();
@@ -246,6 +260,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     writer_thread.start();
     for (auto& t : input_threads) t->start();
     if (sender_thread) sender_thread->start();
+    if (control_thread) control_thread->start();
     if (replay)
         log_info("building run {} from {} sources, replaying {} capture file(s) (filter: {}); writing to {}",
                  cfg->run_number, cfg->sources.size(), opts.replay_files.size(), cfg->replay_filter, cfg->output.directory);
@@ -261,6 +276,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // does not depend on when it ran), the graph drains, the writer writes it all
     // and closes.
     sd_notify_state("STOPPING=1");
+    if (control_thread) control_thread->stop();  // an unanswered command's client sees the socket close
     if (sender_thread) sender_thread->stop();
     for (auto& t : input_threads) t->stop();
     pipeline.flush(feeder && feeder->finished() ? feeder->last_capture_ns() : realtime_ns());

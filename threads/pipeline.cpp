@@ -55,7 +55,7 @@ inline T handoff_take(const T& in) noexcept {
 
 namespace {
 struct ShardInput {
-    enum class Kind : std::uint8_t { chunks, tick, flush, end_run, set_timeout, give_up, set_sources };
+    enum class Kind : std::uint8_t { chunks, tick, flush, end_run, set_timeout, give_up, set_sources, set_opening };
     Kind kind = Kind::chunks;
     ChunkMeta* head = nullptr;
     std::uint64_t now_ns = 0;  // or the new timeout, for set_timeout
@@ -212,6 +212,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                 ++markers;
                                 break;
                             case ShardInput::Kind::set_timeout: sh->matcher.set_timeout_ns(in.now_ns); break;
+                            case ShardInput::Kind::set_opening: sh->matcher.set_opening(in.run_number != 0); break;
                             case ShardInput::Kind::give_up:
                                 sh->matcher.give_up(in.event_id, in.run_number, in.now_ns, built);
                                 break;
@@ -357,6 +358,10 @@ void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, s
         s->put(m);
     }
     wait_idle();  // every shard has copied `expected`
+}
+
+void Pipeline::set_opening(bool opening) noexcept {
+    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::set_opening, nullptr, 0, 0, opening ? 1u : 0u});
 }
 
 void Pipeline::set_timeout_ns(std::uint64_t ns) noexcept {

@@ -47,6 +47,7 @@ void RequestSender::apply(const PullSettings& s) {
     s_.max_retries = s.max_retries;
     s_.timeout_ms = s.timeout_ms;
     s_.run_number = s.run_number;
+    s_.requesting = s.requesting;
     retry_timer_.set_bounds(std::uint64_t{s_.retry_ms} * 1'000'000ull,
                             std::uint64_t{s_.timeout_ms} * 1'000'000ull / (s_.max_retries + 1ull));
     counters_.credits_configured.set(std::min<std::size_t>(s_.credits, max_credits_));
@@ -98,6 +99,7 @@ std::size_t RequestSender::send_clears() {
 }
 
 std::size_t RequestSender::send_requests(std::uint64_t now) {
+    if (!s_.requesting) return 0;  // stopped: the events asked for finish, no new ones
     const std::size_t credits = std::min<std::size_t>(s_.credits, max_credits_);
     std::size_t sent = 0;
     while (true) {

@@ -59,20 +59,52 @@ ServiceLoop::ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapsh
       started_(start->config),
       running_(std::move(start)),
       pin_senders_(started_->input.pin_senders && t_.feeder == nullptr),
+      run_(started_->run_number),
+      running_run_(!started_->control.start_stopped),
       source_reported_(started_->sources.size(), 0),
       source_absent_(started_->sources.size(), 0) {
-    post_rules();
+    post_rules(running_run_);
+    if (running_run_) mark_run_start(run_);
+    control_.run_number.store(run_);
+    control_.run_state.store(static_cast<int>(running_run_ ? monitor::RunState::running : monitor::RunState::stopped));
+    if (!running_run_) log_info("control.start is \"stopped\": waiting for evb-ctl start; datagrams are refused meanwhile");
     if (opts_.watch_config && !opts_.config_path.empty()) (void)::stat(opts_.config_path.c_str(), &watched_);
 }
 
-const AdmissionRules* ServiceLoop::post_rules() {
+void ServiceLoop::mark_run_start(std::uint32_t run) {
+    runs_taken_.push_back(run);
+    control_.run_started_unix_ms.store(realtime_ns() / 1'000'000ull);
+    if (t_.counts != nullptr) {
+        std::lock_guard lock(control_.text_mutex);
+        control_.at_run_start = monitor::run_counts(*t_.counts);
+    }
+}
+
+const AdmissionRules* ServiceLoop::post_rules(bool running) {
     auto rules = std::make_unique<AdmissionRules>(running_->rules);
+    rules->run_number = run_;
+    rules->running = running;
     // A run change makes new rules, and with them a new table: sources pin again.
     if (pin_senders_) rules->pins = std::make_shared<SenderPins>(running_->config->sources);
     rules_.push_back(std::move(rules));
     ++rules_posted_;
-    for (auto* in : t_.inputs) (void)in->post(rules_.back().get());
-    return rules_.back().get();
+    const AdmissionRules* posted = rules_.back().get();
+    for (auto* in : t_.inputs) (void)in->post(posted);
+    // Wait (bounded) until every input admits by the new rules: nothing admitted by
+    // the old ones can follow what comes next (a run-end marker) into a shard. The
+    // inputs ring when they take new rules. (Before the inputs start: no wait.)
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (started_inputs_ && !inputs_apply(posted) && std::chrono::steady_clock::now() < deadline)
+        t_.rules_applied.park(std::chrono::milliseconds(100), [&] { return inputs_apply(posted); });
+    // Rules before the oldest that some input still uses are no longer read.
+    while (rules_.size() > 1) {
+        const AdmissionRules* oldest = rules_.front().get();
+        bool in_use = false;
+        for (const auto* in : t_.inputs) in_use |= in->applied() == oldest;
+        if (in_use) break;
+        rules_.pop_front();
+    }
+    return posted;
 }
 
 bool ServiceLoop::inputs_apply(const AdmissionRules* rules) const noexcept {
@@ -125,33 +157,32 @@ void ServiceLoop::reload(const char* why) {
     const Config& c = *next->config;
     set_log_level(c.log_level);
     if (c.building.timeout_ms != running.building.timeout_ms) t_.pipeline.set_timeout_ns(next->matcher.timeout_ns);
-    const bool run_change = c.run_number != running.run_number;
+    // The file's run_number changed: the run changes (evb-ctl may have moved the run
+    // on since the last load; an unchanged run_number leaves the run as it is).
+    const bool run_number_changed = c.run_number != running.run_number;
+    const bool run_change = run_number_changed && running_run_ && stopping_.phase == StopPhase::none;
     const bool sources_change = c.sources != running.sources;
-    if (sources_change) ++set_generation_;
-    // Each run change and each change of the expected sources is one transition:
-    // every shard sends the writer one marker for it. The writer learns of it first,
-    // so it holds the new run's (or set's) events back until the old one's last
-    // events are written and its file is closed.
-    run_generation_ += (run_change ? 1 : 0) + (sources_change ? 1 : 0);
-    writer_settings_.release_applied(t_.writer.commands_applied());
-    auto ws = std::make_unique<WriterSettings>(next->writer);
-    ws->set_generation = set_generation_;
-    ws->run_generation = run_generation_;
-    if (!t_.writer.commands().try_push(writer_settings_.post(std::move(ws))))
-        log_warn("reload: the writer has not taken the previous settings yet; output settings apply later");
-    if (t_.sender != nullptr) {
-        pull_settings_.release_applied(t_.sender->commands_applied());
-        if (!t_.sender->commands().try_push(pull_settings_.post(std::make_unique<PullSettings>(next->pull))))
-            log_warn("reload: the request sender has not taken the previous settings yet");
+    if (sources_change) {
+        // Each change of the expected sources is one transition: every shard sends
+        // the writer one marker for it. The writer learns of it first, so it holds
+        // the new set's events back until the old set's are written and its file closed.
+        ++set_generation_;
+        ++run_generation_;
     }
+    post_writer_settings(next->writer, run_);
     if (sources_change) change_sources(c, why);
-    const std::uint32_t old_run = running.run_number;
-    running_ = next;  // change_run reads the new rules from it
+    const std::uint32_t old_run = run_;
+    running_ = next;
     if (run_change) {
-        change_run(c);
+        end_run(c.run_number);
         log_info("run {} ended: events in flight written, its file closes once they are; run {} started", old_run,
                  c.run_number);
+    } else if (run_number_changed) {
+        next_run_ = c.run_number;  // stopped (or stopping): the next start begins it
+        log_info("reload ({}): run_number {} is the next run to start (evbd is {})", why, c.run_number,
+                 running_run_ ? "stopping" : "stopped");
     }
+    post_pull_settings();
     control_.timeout_ms.store(c.building.timeout_ms);
     control_.max_file_bytes.store(c.output.max_file_bytes);
     control_.last_reload_ok.store(true);
@@ -163,6 +194,26 @@ void ServiceLoop::reload(const char* why) {
     }
     log_info("reload ({}): configuration applied", why);
     sd_notify_state("READY=1\nSTATUS=receiving");
+}
+
+void ServiceLoop::post_writer_settings(const WriterSettings& base, std::uint32_t transition_run) {
+    writer_settings_.release_applied(t_.writer.commands_applied());
+    auto ws = std::make_unique<WriterSettings>(base);
+    ws->run_number = transition_run;
+    ws->set_generation = set_generation_;
+    ws->run_generation = run_generation_;
+    if (!t_.writer.commands().try_push(writer_settings_.post(std::move(ws))))
+        log_warn("the writer has not taken the previous settings yet; output settings apply later");
+}
+
+void ServiceLoop::post_pull_settings() {
+    if (t_.sender == nullptr) return;
+    auto ps = std::make_unique<PullSettings>(running_->pull);
+    ps->run_number = run_;
+    ps->requesting = running_run_ && stopping_.phase == StopPhase::none;
+    pull_settings_.release_applied(t_.sender->commands_applied());
+    if (!t_.sender->commands().try_push(pull_settings_.post(std::move(ps))))
+        log_warn("the request sender has not taken the previous settings yet");
 }
 
 // Events from now on have a section per expected source only; the writer (told
@@ -186,25 +237,174 @@ void ServiceLoop::change_sources(const Config& next, const char* why) {
              why, next.sources.size(), out.empty() ? "" : "; taken out: " + out, back.empty() ? "" : "; back in: " + back);
 }
 
-void ServiceLoop::change_run(const Config& next) {
-    const AdmissionRules* rules = post_rules();  // running_ is the new snapshot
-    // Wait (bounded) until every input admits by the new run number, so no old-run
-    // chunk can follow the run-end marker into a shard. The inputs ring when they
-    // take new rules.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (!inputs_apply(rules) && std::chrono::steady_clock::now() < deadline)
-        t_.rules_applied.park(std::chrono::milliseconds(100), [&] { return inputs_apply(rules); });
-    t_.pipeline.end_run(t_.feeder != nullptr ? t_.feeder->last_capture_ns() : realtime_ns(), next.run_number);
-    t_.pipeline.wait_idle();  // its markers are on their way before the next reload
-    // Rules before the oldest that some input still uses are no longer read.
-    while (rules_.size() > 1) {
-        const AdmissionRules* oldest = rules_.front().get();
-        bool in_use = false;
-        for (const auto* in : t_.inputs) in_use |= in->applied() == oldest;
-        if (in_use) break;
-        rules_.pop_front();
+// Ends the current run: the writer learns of it first (it closes the run's file
+// once every shard's run-end marker is through, holding back events of the next
+// run meanwhile), the inputs admit by the next run's rules (or refuse everything,
+// for a stop), then every shard hands on what it holds of other runs and a marker.
+// A reload's run change and a stop both come here. kNoRun: no next run (stop).
+void ServiceLoop::end_run(std::uint32_t next_run) {
+    ++run_generation_;
+    post_writer_settings(running_->writer, next_run);
+    const bool next = next_run != kNoRun;
+    if (next) run_ = next_run;
+    post_rules(next);
+    t_.pipeline.end_run(t_.feeder != nullptr ? t_.feeder->last_capture_ns() : realtime_ns(), next_run);
+    t_.pipeline.wait_idle();  // its markers are on their way before the next transition
+    if (next) {
+        mark_run_start(run_);
+        control_.run_number.store(run_);
     }
-    control_.run_number.store(next.run_number);
+}
+
+// ---- run control ----
+
+void ServiceLoop::answer(std::uint64_t id, nlohmann::json reply) {
+    if (t_.control == nullptr) return;
+    const bool ok = reply.value("ok", false);
+    t_.control->answer({id, ok, reply.dump()});
+}
+
+void ServiceLoop::refuse(std::uint64_t id, const char* command, const std::string& why) {
+    log_warn("evb-ctl {}: {}", command, why);
+    answer(id, {{"ok", false}, {"error", why}});
+}
+
+void ServiceLoop::take_command() {
+    if (t_.control == nullptr) return;
+    const std::optional<ControlCommand> c = t_.control->take();
+    if (!c) return;
+    switch (c->op) {
+        case ControlCommand::Op::start: {
+            std::uint32_t run = c->has_run ? c->run : next_run_.value_or(run_ + 1);
+            if (!running_run_ && stopping_.phase == StopPhase::none && runs_taken_.empty() && !c->has_run &&
+                !next_run_)
+                run = run_;  // started stopped: the first start builds run_number
+            start_run(run, c->id);
+            break;
+        }
+        case ControlCommand::Op::stop: begin_stop(c->id, true); break;
+        case ControlCommand::Op::reload: {
+            const std::uint64_t before = control_.reloads.load();
+            reload("evb-ctl");
+            std::string message;
+            {
+                std::lock_guard lock(control_.text_mutex);
+                message = control_.last_reload_message;
+            }
+            answer(c->id, {{"ok", control_.reloads.load() != before}, {"reload", message}});
+            break;
+        }
+    }
+}
+
+void ServiceLoop::start_run(std::uint32_t run, std::uint64_t reply_id) {
+    if (stopping_.phase != StopPhase::none)
+        return refuse(reply_id, "start", fmt::format("run {} is still stopping; try again when it has", run_));
+    if (running_run_) return refuse(reply_id, "start", fmt::format("run {} is running; stop it first", run_));
+    if (run > 999999) return refuse(reply_id, "start", fmt::format("run {} is out of range (0 .. 999999)", run));
+    if (std::find(runs_taken_.begin(), runs_taken_.end(), run) != runs_taken_.end())
+        return refuse(reply_id, "start",
+                      fmt::format("run {} was already built by this evbd; start another run number", run));
+    run_ = run;
+    next_run_.reset();
+    running_run_ = true;
+    t_.pipeline.set_opening(true);
+    post_rules(true);
+    post_pull_settings();
+    mark_run_start(run_);
+    control_.run_number.store(run_);
+    control_.run_state.store(static_cast<int>(monitor::RunState::running));
+    {
+        std::lock_guard lock(control_.text_mutex);
+        control_.transition = fmt::format("run {} started", run_);
+    }
+    log_info("run {} started (evb-ctl)", run_);
+    answer(reply_id, {{"ok", true}, {"state", "running"}, {"run", run_}});
+}
+
+// Stop, phase 1: no new events (the matchers refuse to open one, the request
+// sender asks for none); those in flight complete or time out.
+void ServiceLoop::begin_stop(std::uint64_t reply_id, bool asked) {
+    if (!running_run_ || stopping_.phase != StopPhase::none) {
+        refuse(reply_id, "stop",
+               stopping_.phase != StopPhase::none ? fmt::format("run {} is already stopping", run_)
+                                                  : fmt::format("evbd is stopped (last run {})", run_));
+        return;
+    }
+    stopping_ = {StopPhase::draining, monotonic_ns() + (std::uint64_t{running_->config->building.timeout_ms} + 100) * 1'000'000ull,
+                 reply_id, asked};
+    t_.pipeline.set_opening(false);
+    post_pull_settings();
+    control_.run_state.store(static_cast<int>(monitor::RunState::stopping));
+    {
+        std::lock_guard lock(control_.text_mutex);
+        control_.transition = fmt::format("run {} stopping: events in flight finish", run_);
+    }
+    log_info("run {} stopping: no new events; those in flight complete or time out (building.timeout_ms)", run_);
+}
+
+// Each tick while stopping.
+void ServiceLoop::advance_stop() {
+    const std::uint64_t now = monotonic_ns();
+    if (stopping_.phase == StopPhase::draining) {
+        // Phase 2: once nothing is in flight (or the timeout has passed: the
+        // matchers' ticks have written the rest INCOMPLETE by then), end the run.
+        if (t_.pipeline.events_in_flight() != 0 && now < stopping_.deadline_ns) return;
+        end_run(kNoRun);
+        stopping_.phase = StopPhase::closing;
+        // The writer has this long to write what it holds and close the file.
+        stopping_.deadline_ns = now + 30'000'000'000ull;
+        std::lock_guard lock(control_.text_mutex);
+        control_.transition = fmt::format("run {} stopping: the writer closes the file", run_);
+        return;
+    }
+    // Phase 3: every built event written (or counted lost) and no file open.
+    const monitor::RunCounts n = monitor::run_counts(*t_.counts);
+    const bool written = n.written + n.lost == n.complete + n.incomplete;
+    const bool closed = written && t_.writer.current_file().empty();
+    if (closed) return finish_stop(true, "");
+    if (now >= stopping_.deadline_ns)
+        finish_stop(false, fmt::format("the writer has not finished in 30 s: {} built events not yet written{}",
+                                       n.complete + n.incomplete - std::min(n.complete + n.incomplete, n.written + n.lost),
+                                       t_.counts->writer != nullptr && t_.counts->writer->output_blocked.get() != 0
+                                           ? " (output blocked: is the disk full?)"
+                                           : ""));
+}
+
+void ServiceLoop::finish_stop(bool closed, const std::string& why) {
+    const Stopping s = stopping_;
+    stopping_ = {};
+    running_run_ = false;
+    control_.run_state.store(static_cast<int>(monitor::RunState::stopped));
+    const monitor::RunCounts now = monitor::run_counts(*t_.counts);
+    monitor::RunCounts at;
+    {
+        std::lock_guard lock(control_.text_mutex);
+        at = control_.at_run_start;
+    }
+    nlohmann::json reply = {{"ok", closed},
+                            {"state", "stopped"},
+                            {"run", run_},
+                            {"events_complete", now.complete - at.complete},
+                            {"events_incomplete", now.incomplete - at.incomplete},
+                            {"events_written", now.written - at.written},
+                            {"events_lost", now.lost - at.lost},
+                            {"files", now.files_closed - at.files_closed},
+                            {"payload_bytes", now.payload_bytes - at.payload_bytes},
+                            {"record_bytes", now.record_bytes - at.record_bytes}};
+    if (!closed) reply["error"] = why;
+    {
+        std::lock_guard lock(control_.text_mutex);
+        control_.transition = closed ? fmt::format("run {} stopped", run_)
+                                     : fmt::format("run {} stop did not finish: {}", run_, why);
+    }
+    if (closed)
+        log_info("run {} stopped: {} events complete, {} incomplete, {} written in {} file(s), {} payload bytes", run_,
+                 now.complete - at.complete, now.incomplete - at.incomplete, now.written - at.written,
+                 now.files_closed - at.files_closed, now.payload_bytes - at.payload_bytes);
+    else
+        log_error("run {} stop did not finish: {}", run_, why);
+    if (s.asked) answer(s.reply_id, std::move(reply));
 }
 
 bool ServiceLoop::config_file_changed() {
@@ -281,6 +481,7 @@ void ServiceLoop::report_sources(bool now_or_never) {
 }
 
 void ServiceLoop::run() {
+    started_inputs_ = true;
     sd_notify_state("READY=1\nSTATUS=receiving");
     // Timeout ticks; a replay checks often for its end, so that the time it reports
     // is its own.
@@ -296,6 +497,8 @@ void ServiceLoop::run() {
         }
         if (sig == SIGHUP) reload("SIGHUP");
         if (config_file_changed()) reload("config file changed");
+        take_command();
+        if (stopping_.phase != StopPhase::none) advance_stop();
         if (t_.feeder != nullptr) {
             if (t_.feeder->finished()) break;  // replay time comes from the capture, not from here
         } else {

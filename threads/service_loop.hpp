@@ -1,8 +1,13 @@
 // The service loop: evbd's main thread once the others run. It takes signals
 // (SIGTERM/SIGINT stop, SIGHUP reloads), watches the config file, ticks the
-// matchers' timeouts, and logs source trouble from the counters (never from the
-// data path). A reload reads and checks the file first; only a valid one changes
+// matchers' timeouts, carries out run control (start, stop: docs/OPERATIONS.md,
+// "Run control"), and logs source trouble from the counters (never from the data
+// path). A reload reads and checks the file first; only a valid one changes
 // anything, and live keys reach each thread as a new snapshot on its command ring.
+//
+// It never blocks on a transition: a stop goes through its phases one tick at a
+// time (stop opening events, let those in flight finish, end the run, wait for
+// the writer to close the file), so signals and ticks go on meanwhile.
 #pragma once
 
 #include <signal.h>
@@ -11,6 +16,8 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "allocators/handoff/wait.hpp"
@@ -59,11 +66,14 @@ struct ServiceTargets {
     std::vector<RulesInbox*> inputs;   // the readers' or the replay feeder's
     ReplayFeeder* feeder = nullptr;    // replay only
     Doorbell& rules_applied;           // rung by the inputs on each new rule set
+    ControlMailbox* control = nullptr;  // the control socket's commands, if any
+    const monitor::Sources* counts = nullptr;  // summed counters (run summaries)
 };
 
 class ServiceLoop {
 public:
-    // Posts the first admission rules to the inputs (before they start).
+    // Posts the first admission rules to the inputs (before they start): running
+    // run_number, or stopped (control.start).
     ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapshot> start, const Sizing& sizing,
                 ServiceTargets targets, monitor::ControlState& control, sigset_t signals);
 
@@ -71,15 +81,38 @@ public:
     void run();
 
 private:
+    // Run control. A stop goes through these phases, one service tick at a time.
+    enum class StopPhase { none, draining, closing };
+    struct Stopping {
+        StopPhase phase = StopPhase::none;
+        std::uint64_t deadline_ns = 0;  // of the current phase
+        std::uint64_t reply_id = 0;
+        bool asked = false;  // by evb-ctl (answer when done)
+    };
+    void take_command();
+    void start_run(std::uint32_t run, std::uint64_t reply_id);
+    void begin_stop(std::uint64_t reply_id, bool asked);
+    void advance_stop();
+    void finish_stop(bool closed, const std::string& why);
+    void answer(std::uint64_t id, nlohmann::json reply);
+    void refuse(std::uint64_t id, const char* command, const std::string& why);
+    void end_run(std::uint32_t next_run);  // shared by stop and a reload's run change
+    static constexpr std::uint32_t kNoRun = UINT32_MAX;  // no run follows (a stop)
+    void post_writer_settings(const WriterSettings& base, std::uint32_t transition_run);
+    void post_pull_settings();
+    void mark_run_start(std::uint32_t run);
+
     void reload(const char* why);
     void reload_failed(const char* why, const std::string& message);
     void change_sources(const Config& next, const char* why);
-    void change_run(const Config& next);
+    void change_run(std::uint32_t next_run);
     bool config_file_changed();
     void report_sources(bool now_or_never);
     void report_source_states();
     bool inputs_apply(const AdmissionRules* rules) const noexcept;
-    const AdmissionRules* post_rules();  // from running_, pins made afresh
+    // From running_, for run_ (or refusing all while stopped), pins made afresh;
+    // waits (bounded) until every input has them in force.
+    const AdmissionRules* post_rules(bool running);
 
     const DaemonOptions& opts_;
     const Sizing sizing_;
@@ -97,6 +130,14 @@ private:
     Posted<PullSettings> pull_settings_;
     std::uint64_t run_generation_ = 0;
     std::uint32_t set_generation_ = 0;
+    // The run being built, or the last one while stopped; a reload changes it only
+    // when the file's run_number changes (evb-ctl start may have moved on).
+    std::uint32_t run_ = 0;
+    bool running_run_ = true;
+    Stopping stopping_;
+    std::optional<std::uint32_t> next_run_;  // set by a reload while stopped
+    bool started_inputs_ = false;             // run() has begun: the inputs take rules
+    std::vector<std::uint32_t> runs_taken_;  // runs this process has built (not started twice)
     struct stat watched_ {};  // --watch-config: the file's identity and mtime
     // Source trouble is logged once per source (bits: 1 desync, 2 held slots, 4 pin).
     std::vector<std::uint8_t> source_reported_;

@@ -33,8 +33,8 @@ int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t lengt
             counters.malformed[static_cast<std::size_t>(err)].add();
         return -1;
     }
-    if (f.run_number != rules.run_number) {
-        counters.wrong_run.add();
+    if (f.run_number != rules.run_number || !rules.running) {
+        (rules.running ? counters.wrong_run : counters.not_running).add();
         return -1;
     }
     if (rules.builders > 1 && f.event_id % rules.builders != rules.builder_id) {

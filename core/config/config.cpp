@@ -71,6 +71,8 @@ const std::vector<Key>& schema() {
         {"output.direct_io", Kind::boolean, false, 0, 0, false, "Write through an aligned staging buffer with O_DIRECT."},
         {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
         {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
+        {"control.socket", Kind::string, "", 0, 0, false, "Unix socket for run control (evb-ctl: status, start, stop, reload); empty: none. The package sets /run/evbd/evbd.sock (group evbd, mode 0660)."},
+        {"control.start", Kind::choice, "running", 0, 0, false, "\"running\": start building run_number at once; \"stopped\": wait for evb-ctl start (datagrams are refused as not_running until then).", {"running", "stopped"}},
         {"pull.first_event", Kind::uint, 0, 0, UINT64_MAX, false, "First event id requested in pull mode."},
         {"pull.events", Kind::uint, 0, 0, UINT64_MAX, false, "Events to request before stopping; 0: no limit."},
         {"pull.credits", Kind::uint, 64, 1, 1u << 20, true, "Events requested and not yet written, at most."},
@@ -388,6 +390,8 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         c->output.fsync_period_ms = fs.get<std::uint32_t>();
     }
     c->monitor.listen = str("monitor.listen");
+    c->control.socket = str("control.socket");
+    c->control.start_stopped = str("control.start") == "stopped";
     c->pull.first_event = u64("pull.first_event");
     c->pull.events = u64("pull.events");
     c->pull.credits = u32("pull.credits");

@@ -66,6 +66,11 @@ struct Config {
         std::string listen;
     } monitor;
 
+    struct Control {
+        std::string socket;          // empty: no control socket
+        bool start_stopped = false;  // control.start "stopped"
+    } control;
+
     struct Pull {
         std::uint64_t first_event = 0;
         std::uint64_t events = 0;  // 0: no limit

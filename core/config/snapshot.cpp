@@ -82,6 +82,7 @@ PullSettings pull_settings(const Config& c) {
     p.retry_ms = c.pull.retry_ms;
     p.max_retries = c.pull.max_retries;
     p.timeout_ms = c.building.timeout_ms;
+    p.requesting = !c.control.start_stopped;
     return p;
 }
 

@@ -25,6 +25,7 @@ constexpr std::uint32_t shard_of(std::uint64_t event_id, std::uint32_t builders,
 // The per-datagram admission rules a reader applies.
 struct AdmissionRules {
     std::uint32_t run_number = 0;
+    bool running = true;  // false: evbd is stopped, every datagram is refused (not_running)
     std::uint32_t builders = 1;
     std::uint32_t builder_id = 0;
     // input.allowed_senders as sender_key()s, made once per rule set: empty lets
@@ -63,6 +64,7 @@ struct PullSettings {
     std::uint32_t retry_ms = 100;  // the shortest retry period (see RetryTimer)
     std::uint32_t max_retries = 5;
     std::uint32_t timeout_ms = 1000;  // building.timeout_ms: retries end before it
+    bool requesting = true;  // false while evbd is stopped: no new requests (retries and CLEARs go on)
 };
 
 // What the start fixed and a reload cannot change: the sizes the pools were made for.

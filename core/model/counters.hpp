@@ -62,6 +62,7 @@ struct alignas(kFalseSharingBytes) ReaderCounters {
     Counter other_builder;     // event of another builder's share
     Counter disallowed_sender;
     Counter sender_mismatch;   // a pinned source's datagram from another address
+    Counter not_running;       // arrived while evbd was stopped (run control)
     Counter kernel_drops;      // SO_RXQ_OVFL, cumulative per socket
     Counter buffer_waits;      // times the reader found no free receive slot
     Counter receive_errors;
@@ -75,6 +76,7 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     Counter late_fragments;       // event already built
     Counter unknown_source;       // source id not in the configuration
     Counter in_flight_limit_drops;
+    Counter not_running_drops;        // would have opened an event while the run is stopping
     Counter event_too_large;          // chunks of a fragment that would overflow the record length
     Counter source_share_drops;       // a source's share of events in flight was full (it runs ahead)
     Counter source_slot_limit_drops;  // a source's incomplete fragments held their share of slots

@@ -174,6 +174,11 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
             drop(c);
             return;
         }
+        if (!opening_) {  // the run is stopping: events in flight finish, none starts
+            counters_.not_running_drops.add();
+            drop(c);
+            return;
+        }
         // A source may open only its share of the events in flight with ids that no
         // other source has sent yet (see MatcherSettings::max_solo_events_per_source).
         if (max_solo_ != 0 && solo_events_[idx] >= max_solo_) {

@@ -72,6 +72,9 @@ public:
     void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, EventList& out);
 
     void set_timeout_ns(std::uint64_t ns) noexcept { timeout_ns_ = ns; }
+    // Run control: while a run is stopping, chunks of events in flight are taken
+    // but none may open a new event (counted as not_running).
+    void set_opening(bool opening) noexcept { opening_ = opening; }
     bool source_absent(std::size_t idx) const noexcept { return absent_[idx] != 0; }
     // The operator changed the expected sources (by reload, within the set the
     // matcher was built with): expected[i] for source index i. Events from now on
@@ -129,6 +132,7 @@ private:
     RecentSet next_recent_;  // built ids of next_run_, if next_valid_
     std::uint32_t history_run_ = 0;
     bool history_set_ = false;
+    bool opening_ = true;
     std::uint32_t next_run_ = 0;
     bool next_valid_ = false;
     std::size_t pool_size_;

@@ -35,7 +35,7 @@ TEST_CASE("The distinct-error log counts each kind of message once, with its fir
     CHECK(v.front().last_unix_ms >= v.back().last_unix_ms);  // most recent first
 }
 
-TEST_CASE("The distinct-error log keeps at most kDistinctErrors kinds; later kinds count in the last entry") {
+TEST_CASE("The distinct-error log keeps at most kDistinctErrors kinds, later kinds count in one shared entry") {
     for (int i = 0; i < 80; ++i) evb::log_line(evb::LogLevel::warn, "test-log-cap: kind " + std::to_string(i));
     const auto v = evb::distinct_errors();
     CHECK(v.size() == evb::kDistinctErrors);

@@ -550,3 +550,22 @@ TEST_CASE("dead source: rate changes do not make a live source absent") {
     for (std::size_t i = 0; i < 3; ++i) CHECK_FALSE(r.matcher.source_absent(i));
     CHECK(complete == 300);
 }
+
+TEST_CASE("matcher while a run stops: events in flight complete, no chunk opens a new one") {
+    Rig r({0, 1});
+    CHECK(r.feed({r.chunk(1, 0, 100, 0, 1, 1000)}).count == 0);  // event 1 waits for source 1
+    r.matcher.set_opening(false);
+    CHECK(r.feed({r.chunk(2, 0, 100, 0, 1, 1000)}).count == 0);  // would open event 2: refused
+    CHECK(r.counters.not_running_drops.get() == 1);
+    CHECK(r.matcher.in_flight() == 1);
+    auto out = r.feed({r.chunk(1, 1, 100, 0, 1, 1000)});  // event 1 is in flight: taken, complete
+    REQUIRE(out.count == 1);
+    CHECK(out.head->event_id == 1);
+    CHECK(out.head->status == 0);
+    r.release(out.head);
+    r.matcher.set_opening(true);  // the next run starts
+    CHECK(r.feed({r.chunk(3, 0, 100, 0, 1, 1000)}).count == 0);
+    CHECK(r.matcher.in_flight() == 1);
+    CHECK(r.counters.not_running_drops.get() == 1);
+    CHECK(r.free_slots() == 255);  // the refused chunk's slot came back; event 3's is held
+}

@@ -33,10 +33,12 @@ SHIPPED = {
     "./usr/bin/evbd": "-rwxr-xr-x",
     "./usr/bin/evb-source": "-rwxr-xr-x",
     "./usr/bin/evb-dump": "-rwxr-xr-x",
+    "./usr/bin/evb-ctl": "-rwxr-xr-x",
     "./etc/evbd/evbd.json": "-rw-r--r--",
     "./lib/systemd/system/evbd.service": "-rw-r--r--",
     "./usr/lib/sysctl.d/60-evbd.conf": "-rw-r--r--",
     "./usr/share/man/man1/evbd.1.gz": "-rw-r--r--",
+    "./usr/share/man/man1/evb-ctl.1.gz": "-rw-r--r--",
     "./usr/share/evbd/grafana/evbd-dashboard.json": "-rw-r--r--",
     "./usr/share/doc/evbd/OPERATIONS.md": "-rw-r--r--",
     "./usr/share/doc/evbd/FORMATS.md": "-rw-r--r--",
@@ -292,6 +294,13 @@ def smoke_run_as_service(tmp):
         print("note: CAP_NET_ADMIN is not in this process's bounding set (container?): running without it")
         cred += ["--inh-caps=-all", "--bounding-set=-all"]
     port = free_port(socket.SOCK_DGRAM)
+    # The unit's RuntimeDirectory=evbd, made here as systemd would: the packaged
+    # control.socket lives in it.
+    rundir = os.path.dirname(eff["control"]["socket"])
+    rundir_made = not os.path.isdir(rundir)
+    if rundir_made:
+        os.makedirs(rundir, mode=0o750)
+        os.chown(rundir, pw.pw_uid, pw.pw_gid)
     logpath = os.path.join(tmp, "evbd-installed.log")
     with open(logpath, "w") as log:
         proc = subprocess.Popen(cred + ["/usr/bin/evbd", "--config", CONF, "--set", f"input.listen=127.0.0.1:{port}",
@@ -309,6 +318,12 @@ def smoke_run_as_service(tmp):
             time.sleep(0.05)
         check("building run" in text, f"installed evbd starts as user evbd on {CONF}:\n{text}")
         url = re.search(r"metrics on (http://\S+/metrics)", text).group(1)
+        sock = eff["control"]["socket"]
+        st = os.stat(sock)
+        check(st.st_uid == pw.pw_uid and (st.st_mode & 0o777) == 0o660,
+              f"control socket {sock}: owned by evbd, mode {st.st_mode & 0o777:o} (0660)")
+        r = run(["/usr/bin/evb-ctl", "--socket", sock, "--json", "status"])
+        check(json.loads(r.stdout).get("state") == "running", "installed evb-ctl status: running")
         m = scrape(url)
         granted = m.get("evb_socket_receive_buffer_bytes", 0)
         with open("/proc/sys/net/core/rmem_max") as f:
@@ -343,6 +358,8 @@ def smoke_run_as_service(tmp):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if rundir_made:
+            shutil.rmtree(rundir, ignore_errors=True)
         ours = ours or ([os.path.join(data, n) for n in os.listdir(data) if n.startswith(f"run{run_number:06d}_")]
                         if os.path.isdir(data) else [])
         for p in ours:

@@ -1,0 +1,172 @@
+// evb-ctl: run control of a running evbd through its control socket
+// (control.socket): status, start [--run N], stop, reload. One command per call;
+// the exit status says whether it was done (docs/OPERATIONS.md, "Run control").
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#ifndef EVB_VERSION
+#define EVB_VERSION "unknown"
+#endif
+
+namespace {
+
+// Exit statuses a script can trust.
+constexpr int kDone = 0;         // the command was carried out
+constexpr int kRefused = 1;      // evbd refused it or could not finish it (the reason is printed)
+constexpr int kUsage = 2;        // evb-ctl was called wrongly
+constexpr int kUnreachable = 3;  // no evbd answers on the socket
+constexpr int kTimeout = 4;      // no answer within --timeout
+
+constexpr const char* kDefaultSocket = "/run/evbd/evbd.sock";
+
+void usage(std::FILE* to) {
+    std::fprintf(to,
+                 "usage: evb-ctl [--socket PATH] [--json] [--timeout SECONDS] COMMAND\n"
+                 "commands:\n"
+                 "  status            state (running, stopping, stopped), run, this run's counts\n"
+                 "  start [--run N]   start run N (default: the next run) in new files\n"
+                 "  stop              end the run: events in flight finish, the file closes; waits\n"
+                 "  reload            reload the configuration file (as SIGHUP)\n"
+                 "options:\n"
+                 "  --socket PATH     evbd's control.socket (default %s)\n"
+                 "  --json            print evbd's answer as JSON\n"
+                 "  --timeout S       give up waiting after S seconds (default 300)\n"
+                 "exit status: 0 done, 1 refused or not finished, 2 usage, 3 evbd unreachable, 4 timeout\n",
+                 kDefaultSocket);
+}
+
+std::string human(const std::string& command, const nlohmann::json& j) {
+    if (!j.value("ok", false)) return "refused: " + j.value("error", std::string("(no reason given)"));
+    if (command == "status") {
+        std::string s = fmt::format("{} run {}", j.value("state", "?"), j.value("run", 0));
+        if (j.value("state", "") != "stopped")
+            s += fmt::format(": {} events complete, {} incomplete, {} written, {} files closed, {} payload bytes",
+                             j.value("run_events_complete", 0ull), j.value("run_events_incomplete", 0ull),
+                             j.value("run_events_written", 0ull), j.value("run_files_closed", 0ull),
+                             j.value("run_payload_bytes", 0ull));
+        for (const auto& f : j.value("files_open", std::vector<std::string>{})) s += "\n  writing " + f;
+        if (j.value("output_blocked", false)) s += "\n  OUTPUT BLOCKED (disk full or write errors)";
+        if (!j.value("transition", std::string()).empty()) s += "\n  " + j.value("transition", std::string());
+        return s;
+    }
+    if (command == "stop")
+        return fmt::format("run {} stopped: {} events complete, {} incomplete; {} written in {} file(s), {} payload bytes",
+                           j.value("run", 0), j.value("events_complete", 0ull), j.value("events_incomplete", 0ull),
+                           j.value("events_written", 0ull), j.value("files", 0ull), j.value("payload_bytes", 0ull));
+    if (command == "start") return fmt::format("run {} started", j.value("run", 0));
+    return "reloaded: " + j.value("reload", std::string());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string socket_path = kDefaultSocket;
+    bool json = false;
+    double timeout_s = 300;
+    std::vector<std::string> words;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto value = [&](const char* name) -> std::string {
+            if (i + 1 >= argc) {
+                std::fprintf(stderr, "evb-ctl: %s needs a value\n", name);
+                std::exit(kUsage);
+            }
+            return argv[++i];
+        };
+        if (a == "--socket") {
+            socket_path = value("--socket");
+        } else if (a == "--json") {
+            json = true;
+        } else if (a == "--timeout") {
+            const std::string v = value("--timeout");
+            char* end = nullptr;
+            timeout_s = std::strtod(v.c_str(), &end);
+            if (end == v.c_str() || *end != '\0' || !(timeout_s > 0)) {
+                std::fprintf(stderr, "evb-ctl: --timeout: '%s' is not a positive number of seconds\n", v.c_str());
+                return kUsage;
+            }
+        } else if (a == "--help" || a == "-h") {
+            usage(stdout);
+            return kDone;
+        } else if (a == "--version") {
+            std::printf("evb-ctl %s\n", EVB_VERSION);
+            return kDone;
+        } else {
+            words.push_back(a);  // the command and its own arguments (start --run N)
+        }
+    }
+    const bool valid = (words.size() == 1 && (words[0] == "status" || words[0] == "start" || words[0] == "stop" ||
+                                             words[0] == "reload")) ||
+                       (words.size() == 3 && words[0] == "start" && words[1] == "--run");
+    if (!valid) {
+        usage(stderr);
+        return kUsage;
+    }
+    std::string line;
+    for (const auto& w : words) line += (line.empty() ? "" : " ") + w;
+
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (socket_path.empty() || socket_path.size() >= sizeof addr.sun_path) {
+        std::fprintf(stderr, "evb-ctl: --socket: '%s' is not a usable socket path\n", socket_path.c_str());
+        return kUsage;
+    }
+    std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+        std::fprintf(stderr, "evb-ctl: no evbd answers on %s: %s (is evbd running, with control.socket set?)\n",
+                     socket_path.c_str(), std::strerror(errno));
+        return kUnreachable;
+    }
+    line += "\n";
+    if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+        std::fprintf(stderr, "evb-ctl: cannot send to %s: %s\n", socket_path.c_str(), std::strerror(errno));
+        return kUnreachable;
+    }
+    // The answer is one line; a stop's comes when the run's file is closed.
+    std::string answer;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (answer.find('\n') == std::string::npos) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) {
+            std::fprintf(stderr, "evb-ctl: no answer to '%s' within %.0f s (the command may still finish)\n",
+                         words[0].c_str(), timeout_s);
+            return kTimeout;
+        }
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000))) <= 0) continue;
+        char buf[4096];
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n <= 0) {
+            std::fprintf(stderr, "evb-ctl: evbd closed the connection without an answer (is it shutting down?)\n");
+            return kUnreachable;
+        }
+        answer.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+    answer.resize(answer.find('\n'));
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(answer);
+    } catch (const std::exception&) {
+        std::fprintf(stderr, "evb-ctl: evbd's answer is not JSON: %s\n", answer.c_str());
+        return kRefused;
+    }
+    const bool ok = j.value("ok", false);
+    if (json)
+        std::printf("%s\n", j.dump().c_str());
+    else
+        std::fprintf(ok ? stdout : stderr, "%s%s\n", ok ? "" : "evb-ctl: ", human(words[0], j).c_str());
+    return ok ? kDone : kRefused;
+}

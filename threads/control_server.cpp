@@ -1,0 +1,228 @@
+#include "threads/control_server.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "core/util/clock.hpp"
+
+namespace evb {
+
+namespace {
+
+constexpr std::size_t kMaxClients = 64;
+constexpr std::size_t kMaxLine = 256;
+
+// Whether something accepts connections at `path` (then it is not ours to replace).
+bool someone_listens(const sockaddr_un& addr) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    const bool yes = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(fd);
+    return yes;
+}
+
+}  // namespace
+
+ControlServer::ControlServer(const std::string& path, ControlMailbox& mailbox, const monitor::Sources& counts,
+                             monitor::ControlState& state)
+    : path_(path), mailbox_(mailbox), counts_(counts), state_(state) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.empty() || path.size() >= sizeof addr.sun_path)
+        throw std::runtime_error(fmt::format("control.socket: '{}' is not a usable socket path (1 to {} bytes)", path,
+                                             sizeof addr.sun_path - 1));
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) {
+        if (!S_ISSOCK(st.st_mode))
+            throw std::runtime_error(fmt::format("control.socket: {} exists and is not a socket; not replacing it", path));
+        if (someone_listens(addr))
+            throw std::runtime_error(fmt::format("control.socket: {} is in use (another evbd?)", path));
+        ::unlink(path.c_str());  // left by a process that died
+    }
+    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (listen_fd_ < 0) throw std::runtime_error(fmt::format("control.socket: socket(): {}", std::strerror(errno)));
+    // Owner and group may connect (the package's evbd group), nobody else.
+    const mode_t old_mask = ::umask(0117);
+    const int rc = ::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+    const int bind_errno = errno;
+    ::umask(old_mask);
+    if (rc != 0 || ::listen(listen_fd_, 16) != 0) {
+        const int e = rc != 0 ? bind_errno : errno;
+        ::close(listen_fd_);
+        throw std::runtime_error(fmt::format("control.socket: cannot listen on {}: {}", path, std::strerror(e)));
+    }
+}
+
+ControlServer::~ControlServer() { on_close(); }
+
+void ControlServer::on_close() {
+    for (auto& c : clients_) ::close(c.fd);
+    clients_.clear();
+    if (listen_fd_ >= 0) {
+        ::close(listen_fd_);
+        listen_fd_ = -1;
+        ::unlink(path_.c_str());
+    }
+}
+
+std::size_t ControlServer::do_work() { return accept_clients() + read_clients() + send_replies(); }
+
+void ControlServer::on_idle() {
+    std::vector<pollfd> fds;
+    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({mailbox_.wake_fd(), POLLIN, 0});
+    for (const auto& c : clients_) fds.push_back({c.fd, POLLIN, 0});
+    ::poll(fds.data(), fds.size(), 100);  // bounded: the runner's stop is seen within 100 ms
+}
+
+std::size_t ControlServer::accept_clients() {
+    std::size_t n = 0;
+    while (true) {
+        const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        if (clients_.size() >= kMaxClients) {
+            ::close(fd);
+            continue;
+        }
+        clients_.push_back({fd, {}, 0});
+        ++n;
+    }
+    return n;
+}
+
+std::size_t ControlServer::read_clients() {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < clients_.size();) {
+        Client& c = clients_[i];
+        char buf[256];
+        const ssize_t got = c.waiting != 0 ? -1 : ::read(c.fd, buf, sizeof buf);
+        bool drop = got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && c.waiting == 0);
+        if (got > 0) {
+            ++n;
+            c.in.append(buf, static_cast<std::size_t>(got));
+            if (const auto nl = c.in.find('\n'); nl != std::string::npos) {
+                const std::string line = c.in.substr(0, nl);
+                c.in.clear();
+                handle(c, line);
+                drop = c.fd < 0;
+            } else if (c.in.size() > kMaxLine) {
+                reply(c, nlohmann::json{{"ok", false}, {"error", "command line too long"}}.dump());
+                drop = true;
+            }
+        }
+        if (drop || c.fd < 0) {
+            if (c.fd >= 0) ::close(c.fd);
+            clients_.erase(clients_.begin() + static_cast<std::ptrdiff_t>(i));
+            continue;
+        }
+        ++i;
+    }
+    return n;
+}
+
+std::size_t ControlServer::send_replies() {
+    std::size_t n = 0;
+    for (ControlReply& r : mailbox_.take_replies()) {
+        for (std::size_t i = 0; i < clients_.size(); ++i) {
+            if (clients_[i].waiting != r.id) continue;
+            reply(clients_[i], r.json);
+            clients_.erase(clients_.begin() + static_cast<std::ptrdiff_t>(i));
+            ++n;
+            break;
+        }  // a client that left before the answer: the command was done all the same
+    }
+    return n;
+}
+
+// One command per connection; the answer closes it (a command sent to the service
+// loop is answered when it is done).
+void ControlServer::handle(Client& c, const std::string& line) {
+    std::vector<std::string> words;
+    for (std::size_t at = 0; at < line.size();) {
+        const std::size_t end = line.find(' ', at);
+        const std::string w = line.substr(at, end == std::string::npos ? std::string::npos : end - at);
+        if (!w.empty() && w != "\r") words.push_back(w.back() == '\r' ? w.substr(0, w.size() - 1) : w);
+        if (end == std::string::npos) break;
+        at = end + 1;
+    }
+    auto fail = [&](const std::string& why) { reply(c, nlohmann::json{{"ok", false}, {"error", why}}.dump()); };
+    if (words.empty()) return fail("empty command; commands: status, start [--run N], stop, reload");
+    ControlCommand cmd;
+    const std::string& verb = words[0];
+    if (verb == "status" && words.size() == 1) return reply(c, status_json());
+    if (verb == "start") {
+        cmd.op = ControlCommand::Op::start;
+        if (words.size() == 3 && words[1] == "--run") {
+            char* end = nullptr;
+            const unsigned long long v = std::strtoull(words[2].c_str(), &end, 10);
+            if (words[2].empty() || *end != '\0' || v > 999999) return fail("start --run: N must be a run number, 0 .. 999999");
+            cmd.has_run = true;
+            cmd.run = static_cast<std::uint32_t>(v);
+        } else if (words.size() != 1) {
+            return fail("usage: start [--run N]");
+        }
+    } else if (verb == "stop" && words.size() == 1) {
+        cmd.op = ControlCommand::Op::stop;
+    } else if (verb == "reload" && words.size() == 1) {
+        cmd.op = ControlCommand::Op::reload;
+    } else {
+        return fail(fmt::format("unknown command '{}'; commands: status, start [--run N], stop, reload", line));
+    }
+    cmd.id = next_id_++;
+    if (!mailbox_.submit(cmd)) return fail("another start, stop or reload is under way; try again when it is done");
+    c.waiting = cmd.id;
+}
+
+void ControlServer::reply(Client& c, const std::string& json) {
+    const std::string out = json + "\n";
+    // A short reply to a local socket: one blocking write is fine on this thread.
+    const int flags = ::fcntl(c.fd, F_GETFL);
+    ::fcntl(c.fd, F_SETFL, flags & ~O_NONBLOCK);
+    // MSG_NOSIGNAL: a client that gave up waiting has closed its end; no SIGPIPE.
+    (void)!::send(c.fd, out.data(), out.size(), MSG_NOSIGNAL);
+    ::close(c.fd);
+    c.fd = -1;
+}
+
+std::string ControlServer::status_json() const {
+    const monitor::RunCounts n = monitor::run_counts(counts_);
+    monitor::RunCounts at;
+    std::string transition, reload;
+    {
+        std::lock_guard lock(state_.text_mutex);
+        at = state_.at_run_start;
+        transition = state_.transition;
+        reload = state_.last_reload_message;
+    }
+    nlohmann::json j;
+    j["ok"] = true;
+    j["state"] = monitor::run_state_name(state_.run_state.load());
+    j["run"] = state_.run_number.load();
+    j["run_started_unix_ms"] = state_.run_started_unix_ms.load();
+    j["run_events_complete"] = n.complete - at.complete;
+    j["run_events_incomplete"] = n.incomplete - at.incomplete;
+    j["run_events_written"] = n.written - at.written;
+    j["run_files_closed"] = n.files_closed - at.files_closed;
+    j["run_payload_bytes"] = n.payload_bytes - at.payload_bytes;
+    j["events_written_total"] = n.written;
+    std::vector<std::string> files;
+    if (counts_.open_files) files = counts_.open_files();
+    j["files_open"] = files;
+    j["output_blocked"] = counts_.writer != nullptr && counts_.writer->output_blocked.get() != 0;
+    j["transition"] = transition;
+    j["last_reload"] = reload;
+    return j.dump();
+}
+
+}  // namespace evb
