@@ -104,13 +104,16 @@ void DiskWriter::close_file() {
         current_name_.clear();
     }
     const bool sync = s_.fsync != FsyncPolicy::never;
-    const std::uint64_t with_kernel = file_.kernel_offset();
+    const std::uint64_t records_end = file_.size();
+    const std::size_t records = file_.event_count();
     if (const int e = file_.close_clean(sync); e != 0) {
         counters_.write_errors.add();
         log_error("closing {}: {} (the .part file keeps every record written; evb-dump --recover makes it clean)",
                   file_.part_path(), std::strerror(e));
-        settle_or_lose(with_kernel);
-        file_.abandon();
+        // Without the partial index and footer; the records still in memory (O_DIRECT)
+        // are written out by abandon.
+        (void)file_.rollback(records_end, records);
+        settle_or_lose(file_.abandon(records_end));
         return;
     }
     settle(UINT64_MAX);  // closed: every record is with the kernel
@@ -123,12 +126,13 @@ void DiskWriter::block_output(int err, const char* what) {
     // index if the disk lets us; else it stays a .part that ends at a record
     // boundary. The batch's events are held, in order, and written again later.
     const std::string path = file_.part_path();
-    const std::uint64_t with_kernel = std::min(file_.kernel_offset(), batch_start_offset_);
     const int rb = file_.rollback(batch_start_offset_, batch_start_index_);
     const int cl = rb == 0 ? file_.close_clean(s_.fsync != FsyncPolicy::never) : rb;
     if (cl != 0) {
-        settle_or_lose(with_kernel);
-        file_.abandon();
+        // Cut back to the records before the batch (the batch is held and written
+        // again later, so none of it may stay in this file).
+        if (rb == 0) (void)file_.rollback(batch_start_offset_, batch_start_index_);
+        settle_or_lose(file_.abandon(batch_start_offset_));
         log_error("{} {}: {}; the file keeps every record written before the error ({}), "
                   "{} events held for retry; output resumes when the disk takes data again",
                   what, path, std::strerror(err), rb == 0 ? "left as .part, index not written" : "could not be cut back",

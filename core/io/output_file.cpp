@@ -125,6 +125,7 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
     pushed_len_ = 0;
     disk_offset_ = 0;
     allocated_end_ = 0;
+    reserved_end_ = 0;
     async_error_ = 0;
     failed_offset_ = ~std::uint64_t{0};
     std::byte hdr[kHeaderBytes];
@@ -185,6 +186,11 @@ int OutputFile::write_direct(const struct iovec* iov, std::size_t iovcnt) {
         const auto* src = static_cast<const std::byte*>(iov[i].iov_base);
         std::size_t len = iov[i].iov_len;
         while (len > 0) {
+            // A stage's disk space is allocated before any record is copied into it:
+            // a full disk is refused here, while the writer still holds the events,
+            // and never later by a write of bytes whose events were let go.
+            if (disk_offset_ + kStageBytes > std::max(reserved_end_, allocated_end_))
+                if (const int e = reserve_stage(); e != 0) return e;
             const std::size_t take = std::min(len, kStageBytes - stage_len_);
             std::memcpy(stages_ + current_ * kStageBytes + stage_len_, src, take);
             stage_len_ += take;
@@ -233,16 +239,26 @@ int OutputFile::submit_stage() {
     return wait_stage(current_);
 }
 
-// Allocates kAllocateBytes from disk_offset_ on, or only the next stage when the
-// disk has no room for more: the disk is full only when that stage does not fit.
-int OutputFile::allocate_ahead() {
+// Reserves the disk space of the stage being filled (and up to kAllocateBytes
+// after it) without growing the file: FALLOC_FL_KEEP_SIZE, so a crash leaves no
+// zeros after the last record.
+int OutputFile::reserve_stage() { return allocate_from_stage(FALLOC_FL_KEEP_SIZE, reserved_end_); }
+
+// Allocates from the current stage on, growing the file (see submit_stage).
+int OutputFile::allocate_ahead() { return allocate_from_stage(0, allocated_end_); }
+
+// fallocate(mode) of kAllocateBytes from disk_offset_ on, or only of the current
+// stage when the disk has no room for more: the disk is full only when that stage
+// does not fit. A file system without fallocate is promised nothing and refused
+// nothing.
+int OutputFile::allocate_from_stage(int mode, std::uint64_t& end) {
     for (const std::size_t len : {kAllocateBytes, kStageBytes}) {
-        if (::fallocate(fd_, 0, static_cast<off_t>(disk_offset_), static_cast<off_t>(len)) == 0) {
-            allocated_end_ = disk_offset_ + len;
+        if (::fallocate(fd_, mode, static_cast<off_t>(disk_offset_), static_cast<off_t>(len)) == 0) {
+            end = disk_offset_ + len;
             return 0;
         }
         if (errno == EOPNOTSUPP) {
-            allocated_end_ = disk_offset_ + kAllocateBytes;  // ask again only that much later
+            end = disk_offset_ + kAllocateBytes;  // ask again only that much later
             return 0;
         }
         if (errno != ENOSPC && errno != EDQUOT) return errno;
@@ -395,7 +411,9 @@ int OutputFile::rollback(std::uint64_t offset, std::size_t index_count) {
             current_ = (current_ + kStages - static_cast<std::size_t>(back)) % kStages;
             pushed_len_ = 0;  // the file was cut at the stage's start
             if (::ftruncate(fd_, static_cast<off_t>(disk_offset_)) != 0) return errno;
-            allocated_end_ = disk_offset_;
+            allocated_end_ = reserved_end_ = disk_offset_;
+            // The cut freed the stage's space: take it again for the bytes kept in it.
+            (void)reserve_stage();
         }
         if (index_count < index_.size()) index_.resize(index_count);
         stage_len_ = static_cast<std::size_t>(offset - disk_offset_);
@@ -435,24 +453,42 @@ int OutputFile::close_clean(bool sync) {
     return 0;
 }
 
-void OutputFile::abandon() {
+std::uint64_t OutputFile::abandon(std::uint64_t records_end) {
+    std::uint64_t keep = std::min(offset_, records_end);
     if (direct_ && fd_ >= 0) {
-        // Writes in flight still read the stages: let them finish, and cut off
-        // space allocated past what was submitted.
+        // Writes in flight still read the stages: let them finish.
         (void)reap(true);
         in_flight_.fill(false);
         // After a failed background write the file keeps what precedes it: a hole of
         // allocated zeros would hide the records after it from recovery anyway. The
         // header, written at open, stays in any case.
-        // What push_partial() wrote of the current stage is kept too: those records
-        // were counted written (kernel_offset) and in pull mode CLEARed.
-        const std::uint64_t keep =
-            std::max<std::uint64_t>(std::min(disk_offset_ + pushed_len_, failed_offset_), kHeaderBytes);
+        const std::uint64_t written = std::min(disk_offset_ + pushed_len_, failed_offset_);
+        // The stage being filled holds records nobody else has any more (their
+        // receive buffers went back when they were copied in): write them now,
+        // through the page cache, into the space allocated for the stage before
+        // they were copied. Only when every earlier write succeeded: bytes after a
+        // failed one would be unreachable.
+        const bool intact = failed_offset_ >= disk_offset_ + pushed_len_;
+        if (intact && keep > written && keep <= disk_offset_ + stage_len_) {
+            const int flags = ::fcntl(fd_, F_GETFL);
+            const std::byte* buf = stages_ + current_ * kStageBytes;
+            if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0 ||
+                write_all(fd_, buf + (written - disk_offset_), keep - written, written) != 0)
+                keep = written;
+        } else {
+            keep = std::min(keep, written);
+        }
+        keep = std::max<std::uint64_t>(keep, kHeaderBytes);
+        (void)::ftruncate(fd_, static_cast<off_t>(keep));  // and the allocation past it
+    } else if (fd_ >= 0 && keep < offset_) {
         (void)::ftruncate(fd_, static_cast<off_t>(keep));
     }
+    // A file that kept no record holds nothing to recover: it does not stay behind.
+    if (fd_ >= 0 && keep <= kHeaderBytes) (void)::unlink(part_path_.c_str());
     if (fd_ >= 0) ::close(fd_);
     if (dir_fd_ >= 0) ::close(dir_fd_);
     fd_ = dir_fd_ = -1;
+    return keep;
 }
 
 std::uint32_t next_file_sequence(const std::string& directory, std::uint32_t run,

@@ -73,8 +73,12 @@ public:
     // Writes index and footer, syncs when `sync` is set, closes and renames to `.evb`.
     int close_clean(bool sync);
     // Closes without index or footer and leaves the `.part` name (used after a write
-    // error, so the file keeps every record written before it).
-    void abandon();
+    // error, so the file keeps every record written before it), cut at
+    // `records_end` at the most (the end of a record). With O_DIRECT the records
+    // still in the stage being filled are written first if every earlier write
+    // succeeded. Returns where the file now ends: every record before it is with the
+    // kernel, none after it is in the file.
+    std::uint64_t abandon(std::uint64_t records_end = ~std::uint64_t{0});
 
     // Room for this many index entries before the index grows; the capacity is kept
     // across files, so a long run stops allocating once its largest file is seen.
@@ -101,6 +105,8 @@ private:
     int write_direct(const struct iovec* iov, std::size_t iovcnt);
     int submit_stage();
     int allocate_ahead();
+    int reserve_stage();
+    int allocate_from_stage(int mode, std::uint64_t& end);
     int reap(bool all);
     void reap_ready();
     void complete(const io_event& ev);
@@ -119,7 +125,8 @@ private:
     std::size_t stage_len_ = 0;
     std::size_t pushed_len_ = 0;  // bytes of the current stage push_partial() wrote
     std::uint64_t disk_offset_ = 0;
-    std::uint64_t allocated_end_ = 0;  // space allocated up to here
+    std::uint64_t allocated_end_ = 0;  // space allocated up to here (the file's size may reach it)
+    std::uint64_t reserved_end_ = 0;   // space reserved past the file's size up to here
     aio_context_t aio_ = 0;  // 0: not available, stages are written synchronously
     bool aio_tried_ = false;
     std::array<bool, kStages> in_flight_{};

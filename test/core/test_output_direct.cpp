@@ -137,11 +137,13 @@ TEST_CASE("direct I/O: sync, rollback inside the open stage and abandon keep the
     REQUIRE(s.records.size() == id);
     CHECK(s.records.back().header.event_id == id - 1);
 
-    // Abandoned mid-run: the .part keeps the submitted stages and nothing after them
-    // (no space allocated past the data), and what it keeps scans clean up to a cut.
+    // Abandoned mid-run: the .part keeps the submitted stages and the records still
+    // in the stage being filled (written out by abandon), and nothing after them (no
+    // space allocated past the data); it scans clean up to its end.
     file::OutputFile ab;
     REQUIRE(ab.open(base.string(), file::FileHeader{7, 0, 3, 1, 5}, true) == 0);
     ends.clear();
+    const auto first_abandoned = id;
     while (ab.size() < 2 * file::OutputFile::kStageBytes + 1000) {
         test::RecordSpec spec;
         spec.event_id = id;
@@ -152,12 +154,13 @@ TEST_CASE("direct I/O: sync, rollback inside the open stage and abandon keep the
         REQUIRE(ab.append(&iov, 1) == 0);
     }
     const std::string part = ab.part_path();
-    ab.abandon();
-    CHECK(fs::file_size(part) == 2 * file::OutputFile::kStageBytes);
+    const std::uint64_t appended = ab.size();
+    CHECK(ab.abandon() == appended);
+    CHECK(fs::file_size(part) == appended);
     file::MappedFile pm(part);
     const auto ps = file::scan(pm.bytes());
-    CHECK(ps.records.size() > 0);
-    CHECK(ps.good_bytes <= fs::file_size(part));
+    CHECK(ps.records.size() == id - first_abandoned);
+    CHECK(ps.good_bytes == appended);
 }
 
 TEST_CASE("direct I/O: the header is on disk from the moment the file has a name") {
@@ -190,8 +193,14 @@ TEST_CASE("direct I/O: the header is on disk from the moment the file has a name
     iovec iov{rec.data(), rec.size()};
     REQUIRE(out.append(&iov, 1) == 0);
     check_header_only("one record waiting in the first stage");
-    // Abandoned before any stage was written: the header stays.
+    // Abandoned before any stage was written: the record waiting in the stage is
+    // written out (its space was reserved before it was copied in), after the header.
     const std::string part = out.part_path();
-    out.abandon();
-    CHECK(fs::file_size(part) == file::kHeaderBytes);
+    CHECK(out.abandon() == file::kHeaderBytes + rec.size());
+    REQUIRE(fs::file_size(part) == file::kHeaderBytes + rec.size());
+    file::MappedFile m(part);
+    const auto s = file::scan(m.bytes());
+    CHECK(s.header_ok);
+    REQUIRE(s.records.size() == 1);
+    CHECK(s.records[0].header.event_id == 1);
 }

@@ -30,9 +30,9 @@ def fill(path, leave_kb):
         f.write(b"\0" * max(0, free - leave_kb * 1024))
 
 
-def phase_push(wd, mnt):
+def phase_push(wd, mnt, direct):
     d = Evbd(wd, sets=["sources=4", "building.timeout_ms=2000", f"output.directory={mnt}/data",
-                       "output.max_file_bytes=1000000"])
+                       "output.max_file_bytes=1000000", f"output.direct_io={'true' if direct else 'false'}"])
     run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", 200, "--size", "1000:3000", "--rate", 1000])
     d.wait_metric("evb_events_written_total", lambda v: v >= 200, timeout=20)
     fill(mnt, 300)  # ~300 KiB left: the next megabytes will not fit
@@ -101,8 +101,14 @@ def main():
     if not ok:
         fail(f"cannot mount a tmpfs for the disk-full test: {err}")
     try:
-        phase_push(os.path.join(wd), mnt)
-        shutil.rmtree(os.path.join(mnt, "data"))  # make room: the pull phase needs ~7 MB
+        # O_DIRECT (the default) and buffered output: the disk fills in the middle of a
+        # file, with records in a stage not yet written (O_DIRECT) or in the page cache.
+        for direct in (True, False):
+            print(f"push phase, output.direct_io={direct}", flush=True)
+            sub = os.path.join(wd, f"push-{'direct' if direct else 'buffered'}")
+            os.makedirs(sub)
+            phase_push(sub, mnt, direct)
+            shutil.rmtree(os.path.join(mnt, "data"))  # make room: the pull phase needs ~7 MB
         os.makedirs(os.path.join(wd, "pull"))
         phase_pull(os.path.join(wd, "pull"), mnt)
     finally:
