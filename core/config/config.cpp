@@ -68,7 +68,7 @@ const std::vector<Key>& schema() {
         {"building.late_window", Kind::uint, 65536, 16, 1u << 24, false, "Built event ids remembered per shard to recognise late fragments."},
         {"output.directory", Kind::string, "evb-data", 0, 0, false, "Directory for the output files (created if missing)."},
         {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
-        {"output.direct_io", Kind::boolean, false, 0, 0, false, "Write through an aligned staging buffer with O_DIRECT."},
+        {"output.direct_io", Kind::boolean, true, 0, 0, false, "Write through aligned staging buffers with O_DIRECT (Linux AIO), bypassing the page cache: about a third of the CPU per byte of buffered writes and steady throughput; a record counts as written once its write has completed. A file system without O_DIRECT (tmpfs) falls back to buffered writes. false: pwritev through the page cache."},
         {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
         {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
         {"control.socket", Kind::string, "", 0, 0, false, "Unix socket for run control (evb-ctl: status, start, stop, reload); empty: none. The package sets /run/evbd/evbd.sock (group evbd, mode 0660)."},

@@ -28,7 +28,7 @@ def main():
         recovered = 0
         for rnd in range(ROUNDS):
             d = Evbd(wd, sets=["sources=8", "output.max_file_bytes=3000000", f"output.directory={out}",
-                               f"run_number={rnd + 1}"] + (["output.direct_io=true"] if rnd % 2 else []))
+                               f"run_number={rnd + 1}"] + [f"output.direct_io={'true' if rnd % 2 else 'false'}"])
             src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--to", f"127.0.0.1:{d.port}", "--sources", "8",
                                     "--events", "10000000", "--run", str(rnd + 1), "--size", "500:8000"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
