@@ -2,6 +2,7 @@
 
 #include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>
+#include <sys/statvfs.h>
 #include <time.h>
 
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include "core/format/wire.hpp"
 #include "core/util/log.hpp"
 #include "monitor/http_server.hpp"
+#include "monitor/status_page.hpp"
 #include "monitor/sums.hpp"
 
 #ifndef EVB_VERSION
@@ -30,6 +32,12 @@ double now_s() {
     return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 const double kStartTime = now_s();
+
+}  // namespace
+
+double process_start_time() noexcept { return kStartTime; }
+
+namespace {
 
 FamilyOut scalar(std::string name, std::string help, FamilyOut::Type t, double v) {
     FamilyOut f{std::move(name), std::move(help), t, {}, {}};
@@ -67,6 +75,12 @@ FamilyOut histogram(std::string name, std::string help, const std::vector<const 
 }
 
 }  // namespace
+
+std::uint64_t output_free_bytes(const std::string& dir) noexcept {
+    struct statvfs st {};
+    if (::statvfs(dir.c_str(), &st) != 0) return UINT64_MAX;
+    return static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
+}
 
 const char* run_state_name(int state) noexcept {
     switch (static_cast<RunState>(state)) {
@@ -226,6 +240,10 @@ std::vector<FamilyOut> collect(const Sources& s) {
         f.samples.push_back({{{"version", EVB_VERSION}, {"git_hash", EVB_GIT_HASH}}, 1, {}, 0});
         out.push_back(std::move(f));
     }
+    if (!s.output_directory.empty())
+        if (const std::uint64_t free = output_free_bytes(s.output_directory); free != UINT64_MAX)
+            out.push_back(scalar("evb_output_free_bytes", "Free bytes on the output directory's file system (for evbd's user).",
+                                 T::gauge, static_cast<double>(free)));
     if (auto* c = s.control) {
         out.push_back(scalar("evb_run_number", "Run being built (or the last one, while stopped).", T::gauge,
                              c->run_number.load()));
@@ -300,109 +318,6 @@ std::string metrics_text(const Sources& s) {
     return prometheus::TextSerializer().Serialize(fams);
 }
 
-std::string html_escape(std::string_view in) {
-    std::string out;
-    out.reserve(in.size());
-    for (const char c : in) {
-        switch (c) {
-            case '<': out += "&lt;"; break;
-            case '>': out += "&gt;"; break;
-            case '&': out += "&amp;"; break;
-            case '"': out += "&quot;"; break;
-            default: out += c;
-        }
-    }
-    return out;
-}
-
-std::string utc_text(std::uint64_t unix_ms) {
-    const time_t t = static_cast<time_t>(unix_ms / 1000);
-    tm u{};
-    ::gmtime_r(&t, &u);
-    return fmt::format("{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC", u.tm_year + 1900, u.tm_mon + 1, u.tm_mday, u.tm_hour,
-                       u.tm_min, u.tm_sec);
-}
-
-std::string status_page(const Sources& s) {
-    double complete = 0, incomplete = 0, inflight = 0;
-    for (const auto* m : s.matchers) {
-        complete += static_cast<double>(m->events_complete.get());
-        incomplete += static_cast<double>(m->events_incomplete.get());
-        inflight += static_cast<double>(m->events_in_flight.get());
-    }
-    double dgrams = 0, bytes = 0, drops = 0;
-    for (const auto* r : s.readers) {
-        dgrams += static_cast<double>(r->datagrams.get());
-        bytes += static_cast<double>(r->bytes.get());
-        drops += static_cast<double>(r->kernel_drops.get());
-    }
-    const double up = now_s() - kStartTime;
-    std::string reload = "none yet";
-    std::vector<std::string> files;
-    std::uint32_t run = s.run_number;
-    if (s.control) {
-        std::lock_guard lock(s.control->text_mutex);
-        reload = s.control->last_reload_message;
-        run = s.control->run_number.load();
-    }
-    if (s.open_files) files = s.open_files();
-    std::string rows;
-    auto row = [&](const std::string& k, const std::string& v) { rows += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, v); };
-    row("run", fmt::format("{} ({})", run, s.control != nullptr ? run_state_name(s.control->run_state.load()) : "running"));
-    row("uptime", fmt::format("{:.0f} s", up));
-    row("expected sources", std::to_string(s.control != nullptr && s.control->expected_sources.load() != 0
-                                               ? s.control->expected_sources.load()
-                                               : s.sources.size()));
-    {
-        // Sources that sent nothing while the others went on (events do not wait for them).
-        std::string absent;
-        std::size_t n = 0;
-        for (std::size_t i = 0; i < s.sources.size(); ++i) {
-            if (!source_absent(s.matchers, i)) continue;
-            if (++n <= 32) absent += (absent.empty() ? "" : ", ") + std::to_string(s.sources[i]);
-        }
-        if (n > 32) absent += fmt::format(" and {} more", n - 32);
-        row("absent sources", n == 0 ? std::string("none")
-                                     : fmt::format("<b style=\"color:#b00\">{} {}</b> (events written without {})",
-                                                   n == 1 ? "source" : "sources", absent, n == 1 ? "it" : "them"));
-    }
-    row("datagrams received", fmt::format("{:.0f} (average {:.0f}/s)", dgrams, up > 0 ? dgrams / up : 0));
-    row("bytes received", fmt::format("{:.0f} (average {:.1f} MB/s)", bytes, up > 0 ? bytes / up / 1e6 : 0));
-    row("kernel drops", fmt::format("{:.0f}", drops));
-    row("events built", fmt::format("{:.0f} complete, {:.0f} incomplete (average {:.0f}/s)", complete, incomplete,
-                                    up > 0 ? (complete + incomplete) / up : 0));
-    row("events in flight", fmt::format("{:.0f}", inflight));
-    if (s.writer) {
-        row("events written", std::to_string(s.writer->events_written.get()));
-        row("payload written", fmt::format("{} bytes", s.writer->payload_bytes.get()));
-        row("write errors", std::to_string(s.writer->write_errors.get()));
-    }
-    {
-        // The same sums as the stop line's "datagrams rejected".
-        const RefusalSummary refused = summarise_refusals(s.readers, s.matchers);
-        row("datagrams rejected", refused.text.empty() ? "none" : refused.text);
-    }
-    std::string fl;
-    for (auto& f : files) fl += html_escape(f) + "<br>";
-    row("files being written", fl.empty() ? "none" : fl);
-    row("last reload", html_escape(reload));
-    // The distinct-error log: one row per kind of warning or error.
-    std::string errors;
-    for (const DistinctError& e : distinct_errors())
-        errors += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
-                              e.level == LogLevel::error ? "<b style=\"color:#b00\">error</b>" : "warning", e.count,
-                              utc_text(e.first_unix_ms), utc_text(e.last_unix_ms), html_escape(e.last_text));
-    if (errors.empty()) errors = "<tr><td colspan=\"5\">none</td></tr>\n";
-    return fmt::format(
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>evbd</title>"
-        "<meta http-equiv=\"refresh\" content=\"5\"><style>body{{font-family:sans-serif}}th{{text-align:left;padding-right:1em}}"
-        "td{{padding-right:1em;vertical-align:top}}</style>"
-        "</head><body><h1>evbd {}</h1><table>\n{}</table>"
-        "<h2>Warnings and errors</h2><table><tr><th>level</th><th>count</th><th>first</th><th>last</th><th>last message</th></tr>\n"
-        "{}</table><p><a href=\"/metrics\">metrics</a></p></body></html>\n",
-        EVB_VERSION, rows, errors);
-}
-
 }  // namespace
 
 struct Exporter::Impl {
@@ -416,6 +331,7 @@ Exporter::Exporter(const std::string& listen, Sources sources) : impl_(std::make
     impl_->server = std::make_unique<HttpServer>(listen, [src](std::string_view path) -> HttpResponse {
         if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", metrics_text(*src)};
         if (path == "/") return {200, "text/html; charset=utf-8", status_page(*src)};
+        if (path == "/sources") return {200, "text/html; charset=utf-8", sources_page(*src)};
         return {404, "text/plain; charset=utf-8", "not found: evbd serves /metrics and /\n"};
     });
 }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,35 @@ struct RunCounts {
 };
 RunCounts run_counts(const struct Sources& s) noexcept;
 
+// Totals sampled once a second by the service loop: the status page's rates now
+// and its plots of the last minutes come from the differences.
+struct RateSample {
+    std::uint64_t unix_ms = 0, events = 0, payload_bytes = 0, datagrams = 0;
+};
+class RateHistory {
+public:
+    static constexpr std::size_t kSamples = 601;  // ten minutes at one a second
+    void add(const RateSample& s) {
+        std::lock_guard lock(m_);
+        ring_[(head_ + n_) % kSamples] = s;
+        if (n_ < kSamples) ++n_; else head_ = (head_ + 1) % kSamples;
+    }
+    std::vector<RateSample> samples() const {  // oldest first
+        std::lock_guard lock(m_);
+        std::vector<RateSample> v;
+        for (std::size_t i = 0; i < n_; ++i) v.push_back(ring_[(head_ + i) % kSamples]);
+        return v;
+    }
+
+private:
+    mutable std::mutex m_;
+    std::array<RateSample, kSamples> ring_{};
+    std::size_t head_ = 0, n_ = 0;
+};
+
 struct ControlState {
     std::atomic<std::uint32_t> run_number{0};
+    RateHistory history;
     std::atomic<int> run_state{static_cast<int>(RunState::running)};
     std::atomic<std::uint64_t> run_started_unix_ms{0};
     RunCounts at_run_start;  // guarded by text_mutex
@@ -49,7 +77,7 @@ struct ControlState {
         source_went_absent = std::make_unique<std::atomic<std::uint64_t>[]>(n);
         source_came_back = std::make_unique<std::atomic<std::uint64_t>[]>(n);
     }
-    std::mutex text_mutex;  // guards the strings below (status page only)
+    mutable std::mutex text_mutex;  // guards the strings below (status page only)
     std::string last_reload_message = "none yet";
 };
 
@@ -63,6 +91,7 @@ struct Sources {
     const stats::WriterCounters* writer = nullptr;
     std::vector<std::uint32_t> sources;
     std::uint32_t run_number = 0;
+    std::string output_directory;  // free space: evb_output_free_bytes, the status page
     ControlState* control = nullptr;
     const stats::PullCounters* pull = nullptr;  // pull mode only
     // Files open for writing now (status page).
@@ -82,6 +111,13 @@ struct FamilyOut {
     std::vector<double> bounds;  // histogram upper bounds (seconds)
     std::vector<Sample> samples;
 };
+
+// Free bytes on the file system of `dir` for an unprivileged writer; UINT64_MAX
+// when it cannot be read.
+std::uint64_t output_free_bytes(const std::string& dir) noexcept;
+
+// When the process started, seconds since the Unix epoch (uptime on the status page).
+double process_start_time() noexcept;
 
 // Builds every family from the counter blocks (exposed for tests).
 std::vector<FamilyOut> collect(const Sources& s);

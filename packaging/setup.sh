@@ -18,6 +18,7 @@ packages=(
   clang libclang-rt-14-dev
   dpkg-dev adduser systemd
   tcpdump tcpreplay iproute2
+  chromium fonts-dejavu-core  # test_status_page renders the status page headless
 )
 
 install_missing() {

@@ -222,6 +222,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     msrc.pull = pull ? &pull_counters : nullptr;
     msrc.sources = cfg->sources;
     msrc.run_number = cfg->run_number;
+    msrc.output_directory = cfg->output.directory;
     msrc.control = &control;
     msrc.open_files = [&writer] {
         std::vector<std::string> v;

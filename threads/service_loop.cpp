@@ -407,6 +407,17 @@ void ServiceLoop::finish_stop(bool closed, const std::string& why) {
     if (s.asked) answer(s.reply_id, std::move(reply));
 }
 
+// Once a second: the totals the status page's rates and plots are made from.
+void ServiceLoop::sample_rates() {
+    const std::uint64_t now = realtime_ns();
+    if (now < next_rate_sample_ns_ || t_.counts == nullptr) return;
+    next_rate_sample_ns_ = now + 1'000'000'000ull;
+    const monitor::RunCounts n = monitor::run_counts(*t_.counts);
+    monitor::RateSample s{now / 1'000'000ull, n.complete + n.incomplete, n.payload_bytes, 0};
+    for (const auto* r : t_.counts->readers) s.datagrams += r->datagrams.get();
+    control_.history.add(s);
+}
+
 bool ServiceLoop::config_file_changed() {
     struct stat st {};
     if (!opts_.watch_config || opts_.config_path.empty() || ::stat(opts_.config_path.c_str(), &st) != 0) return false;
@@ -506,6 +517,7 @@ void ServiceLoop::run() {
         }
         report_sources(false);
         report_source_states();
+        sample_rates();
     }
     report_sources(true);  // what the last second saw
 }

@@ -109,6 +109,7 @@ private:
     bool config_file_changed();
     void report_sources(bool now_or_never);
     void report_source_states();
+    void sample_rates();
     bool inputs_apply(const AdmissionRules* rules) const noexcept;
     // From running_, for run_ (or refusing all while stopped), pins made afresh;
     // waits (bounded) until every input has them in force.
@@ -144,6 +145,7 @@ private:
     std::uint64_t reported_rules_ = 0;  // rules_posted_ when the pins were last reported
     std::uint64_t next_source_check_ns_ = 0;
     std::vector<std::uint8_t> source_absent_;  // over all shards, as last logged
+    std::uint64_t next_rate_sample_ns_ = 0;
 };
 
 }  // namespace evb

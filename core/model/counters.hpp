@@ -96,6 +96,8 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     std::unique_ptr<Counter[]> source_slot_limit;
     // 1 while this shard holds the source absent (dead-source detection).
     std::unique_ptr<Counter[]> source_absent;
+    // Receive time (ns, the clock chunks carry) of the source's last chunk here.
+    std::unique_ptr<Counter[]> source_last_seen_ns;
     std::size_t sources = 0;
     void size_sources(std::size_t n) {
         sources = n;
@@ -104,6 +106,7 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
         source_desync = std::make_unique<Counter[]>(n);
         source_slot_limit = std::make_unique<Counter[]>(n);
         source_absent = std::make_unique<Counter[]>(n);
+        source_last_seen_ns = std::make_unique<Counter[]>(n);
     }
 };
 

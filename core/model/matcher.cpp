@@ -160,6 +160,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
     }
     // Any chunk of a source counts as a sign of life, even a late or refused one.
     seen_at_event_[idx] = events_started_;
+    counters_.source_last_seen_ns[idx].set(now_ns);
     if (absent_[idx]) set_absent(static_cast<std::size_t>(idx), false);  // back: events wait for it again
 
     Event* e = map_.find(map_key(c->event_id, c->run_number));

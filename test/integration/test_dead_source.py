@@ -49,7 +49,7 @@ def case_push(wd):
     check(m.get('evb_source_state{source="0"}') == 1, "push8k: source 0 is present")
     check(m.get('evb_rejected_datagrams_total{reason="in_flight_limit"}', 0) == 0, "push8k: nothing refused at the in-flight limit")
     page = urllib.request.urlopen(d.metrics_url.replace("/metrics", "/"), timeout=10).read().decode()
-    check("source 8</b> (events written without it)" in page, "push8k: the status page marks source 8 absent")
+    check('<tr><td>8</td><td><span class="bad">absent</span>' in page and "1 need a look" in page, "push8k: the status page marks source 8 absent")
     # Source 8 comes back with the others.
     run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 9, "--events", 8000, "--first", 40000, "--rate", 8000])
     d.wait_metric("evb_events_written_total", lambda v: v >= 47990, timeout=30)

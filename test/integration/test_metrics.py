@@ -72,7 +72,7 @@ def main():
               f"promtool check metrics: no complaint {r.stdout}{r.stderr}")
 
         page = urllib.request.urlopen(d.metrics_url.replace("/metrics", "/"), timeout=10).read().decode()
-        check("<html" in page and "events built" in page and "run" in page, "status page at / answers with HTML")
+        check("<html" in page and "events/s now" in page and "evbd run 1" in page, "status page at / answers with HTML")
 
         # A real Prometheus server scrapes evbd and answers a query.
         target = d.metrics_url.split("//")[1].split("/")[0]
