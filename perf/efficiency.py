@@ -18,15 +18,18 @@ Python standard library only.
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The perf scripts' shared helpers (perf/evbperf.py): one place reads /proc and picks ports.
-from evbperf import cpu_seconds, free_udp_port as free_port, thread_cpu_seconds as thread_cpu  # noqa: E402
+from evbperf import (cpu_seconds, free_udp_port as free_port, parse_metrics,  # noqa: E402
+                     thread_cpu_seconds as thread_cpu)
 
 SIZES = (8972, 1472)
 FRACTIONS = (0.1, 0.3, 0.6, 1.0)
@@ -74,16 +77,28 @@ def run_evbd(bin_dir, size, events, rate, direct, data_dir):
                 break
         time.sleep(0.05)
     time.sleep(0.2)
+    with open(log) as f:
+        url = re.search(r"metrics on (http://\S+/metrics)", f.read()).group(1)
     c0, t0 = cpu_seconds(evbd.pid), thread_cpu(evbd.pid)
     src = json.loads(subprocess.run(source_cmd(bin_dir, port, size, events, rate), capture_output=True, text=True,
                                     timeout=600).stdout)
-    time.sleep(0.3)  # the last events reach the disk
+    # The last events reach the disk (with O_DIRECT a partial stage goes out after 20 ms).
+    m = {}
+    for _ in range(40):
+        time.sleep(0.1)
+        m = parse_metrics(urllib.request.urlopen(url, timeout=10).read().decode())
+        if m.get("evb_events_written_total", 0) >= events:
+            break
     c1, t1 = cpu_seconds(evbd.pid), thread_cpu(evbd.pid)
     evbd.terminate()
     evbd.wait(timeout=60)
     shutil.rmtree(data_dir, ignore_errors=True)
     threads = {k: round(v - t0.get(k, 0.0), 3) for k, v in t1.items() if v - t0.get(k, 0.0) > 0}
-    return {"cpu_s": c1 - c0, "gb": src["bytes"] / 1e9, "threads": threads}
+    complete = m.get('evb_events_built_total{status="complete"}', 0)
+    return {"cpu_s": c1 - c0, "gb": src["bytes"] / 1e9, "threads": threads,
+            # Events sent but not written complete: kernel drops and anything else.
+            "lost_events": int(events - min(complete, m.get("evb_events_written_total", 0))),
+            "kernel_drops": int(m.get("evb_kernel_receive_drops_total", 0))}
 
 
 def main():
@@ -104,26 +119,36 @@ def main():
         for frac in FRACTIONS:
             rate = 0 if frac == 1.0 else full_rate * frac
             cell = {"size": size, "fraction": frac, "events_per_s": round(rate if rate else full_rate),
-                    "bare": [], "buffered": [], "direct": [], "threads_buffered": None, "threads_direct": None}
+                    "bare": [], "buffered": [], "direct": [], "threads_buffered": None, "threads_direct": None,
+                    "lost_buffered": [], "lost_direct": [], "bare_lost": []}
             for _ in range(a.runs):
                 b = run_bare(a.bin, size, events, rate)
                 cell["bare"].append(b["cpu_s"] / b["gb"])
+                cell["bare_lost"].append(b["sent"] - b["received"])
                 for direct in (False, True):
                     e = run_evbd(a.bin, size, events, rate, direct, os.path.join(a.dir, "data"))
                     key = "direct" if direct else "buffered"
                     cell[key].append(e["cpu_s"] / e["gb"])
+                    cell["lost_" + key].append(e["lost_events"])
                     cell["threads_" + key] = {k: round(v / e["gb"], 3) for k, v in e["threads"].items()}
             results.append(cell)
             print(json.dumps(cell), file=sys.stderr, flush=True)
-    print("| datagram | rate (events/s) | bare CPU s/GB | evbd buffered s/GB | ratio | evbd O_DIRECT s/GB | ratio |")
-    print("|---|---|---|---|---|---|---|")
+    def spread(v):
+        return f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" if len(v) > 1 else f"{v[0]:.2f}"
+
+    print(f"{a.runs} run(s) per cell and program, alternated; median (min-max) CPU s/GB; "
+          "lost: events sent and not written complete (datagrams for the bare receiver), summed over the runs")
+    print()
+    print("| datagram | rate (events/s) | bare s/GB | evbd O_DIRECT s/GB | ratio | evbd buffered s/GB | ratio | lost (bare / O_DIRECT / buffered) |")
+    print("|---|---|---|---|---|---|---|---|")
     for c in results:
         bare = statistics.median(c["bare"])
         buf = statistics.median(c["buffered"])
         dio = statistics.median(c["direct"])
         label = "full" if c["fraction"] == 1.0 else f"{int(c['fraction'] * 100)}%"
-        print(f"| {c['size']} B | {label} ({c['events_per_s']}) | {bare:.2f} | {buf:.2f} | {buf / bare:.1f}x | "
-              f"{dio:.2f} | {dio / bare:.1f}x |")
+        print(f"| {c['size']} B | {label} ({c['events_per_s']}) | {spread(c['bare'])} | {spread(c['direct'])} | "
+              f"{dio / bare:.1f}x | {spread(c['buffered'])} | {buf / bare:.1f}x | "
+              f"{sum(c['bare_lost'])} / {sum(c['lost_direct'])} / {sum(c['lost_buffered'])} |")
     print()
     print("evbd CPU s/GB per thread (last run of each cell):")
     for c in results:

@@ -1,5 +1,6 @@
 """Helpers for evbd integration tests: run evbd and the emulator as real processes
 on loopback, scrape metrics, read files back with evb-dump."""
+import atexit
 import json
 import os
 import re
@@ -47,6 +48,8 @@ class Evbd:
         cmd += list(args)
         self.log = open(self.logpath, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        # A test that fails (sys.exit) before stop() leaves no evbd running behind it.
+        atexit.register(lambda p=self.proc: p.poll() is None and p.kill())
         self.metrics_url = None
         deadline = time.time() + 20
         while time.time() < deadline:
