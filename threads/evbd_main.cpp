@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
         cfg = opts.config_path.empty() ? evb::default_config(opts.overrides)
                                        : evb::load_config_file(opts.config_path, opts.overrides);
     } catch (const evb::ConfigError& e) {
-        for (const auto& p : e.problems) fmt::print(stderr, "evbd: config: {}\n", p);
+        const auto prefix = evb::log_priority_prefix(evb::LogLevel::error);
+        for (const auto& p : e.problems) fmt::print(stderr, "{}evbd: config: {}\n", prefix, p);
         return 1;
     }
     if (print_config) {
