@@ -75,6 +75,9 @@ public:
     // Closes without index or footer and leaves the `.part` name (used after a write
     // error, so the file keeps every record written before it).
     void abandon();
+    // Closes and removes the `.part` (a file that holds no record after a failed
+    // write: a header and an empty index are no run file).
+    void discard();
 
     // Room for this many index entries before the index grows; the capacity is kept
     // across files, so a long run stops allocating once its largest file is seen.
