@@ -104,11 +104,11 @@ TEST_CASE("all problems of a file are reported at once") {
 }
 
 TEST_CASE("set overrides by dotted path read JSON or else a string") {
-    auto c = load_config("{}", "x", {"sources=16", "output.directory=/tmp/x", "pull.source_addresses=[\"h:1\"]",
+    auto c = load_config("{}", "x", {"sources=16", "output.directory=/tmp/x", "pull.source_addresses=[\"localhost:1\"]",
                                      "building.timeout_ms=250", "output.fsync=100"});
     CHECK(c->sources.size() == 16);
     CHECK(c->output.directory == "/tmp/x");
-    CHECK(c->pull.source_addresses == std::vector<std::string>{"h:1"});
+    CHECK(c->pull.source_addresses == std::vector<std::string>{"localhost:1"});
     CHECK(c->building.timeout_ms == 250);
     CHECK(c->output.fsync == evb::FsyncPolicy::periodic);
     CHECK(c->output.fsync_period_ms == 100);

@@ -20,6 +20,15 @@ def fail(msg):
     sys.exit(1)
 
 
+SKIP_EXIT = 77  # ctest's SKIP_RETURN_CODE for the integration tests (test/CMakeLists.txt)
+
+
+def skip(why):
+    """Ends a test that cannot run here, saying why (ctest shows it as skipped)."""
+    print(f"SKIP: {why}", flush=True)
+    sys.exit(SKIP_EXIT)
+
+
 def check(cond, msg):
     if not cond:
         fail(msg)
