@@ -8,10 +8,7 @@
 #include "core/config/config.hpp"
 #include "threads/daemon.hpp"
 #include "core/util/log.hpp"
-
-#ifndef EVB_VERSION
-#define EVB_VERSION "unknown"
-#endif
+#include "core/util/version.hpp"
 
 namespace {
 
