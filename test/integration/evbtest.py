@@ -108,6 +108,11 @@ class Evbd:
         return rc
 
 
+def metric_sum(metrics, name):
+    """Sum of every series of one metric family (all label values) in a metrics() dict."""
+    return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
+
+
 def run_source(args, check_rc=True):
     cmd = [os.path.join(BIN, "evb-source")] + [str(a) for a in args] + ["--json"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
