@@ -436,12 +436,11 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         }
     };
     if (!c->input.listen.empty()) check_address("input.listen", c->input.listen, net::parse_endpoint);
-    for (std::size_t start = 0; !c->monitor.listen.empty();) {  // comma-separated; empty disables
-        const std::size_t comma = c->monitor.listen.find(',', start);
-        check_address("monitor.listen", c->monitor.listen.substr(start, comma == std::string::npos ? comma : comma - start),
-                      net::parse_endpoint);
-        if (comma == std::string::npos) break;
-        start = comma + 1;
+    if (const std::string& m = c->monitor.listen; !m.empty()) {  // comma-separated; empty disables
+        std::size_t start = 0;
+        for (std::size_t comma; (comma = m.find(',', start)) != std::string::npos; start = comma + 1)
+            check_address("monitor.listen", m.substr(start, comma - start), net::parse_endpoint);
+        check_address("monitor.listen", m.substr(start), net::parse_endpoint);
     }
     for (std::size_t i = 0; i < c->pull.source_addresses.size(); ++i)
         check_address(fmt::format("pull.source_addresses[{}]", i), c->pull.source_addresses[i], net::parse_endpoint);
