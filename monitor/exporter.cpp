@@ -144,8 +144,19 @@ std::vector<FamilyOut> collect(const Sources& s) {
                          sum(M, [](auto& b) { return b.duplicate_chunks.get(); })));
     out.push_back(scalar("evb_crc_failures_total", "Chunks whose payload failed its CRC32C (dropped).", T::counter,
                          sum(M, [](auto& b) { return b.crc_failures.get(); })));
-    out.push_back(scalar("evb_late_fragments_total", "Chunks that arrived for an event already written (dropped).", T::counter,
-                         sum(M, [](auto& b) { return b.late_fragments.get(); })));
+    {
+        // Apart because the advice differs: only "incomplete" says the timeout is
+        // shorter than a source's delay (docs/OPERATIONS.md, section 7).
+        FamilyOut f{"evb_late_fragments_total",
+                    "Chunks that arrived for an event already written (dropped), by how that event was written: "
+                    "complete (a late copy), incomplete (the source was slower than building.timeout_ms), "
+                    "beyond_window (built more than building.late_window events ago).",
+                    T::counter, {}, {}};
+        f.samples.push_back({{{"event", "complete"}}, sum(M, [](auto& b) { return b.late_after_complete.get(); }), {}, 0});
+        f.samples.push_back({{{"event", "incomplete"}}, sum(M, [](auto& b) { return b.late_after_incomplete.get(); }), {}, 0});
+        f.samples.push_back({{{"event", "beyond_window"}}, sum(M, [](auto& b) { return b.late_beyond_window.get(); }), {}, 0});
+        out.push_back(std::move(f));
+    }
     out.push_back(scalar("evb_kernel_receive_drops_total", "Datagrams the kernel dropped because a socket buffer was full (SO_RXQ_OVFL).",
                          T::counter, sum(R, [](auto& b) { return b.kernel_drops.get(); })));
     out.push_back(scalar("evb_receive_batches_total",

@@ -32,10 +32,10 @@ int listen_tcp(const std::string& address) {
     try {
         at = net::parse_endpoint(address);
     } catch (const std::invalid_argument& e) {
-        throw std::runtime_error(fmt::format("monitor.listen {}", e.what()));
+        throw std::runtime_error(fmt::format("monitor.listen: {}", e.what()));
     }
     const int fd = ::socket(at.addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) throw std::runtime_error(fmt::format("monitor.listen {}: socket: {}", address, std::strerror(errno)));
+    if (fd < 0) throw std::runtime_error(fmt::format("monitor.listen: {}: socket: {}", address, std::strerror(errno)));
     // A restarted evbd binds at once, without waiting for the old connections'
     // TIME_WAIT to pass.
     const int one = 1;
@@ -43,7 +43,10 @@ int listen_tcp(const std::string& address) {
     if (::bind(fd, reinterpret_cast<const sockaddr*>(&at.addr), at.len) != 0 || ::listen(fd, kListenBacklog) != 0) {
         const int e = errno;
         ::close(fd);
-        throw std::runtime_error(fmt::format("monitor.listen {}: {}", address, std::strerror(e)));
+        if (e == EADDRINUSE)
+            throw std::runtime_error(fmt::format("monitor.listen: {} is already in use (another evbd, or another "
+                                                 "program, listens there); choose another port", address));
+        throw std::runtime_error(fmt::format("monitor.listen: {}: {}", address, std::strerror(e)));
     }
     return fd;
 }

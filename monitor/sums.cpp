@@ -45,7 +45,7 @@ const std::array<Refusal, 18> kRefusals = {{
      [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.inconsistent_chunks.get(); }); }},
     {"crc_failure", false, false, [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.crc_failures.get(); }); }},
     {"duplicate", false, false, [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.duplicate_chunks.get(); }); }},
-    {"late", false, false, [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.late_fragments.get(); }); }},
+    {"late", false, false, [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.late_fragments(); }); }},
     {"event_too_large", true, false,
      [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.event_too_large.get(); }); }},
     {"in_flight_limit", true, true,

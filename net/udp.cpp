@@ -70,6 +70,13 @@ Endpoint parse_endpoint(const std::string& text) {
     return ep;
 }
 
+Endpoint parse_sender_address(const std::string& text) {
+    const bool has_port = text.find("]:") != std::string::npos ||
+                          (text.find(':') != std::string::npos && text.find(':') == text.rfind(':'));
+    if (has_port) return parse_endpoint(text);
+    return parse_endpoint(text.find(':') != std::string::npos ? "[" + text + "]:0" : text + ":0");
+}
+
 BoundSocket bind_udp(const Endpoint& at, const SocketOptions& opts) {
     BoundSocket s;
     s.fd = ::socket(at.addr.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);

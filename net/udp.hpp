@@ -26,6 +26,9 @@ struct Endpoint {
 // Parses "HOST:PORT" or "[V6]:PORT"; HOST may be a name. Throws std::invalid_argument
 // naming the text and the reason (control plane only).
 Endpoint parse_endpoint(const std::string& text);
+// A sender's address: "ADDR" or "ADDR:PORT" (IPv6: "V6" or "[V6]:PORT"); the port,
+// if any, is left in the result. Throws like parse_endpoint.
+Endpoint parse_sender_address(const std::string& text);
 
 struct SocketOptions {
     std::size_t receive_buffer_bytes = 0;  // 0: leave the kernel default

@@ -4,6 +4,9 @@
 #   packaging/setup.sh test   install what is missing, build, run every test
 #                             (release build, then the ASan+UBSan build)
 #   packaging/setup.sh build  install what is missing and build
+#   packaging/setup.sh tarball build and run the unit tests of a release tree:
+#                             `git archive HEAD` unpacked in a temporary directory
+#                             (no .git, no ../shared); part of `test`
 # Idempotent: with everything installed and built it only re-checks and rebuilds
 # what changed.
 set -euo pipefail
@@ -49,6 +52,22 @@ run_tests() {  # run_tests DIR LABEL
   (cd "$1" && ctest --output-on-failure -j "$jobs" --timeout 600)
 }
 
+# A release tarball's tree must configure, build and pass its unit tests with
+# neither .git nor the shared captures beside it. Release build of the unit tests
+# only; ccache hits across runs because paths under the temporary directory are
+# hashed relative to it (CCACHE_BASEDIR).
+tarball_unit_tests() {
+  local tmp
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/evbd-tarball.XXXXXX")
+  # shellcheck disable=SC2064  # expand now: $tmp is local
+  trap "rm -rf '$tmp'" RETURN
+  git -C "$root" archive --format=tar --prefix=evbd/ HEAD | tar -x -C "$tmp"
+  echo "setup: building the unit tests of git archive HEAD in $tmp (no .git, no ../shared)"
+  CCACHE_BASEDIR=$tmp cmake -S "$tmp/evbd" -B "$tmp/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  CCACHE_BASEDIR=$tmp cmake --build "$tmp/build" -j "$jobs" --target evb_unit_tests
+  (cd "$tmp/build" && ctest --output-on-failure -j "$jobs" --timeout 600 -E '^(integration|alloc|perf)\.')
+}
+
 cmd=${1:-}
 case "$cmd" in
   build)
@@ -66,6 +85,7 @@ case "$cmd" in
     [ "${CI:-}" = "true" ] && werror=ON
     build build -DEVB_WERROR=$werror
     run_tests build release
+    tarball_unit_tests
     build build-asan -DEVB_WERROR=$werror -DEVB_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
     run_tests build-asan "ASan+UBSan"
     # libFuzzer targets (clang, ASan+UBSan): replay the seed corpora, then fuzz briefly.
@@ -88,8 +108,12 @@ case "$cmd" in
       ctest --output-on-failure --timeout 600 -E "perf|fuzz|alloc|package|replay_public|tcpreplay|incast|hostile|disk_full|crash|push_end_to_end|limits_cpus")
     echo "setup: all test suites passed"
     ;;
+  tarball)
+    install_missing
+    tarball_unit_tests
+    ;;
   *)
-    echo "usage: packaging/setup.sh demo|test|build" >&2
+    echo "usage: packaging/setup.sh demo|test|build|tarball" >&2
     exit 2
     ;;
 esac

@@ -390,7 +390,7 @@ def summarize(spec, seconds, cpu_s, end_reason, metrics, final, sent, served, so
         r["rejected_datagrams"] = int(metric_sum(metrics, "evb_rejected_datagrams_total"))
         # What re-requests cost: the chunks that came twice, or after their event was written.
         r["duplicate_chunks"] = int(metrics.get("evb_duplicate_chunks_total", 0))
-        r["late_chunks"] = int(metrics.get("evb_late_fragments_total", 0))
+        r["late_chunks"] = int(metric_sum(metrics, "evb_late_fragments_total"))
         if spec.mode == "pull":
             r["rerequests"] = int(metrics.get("evb_pull_rerequests_sent_total", 0))
             r["rerequests_avoided"] = int(metrics.get("evb_pull_rerequests_avoided_total", 0))

@@ -12,6 +12,7 @@
 #include "core/format/crc32c.hpp"
 #include "core/format/pattern.hpp"
 #include "core/format/wire.hpp"
+#include "core/util/version.hpp"
 #include "net/udp.hpp"
 
 #include <arpa/inet.h>
@@ -88,6 +89,7 @@ datagrams are at most 1472 bytes). Payloads carry the test pattern unless
   --pcap-mtu N    in the pcap only, split IP packets larger than N into fragments
   --dry-run       send nothing (with --pcap-out: only write the pcap)
   --json          print the final statistics as one JSON object on stdout
+  --version       print the version and exit
 
 Serve mode binds HOST:PORT and answers every REQUEST for run R with all sources'
 fragments of each requested event, sent to the requester; CLEAR forgets events.
@@ -218,6 +220,9 @@ Options parse_options(int argc, char** argv) {
         };
         if (flag == "--help" || flag == "-h") {
             std::fputs(kUsage.data(), stdout);
+            std::exit(0);
+        } else if (flag == "--version") {
+            std::printf("evb-source %s\n", EVB_VERSION);
             std::exit(0);
         } else if (flag == "--to") {
             o.to_text = take();

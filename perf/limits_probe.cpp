@@ -5,6 +5,7 @@
 // Every measurement does the least work it can per datagram or block: it is the
 // ceiling, not a model of evbd.
 
+#include "core/util/version.hpp"
 #include "net/udp.hpp"
 #include "threads/affinity.hpp"
 
@@ -59,6 +60,7 @@ Measures this machine's ceilings for benchmark ratios:
                 run the loopback sender and receiver threads pinned to these CPUs
                 (default: where the scheduler puts them)
   --json        print one JSON object instead of a table
+  --version     print the version and exit
 
 With --sink it is instead a plain receiver for measuring a sender (evb-source) alone:
 it binds HOST:PORT, receives with recvmmsg and counts, and after --idle-exit seconds
@@ -371,6 +373,9 @@ Options parse_options(int argc, char** argv) {
         };
         if (flag == "--help" || flag == "-h") {
             std::fputs(kUsage.data(), stdout);
+            std::exit(0);
+        } else if (flag == "--version") {
+            std::printf("evb-limits %s\n", EVB_VERSION);
             std::exit(0);
         } else if (flag == "--seconds") {
             o.seconds = parse_seconds(flag, value());

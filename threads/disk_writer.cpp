@@ -80,6 +80,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     }
     file_run_ = run;
     file_set_ = set;
+    file_seq_ = seq;
     next_seq_ = seq + 1;
     {
         std::lock_guard lock(name_mutex_);
@@ -126,9 +127,18 @@ void DiskWriter::block_output(int err, const char* what) {
     // index if the disk lets us; else it stays a .part that ends at a record
     // boundary. The batch's events are held, in order, and written again later.
     const std::string path = file_.part_path();
-    const int rb = file_.rollback(batch_start_offset_, batch_start_index_);
-    const int cl = rb == 0 ? file_.close_clean(s_.fsync != FsyncPolicy::never) : rb;
-    if (cl != 0) {
+    const int rb = batch_start_index_ == 0 ? 0 : file_.rollback(batch_start_offset_, batch_start_index_);
+    const int cl = batch_start_index_ == 0 || rb != 0 ? rb : file_.close_clean(s_.fsync != FsyncPolicy::never);
+    if (batch_start_index_ == 0) {
+        // The failed batch was the file's first: cut back, it would be a header and an
+        // empty index, a closed run file with no event. It goes, and its sequence
+        // number is used again by the next file.
+        file_.discard();
+        next_seq_ = file_seq_;
+        log_error("{} {}: {}; the file held no whole record and was removed; {} events held for retry; output "
+                  "resumes when the disk takes data again",
+                  what, path, std::strerror(err), batch_.size());
+    } else if (cl != 0) {
         // Cut back to the records before the batch (the batch is held and written
         // again later, so none of it may stay in this file).
         if (rb == 0) (void)file_.rollback(batch_start_offset_, batch_start_index_);
@@ -152,8 +162,12 @@ void DiskWriter::block_output(int err, const char* what) {
     batch_.clear();
     iov_.clear();
     batch_bytes_ = 0;
-    blocked_ = true;
     retry_write_after_ns_ = realtime_ns() + 1'000'000'000ull;
+    hold_output();
+}
+
+void DiskWriter::hold_output() {
+    blocked_ = true;
     counters_.output_blocked.set(1);
 }
 
@@ -285,7 +299,7 @@ void DiskWriter::write_event(Event* e) {
     if (!file_.is_open() && !open_file(e->run_number, e->set_generation, e->record_sections())) {
         // No file to write to: hold the event (and all after it) until a retry works.
         held_for_retry_.push_back(e);
-        blocked_ = true;
+        hold_output();
         return;
     }
     if (batch_.empty()) {

@@ -90,6 +90,7 @@ private:
     std::uint32_t file_set_ = 0;
     std::uint32_t transition_set_ = 0;
     std::uint32_t next_seq_ = 0;
+    std::uint32_t file_seq_ = 0;  // sequence number of the file open
     std::uint64_t last_sync_ns_ = 0;
     std::uint64_t retry_open_after_ns_ = 0;
     // Output blocked by a write error: events held (in order) until a retry works.
@@ -98,6 +99,8 @@ private:
     std::uint64_t batch_start_offset_ = 0;
     std::size_t batch_start_index_ = 0;
     bool blocked_ = false;
+    // Every way into blocked_: the flag and the evb_output_blocked gauge together.
+    void hold_output();
     void block_output(int err, const char* what);
     bool try_resume();
     bool warned_direct_ = false;

@@ -8,10 +8,7 @@
 #include "core/config/config.hpp"
 #include "threads/daemon.hpp"
 #include "core/util/log.hpp"
-
-#ifndef EVB_VERSION
-#define EVB_VERSION "unknown"
-#endif
+#include "core/util/version.hpp"
 
 namespace {
 
@@ -103,7 +100,8 @@ int main(int argc, char** argv) {
         cfg = opts.config_path.empty() ? evb::default_config(opts.overrides)
                                        : evb::load_config_file(opts.config_path, opts.overrides);
     } catch (const evb::ConfigError& e) {
-        for (const auto& p : e.problems) fmt::print(stderr, "evbd: config: {}\n", p);
+        const auto prefix = evb::log_priority_prefix(evb::LogLevel::error);
+        for (const auto& p : e.problems) fmt::print(stderr, "{}evbd: config: {}\n", prefix, p);
         return 1;
     }
     if (print_config) {

@@ -1,5 +1,6 @@
 #include "threads/startup.hpp"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
 #include <sys/prctl.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -75,10 +77,30 @@ bool prepare_output_directory(const std::string& dir) {
         log_error("cannot create output.directory {}: {}", dir, std::strerror(errno));
         return false;
     }
-    if (::access(dir.c_str(), W_OK) != 0) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) {
+        log_error("output.directory {}: {}", dir, std::strerror(errno));
+        return false;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        log_error("output.directory {} is not a directory", dir);
+        return false;
+    }
+    // Writable is what creating a file says, not access(): root passes access() on a
+    // read-only mount, and an ACL or a full inode table says no only at creation.
+    // An unnamed file (O_TMPFILE) leaves nothing behind; file systems without it
+    // get a named one, removed at once.
+    int fd = ::open(dir.c_str(), O_WRONLY | O_TMPFILE | O_CLOEXEC, 0600);
+    if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR)) {
+        std::string probe = dir + "/.evbd-write-probe-XXXXXX";
+        fd = ::mkstemp(probe.data());
+        if (fd >= 0) ::unlink(probe.c_str());
+    }
+    if (fd < 0) {
         log_error("output.directory {} is not writable: {}", dir, std::strerror(errno));
         return false;
     }
+    ::close(fd);
     return true;
 }
 

@@ -11,7 +11,10 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <stdexcept>
 #include <thread>
+
+#include "net/udp.hpp"
 
 namespace evb {
 
@@ -421,6 +424,29 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                                        c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.readers, c->input.batch));
     if (c->input.cpus.size() > c->input.readers)
         problems.push_back(fmt::format("input.cpus: {} entries for {} reader(s)", c->input.cpus.size(), c->input.readers));
+
+    // Addresses that can never be bound or reached (999.1.1.1, port 70000, a name
+    // that does not resolve) are refused here by key, like a wrong type, rather than
+    // when the socket is made. Names are resolved now, so a reload resolves them too.
+    auto check_address = [&](const std::string& key, const std::string& text, auto parse) {
+        try {
+            (void)parse(text);
+        } catch (const std::invalid_argument& e) {
+            problems.push_back(fmt::format("{}: {}", key, e.what()));
+        }
+    };
+    if (!c->input.listen.empty()) check_address("input.listen", c->input.listen, net::parse_endpoint);
+    if (const std::string& m = c->monitor.listen; !m.empty()) {  // comma-separated; empty disables
+        std::size_t start = 0;
+        for (std::size_t comma; (comma = m.find(',', start)) != std::string::npos; start = comma + 1)
+            check_address("monitor.listen", m.substr(start, comma - start), net::parse_endpoint);
+        check_address("monitor.listen", m.substr(start), net::parse_endpoint);
+    }
+    for (std::size_t i = 0; i < c->pull.source_addresses.size(); ++i)
+        check_address(fmt::format("pull.source_addresses[{}]", i), c->pull.source_addresses[i], net::parse_endpoint);
+    for (std::size_t i = 0; i < c->input.allowed_senders.size(); ++i)
+        check_address(fmt::format("input.allowed_senders[{}]", i), c->input.allowed_senders[i],
+                      net::parse_sender_address);
 
     if (!problems.empty()) throw ConfigError(std::move(problems));
     c->effective = std::move(eff);

@@ -47,14 +47,9 @@ AdmissionRules admission_rules(const Config& c) {
     r.run_number = c.run_number;
     r.builders = c.builders;
     r.builder_id = c.builder_id;
-    for (const auto& a : c.input.allowed_senders) {
-        // Only the address matters; accept "ADDR" as well as "ADDR:PORT".
-        const bool has_port = a.find("]:") != std::string::npos ||
-                              (a.find(':') != std::string::npos && a.find(':') == a.rfind(':'));
-        const net::Endpoint e =
-            net::parse_endpoint(has_port ? a : (a.find(':') != std::string::npos ? "[" + a + "]:0" : a + ":0"));
-        r.allowed_sender_keys.push_back(sender_key(e.addr));
-    }
+    // Only the address matters (config checked that each parses).
+    for (const auto& a : c.input.allowed_senders)
+        r.allowed_sender_keys.push_back(sender_key(net::parse_sender_address(a).addr));
     return r;
 }
 

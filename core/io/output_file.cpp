@@ -491,6 +491,12 @@ std::uint64_t OutputFile::abandon(std::uint64_t records_end) {
     return keep;
 }
 
+void OutputFile::discard() {
+    const bool was_open = fd_ >= 0;
+    abandon();
+    if (was_open) ::unlink(part_path_.c_str());
+}
+
 std::uint32_t next_file_sequence(const std::string& directory, std::uint32_t run,
                                  std::uint32_t builder) {
     const std::string prefix = fmt::format("run{:06}_{:03}_", run, builder);

@@ -77,8 +77,11 @@ public:
     // `records_end` at the most (the end of a record). With O_DIRECT the records
     // still in the stage being filled are written first if every earlier write
     // succeeded. Returns where the file now ends: every record before it is with the
-    // kernel, none after it is in the file.
+    // kernel, none after it is in the file. A file left with no record is removed.
     std::uint64_t abandon(std::uint64_t records_end = ~std::uint64_t{0});
+    // Closes and removes the `.part` (a file that holds no record after a failed
+    // write: a header and an empty index are no run file).
+    void discard();
 
     // Room for this many index entries before the index grows; the capacity is kept
     // across files, so a long run stops allocating once its largest file is seen.

@@ -73,7 +73,16 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     Counter duplicate_chunks;
     Counter crc_failures;
     Counter inconsistent_chunks;  // disagrees with earlier chunks of the fragment
-    Counter late_fragments;       // event already built
+    // Chunks for an event already built, apart by what a longer building.timeout_ms
+    // would change: the event was written complete (a late copy: nothing), it was
+    // written INCOMPLETE (the source was slower than the timeout: the timeout), or
+    // it was built more than building.late_window events ago (how is forgotten).
+    Counter late_after_complete;
+    Counter late_after_incomplete;
+    Counter late_beyond_window;
+    std::uint64_t late_fragments() const noexcept {
+        return late_after_complete.get() + late_after_incomplete.get() + late_beyond_window.get();
+    }
     Counter unknown_source;       // source id not in the configuration
     Counter in_flight_limit_drops;
     Counter not_running_drops;        // would have opened an event while the run is stopping

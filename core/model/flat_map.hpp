@@ -77,7 +77,8 @@ private:
     std::size_t size_ = 0;
 };
 
-// The last N keys inserted (FIFO eviction), with O(1) membership tests, and the
+// The last N keys inserted (FIFO eviction), each marked complete or incomplete
+// (how its event was built), with O(1) membership tests, and the
 // oldest key the window still speaks for: once N keys are remembered, a key below
 // the smallest of them is older than the window (floor()), so the caller can tell
 // "built long ago" from "never seen" without remembering every key. The floor only
@@ -87,6 +88,8 @@ class RecentSet {
 public:
     explicit RecentSet(std::size_t n) : ring_(n), mins_(n), map_(n) {}
     bool contains(std::uint64_t key) const noexcept { return map_.find(key) != nullptr; }
+    // Remembered, and inserted as incomplete.
+    bool incomplete(std::uint64_t key) const noexcept { return map_.find(key) == incomplete_marker(); }
     // Keys below this were built longer ago than the window reaches (0: none yet).
     std::uint64_t floor() const noexcept { return floor_; }
     void clear() noexcept {
@@ -98,7 +101,7 @@ public:
         mhead_ = mcount_ = 0;
         floor_ = 0;
     }
-    void insert(std::uint64_t key) noexcept {
+    void insert(std::uint64_t key, bool incomplete = false) noexcept {
         if (contains(key)) return;
         const std::size_t n = ring_.size();
         if (count_ == n) {
@@ -113,7 +116,7 @@ public:
         }
         ring_[(head_ + count_) % n] = key;
         ++count_;
-        map_.insert(key, marker());
+        map_.insert(key, incomplete ? incomplete_marker() : complete_marker());
         // Keys in the queue ascend from its head; larger ones behind a smaller new
         // key can never be the minimum again.
         while (mcount_ > 0 && mins_[(mhead_ + mcount_ - 1) % n] > key) --mcount_;
@@ -123,7 +126,12 @@ public:
     }
 
 private:
-    static char* marker() noexcept {
+    // The map's values: two addresses that say how the key's event was built.
+    static char* complete_marker() noexcept {
+        static char m;
+        return &m;
+    }
+    static char* incomplete_marker() noexcept {
         static char m;
         return &m;
     }

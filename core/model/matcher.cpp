@@ -121,7 +121,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
     if (e->solo_source >= 0) --solo_events_[static_cast<std::size_t>(e->solo_source)];
     if (e->set_generation != set_generation_ && older_in_flight_ > 0) --older_in_flight_;
     map_.erase(map_key(e->event_id, e->run_number));
-    history(e->run_number).insert(e->event_id);
+    history(e->run_number).insert(e->event_id, !complete);
     counters_.events_in_flight.set(map_.size());
     out.push(e);
 }
@@ -170,8 +170,8 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         return;
     }
     if (e == nullptr) {
-        if (is_late(c->event_id, c->run_number)) {
-            counters_.late_fragments.add();
+        if (stats::Counter* late = late_counter(c->event_id, c->run_number)) {
+            late->add();
             drop(c);
             return;
         }

@@ -104,9 +104,13 @@ private:
     // Built ids of `run`: the current run's, or the next run's while both are about
     // (the readers admit the next run before its run-end marker reaches this shard).
     RecentSet& history(std::uint32_t run) noexcept;
-    bool is_late(std::uint64_t event_id, std::uint32_t run) noexcept {
-        RecentSet& h = history(run);
-        return event_id < h.floor() || h.contains(event_id);
+    // The counter a chunk of an event no longer in flight goes to, or nullptr when
+    // its event was never built (the chunk starts it).
+    stats::Counter* late_counter(std::uint64_t event_id, std::uint32_t run) noexcept {
+        const RecentSet& h = history(run);
+        if (h.contains(event_id))
+            return h.incomplete(event_id) ? &counters_.late_after_incomplete : &counters_.late_after_complete;
+        return event_id < h.floor() ? &counters_.late_beyond_window : nullptr;
     }
     // Every present source has its fragment (absent ones are not waited for).
     bool done(const Event& e) const noexcept;

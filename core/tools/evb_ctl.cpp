@@ -15,9 +15,7 @@
 #include <string>
 #include <vector>
 
-#ifndef EVB_VERSION
-#define EVB_VERSION "unknown"
-#endif
+#include "core/util/version.hpp"
 
 namespace {
 

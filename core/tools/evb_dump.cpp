@@ -32,6 +32,7 @@
 #include "core/io/recovery.hpp"
 #include "core/format/pattern.hpp"
 #include "core/format/wire.hpp"
+#include "core/util/version.hpp"
 
 namespace {
 
@@ -70,6 +71,7 @@ in name order.
                    removed and reported. A DIR stands for its .evb.part files;
                    one that a running evbd is writing is left alone
   -h, --help       show this help
+  --version        print the version
 
 exit status: 0 ok, 1 verification problems, 2 usage or I/O error
 )";
@@ -80,6 +82,7 @@ struct Options {
     bool verify = false;
     bool pattern = false;
     bool help = false;
+    bool version = false;
     std::vector<std::string> recover;
     std::vector<std::string> inputs;
 };
@@ -103,6 +106,8 @@ std::optional<std::string> parse_args(int argc, char** argv, Options& o) {
             o.pattern = o.verify = true;
         } else if (a == "-h" || a == "--help") {
             o.help = true;
+        } else if (a == "--version") {
+            o.version = true;
         } else if (a == "--recover") {
             if (i + 1 >= argc) return "--recover needs a FILE";
             o.recover.emplace_back(argv[++i]);
@@ -113,7 +118,7 @@ std::optional<std::string> parse_args(int argc, char** argv, Options& o) {
             return fmt::format("unknown option '{}'", a);
         }
     }
-    if (!o.help && o.inputs.empty() && o.recover.empty()) return "no FILE or DIR given";
+    if (!o.help && !o.version && o.inputs.empty() && o.recover.empty()) return "no FILE or DIR given";
     return std::nullopt;
 }
 
@@ -745,6 +750,10 @@ int main(int argc, char** argv) {
     }
     if (o.help) {
         fmt::print("{}", kUsage);
+        return kExitOk;
+    }
+    if (o.version) {
+        fmt::print("evb-dump {}\n", EVB_VERSION);
         return kExitOk;
     }
 

@@ -1,9 +1,13 @@
 #include "core/util/log.hpp"
 
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 
 namespace evb {
@@ -11,6 +15,8 @@ namespace evb {
 namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::info)};
 constexpr const char* kNames[] = {"debug", "info", "warn", "error"};
+// syslog priorities (LOG_DEBUG, LOG_INFO, LOG_WARNING, LOG_ERR) as sd-daemon prefixes.
+constexpr std::string_view kPrefixes[] = {"<7>", "<6>", "<4>", "<3>"};
 
 struct ErrorKind {
     std::string kind;  // the format string (or the text, when none was given)
@@ -48,6 +54,21 @@ std::vector<DistinctError> distinct_errors() {
     return v;
 }
 
+bool fd_is_journal_stream(const char* journal_stream, int fd) noexcept {
+    if (journal_stream == nullptr) return false;
+    std::uintmax_t dev = 0, ino = 0;
+    if (std::sscanf(journal_stream, "%ju:%ju", &dev, &ino) != 2) return false;
+    struct stat st {};
+    // systemd sets it for the service's own stdout/stderr; a child whose stderr was
+    // redirected elsewhere inherits the variable but not the stream.
+    return ::fstat(fd, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
+}
+
+std::string_view log_priority_prefix(LogLevel level) noexcept {
+    static const bool journal = fd_is_journal_stream(std::getenv("JOURNAL_STREAM"), STDERR_FILENO);
+    return journal ? kPrefixes[static_cast<int>(level)] : std::string_view{};
+}
+
 void set_log_level(std::string_view name) {
     for (int i = 0; i < 4; ++i)
         if (name == kNames[i]) g_level.store(i, std::memory_order_relaxed);
@@ -64,8 +85,9 @@ void log_line(LogLevel level, std::string_view text, std::string_view kind) {
     tm t{};
     ::gmtime_r(&ts.tv_sec, &t);
     // One write per line so lines from different threads do not interleave.
-    const std::string line = fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z evbd {}: {}\n", t.tm_year + 1900,
-                                         t.tm_mon + 1, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec, ts.tv_nsec / 1'000'000,
+    const std::string line = fmt::format("{}{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z evbd {}: {}\n",
+                                         log_priority_prefix(level), t.tm_year + 1900, t.tm_mon + 1, t.tm_mday,
+                                         t.tm_hour, t.tm_min, t.tm_sec, ts.tv_nsec / 1'000'000,
                                          kNames[static_cast<int>(level)], text);
     (void)!::write(STDERR_FILENO, line.data(), line.size());
 }

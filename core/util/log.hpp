@@ -2,6 +2,12 @@
 // counts instead. Warnings and errors are also kept as a distinct-error log: one
 // entry per kind (the message's format string), with a count, the first and last
 // time and the last text, for the status page.
+//
+// Under systemd (stderr connected to the journal: $JOURNAL_STREAM names stderr's
+// device and inode) every line starts with its syslog priority, the sd-daemon
+// prefix journald reads and strips: <3> error, <4> warning, <6> info, <7> debug,
+// so `journalctl -p warning` shows exactly the warnings and errors. On a terminal
+// or into a file the lines have no prefix.
 #pragma once
 
 #include <fmt/format.h>
@@ -20,6 +26,12 @@ LogLevel log_level() noexcept;
 // `kind`: the format string the text was made from (warnings and errors of one
 // kind count as one entry of the distinct-error log).
 void log_line(LogLevel level, std::string_view text, std::string_view kind = {});
+// "<N>" for `level` when stderr is the journal (decided once, at the first call),
+// else "". For lines written to stderr outside log_line (configuration errors).
+std::string_view log_priority_prefix(LogLevel level) noexcept;
+// The decision itself: `journal_stream` is $JOURNAL_STREAM ("DEVICE:INODE", or
+// null), compared with what `fd` is.
+bool fd_is_journal_stream(const char* journal_stream, int fd) noexcept;
 
 struct DistinctError {
     LogLevel level;

@@ -64,6 +64,36 @@ TEST_CASE("each kind of bad config gets its own message naming the key") {
     }
 }
 
+TEST_CASE("addresses that can never be bound or reached are refused naming the key") {
+    struct Case {
+        std::vector<std::string> sets;
+        const char* needle;
+    };
+    // ".invalid" never resolves (RFC 6761): no look-up leaves the machine for it.
+    const std::vector<Case> cases = {
+        {{"input.listen=999.1.1.1:7400"}, "input.listen: '999.1.1.1:7400': cannot resolve host"},
+        {{"input.listen=127.0.0.1:70000"}, "input.listen: '127.0.0.1:70000': port must be a number 0..65535"},
+        {{"input.listen=no-such-host.invalid:7400"}, "input.listen: 'no-such-host.invalid:7400': cannot resolve host"},
+        {{"input.listen=127.0.0.1"}, "input.listen: '127.0.0.1': expected HOST:PORT"},
+        {{"monitor.listen=127.0.0.1:9464,[::1]:99999"}, "monitor.listen: '[::1]:99999': port must be"},
+        {{"monitor.listen=999.1.1.1:9464"}, "monitor.listen: '999.1.1.1:9464': cannot resolve host"},
+        {{"mode=pull", R"(pull.source_addresses=["127.0.0.1:7500", "no-such-host.invalid:7500"])"},
+         "pull.source_addresses[1]: 'no-such-host.invalid:7500': cannot resolve host"},
+        {{R"(input.allowed_senders=["10.0.0.1", "300.0.0.1"])"}, "input.allowed_senders[1]: '300.0.0.1:0': cannot resolve"},
+    };
+    for (const auto& c : cases) {
+        INFO(c.sets.front());
+        const auto p = problems_of("{}", c.sets);
+        REQUIRE_FALSE(p.empty());
+        CHECK(any_contains(p, c.needle));
+    }
+    // What can be bound stays valid: any address, a port of 0, IPv6, several monitor
+    // addresses, a disabled monitor, senders with and without a port.
+    CHECK(problems_of("{}", {"input.listen=0.0.0.0:0", "monitor.listen=127.0.0.1:0,[::1]:0"}).empty());
+    CHECK(problems_of("{}", {"input.listen=[::1]:7400", "monitor.listen="}).empty());
+    CHECK(problems_of("{}", {R"(input.allowed_senders=["10.0.0.1", "10.0.0.2:5000", "::1", "[::1]:5000"])"}).empty());
+}
+
 TEST_CASE("all problems of a file are reported at once") {
     const auto p = problems_of(R"({"bogus": 1, "building": {"timeout_ms": "x", "workers": 65}, "output": {"fsync": []}})");
     CHECK(p.size() == 4);
@@ -74,11 +104,11 @@ TEST_CASE("all problems of a file are reported at once") {
 }
 
 TEST_CASE("set overrides by dotted path read JSON or else a string") {
-    auto c = load_config("{}", "x", {"sources=16", "output.directory=/tmp/x", "pull.source_addresses=[\"h:1\"]",
+    auto c = load_config("{}", "x", {"sources=16", "output.directory=/tmp/x", "pull.source_addresses=[\"localhost:1\"]",
                                      "building.timeout_ms=250", "output.fsync=100"});
     CHECK(c->sources.size() == 16);
     CHECK(c->output.directory == "/tmp/x");
-    CHECK(c->pull.source_addresses == std::vector<std::string>{"h:1"});
+    CHECK(c->pull.source_addresses == std::vector<std::string>{"localhost:1"});
     CHECK(c->building.timeout_ms == 250);
     CHECK(c->output.fsync == evb::FsyncPolicy::periodic);
     CHECK(c->output.fsync_period_ms == 100);
@@ -142,7 +172,7 @@ TEST_CASE("config: JSON nested deeper than 64 levels is refused before it is par
         CHECK(any_contains(p, "input.listen: expected string"));
         CHECK_FALSE(any_contains(p, "nested"));
         const std::string text =
-            "{\"input\": {\"listen\": \"127.0.0.1:1\", \"allowed_senders\": [\"\\\"" + nested(1000) + "\"]}}";
+            "{\"input\": {\"listen\": \"127.0.0.1:1\"}, \"replay\": {\"filter\": \"\\\"" + nested(1000) + "\"}}";
         CHECK(problems_of(text).empty());
     }
 }

@@ -210,10 +210,37 @@ TEST_CASE("matcher times events out as INCOMPLETE, returns partial fragments and
     CHECK(secs[1].length == 0);
     CHECK(secs[2].status == file::section_status::missing);
     CHECK(r.counters.events_incomplete.get() == 1);
-    // A chunk for the written event is late.
+    // A chunk for the written event is late: a fragment of an event written INCOMPLETE.
     r.feed({r.chunk(5, 2, 10, 0, 1, 1000)}, 1200);
-    CHECK(r.counters.late_fragments.get() == 1);
+    CHECK(r.counters.late_after_incomplete.get() == 1);
+    CHECK(r.counters.late_fragments() == 1);
     r.release(e);
+    CHECK(r.free_slots() == 256);
+}
+
+TEST_CASE("matcher counts a complete event's late copy apart from a late fragment of an INCOMPLETE event") {
+    Rig r({0, 1}, /*max_events=*/16, /*timeout_ns=*/1000);
+    // Event 1 complete; event 2 times out without source 1 and is written INCOMPLETE.
+    auto out = r.feed({r.chunk(1, 0, 8, 0, 1, 1000), r.chunk(1, 1, 8, 0, 1, 1000), r.chunk(2, 0, 8, 0, 1, 1000)}, 0);
+    REQUIRE(out.count == 1);
+    r.release(out.head);
+    EventList timed_out;
+    r.matcher.expire(1000, timed_out);
+    REQUIRE(timed_out.count == 1);
+    CHECK(timed_out.head->status == file::record_status::incomplete);
+    r.release(timed_out.head);
+    // A second copy of event 1's fragment: the event was written whole, a longer
+    // timeout would change nothing.
+    r.feed({r.chunk(1, 1, 8, 0, 1, 1000)}, 1100);
+    CHECK(r.counters.late_after_complete.get() == 1);
+    CHECK(r.counters.late_after_incomplete.get() == 0);
+    // Source 1's fragment of event 2 after its timeout: what a longer timeout saves.
+    r.feed({r.chunk(2, 1, 8, 0, 1, 1000)}, 1200);
+    CHECK(r.counters.late_after_complete.get() == 1);
+    CHECK(r.counters.late_after_incomplete.get() == 1);
+    CHECK(r.counters.late_beyond_window.get() == 0);
+    CHECK(r.counters.late_fragments() == 2);
+    CHECK(r.matcher.in_flight() == 0);
     CHECK(r.free_slots() == 256);
 }
 
@@ -304,11 +331,12 @@ TEST_CASE("matcher: a chunk of an event built longer ago than late_window is lat
         REQUIRE(out.count == 1);
         r.release(out.head);
     }
-    const auto late = r.counters.late_fragments.get();
+    const auto late = r.counters.late_beyond_window.get();
     auto out = r.feed({r.chunk(0, 0, 8, 0, 1, 1000), r.chunk(3, 1, 8, 0, 1, 1000)});
     CHECK(out.count == 0);
     CHECK(r.matcher.in_flight() == 0);  // no event 0 or 3 started again
-    CHECK(r.counters.late_fragments.get() == late + 2);
+    CHECK(r.counters.late_beyond_window.get() == late + 2);  // how they were built is forgotten
+    CHECK(r.counters.late_after_complete.get() == 0);
     // Ids after the window are new events as before.
     out = r.feed({r.chunk(200, 0, 8, 0, 1, 1000), r.chunk(200, 1, 8, 0, 1, 1000)});
     CHECK(out.count == 1);

@@ -21,6 +21,15 @@ def fail(msg):
     sys.exit(1)
 
 
+SKIP_EXIT = 77  # ctest's SKIP_RETURN_CODE for the integration tests (test/CMakeLists.txt)
+
+
+def skip(why):
+    """Ends a test that cannot run here, saying why (ctest shows it as skipped)."""
+    print(f"SKIP: {why}", flush=True)
+    sys.exit(SKIP_EXIT)
+
+
 def check(cond, msg):
     if not cond:
         fail(msg)
@@ -100,6 +109,11 @@ class Evbd:
             lines = self.log_text().splitlines()
             print(f"evbd exited {rc}; last lines of its log:", *lines[-80:], sep="\n", flush=True)
         return rc
+
+
+def metric_sum(metrics, name):
+    """Sum of every series of one metric family (all label values) in a metrics() dict."""
+    return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
 
 
 def run_source(args, check_rc=True):

@@ -2,7 +2,10 @@
 evb_output_blocked, keeps every file valid (cut back to its last whole record),
 loses no accepted event, and resumes writing, without restart, once space is back.
 Push mode (drops counted at the input while blocked) and pull mode (requesting
-stops while blocked: the credits do not come back)."""
+stops while blocked: the credits do not come back). Then two episodes in a row with
+small files, where the disk fills between files: evb_output_blocked reads 1 in each
+(whether the new file's header or its first record is what does not fit), and no
+closed file without events is left behind."""
 import json
 import os
 import shutil
@@ -62,6 +65,44 @@ def phase_push(wd, mnt, direct):
     check(r.returncode == 0, "push: every file verifies with the pattern\n" + r.stdout[-400:])
 
 
+def phase_twice(wd, mnt):
+    # output.max_file_bytes at its minimum: every event closes its file, so the disk
+    # fills while no file is open.
+    d = Evbd(wd, sets=["sources=4", "building.timeout_ms=2000", f"output.directory={mnt}/twice",
+                       "output.max_file_bytes=4096"])
+    sent = 0
+
+    def send(n):
+        nonlocal sent
+        run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", n, "--first", sent,
+                    "--size", "1000:3000", "--rate", 200])
+        sent += n
+
+    send(20)
+    d.wait_metric("evb_events_written_total", lambda v: v >= 20, timeout=20)
+    # Episode 1: one page left, so the next file's header fits but its first record
+    # does not; the file cut back to its header must not stay as a closed run file.
+    # Episode 2: nothing left, so the next file cannot even be opened.
+    for episode, leave_kb in ((1, 4), (2, 0)):
+        fill(mnt, leave_kb)
+        send(20)
+        d.wait_metric("evb_output_blocked", lambda v: v == 1, timeout=20)
+        check(True, f"twice: disk-full episode {episode} ({leave_kb} KiB left): evb_output_blocked = 1")
+        os.remove(os.path.join(mnt, "ballast"))
+        d.wait_metric("evb_output_blocked", lambda v: v == 0, timeout=20)
+        d.wait_metric("evb_events_written_total", lambda v: v >= sent, timeout=20)
+        check(True, f"twice: episode {episode} over: output resumed, all {sent} events written")
+    check(d.stop() == 0, "twice: evbd exits 0")
+    evs, doc = events_in(f"{mnt}/twice")
+    check(sorted(e["event_id"] for e in evs) == list(range(sent)), f"twice: all {sent} events written, each once")
+    empty = [(f["path"], f["size_bytes"]) for f in doc["files"] if f["event_count"] == 0]
+    check(not empty, f"twice: no file without events is left behind: {empty}")
+    names = sorted(n for n in os.listdir(f"{mnt}/twice"))
+    check(all(n.endswith(".evb") for n in names), f"twice: every file is closed: {names}")
+    seqs = [int(n.split("_")[2].split(".")[0]) for n in names]
+    check(seqs == list(range(len(seqs))), f"twice: file sequence numbers have no gap: {seqs}")
+
+
 def phase_pull(wd, mnt):
     sport = free_udp_port()
     stats = os.path.join(wd, "serve.json")
@@ -109,6 +150,9 @@ def main():
             os.makedirs(sub)
             phase_push(sub, mnt, direct)
             shutil.rmtree(os.path.join(mnt, "data"))  # make room: the pull phase needs ~7 MB
+        os.makedirs(os.path.join(wd, "twice"))
+        phase_twice(os.path.join(wd, "twice"), mnt)
+        shutil.rmtree(os.path.join(mnt, "twice"))
         os.makedirs(os.path.join(wd, "pull"))
         phase_pull(os.path.join(wd, "pull"), mnt)
     finally:

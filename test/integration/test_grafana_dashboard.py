@@ -3,7 +3,10 @@ load, with a Prometheus data-source variable, and every metric its queries use i
 one evbd exports: present in a live scrape of a push-mode and of a pull-mode evbd
 (jemalloc's only where the build has jemalloc). With promtool installed, every
 query is also parsed as PromQL. The alerting rules in docs/OPERATIONS.md get the
-same two checks: promtool accepts them and their metrics are exported."""
+same two checks: promtool accepts them and their metrics are exported. Late
+fragments get advice by how their event was written: every query and rule on
+evb_late_fragments_total selects event="incomplete" (a short timeout) or
+event!="incomplete" (copies: not the timeout), never both at once."""
 import json
 import os
 import re
@@ -130,6 +133,20 @@ def check_alert_rules(text):
     check(r.returncode == 0, f"promtool accepts the alerting rules of docs/OPERATIONS.md\n{r.stdout}{r.stderr}")
 
 
+def check_late_advice(dash, rules):
+    """Late fragments of INCOMPLETE events and late copies of complete ones each have
+    their own series and alert: only the first is helped by a longer timeout."""
+    exprs = [(w, e) for w, e in queries(dash) if "evb_late_fragments_total" in e]
+    exprs += [(f"alert rule {i}", e.strip()) for i, e in
+              enumerate(re.findall(r"expr: (.*evb_late_fragments_total.*)", rules))]
+    split = {w: ('event="incomplete"' in e, 'event!="incomplete"' in e) for w, e in exprs}
+    check(exprs and all(a != b for a, b in split.values()),
+          f"every query and rule on evb_late_fragments_total selects event=\"incomplete\" or event!=\"incomplete\" {split}")
+    for where, is_rule in (("dashboard", False), ("alert rules", True)):
+        kinds = {v for w, v in split.items() if w.startswith("alert rule") == is_rule}
+        check(kinds == {(True, False), (False, True)}, f"the {where} have a late series for each kind ({kinds})")
+
+
 def families(url):
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     return set(re.findall(r"^# TYPE (\S+) ", text, re.M))
@@ -189,6 +206,7 @@ def main():
     print("ok: every metric the dashboard queries is one evbd exports")
     rules = alert_rules()
     check_alert_rules(rules)
+    check_late_advice(dash, rules)
     with open(OPERATIONS) as f:
         doc_names = {family(n) for n in re.findall(r"\b(evb_[a-z0-9_]+)\b", f.read())}
     unknown = sorted(n for n in doc_names if n not in live and n not in JEMALLOC)

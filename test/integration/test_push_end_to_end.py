@@ -8,7 +8,7 @@ import socket
 import struct
 import threading
 
-from evbtest import Evbd, check, events_in, fail, run_source, verify, workdir
+from evbtest import Evbd, check, events_in, fail, metric_sum, run_source, verify, workdir
 
 SOURCES = 48
 EVENTS = 3000
@@ -83,9 +83,11 @@ def main():
             check(got == sent[reason], f"malformed {reason}: counted {got}, sent {sent[reason]}")
         # A copy that arrives after its event was written is counted as late, not as
         # a duplicate: the builder no longer holds that event.
-        dup, late = m["evb_duplicate_chunks_total"], m["evb_late_fragments_total"]
+        dup, late = m["evb_duplicate_chunks_total"], metric_sum(m, "evb_late_fragments_total")
         check(dup + late == src["duplicated"] and late <= dup,
               f"duplicate chunks counted {dup} + late {late} == duplicates sent {src['duplicated']}")
+        check(late == m['evb_late_fragments_total{event="complete"}'],
+              f"every late chunk is a copy of an event written complete ({late})")
         check(src["duplicated"] > 0, "the emulator did send duplicates")
         evs, doc = events_in(d.out)
         ids = [e["event_id"] for e in evs]

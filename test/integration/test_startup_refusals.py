@@ -3,9 +3,11 @@ machine) make evbd exit 1 at once with an error naming the key, instead of
 starting half-way or being ended by the kernel: receive buffers larger than the
 memory available (made resident at start, they would bring the OOM killer), event
 pools (per-source state of every event in flight) larger than it, an
-output directory that cannot be created, a user that does not exist."""
+output directory that cannot be created, that is a regular file or that is not
+writable, a metrics port already in use, a user that does not exist."""
 import os
 import shutil
+import socket
 import subprocess
 import time
 
@@ -22,13 +24,19 @@ def mem_available():
     raise RuntimeError("no MemAvailable in /proc/meminfo")
 
 
-def start(wd, *sets):
+def start(wd, *sets, timeout=60):
     cmd = [os.path.join(BIN, "evbd"), "--set", f"input.listen=127.0.0.1:{free_udp_port()}",
            "--set", "monitor.listen=127.0.0.1:0", "--set", f"output.directory={os.path.join(wd, 'data')}"]
     for s in sets:
         cmd += ["--set", s]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
-    return p.returncode, p.stdout
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # it started instead of refusing
+        p.terminate()
+        out, _ = p.communicate(timeout=60)
+        return "still running after %d s" % timeout, out
+    return p.returncode, out
 
 
 def main():
@@ -64,6 +72,48 @@ def main():
         rc, out = start(wd, f"output.directory={cmd_dir}")
         check(rc == 1, f"evbd exits 1 when output.directory cannot be created (got {rc})")
         check("output.directory" in out and cmd_dir in out, "the error names output.directory and the path:\n" + out[-500:])
+
+        # An output directory that is a regular file: refused at start, not when the
+        # first file opens.
+        rc, out = start(wd, f"output.directory={blocker}", timeout=10)
+        check(rc == 1, f"evbd exits 1 when output.directory is a regular file (got {rc})")
+        check("output.directory" in out and blocker in out and "not a directory" in out,
+              "the error names output.directory, the path and why:\n" + out[-500:])
+
+        # An output directory that is not writable: a read-only mount (root writes
+        # through permission bits), or mode 0555 for anyone else.
+        ro = os.path.join(wd, "read-only")
+        os.makedirs(ro)
+        mounted = False
+        if os.geteuid() == 0:
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", ro], capture_output=True, text=True)
+            mounted = r.returncode == 0
+            if not mounted:
+                print(f"note: cannot mount a read-only tmpfs ({r.stderr.strip()}); not-writable case not run")
+        else:
+            os.chmod(ro, 0o555)
+        try:
+            if mounted or os.geteuid() != 0:
+                rc, out = start(wd, f"output.directory={ro}", timeout=10)
+                check(rc == 1, f"evbd exits 1 when output.directory is not writable (got {rc})")
+                check("output.directory" in out and ro in out and "not writable" in out,
+                      "the error names output.directory, the path and why:\n" + out[-500:])
+        finally:
+            if mounted:
+                subprocess.run(["umount", "-l", ro])
+
+        # A metrics port already taken: the error names monitor.listen and says so.
+        taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        try:
+            rc, out = start(wd, f"monitor.listen=127.0.0.1:{port}", timeout=10)
+        finally:
+            taken.close()
+        check(rc == 1, f"evbd exits 1 when the monitor port is in use (got {rc})")
+        check(f"monitor.listen: 127.0.0.1:{port} is already in use" in out,
+              "the error names monitor.listen and says the port is in use:\n" + out[-500:])
 
         # A user that does not exist.
         rc, out = start(wd, "user=evb-no-such-user-here")
