@@ -19,6 +19,7 @@ packages=(
   dpkg-dev adduser systemd
   tcpdump tcpreplay iproute2
   chromium fonts-dejavu-core  # test_status_page renders the status page headless
+  python3-numpy python3-crc32c  # evbfile, the Python reader (packaging/python): numpy, and a CRC-32C in C
 )
 
 install_missing() {
