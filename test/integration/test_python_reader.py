@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def ensure_numpy():
     """evbfile needs numpy, which comes from Debian (python3-numpy). An interpreter
     from elsewhere (pyenv, a venv without system packages) may lack it: run this test
-    under the system interpreter then."""
+    under the system interpreter then (the test being run: argv[0])."""
     try:
         import numpy  # noqa: F401
         return
@@ -30,7 +30,7 @@ def ensure_numpy():
         if os.path.realpath(cand) != os.path.realpath(sys.executable) and os.access(cand, os.X_OK):
             if subprocess.run([cand, "-c", "import numpy"], capture_output=True).returncode == 0:
                 print(f"note: numpy missing in {sys.executable}; running under {cand}", flush=True)
-                os.execv(cand, [cand, os.path.abspath(__file__), *sys.argv[1:]])
+                os.execv(cand, [cand, os.path.abspath(sys.argv[0]), *sys.argv[1:]])
     print("FAIL: numpy is not installed (apt-get install python3-numpy)", flush=True)
     sys.exit(1)
 
