@@ -201,6 +201,7 @@ class EvbFile:
         self.verify_crc = verify_crc
         self.problems = []
         self.header_ok = False
+        self.version = None
         self.has_footer = False
         self.index_offset = None  # where the index starts, when the footer is valid
         self.good_bytes = 0  # end of the last good record, once a walk has finished
@@ -410,6 +411,7 @@ class EvbFile:
 
     def __iter__(self):
         if not self.header_ok:
+            self._record_count = 0
             return
         pos, end = HEADER_BYTES, self._records_end
         seen = [] if self.has_footer else None  # (event_id, offset), to hold against the index
