@@ -41,7 +41,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "packaging", "python"))  # CI 
 import numpy as np  # noqa: E402
 
 import evbfile  # noqa: E402
-from evbtest import BIN, Evbd, check, dump, fail, frag, read_records, run_source, workdir  # noqa: E402
+from evbtest import (BIN, Evbd, check, dump, fail, frag, read_records, run_source,  # noqa: E402
+                     sanitized_build, workdir)
 
 RECORD_BITS = {"INCOMPLETE": 1, "DUPLICATES": 2, "SOURCE_ERROR": 4, "CORRUPT_DROPPED": 8}
 SECTION_BITS = {"MISSING": 1, "EMPTY": 2, "SOURCE_ERROR": 4}
@@ -237,8 +238,9 @@ def check_speed(wd):
     os.makedirs(wd)
     d = Evbd(wd, sets=["sources=8", "output.max_file_bytes=104857600"])
     events = 3000  # 8 sources x 4..12 KB: about 190 MB
+    # Paced (about 320 MB/s) so that a busy machine loses no whole event.
     run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 8, "--events", events, "--size", "4000:12000",
-                "--payload", "fixed"])
+                "--payload", "fixed", "--rate", 5000])
     d.wait_metric("evb_events_written_total", lambda v: v >= events, timeout=60)
     check(d.stop() == 0, "evbd wrote the speed test's files")
     size = sum(os.path.getsize(os.path.join(d.out, n)) for n in os.listdir(d.out))
@@ -271,7 +273,10 @@ def main():
         out_dir, files = check_files(os.path.join(wd, "run"))
         check_damage(wd, files)
         check_random_access(out_dir, files)
-        check_speed(os.path.join(wd, "speed"))
+        if sanitized_build():  # neither fast enough to feed nor meaningful to time
+            print("note: sanitizer build, read speed not measured", flush=True)
+        else:
+            check_speed(os.path.join(wd, "speed"))
     finally:
         shutil.rmtree(wd, ignore_errors=True)
     print("1 passed, 0 failed")
