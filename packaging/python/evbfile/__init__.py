@@ -1,0 +1,19 @@
+"""evbfile: read the files evbd writes, for analysis.
+
+    import evbfile
+    for rec in evbfile.open("evb-data/"):          # a file, a .part, or a directory
+        for s in rec.sections:                      # s.payload: numpy view, no copy
+            print(rec.event_id, rec.status, s.source_id, s.status, s.payload[:8])
+    f = evbfile.open("evb-data/run000001_000_00000.evb"); rec = f.event(42)
+
+See docs/PYTHON.md in the evbd repository.
+"""
+from ._crc import BACKEND as CRC_BACKEND
+from ._crc import crc32c
+from ._codecs import CodecError
+from .reader import (CODECS, MATCH_MODES, EvbDirectory, EvbFile, FormatError, Item, Problem, Record,
+                     RecordStatus, Section, SectionStatus, open)
+
+__all__ = ["open", "EvbFile", "EvbDirectory", "Record", "Section", "Item", "Problem", "FormatError",
+           "CodecError", "RecordStatus", "SectionStatus", "MATCH_MODES", "CODECS", "crc32c", "CRC_BACKEND"]
+__version__ = "0.1.0"

@@ -1,0 +1,545 @@
+"""Reading evbd files: the layouts of /work/shared/spec/formats.md sections 2 (v1) and
+6 (v2), restated in docs/FORMATS.md.
+
+A file is mapped read-only once; every payload handed out is a numpy uint8 view into
+that mapping (or, for a compressed v2 record, into the record's decompressed sections
+area), never a copy. The walk over the records applies the checks of evbd's own
+`file::scan()`: marker, length, record CRC, reserved fields, sections in ascending
+source_id that fit the record exactly, zero padding, MISSING sections empty.
+"""
+import builtins
+import mmap
+import os
+import struct
+from enum import IntFlag
+
+import numpy as np
+
+from . import _codecs
+from ._crc import crc32c
+
+HEADER_BYTES = 64
+FILE_MAGIC = b"EVBFILE1"
+FOOTER_MAGIC = b"EVBEND01"
+RECORD_MARKER = 0x52425645  # "EVBR"
+INDEX_MARKER = 0x58445645  # "EVDX"
+INDEX_HEADER_BYTES = 16
+INDEX_ENTRY_BYTES = 16
+FOOTER_BYTES = 32
+SECTION_HEADER_BYTES = 16
+ITEM_HEADER_BYTES = 24
+
+
+class RecordStatus(IntFlag):
+    INCOMPLETE = 1
+    DUPLICATES = 2
+    SOURCE_ERROR = 4
+    CORRUPT_DROPPED = 8
+    COMPRESSED = 16  # v2 only: the sections area is stored compressed
+
+
+class SectionStatus(IntFlag):
+    MISSING = 1
+    EMPTY = 2
+    SOURCE_ERROR = 4
+    UNCONFIRMED = 8  # v2 time_slice mode only
+
+
+MATCH_MODES = {0: "event_id", 1: "timestamp", 2: "time_slice"}
+CODECS = {0: "none", 1: "lz4", 2: "zstd"}
+
+_HEADER = struct.Struct("<8sIIIIIIQ20sI")
+_HEADER_V2_TAIL = struct.Struct("<HHIQI")  # bytes 40..59 of a v2 header
+# v1 record header, 56 bytes: marker, length, event_id, run, status, section_count,
+# reserved, first_fragment_unix_ns, built_unix_ns, reserved, record_crc32c.
+_RECORD_V1 = struct.Struct("<IIQIIIIQQII")
+# v2 record header, 64 bytes: as v1 with content_length at 28, content_crc32c at 48
+# and the timestamp at 56.
+_RECORD_V2 = struct.Struct("<IIQIIIIQQIIQ")
+_SECTION = struct.Struct("<IIII")
+_ITEM = struct.Struct("<QQII")
+_FOOTER = struct.Struct("<8sQQII")
+_INDEX_HEAD = struct.Struct("<IIQ")
+_INDEX_DTYPE = np.dtype([("event_id", "<u8"), ("offset", "<u8")])
+_ZERO8 = bytes(8)
+_MISSING = int(SectionStatus.MISSING)
+_COMPRESSED = int(RecordStatus.COMPRESSED)
+
+
+def _padded8(n):
+    return (n + 7) & ~7
+
+
+class FormatError(Exception):
+    """A file breaks the format: `path`, `offset` (a byte offset in the file) and
+    `message`; str() reads PATH:OFFSET: message, as evb-dump prints problems."""
+
+    def __init__(self, path, offset, message):
+        super().__init__(f"{path}:{offset}: {message}")
+        self.path = path
+        self.offset = offset
+        self.message = message
+
+
+class Problem:
+    """Something wrong with a file that did not stop the reader (a missing footer, a
+    `.part` cut mid-record): offset and message, as in evb-dump --verify."""
+
+    __slots__ = ("offset", "message")
+
+    def __init__(self, offset, message):
+        self.offset = offset
+        self.message = message
+
+    def __repr__(self):
+        return f"Problem({self.offset}, {self.message!r})"
+
+
+class Item:
+    """One fragment of a section in the timestamp and time_slice modes (v2)."""
+
+    __slots__ = ("timestamp", "sequence", "flags", "payload")
+
+    def __init__(self, timestamp, sequence, flags, payload):
+        self.timestamp = timestamp
+        self.sequence = sequence
+        self.flags = flags
+        self.payload = payload
+
+    def __repr__(self):
+        return f"Item(timestamp={self.timestamp}, sequence={self.sequence}, flags={self.flags}, {len(self.payload)} bytes)"
+
+
+class Section:
+    """One source's share of a record. `payload` is a numpy uint8 view of the section's
+    bytes (without padding); in the timestamp and time_slice modes these bytes are
+    items, which `items` splits."""
+
+    __slots__ = ("source_id", "status", "length", "item_count", "_buf", "_at", "_mode")
+
+    def __init__(self, source_id, status, length, item_count, buf, at, mode):
+        self.source_id = source_id
+        self.status = status
+        self.length = length
+        self.item_count = item_count
+        self._buf = buf  # numpy uint8 array the payload lives in
+        self._at = at  # payload's first byte in _buf
+        self._mode = mode
+
+    @property
+    def payload(self):
+        return self._buf[self._at:self._at + self.length]
+
+    @property
+    def items(self):
+        """The fragments of a timestamp or time_slice section, in (timestamp, sequence)
+        order; in event_id mode the payload is the one fragment, and this is []."""
+        if self._mode == 0:
+            return []
+        out, pos, end = [], self._at, self._at + self.length
+        buf = self._buf
+        for _ in range(self.item_count):
+            ts, seq, length, flags = _ITEM.unpack_from(buf, pos)
+            pos += ITEM_HEADER_BYTES
+            out.append(Item(ts, seq, flags, buf[pos:pos + length]))
+            pos += _padded8(length)
+        if pos != end:
+            raise ValueError(f"source {self.source_id}: items fill {pos - self._at} of {self.length} bytes")
+        return out
+
+    def __repr__(self):
+        return (f"Section(source_id={self.source_id}, status={SectionStatus(self.status)!r}, "
+                f"length={self.length})")
+
+
+class Record:
+    """One event record (or time slice). Fields as in the record header; `offset` is
+    where it starts in its file, `length` its record_length on disk."""
+
+    __slots__ = ("file", "offset", "length", "event_id", "run_number", "status", "first_fragment_unix_ns",
+                 "built_unix_ns", "timestamp", "sections")
+
+    def __init__(self, file, offset, length, event_id, run_number, status, first_ns, built_ns, timestamp,
+                 sections):
+        self.file = file
+        self.offset = offset
+        self.length = length
+        self.event_id = event_id
+        self.run_number = run_number
+        self.status = status
+        self.first_fragment_unix_ns = first_ns
+        self.built_unix_ns = built_ns
+        self.timestamp = timestamp  # v2; 0 in v1 files, which carry none
+        self.sections = sections
+
+    @property
+    def flags(self):
+        return RecordStatus(self.status)
+
+    @property
+    def incomplete(self):
+        return bool(self.status & RecordStatus.INCOMPLETE)
+
+    def __repr__(self):
+        return (f"Record(event_id={self.event_id}, status={self.flags!r}, {len(self.sections)} sections, "
+                f"offset={self.offset})")
+
+
+class EvbFile:
+    """One .evb or .evb.part file, mapped read-only. Iterating yields its records in
+    file order.
+
+    A file whose footer is valid must hold only good records up to its index: a bad
+    one raises FormatError. A file without a valid footer (a .part still being
+    written, or left by a crash) is read up to its last good record, as the spec
+    tells a reader to; what stopped the walk is kept in `problems`. strict=True
+    raises there too. verify_crc=False skips the CRC checks (not the others)."""
+
+    def __init__(self, path, strict=False, verify_crc=True):
+        self.path = os.fspath(path)
+        self.strict = strict
+        self.verify_crc = verify_crc
+        self.problems = []
+        self.header_ok = False
+        self.version = None
+        self.has_footer = False
+        self.index_offset = None  # where the index starts, when the footer is valid
+        self.good_bytes = 0  # end of the last good record, once a walk has finished
+        self._index = None
+        self._ids = None  # event_id -> offset, built on the first look-up
+        self._record_count = None
+        with builtins.open(self.path, "rb") as f:
+            self.size = os.fstat(f.fileno()).st_size
+            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
+        self._buf = np.frombuffer(self._mm, dtype=np.uint8) if self._mm is not None else np.empty(0, np.uint8)
+        self._mv = memoryview(self._buf)  # slicing an mmap copies; slicing this does not
+        self._read_header()
+        self._records_end = self.size
+        if self.header_ok:
+            self._read_footer()
+
+    # ---- header and footer ----
+
+    def _read_header(self):
+        mm = self._mm
+        if self.size < HEADER_BYTES or not any(mm[:HEADER_BYTES]):
+            # A .part cut before its header reached the disk holds no record
+            # (evb-dump --recover removes such a file).
+            if self.path.endswith(".part"):
+                self.problems.append(Problem(0, "no header on disk: the file holds no records"))
+                return
+            raise FormatError(self.path, 0, f"file is {self.size} bytes, without a header")
+        magic, version, header_size, run, seq, builder, sources, created, tail, crc = _HEADER.unpack_from(mm, 0)
+        if magic != FILE_MAGIC:
+            raise FormatError(self.path, 0, "bad file magic (expected EVBFILE1)")
+        if version not in (1, 2) or header_size != HEADER_BYTES:
+            raise FormatError(self.path, 8, f"unsupported version {version} or header_size {header_size}")
+        if self.verify_crc and crc32c(self._mv[:60]) != crc:
+            raise FormatError(self.path, 60, "file header CRC mismatch")
+        self.version = version
+        self.run_number = run
+        self.file_sequence = seq
+        self.builder_id = builder
+        self.expected_sources = sources
+        self.created_unix_ns = created
+        self.match_mode, self.codec, self.window_ticks = 0, 0, 0
+        if version == 2:
+            self.match_mode, self.codec, res1, self.window_ticks, res2 = _HEADER_V2_TAIL.unpack(tail)
+            if self.match_mode not in MATCH_MODES or self.codec not in CODECS:
+                raise FormatError(self.path, 40, f"unknown match_mode {self.match_mode} or codec {self.codec}")
+            if res1 or res2:
+                self.problems.append(Problem(40, "file header reserved fields are not 0"))
+        elif any(tail):
+            self.problems.append(Problem(40, "file header reserved bytes 40..59 are not 0"))
+        self.header_ok = True
+        self._record_header_bytes = 56 if version == 1 else 64
+
+    def _read_footer(self):
+        size, mm = self.size, self._mm
+        if size < HEADER_BYTES + INDEX_HEADER_BYTES + FOOTER_BYTES or mm[size - FOOTER_BYTES:size - 24] != FOOTER_MAGIC:
+            self.problems.append(Problem(size, "no footer: the file was not closed cleanly"))
+            return
+        f = size - FOOTER_BYTES
+        _, off, count, reserved, crc = _FOOTER.unpack_from(mm, f)
+        fits = (HEADER_BYTES <= off <= size - FOOTER_BYTES - INDEX_HEADER_BYTES
+                and off + INDEX_HEADER_BYTES + count * INDEX_ENTRY_BYTES + FOOTER_BYTES == size)
+        if not fits:
+            self._footer_problem(f, "footer index_offset/event_count do not fit the file")
+            return
+        if self.verify_crc and crc32c(self._mv[off:size - 4]) != crc:
+            self._footer_problem(size - 4, "footer CRC mismatch")
+            return
+        marker, index_reserved, index_count = _INDEX_HEAD.unpack_from(mm, off)
+        if marker != INDEX_MARKER or index_count != count or reserved != 0:
+            self._footer_problem(off, "index marker or count disagrees with the footer")
+            return
+        if index_reserved != 0:
+            self.problems.append(Problem(off + 4, "index reserved field is not 0"))
+        self.has_footer = True
+        self.index_offset = off
+        self._records_end = off
+        self._record_count = count
+        self._index = np.frombuffer(self._mm, dtype=_INDEX_DTYPE, count=count, offset=off + INDEX_HEADER_BYTES)
+
+    def _footer_problem(self, offset, message):
+        if self.strict:
+            raise FormatError(self.path, offset, message)
+        self.problems.append(Problem(offset, message))
+
+    # ---- records ----
+
+    def _bad(self, offset, message):
+        """A record that fails a check: the end of the good records, or an error."""
+        if self.has_footer or self.strict:
+            raise FormatError(self.path, offset, message)
+        if not any(p.offset == offset and p.message == message for p in self.problems):  # walked before
+            self.problems.append(Problem(offset, message))
+
+    def _parse(self, pos, end):
+        """The record at `pos` (records end at `end`), checked; or None after _bad()."""
+        mm, mv = self._mm, self._mv
+        left = end - pos
+        hb = self._record_header_bytes
+        if left < hb:
+            self._bad(pos, f"{left} trailing bytes, too few for a record header")
+            return None
+        if self.version == 1:
+            (marker, length, event_id, run, status, nsec, reserved, first_ns, built_ns, reserved2,
+             crc) = _RECORD_V1.unpack_from(mm, pos)
+            timestamp = 0
+        else:
+            (marker, length, event_id, run, status, nsec, content_length, first_ns, built_ns, content_crc,
+             crc, timestamp) = _RECORD_V2.unpack_from(mm, pos)
+            reserved = reserved2 = 0
+        if marker != RECORD_MARKER:
+            self._bad(pos, "bad record marker")
+            return None
+        if length < hb or length % 8 or length > left:
+            self._bad(pos, f"bad record_length {length} ({left} bytes left)")
+            return None
+        if self.verify_crc and crc32c(mv[pos + 56:pos + length], crc32c(mv[pos:pos + 52])) != crc:
+            self._bad(pos, f"record CRC mismatch (event {event_id})")
+            return None
+        if reserved or reserved2:
+            self._bad(pos, "record reserved field is not 0")
+            return None
+        if self.version == 1:
+            raw, buf, at, area_end = mm, self._buf, pos + hb, pos + length
+        else:
+            got = self._content_v2(pos, length, status, content_length, content_crc, event_id)
+            if got is None:
+                return None
+            raw, buf, at, area_end = got
+        sections = self._sections(raw, buf, at, area_end, nsec, pos, event_id)
+        if sections is None:
+            return None
+        return Record(self, pos, length, event_id, run, status, first_ns, built_ns, timestamp, sections)
+
+    def _content_v2(self, pos, length, status, content_length, content_crc, event_id):
+        """(raw, numpy buffer, start, end) of a v2 record's sections area, decompressed if
+        need be."""
+        start = pos + 64
+        if status & _COMPRESSED:
+            if length < 72:
+                self._bad(pos, f"compressed record of {length} bytes has no stored_length")
+                return None
+            stored, zero = struct.unpack_from("<II", self._mm, start)
+            if zero or _padded8(8 + stored) != length - 64:
+                self._bad(pos, f"stored_length {stored} does not fill the record of {length} bytes")
+                return None
+            data = self._mv[start + 8:start + 8 + stored]
+            try:
+                area = _codecs.decompress(self.codec, data, content_length)
+            except _codecs.CodecError as e:
+                self._bad(pos, f"event {event_id}: {e}")
+                return None
+            if e_tail := self._mm[start + 8 + stored:pos + length].strip(b"\0"):
+                self._bad(pos, f"event {event_id}: {len(e_tail)} non-zero padding bytes after the stored data")
+                return None
+            raw, buf = area, np.frombuffer(area, dtype=np.uint8)
+            at, end = 0, content_length
+        else:
+            if content_length != length - 64:
+                self._bad(pos, f"content_length {content_length} does not fill the record of {length} bytes")
+                return None
+            raw, buf, at, end = self._mm, self._buf, start, pos + length
+        if self.verify_crc and crc32c(memoryview(raw)[at:end]) != content_crc:
+            self._bad(pos, f"content CRC mismatch (event {event_id})")
+            return None
+        return raw, buf, at, end
+
+    def _sections(self, raw, buf, at, end, count, pos, event_id):
+        """The sections of the area [at, end) of `raw` (the mapping, or a decompressed
+        area), checked; their payloads become views of `buf`, the same bytes as numpy.
+        The hot loop of a walk: plain ints, no IntFlag, bytes compares for padding."""
+        mode = self.match_mode
+        v1 = self.version == 1
+        unpack = _SECTION.unpack_from
+        out = []
+        prev = -1
+        for i in range(count):
+            if end - at < SECTION_HEADER_BYTES:
+                self._bad(pos, f"event {event_id}: section {i} header runs past the record end")
+                return None
+            sid, sstatus, slen, fourth = unpack(raw, at)
+            if v1 and fourth:
+                self._bad(pos, f"event {event_id}: section {i} reserved field is not 0")
+                return None
+            if sid <= prev:
+                self._bad(pos, f"event {event_id}: section {i} source_id {sid} not ascending")
+                return None
+            prev = sid
+            at += SECTION_HEADER_BYTES
+            padded = (slen + 7) & ~7
+            if padded > end - at:
+                self._bad(pos, f"event {event_id}: section {i} length {slen} runs past the record end")
+                return None
+            if sstatus & _MISSING and slen:
+                self._bad(pos, f"event {event_id}: section {i} is MISSING with length {slen}")
+                return None
+            if padded != slen and raw[at + slen:at + padded] != _ZERO8[:padded - slen]:
+                self._bad(pos, f"event {event_id}: section {i} padding is not zero")
+                return None
+            if v1:
+                fourth = 0 if sstatus & _MISSING else 1
+            out.append(Section(sid, sstatus, slen, fourth, buf, at, mode))
+            at += padded
+        if at != end:
+            self._bad(pos, f"event {event_id}: {end - at} bytes after the last section")
+            return None
+        return out
+
+    def __iter__(self):
+        if not self.header_ok:
+            self._record_count = 0
+            return
+        pos, end = HEADER_BYTES, self._records_end
+        seen = [] if self.has_footer else None  # (event_id, offset), to hold against the index
+        count = 0
+        while pos < end:
+            rec = self._parse(pos, end)
+            if rec is None:
+                break
+            if seen is not None:
+                seen.append((rec.event_id, pos))
+            count += 1
+            yield rec
+            pos += rec.length
+        self.good_bytes = pos
+        if self._record_count is None:
+            self._record_count = count
+        if seen is not None and pos == end:
+            if len(seen) != len(self._index) or not np.array_equal(self._index, np.array(seen, dtype=_INDEX_DTYPE)):
+                raise FormatError(self.path, end, "index does not match the records")
+
+    # ---- random access ----
+
+    @property
+    def index(self):
+        """The index as a numpy structured array (fields event_id, offset), a view
+        into the file; None without a valid footer."""
+        return self._index
+
+    def _offsets(self):
+        if self._ids is None:
+            if self._index is not None:
+                self._ids = dict(zip(self._index["event_id"].tolist(), self._index["offset"].tolist()))
+            else:  # no index on disk: one walk finds every good record
+                self._ids = {r.event_id: r.offset for r in self}
+        return self._ids
+
+    def event(self, event_id):
+        """The record of `event_id` (checked as in a walk); KeyError if absent."""
+        pos = self._offsets()[event_id]
+        rec = self._parse(pos, self._records_end if self.has_footer else self.good_bytes)
+        if rec is None or rec.event_id != event_id:
+            raise FormatError(self.path, pos, f"the index points event {event_id} at a bad record")
+        return rec
+
+    def __contains__(self, event_id):
+        return event_id in self._offsets()
+
+    def event_ids(self):
+        return list(self._offsets())
+
+    def __len__(self):
+        if self._record_count is None:
+            for _ in self:
+                pass
+        return self._record_count
+
+    # ---- lifetime ----
+
+    def close(self):
+        """Drops this object's hold on the mapping. Payload views handed out keep it
+        alive until they are gone too."""
+        self._buf = self._mv = None
+        self._index = None
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # views still exported: the mapping goes with the last of them
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "clean" if self.has_footer else "no footer"
+        return f"EvbFile({self.path!r}, v{getattr(self, 'version', '?')}, {state})"
+
+
+def is_evb_name(name):
+    return name.endswith(".evb") or name.endswith(".evb.part")
+
+
+class EvbDirectory:
+    """The .evb and .evb.part files of a directory, in name order (which is file
+    sequence order for one run and builder), read as one stream of records."""
+
+    def __init__(self, path, strict=False, verify_crc=True):
+        self.path = os.fspath(path)
+        names = sorted(n for n in os.listdir(self.path)
+                       if is_evb_name(n) and os.path.isfile(os.path.join(self.path, n)))
+        self.files = [EvbFile(os.path.join(self.path, n), strict, verify_crc) for n in names]
+
+    def __iter__(self):
+        for f in self.files:
+            yield from f
+
+    @property
+    def problems(self):
+        return [(f.path, p) for f in self.files for p in f.problems]
+
+    def event(self, event_id):
+        for f in self.files:
+            if event_id in f:
+                return f.event(event_id)
+        raise KeyError(event_id)
+
+    def __contains__(self, event_id):
+        return any(event_id in f for f in self.files)
+
+    def __len__(self):
+        return sum(len(f) for f in self.files)
+
+    def close(self):
+        for f in self.files:
+            f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open(path, strict=False, verify_crc=True):  # noqa: A001 (evbfile.open is the entry point)
+    """An EvbFile for a file, an EvbDirectory for a directory."""
+    if os.path.isdir(path):
+        return EvbDirectory(path, strict, verify_crc)
+    return EvbFile(path, strict, verify_crc)
