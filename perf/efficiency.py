@@ -60,14 +60,15 @@ def run_bare(bin_dir, size, events, rate):
             "received": got.get("datagrams", 0), "sent": src["datagrams"]}
 
 
-def run_evbd(bin_dir, size, events, rate, direct, data_dir):
+def run_evbd(bin_dir, size, events, rate, direct, data_dir, sets=()):
     port = free_port()
     shutil.rmtree(data_dir, ignore_errors=True)
     log = data_dir + ".log"
     with open(log, "w") as out:
         evbd = subprocess.Popen([os.path.join(bin_dir, "evbd"), "--set", f"input.listen=127.0.0.1:{port}",
                                  "--set", f"output.directory={data_dir}", "--set", "monitor.listen=127.0.0.1:0",
-                                 "--set", f"output.direct_io={'true' if direct else 'false'}"],
+                                 "--set", f"output.direct_io={'true' if direct else 'false'}"] +
+                                [x for kv in sets for x in ("--set", kv)],
                                 stdout=out, stderr=subprocess.STDOUT)
     # The clock starts once evbd is up (its receive buffers made resident).
     deadline = time.time() + 60
@@ -108,15 +109,19 @@ def main():
     ap.add_argument("--mb", type=float, default=400, help="MB of datagrams per run (default 400)")
     ap.add_argument("--runs", type=int, default=1, help="runs per cell and program (medians reported)")
     ap.add_argument("--json", help="also write every figure to this file")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a configuration key for evbd (repeatable), e.g. to compare a tuning with the defaults")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="datagram sizes (comma-separated)")
+    ap.add_argument("--fractions", default=",".join(map(str, FRACTIONS)), help="fractions of the full rate")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     results = []
-    for size in SIZES:
+    for size in (int(x) for x in a.sizes.split(",")):
         per_event = SOURCES * size
         events = max(1000, int(a.mb * 1e6 / per_event))
         full = run_bare(a.bin, size, events, 0)
         full_rate = full["sent_per_s"] / per_event  # events/s the sender reaches into a bare receiver
-        for frac in FRACTIONS:
+        for frac in (float(x) for x in a.fractions.split(",")):
             rate = 0 if frac == 1.0 else full_rate * frac
             cell = {"size": size, "fraction": frac, "events_per_s": round(rate if rate else full_rate),
                     "bare": [], "buffered": [], "direct": [], "threads_buffered": None, "threads_direct": None,
@@ -126,7 +131,7 @@ def main():
                 cell["bare"].append(b["cpu_s"] / b["gb"])
                 cell["bare_lost"].append(b["sent"] - b["received"])
                 for direct in (False, True):
-                    e = run_evbd(a.bin, size, events, rate, direct, os.path.join(a.dir, "data"))
+                    e = run_evbd(a.bin, size, events, rate, direct, os.path.join(a.dir, "data"), a.set)
                     key = "direct" if direct else "buffered"
                     cell[key].append(e["cpu_s"] / e["gb"])
                     cell["lost_" + key].append(e["lost_events"])
