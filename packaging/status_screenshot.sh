@@ -22,7 +22,7 @@ for _ in $(seq 100); do grep -q "building run" "$work/evbd.log" && break; sleep 
 url=$(grep -o 'http://[^ ]*/metrics' "$work/evbd.log" | head -1)
 url=${url%/metrics}
 # Two sources never send: they show as "need a look".
-"$bin/evb-source" --to 127.0.0.1:$port --sources $((sources - 2)) --events 100000000 --rate 2000 \
+"$bin/evb-source" --to 127.0.0.1:$port --sources $((sources - 2)) --events 100000000 --rate $(( 16000 / sources > 200 ? 16000 / sources : 200 )) \
   --size 200:2000 >/dev/null 2>&1 &
 src_pid=$!
 sleep "$seconds"
