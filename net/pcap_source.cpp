@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <fmt/format.h>
 #include <limits>
@@ -522,6 +523,13 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
         out.packet_number = packets_;
         return Status::datagram;
     }
+}
+
+std::uint64_t CaptureReader::file_offset() const noexcept {
+    if (impl_ == nullptr || impl_->handle == nullptr) return 0;
+    FILE* f = pcap_file(impl_->handle);
+    const long at = f != nullptr ? std::ftell(f) : -1;
+    return at > 0 ? static_cast<std::uint64_t>(at) : 0;
 }
 
 }  // namespace evb::net

@@ -84,6 +84,8 @@ public:
     std::uint64_t datagram_packets() const noexcept { return datagram_packets_; }  // packets of datagrams handed on
     std::uint64_t reassembled() const noexcept { return reassembled_; }            // datagrams rebuilt from fragments
     int link_type() const noexcept { return link_type_; }
+    // How far into the file reading has come, in bytes (progress display).
+    std::uint64_t file_offset() const noexcept;
 
     // Whether this reader decodes libpcap link type `dlt` (a pcap_datalink() value).
     static bool link_type_supported(int dlt) noexcept;

@@ -812,6 +812,41 @@ std::string json_double(double v) {
     return fmt::format("{:.6g}", v);
 }
 
+// Progress of a long send on a terminal (events, rate, time left), rewritten in
+// place twice a second; nothing when stderr is not a terminal (scripts, logs).
+class TerminalProgress {
+public:
+    explicit TerminalProgress(std::uint64_t events) : events_(events), on_(::isatty(STDERR_FILENO) == 1) {}
+
+    void show(std::uint64_t done, std::uint64_t bytes, double seconds) {
+        if (!on_ || seconds < next_s_) return;
+        next_s_ = seconds + 0.5;
+        print(done, bytes, seconds, false);
+    }
+    void finish(std::uint64_t done, std::uint64_t bytes, double seconds) {
+        if (on_ && next_s_ > 0.5) print(done, bytes, seconds, true);  // only after a line was shown
+    }
+
+private:
+    void print(std::uint64_t done, std::uint64_t bytes, double seconds, bool last) const {
+        const double rate = seconds > 0 ? static_cast<double>(done) / seconds : 0;
+        std::string left;
+        if (last) left = ", done";
+        else if (events_ > 0 && rate > 0)
+            left = fmt::format(", {:.0f} s left", static_cast<double>(events_ - std::min(done, events_)) / rate);
+        fmt::print(stderr, "\r\033[Kevb-source: {} events{}, {:.0f} events/s, {:.1f} MB/s{}{}", done,
+                   events_ > 0 ? fmt::format(" of {} ({:.0f}%)", events_, 100.0 * static_cast<double>(done) /
+                                                                         static_cast<double>(events_))
+                               : std::string(),
+                   rate, seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0.0, left, last ? "\n" : "");
+        std::fflush(stderr);
+    }
+
+    std::uint64_t events_;
+    bool on_;
+    double next_s_ = 0.5;  // the first line after half a second: short sends stay quiet
+};
+
 // ---------------------------------------------------------------------------
 // Push mode
 
@@ -864,8 +899,10 @@ int run_push(const Options& o) {
     PushStats st;
 
     const auto t0 = Clock::now();
+    TerminalProgress progress(o.events);
     pacer.start();
     while (!stream.done() && !g_stop.load(std::memory_order_relaxed)) {
+        progress.show(stream.events_done(), st.bytes_sent, seconds_since(t0));
         std::size_t generated = 0, used = 0, n = 0;
         while (generated < window && !stream.done()) {
             if (pacer.active() && stream.at_event_start() && !pacer.may_start(stream.events_done())) {
@@ -910,6 +947,7 @@ int run_push(const Options& o) {
         }
     }
     st.seconds = seconds_since(t0);
+    progress.finish(stream.events_done(), st.bytes_sent, st.seconds);
     st.events = stream.events_done();
     st.fragments = stream.fragments_done();
     if (pcap) pcap->close();

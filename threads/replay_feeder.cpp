@@ -1,5 +1,6 @@
 #include "threads/replay_feeder.hpp"
 
+#include <sys/stat.h>
 #include <time.h>
 
 #include <cstring>
@@ -12,7 +13,12 @@ namespace evb {
 
 ReplayFeeder::ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, ShardSink& sink,
                            stats::ReaderCounters& counters)
-    : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()), budget_(sink.shard_count(), 0) {}
+    : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()), budget_(sink.shard_count(), 0) {
+    for (const std::string& f : s_.files) {
+        struct stat st {};
+        if (::stat(f.c_str(), &st) == 0) total_bytes_ += static_cast<std::uint64_t>(st.st_size);
+    }
+}
 
 void ReplayFeeder::wait_for_room(std::uint32_t shard) {
     // What is batched counts against the room only once it has been matched.
@@ -67,6 +73,8 @@ void ReplayFeeder::finish(bool failed) {
 
 void ReplayFeeder::close_reader() {
     if (!reader_) return;
+    closed_bytes_ += reader_->file_offset();
+    bytes_read_.store(closed_bytes_, std::memory_order_relaxed);
     for (std::size_t i = 0; i < skipped_.size(); ++i) skipped_[i] += reader_->skipped()[i];
     packets_ += reader_->packets();
     reader_.reset();
@@ -161,6 +169,7 @@ std::size_t ReplayFeeder::do_work() {
         batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));
     }
     batches_.submit_all(sink_, last_capture_ns_);
+    if (reader_) bytes_read_.store(closed_bytes_ + reader_->file_offset(), std::memory_order_relaxed);
     if (last_capture_ns_ >= last_tick_ns_ + s_.tick_ns) {
         sink_.tick(last_capture_ns_);
         last_tick_ns_ = last_capture_ns_;

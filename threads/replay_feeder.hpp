@@ -48,6 +48,10 @@ public:
     // gave up waiting because the pool stayed full (events waiting for data only
     // later input brings): what then does not fit is refused and counted.
     std::uint64_t room_waits() const noexcept { return room_waits_.load(std::memory_order_relaxed); }
+    // Bytes of the capture files read so far, and their total size (progress display;
+    // read by the service loop at any time).
+    std::uint64_t bytes_read() const noexcept { return bytes_read_.load(std::memory_order_relaxed); }
+    std::uint64_t total_bytes() const noexcept { return total_bytes_; }
 
 private:
     bool open_next();
@@ -77,6 +81,9 @@ private:
     std::uint64_t packets_ = 0;
     std::vector<std::size_t> budget_;  // per shard: events it can still start, as last settled
     std::atomic<std::uint64_t> room_waits_{0};
+    std::uint64_t total_bytes_ = 0;      // the files' sizes, at construction
+    std::uint64_t closed_bytes_ = 0;     // sizes of the files read to their end
+    std::atomic<std::uint64_t> bytes_read_{0};
     bool warned_stall_ = false;
     bool writer_stuck_ = false;
     bool failed_ = false;

@@ -1,10 +1,12 @@
 #include "threads/service_loop.hpp"
 
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <fmt/format.h>
 #include <string>
 
@@ -512,6 +514,7 @@ void ServiceLoop::run() {
         if (stopping_.phase != StopPhase::none) advance_stop();
         if (t_.feeder != nullptr) {
             if (t_.feeder->finished()) break;  // replay time comes from the capture, not from here
+            show_replay_progress(false);
         } else {
             t_.pipeline.tick(realtime_ns());
         }
@@ -519,7 +522,38 @@ void ServiceLoop::run() {
         report_source_states();
         sample_rates();
     }
+    if (t_.feeder != nullptr) show_replay_progress(true);
     report_sources(true);  // what the last second saw
+}
+
+// A replay on a terminal shows how far it is, twice a second, on one line that it
+// rewrites: bytes of the captures read, datagrams fed, rate, time left. Not on a
+// terminal (a log, a pipe, the journal) it stays quiet.
+void ServiceLoop::show_replay_progress(bool last) {
+    if (!progress_.decided) {
+        progress_.decided = true;
+        progress_.on_terminal = ::isatty(STDERR_FILENO) == 1;
+        progress_.started_ns = monotonic_ns();
+        progress_.next_ns = progress_.started_ns + 500'000'000ull;  // after the start-up lines
+    }
+    if (!progress_.on_terminal) return;
+    const std::uint64_t now = monotonic_ns();
+    if (!last && now < progress_.next_ns) return;
+    progress_.next_ns = now + 500'000'000ull;
+    const double total = static_cast<double>(t_.feeder->total_bytes());
+    const double done = static_cast<double>(t_.feeder->bytes_read());
+    const double secs = static_cast<double>(now - progress_.started_ns) / 1e9;
+    std::uint64_t datagrams = 0;
+    if (t_.counts != nullptr)
+        for (const auto* r : t_.counts->readers) datagrams += r->datagrams.get();
+    const double rate = secs > 0 ? done / secs : 0;
+    const std::string eta = last || total <= done ? std::string("done")
+                            : rate <= 0           ? std::string("starting")
+                                                  : fmt::format("{:.0f} s left", (total - done) / rate);
+    std::fprintf(stderr, "\r\033[Kreplay: %.0f%% of %.1f MB read, %llu datagrams fed, %.1f MB/s, %s%s",
+                 total > 0 ? 100.0 * std::min(done, total) / total : 100.0, total / 1e6,
+                 static_cast<unsigned long long>(datagrams), rate / 1e6, eta.c_str(), last ? "\n" : "");
+    std::fflush(stderr);
 }
 
 }  // namespace evb

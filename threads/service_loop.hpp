@@ -110,6 +110,7 @@ private:
     void report_sources(bool now_or_never);
     void report_source_states();
     void sample_rates();
+    void show_replay_progress(bool last);
     bool inputs_apply(const AdmissionRules* rules) const noexcept;
     // From running_, for run_ (or refusing all while stopped), pins made afresh;
     // waits (bounded) until every input has them in force.
@@ -146,6 +147,10 @@ private:
     std::uint64_t next_source_check_ns_ = 0;
     std::vector<std::uint8_t> source_absent_;  // over all shards, as last logged
     std::uint64_t next_rate_sample_ns_ = 0;
+    struct {
+        bool decided = false, on_terminal = false;
+        std::uint64_t started_ns = 0, next_ns = 0;
+    } progress_;  // replay progress on a terminal
 };
 
 }  // namespace evb
