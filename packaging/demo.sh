@@ -40,7 +40,7 @@ import json, os, sys
 src = json.load(open(sys.argv[1]))
 start, end = float(sys.argv[2]), float(sys.argv[3])
 m = dict(kv.rsplit("=", 1) for kv in sys.argv[5].split())
-files = sorted(os.listdir(sys.argv[6]))
+files = sorted(f for f in os.listdir(sys.argv[6]) if f.endswith(".evb"))
 size = sum(os.path.getsize(os.path.join(sys.argv[6], f)) for f in files)
 print("evbd demo: emulator -> evbd over loopback -> files -> evb-dump --verify --pattern")
 print(f"  sent      {src['events']} events from 8 sources, {src['datagrams']} datagrams, {src['bytes']/1e6:.1f} MB in {src['seconds']:.2f} s")

@@ -19,6 +19,7 @@
 #include "allocators/handoff/spsc_ring.hpp"
 #include "allocators/handoff/wait.hpp"
 #include "core/config/snapshot.hpp"
+#include "core/io/run_summary.hpp"
 #include "core/model/event.hpp"
 
 namespace evb {
@@ -46,6 +47,34 @@ public:
         std::size_t writing = 0;
     };
     virtual Room settled_room(std::uint32_t /*shard*/) { return {}; }
+};
+
+// Writer -> service loop: each file the writer closed (or had to leave as
+// `.part`), and each run transition it finished, in order; the service loop writes
+// the run summaries from them. A file closes once per output.max_file_bytes at
+// most, far from every event: one push per file, never per record. The ring is
+// large; if it ever is full, the entry is dropped and counted, and the summary
+// says its file list is not complete.
+struct FileClosed {
+    std::uint32_t run_number = 0;
+    std::uint32_t file_sequence = 0;
+    std::uint64_t events = 0;
+    file::StatusCounts status;
+    bool clean = false;                   // closed with index and footer (else left .part)
+    std::uint64_t transition_done = 0;    // not 0: no file; run transitions up to this generation are done
+};
+class ClosedFiles {
+public:
+    explicit ClosedFiles(std::size_t capacity = 4096) : ring_(capacity) {}
+    void push(const FileClosed& f) noexcept {
+        if (!ring_.try_push(f)) dropped_.fetch_add(1, std::memory_order_relaxed);  // one writer, any reader
+    }
+    std::size_t pop(FileClosed* out, std::size_t max) noexcept { return ring_.try_pop_n(out, max); }
+    std::uint64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
+
+private:
+    SpscRing<FileClosed> ring_;
+    std::atomic<std::uint64_t> dropped_{0};
 };
 
 // Service loop -> an input (a socket reader or the replay feeder): admission rule

@@ -8,11 +8,13 @@
 //   evb-worker-N    Pipeline's     shard inboxes           writer rings (one per shard),
 //                   drivers                                built ids (pull)
 //   evb-writer      DiskWriter     writer rings            files; written ids (pull);
-//                                                          done rings, return rings
+//                                                          done rings, return rings;
+//                                                          closed files (run summaries)
 //   evb-request     RequestSender  written ids, built ids  REQUEST/CLEAR datagrams;
 //                                                          give-ups into the inboxes
 //   main            ServiceLoop    signals, config file,   ticks, run ends, reloads,
-//                                  control commands        control answers
+//                                  control commands,       control answers, run
+//                                  closed files            summaries
 //   evb-control     ControlServer  control.socket          commands to the service loop
 //   (exporter)      Exporter       HTTP scrapes            reads the counters only
 #include "threads/daemon.hpp"
@@ -160,6 +162,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     Doorbell writer_bell;    // assemblers -> writer: events in its rings
     Doorbell rules_applied;  // inputs -> service loop: new admission rules in force
     ControlMailbox control_mailbox;  // control socket thread <-> service loop
+    ClosedFiles closed_files;        // writer -> service loop: files closed, runs done (run summaries)
     std::unique_ptr<WrittenIds> written_ids = pull ? std::make_unique<WrittenIds>(max_credits) : nullptr;
     std::unique_ptr<BuiltIds> built_ids = pull ? std::make_unique<BuiltIds>(max_credits, cfg->builders) : nullptr;
 
@@ -173,7 +176,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     const NoTbbWorkers no_tbb_workers;
     Pipeline pipeline({cfg->worker_count(), sizing.shards, snap->matcher}, pool_ptrs, writer_bell, built_ids.get());
     DiskWriter writer(snap->writer, pipeline.writer_rings(), pipeline.done_rings(), pool_ptrs, sizing.shards,
-                      writer_counters, writer_bell, written_ids.get());
+                      writer_counters, writer_bell, written_ids.get(), &closed_files);
     std::vector<std::unique_ptr<SocketReader>> readers;
     for (std::uint32_t r = 0; r < (replay ? 0 : inputs); ++r) {
         readers.push_back(std::make_unique<SocketReader>(static_cast<std::uint16_t>(r), sockets[r].fd, *pools[r],
@@ -236,7 +239,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // The service loop posts the first admission rules to the inputs now.
     ServiceLoop service(opts, snap, sizing,
                         {pipeline, writer, sender.get(), input_rules, feeder.get(), rules_applied,
-                         cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc},
+                         cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc, &closed_files},
                         control, signals);
 
     // The exporter reads the counters and the control state; it writes nothing.
@@ -246,6 +249,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         log_info("metrics on http://{}/metrics", exporter->bound_address());
     }
     if (!drop_privileges(cfg->user, cfg->output.directory)) return 1;
+    write_recovered_summaries(snap->writer);  // runs a crash left without one
     // The control socket is made as the user evbd runs as (its group may connect).
     std::unique_ptr<ControlServer> control_server;
     std::unique_ptr<AgentRunner> control_thread;
@@ -284,6 +288,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     pipeline.wait_idle();
     writer_thread.stop();
     workers.stop();
+    service.finish_summaries();  // every file is closed now
     const double intake_to_written_s = static_cast<double>(monotonic_ns() - intake_started_ns) / 1e9;
     exporter.reset();
 

@@ -29,7 +29,7 @@ constexpr std::uint64_t kSettlePollNs = 500'000;
 DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,
                        std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
                        std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell,
-                       WrittenIds* written)
+                       WrittenIds* written, ClosedFiles* closed)
     : s_(s),
       inputs_(std::move(inputs)),
       done_rings_(std::move(done_rings)),
@@ -37,6 +37,7 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
       counters_(counters),
       doorbell_(doorbell),
       written_(written),
+      closed_(closed),
       done_pending_(done_rings_.size()),
       markers_(inputs_.size(), 0),
       held_(inputs_.size()) {
@@ -82,6 +83,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     file_set_ = set;
     file_seq_ = seq;
     next_seq_ = seq + 1;
+    file_status_ = {};
     {
         std::lock_guard lock(name_mutex_);
         current_name_ = file_.part_path();
@@ -115,10 +117,16 @@ void DiskWriter::close_file() {
         // are written out by abandon.
         (void)file_.rollback(records_end, records);
         settle_or_lose(file_.abandon(records_end));
+        if (records > 0) report_closed(false, records);  // abandon removes a file with no record
         return;
     }
     settle(UINT64_MAX);  // closed: every record is with the kernel
     counters_.files_closed.add();
+    report_closed(true, records);
+}
+
+void DiskWriter::report_closed(bool clean, std::uint64_t events) {
+    if (closed_ != nullptr) closed_->push({file_run_, file_seq_, events, file_status_, clean, 0});
 }
 
 void DiskWriter::block_output(int err, const char* what) {
@@ -143,6 +151,7 @@ void DiskWriter::block_output(int err, const char* what) {
         // again later, so none of it may stay in this file).
         if (rb == 0) (void)file_.rollback(batch_start_offset_, batch_start_index_);
         settle_or_lose(file_.abandon(batch_start_offset_));
+        report_closed(false, batch_start_index_);
         log_error("{} {}: {}; the file keeps every record written before the error ({}), "
                   "{} events held for retry; output resumes when the disk takes data again",
                   what, path, std::strerror(err), rb == 0 ? "left as .part, index not written" : "could not be cut back",
@@ -150,6 +159,7 @@ void DiskWriter::block_output(int err, const char* what) {
     } else {
         settle(UINT64_MAX);  // closed at the last whole record before the batch
         counters_.files_closed.add();
+        report_closed(true, batch_start_index_);
         log_error("{} {}: {}; the file was cut back to its last whole record and closed; {} events held for "
                   "retry; output resumes when the disk takes data again",
                   what, path, std::strerror(err), batch_.size());
@@ -225,7 +235,10 @@ void DiskWriter::release_batch(bool lost) {
         payload += event_payload;
         records += e->record_length;
         end += e->record_length;
-        if (!lost) unsettled_.push_back({end, e->event_id, event_payload, e->record_length, now});
+        if (!lost) {
+            unsettled_.push_back({end, e->event_id, event_payload, e->record_length, now});
+            file_status_.add(e->status);
+        }
         counters_.write_latency.observe(now > e->built_unix_ns ? now - e->built_unix_ns : 0);
         done_pending_[e->shard].push_back(e);
     }
@@ -321,9 +334,11 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
     if (transition_generation_ != 0 && transition_done()) {
         // Every event of the old run is written: close its file, then release the
         // new run's events held back meanwhile, in their order.
+        const std::uint64_t done = transition_generation_;
         transition_generation_ = 0;
         flush_batch();
         if (file_.is_open() && (file_run_ != transition_run_ || file_set_ != transition_set_)) close_file();
+        if (closed_ != nullptr) closed_->push({0, 0, 0, {}, false, done});  // after the old run's last file
         for (auto& h : held_) {
             for (Event* e : h) write_event(e);
             total += h.size();

@@ -31,7 +31,7 @@ public:
     DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,
                std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
                std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell,
-               WrittenIds* written = nullptr);
+               WrittenIds* written = nullptr, ClosedFiles* closed = nullptr);
 
     std::size_t do_work() override;
     void on_idle() override;
@@ -82,6 +82,10 @@ private:
     // or the O_DIRECT write completed), in file order, durable as far as the fsync
     // policy goes; the request sender returns credits and CLEARs them.
     WrittenIds* written_;
+    // Run summaries: each file closed, each run transition done (may be null).
+    ClosedFiles* closed_;
+    file::StatusCounts file_status_;  // records of the open file by status, counted per batch written
+    void report_closed(bool clean, std::uint64_t events);
 
     file::OutputFile file_;
     mutable std::mutex name_mutex_;  // guards current_name_: set per file, read per scrape

@@ -13,6 +13,7 @@
 #include "core/util/clock.hpp"
 #include "core/util/log.hpp"
 #include "core/util/notify.hpp"
+#include "core/util/version.hpp"
 
 namespace evb {
 
@@ -76,6 +77,7 @@ ServiceLoop::ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapsh
 void ServiceLoop::mark_run_start(std::uint32_t run) {
     runs_taken_.push_back(run);
     control_.run_started_unix_ms.store(realtime_ns() / 1'000'000ull);
+    current_ = {run, realtime_ns() / 1'000'000ull, running_->config, match_totals()};
     if (t_.counts != nullptr) {
         std::lock_guard lock(control_.text_mutex);
         control_.at_run_start = monitor::run_counts(*t_.counts);
@@ -246,6 +248,9 @@ void ServiceLoop::change_sources(const Config& next, const char* why) {
 // A reload's run change and a stop both come here. kNoRun: no next run (stop).
 void ServiceLoop::end_run(std::uint32_t next_run) {
     ++run_generation_;
+    // Its summary is written once the writer has closed its files (collect_closed_files).
+    ended_.push_back({current_, match_totals(), realtime_ns() / 1'000'000ull, run_generation_,
+                      next_run != kNoRun ? "run change" : "stop"});
     post_writer_settings(running_->writer, next_run);
     const bool next = next_run != kNoRun;
     if (next) run_ = next_run;
@@ -521,6 +526,7 @@ void ServiceLoop::run() {
         report_sources(false);
         report_source_states();
         sample_rates();
+        collect_closed_files();
     }
     if (t_.feeder != nullptr) show_replay_progress(true);
     report_sources(true);  // what the last second saw
@@ -554,6 +560,139 @@ void ServiceLoop::show_replay_progress(bool last) {
                  total > 0 ? 100.0 * std::min(done, total) / total : 100.0, total / 1e6,
                  static_cast<unsigned long long>(datagrams), rate / 1e6, eta.c_str(), last ? "\n" : "");
     std::fflush(stderr);
+}
+
+// ---- run summaries ----
+
+ServiceLoop::MatchTotals ServiceLoop::match_totals() const {
+    MatchTotals t;
+    t.fragments.assign(started_->sources.size(), 0);
+    t.missing.assign(started_->sources.size(), 0);
+    for (const auto& m : t_.pipeline.counters()) {
+        for (std::size_t i = 0; i < t.fragments.size() && i < m->sources; ++i) {
+            t.fragments[i] += m->source_fragments[i].get();
+            t.missing[i] += m->source_missing[i].get();
+        }
+        t.duplicate_chunks += m->duplicate_chunks.get();
+        t.crc_failures += m->crc_failures.get();
+        t.late_after_complete += m->late_after_complete.get();
+        t.late_after_incomplete += m->late_after_incomplete.get();
+        t.late_beyond_window += m->late_beyond_window.get();
+    }
+    return t;
+}
+
+// Each tick: the files the writer closed; a run whose transition the writer has
+// finished has all its files closed, and its summary is written.
+void ServiceLoop::collect_closed_files() {
+    if (t_.closed == nullptr) return;
+    FileClosed got[64];
+    std::size_t n = 0;
+    while ((n = t_.closed->pop(got, std::size(got))) > 0) {
+        for (std::size_t i = 0; i < n; ++i) {
+            if (got[i].transition_done == 0) {
+                closed_files_.push_back(got[i]);
+                continue;
+            }
+            while (!ended_.empty() && ended_.front().writer_generation <= got[i].transition_done) {
+                write_summary(ended_.front());
+                ended_.pop_front();
+            }
+        }
+    }
+}
+
+void ServiceLoop::finish_summaries() {
+    collect_closed_files();
+    for (const auto& r : ended_) write_summary(r);  // the writer closed everything as it stopped
+    ended_.clear();
+    // The run going on (or still draining for a stop) ends with the process.
+    if (running_run_ && stopping_.phase != StopPhase::closing)
+        write_summary({current_, match_totals(), realtime_ns() / 1'000'000ull, 0, "shutdown"});
+}
+
+void ServiceLoop::write_summary(const EndedRun& r) {
+    const WriterSettings& w = running_->writer;  // directory and builder_id take a restart to change
+    const std::string& dir = w.directory;
+    // This run's files, in the order they closed; the rest wait for their run's end.
+    std::vector<file::SummaryFile> files;
+    std::vector<FileClosed> others;
+    for (const auto& f : closed_files_) {
+        if (f.run_number != r.start.run) {
+            others.push_back(f);
+            continue;
+        }
+        files.push_back({file::file_name(f.run_number, w.builder_id, f.file_sequence, !f.clean), f.events, 0, f.clean,
+                         f.status});
+    }
+    closed_files_.swap(others);
+    file::fill_sizes(dir, files);
+    nlohmann::ordered_json earlier = nlohmann::ordered_json::array();
+    // The run was built before (a restart with the same run number, or the files a
+    // crashed evbd left, summarised at start-up): its summary lists those files too.
+    const nlohmann::ordered_json before = file::read_summary(dir, r.start.run, w.builder_id);
+    std::uint64_t started_ms = r.start.started_unix_ms;
+    if (before.is_object() && before.contains("files") && before["files"].is_array()) {
+        std::vector<file::SummaryFile> kept;
+        for (const auto& j : before["files"]) {
+            const std::string name = j.value("name", "");
+            if (std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.name == name; })) continue;
+            file::SummaryFile f{name, j.value("events", std::uint64_t{0}), j.value("bytes", std::uint64_t{0}),
+                                j.value("clean", false), {}};
+            const nlohmann::ordered_json st = j.value("events_by_status", nlohmann::ordered_json::object());
+            f.status = {st.value("complete", std::uint64_t{0}), st.value("incomplete", std::uint64_t{0}),
+                        st.value("duplicates", std::uint64_t{0}), st.value("source_error", std::uint64_t{0}),
+                        st.value("corrupt_dropped", std::uint64_t{0})};
+            kept.push_back(std::move(f));
+        }
+        files.insert(files.begin(), kept.begin(), kept.end());
+        if (before.contains("earlier_sessions") && before["earlier_sessions"].is_array()) earlier = before["earlier_sessions"];
+        earlier.push_back({{"started_unix_ms", before.value("started_unix_ms", nlohmann::ordered_json())},
+                           {"stopped_unix_ms", before.value("stopped_unix_ms", nlohmann::ordered_json())},
+                           {"recovered", before.value("recovered", false)},
+                           {"end", before.value("end", "")}});
+        if (before.value("started_unix_ms", nlohmann::ordered_json()).is_number())
+            started_ms = std::min(started_ms, before["started_unix_ms"].get<std::uint64_t>());
+    }
+    file::StatusCounts total;
+    std::uint64_t events = 0;
+    for (const auto& f : files) {
+        total += f.status;
+        events += f.events;
+    }
+    const MatchTotals& a = r.start.at_start;
+    const MatchTotals& b = r.at_end;
+    nlohmann::ordered_json sources = nlohmann::ordered_json::array();
+    for (std::size_t i = 0; i < started_->sources.size() && i < b.fragments.size() && i < a.fragments.size(); ++i)
+        sources.push_back({{"source_id", started_->sources[i]},
+                           {"fragments", b.fragments[i] - a.fragments[i]},
+                           {"missing", b.missing[i] - a.missing[i]}});
+    nlohmann::ordered_json doc = {
+        {"run_number", r.start.run},
+        {"builder_id", w.builder_id},
+        {"evbd_version", EVB_VERSION},
+        {"recovered", false},
+        {"end", r.end},
+        {"started_unix_ms", started_ms},
+        {"stopped_unix_ms", r.stopped_unix_ms},
+        {"configuration", r.start.config != nullptr ? nlohmann::ordered_json(r.start.config->effective) : nlohmann::ordered_json()},
+        {"events", events},
+        {"events_by_status", file::to_json(total)},
+        // Counted by the matchers between the run's start and end (all sources together):
+        {"fragments", {{"duplicate_chunks", b.duplicate_chunks - a.duplicate_chunks},
+                       {"crc_failures", b.crc_failures - a.crc_failures},
+                       {"late_after_complete", b.late_after_complete - a.late_after_complete},
+                       {"late_after_incomplete", b.late_after_incomplete - a.late_after_incomplete},
+                       {"late_beyond_window", b.late_beyond_window - a.late_beyond_window}}},
+        {"sources", std::move(sources)},
+        {"files_complete", t_.closed == nullptr || t_.closed->dropped() == 0},
+        {"files", file::to_json(files)}};
+    if (!earlier.empty()) doc["earlier_sessions"] = std::move(earlier);
+    if (const std::string err = file::write_summary(dir, r.start.run, w.builder_id, doc); !err.empty())
+        log_error("run {}: the run summary was not written: {}", r.start.run, err);
+    else
+        log_info("run {}: summary {} written ({} file(s), {} events)", r.start.run,
+                 file::summary_name(r.start.run, w.builder_id), files.size(), events);
 }
 
 }  // namespace evb

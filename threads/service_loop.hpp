@@ -68,6 +68,7 @@ struct ServiceTargets {
     Doorbell& rules_applied;           // rung by the inputs on each new rule set
     ControlMailbox* control = nullptr;  // the control socket's commands, if any
     const monitor::Sources* counts = nullptr;  // summed counters (run summaries)
+    ClosedFiles* closed = nullptr;  // the writer's closed files (run summaries)
 };
 
 class ServiceLoop {
@@ -79,6 +80,9 @@ public:
 
     // Until SIGTERM/SIGINT, or the replay's end.
     void run();
+    // Once the writer has stopped (every file closed): the summaries of runs still
+    // waiting for their files, and of the run that was going on (it ends here).
+    void finish_summaries();
 
 private:
     // Run control. A stop goes through these phases, one service tick at a time.
@@ -116,6 +120,30 @@ private:
     // waits (bounded) until every input has them in force.
     const AdmissionRules* post_rules(bool running);
 
+    // Run summaries (docs/FORMATS.md, "Run summary"): a run's counters at its start
+    // and end; its files come from the writer (t_.closed) once it has closed them.
+    struct MatchTotals {
+        std::vector<std::uint64_t> fragments, missing;  // per source, summed over shards
+        std::uint64_t duplicate_chunks = 0, crc_failures = 0, late_after_complete = 0, late_after_incomplete = 0,
+                      late_beyond_window = 0;
+    };
+    struct RunStart {
+        std::uint32_t run = 0;
+        std::uint64_t started_unix_ms = 0;
+        std::shared_ptr<const Config> config;
+        MatchTotals at_start;
+    };
+    struct EndedRun {
+        RunStart start;
+        MatchTotals at_end;
+        std::uint64_t stopped_unix_ms = 0;
+        std::uint64_t writer_generation = 0;  // done once the writer reports this transition
+        const char* end = "";                 // "stop", "run change", "shutdown"
+    };
+    MatchTotals match_totals() const;
+    void collect_closed_files();
+    void write_summary(const EndedRun& r);
+
     const DaemonOptions& opts_;
     const Sizing sizing_;
     ServiceTargets t_;
@@ -151,6 +179,9 @@ private:
         bool decided = false, on_terminal = false;
         std::uint64_t started_ns = 0, next_ns = 0;
     } progress_;  // replay progress on a terminal
+    RunStart current_;
+    std::deque<EndedRun> ended_;             // waiting for the writer to close their files
+    std::vector<FileClosed> closed_files_;   // from the writer, not yet in a summary
 };
 
 }  // namespace evb

@@ -11,12 +11,16 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fmt/format.h>
 #include <fstream>
 
 #include "allocators/buffer_pool.hpp"
+#include "core/io/run_summary.hpp"
 #include "core/model/event.hpp"
 #include "core/model/matcher.hpp"
 #include "core/util/log.hpp"
+#include "core/util/notify.hpp"
+#include "core/util/version.hpp"
 
 namespace evb {
 
@@ -204,6 +208,23 @@ bool drop_privileges(const std::string& user, const std::string& output_dir) {
     }
     log_info("running as user {} (uid {}, gid {})", user, pw->pw_uid, pw->pw_gid);
     return true;
+}
+
+void write_recovered_summaries(const WriterSettings& w) {
+    for (const std::uint32_t run : file::runs_without_summary(w.directory, w.builder_id)) {
+        // Every file of the run is read whole (records and CRCs): a large run takes a
+        // while, and systemd's start timeout is extended for each run.
+        sd_notify_state(fmt::format("EXTEND_TIMEOUT_USEC=300000000\nSTATUS=writing the run summary of run {} "
+                                    "(evbd did not stop cleanly): reading its files",
+                                    run));
+        const nlohmann::ordered_json doc = file::recovered_summary(w.directory, run, w.builder_id, EVB_VERSION);
+        if (const std::string err = file::write_summary(w.directory, run, w.builder_id, doc); !err.empty())
+            log_error("run {} has no run summary (evbd did not stop cleanly) and none could be written: {}", run, err);
+        else
+            log_warn("run {} has no run summary (evbd did not stop cleanly): {} written from its {} file(s), "
+                     "marked recovered",
+                     run, file::summary_name(run, w.builder_id), doc["files"].size());
+    }
 }
 
 }  // namespace evb

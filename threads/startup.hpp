@@ -37,4 +37,9 @@ std::optional<std::vector<net::Endpoint>> pull_source_addresses(const Config& c)
 // output directory exists, the exporter listens).
 bool drop_privileges(const std::string& user, const std::string& output_dir);
 
+// A run of this builder with data files in output.directory and no run summary was
+// ended by a crash: its summary is written now from its files ("recovered": true).
+// Failures are logged; evbd goes on.
+void write_recovered_summaries(const WriterSettings& w);
+
 }  // namespace evb

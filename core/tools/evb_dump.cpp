@@ -17,6 +17,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "core/format/file_format.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/recovery.hpp"
+#include "core/io/run_summary.hpp"
 #include "core/format/pattern.hpp"
 #include "core/format/wire.hpp"
 #include "core/util/version.hpp"
@@ -52,6 +54,7 @@ constexpr std::size_t kMaxProblemsPrinted = 20;
 
 constexpr std::string_view kUsage = R"(usage: evb-dump [options] FILE|DIR...
        evb-dump --recover FILE.evb.part|DIR
+       evb-dump --check-summary DIR
 
 Inspect evbd output files: .evb (closed) and .evb.part (being written, or left
 behind by a crash). A directory stands for the .evb and .evb.part files in it,
@@ -70,10 +73,15 @@ in name order.
                    .part cut off before its header holds no event: it is
                    removed and reported. A DIR stands for its .evb.part files;
                    one that a running evbd is writing is left alone
+  --check-summary DIR
+                   check DIR's files against each run summary in it
+                   (runNNNNNN_BBB.summary.json): the file list, and per file
+                   its events, bytes, clean state and events by status; name
+                   each mismatch and exit 1 if there is any (2: no summary)
   -h, --help       show this help
   --version        print the version
 
-exit status: 0 ok, 1 verification problems, 2 usage or I/O error
+exit status: 0 ok, 1 verification problems or a summary mismatch, 2 usage or I/O error
 )";
 
 struct Options {
@@ -85,6 +93,7 @@ struct Options {
     bool version = false;
     std::vector<std::string> recover;
     std::vector<std::string> inputs;
+    std::string check_summary;  // a directory
 };
 
 // Returns an error message, or nothing when the arguments are usable.
@@ -111,6 +120,9 @@ std::optional<std::string> parse_args(int argc, char** argv, Options& o) {
         } else if (a == "--recover") {
             if (i + 1 >= argc) return "--recover needs a FILE";
             o.recover.emplace_back(argv[++i]);
+        } else if (a == "--check-summary") {
+            if (i + 1 >= argc) return "--check-summary needs a DIR";
+            o.check_summary = argv[++i];
         } else if (a.substr(0, 10) == "--recover=") {
             if (a.size() == 10) return "--recover needs a FILE";
             o.recover.emplace_back(a.substr(10));
@@ -118,7 +130,8 @@ std::optional<std::string> parse_args(int argc, char** argv, Options& o) {
             return fmt::format("unknown option '{}'", a);
         }
     }
-    if (!o.help && !o.version && o.inputs.empty() && o.recover.empty()) return "no FILE or DIR given";
+    if (!o.help && !o.version && o.inputs.empty() && o.recover.empty() && o.check_summary.empty())
+        return "no FILE or DIR given";
     return std::nullopt;
 }
 
@@ -740,6 +753,30 @@ void print_notes_text(const FileReport& r) {
     fmt::print("{}:{}: {}{}\n", r.path, p.offset, p.what, more);
 }
 
+// ---- run summaries ----
+
+int check_summaries(const std::string& dir, bool json) {
+    const std::vector<std::string> names = ef::summaries_in(dir);
+    Json doc = {{"directory", dir}, {"summaries", Json::array()}};
+    int status = names.empty() ? kExitUsage : kExitOk;
+    if (names.empty() && !json) std::fprintf(stderr, "evb-dump: %s: no run summary (*.summary.json)\n", dir.c_str());
+    for (const auto& name : names) {
+        std::ifstream in(dir + "/" + name);
+        const Json summary = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+        std::vector<std::string> bad;
+        if (summary.is_discarded()) bad.push_back("not valid JSON");
+        else bad = ef::check_summary(dir, summary);
+        if (!bad.empty()) status = std::max(status, kExitProblems);
+        const std::size_t files = summary.is_object() && summary.contains("files") ? summary["files"].size() : 0;
+        doc["summaries"].push_back({{"summary", name}, {"files", files}, {"ok", bad.empty()}, {"mismatches", bad}});
+        if (json) continue;
+        if (bad.empty()) fmt::print("{}: ok, {} file(s) match\n", name, files);
+        for (const auto& b : bad) fmt::print("{}: MISMATCH {}\n", name, b);
+    }
+    if (json) fmt::print("{}\n", doc.dump(2));
+    return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -756,6 +793,7 @@ int main(int argc, char** argv) {
         fmt::print("evb-dump {}\n", EVB_VERSION);
         return kExitOk;
     }
+    if (!o.check_summary.empty()) return check_summaries(o.check_summary, o.json);
 
     int status = kExitOk;
     auto raise = [&status](int s) { status = std::max(status, s); };

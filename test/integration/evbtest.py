@@ -147,6 +147,11 @@ def events_in(out_dir):
     return evs, doc
 
 
+def data_files(out_dir):
+    """The data files in out_dir (.evb and .evb.part), in name order: not the run summaries."""
+    return sorted(n for n in os.listdir(out_dir) if n.endswith(".evb") or n.endswith(".evb.part"))
+
+
 def workdir():
     return tempfile.mkdtemp(prefix="evbtest-")
 

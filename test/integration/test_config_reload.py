@@ -9,7 +9,7 @@ import subprocess
 import threading
 import time
 
-from evbtest import BIN, check, Evbd, events_in, fail, run_source, verify, workdir, write_text as write
+from evbtest import BIN, check, data_files, Evbd, events_in, fail, run_source, verify, workdir, write_text as write
 
 BAD = {
     "syntax": ('{\n  "sources": 4,\n  "building": {"timeout_ms": 10,}\n}\n', ":3:"),
@@ -124,7 +124,7 @@ def main():
         check(rc == 0, "evbd exits 0")
         check(change_during_run1, "the run changed while run-1 traffic was still being sent")
         check(m['evb_rejected_datagrams_total{reason="wrong_run"}'] > 0, "run 1 datagrams after the change counted as wrong-run")
-        names = sorted(os.listdir(d.out))
+        names = data_files(d.out)
         runs = sorted(set(n[:9] for n in names))
         check(runs == ["run000001", "run000002"] and all(n.endswith(".evb") for n in names),
               f"two runs' files, all closed cleanly: {names}")

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, events_in, fail, free_udp_port, run_source, workdir
+from evbtest import BIN, Evbd, check, data_files, events_in, fail, free_udp_port, run_source, workdir
 
 
 def mount_tmpfs(path, mb):
@@ -97,7 +97,7 @@ def phase_twice(wd, mnt):
     check(sorted(e["event_id"] for e in evs) == list(range(sent)), f"twice: all {sent} events written, each once")
     empty = [(f["path"], f["size_bytes"]) for f in doc["files"] if f["event_count"] == 0]
     check(not empty, f"twice: no file without events is left behind: {empty}")
-    names = sorted(n for n in os.listdir(f"{mnt}/twice"))
+    names = data_files(f"{mnt}/twice")
     check(all(n.endswith(".evb") for n in names), f"twice: every file is closed: {names}")
     seqs = [int(n.split("_")[2].split(".")[0]) for n in names]
     check(seqs == list(range(len(seqs))), f"twice: file sequence numbers have no gap: {seqs}")

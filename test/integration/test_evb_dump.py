@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 
-from evbtest import BIN, Evbd, check, fail, run_source, workdir
+from evbtest import BIN, Evbd, check, data_files, fail, run_source, workdir
 
 DUMP = os.path.join(BIN, "evb-dump")
 
@@ -23,7 +23,7 @@ def main():
         run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 3, "--events", 200, "--size", "100:5000", "--rate", 2000])
         d.wait_metric("evb_events_written_total", lambda v: v >= 200, timeout=20)
         check(d.stop() == 0, "evbd exits 0")
-        (name,) = os.listdir(d.out)
+        (name,) = data_files(d.out)
         good = os.path.join(d.out, name)
         r = run("--verify", "--pattern", good)
         check(r.returncode == 0, "--verify --pattern passes on evbd's file")

@@ -351,7 +351,7 @@ def smoke_run_as_service(tmp):
         ours = [os.path.join(data, n) for n in os.listdir(data) if n.startswith(f"run{run_number:06d}_")]
         check(ours and all(os.stat(p).st_uid == pw.pw_uid for p in ours),
               f"output files in {data} are written by user evbd: {[os.path.basename(p) for p in ours]}")
-        r = run(["/usr/bin/evb-dump", "--verify", "--pattern"] + ours, check_rc=False)
+        r = run(["/usr/bin/evb-dump", "--verify", "--pattern"] + [p for p in ours if p.endswith(".evb")], check_rc=False)
         check(r.returncode == 0, f"installed evb-dump --verify --pattern accepts them: {r.stdout.strip()[-200:]}")
     finally:
         if proc.poll() is None:

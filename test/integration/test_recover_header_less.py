@@ -11,7 +11,7 @@ import shutil
 import signal
 import subprocess
 
-from evbtest import BIN, Evbd, check, fail, run_source, workdir
+from evbtest import BIN, Evbd, check, data_files, fail, run_source, workdir
 
 DUMP = os.path.join(BIN, "evb-dump")
 
@@ -58,7 +58,7 @@ def main():
         run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 2, "--events", 100, "--size", "100:2000", "--rate", 2000])
         d.wait_metric("evb_events_written_total", lambda v: v >= 100, timeout=20)
         check(d.stop() == 0, "evbd exits 0")
-        (name,) = os.listdir(d.out)
+        (name,) = data_files(d.out)
         doc = json.loads(run("--json", "--events", os.path.join(d.out, name)).stdout)
         cut = doc["files"][0]["events"][40]["offset"] + 30
         with open(os.path.join(d.out, name), "rb") as f:

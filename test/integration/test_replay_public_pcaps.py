@@ -20,7 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbtest import BIN, check, skip  # noqa: E402
+from evbtest import BIN, check, data_files, skip  # noqa: E402
 
 SHARED = os.environ.get("EVB_SHARED_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                           "../../../shared")
@@ -98,7 +98,7 @@ def run_one(path, filt):
     except subprocess.TimeoutExpired as e:
         rc, log = None, (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
     seconds = time.monotonic() - t0
-    leftovers = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    leftovers = data_files(out) if os.path.isdir(out) else []  # not the run summary
     verify_rc, verify_text = 0, ""
     if leftovers:
         v = subprocess.run([os.path.join(BIN, "evb-dump"), "--verify", out], capture_output=True, text=True, timeout=60)

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, events_in, verify, workdir
+from evbtest import BIN, Evbd, check, data_files, events_in, verify, workdir
 
 
 def main():
@@ -24,7 +24,7 @@ def main():
         src.wait()
         check(rc == 0, f"evbd exits 0 after SIGTERM mid-run (got {rc})")
         check(m_before["evb_events_in_flight"] >= 0, "metrics were readable mid-run")
-        names = sorted(os.listdir(d.out))
+        names = data_files(d.out)
         check(names and all(n.endswith(".evb") for n in names), f"only clean .evb files left: {names}")
         rc, text = verify([d.out])
         check(rc == 0, "every file verifies with the pattern\n" + text[-300:])

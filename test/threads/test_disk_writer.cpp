@@ -33,7 +33,7 @@ struct WriterRig {
           to_writer(64),
           written(64),
           writer(writer_settings(dir), {&to_writer}, {&matcher.done_ring()}, {&pool}, 1, writer_counters, bell,
-                 &written) {
+                 &written, &closed) {
         rules.run_number = kRun;
     }
     static MatcherSettings settings() {
@@ -83,6 +83,7 @@ struct WriterRig {
     Matcher matcher;
     SpscRing<Event*> to_writer;
     WrittenIds written;
+    ClosedFiles closed{16};
     stats::WriterCounters writer_counters;
     Doorbell bell;
     DiskWriter writer;
@@ -124,4 +125,34 @@ TEST_CASE("DiskWriter writes what its ring holds, returns slots and events, and 
     CHECK(rig.pool.free_count() == kSlots);
     CHECK(rig.matcher.done_ring().size_approx() == 10);
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
+}
+
+TEST_CASE("DiskWriter reports each file it closes and each run transition it finishes (run summaries)") {
+    test::TempDir dir;
+    WriterRig rig(dir.path());
+    for (std::uint64_t e = 0; e < 6; ++e) rig.build(e);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 6; ++i) rig.writer.do_work();
+    FileClosed got[8];
+    CHECK(rig.closed.pop(got, 8) == 0);  // the file is still open
+
+    // The run ends: the writer learns of it, then the shard's run-end marker arrives.
+    WriterSettings next = WriterRig::writer_settings(dir.path());
+    next.run_number = kRun + 1;
+    next.run_generation = 1;
+    REQUIRE(rig.writer.commands().try_push(&next));
+    rig.writer.do_work();
+    REQUIRE(rig.to_writer.try_push(nullptr));
+    for (int i = 0; i < 10; ++i) rig.writer.do_work();
+
+    REQUIRE(rig.closed.pop(got, 8) == 2);
+    CHECK(got[0].transition_done == 0);
+    CHECK(got[0].run_number == kRun);
+    CHECK(got[0].file_sequence == 0);
+    CHECK(got[0].events == 6);
+    CHECK(got[0].status.complete == 6);
+    CHECK(got[0].status.incomplete == 0);
+    CHECK(got[0].clean);
+    CHECK(got[1].transition_done == 1);  // after the run's last file
+    CHECK(rig.closed.dropped() == 0);
+    rig.writer.on_close();
 }

@@ -1,0 +1,263 @@
+#include "core/io/run_summary.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fmt/format.h>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "core/format/file_format.hpp"
+
+namespace evb::file {
+
+void StatusCounts::add(std::uint32_t status) noexcept {
+    if (status == 0) ++complete;
+    if (status & record_status::incomplete) ++incomplete;
+    if (status & record_status::duplicates) ++duplicates;
+    if (status & record_status::source_error) ++source_error;
+    if (status & record_status::corrupt_dropped) ++corrupt_dropped;
+}
+
+StatusCounts& StatusCounts::operator+=(const StatusCounts& o) noexcept {
+    complete += o.complete;
+    incomplete += o.incomplete;
+    duplicates += o.duplicates;
+    source_error += o.source_error;
+    corrupt_dropped += o.corrupt_dropped;
+    return *this;
+}
+
+nlohmann::ordered_json to_json(const StatusCounts& s) {
+    return {{"complete", s.complete},
+            {"incomplete", s.incomplete},
+            {"duplicates", s.duplicates},
+            {"source_error", s.source_error},
+            {"corrupt_dropped", s.corrupt_dropped}};
+}
+
+nlohmann::ordered_json to_json(const std::vector<SummaryFile>& files) {
+    nlohmann::ordered_json a = nlohmann::ordered_json::array();
+    for (const auto& f : files)
+        a.push_back({{"name", f.name},
+                     {"events", f.events},
+                     {"bytes", f.bytes},
+                     {"clean", f.clean},
+                     {"events_by_status", to_json(f.status)}});
+    return a;
+}
+
+std::string summary_name(std::uint32_t run_number, std::uint32_t builder_id) {
+    return fmt::format("run{:06}_{:03}.summary.json", run_number, builder_id);
+}
+
+void fill_sizes(const std::string& directory, std::vector<SummaryFile>& files) {
+    for (auto& f : files) {
+        struct stat st {};
+        f.bytes = ::stat((directory + "/" + f.name).c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : 0;
+    }
+}
+
+std::string write_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id,
+                          const nlohmann::ordered_json& doc) {
+    const std::string path = directory + "/" + summary_name(run_number, builder_id);
+    const std::string tmp = path + ".tmp";
+    const std::string text = doc.dump(2) + "\n";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return fmt::format("{}: {}", tmp, std::strerror(errno));
+    std::size_t done = 0;
+    while (done < text.size()) {
+        const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            const int e = n < 0 ? errno : EIO;
+            ::close(fd);
+            ::unlink(tmp.c_str());
+            return fmt::format("{}: {}", tmp, std::strerror(e));
+        }
+        done += static_cast<std::size_t>(n);
+    }
+    // The contents are durable before the name points at them: a crash leaves the
+    // old summary (or none), never a torn one.
+    if (::fsync(fd) != 0 || ::close(fd) != 0) {
+        const int e = errno;
+        ::unlink(tmp.c_str());
+        return fmt::format("{}: {}", tmp, std::strerror(e));
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int e = errno;
+        ::unlink(tmp.c_str());
+        return fmt::format("{}: {}", path, std::strerror(e));
+    }
+    if (const int dfd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+        (void)::fsync(dfd);  // the rename itself
+        ::close(dfd);
+    }
+    return "";
+}
+
+nlohmann::ordered_json read_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id) {
+    std::ifstream in(directory + "/" + summary_name(run_number, builder_id));
+    if (!in) return nullptr;
+    return nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);
+}
+
+namespace {
+
+// `runNNNNNN_BBB_SSSSS.evb` or `.evb.part`: the run and builder, else false.
+bool parse_data_name(const std::string& name, std::uint32_t& run, std::uint32_t& builder) {
+    unsigned r = 0, b = 0, seq = 0;
+    int end = 0;
+    if (name.size() < 15 || name[9] != '_' || name[13] != '_' ||
+        std::sscanf(name.c_str(), "run%6u_%3u_%u%n", &r, &b, &seq, &end) != 3)
+        return false;
+    const std::string tail = name.substr(static_cast<std::size_t>(end));
+    if (tail != ".evb" && tail != ".evb.part") return false;
+    run = r;
+    builder = b;
+    return true;
+}
+
+std::vector<std::string> names_in(const std::string& directory) {
+    std::vector<std::string> names;
+    if (DIR* d = ::opendir(directory.c_str())) {
+        while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
+        ::closedir(d);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+SummaryFile scan_file(const std::string& directory, const std::string& name, std::uint64_t* created_ns) {
+    SummaryFile f;
+    f.name = name;
+    try {
+        const MappedFile m(directory + "/" + name);
+        const ScanResult s = scan(m.bytes());
+        f.bytes = m.bytes().size();
+        f.events = s.records.size();
+        for (const auto& r : s.records) f.status.add(r.header.status);
+        f.clean = !ends_with(name, ".part") && s.header_ok && s.has_footer && s.problems.empty();
+        if (created_ns != nullptr && s.header_ok) *created_ns = s.header.created_unix_ns;
+    } catch (const std::exception&) {
+        f.clean = false;  // unreadable: no events counted
+    }
+    return f;
+}
+
+}  // namespace
+
+std::vector<SummaryFile> scan_run_files(const std::string& directory, std::uint32_t run_number,
+                                        std::uint32_t builder_id) {
+    std::vector<SummaryFile> files;
+    for (const auto& name : names_in(directory)) {
+        std::uint32_t run = 0, builder = 0;
+        if (parse_data_name(name, run, builder) && run == run_number && builder == builder_id)
+            files.push_back(scan_file(directory, name, nullptr));
+    }
+    return files;
+}
+
+std::vector<std::uint32_t> runs_without_summary(const std::string& directory, std::uint32_t builder_id) {
+    std::set<std::uint32_t> runs;
+    for (const auto& name : names_in(directory)) {
+        std::uint32_t run = 0, builder = 0;
+        if (parse_data_name(name, run, builder) && builder == builder_id) runs.insert(run);
+    }
+    std::vector<std::uint32_t> out;
+    struct stat st {};
+    for (const auto run : runs)
+        if (::stat((directory + "/" + summary_name(run, builder_id)).c_str(), &st) != 0) out.push_back(run);
+    return out;
+}
+
+nlohmann::ordered_json recovered_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id,
+                                 const std::string& version) {
+    std::vector<SummaryFile> files;
+    std::uint64_t first_created_ns = 0;
+    StatusCounts total;
+    for (const auto& name : names_in(directory)) {
+        std::uint32_t run = 0, builder = 0;
+        if (!parse_data_name(name, run, builder) || run != run_number || builder != builder_id) continue;
+        std::uint64_t created = 0;
+        files.push_back(scan_file(directory, name, &created));
+        if (created != 0 && (first_created_ns == 0 || created < first_created_ns)) first_created_ns = created;
+        total += files.back().status;
+    }
+    std::uint64_t events = 0;
+    for (const auto& f : files) events += f.events;
+    return {{"run_number", run_number},
+            {"builder_id", builder_id},
+            {"evbd_version", version},
+            {"recovered", true},
+            {"end", "recovered"},
+            {"started_unix_ms", first_created_ns / 1'000'000ull},
+            {"stopped_unix_ms", nullptr},
+            {"configuration", nullptr},
+            {"events", events},
+            {"events_by_status", to_json(total)},
+            {"sources", nullptr},
+            {"files", to_json(files)}};
+}
+
+std::vector<std::string> check_summary(const std::string& directory, const nlohmann::ordered_json& summary) {
+    std::vector<std::string> bad;
+    if (!summary.is_object() || !summary.contains("files") || !summary["files"].is_array() ||
+        !summary.contains("run_number") || !summary.contains("builder_id")) {
+        bad.push_back("the summary lacks run_number, builder_id or files");
+        return bad;
+    }
+    const auto run = summary["run_number"].get<std::uint32_t>();
+    const auto builder = summary["builder_id"].get<std::uint32_t>();
+    std::map<std::string, SummaryFile> on_disk;
+    for (auto& f : scan_run_files(directory, run, builder)) on_disk.emplace(f.name, std::move(f));
+    std::set<std::string> listed;
+    for (const auto& j : summary["files"]) {
+        const std::string name = j.value("name", "");
+        listed.insert(name);
+        const auto it = on_disk.find(name);
+        if (it == on_disk.end()) {
+            bad.push_back(fmt::format("{}: listed in the summary, not in the directory", name));
+            continue;
+        }
+        const SummaryFile& f = it->second;
+        const auto events = j.value("events", std::uint64_t{0});
+        const auto bytes = j.value("bytes", std::uint64_t{0});
+        const bool clean = j.value("clean", false);
+        if (f.events != events) bad.push_back(fmt::format("{}: {} events, the summary says {}", name, f.events, events));
+        if (f.bytes != bytes) bad.push_back(fmt::format("{}: {} bytes, the summary says {}", name, f.bytes, bytes));
+        if (f.clean != clean)
+            bad.push_back(fmt::format("{}: {}, the summary says {}", name, f.clean ? "clean" : "not clean",
+                                      clean ? "clean" : "not clean"));
+        if (j.contains("events_by_status")) {
+            const nlohmann::ordered_json have = to_json(f.status);
+            for (const auto& [key, count] : have.items())
+                if (j["events_by_status"].value(key, std::uint64_t{0}) != count.get<std::uint64_t>())
+                    bad.push_back(fmt::format("{}: {} {} events, the summary says {}", name, count.get<std::uint64_t>(),
+                                              key, j["events_by_status"].value(key, std::uint64_t{0})));
+        }
+    }
+    for (const auto& [name, f] : on_disk)
+        if (!listed.count(name)) bad.push_back(fmt::format("{}: in the directory, not in the summary", name));
+    return bad;
+}
+
+std::vector<std::string> summaries_in(const std::string& directory) {
+    std::vector<std::string> out;
+    for (const auto& name : names_in(directory))
+        if (ends_with(name, ".summary.json")) out.push_back(name);
+    return out;
+}
+
+}  // namespace evb::file

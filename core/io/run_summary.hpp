@@ -1,0 +1,67 @@
+// The run summary: `runNNNNNN_BBB.summary.json`, written beside a run's files when
+// the run ends (docs/FORMATS.md, "Run summary"). evbd's own file, not part of the
+// shared file format. Here: its name, the per-file entries, the atomic write, the
+// summary of a run rebuilt from its files (after a crash), and the check of a
+// directory against its summaries (evb-dump --check-summary). Errors are returned.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace evb::file {
+
+// Records counted by their status bits (file::record_status); `complete` has none.
+struct StatusCounts {
+    std::uint64_t complete = 0, incomplete = 0, duplicates = 0, source_error = 0, corrupt_dropped = 0;
+    void add(std::uint32_t status) noexcept;
+    StatusCounts& operator+=(const StatusCounts& o) noexcept;
+};
+nlohmann::ordered_json to_json(const StatusCounts& s);
+
+// One data file of a run, as the summary lists it.
+struct SummaryFile {
+    std::string name;          // `run000001_000_00000.evb`, or `.evb.part` if it did not close
+    std::uint64_t events = 0;  // records in it
+    std::uint64_t bytes = 0;   // its size
+    bool clean = false;        // closed with index and footer
+    StatusCounts status;
+};
+nlohmann::ordered_json to_json(const std::vector<SummaryFile>& files);
+
+// `runNNNNNN_BBB.summary.json`
+std::string summary_name(std::uint32_t run_number, std::uint32_t builder_id);
+
+// Sets each file's `bytes` from its size in `directory` (0 if it is gone).
+void fill_sizes(const std::string& directory, std::vector<SummaryFile>& files);
+
+// Writes `doc` as the run's summary: `.tmp`, fsync, rename, fsync of the directory.
+// Returns "" or what went wrong.
+std::string write_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id,
+                          const nlohmann::ordered_json& doc);
+
+// The run's summary, if there is one that parses (else null).
+nlohmann::ordered_json read_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id);
+
+// Every data file of the run in `directory` (.evb and .evb.part), in name order,
+// scanned: records, status counts, clean or not.
+std::vector<SummaryFile> scan_run_files(const std::string& directory, std::uint32_t run_number,
+                                        std::uint32_t builder_id);
+
+// Runs of this builder with data files in `directory` and no summary (a crash).
+std::vector<std::uint32_t> runs_without_summary(const std::string& directory, std::uint32_t builder_id);
+
+// A summary rebuilt from the run's files alone, marked "recovered": true.
+nlohmann::ordered_json recovered_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id,
+                                 const std::string& version);
+
+// Checks the files of `directory` against one summary: the file list (no file
+// missing, none unlisted), and per file its events, bytes, clean state and status
+// counts. Returns one line per mismatch (empty: it matches).
+std::vector<std::string> check_summary(const std::string& directory, const nlohmann::ordered_json& summary);
+
+// The summaries in `directory` (names of `*.summary.json`), in name order.
+std::vector<std::string> summaries_in(const std::string& directory);
+
+}  // namespace evb::file
