@@ -31,7 +31,8 @@ RunCounts run_counts(const struct Sources& s) noexcept;
 // Totals sampled once a second by the service loop: the status page's rates now
 // and its plots of the last minutes come from the differences.
 struct RateSample {
-    std::uint64_t unix_ms = 0, events = 0, payload_bytes = 0, datagrams = 0;
+    std::uint64_t ms = 0;  // monotonic clock: only differences are used
+    std::uint64_t events = 0, payload_bytes = 0, datagrams = 0;
 };
 class RateHistory {
 public:

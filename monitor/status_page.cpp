@@ -8,11 +8,9 @@
 #include <vector>
 
 #include "core/util/log.hpp"
+#include "core/util/version.hpp"
 #include "monitor/sums.hpp"
 
-#ifndef EVB_VERSION
-#define EVB_VERSION "unknown"
-#endif
 
 namespace evb::monitor {
 
@@ -144,8 +142,8 @@ double rate(const std::vector<RateSample>& h, std::size_t field, double seconds)
     if (h.size() < 2) return 0;
     const RateSample& last = h.back();
     std::size_t i = h.size() - 2;
-    while (i > 0 && static_cast<double>(last.unix_ms - h[i].unix_ms) < seconds * 1000) --i;
-    const double dt = static_cast<double>(last.unix_ms - h[i].unix_ms) / 1000;
+    while (i > 0 && static_cast<double>(last.ms - h[i].ms) < seconds * 1000) --i;
+    const double dt = static_cast<double>(last.ms - h[i].ms) / 1000;
     auto get = [field](const RateSample& r) {
         return field == 1 ? r.events : field == 2 ? r.payload_bytes : r.datagrams;
     };
@@ -292,7 +290,7 @@ std::string status_page(const Sources& s) {
     // The plots' numbers: [ms since the first sample, events, payload bytes, datagrams].
     std::string data = "var H=[";
     for (std::size_t i = 0; i < h.size(); ++i)
-        data += fmt::format("{}[{},{},{},{}]", i ? "," : "", h[i].unix_ms - h.front().unix_ms, h[i].events,
+        data += fmt::format("{}[{},{},{},{}]", i ? "," : "", h[i].ms - h.front().ms, h[i].events,
                             h[i].payload_bytes, h[i].datagrams);
     data += "];";
     page += "<p><a href=\"/metrics\">metrics</a></p><script>" + data + kPlotScript + "</script></body></html>\n";

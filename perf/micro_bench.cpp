@@ -178,10 +178,7 @@ private:
     static constexpr std::uint64_t kRotateBytes = 64ull << 20;
 
     void reopen() {
-        if (file_.is_open()) {
-            file_.abandon();
-            std::filesystem::remove(file_.part_path());
-        }
+        if (file_.is_open()) file_.discard();
         file::FileHeader h{kRun, sequence_++, 0, 8, 0};
         if (file_.open(dir_.string(), h) != 0) FAIL("cannot open an output file in " << dir_);
     }

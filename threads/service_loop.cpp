@@ -131,8 +131,9 @@ void ServiceLoop::reload(const char* why) {
     sd_notify_reloading();
     std::shared_ptr<const Config> loaded;
     try {
-        loaded = opts_.config_path.empty() ? default_config(opts_.overrides)
-                                           : load_config_file(opts_.config_path, opts_.overrides);
+        // Address keys take a restart: their names are not resolved here (no wait on DNS).
+        loaded = opts_.config_path.empty() ? default_config(opts_.overrides, Names::not_resolved)
+                                           : load_config_file(opts_.config_path, opts_.overrides, Names::not_resolved);
     } catch (const ConfigError& e) {
         for (const auto& p : e.problems) log_error("reload ({}): {}", why, p);
         reload_failed(why, e.problems.empty() ? "" : e.problems[0]);
@@ -416,7 +417,7 @@ void ServiceLoop::finish_stop(bool closed, const std::string& why) {
 
 // Once a second: the totals the status page's rates and plots are made from.
 void ServiceLoop::sample_rates() {
-    const std::uint64_t now = realtime_ns();
+    const std::uint64_t now = monotonic_ns();  // a wall-clock step must not stop or skew the rates
     if (now < next_rate_sample_ns_ || t_.counts == nullptr) return;
     next_rate_sample_ns_ = now + 1'000'000'000ull;
     const monitor::RunCounts n = monitor::run_counts(*t_.counts);

@@ -310,7 +310,7 @@ std::optional<TooDeep> find_too_deep(std::string_view text) {
     return std::nullopt;
 }
 
-std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& overrides) {
+std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& overrides, Names names) {
     std::vector<std::string> problems;
     if (!doc.is_object()) throw ConfigError({fmt::format("the configuration must be a JSON object, got {}", show(doc))});
     for (const auto& o : overrides) {
@@ -427,8 +427,11 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
 
     // Addresses that can never be bound or reached (999.1.1.1, port 70000, a name
     // that does not resolve) are refused here by key, like a wrong type, rather than
-    // when the socket is made. Names are resolved now, so a reload resolves them too.
+    // when the socket is made. Names are resolved (getaddrinfo) at --check-config and
+    // at start, not at a reload: every address key takes a restart, and the service
+    // loop must not wait on a resolver.
     auto check_address = [&](const std::string& key, const std::string& text, auto parse) {
+        if (names == Names::not_resolved) return;
         try {
             (void)parse(text);
         } catch (const std::invalid_argument& e) {
@@ -465,7 +468,7 @@ std::uint32_t Config::worker_count() const noexcept {
 }
 
 std::shared_ptr<const Config> load_config(const std::string& text, const std::string& origin,
-                                          const std::vector<std::string>& overrides) {
+                                          const std::vector<std::string>& overrides, Names names) {
     if (const auto deep = find_too_deep(text))
         throw ConfigError({fmt::format("{}:{}:{}: JSON nested deeper than {} levels, at {} (a configuration needs 3)",
                                        origin, deep->line, deep->column, kMaxJsonDepth,
@@ -493,20 +496,20 @@ std::shared_ptr<const Config> load_config(const std::string& text, const std::st
         if (const auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
         throw ConfigError({fmt::format("{}: JSON {}", origin, what)});
     }
-    return build(std::move(doc), overrides);
+    return build(std::move(doc), overrides, names);
 }
 
 std::shared_ptr<const Config> load_config_file(const std::string& path,
-                                               const std::vector<std::string>& overrides) {
+                                               const std::vector<std::string>& overrides, Names names) {
     std::ifstream in(path);
     if (!in) throw ConfigError({fmt::format("{}: cannot open: {}", path, std::strerror(errno))});
     std::stringstream ss;
     ss << in.rdbuf();
-    return load_config(ss.str(), path, overrides);
+    return load_config(ss.str(), path, overrides, names);
 }
 
-std::shared_ptr<const Config> default_config(const std::vector<std::string>& overrides) {
-    return build(json::object(), overrides);
+std::shared_ptr<const Config> default_config(const std::vector<std::string>& overrides, Names names) {
+    return build(json::object(), overrides, names);
 }
 
 std::vector<std::string> restart_keys_changed(const Config& a, const Config& b) {
@@ -526,7 +529,7 @@ std::shared_ptr<const Config> merge_live(const Config& running, const Config& lo
         if (k.live) continue;
         *lookup(doc, k.path, true) = *lookup(const_cast<json&>(running.effective), k.path, false);
     }
-    return build(std::move(doc), {});
+    return build(std::move(doc), {}, Names::not_resolved);  // the running addresses, checked at start
 }
 
 std::string config_reference_markdown() {

@@ -93,16 +93,20 @@ struct Config {
     std::uint32_t shard_count() const noexcept { return building.shards ? building.shards : worker_count(); }
 };
 
+// Whether validation resolves the host names of address keys (getaddrinfo):
+// at --check-config and at start, not at a reload (see build in config.cpp).
+enum class Names { resolved, not_resolved };
+
 // Parses config text (JSON; a syntax error reports line and column), applies
 // `--set KEY=VALUE` overrides (VALUE read as JSON when it parses, else a string),
 // fills defaults and validates. Throws ConfigError with every problem.
 std::shared_ptr<const Config> load_config(const std::string& text, const std::string& origin,
-                                          const std::vector<std::string>& overrides);
+                                          const std::vector<std::string>& overrides, Names names = Names::resolved);
 // Reads the file, then as load_config.
-std::shared_ptr<const Config> load_config_file(const std::string& path,
-                                               const std::vector<std::string>& overrides);
+std::shared_ptr<const Config> load_config_file(const std::string& path, const std::vector<std::string>& overrides,
+                                               Names names = Names::resolved);
 // Embedded defaults plus overrides.
-std::shared_ptr<const Config> default_config(const std::vector<std::string>& overrides);
+std::shared_ptr<const Config> default_config(const std::vector<std::string>& overrides, Names names = Names::resolved);
 
 // Keys whose change needs a restart, among those that differ between a and b.
 std::vector<std::string> restart_keys_changed(const Config& a, const Config& b);

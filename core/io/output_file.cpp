@@ -359,6 +359,10 @@ int OutputFile::finish_direct() {
     pushed_len_ = 0;
     // The allocation reaches past the data.
     if (::ftruncate(fd_, static_cast<off_t>(disk_offset_)) != 0) return errno;
+    // Every byte is with the kernel now: if the close fails after this (fdatasync,
+    // rename), rollback and abandon work on the file as on a buffered one, never on
+    // stages that no longer line up with it.
+    direct_ = false;
     return 0;
 }
 
@@ -409,10 +413,12 @@ int OutputFile::rollback(std::uint64_t offset, std::size_t index_count) {
             if (const int e = reap(true); e != 0) return e;
             disk_offset_ -= back * kStageBytes;
             current_ = (current_ + kStages - static_cast<std::size_t>(back)) % kStages;
-            pushed_len_ = 0;  // the file was cut at the stage's start
-            if (::ftruncate(fd_, static_cast<off_t>(disk_offset_)) != 0) return errno;
+            // Cut at `offset` itself: the stage's bytes before it stay on disk (counted
+            // written already), and the stage is written again whole when it fills.
+            if (::ftruncate(fd_, static_cast<off_t>(offset)) != 0) return errno;
+            pushed_len_ = static_cast<std::size_t>(offset - disk_offset_);
             allocated_end_ = reserved_end_ = disk_offset_;
-            // The cut freed the stage's space: take it again for the bytes kept in it.
+            // The cut freed the rest of the stage's space: take it again.
             (void)reserve_stage();
         }
         if (index_count < index_.size()) index_.resize(index_count);
@@ -492,9 +498,9 @@ std::uint64_t OutputFile::abandon(std::uint64_t records_end) {
 }
 
 void OutputFile::discard() {
-    const bool was_open = fd_ >= 0;
+    // Unlinked while still open (and locked), so no recovery run can take it up.
+    if (fd_ >= 0) ::unlink(part_path_.c_str());
     abandon();
-    if (was_open) ::unlink(part_path_.c_str());
 }
 
 std::uint32_t next_file_sequence(const std::string& directory, std::uint32_t run,
