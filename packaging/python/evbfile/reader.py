@@ -10,6 +10,7 @@ source_id that fit the record exactly, zero padding, MISSING sections empty.
 import builtins
 import mmap
 import os
+import re
 import struct
 from enum import IntFlag
 
@@ -139,8 +140,13 @@ class Section:
         out, pos, end = [], self._at, self._at + self.length
         buf = self._buf
         for _ in range(self.item_count):
+            if pos + ITEM_HEADER_BYTES > end:
+                raise FormatError("section", pos, f"source {self.source_id}: item header past the section's "
+                                  f"{self.length} bytes")
             ts, seq, length, flags = _ITEM.unpack_from(buf, pos)
             pos += ITEM_HEADER_BYTES
+            if pos + length > end:
+                raise FormatError("section", pos, f"source {self.source_id}: item of {length} bytes past the section's end")
             out.append(Item(ts, seq, flags, buf[pos:pos + length]))
             pos += _padded8(length)
         if pos != end:
@@ -497,14 +503,25 @@ def is_evb_name(name):
     return name.endswith(".evb") or name.endswith(".evb.part")
 
 
+_FILE_NAME = re.compile(r"run(\d+)_(\d+)_(\d+)\.evb(\.part)?$")
+
+
+def file_order(name):
+    """Run, builder and file sequence from evbd's file name, as numbers: sequences
+    past 99999 are written in full (more than five digits), so plain name order
+    would put 100000 before 99999. Other names after those, by name."""
+    m = _FILE_NAME.match(name)
+    return (0, int(m.group(1)), int(m.group(2)), int(m.group(3)), name) if m else (1, 0, 0, 0, name)
+
+
 class EvbDirectory:
-    """The .evb and .evb.part files of a directory, in name order (which is file
-    sequence order for one run and builder), read as one stream of records."""
+    """The .evb and .evb.part files of a directory, in file order (run, builder,
+    sequence; see file_order), read as one stream of records."""
 
     def __init__(self, path, strict=False, verify_crc=True):
         self.path = os.fspath(path)
-        names = sorted(n for n in os.listdir(self.path)
-                       if is_evb_name(n) and os.path.isfile(os.path.join(self.path, n)))
+        names = sorted((n for n in os.listdir(self.path)
+                        if is_evb_name(n) and os.path.isfile(os.path.join(self.path, n))), key=file_order)
         self.files = [EvbFile(os.path.join(self.path, n), strict, verify_crc) for n in names]
 
     def __iter__(self):
