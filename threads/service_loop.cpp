@@ -369,7 +369,11 @@ void ServiceLoop::advance_stop() {
     // Phase 3: every built event written (or counted lost) and no file open.
     const monitor::RunCounts n = monitor::run_counts(*t_.counts);
     const bool written = n.written + n.lost == n.complete + n.incomplete;
-    const bool closed = written && t_.writer.current_file().empty();
+    // Closed once the writer has reported the run's files (its summary is written).
+    const bool summarised = t_.closed == nullptr || std::none_of(ended_.begin(), ended_.end(), [this](const EndedRun& e) {
+                                return e.start.run == run_;
+                            });
+    const bool closed = written && t_.writer.current_file().empty() && summarised;
     if (closed) return finish_stop(true, "");
     if (now >= stopping_.deadline_ns)
         finish_stop(false, fmt::format("the writer has not finished in 30 s: {} built events not yet written{}",
@@ -400,6 +404,13 @@ void ServiceLoop::finish_stop(bool closed, const std::string& why) {
                             {"files", now.files_closed - at.files_closed},
                             {"payload_bytes", now.payload_bytes - at.payload_bytes},
                             {"record_bytes", now.record_bytes - at.record_bytes}};
+    if (last_written_.valid && last_written_.run == run_) {
+        // The run's own files, as its summary lists them (written by this process).
+        reply["files"] = last_written_.files;
+        reply["events_written"] = last_written_.events;
+        reply["file_bytes"] = last_written_.bytes;
+        reply["events_by_status"] = nlohmann::json::parse(file::to_json(last_written_.status).dump());
+    }
     if (!closed) reply["error"] = why;
     {
         std::lock_guard lock(control_.text_mutex);
@@ -408,8 +419,8 @@ void ServiceLoop::finish_stop(bool closed, const std::string& why) {
     }
     if (closed)
         log_info("run {} stopped: {} events complete, {} incomplete, {} written in {} file(s), {} payload bytes", run_,
-                 now.complete - at.complete, now.incomplete - at.incomplete, now.written - at.written,
-                 now.files_closed - at.files_closed, now.payload_bytes - at.payload_bytes);
+                 now.complete - at.complete, now.incomplete - at.incomplete, reply["events_written"].get<std::uint64_t>(),
+                 reply["files"].get<std::uint64_t>(), now.payload_bytes - at.payload_bytes);
     else
         log_error("run {} stop did not finish: {}", run_, why);
     if (s.asked) answer(s.reply_id, std::move(reply));
@@ -628,6 +639,12 @@ void ServiceLoop::write_summary(const EndedRun& r) {
     }
     closed_files_.swap(others);
     file::fill_sizes(dir, files);
+    last_written_ = {r.start.run, true, files.size(), 0, 0, {}};
+    for (const auto& f : files) {
+        last_written_.events += f.events;
+        last_written_.bytes += f.bytes;
+        last_written_.status += f.status;
+    }
     nlohmann::ordered_json earlier = nlohmann::ordered_json::array();
     // The run was built before (a restart with the same run number, or the files a
     // crashed evbd left, summarised at start-up): its summary lists those files too.

@@ -142,6 +142,16 @@ private:
     };
     MatchTotals match_totals() const;
     void collect_closed_files();
+    // What the last summary written counted of its run in this process's files: the
+    // stop's answer reports these (exact per run, unlike counter differences, which
+    // a run change blurs: the old run's last file closes after the new run began).
+    struct RunWritten {
+        std::uint32_t run = 0;
+        bool valid = false;
+        std::uint64_t files = 0, events = 0, bytes = 0;
+        file::StatusCounts status;
+    };
+    RunWritten last_written_;
     void write_summary(const EndedRun& r);
 
     const DaemonOptions& opts_;

@@ -110,12 +110,17 @@ def reload_and_stop(wd):
 
     send(d, 2, 0, 700)
     d.wait_metric("evb_events_written_total", lambda v: v >= 1700, timeout=30)
-    p = subprocess.run([CTL, "--socket", sock, "stop"], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([CTL, "--socket", sock, "--json", "stop"], capture_output=True, text=True, timeout=60)
     check(p.returncode == 0, f"evb-ctl stop: exit 0 {p.stdout.strip()}")
-    wait_for(lambda: summary(out, 2) is not None, "no summary of run 2 after evb-ctl stop")
-    s2 = summary(out, 2)
-    check(s2["end"] == "stop" and s2["events"] == 700 and matches_files(s2, out, 2),
-          f"evb-ctl stop: run 2's summary lists its {len(s2['files'])} files, 700 events")
+    s2 = summary(out, 2)  # written before the stop is answered
+    check(s2 is not None and s2["end"] == "stop" and s2["events"] == 700 and matches_files(s2, out, 2),
+          f"evb-ctl stop: run 2's summary lists its {len(s2['files']) if s2 else '?'} files, 700 events")
+    # The stop's answer counts run 2's own files, not run 1's last one that closed
+    # after the run change.
+    reply = json.loads(p.stdout)
+    check(reply.get("files") == len(s2["files"]) and reply.get("events_written") == 700,
+          f"evb-ctl stop answers run 2's {len(s2['files'])} files and 700 events ({reply.get('files')}, "
+          f"{reply.get('events_written')})")
     check(d.stop() == 0, "evbd exits 0 (stopped)")
     check(sorted(n for n in os.listdir(out) if n.endswith(".summary.json")) ==
           ["run000001_000.summary.json", "run000002_000.summary.json"],
