@@ -18,8 +18,14 @@ def main():
     wd = workdir()
     try:
         bound_mb = 64
+        # Dead-source detection off (its own test is test_dead_source): the flood opens
+        # events with ids only one source sends, so the others look absent once the
+        # flood outlasts building.source_timeout_ms (on a loaded machine it does), and
+        # the first good event after it was then written INCOMPLETE with late chunks
+        # (seen in CI: 299 of 300 complete; reproduced 2 in 4 runs under two busy loops).
         d = Evbd(wd, sets=["sources=4", "building.timeout_ms=300", "building.max_events_in_flight=256",
-                           f"building.max_buffer_bytes={bound_mb << 20}", "input.socket_buffer_bytes=4194304"])
+                           f"building.max_buffer_bytes={bound_mb << 20}", "input.socket_buffer_bytes=4194304",
+                           "building.source_timeout_ms=3600000", "building.source_timeout_events=1048576"])
         dest = ("127.0.0.1", d.port)
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         rng = random.Random(99)
