@@ -200,28 +200,35 @@ std::vector<FamilyOut> collect(const Sources& s) {
                     "Datagrams refused because the source opened its whole share of events in flight with ids no other "
                     "source sent (it is desynchronised).",
                     T::counter, {}, {}};
+        FamilyOut l{"evb_source_late_chunks_total",
+                    "Chunks of the source that came after their event was written (every kind of late fragment; "
+                    "evb_late_fragments_total splits them by how the event was written).",
+                    T::counter, {}, {}};
         FamilyOut h{"evb_source_held_slots_refused_total",
                     "Chunks refused because the source's incomplete fragments held their share of receive buffers.",
                     T::counter, {}, {}};
         for (std::size_t i = 0; i < s.sources.size(); ++i) {
-            double frag = 0, miss = 0, desync = 0, held = 0;
+            double frag = 0, miss = 0, desync = 0, held = 0, late = 0;
             for (const auto* m : M) {
                 if (i >= m->sources) continue;
                 frag += static_cast<double>(m->source_fragments[i].get());
                 miss += static_cast<double>(m->source_missing[i].get());
                 desync += static_cast<double>(m->source_desync[i].get());
                 held += static_cast<double>(m->source_slot_limit[i].get());
+                late += static_cast<double>(m->source_late[i].get());
             }
             const std::string id = std::to_string(s.sources[i]);
             f.samples.push_back({{{"source", id}}, frag, {}, 0});
             g.samples.push_back({{{"source", id}}, miss, {}, 0});
             d.samples.push_back({{{"source", id}}, desync, {}, 0});
             h.samples.push_back({{{"source", id}}, held, {}, 0});
+            l.samples.push_back({{{"source", id}}, late, {}, 0});
         }
         out.push_back(std::move(f));
         out.push_back(std::move(g));
         out.push_back(std::move(d));
         out.push_back(std::move(h));
+        out.push_back(std::move(l));
         FamilyOut st{"evb_source_state",
                      "1 while the source is present, 0 while it is absent (sent nothing while the others went on; events "
                      "do not wait for it). A source taken out by reload reads 1 (evb_expected_sources counts the set).",

@@ -68,7 +68,7 @@ const char* const kStyle =
 // One source's figures over all shards.
 struct SourceRow {
     std::uint32_t id = 0;
-    std::uint64_t fragments = 0, missing = 0, last_seen_ns = 0;
+    std::uint64_t fragments = 0, missing = 0, late = 0, last_seen_ns = 0;
     bool absent = false;
 };
 
@@ -80,6 +80,7 @@ std::vector<SourceRow> source_rows(const Sources& s) {
             if (i >= m->sources) continue;
             rows[i].fragments += m->source_fragments[i].get();
             rows[i].missing += m->source_missing[i].get();
+            rows[i].late += m->source_late[i].get();
             rows[i].last_seen_ns = std::max(rows[i].last_seen_ns, m->source_last_seen_ns[i].get());
             rows[i].absent |= m->source_absent[i].get() != 0;
         }
@@ -98,13 +99,13 @@ std::string source_trouble(const SourceRow& r, std::uint64_t newest_ns) {
 
 std::string source_table(const std::vector<const SourceRow*>& rows, std::uint64_t newest_ns, std::uint64_t now_ns) {
     std::string t = "<table class=\"src\"><tr><th>source</th><th>state</th><th>fragments</th><th>events missing it</th>"
-                    "<th>last seen</th></tr>\n";
+                    "<th>late chunks</th><th>last seen</th></tr>\n";
     for (const SourceRow* r : rows) {
         const std::string trouble = source_trouble(*r, newest_ns);
-        t += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n", r->id,
+        t += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n", r->id,
                          trouble.empty() ? "<span class=\"ok\">sending</span>"
                                          : fmt::format("<span class=\"bad\">{}</span>", trouble),
-                         r->fragments, r->missing,
+                         r->fragments, r->missing, r->late,
                          r->last_seen_ns == 0 ? std::string("never") : ago_text(now_ns - std::min(now_ns, r->last_seen_ns)));
     }
     return t + "</table>\n";

@@ -580,10 +580,12 @@ ServiceLoop::MatchTotals ServiceLoop::match_totals() const {
     MatchTotals t;
     t.fragments.assign(started_->sources.size(), 0);
     t.missing.assign(started_->sources.size(), 0);
+    t.late.assign(started_->sources.size(), 0);
     for (const auto& m : t_.pipeline.counters()) {
         for (std::size_t i = 0; i < t.fragments.size() && i < m->sources; ++i) {
             t.fragments[i] += m->source_fragments[i].get();
             t.missing[i] += m->source_missing[i].get();
+            t.late[i] += m->source_late[i].get();
         }
         t.duplicate_chunks += m->duplicate_chunks.get();
         t.crc_failures += m->crc_failures.get();
@@ -684,7 +686,8 @@ void ServiceLoop::write_summary(const EndedRun& r) {
     for (std::size_t i = 0; i < started_->sources.size() && i < b.fragments.size() && i < a.fragments.size(); ++i)
         sources.push_back({{"source_id", started_->sources[i]},
                            {"fragments", b.fragments[i] - a.fragments[i]},
-                           {"missing", b.missing[i] - a.missing[i]}});
+                           {"missing", b.missing[i] - a.missing[i]},
+                           {"late_chunks", b.late[i] - a.late[i]}});
     nlohmann::ordered_json doc = {
         {"run_number", r.start.run},
         {"builder_id", w.builder_id},

@@ -123,7 +123,7 @@ private:
     // Run summaries (docs/FORMATS.md, "Run summary"): a run's counters at its start
     // and end; its files come from the writer (t_.closed) once it has closed them.
     struct MatchTotals {
-        std::vector<std::uint64_t> fragments, missing;  // per source, summed over shards
+        std::vector<std::uint64_t> fragments, missing, late;  // per source, summed over shards
         std::uint64_t duplicate_chunks = 0, crc_failures = 0, late_after_complete = 0, late_after_incomplete = 0,
                       late_beyond_window = 0;
     };

@@ -107,6 +107,8 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     std::unique_ptr<Counter[]> source_absent;
     // Receive time (ns, the clock chunks carry) of the source's last chunk here.
     std::unique_ptr<Counter[]> source_last_seen_ns;
+    // Chunks of the source that came after their event was written (late, any kind).
+    std::unique_ptr<Counter[]> source_late;
     std::size_t sources = 0;
     void size_sources(std::size_t n) {
         sources = n;
@@ -116,6 +118,7 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
         source_slot_limit = std::make_unique<Counter[]>(n);
         source_absent = std::make_unique<Counter[]>(n);
         source_last_seen_ns = std::make_unique<Counter[]>(n);
+        source_late = std::make_unique<Counter[]>(n);
     }
 };
 

@@ -172,6 +172,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
     if (e == nullptr) {
         if (stats::Counter* late = late_counter(c->event_id, c->run_number)) {
             late->add();
+            counters_.source_late[idx].add();
             drop(c);
             return;
         }
