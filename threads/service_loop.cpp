@@ -683,11 +683,14 @@ void ServiceLoop::write_summary(const EndedRun& r) {
     const MatchTotals& a = r.start.at_start;
     const MatchTotals& b = r.at_end;
     nlohmann::ordered_json sources = nlohmann::ordered_json::array();
-    for (std::size_t i = 0; i < started_->sources.size() && i < b.fragments.size() && i < a.fragments.size(); ++i)
-        sources.push_back({{"source_id", started_->sources[i]},
-                           {"fragments", b.fragments[i] - a.fragments[i]},
-                           {"missing", b.missing[i] - a.missing[i]},
-                           {"late_chunks", b.late[i] - a.late[i]}});
+    for (std::size_t i = 0; i < started_->sources.size() && i < b.fragments.size() && i < a.fragments.size(); ++i) {
+        // A source with nothing to report in this run (no fragment, never missing,
+        // nothing late) is left out: a run with no events lists none of 30000.
+        const std::uint64_t frag = b.fragments[i] - a.fragments[i], miss = b.missing[i] - a.missing[i],
+                            late = b.late[i] - a.late[i];
+        if (frag == 0 && miss == 0 && late == 0) continue;
+        sources.push_back({{"source_id", started_->sources[i]}, {"fragments", frag}, {"missing", miss}, {"late_chunks", late}});
+    }
     nlohmann::ordered_json doc = {
         {"run_number", r.start.run},
         {"builder_id", w.builder_id},
