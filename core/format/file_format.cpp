@@ -23,13 +23,18 @@ using wire::store_u64;
 void encode_file_header(const FileHeader& h, std::byte out[kHeaderBytes]) noexcept {
     std::memset(out, 0, kHeaderBytes);
     std::memcpy(out, kFileMagic, 8);
-    store_u32(out + 8, 1);
+    store_u32(out + 8, h.version == 2 ? 2 : 1);
     store_u32(out + 12, kHeaderBytes);
     store_u32(out + 16, h.run_number);
     store_u32(out + 20, h.file_sequence);
     store_u32(out + 24, h.builder_id);
     store_u32(out + 28, h.expected_sources);
     store_u64(out + 32, h.created_unix_ns);
+    if (h.version == 2) {
+        wire::store_u16(out + 40, static_cast<std::uint16_t>(h.match_mode));
+        wire::store_u16(out + 42, static_cast<std::uint16_t>(h.codec));
+        store_u64(out + 48, h.window_ticks);
+    }
     store_u32(out + 60, crc32c(out, 60));
 }
 
@@ -59,12 +64,31 @@ void store_record_crc(std::byte header[kRecordHeaderBytes], std::uint32_t crc) n
     store_u32(header + 52, crc);
 }
 
+void encode_record_header_v2(const RecordHeader& h, std::byte out[kRecordHeaderBytesV2]) noexcept {
+    encode_record_header(h, out);
+    store_u32(out + 28, h.content_length);
+    store_u32(out + 48, h.content_crc32c);
+    store_u64(out + 56, h.timestamp);
+}
+
+std::uint32_t record_crc_seed_v2(const std::byte header[kRecordHeaderBytesV2]) noexcept {
+    return crc32c_extend(crc32c(header, 52), header + 56, 8);
+}
+
+void encode_item_header(std::uint64_t timestamp, std::uint64_t sequence, std::uint32_t length,
+                        std::uint32_t flags, std::byte out[kItemHeaderBytes]) noexcept {
+    store_u64(out + 0, timestamp);
+    store_u64(out + 8, sequence);
+    store_u32(out + 16, length);
+    store_u32(out + 20, flags);
+}
+
 void encode_section_header(std::uint32_t source_id, std::uint32_t status, std::uint32_t length,
-                           std::byte out[kSectionHeaderBytes]) noexcept {
+                           std::byte out[kSectionHeaderBytes], std::uint32_t item_count) noexcept {
     store_u32(out + 0, source_id);
     store_u32(out + 4, status);
     store_u32(out + 8, length);
-    store_u32(out + 12, 0);
+    store_u32(out + 12, item_count);
 }
 
 std::vector<std::byte> encode_index_and_footer(std::span<const IndexEntry> entries,

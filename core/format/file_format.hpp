@@ -1,5 +1,8 @@
-// The v1 file format (docs/FORMATS.md section 2): encoders for the writer and a
+// The file formats (docs/FORMATS.md sections 2 and 6): encoders for the writer and a
 // reader that checks every structure and recovers files that were not closed.
+// Version 2 keeps the v1 layout and adds: match mode, codec and window in the file
+// header, a 64-byte record header (content length and CRC, timestamp), and item
+// lists inside the sections in the timestamp modes.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +15,8 @@ namespace evb::file {
 
 inline constexpr std::size_t kHeaderBytes = 64;
 inline constexpr std::size_t kRecordHeaderBytes = 56;
+inline constexpr std::size_t kRecordHeaderBytesV2 = 64;
+inline constexpr std::size_t kItemHeaderBytes = 24;  // v2, timestamp modes: one per fragment
 inline constexpr std::size_t kSectionHeaderBytes = 16;
 inline constexpr std::size_t kFooterBytes = 32;
 inline constexpr std::size_t kIndexHeaderBytes = 16;
@@ -30,12 +35,18 @@ inline constexpr std::uint32_t incomplete = 1u << 0;
 inline constexpr std::uint32_t duplicates = 1u << 1;
 inline constexpr std::uint32_t source_error = 1u << 2;
 inline constexpr std::uint32_t corrupt_dropped = 1u << 3;
+inline constexpr std::uint32_t compressed = 1u << 4;  // v2
 }  // namespace record_status
 namespace section_status {
 inline constexpr std::uint32_t missing = 1u << 0;
 inline constexpr std::uint32_t empty = 1u << 1;
 inline constexpr std::uint32_t source_error = 1u << 2;
+inline constexpr std::uint32_t unconfirmed = 1u << 3;  // v2, time_slice
 }  // namespace section_status
+
+// v2 file header fields (section 6.1).
+enum class MatchMode : std::uint16_t { event_id = 0, timestamp = 1, time_slice = 2 };
+enum class Codec : std::uint16_t { none = 0, lz4 = 1, zstd = 2 };
 
 struct FileHeader {
     std::uint32_t run_number = 0;
@@ -43,6 +54,11 @@ struct FileHeader {
     std::uint32_t builder_id = 0;
     std::uint32_t expected_sources = 0;
     std::uint64_t created_unix_ns = 0;
+    // Version 2 only (a v1 header has these bytes reserved, 0).
+    std::uint32_t version = 1;
+    MatchMode match_mode = MatchMode::event_id;
+    Codec codec = Codec::none;
+    std::uint64_t window_ticks = 0;
 };
 void encode_file_header(const FileHeader& h, std::byte out[kHeaderBytes]) noexcept;
 
@@ -58,6 +74,10 @@ struct RecordHeader {
     std::uint32_t section_count = 0;
     std::uint64_t first_fragment_unix_ns = 0;
     std::uint64_t built_unix_ns = 0;
+    // Version 2 only.
+    std::uint32_t content_length = 0;
+    std::uint32_t content_crc32c = 0;
+    std::uint64_t timestamp = 0;
 };
 // Writes the 56-byte record header with record_crc32c = 0; the CRC is patched in by
 // finish_record_crc once the body's CRC is known.
@@ -67,9 +87,18 @@ void encode_record_header(const RecordHeader& h, std::byte out[kRecordHeaderByte
 // start it with record_crc_seed(header).
 std::uint32_t record_crc_seed(const std::byte header[kRecordHeaderBytes]) noexcept;
 void store_record_crc(std::byte header[kRecordHeaderBytes], std::uint32_t crc) noexcept;
+// Version 2: the 64-byte header, record_crc32c 0 (content_crc32c as given). Its
+// record CRC covers [0, 52) and [56, record_length): record_crc_seed_v2 is the CRC of
+// the header's part of that, to be extended by the stored sections area.
+void encode_record_header_v2(const RecordHeader& h, std::byte out[kRecordHeaderBytesV2]) noexcept;
+std::uint32_t record_crc_seed_v2(const std::byte header[kRecordHeaderBytesV2]) noexcept;
+// v2 item header (timestamp modes): timestamp, sequence, payload length, flags.
+void encode_item_header(std::uint64_t timestamp, std::uint64_t sequence, std::uint32_t length,
+                        std::uint32_t flags, std::byte out[kItemHeaderBytes]) noexcept;
 
+// `item_count` is v2's (bytes 12..15, reserved 0 in v1).
 void encode_section_header(std::uint32_t source_id, std::uint32_t status, std::uint32_t length,
-                           std::byte out[kSectionHeaderBytes]) noexcept;
+                           std::byte out[kSectionHeaderBytes], std::uint32_t item_count = 0) noexcept;
 inline constexpr std::size_t padded8(std::size_t n) noexcept { return (n + 7) & ~std::size_t{7}; }
 inline constexpr std::size_t section_bytes(std::size_t payload) noexcept {
     return kSectionHeaderBytes + padded8(payload);

@@ -20,9 +20,11 @@ std::string_view parse_error_name(ParseError e) noexcept {
 ParseError peek_type(std::span<const std::byte> d, Type& type) noexcept {
     if (d.size() < kCommonHeaderBytes) return ParseError::too_short;
     if (load_u32(d.data()) != kMagic) return ParseError::bad_magic;
-    if (static_cast<std::uint8_t>(d[4]) != kVersion) return ParseError::bad_version;
+    const auto v = static_cast<std::uint8_t>(d[4]);
+    if (v != kVersion && v != kVersion2) return ParseError::bad_version;
     const auto t = static_cast<std::uint8_t>(d[5]);
     if (t < 1 || t > 3) return ParseError::bad_type;
+    if (v == kVersion2 && t != static_cast<std::uint8_t>(Type::fragment)) return ParseError::bad_version;
     type = static_cast<Type>(t);
     return ParseError::ok;
 }
@@ -31,8 +33,10 @@ ParseError parse_fragment(std::span<const std::byte> d, FragmentView& f) noexcep
     Type type{};
     if (const auto e = peek_type(d, type); e != ParseError::ok) return e;
     if (type != Type::fragment) return ParseError::bad_type;
-    if (d.size() < kFragmentHeaderBytes) return ParseError::too_short;
     const std::byte* p = d.data();
+    f.version = static_cast<std::uint8_t>(p[4]);
+    const std::size_t header = f.version == kVersion2 ? kFragmentHeaderBytesV2 : kFragmentHeaderBytes;
+    if (d.size() < header) return ParseError::too_short;
     f.flags = load_u16(p + 6);
     f.source_id = load_u32(p + 8);
     f.run_number = load_u32(p + 12);
@@ -42,8 +46,9 @@ ParseError parse_fragment(std::span<const std::byte> d, FragmentView& f) noexcep
     f.chunk_index = load_u16(p + 32);
     f.chunk_count = load_u16(p + 34);
     f.payload_crc32c = load_u32(p + 36);
-    f.payload = p + kFragmentHeaderBytes;
-    f.payload_length = static_cast<std::uint32_t>(d.size() - kFragmentHeaderBytes);
+    f.timestamp = f.version == kVersion2 ? load_u64(p + kFragmentHeaderBytes) : 0;
+    f.payload = p + header;
+    f.payload_length = static_cast<std::uint32_t>(d.size() - header);
 
     if (f.flags & ~fragment_flags::defined) return ParseError::undefined_flags;
     if (f.chunk_count == 0 || f.chunk_index >= f.chunk_count) return ParseError::chunk_index_range;
@@ -86,6 +91,12 @@ void encode_fragment_header(const FragmentHeader& h, std::byte* out) noexcept {
     store_u16(out + 32, h.chunk_index);
     store_u16(out + 34, h.chunk_count);
     store_u32(out + 36, h.payload_crc32c);
+}
+
+void encode_fragment_header_v2(const FragmentHeader& h, std::uint64_t timestamp, std::byte* out) noexcept {
+    encode_fragment_header(h, out);
+    out[4] = std::byte{kVersion2};
+    store_u64(out + kFragmentHeaderBytes, timestamp);
 }
 
 std::size_t encode_request(Type type, std::uint32_t builder_id, std::uint32_t run_number,

@@ -1,4 +1,6 @@
-// The v1 datagram formats (docs/FORMATS.md section 1): parse and encode.
+// The datagram formats (docs/FORMATS.md sections 1 and 4): parse and encode.
+// FRAGMENTs come in version 1 (40-byte header) and version 2 (48 bytes: the v1
+// header, then a detector-clock timestamp); REQUEST and CLEAR are version 1 only.
 //
 // Parsing never throws and never reads past the bytes it is given: every failure is
 // a ParseError value naming the rule that was broken, so the data path can count
@@ -16,8 +18,10 @@ namespace evb::wire {
 
 inline constexpr std::uint32_t kMagic = 0x31425645u;  // "EVB1" little-endian
 inline constexpr std::uint8_t kVersion = 1;
+inline constexpr std::uint8_t kVersion2 = 2;
 inline constexpr std::size_t kCommonHeaderBytes = 8;
 inline constexpr std::size_t kFragmentHeaderBytes = 40;
+inline constexpr std::size_t kFragmentHeaderBytesV2 = 48;
 inline constexpr std::size_t kRequestHeaderBytes = 24;
 
 enum class Type : std::uint8_t { fragment = 1, request = 2, clear = 3 };
@@ -83,6 +87,8 @@ struct FragmentView {
     std::uint16_t chunk_index = 0;
     std::uint16_t chunk_count = 0;
     std::uint32_t payload_crc32c = 0;
+    std::uint8_t version = 1;
+    std::uint64_t timestamp = 0;  // version 2 only
     const std::byte* payload = nullptr;
     std::uint32_t payload_length = 0;
 
@@ -92,6 +98,7 @@ struct FragmentView {
 };
 
 // Reads the common header only: the datagram's type, or the reason it is malformed.
+// Version 2 is a FRAGMENT's only; a REQUEST or CLEAR of version 2 is bad_version.
 ParseError peek_type(std::span<const std::byte> datagram, Type& type) noexcept;
 
 // Decodes and checks every rule that one datagram can break on its own. The rules
@@ -125,6 +132,8 @@ struct FragmentHeader {
     std::uint32_t payload_crc32c = 0;
 };
 void encode_fragment_header(const FragmentHeader& h, std::byte* out) noexcept;
+// The version-2 header (48 bytes): as above with version 2, then the timestamp.
+void encode_fragment_header_v2(const FragmentHeader& h, std::uint64_t timestamp, std::byte* out) noexcept;
 
 // Writes a REQUEST or CLEAR into `out` and returns its length, or 0 when `out` is
 // too small or `ids` is empty.

@@ -227,6 +227,42 @@ TEST_CASE("wire: valid edge cases parse", "[wire]") {
     }
 }
 
+TEST_CASE("wire: version-2 FRAGMENT carries a timestamp after the v1 header", "[wire]") {
+    FragmentHeader h;
+    h.flags = evb::wire::fragment_flags::has_crc;
+    h.source_id = 7;
+    h.run_number = 42;
+    h.event_id = 1234;
+    h.fragment_length = 20;
+    h.chunk_offset = 10;
+    h.chunk_index = 1;
+    h.chunk_count = 2;
+    h.payload_crc32c = 0xABCD;
+    Bytes d(evb::wire::kFragmentHeaderBytesV2 + 10, std::byte{0x5A});
+    evb::wire::encode_fragment_header_v2(h, 0x1122334455667788ull, d.data());
+    // Byte layout: version byte 2 at offset 4, the timestamp little-endian at 40.
+    CHECK(static_cast<int>(d[4]) == 2);
+    CHECK(static_cast<int>(d[40]) == 0x88);
+    CHECK(static_cast<int>(d[47]) == 0x11);
+    FragmentView f;
+    REQUIRE(evb::wire::parse_fragment(d, f) == ParseError::ok);
+    CHECK(f.version == 2);
+    CHECK(f.timestamp == 0x1122334455667788ull);
+    CHECK(f.payload == d.data() + 48);
+    CHECK(f.payload_length == 10);
+    CHECK(f.event_id == 1234);
+    CHECK(f.chunk_offset == 10);
+    // The header's 48 bytes are needed: a v2 datagram of 40..47 bytes is too short.
+    for (std::size_t n : {40, 47}) {
+        Bytes t(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(n));
+        CHECK(evb::wire::parse_fragment(t, f) == ParseError::too_short);
+    }
+    // The same header as version 1 reads its payload from byte 40.
+    Bytes v1 = d;
+    v1[4] = std::byte{1};
+    REQUIRE(evb::wire::parse_fragment(v1, f) == ParseError::chunk_overrun);  // 18 payload bytes from 10 > 20
+}
+
 TEST_CASE("wire: REQUEST and CLEAR round trip", "[wire]") {
     std::mt19937_64 rng(99);
     for (Type type : {Type::request, Type::clear}) {
@@ -304,12 +340,19 @@ TEST_CASE("wire: every malformed rule is detected", "[wire]") {
                              ParseError::bad_magic});
         }
     }
-    for (int version : {0, 2, 255}) {
+    for (int version : {0, 3, 255}) {
         Bytes f = good_frag, r = good_req;
         put_u8(f, 4, static_cast<std::uint8_t>(version));
         put_u8(r, 4, static_cast<std::uint8_t>(version));
         cases.push_back({"version " + std::to_string(version), f, Parser::fragment, ParseError::bad_version});
         cases.push_back({"version " + std::to_string(version), r, Parser::request, ParseError::bad_version});
+    }
+    {   // Version 2 exists for FRAGMENTs only.
+        Bytes r = good_req, c = good_clear;
+        put_u8(r, 4, 2);
+        put_u8(c, 4, 2);
+        cases.push_back({"REQUEST of version 2", r, Parser::request, ParseError::bad_version});
+        cases.push_back({"CLEAR of version 2", c, Parser::request, ParseError::bad_version});
     }
     for (int type : {0, 4, 255}) {
         Bytes f = good_frag, r = good_req;
