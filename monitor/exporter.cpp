@@ -247,6 +247,24 @@ std::vector<FamilyOut> collect(const Sources& s) {
         }
         out.push_back(std::move(st));
         if (!tr.samples.empty()) out.push_back(std::move(tr));
+        // Time match modes: how far each source's clock trails the most advanced one.
+        std::vector<std::uint64_t> wm(s.sources.size(), 0);
+        std::uint64_t newest = 0;
+        for (std::size_t i = 0; i < s.sources.size(); ++i) {
+            for (const auto* m : M)
+                if (i < m->sources) wm[i] = std::max(wm[i], m->source_watermark[i].get());
+            newest = std::max(newest, wm[i]);
+        }
+        if (newest != 0) {
+            FamilyOut lag{"evb_source_watermark_lag_ticks",
+                          "Time match modes: how many detector-clock ticks the source's newest fragment (time_slice: its "
+                          "watermark, heartbeats included) trails the newest of any source; a source that sent nothing "
+                          "reads the newest's whole value.",
+                          T::gauge, {}, {}};
+            for (std::size_t i = 0; i < s.sources.size(); ++i)
+                lag.samples.push_back({{{"source", std::to_string(s.sources[i])}}, static_cast<double>(newest - wm[i]), {}, 0});
+            out.push_back(std::move(lag));
+        }
     }
     out.push_back(scalar("evb_expected_sources", "Sources expected now (the configuration's sources).", T::gauge,
                          static_cast<double>(s.control != nullptr && s.control->expected_sources.load() != 0

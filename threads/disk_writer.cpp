@@ -68,6 +68,9 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     // The header states what the file's records hold: one section per source
     // expected by the set they were built under (the event's own count).
     file::FileHeader h{run, seq, s_.builder_id, expected, now};
+    h.version = s_.format_version;
+    h.match_mode = s_.match;
+    h.window_ticks = s_.window_ticks;
     if (const int e = file_.open(s_.directory, h, s_.direct_io); e != 0) {
         counters_.write_errors.add();
         log_error("cannot open {}/{}: {} (retrying in 1 s)", s_.directory,
@@ -225,9 +228,9 @@ void DiskWriter::release_batch(bool lost) {
         std::uint64_t event_payload = 0;
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
             if (!e->section_present(i)) continue;
-            event_payload += e->src[i].fragment_length;
             for (ChunkMeta* c = e->src[i].head; c != nullptr;) {
                 ChunkMeta* next = c->next;  // read before the slot can be reused
+                event_payload += c->payload_length;  // a slice's section holds many fragments
                 returns_.add(c->owner, c->slot);
                 c = next;
             }
@@ -321,7 +324,7 @@ void DiskWriter::write_event(Event* e) {
     }
     const std::uint64_t offset = file_.size() + batch_bytes_;
     file_.note_record(e->event_id, offset);
-    iov_.push_back({e->record_header(), file::kRecordHeaderBytes});
+    iov_.push_back({e->record_header(), e->record_header_bytes()});
     for_each_record_piece(*e, [this](const void* p, std::size_t len) { iov_.push_back({const_cast<void*>(p), len}); });
     batch_bytes_ += e->record_length;
     batch_.push_back(e);

@@ -37,9 +37,24 @@ int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t lengt
         (rules.running ? counters.wrong_run : counters.not_running).add();
         return -1;
     }
-    if (rules.builders > 1 && f.event_id % rules.builders != rules.builder_id) {
-        counters.other_builder.add();
-        return -1;
+    std::uint32_t shard = 0;  // a time match mode builds in shard 0
+    if (rules.match == MatchMode::event_id) {
+        if (rules.builders > 1 && f.event_id % rules.builders != rules.builder_id) {
+            counters.other_builder.add();
+            return -1;
+        }
+        // Events of one builder's share are spread over all shards.
+        shard = shard_of(f.event_id, rules.builders, shard_count);
+    } else {
+        if (f.version != wire::kVersion2) {  // matched by a timestamp it does not have
+            counters.malformed[static_cast<std::size_t>(wire::ParseError::no_timestamp)].add();
+            return -1;
+        }
+        if (rules.match == MatchMode::time_slice && rules.builders > 1 &&
+            (f.timestamp / rules.slice_ticks) % rules.builders != rules.builder_id) {
+            counters.other_builder.add();
+            return -1;
+        }
     }
     ChunkMeta* c = ChunkMeta::in_slot(pool.meta(idx));
     c->next = nullptr;
@@ -53,15 +68,15 @@ int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t lengt
     c->slot = idx;
     c->chunk_index = f.chunk_index;
     c->chunk_count = f.chunk_count;
-    c->flags = f.flags;
+    c->flags = f.version == wire::kVersion2 ? static_cast<std::uint16_t>(f.flags | chunk_flags::v2) : f.flags;
+    c->timestamp = f.timestamp;
     c->owner = pool.owner_id();
     // The one pass over the payload before it is written, made here because recvmmsg
     // has just copied it into this thread's cache: the matcher, on another core, read
     // it at about half the speed. The matcher checks it against the wire's CRC and
     // assembly joins the record CRC from the chunks' CRCs.
     c->received_crc32c = crc32c(c->payload(), c->payload_length);
-    // Events of one builder's share are spread over all shards.
-    return static_cast<int>(shard_of(f.event_id, rules.builders, shard_count));
+    return static_cast<int>(shard);
 }
 
 SocketReader::SocketReader(std::uint16_t /*id: names the thread; the pool carries the owner*/, int fd, alloc::BufferPool& pool, ShardSink& sink,

@@ -69,9 +69,13 @@ const std::vector<Key>& schema() {
         {"building.source_timeout_ms", Kind::uint, 0, 0, 3600000, false, "A source that has sent nothing this long while the others went on is marked absent: events stop waiting for it (written INCOMPLETE, its section MISSING, as soon as every present source is in) until it sends again. 0: half of building.timeout_ms."},
         {"building.source_timeout_events", Kind::uint, 0, 0, 1u << 20, false, "A source is also marked absent once the others have started this many events (per shard) without it, if that comes before building.source_timeout_ms. 0: a quarter of a shard's events in flight (building.max_events_in_flight / shards / 4), so that events waiting for a dead source never hold more than that, at any trigger rate."},
         {"building.late_window", Kind::uint, 65536, 16, 1u << 24, false, "Built event ids remembered per shard to recognise late fragments."},
+        {"building.match", Kind::choice, "event_id", 0, 0, false, "What makes fragments one event (docs/FORMATS.md section 5): \"event_id\" (the same event_id); \"timestamp\" (version-2 fragments whose timestamps lie within building.tolerance_ticks of the event's first one; builders 1, push only); \"time_slice\" (every fragment whose timestamp falls in the same building.slice_ticks-long slice; push only). A time mode writes version-2 files, builds in one matcher shard and refuses version-1 fragments (counted as no_timestamp).", {"event_id", "timestamp", "time_slice"}},
+        {"building.tolerance_ticks", Kind::uint, 0, 0, 1ull << 62, false, "timestamp mode: how far (detector-clock ticks) a fragment's timestamp may lie from an event's anchor and still join it. Triggers must lie more than twice this apart."},
+        {"building.slice_ticks", Kind::uint, 0, 0, 1ull << 62, false, "time_slice mode: the slice length W in ticks (slice k holds timestamps k*W .. (k+1)*W-1); must be set (> 0) in that mode."},
         {"output.directory", Kind::string, "evb-data", 0, 0, false, "Directory for the output files (created if missing)."},
         {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
         {"output.direct_io", Kind::boolean, true, 0, 0, false, "Write through aligned staging buffers with O_DIRECT (Linux AIO), bypassing the page cache: about a third of the CPU per byte of buffered writes and steady throughput; a record counts as written once its write has completed. A file system without O_DIRECT (tmpfs) falls back to buffered writes. false: pwritev through the page cache."},
+        {"output.format_version", Kind::uint, 1, 1, 2, false, "File format version: 1, or 2 (64-byte record headers with a content CRC and the events' smallest fragment timestamp). A time match mode needs and sets 2."},
         {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
         {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
         {"control.socket", Kind::string, "", 0, 0, false, "Unix socket for run control (evb-ctl: status, start, stop, reload); empty: none. The package sets /run/evbd/evbd.sock (group evbd, mode 0660)."},
@@ -382,6 +386,13 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->building.max_events_in_flight = u32("building.max_events_in_flight");
     c->building.max_buffer_bytes = u64("building.max_buffer_bytes");
     c->building.late_window = u32("building.late_window");
+    const std::string match = str("building.match");
+    c->building.match = match == "timestamp"    ? MatchMode::timestamp
+                        : match == "time_slice" ? MatchMode::time_slice
+                                                : MatchMode::event_id;
+    c->building.tolerance_ticks = u64("building.tolerance_ticks");
+    c->building.slice_ticks = u64("building.slice_ticks");
+    c->output.format_version = u32("output.format_version");
     c->output.directory = str("output.directory");
     c->output.max_file_bytes = u64("output.max_file_bytes");
     c->output.direct_io = lookup(eff, "output.direct_io", false)->get<bool>();
@@ -419,6 +430,23 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
             "events time out before their last re-request",
             c->building.timeout_ms, std::uint64_t{c->pull.retry_ms} * (c->pull.max_retries + 1ull)));
     if (c->output.directory.empty()) problems.push_back("output.directory: must not be empty");
+    if (c->building.match != MatchMode::event_id) {
+        if (c->building.match == MatchMode::timestamp && c->builders > 1)
+            problems.push_back(fmt::format("builders: timestamp matching runs on one builder (got {}): an event's "
+                                           "fragments cannot be routed by time before they are matched",
+                                           c->builders));
+        if (c->building.match == MatchMode::time_slice && c->building.slice_ticks == 0)
+            problems.push_back("building.slice_ticks: time_slice mode needs a slice length (> 0 ticks)");
+        if (c->mode == Mode::pull)
+            problems.push_back(fmt::format("mode: pull cannot be used with building.match \"{}\" (the time modes are push only)", match));
+        if (c->building.shards > 1)
+            problems.push_back(fmt::format("building.shards: building.match \"{}\" builds in one shard (got {})", match,
+                                           c->building.shards));
+        if (lookup(doc, "output.format_version", false) != nullptr && c->output.format_version == 1)
+            problems.push_back(fmt::format("output.format_version: building.match \"{}\" writes version 2 files (set 1)", match));
+        c->output.format_version = 2;
+        *lookup(eff, "output.format_version", true) = 2;
+    }
     if (c->building.max_buffer_bytes / (c->input.max_datagram_bytes + 64ull) < 2ull * c->input.batch * c->input.readers)
         problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",
                                        c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.readers, c->input.batch));

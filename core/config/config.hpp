@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "core/format/file_format.hpp"
+
 namespace evb {
 
 struct ConfigError : std::runtime_error {
@@ -22,6 +24,9 @@ struct ConfigError : std::runtime_error {
 
 enum class Mode { push, pull };
 enum class FsyncPolicy { never, on_close, periodic };
+// building.match (docs/FORMATS.md section 5): what makes fragments one event; the
+// same values name the mode in a version-2 file header.
+using file::MatchMode;
 
 struct Config {
     std::uint32_t builder_id = 0;
@@ -52,6 +57,9 @@ struct Config {
         std::uint32_t max_events_in_flight = 0;
         std::uint64_t max_buffer_bytes = 0;
         std::uint32_t late_window = 0;
+        MatchMode match = MatchMode::event_id;
+        std::uint64_t tolerance_ticks = 0;  // timestamp mode
+        std::uint64_t slice_ticks = 0;      // time_slice mode
     } building;
 
     struct Output {
@@ -60,6 +68,7 @@ struct Config {
         bool direct_io = false;
         FsyncPolicy fsync = FsyncPolicy::on_close;
         std::uint32_t fsync_period_ms = 0;
+        std::uint32_t format_version = 1;  // 2 when a version-2 feature is in use
     } output;
 
     struct Monitor {
@@ -90,7 +99,12 @@ struct Config {
     // building.workers, or for 0 what suits this machine: the CPUs this process may
     // run on, less one per socket reader and one for the writer, from 1 to 4.
     std::uint32_t worker_count() const noexcept;
-    std::uint32_t shard_count() const noexcept { return building.shards ? building.shards : worker_count(); }
+    // A time match mode builds in one shard: an event (or a slice) is found by its
+    // time, which no routing by datagram can know before matching.
+    std::uint32_t shard_count() const noexcept {
+        if (building.match != MatchMode::event_id) return 1;
+        return building.shards ? building.shards : worker_count();
+    }
 };
 
 // Whether validation resolves the host names of address keys (getaddrinfo):

@@ -23,6 +23,10 @@ MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
     m.max_events = std::max<std::uint32_t>(4, c.building.max_events_in_flight / z.shards);
     m.late_window = c.building.late_window;
     m.timeout_ns = std::uint64_t{c.building.timeout_ms} * 1'000'000ull;
+    m.match = c.building.match;
+    m.tolerance_ticks = c.building.tolerance_ticks;
+    m.slice_ticks = c.building.slice_ticks;
+    m.record_version = c.output.format_version;
     // Dead-source detection (docs/OPERATIONS.md, "When a board dies").
     m.source_timeout_ns = std::uint64_t{c.building.source_timeout_ms != 0
                                             ? c.building.source_timeout_ms
@@ -47,6 +51,8 @@ AdmissionRules admission_rules(const Config& c) {
     r.run_number = c.run_number;
     r.builders = c.builders;
     r.builder_id = c.builder_id;
+    r.match = c.building.match;
+    r.slice_ticks = c.building.slice_ticks;
     // Only the address matters (config checked that each parses).
     for (const auto& a : c.input.allowed_senders)
         r.allowed_sender_keys.push_back(sender_key(net::parse_sender_address(a).addr));
@@ -61,6 +67,11 @@ WriterSettings writer_settings(const Config& c) {
     w.fsync = c.output.fsync;
     w.fsync_period_ms = c.output.fsync_period_ms;
     w.direct_io = c.output.direct_io;
+    w.format_version = c.output.format_version;
+    w.match = c.building.match;
+    w.window_ticks = c.building.match == MatchMode::timestamp    ? c.building.tolerance_ticks
+                     : c.building.match == MatchMode::time_slice ? c.building.slice_ticks
+                                                                 : 0;
     w.run_number = c.run_number;
     return w;
 }

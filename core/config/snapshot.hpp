@@ -28,6 +28,10 @@ struct AdmissionRules {
     bool running = true;  // false: evbd is stopped, every datagram is refused (not_running)
     std::uint32_t builders = 1;
     std::uint32_t builder_id = 0;
+    // A time match mode takes version-2 fragments only, all into shard 0; time_slice
+    // with several builders keeps slice k (timestamp / slice_ticks) on builder k % builders.
+    MatchMode match = MatchMode::event_id;
+    std::uint64_t slice_ticks = 0;
     // input.allowed_senders as sender_key()s, made once per rule set: empty lets
     // everyone in (the port is ignored).
     std::vector<std::uint64_t> allowed_sender_keys;
@@ -42,6 +46,10 @@ struct WriterSettings {
     FsyncPolicy fsync = FsyncPolicy::on_close;
     std::uint32_t fsync_period_ms = 0;
     bool direct_io = false;
+    // The file header's version and (v2) match mode and window.
+    std::uint32_t format_version = 1;
+    MatchMode match = MatchMode::event_id;
+    std::uint64_t window_ticks = 0;
     // Run transition: when run_generation grows, the writer holds back events of
     // run_number until every shard's run-end marker number run_generation has
     // arrived, then closes the old run's file.

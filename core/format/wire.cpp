@@ -9,6 +9,7 @@ constexpr std::array<std::string_view, kParseErrorCount> kParseErrorNames = {
     "ok",           "too_short",         "bad_magic",       "bad_version",
     "bad_type",     "undefined_flags",   "chunk_index_range", "chunk_overrun",
     "last_chunk_short", "empty_inconsistent", "bad_count",   "reserved_nonzero",  "inconsistent_chunk",
+    "no_timestamp",
 };
 }  // namespace
 

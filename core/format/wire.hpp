@@ -49,6 +49,7 @@ enum class ParseError : std::uint8_t {
     bad_count,           // REQUEST/CLEAR: count 0, or length disagrees with count
     reserved_nonzero,    // REQUEST/CLEAR: reserved field or flags not 0
     inconsistent_chunk,  // disagrees with an earlier chunk of its fragment (matcher)
+    no_timestamp,        // a version-1 FRAGMENT where a time match mode needs a timestamp (reader)
     count_
 };
 inline constexpr std::size_t kParseErrorCount = static_cast<std::size_t>(ParseError::count_);

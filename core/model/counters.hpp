@@ -109,6 +109,9 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     std::unique_ptr<Counter[]> source_last_seen_ns;
     // Chunks of the source that came after their event was written (late, any kind).
     std::unique_ptr<Counter[]> source_late;
+    // Time match modes: the source's largest fragment timestamp + 1 (0: none yet);
+    // in time_slice mode, its watermark (heartbeats included).
+    std::unique_ptr<Counter[]> source_watermark;
     std::size_t sources = 0;
     void size_sources(std::size_t n) {
         sources = n;
@@ -119,6 +122,7 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
         source_absent = std::make_unique<Counter[]>(n);
         source_last_seen_ns = std::make_unique<Counter[]>(n);
         source_late = std::make_unique<Counter[]>(n);
+        source_watermark = std::make_unique<Counter[]>(n);
     }
 };
 

@@ -15,6 +15,11 @@
 
 namespace evb {
 
+// ChunkMeta::flags: the wire's FRAGMENT flags, and bits of evbd's own above them.
+namespace chunk_flags {
+inline constexpr std::uint16_t v2 = 1u << 15;  // a version-2 datagram (48-byte header, timestamp)
+}
+
 // Lives in the first bytes of a receive slot; the datagram follows the meta area.
 struct ChunkMeta {
     ChunkMeta* next;  // batch list (reader -> matcher), then the fragment's chunk list
@@ -31,11 +36,22 @@ struct ChunkMeta {
     std::uint16_t chunk_count;
     std::uint16_t flags;
     std::uint16_t owner;  // pool (reader) id
+    std::uint64_t timestamp;  // version 2; 0 for a v1 datagram
 
+    bool v2() const noexcept { return flags & chunk_flags::v2; }
     const std::byte* payload() const noexcept {
         return reinterpret_cast<const std::byte*>(this) + alloc::BufferPool::kMetaBytes +
-               wire::kFragmentHeaderBytes;
+               (v2() ? wire::kFragmentHeaderBytesV2 : wire::kFragmentHeaderBytes);
     }
+    // In the timestamp modes a fragment's item header (docs/FORMATS.md 6.3) is
+    // written over the last 24 bytes of its first chunk's v2 datagram header, which
+    // nothing reads once the chunk is admitted: the item header and the payload are
+    // then one piece for the writer, and no memory is taken per fragment.
+    std::byte* item_header() noexcept {
+        return reinterpret_cast<std::byte*>(this) + alloc::BufferPool::kMetaBytes + wire::kFragmentHeaderBytesV2 -
+               file::kItemHeaderBytes;
+    }
+    const std::byte* item_header() const noexcept { return const_cast<ChunkMeta*>(this)->item_header(); }
     static ChunkMeta* in_slot(std::byte* meta) noexcept { return reinterpret_cast<ChunkMeta*>(meta); }
 };
 static_assert(sizeof(ChunkMeta) <= alloc::BufferPool::kMetaBytes);
@@ -44,7 +60,11 @@ static_assert(sizeof(ChunkMeta) <= alloc::BufferPool::kMetaBytes);
 struct SourceState {
     ChunkMeta* head;       // chunks sorted by chunk_index
     ChunkMeta* tail;
-    std::uint64_t bitmap;  // chunks 0..63 seen (duplicate detection)
+    union {
+        std::uint64_t bitmap;  // chunks 0..63 seen (duplicate detection)
+        ChunkMeta* partial;    // time_slice: chunks of this source's fragments not yet complete,
+                               // by (sequence, chunk_index); head..tail hold complete fragments only
+    };
     std::uint32_t fragment_length;
     std::uint16_t chunk_count;
     std::uint16_t received;
@@ -57,6 +77,16 @@ struct SourceState {
     // operator took it out by reload); the record has no section for it.
     static constexpr std::uint8_t kSeen = 1, kComplete = 2, kEmpty = 4, kSourceError = 8, kRefused = 16,
                                   kNotAwaited = 32, kRemoved = 64;
+    // time_slice: written on timeout before this source's watermark passed the slice's end.
+    static constexpr std::uint8_t kUnconfirmed = 128;
+};
+
+// How the records of a matcher's events are laid out (docs/FORMATS.md 2.2, 6.2, 6.3).
+enum class RecordLayout : std::uint8_t {
+    v1,        // 56-byte header, sections hold payloads
+    v2,        // 64-byte header, sections hold payloads (event_id mode)
+    v2_items,  // 64-byte header, sections hold items (timestamp mode; MISSING when none)
+    v2_slices, // the same (time_slice mode; a section with no item is not MISSING)
 };
 
 struct Event {
@@ -76,13 +106,21 @@ struct Event {
     std::uint32_t removed_count;  // sources marked kRemoved: the record has section_count - this sections
     std::uint32_t set_generation; // the expected-source set the event started under (see Matcher)
     std::uint64_t claimed_bytes;  // record bytes the fragments seen so far will take
+    std::uint64_t timestamp;      // v2 record's timestamp field (assembly fills event_id mode's)
+    std::uint64_t anchor;         // timestamp mode: the first fragment's timestamp
+    Event* same_bucket;           // timestamp mode: next event in flight in this anchor bucket
+    std::uint64_t started;        // events this shard started before it (the older of two is smaller)
     std::uint16_t shard;
+    RecordLayout layout;          // fixed per pool
     SourceState* src;  // section_count entries, in ascending source id order
     std::byte* meta;   // record header, then one 16-byte header per section
 
     std::byte* record_header() const noexcept { return meta; }
+    std::size_t record_header_bytes() const noexcept {
+        return layout == RecordLayout::v1 ? file::kRecordHeaderBytes : file::kRecordHeaderBytesV2;
+    }
     std::byte* section_header(std::uint32_t i) const noexcept {
-        return meta + file::kRecordHeaderBytes + file::kSectionHeaderBytes * i;
+        return meta + file::kRecordHeaderBytesV2 + file::kSectionHeaderBytes * i;
     }
     bool section_present(std::uint32_t i) const noexcept { return src[i].state & SourceState::kComplete; }
     // Whether the record has a section for source i (it does unless removed).
@@ -90,8 +128,9 @@ struct Event {
     std::uint32_t record_sections() const noexcept { return section_count - removed_count; }
 };
 
+// The meta area has room for the longer (v2) record header in every layout.
 inline constexpr std::size_t event_meta_bytes(std::size_t sections) noexcept {
-    return file::kRecordHeaderBytes + file::kSectionHeaderBytes * sections;
+    return file::kRecordHeaderBytesV2 + file::kSectionHeaderBytes * sections;
 }
 
 // record_length is a u32: the longest record a file can hold.
@@ -100,15 +139,32 @@ inline constexpr std::uint64_t kMaxRecordBytes = 0xFFFFFFF8u;
 // Zero bytes for section padding.
 inline constexpr std::byte kZeroPad[8] = {};
 
-// Visits the pieces of an assembled record after its 56-byte header, in file
-// order: section header, the fragment's chunk payloads, padding. The writer builds
-// its gather list with it; assemble() walks the same layout to join the record CRC,
-// and the tests check the two against each other.
+// Visits the pieces of an assembled record after its header (56 or 64 bytes), in
+// file order: section header, the fragment's chunk payloads, padding. In the time
+// modes a section's chunk list holds whole fragments one after another (each from
+// chunk_index 0 to chunk_count - 1), and each fragment is an item: its item header
+// joined to its first chunk's payload, its other chunks, its padding. The writer
+// builds its gather list with it; assemble() walks the same layout to join the
+// record CRC, and the tests check the two against each other.
 template <typename F>
 void for_each_record_piece(const Event& ev, F&& piece) {
+    const bool items = ev.layout == RecordLayout::v2_items || ev.layout == RecordLayout::v2_slices;
     for (std::uint32_t i = 0; i < ev.section_count; ++i) {
         if (!ev.section_in_record(i)) continue;
         piece(ev.section_header(i), file::kSectionHeaderBytes);
+        if (items) {
+            for (const ChunkMeta* c = ev.src[i].head; c != nullptr; c = c->next) {
+                if (c->chunk_index == 0)
+                    piece(c->item_header(), file::kItemHeaderBytes + std::size_t{c->payload_length});
+                else if (c->payload_length > 0)
+                    piece(c->payload(), std::size_t{c->payload_length});
+                if (c->chunk_index + 1 == c->chunk_count) {
+                    const std::size_t pad = file::padded8(c->fragment_length) - c->fragment_length;
+                    if (pad > 0) piece(kZeroPad, pad);
+                }
+            }
+            continue;
+        }
         if (!ev.section_present(i)) continue;
         for (const ChunkMeta* c = ev.src[i].head; c != nullptr; c = c->next)
             if (c->payload_length > 0) piece(c->payload(), std::size_t{c->payload_length});

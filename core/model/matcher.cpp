@@ -22,6 +22,9 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
                  alloc::ReturnBatcher& slot_returns, stats::MatcherCounters& counters)
     : shard_(shard),
       source_index_(s.sources),
+      match_(s.match),
+      tolerance_(s.tolerance_ticks),
+      slice_ticks_(s.slice_ticks == 0 ? 1 : s.slice_ticks),
       timeout_ns_(s.timeout_ns),
       returns_(slot_returns),
       counters_(counters),
@@ -32,12 +35,14 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       recent_(s.late_window),
       next_recent_(s.late_window),
       pool_size_(s.max_events),
-      max_solo_(s.sources.size() > 1 ? s.max_solo_events_per_source : 0),
+      max_solo_(s.sources.size() > 1 && s.match != file::MatchMode::time_slice ? s.max_solo_events_per_source : 0),
       max_slots_(s.max_slots_per_source),
       solo_events_(s.sources.size(), 0),
       held_slots_(s.sources.size(), 0),
-      source_timeout_ns_(s.sources.size() > 1 ? s.source_timeout_ns : 0),
-      source_timeout_events_(s.sources.size() > 1 ? s.source_timeout_events : 0),
+      // A slice waits for watermarks, not for a fragment of every source: dead-source
+      // detection does not apply (a silent source's slices time out, UNCONFIRMED).
+      source_timeout_ns_(s.sources.size() > 1 && s.match != file::MatchMode::time_slice ? s.source_timeout_ns : 0),
+      source_timeout_events_(s.sources.size() > 1 && s.match != file::MatchMode::time_slice ? s.source_timeout_events : 0),
       seen_at_event_(s.sources.size(), 0),
       started_ns_(std::max<std::size_t>(s.source_timeout_events, 4096), 0),
       absent_(s.sources.size(), 0),
@@ -48,9 +53,19 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
     free_.reserve(s.max_events);
     absent_list_.reserve(s.sources.size());
     const std::size_t n = source_index_.size();
+    if (match_ == file::MatchMode::timestamp) timed_history_.assign(n, SourceHistory{});
+    if (match_ == file::MatchMode::time_slice) {
+        watermark_.assign(n, 0);
+        seen_seq_.assign(n, SeqWindow{});
+    }
+    const RecordLayout layout = s.record_version == 1                   ? RecordLayout::v1
+                                : s.match == file::MatchMode::event_id  ? RecordLayout::v2
+                                : s.match == file::MatchMode::timestamp ? RecordLayout::v2_items
+                                                                        : RecordLayout::v2_slices;
     for (std::size_t i = s.max_events; i-- > 0;) {
         Event& e = events_[i];
         e.shard = shard_;
+        e.layout = layout;
         e.section_count = static_cast<std::uint32_t>(n);
         e.src = states_.data() + i * n;
         e.meta = meta_.data() + i * event_meta_bytes(n);
@@ -80,6 +95,9 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     e->solo_source = -1;
     e->claimed_bytes = event_meta_bytes(e->section_count);
     e->next_out = nullptr;
+    e->timestamp = 0;
+    e->anchor = event_id;  // timestamp mode: the opening fragment's time
+    e->same_bucket = nullptr;
     std::memset(e->src, 0, sizeof(SourceState) * e->section_count);
     // Sources absent now are not waited for by this event, even if they return
     // before it is done: their fragments for it were most likely never sent.
@@ -90,18 +108,45 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     for (const std::uint32_t i : removed_list_) e->src[i].state = SourceState::kNotAwaited | SourceState::kRemoved;
     e->set_generation = set_generation_;
     started_ns_[events_started_ % started_ns_.size()] = now_ns;
-    ++events_started_;
+    e->started = events_started_++;
     e->older = newest_;
     e->newer = nullptr;
     if (newest_) newest_->newer = e; else oldest_ = e;
     newest_ = e;
-    map_.insert(map_key(e->event_id, e->run_number), e);
+    if (match_ == file::MatchMode::timestamp)
+        bucket_insert(e);
+    else
+        map_.insert(map_key(e->event_id, e->run_number), e);
     counters_.events_in_flight.set(map_.size());
     return e;
 }
 
 void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& out) noexcept {
-    if (!complete) {
+    if (match_ == file::MatchMode::time_slice) {
+        const std::uint64_t end = slice_end(*e);
+        for (std::uint32_t i = 0; i < e->section_count; ++i) {
+            SourceState& s = e->src[i];
+            if (s.state & SourceState::kRemoved) continue;
+            if (s.partial != nullptr) {  // fragments that did not finish in time for their slice
+                for (ChunkMeta* c = s.partial; c != nullptr; c = c->next) {
+                    counters_.late_after_incomplete.add();
+                    --held_slots_[i];
+                }
+                drop_chain(s.partial);
+                s.partial = nullptr;
+            }
+            if (!complete && watermark_[i] <= end) {
+                s.state |= SourceState::kUnconfirmed;
+                counters_.source_missing[i].add();
+            }
+        }
+        if (!complete) {
+            e->status |= file::record_status::incomplete;
+            counters_.events_incomplete.add();
+        } else {
+            counters_.events_complete.add();
+        }
+    } else if (!complete) {
         e->status |= file::record_status::incomplete;
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
             SourceState& s = e->src[i];
@@ -120,8 +165,29 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
     if (e->newer) e->newer->older = e->older; else newest_ = e->older;
     if (e->solo_source >= 0) --solo_events_[static_cast<std::size_t>(e->solo_source)];
     if (e->set_generation != set_generation_ && older_in_flight_ > 0) --older_in_flight_;
-    map_.erase(map_key(e->event_id, e->run_number));
-    history(e->run_number).insert(e->event_id, !complete);
+    if (match_ == file::MatchMode::timestamp) {
+        bucket_remove(e);
+        e->timestamp = e->event_id;  // the smallest fragment timestamp
+        // What a later fragment is checked against (see event_by_time): each
+        // fragment written, and for each source missing, the event's anchor.
+        for (std::uint32_t i = 0; i < e->section_count; ++i) {
+            if (!e->section_in_record(i)) continue;
+            SourceHistory& h = timed_history_[i];
+            if (h.run != e->run_number) h = SourceHistory{{}, {}, e->run_number, 0, 0, 0, 0};
+            if (e->src[i].state & SourceState::kComplete) {
+                h.written_seq[h.seq_next] = e->src[i].head->event_id;
+                h.seq_next = static_cast<std::uint8_t>((h.seq_next + 1) % SourceHistory::kDepth);
+                if (h.seq_count < SourceHistory::kDepth) ++h.seq_count;
+            } else {
+                h.missing_anchor[h.missing_next] = e->anchor;
+                h.missing_next = static_cast<std::uint8_t>((h.missing_next + 1) % SourceHistory::kDepth);
+                if (h.missing_count < SourceHistory::kDepth) ++h.missing_count;
+            }
+        }
+    } else {
+        map_.erase(map_key(e->event_id, e->run_number));
+        history(e->run_number).insert(e->event_id, !complete);
+    }
     counters_.events_in_flight.set(map_.size());
     out.push(e);
 }
@@ -163,42 +229,12 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
     counters_.source_last_seen_ns[idx].set(now_ns);
     if (absent_[idx]) set_absent(static_cast<std::size_t>(idx), false);  // back: events wait for it again
 
-    Event* e = map_.find(map_key(c->event_id, c->run_number));
-    if (e == nullptr && !expected_[idx]) {  // removed by the operator: opens nothing
-        counters_.unknown_source.add();
-        drop(c);
+    if (match_ == file::MatchMode::time_slice) {
+        add_sliced(c, idx, now_ns, out);
         return;
     }
-    if (e == nullptr) {
-        if (stats::Counter* late = late_counter(c->event_id, c->run_number)) {
-            late->add();
-            counters_.source_late[idx].add();
-            drop(c);
-            return;
-        }
-        if (!opening_) {  // the run is stopping: events in flight finish, none starts
-            counters_.not_running_drops.add();
-            drop(c);
-            return;
-        }
-        // A source may open only its share of the events in flight with ids that no
-        // other source has sent yet (see MatcherSettings::max_solo_events_per_source).
-        if (max_solo_ != 0 && solo_events_[idx] >= max_solo_) {
-            counters_.source_share_drops.add();
-            counters_.source_desync[idx].add();
-            drop(c);
-            return;
-        }
-        e = start_event(c->event_id, c->run_number, now_ns);
-        if (e == nullptr) {
-            counters_.in_flight_limit_drops.add();
-            drop(c);
-            return;
-        }
-        e->solo_source = idx;
-        ++solo_events_[idx];
-        seen_at_event_[idx] = events_started_;  // the event it opened is not one it missed
-    }
+    Event* e = match_ == file::MatchMode::timestamp ? event_by_time(c, idx, now_ns) : event_by_id(c, idx, now_ns);
+    if (e == nullptr) return;
     SourceState& s = e->src[idx];
     if (s.state & SourceState::kRemoved) {  // the event started after its source was removed
         counters_.unknown_source.add();
@@ -224,7 +260,8 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
     }
     if (s.state & SourceState::kSeen) {
         if (s.fragment_length != c->fragment_length || s.chunk_count != c->chunk_count ||
-            e->run_number != c->run_number) {
+            e->run_number != c->run_number ||
+            (s.head != nullptr && (s.head->timestamp != c->timestamp || s.head->v2() != c->v2()))) {
             counters_.inconsistent_chunks.add();
             drop(c);
             return;
@@ -237,7 +274,8 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         }
         // The record's length is a u32: a fragment that would take the record past
         // it is refused here, and the event is written without it (MISSING).
-        const std::uint64_t bytes = file::section_bytes(c->fragment_length) - file::kSectionHeaderBytes;
+        const std::uint64_t bytes = file::section_bytes(c->fragment_length) - file::kSectionHeaderBytes +
+                                    (e->layout != RecordLayout::v1 && e->layout != RecordLayout::v2 ? file::kItemHeaderBytes : 0);
         if (e->claimed_bytes + bytes > kMaxRecordBytes) {
             s.state |= SourceState::kRefused;
             counters_.event_too_large.add();
@@ -245,6 +283,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
             return;
         }
         e->claimed_bytes += bytes;
+        if (match_ == file::MatchMode::timestamp && c->timestamp < e->event_id) e->event_id = c->timestamp;
         s.state |= SourceState::kSeen;
         s.fragment_length = c->fragment_length;
         s.chunk_count = c->chunk_count;
@@ -316,7 +355,8 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         if (!tiles || end != s.fragment_length) {
             counters_.inconsistent_chunks.add();
             drop_fragment(s, static_cast<std::size_t>(idx));
-            e->claimed_bytes -= file::section_bytes(s.fragment_length) - file::kSectionHeaderBytes;
+            e->claimed_bytes -= file::section_bytes(s.fragment_length) - file::kSectionHeaderBytes +
+                                (e->layout != RecordLayout::v1 && e->layout != RecordLayout::v2 ? file::kItemHeaderBytes : 0);
             const std::uint8_t keep = s.state & (SourceState::kSourceError | SourceState::kNotAwaited);
             s = SourceState{};
             s.state = keep;  // unseen again: a correct resend can still complete it
@@ -327,12 +367,372 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         if (s.state & SourceState::kNotAwaited) --e->not_awaited;
         counters_.fragments.add();
         counters_.source_fragments[idx].add();
+        if (match_ == file::MatchMode::timestamp && c->timestamp + 1 > counters_.source_watermark[idx].get())
+            counters_.source_watermark[idx].set(c->timestamp + 1);
         if (++e->complete_sources + e->removed_count == e->section_count) {
             finish(e, true, now_ns, out);  // every section of its record is in
         } else if ((e->not_awaited != 0 || !absent_list_.empty()) && done(*e)) {
             counters_.events_released_absent.add();
             finish(e, false, now_ns, out);
         }
+    }
+}
+
+Event* Matcher::event_by_id(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
+    Event* e = map_.find(map_key(c->event_id, c->run_number));
+    if (e != nullptr) return e;
+    if (!expected_[idx]) {  // removed by the operator: opens nothing
+        counters_.unknown_source.add();
+        drop(c);
+        return nullptr;
+    }
+    if (stats::Counter* late = late_counter(c->event_id, c->run_number)) {
+        late->add();
+        counters_.source_late[idx].add();
+        drop(c);
+        return nullptr;
+    }
+    return open_event(c, idx, c->event_id, now_ns);
+}
+
+Event* Matcher::open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_t now_ns) noexcept {
+    if (!opening_) {  // the run is stopping: events in flight finish, none starts
+        counters_.not_running_drops.add();
+        drop(c);
+        return nullptr;
+    }
+    // A source may open only its share of the events in flight with ids that no
+    // other source has sent yet (see MatcherSettings::max_solo_events_per_source).
+    if (max_solo_ != 0 && solo_events_[idx] >= max_solo_) {
+        counters_.source_share_drops.add();
+        counters_.source_desync[idx].add();
+        drop(c);
+        return nullptr;
+    }
+    Event* e = start_event(id, c->run_number, now_ns);
+    if (e == nullptr) {
+        counters_.in_flight_limit_drops.add();
+        drop(c);
+        return nullptr;
+    }
+    e->solo_source = idx;
+    ++solo_events_[idx];
+    seen_at_event_[idx] = events_started_;  // the event it opened is not one it missed
+    return e;
+}
+
+std::uint64_t Matcher::bucket_key(std::uint64_t ticks, std::uint32_t run) const noexcept {
+    const std::uint64_t bucket = tolerance_ == UINT64_MAX ? 0 : ticks / (tolerance_ + 1);
+    return map_key(bucket, run);
+}
+
+void Matcher::bucket_insert(Event* e) noexcept {
+    const std::uint64_t key = bucket_key(e->anchor, e->run_number);
+    Event* head = map_.find(key);
+    if (head != nullptr) map_.erase(key);
+    e->same_bucket = head;
+    map_.insert(key, e);
+}
+
+void Matcher::bucket_remove(Event* e) noexcept {
+    const std::uint64_t key = bucket_key(e->anchor, e->run_number);
+    Event* head = map_.find(key);
+    if (head == e) {
+        map_.erase(key);
+        if (e->same_bucket != nullptr) map_.insert(key, e->same_bucket);
+    } else {
+        for (Event* p = head; p != nullptr; p = p->same_bucket)
+            if (p->same_bucket == e) {
+                p->same_bucket = e->same_bucket;
+                break;
+            }
+    }
+    e->same_bucket = nullptr;
+}
+
+// Timestamp mode (docs/FORMATS.md section 5). Every chunk of a fragment carries the
+// fragment's timestamp, so a chunk finds its fragment's event by time: an event in
+// flight within tolerance that holds this source's fragment of the same sequence
+// number; else the fragment joins the event within tolerance whose anchor is
+// nearest (the older on a tie) and that has nothing from this source yet; else it
+// opens an event, unless it is a repeat of a fragment already written or falls
+// within tolerance of a written event this source is missing from (late).
+Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
+    const std::uint64_t t = c->timestamp;
+    const std::uint32_t run = c->run_number;
+    Event* best = nullptr;
+    std::uint64_t best_distance = 0;
+    const std::uint64_t b = tolerance_ == UINT64_MAX ? 0 : t / (tolerance_ + 1);
+    for (std::uint64_t k = b == 0 ? 0 : b - 1; k <= b + 1; ++k) {
+        const std::uint64_t key = map_key(k, run);
+        for (Event* e = map_.find(key); e != nullptr; e = e->same_bucket) {
+            if (e->run_number != run) continue;
+            const std::uint64_t d = t > e->anchor ? t - e->anchor : e->anchor - t;
+            if (d > tolerance_) continue;
+            const SourceState& s = e->src[idx];
+            if (s.state & SourceState::kSeen) {
+                if (s.head != nullptr && s.head->event_id == c->event_id) return e;  // its fragment
+                continue;
+            }
+            if (s.state & (SourceState::kComplete | SourceState::kRemoved | SourceState::kRefused)) continue;
+            if (best == nullptr || d < best_distance || (d == best_distance && e->started < best->started)) {
+                best = e;
+                best_distance = d;
+            }
+        }
+        if (k == UINT64_MAX) break;
+    }
+    if (best != nullptr) return best;
+    if (!expected_[idx]) {
+        counters_.unknown_source.add();
+        drop(c);
+        return nullptr;
+    }
+    const SourceHistory& h = timed_history_[idx];
+    if (h.run == run) {
+        for (std::uint32_t i = 0; i < h.seq_count; ++i)
+            if (h.written_seq[i] == c->event_id) {  // a copy of a fragment already written
+                counters_.duplicate_chunks.add();
+                drop(c);
+                return nullptr;
+            }
+        for (std::uint32_t i = 0; i < h.missing_count; ++i) {
+            const std::uint64_t a = h.missing_anchor[i];
+            if ((t > a ? t - a : a - t) <= tolerance_) {  // its event was written without it
+                counters_.late_after_incomplete.add();
+                counters_.source_late[idx].add();
+                drop(c);
+                return nullptr;
+            }
+        }
+    }
+    return open_event(c, idx, t, now_ns);
+}
+
+void Matcher::SeqWindow::insert(std::uint64_t seq) noexcept {
+    if (!any) {
+        any = true;
+        base = seq >= kSpan / 2 ? seq - kSpan / 2 : 0;  // room for fragments that come a little out of order
+    }
+    if (seq < base) return;  // older than the window: not remembered
+    if (seq - base >= kSpan) {
+        const std::uint64_t new_base = seq - kSpan + 1;
+        if (new_base - base >= kSpan) {
+            std::fill(std::begin(bits), std::end(bits), 0);
+        } else {
+            for (std::uint64_t q = base; q < new_base; ++q) bits[(q % kSpan) / 64] &= ~(std::uint64_t{1} << (q % 64));
+        }
+        base = new_base;
+    }
+    bits[(seq % kSpan) / 64] |= std::uint64_t{1} << (seq % 64);
+}
+
+void Matcher::drop_chain(ChunkMeta* c) noexcept {
+    while (c != nullptr) {
+        ChunkMeta* next = c->next;
+        drop(c);
+        c = next;
+    }
+}
+
+void Matcher::advance_watermark(std::size_t idx, std::uint64_t t) noexcept {
+    const std::uint64_t w = t == UINT64_MAX ? t : t + 1;
+    if (w > watermark_[idx]) {
+        watermark_[idx] = w;
+        watermark_moved_ = true;
+        counters_.source_watermark[idx].set(w);
+    }
+}
+
+// A fragment's chunks first..last (by chunk_index) go into the source's items in
+// ascending (timestamp, sequence): mostly after the last one.
+void Matcher::insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noexcept {
+    auto before = [](const ChunkMeta* a, const ChunkMeta* b) {
+        return a->timestamp < b->timestamp || (a->timestamp == b->timestamp && a->event_id < b->event_id);
+    };
+    if (s.tail == nullptr || !before(first, s.tail)) {
+        if (s.tail != nullptr) s.tail->next = first; else s.head = first;
+        last->next = nullptr;
+        s.tail = last;
+        return;
+    }
+    ChunkMeta* prev_last = nullptr;  // last chunk of the item it goes after
+    ChunkMeta* p = s.head;
+    while (p != nullptr && !before(first, p)) {
+        while (p->chunk_index + 1 != p->chunk_count) p = p->next;  // to the item's last chunk
+        prev_last = p;
+        p = p->next;
+    }
+    if (prev_last != nullptr) prev_last->next = first; else s.head = first;
+    last->next = p;
+}
+
+void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    const auto i = static_cast<std::size_t>(idx);
+    const std::uint64_t seq = c->event_id;
+    const bool crc_bad = (c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c;
+    if (c->flags & wire::fragment_flags::empty) {  // a heartbeat: moves the watermark, is not stored
+        if (crc_bad) {
+            counters_.crc_failures.add();
+        } else if (seen_seq_[i].contains(seq)) {
+            counters_.duplicate_chunks.add();
+        } else {
+            seen_seq_[i].insert(seq);
+            advance_watermark(i, c->timestamp);
+        }
+        drop(c);
+        return;
+    }
+    const std::uint64_t k = c->timestamp / slice_ticks_;
+    const std::uint32_t run = c->run_number;
+    Event* e = map_.find(map_key(k, run));
+    if (e == nullptr) {
+        if (!expected_[idx]) {
+            counters_.unknown_source.add();
+            drop(c);
+            return;
+        }
+        if (stats::Counter* late = late_counter(k, run)) {  // its slice is written
+            late->add();
+            counters_.source_late[idx].add();
+            // Still a complete fragment received: the source is past its time.
+            if (c->chunk_count == 1 && !crc_bad) advance_watermark(i, c->timestamp);
+            drop(c);
+            return;
+        }
+        e = open_event(c, idx, k, now_ns);
+        if (e == nullptr) return;
+        e->solo_source = -1;  // a slice is nobody's alone
+        --solo_events_[i];
+        e->timestamp = k * slice_ticks_;
+    }
+    SourceState& s = e->src[idx];
+    if (s.state & SourceState::kRemoved) {
+        counters_.unknown_source.add();
+        drop(c);
+        return;
+    }
+    if (crc_bad) {
+        e->status |= file::record_status::corrupt_dropped;
+        counters_.crc_failures.add();
+        drop(c);
+        return;
+    }
+    c->payload_crc32c = c->received_crc32c;
+    if (seen_seq_[i].contains(seq)) {  // its fragment is already in a slice
+        e->status |= file::record_status::duplicates;
+        counters_.duplicate_chunks.add();
+        drop(c);
+        return;
+    }
+    ChunkMeta* first = c;
+    ChunkMeta* last = c;
+    if (c->chunk_count > 1) {
+        // The source's unfinished fragments, by (sequence, chunk_index).
+        ChunkMeta* after = nullptr;
+        ChunkMeta* run_first = nullptr;  // first chunk of this fragment, and the one before it
+        ChunkMeta* before_run = nullptr;
+        std::uint32_t have = 0;
+        for (ChunkMeta* p = s.partial; p != nullptr && p->event_id <= seq; p = p->next) {
+            if (p->event_id == seq) {
+                if (p->chunk_index == c->chunk_index) {
+                    e->status |= file::record_status::duplicates;
+                    counters_.duplicate_chunks.add();
+                    drop(c);
+                    return;
+                }
+                if (p->fragment_length != c->fragment_length || p->chunk_count != c->chunk_count ||
+                    p->timestamp != c->timestamp) {
+                    counters_.inconsistent_chunks.add();
+                    drop(c);
+                    return;
+                }
+                if (p->chunk_index > c->chunk_index) break;  // c goes before it
+                if (run_first == nullptr) {
+                    run_first = p;
+                    before_run = after;
+                }
+                ++have;
+            }
+            after = p;
+        }
+        if (max_slots_ != 0 && held_slots_[i] >= max_slots_ && have + 1u < c->chunk_count) {
+            counters_.source_slot_limit_drops.add();
+            counters_.source_slot_limit[idx].add();
+            drop(c);
+            return;
+        }
+        if (after != nullptr) {
+            c->next = after->next;
+            after->next = c;
+        } else {
+            c->next = s.partial;
+            s.partial = c;
+        }
+        ++held_slots_[i];
+        // Chunks of this fragment after the new one.
+        for (ChunkMeta* p = c->next; p != nullptr && p->event_id == seq; p = p->next) ++have;
+        if (have + 1u < c->chunk_count) return;
+        // Complete: its chunks are a run of the list; take them out and check that
+        // they tile the fragment.
+        if (run_first == nullptr || run_first->chunk_index > c->chunk_index) {
+            run_first = c;
+            before_run = after;
+        }
+        last = run_first;
+        while (last->next != nullptr && last->next->event_id == seq) last = last->next;
+        if (before_run != nullptr) before_run->next = last->next; else s.partial = last->next;
+        last->next = nullptr;
+        first = run_first;
+        held_slots_[i] -= c->chunk_count;
+        std::uint64_t end = 0;
+        bool tiles = true;
+        for (const ChunkMeta* q = first; q != nullptr && tiles; q = q->next) {
+            tiles = q->chunk_offset == end;
+            end += q->payload_length;
+        }
+        if (!tiles || end != c->fragment_length) {
+            counters_.inconsistent_chunks.add();
+            drop_chain(first);
+            return;
+        }
+    }
+    const std::uint64_t bytes = file::kItemHeaderBytes + file::padded8(c->fragment_length);
+    if (e->claimed_bytes + bytes > kMaxRecordBytes) {
+        counters_.event_too_large.add();
+        drop_chain(first);
+        return;
+    }
+    e->claimed_bytes += bytes;
+    seen_seq_[i].insert(seq);
+    insert_item(s, first, last);
+    s.state |= SourceState::kComplete;
+    for (const ChunkMeta* q = first; q != nullptr; q = q->next)
+        if (q->flags & wire::fragment_flags::source_error) {
+            s.state |= SourceState::kSourceError;
+            e->status |= file::record_status::source_error;
+        }
+    counters_.fragments.add();
+    counters_.source_fragments[idx].add();
+    advance_watermark(i, c->timestamp);
+    // A slice whose end every watermark had already passed is written at once.
+    if (slice_end(*e) < min_watermark_) finish(e, true, now_ns, out);
+}
+
+void Matcher::release_slices(std::uint64_t now_ns, EventList& out) noexcept {
+    if (!watermark_moved_) return;
+    watermark_moved_ = false;
+    std::uint64_t w = UINT64_MAX;
+    for (std::size_t i = 0; i < watermark_.size(); ++i)
+        if (expected_[i]) w = std::min(w, watermark_[i]);
+    const bool rose = w > min_watermark_;
+    min_watermark_ = w;  // may fall: a source the operator brought back has its own
+    if (!rose) return;
+    // Slice k is complete once every watermark (largest timestamp) is >= (k+1) x W.
+    for (Event* e = oldest_; e != nullptr;) {
+        Event* newer = e->newer;
+        if (slice_end(*e) < w) finish(e, true, now_ns, out);
+        e = newer;
     }
 }
 
@@ -347,6 +747,7 @@ void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint3
     for (std::size_t i = 0; i < expected_.size(); ++i)
         if (!expected_[i]) removed_list_.push_back(static_cast<std::uint32_t>(i));
     set_generation_ = generation;
+    watermark_moved_ = match_ == file::MatchMode::time_slice;  // the minimum is over another set now
     // Every event in flight now belongs to an earlier set; they finish under it.
     older_in_flight_ = map_.size();
     ++pending_markers_;
@@ -421,6 +822,7 @@ void Matcher::add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out) 
         add_one(head, now_ns, out);
         head = next;
     }
+    if (match_ == file::MatchMode::time_slice) release_slices(now_ns, out);
     returns_.flush();
 }
 
@@ -463,6 +865,11 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     next_valid_ = false;
     history_run_ = next_run;
     history_set_ = true;
+    // Watermarks and sequence numbers are the run's.
+    std::fill(watermark_.begin(), watermark_.end(), 0);
+    std::fill(seen_seq_.begin(), seen_seq_.end(), SeqWindow{});
+    min_watermark_ = 0;
+    watermark_moved_ = false;
     // Every source starts the new run present; the silence clocks restart with it.
     while (!absent_list_.empty()) set_absent(absent_list_.back(), false);
     std::fill(seen_at_event_.begin(), seen_at_event_.end(), events_started_);

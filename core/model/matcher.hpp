@@ -49,6 +49,12 @@ struct MatcherSettings {
     // waiting for an absent source; its next chunk makes it present again.
     std::uint64_t source_timeout_ns = 0;
     std::uint32_t source_timeout_events = 0;
+    // What makes fragments one event (docs/FORMATS.md section 5) and how records
+    // are laid out: version 1, or 2 (items in the time modes).
+    file::MatchMode match = file::MatchMode::event_id;
+    std::uint64_t tolerance_ticks = 0;
+    std::uint64_t slice_ticks = 0;
+    std::uint32_t record_version = 1;
 };
 
 class Matcher {
@@ -101,6 +107,50 @@ private:
     void drop(ChunkMeta* c) noexcept { returns_.add(c->owner, c->slot); }
     void reclaim() noexcept;
     void add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexcept;
+    // The event a chunk belongs to, started if need be; nullptr when the chunk was
+    // counted and dropped. By event id, or (timestamp mode) by time.
+    Event* event_by_id(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
+    Event* event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
+    // Starts event `id` for chunk c of source idx, unless the run is stopping, the
+    // source has opened its share, or the pool is empty (then c is counted and dropped).
+    Event* open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_t now_ns) noexcept;
+    // Timestamp mode: events in flight are found through buckets of tolerance + 1
+    // ticks of their anchor (a chain per bucket, through Event::same_bucket).
+    std::uint64_t bucket_key(std::uint64_t ticks, std::uint32_t run) const noexcept;
+    void bucket_insert(Event* e) noexcept;
+    void bucket_remove(Event* e) noexcept;
+    // time_slice mode (docs/FORMATS.md section 5): chunks to slices, fragments to
+    // their source's items in (timestamp, sequence) order, watermarks.
+    void add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    void insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noexcept;
+    void drop_chain(ChunkMeta* c) noexcept;
+    void advance_watermark(std::size_t idx, std::uint64_t t) noexcept;
+    // Writes every slice whose end all expected sources' watermarks have passed.
+    void release_slices(std::uint64_t now_ns, EventList& out) noexcept;
+    // First tick after slice e (saturating).
+    std::uint64_t slice_end(const Event& e) const noexcept {
+        return e.event_id >= UINT64_MAX / slice_ticks_ ? UINT64_MAX : (e.event_id + 1) * slice_ticks_;
+    }
+    // Sequence numbers a source's fragments used lately (1024 of them): a copy of a
+    // fragment is found as a duplicate whichever slice it is still in.
+    struct SeqWindow {
+        static constexpr std::uint64_t kSpan = 1024;
+        std::uint64_t base = 0;
+        bool any = false;
+        std::uint64_t bits[kSpan / 64] = {};
+        bool contains(std::uint64_t seq) const noexcept {
+            return any && seq >= base && seq - base < kSpan && ((bits[(seq % kSpan) / 64] >> (seq % 64)) & 1u);
+        }
+        void insert(std::uint64_t seq) noexcept;
+    };
+    // Timestamp mode: what each source's written events leave behind (see finish).
+    struct SourceHistory {
+        static constexpr std::size_t kDepth = 64;
+        std::uint64_t written_seq[kDepth];     // sequence numbers of its fragments written
+        std::uint64_t missing_anchor[kDepth];  // anchors of written events it is missing from
+        std::uint32_t run;
+        std::uint8_t seq_count, seq_next, missing_count, missing_next;
+    };
     // Built ids of `run`: the current run's, or the next run's while both are about
     // (the readers admit the next run before its run-end marker reaches this shard).
     RecentSet& history(std::uint32_t run) noexcept;
@@ -123,6 +173,14 @@ private:
 
     std::uint16_t shard_;
     SourceIndex source_index_;  // source id -> section
+    file::MatchMode match_;
+    std::uint64_t tolerance_;
+    std::vector<SourceHistory> timed_history_;  // timestamp mode, per source
+    std::uint64_t slice_ticks_;
+    std::vector<std::uint64_t> watermark_;  // time_slice, per source: largest timestamp + 1 (0: none yet)
+    std::uint64_t min_watermark_ = 0;       // over the expected sources
+    bool watermark_moved_ = false;
+    std::vector<SeqWindow> seen_seq_;       // time_slice, per source
     std::uint64_t timeout_ns_;
     alloc::ReturnBatcher& returns_;
     stats::MatcherCounters& counters_;

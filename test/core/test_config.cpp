@@ -176,3 +176,32 @@ TEST_CASE("config: JSON nested deeper than 64 levels is refused before it is par
         CHECK(problems_of(text).empty());
     }
 }
+
+TEST_CASE("config: the match modes and what contradicts them") {
+    using evb::MatchMode;
+    // Default: event_id, version-1 files.
+    auto c = evb::load_config("{}", "test", {});
+    CHECK(c->building.match == MatchMode::event_id);
+    CHECK(c->output.format_version == 1);
+    CHECK(c->shard_count() >= 1);
+    // Timestamp mode sets version 2 and builds in one shard.
+    c = evb::load_config("{}", "test", {"building.match=timestamp", "building.tolerance_ticks=8", "building.workers=3"});
+    CHECK(c->building.match == MatchMode::timestamp);
+    CHECK(c->building.tolerance_ticks == 8);
+    CHECK(c->output.format_version == 2);
+    CHECK(c->effective["output"]["format_version"] == 2);
+    CHECK(c->shard_count() == 1);
+    // version 2 in event_id mode on request.
+    CHECK(evb::load_config("{}", "test", {"output.format_version=2"})->output.format_version == 2);
+    CHECK(any_contains(problems_of("{}", {"output.format_version=3"}), "output.format_version"));
+    // Contradictions, each naming its key.
+    CHECK(any_contains(problems_of("{}", {"building.match=timestamp", "builders=2"}), "builders: timestamp matching runs on one builder"));
+    CHECK(any_contains(problems_of("{}", {"building.match=timestamp", "mode=pull", "pull.source_addresses=[\"127.0.0.1:7500\"]"}),
+                       "mode: pull cannot be used with building.match \"timestamp\""));
+    CHECK(any_contains(problems_of("{}", {"building.match=timestamp", "output.format_version=1"}),
+                       "output.format_version: building.match \"timestamp\" writes version 2 files"));
+    CHECK(any_contains(problems_of("{}", {"building.match=timestamp", "building.shards=2"}), "building.shards:"));
+    CHECK(any_contains(problems_of("{}", {"building.match=time_slice", "building.slice_ticks=0"}),
+                       "building.slice_ticks: time_slice mode needs a slice length"));
+    CHECK(any_contains(problems_of("{}", {"building.match=nearest"}), "building.match"));
+}

@@ -208,6 +208,12 @@ def frag(event, source, length, offset, index, count, payload, run=1, flags=0):
     return struct.pack("<IBBHIIQIIHHI", MAGIC, 1, 1, flags, source, run, event, length, offset, index, count, 0) + payload
 
 
+def frag_v2(event, source, length, offset, index, count, payload, timestamp, run=1, flags=0):
+    """One version-2 FRAGMENT datagram (48-byte header with the timestamp, no CRC)."""
+    return struct.pack("<IBBHIIQIIHHIQ", MAGIC, 2, 1, flags, source, run, event, length, offset, index, count, 0,
+                       timestamp) + payload
+
+
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -12,12 +12,13 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
 
-from evbtest import BIN, Evbd, check, fail, free_udp_port, run_source, workdir
+from evbtest import BIN, Evbd, check, fail, frag_v2, free_udp_port, run_source, workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DASHBOARD = os.path.join(REPO, "packaging", "grafana", "evbd-dashboard.json")
@@ -153,7 +154,7 @@ def families(url):
 
 
 def live_families():
-    """Metric families of a push-mode and of a pull-mode evbd, each after building events."""
+    """Metric families of a push-mode, a pull-mode and a timestamp-mode evbd, each after building events."""
     wd = workdir()
     src = None
     try:
@@ -172,13 +173,25 @@ def live_families():
         d.wait_metric("evb_events_written_total", lambda v: v >= 200, timeout=60)
         pull = families(d.metrics_url)
         d.stop()
+
+        # A timestamp-mode evbd exports the per-source watermark lag.
+        d = Evbd(wd, sets=["sources=4", "building.match=timestamp", "building.tolerance_ticks=5"])
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for trigger in range(20):
+            for source in range(4):
+                s.sendto(frag_v2(trigger, source, 8, 0, 0, 1, b"x" * 8, 1000 * trigger + source), ("127.0.0.1", d.port))
+        s.close()
+        d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= 20)
+        timed = families(d.metrics_url)
+        d.stop()
     finally:
         if src is not None and src.poll() is None:
             src.send_signal(signal.SIGTERM)
             src.wait(timeout=20)
         shutil.rmtree(wd, ignore_errors=True)
     check(PULL <= pull, f"a pull-mode evbd exports the pull metrics ({sorted(PULL - pull)} missing)")
-    return push | pull
+    check("evb_source_watermark_lag_ticks" in timed, "a timestamp-mode evbd exports evb_source_watermark_lag_ticks")
+    return push | pull | timed
 
 
 def main():

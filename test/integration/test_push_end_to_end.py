@@ -28,7 +28,7 @@ def malformed_set():
         ("too_short", b"EVB1"),
         ("too_short", struct.pack("<IBBH", MAGIC, 1, 1, 0) + b"\0" * 10),
         ("bad_magic", b"XXXX" + frag_header()[4:]),
-        ("bad_version", frag_header(version=2)),
+        ("bad_version", frag_header(version=3)),  # 2 is a FRAGMENT version too (48-byte header)
         ("bad_type", frag_header(type=9)),
         ("undefined_flags", frag_header(flags=0x80)),
         ("chunk_index_range", frag_header(index=3, count=2, length=10) + b"x" * 5),

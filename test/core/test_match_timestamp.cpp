@@ -1,0 +1,213 @@
+// Timestamp matching (docs/FORMATS.md section 5), one rule per test case: version-2
+// chunks placed in pool slots and admitted as a socket reader would, fed to a
+// matcher shard in timestamp mode, records assembled and read back byte by byte.
+#include <catch2/catch.hpp>
+
+#include "test/core/v2_rig.hpp"
+
+using namespace evb;
+using test::events_of;
+
+namespace {
+
+constexpr std::uint64_t kTolerance = 10;
+
+// Sources' sequence numbers start at 100.
+struct TimedRig : test::V2Rig {
+    explicit TimedRig(std::uint32_t sources, std::uint64_t tolerance = kTolerance)
+        : V2Rig(sources, file::MatchMode::timestamp, tolerance, 100) {}
+    // The next fragment of `source`, one chunk, stamped t.
+    ChunkMeta* frag(std::uint32_t source, std::uint64_t t) { return chunk(source, next_seq[source]++, t); }
+};
+
+// Per section of a v2 item record: (source, status, item_count, item timestamp, item sequence).
+struct Item {
+    std::uint32_t source, status, items;
+    std::uint64_t timestamp, sequence;
+};
+
+// Reads a version-2 record of the timestamp mode on its own terms (section 6), checks
+// both CRCs and every item's payload against the pattern of its sequence number.
+std::vector<Item> read_record(const std::vector<std::byte>& r, std::uint64_t& event_id, std::uint32_t& status) {
+    const std::byte* p = r.data();
+    REQUIRE(wire::load_u32(p) == file::kRecordMarker);
+    const std::uint32_t length = wire::load_u32(p + 4);
+    REQUIRE(length == r.size());
+    REQUIRE(length % 8 == 0);
+    event_id = wire::load_u64(p + 8);
+    status = wire::load_u32(p + 20);
+    const std::uint32_t sections = wire::load_u32(p + 24);
+    const std::uint32_t content = wire::load_u32(p + 28);
+    REQUIRE(content == length - 64);
+    CHECK(wire::load_u32(p + 48) == crc32c(p + 64, content));
+    CHECK(wire::load_u32(p + 52) == crc32c_extend(crc32c(p, 52), p + 56, length - 56));
+    CHECK(wire::load_u64(p + 56) == event_id);  // timestamp mode: the record's timestamp is its event id
+    std::vector<Item> out;
+    std::size_t at = 64;
+    for (std::uint32_t i = 0; i < sections; ++i) {
+        Item it{wire::load_u32(p + at), wire::load_u32(p + at + 4), wire::load_u32(p + at + 12), 0, 0};
+        const std::uint32_t slen = wire::load_u32(p + at + 8);
+        at += 16;
+        if (it.items == 1) {
+            it.timestamp = wire::load_u64(p + at);
+            it.sequence = wire::load_u64(p + at + 8);
+            const std::uint32_t plen = wire::load_u32(p + at + 16);
+            CHECK(slen == 24 + file::padded8(plen));
+            std::vector<std::byte> want(plen);
+            pattern::fill(1, it.source, it.sequence, 0, want.data(), plen);
+            CHECK(std::equal(want.begin(), want.end(), p + at + 24));
+        } else {
+            CHECK(it.items == 0);
+            CHECK(slen == 0);
+        }
+        at += slen;
+        out.push_back(it);
+    }
+    CHECK(at == length);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("timestamp mode: a fragment joins within tolerance (inclusive) and one tick beyond opens another event",
+          "[match][timestamp]") {
+    TimedRig r(2);
+    r.feed({r.frag(0, 1000), r.frag(1, 1000 + kTolerance)});
+    CHECK(r.matcher.in_flight() == 0);  // joined: complete
+    CHECK(r.counters.events_complete.get() == 1);
+    r.feed({r.frag(0, 2000), r.frag(1, 2000 - kTolerance)});
+    CHECK(r.counters.events_complete.get() == 2);
+    r.feed({r.frag(0, 3000), r.frag(1, 3000 + kTolerance + 1)});
+    CHECK(r.matcher.in_flight() == 2);  // beyond tolerance: an event of its own
+    const auto out = events_of(r.expire(10'000));
+    REQUIRE(out.size() == 2);
+    CHECK(out[0]->event_id == 3000);
+    CHECK(out[1]->event_id == 3000 + kTolerance + 1);
+    CHECK((out[0]->status & file::record_status::incomplete));
+}
+
+TEST_CASE("timestamp mode: the nearest anchor wins - the older event on a tie", "[match][timestamp]") {
+    TimedRig r(3, 20);
+    // Source 0 opens two events, 30 ticks apart (its second fragment cannot join the
+    // first event: that already has source 0).
+    r.feed({r.frag(0, 1000), r.frag(0, 1030)});
+    REQUIRE(r.matcher.in_flight() == 2);
+    // Source 1 at 1016 is 16 from the first anchor and 14 from the second: the second.
+    // Source 2 at 1015 is 15 from both: the older, the first.
+    r.feed({r.frag(1, 1016), r.frag(2, 1015)});
+    const auto out = events_of(r.flush());
+    REQUIRE(out.size() == 2);
+    Event* first = out[0]->anchor == 1000 ? out[0] : out[1];
+    Event* second = first == out[0] ? out[1] : out[0];
+    CHECK(first->anchor == 1000);
+    CHECK(second->anchor == 1030);
+    CHECK(second->section_present(1));
+    CHECK_FALSE(first->section_present(1));
+    CHECK(first->section_present(2));
+    CHECK_FALSE(second->section_present(2));
+    CHECK(second->event_id == 1016);  // the smallest timestamp in the event
+}
+
+TEST_CASE("timestamp mode: a source's second fragment within tolerance opens a new event", "[match][timestamp]") {
+    TimedRig r(2);
+    r.feed({r.frag(0, 1000), r.frag(0, 1004)});
+    CHECK(r.matcher.in_flight() == 2);
+    r.feed({r.frag(1, 1002)});  // 2 from the first, 2 from the second: the older
+    const auto done = events_of(r.expire(0));
+    CHECK(r.counters.events_complete.get() == 1);
+    const auto rest = events_of(r.flush());
+    REQUIRE(rest.size() == 1);
+    CHECK(rest[0]->anchor == 1004);
+    CHECK((rest[0]->status & file::record_status::incomplete));
+}
+
+TEST_CASE("timestamp mode: a record keeps every board's own timestamp and sequence number", "[match][timestamp]") {
+    TimedRig r(3);
+    r.next_seq = {7, 500, 42};
+    const auto out = events_of(r.feed({r.frag(1, 5003), r.frag(0, 4998), r.frag(2, 5000)}));
+    REQUIRE(out.size() == 1);
+    const auto bytes = r.record(*out[0]);
+    std::uint64_t id = 0;
+    std::uint32_t status = 0;
+    const auto items = read_record(bytes, id, status);
+    CHECK(id == 4998);  // the smallest fragment timestamp
+    CHECK(status == 0);
+    REQUIRE(items.size() == 3);
+    CHECK(items[0].source == 0);
+    CHECK(items[0].timestamp == 4998);
+    CHECK(items[0].sequence == 7);
+    CHECK(items[1].timestamp == 5003);
+    CHECK(items[1].sequence == 500);
+    CHECK(items[2].timestamp == 5000);
+    CHECK(items[2].sequence == 42);
+    for (const Item& it : items) CHECK(it.items == 1);
+}
+
+TEST_CASE("timestamp mode: a silent source leaves its section MISSING - and its late fragment is dropped",
+          "[match][timestamp]") {
+    TimedRig r(2);
+    r.feed({r.frag(0, 1000)}, 0);
+    const auto out = events_of(r.expire(5000));  // the timeout (1000 ns) has passed
+    REQUIRE(out.size() == 1);
+    const auto bytes = r.record(*out[0]);
+    std::uint64_t id = 0;
+    std::uint32_t status = 0;
+    const auto items = read_record(bytes, id, status);
+    CHECK((status & file::record_status::incomplete));
+    REQUIRE(items.size() == 2);
+    CHECK(items[1].status == file::section_status::missing);
+    CHECK(items[1].items == 0);
+    // Source 1's fragment for that trigger, after the event was written: late.
+    r.feed({r.frag(1, 1000 + kTolerance)}, 6000);
+    CHECK(r.matcher.in_flight() == 0);
+    CHECK(r.counters.late_after_incomplete.get() == 1);
+    CHECK(r.counters.source_late[1].get() == 1);
+    // Source 0 is not missing there: its next fragment near that time is new data.
+    // And source 1's fragment one tick beyond the tolerance is a new event too.
+    r.feed({r.frag(1, 1000 + kTolerance + 1)}, 6000);
+    CHECK(r.matcher.in_flight() == 1);
+    CHECK(r.counters.late_after_incomplete.get() == 1);
+}
+
+TEST_CASE("timestamp mode: a copy of a fragment is a duplicate - in flight or written", "[match][timestamp]") {
+    TimedRig r(2);
+    r.feed({r.chunk(0, 9, 1000), r.chunk(0, 9, 1000)});
+    CHECK(r.counters.duplicate_chunks.get() == 1);
+    const auto out = events_of(r.feed({r.chunk(1, 3, 1001)}));
+    REQUIRE(out.size() == 1);
+    CHECK((out[0]->status & file::record_status::duplicates));
+    // After the event is written, the copy must not open an event of its own.
+    r.feed({r.chunk(1, 3, 1001)});
+    CHECK(r.counters.duplicate_chunks.get() == 2);
+    CHECK(r.matcher.in_flight() == 0);
+}
+
+TEST_CASE("timestamp mode: chunks of one fragment reassemble - and must carry the same timestamp",
+          "[match][timestamp]") {
+    TimedRig r(2);
+    // Source 0: 2500 bytes in three chunks of 1000; source 1 one chunk.
+    r.feed({r.chunk(0, 1, 1000, 2500, 2, 3), r.chunk(1, 1, 1003)});
+    CHECK(r.matcher.in_flight() == 1);
+    r.feed({r.chunk(0, 1, 1000, 2500, 1, 3, 1000), r.chunk(0, 1, 1001, 2500, 0, 3, 1000)});  // wrong timestamp
+    CHECK(r.counters.inconsistent_chunks.get() == 1);
+    const auto out = events_of(r.feed({r.chunk(0, 1, 1000, 2500, 0, 3, 1000)}));
+    REQUIRE(out.size() == 1);
+    const auto bytes = r.record(*out[0]);
+    std::uint64_t id = 0;
+    std::uint32_t status = 0;
+    const auto items = read_record(bytes, id, status);
+    CHECK(status == 0);
+    CHECK(items[0].sequence == 1);
+    CHECK(id == 1000);
+}
+
+TEST_CASE("timestamp mode: a version-1 fragment has no timestamp and is refused by the reader", "[match][timestamp]") {
+    TimedRig r(2);
+    CHECK(r.chunk(0, 1, 1000, 40, 0, 1, 1000, 0, /*v2=*/false) == nullptr);
+    CHECK(r.reader_counters.malformed[static_cast<std::size_t>(wire::ParseError::no_timestamp)].get() == 1);
+    // In event_id mode the same datagram is taken.
+    r.rules.match = file::MatchMode::event_id;
+    ChunkMeta* c = r.chunk(0, 1, 1000, 40, 0, 1, 1000, 0, false);
+    REQUIRE(c != nullptr);
+    r.feed({c});
+}
