@@ -5,7 +5,9 @@
 // add a single one.
 //
 // Run as `evb_alloc_test timestamp` the same traffic comes as version-2 fragments
-// stamped with a trigger time and is matched by timestamp into version-2 records.
+// stamped with a trigger time and is matched by timestamp into version-2 records;
+// as `evb_alloc_test time_slice` each trigger's fragments fall in a time slice of
+// their own (slice n is written once trigger n+1's fragments move the watermarks).
 //
 // Not counted: oneTBB's internal task and buffer memory, which comes from its own
 // allocator (tbbmalloc) and its per-thread small-object pools, recycled by design.
@@ -52,8 +54,10 @@ int fail(const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const bool timed = argc > 1 && std::strcmp(argv[1], "timestamp") == 0;
-    if (argc > 1 && !timed) return fail("usage: evb_alloc_test [timestamp]");
+    const bool sliced = argc > 1 && std::strcmp(argv[1], "time_slice") == 0;
+    const bool timed = sliced || (argc > 1 && std::strcmp(argv[1], "timestamp") == 0);
+    if (argc > 1 && !timed) return fail("usage: evb_alloc_test [timestamp|time_slice]");
+    const file::MatchMode mode = sliced ? file::MatchMode::time_slice : file::MatchMode::timestamp;
     constexpr std::uint32_t kSources = 16;
     constexpr std::uint32_t kChunks = 3;
     constexpr std::uint32_t kChunkBytes = 1000;
@@ -71,21 +75,25 @@ int main(int argc, char** argv) {
     constexpr std::uint64_t kTriggerPeriod = 1000;  // ticks; each source adds up to +-5
     if (timed) {
         ps.shards = 1;
-        ps.matcher.match = file::MatchMode::timestamp;
+        ps.matcher.match = mode;
         ps.matcher.tolerance_ticks = 10;
+        ps.matcher.slice_ticks = kTriggerPeriod;
         ps.matcher.record_version = 2;
     }
     WriterSettings ws;
     if (timed) {
         ws.format_version = 2;
-        ws.match = file::MatchMode::timestamp;
-        ws.window_ticks = 10;
+        ws.match = mode;
+        ws.window_ticks = sliced ? kTriggerPeriod : 10;
     }
     ws.directory = dir;
     ws.max_file_bytes = 1ull << 40;  // no rotation while measuring
     ws.fsync = FsyncPolicy::never;
     test::PipelineRig rig(ps, ws, 8192, 2048, 32u << 20);
-    if (timed) rig.rules.match = file::MatchMode::timestamp;  // read by the reader once it starts
+    if (timed) {  // read by the reader once it starts
+        rig.rules.match = mode;
+        rig.rules.slice_ticks = kTriggerPeriod;
+    }
     const net::Endpoint to = rig.to;
     stats::WriterCounters& wc = rig.writer_counters;
     rig.start();
@@ -111,7 +119,8 @@ int main(int argc, char** argv) {
                     h.chunk_index = c;
                     h.chunk_count = kChunks;
                     if (timed)  // the source's sequence number is the event id here
-                        wire::encode_fragment_header_v2(h, (next_event + 1) * kTriggerPeriod + s % 11 - 5, buf.data() + k * dgram);
+                        wire::encode_fragment_header_v2(h, next_event * kTriggerPeriod + kTriggerPeriod / 2 + s % 11 - 5,
+                                                        buf.data() + k * dgram);
                     else
                         wire::encode_fragment_header(h, buf.data() + k * dgram);
                 }
@@ -125,6 +134,7 @@ int main(int argc, char** argv) {
         }
     };
     auto wait_written = [&](std::uint64_t n) {
+        if (sliced) --n;  // the last slice waits for the next trigger's fragments
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
         while (wc.events_written.get() < n && std::chrono::steady_clock::now() < deadline)
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -138,15 +148,16 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 60; ++i) send_round();
     const bool all = wait_written(next_event);
     const std::uint64_t after = allocation_requests();
+    std::uint64_t incomplete = 0;  // before the stop, which writes the last slice as it is
+    for (const auto& m : rig.pipeline.counters()) incomplete += m->events_incomplete.get();
     rig.stop();
     ::close(out);
     std::filesystem::remove_all(dir);
     if (!all) return fail("measured events were not all written");
     if (rig.reader_counters.kernel_drops.get() != 0) return fail("kernel drops during the test");
-    for (const auto& m : rig.pipeline.counters())
-        if (m->events_incomplete.get() != 0) return fail("events were written incomplete");
+    if (incomplete != 0) return fail("events were written incomplete");
     std::printf("%s mode, steady state: %llu events, %llu datagrams, %llu allocation requests\n",
-                timed ? "timestamp" : "event_id", static_cast<unsigned long long>(60ull * kEventsPerRound),
+                sliced ? "time_slice" : timed ? "timestamp" : "event_id", static_cast<unsigned long long>(60ull * kEventsPerRound),
                 static_cast<unsigned long long>(60ull * per_round), static_cast<unsigned long long>(after - before));
     if (after != before) return fail("the hot path allocated");
     std::printf("1 passed, 0 failed\n");
