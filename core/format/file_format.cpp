@@ -113,23 +113,129 @@ std::vector<std::byte> encode_index_and_footer(std::span<const IndexEntry> entri
     return out;
 }
 
+const char* match_mode_name(MatchMode m) noexcept {
+    switch (m) {
+        case MatchMode::event_id: return "event_id";
+        case MatchMode::timestamp: return "timestamp";
+        case MatchMode::time_slice: return "time_slice";
+    }
+    return "unknown";
+}
+
+const char* codec_name(Codec c) noexcept {
+    switch (c) {
+        case Codec::none: return "none";
+        case Codec::lz4: return "lz4";
+        case Codec::zstd: return "zstd";
+    }
+    return "unknown";
+}
+
+bool ItemCursor::next(ItemView& out) noexcept {
+    if (left_ == 0) return false;
+    out.timestamp = load_u64(pos_);
+    out.sequence = load_u64(pos_ + 8);
+    out.length = load_u32(pos_ + 16);
+    out.flags = load_u32(pos_ + 20);
+    out.payload = pos_ + kItemHeaderBytes;
+    pos_ += kItemHeaderBytes + padded8(out.length);
+    --left_;
+    return true;
+}
+
 namespace {
 
-bool check_sections(const std::byte* rec, std::uint32_t record_length,
-                    std::uint32_t section_count, std::vector<SectionView>* out,
-                    std::string* why) {
-    std::size_t pos = kRecordHeaderBytes;
+bool padding_is_zero(const std::byte* from, const std::byte* to) noexcept {
+    for (; from < to; ++from)
+        if (*from != std::byte{0}) return false;
+    return true;
+}
+
+// The items of v2 section `i` (its header already checked) against the rules of the
+// match mode: item_count, order, lengths that add up, flags, padding.
+bool check_items(const SectionView& s, std::uint32_t i, MatchMode mode, std::string* why) {
+    const bool missing = s.status & section_status::missing;
+    if (mode == MatchMode::event_id) {
+        if (s.item_count > 1 || (missing && s.item_count != 0)) {
+            if (why) *why = fmt::format("section {} item_count {} (event_id mode: 1, or 0 when MISSING)", i, s.item_count);
+            return false;
+        }
+        return true;
+    }
+    if (missing && mode == MatchMode::time_slice) {
+        if (why) *why = fmt::format("section {} is MISSING, which time_slice mode never is", i);
+        return false;
+    }
+    if (missing && s.item_count != 0) {
+        if (why) *why = fmt::format("section {} is MISSING with {} items", i, s.item_count);
+        return false;
+    }
+    if (mode == MatchMode::timestamp && s.item_count > 1) {
+        if (why) *why = fmt::format("section {} has {} items, timestamp mode allows at most 1", i, s.item_count);
+        return false;
+    }
+    std::size_t pos = 0;
+    std::uint64_t prev_timestamp = 0, prev_sequence = 0;
+    for (std::uint32_t j = 0; j < s.item_count; ++j) {
+        if (s.length - pos < kItemHeaderBytes) {
+            if (why) *why = fmt::format("section {} item {} header runs past the section's {} bytes", i, j, s.length);
+            return false;
+        }
+        const std::byte* item = s.payload + pos;
+        const std::uint64_t timestamp = load_u64(item);
+        const std::uint64_t sequence = load_u64(item + 8);
+        const std::uint32_t length = load_u32(item + 16);
+        const std::uint32_t flags = load_u32(item + 20);
+        if (flags & ~item_flags::source_error) {
+            if (why) *why = fmt::format("section {} item {} has flags 0x{:x}; only bit2 SOURCE_ERROR is defined", i, j, flags);
+            return false;
+        }
+        if (j > 0 && !(timestamp > prev_timestamp || (timestamp == prev_timestamp && sequence > prev_sequence))) {
+            if (why)
+                *why = fmt::format("section {} item {} (timestamp {}, sequence {}) is not after item {} (timestamp {}, "
+                                   "sequence {}): items out of order",
+                                   i, j, timestamp, sequence, j - 1, prev_timestamp, prev_sequence);
+            return false;
+        }
+        prev_timestamp = timestamp;
+        prev_sequence = sequence;
+        pos += kItemHeaderBytes;
+        if (padded8(length) > s.length - pos) {
+            if (why) *why = fmt::format("section {} item {} length {} runs past the section's {} bytes", i, j, length, s.length);
+            return false;
+        }
+        if (!padding_is_zero(s.payload + pos + length, s.payload + pos + padded8(length))) {
+            if (why) *why = fmt::format("section {} item {} padding is not zero", i, j);
+            return false;
+        }
+        pos += padded8(length);
+    }
+    if (pos != s.length) {
+        if (why)
+            *why = fmt::format("section {}: its {} items fill {} of its {} bytes (item lengths do not add up)", i,
+                               s.item_count, pos, s.length);
+        return false;
+    }
+    return true;
+}
+
+// The `section_count` sections in area[0, area_len): v1, the record after its header;
+// v2, the sections area.
+bool check_sections(const std::byte* area, std::size_t area_len, std::uint32_t section_count,
+                    std::uint32_t version, MatchMode mode, std::vector<SectionView>* out, std::string* why) {
+    std::size_t pos = 0;
     std::uint32_t prev_source = 0;
     for (std::uint32_t i = 0; i < section_count; ++i) {
-        if (record_length - pos < kSectionHeaderBytes) {
+        if (area_len - pos < kSectionHeaderBytes) {
             if (why) *why = fmt::format("section {} header runs past the record end", i);
             return false;
         }
         SectionView s;
-        s.source_id = load_u32(rec + pos);
-        s.status = load_u32(rec + pos + 4);
-        s.length = load_u32(rec + pos + 8);
-        if (load_u32(rec + pos + 12) != 0) {
+        s.source_id = load_u32(area + pos);
+        s.status = load_u32(area + pos + 4);
+        s.length = load_u32(area + pos + 8);
+        s.item_count = load_u32(area + pos + 12);
+        if (version == 1 && s.item_count != 0) {
             if (why) *why = fmt::format("section {} reserved field is not 0", i);
             return false;
         }
@@ -138,7 +244,7 @@ bool check_sections(const std::byte* rec, std::uint32_t record_length,
             return false;
         }
         prev_source = s.source_id;
-        if (padded8(s.length) > record_length - pos - kSectionHeaderBytes) {
+        if (padded8(s.length) > area_len - pos - kSectionHeaderBytes) {
             if (why) *why = fmt::format("section {} length {} runs past the record end", i, s.length);
             return false;
         }
@@ -146,28 +252,193 @@ bool check_sections(const std::byte* rec, std::uint32_t record_length,
             if (why) *why = fmt::format("section {} is MISSING with length {}", i, s.length);
             return false;
         }
-        s.payload = rec + pos + kSectionHeaderBytes;
-        for (std::size_t k = s.length; k < padded8(s.length); ++k) {
-            if (s.payload[k] != std::byte{0}) {
-                if (why) *why = fmt::format("section {} padding is not zero", i);
-                return false;
-            }
+        s.payload = area + pos + kSectionHeaderBytes;
+        if (!padding_is_zero(s.payload + s.length, s.payload + padded8(s.length))) {
+            if (why) *why = fmt::format("section {} padding is not zero", i);
+            return false;
         }
+        if (version == 2 && !check_items(s, i, mode, why)) return false;
         pos += section_bytes(s.length);
         if (out) out->push_back(s);
     }
-    if (pos != record_length) {
-        if (why) *why = fmt::format("{} bytes after the last section", record_length - pos);
+    if (pos != area_len) {
+        if (why) *why = fmt::format("{} bytes after the last section", area_len - pos);
         return false;
     }
     return true;
 }
 
+std::size_t record_header_bytes(std::uint32_t version) noexcept {
+    return version == 2 ? kRecordHeaderBytesV2 : kRecordHeaderBytes;
+}
+
+// A COMPRESSED record as stored: u32 stored_length, u32 0, the codec's bytes, zero
+// padding to the record's end.
+bool check_stored_layout(const std::byte* r, RecordView& v, Codec codec, std::string& why) {
+    const std::uint32_t length = v.header.record_length;
+    if (codec == Codec::none) {
+        why = fmt::format("event {}: COMPRESSED, but the file's codec is none", v.header.event_id);
+        return false;
+    }
+    if (length < kRecordHeaderBytesV2 + 8) {
+        why = fmt::format("event {}: compressed record of {} bytes has no stored_length", v.header.event_id, length);
+        return false;
+    }
+    v.stored_length = load_u32(r + kRecordHeaderBytesV2);
+    if (load_u32(r + kRecordHeaderBytesV2 + 4) != 0) {
+        why = fmt::format("event {}: the u32 after stored_length is not 0", v.header.event_id);
+        return false;
+    }
+    if (padded8(std::size_t{8} + v.stored_length) != length - kRecordHeaderBytesV2) {
+        why = fmt::format("event {}: stored_length {} does not fill the record of {} bytes", v.header.event_id,
+                          v.stored_length, length);
+        return false;
+    }
+    if (!padding_is_zero(r + kRecordHeaderBytesV2 + 8 + v.stored_length, r + length)) {
+        why = fmt::format("event {}: padding after the stored bytes is not zero", v.header.event_id);
+        return false;
+    }
+    return true;
+}
+
+// Checks the record at r (`left` bytes to the end of the records) and fills v.
+// Returns false with the reason, to be reported at the record's offset.
+bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, RecordView& v, std::string& why) {
+    const std::size_t hb = record_header_bytes(fh.version);
+    if (left < hb) {
+        why = fmt::format("{} trailing bytes, too few for a record header", left);
+        return false;
+    }
+    if (load_u32(r) != kRecordMarker) {
+        why = "bad record marker";
+        return false;
+    }
+    v.bytes = r;
+    v.version = fh.version;
+    v.match_mode = fh.match_mode;
+    v.codec = fh.codec;
+    RecordHeader& h = v.header;
+    h.record_length = load_u32(r + 4);
+    if (h.record_length < hb || h.record_length % 8 != 0 || h.record_length > left) {
+        why = fmt::format("bad record_length {} ({} bytes left)", h.record_length, left);
+        return false;
+    }
+    h.event_id = load_u64(r + 8);
+    h.run_number = load_u32(r + 16);
+    h.status = load_u32(r + 20);
+    h.section_count = load_u32(r + 24);
+    h.first_fragment_unix_ns = load_u64(r + 32);
+    h.built_unix_ns = load_u64(r + 40);
+    v.stored_crc = load_u32(r + 52);
+    const std::byte* stored = r + hb;
+    const std::size_t stored_bytes = h.record_length - hb;
+    if (fh.version == 1) {
+        if (crc32c_extend(record_crc_seed(r), stored, stored_bytes) != v.stored_crc) {
+            why = fmt::format("record CRC mismatch (event {})", h.event_id);
+            return false;
+        }
+        if (load_u32(r + 28) != 0 || load_u32(r + 48) != 0) {
+            why = "record reserved field is not 0";
+            return false;
+        }
+    } else {
+        h.content_length = load_u32(r + 28);
+        h.content_crc32c = load_u32(r + 48);
+        h.timestamp = load_u64(r + 56);
+        v.compressed = h.status & record_status::compressed;
+        if (v.compressed) {
+            if (crc32c_extend(record_crc_seed_v2(r), stored, stored_bytes) != v.stored_crc) {
+                why = fmt::format("record CRC mismatch (event {})", h.event_id);
+                return false;
+            }
+            // The sections cannot be checked without decompressing them (parse_sections).
+            return check_stored_layout(r, v, fh.codec, why);
+        }
+        // Stored plain, the sections area is what both CRCs cover: one pass over it.
+        const std::uint32_t area_crc = crc32c(stored, stored_bytes);
+        if (crc32c_combine(record_crc_seed_v2(r), area_crc, stored_bytes) != v.stored_crc) {
+            why = fmt::format("record CRC mismatch (event {})", h.event_id);
+            return false;
+        }
+        if (h.content_length != stored_bytes) {
+            why = fmt::format("event {}: content_length {} does not fill the record of {} bytes", h.event_id,
+                              h.content_length, h.record_length);
+            return false;
+        }
+        if (area_crc != h.content_crc32c) {
+            why = fmt::format("content CRC mismatch (event {})", h.event_id);
+            return false;
+        }
+    }
+    std::string sections_why;
+    if (!check_sections(stored, stored_bytes, h.section_count, fh.version, fh.match_mode, nullptr, &sections_why)) {
+        why = fmt::format("event {}: {}", h.event_id, sections_why);
+        return false;
+    }
+    return true;
+}
+
+// Reads the header's fields; false with a problem when the header is not one this
+// reader knows. Non-zero v2 reserved bytes are a problem that does not stop reading.
+bool read_file_header(const std::byte* base, ScanResult& res) {
+    const std::uint32_t version = load_u32(base + 8);
+    if ((version != 1 && version != 2) || load_u32(base + 12) != kHeaderBytes) {
+        res.problems.push_back({8, fmt::format("unsupported version {} or header_size {}", version, load_u32(base + 12))});
+        return false;
+    }
+    if (crc32c(base, 60) != load_u32(base + 60)) {
+        res.problems.push_back({60, "file header CRC mismatch"});
+        return false;
+    }
+    FileHeader& h = res.header;
+    h.version = version;
+    h.run_number = load_u32(base + 16);
+    h.file_sequence = load_u32(base + 20);
+    h.builder_id = load_u32(base + 24);
+    h.expected_sources = load_u32(base + 28);
+    h.created_unix_ns = load_u64(base + 32);
+    if (version == 1) return true;
+    const std::uint16_t mode = wire::load_u16(base + 40);
+    const std::uint16_t codec = wire::load_u16(base + 42);
+    if (mode >= kMatchModeCount) {
+        res.problems.push_back({40, fmt::format("unknown match_mode {} (0 event_id, 1 timestamp, 2 time_slice)", mode)});
+        return false;
+    }
+    if (codec >= kCodecCount) {
+        res.problems.push_back({42, fmt::format("unknown codec {} (0 none, 1 lz4, 2 zstd)", codec)});
+        return false;
+    }
+    h.match_mode = static_cast<MatchMode>(mode);
+    h.codec = static_cast<Codec>(codec);
+    h.window_ticks = load_u64(base + 48);
+    for (const std::size_t at : kHeaderV2Reserved)
+        if (load_u32(base + at) != 0)
+            res.problems.push_back({at, fmt::format("file header reserved bytes {}..{} are not 0", at,
+                                                    at + kHeaderV2ReservedBytes - 1)});
+    return true;
+}
+
 }  // namespace
+
+bool sections_area(const RecordView& r, std::span<const std::byte>& area, std::string* why) {
+    const std::size_t hb = record_header_bytes(r.version);
+    if (r.header.record_length < hb) {
+        if (why) *why = fmt::format("record_length {} is shorter than the record header", r.header.record_length);
+        return false;
+    }
+    if (r.compressed) {
+        if (why) *why = fmt::format("codec {} not supported by this build", codec_name(r.codec));
+        return false;
+    }
+    area = {r.bytes + hb, r.header.record_length - hb};
+    return true;
+}
 
 bool parse_sections(const RecordView& r, std::vector<SectionView>& out, std::string* why) {
     out.clear();
-    return check_sections(r.bytes, r.header.record_length, r.header.section_count, &out, why);
+    std::span<const std::byte> area;
+    if (!sections_area(r, area, why)) return false;
+    return check_sections(area.data(), area.size(), r.header.section_count, r.version, r.match_mode, &out, why);
 }
 
 ScanResult scan(std::span<const std::byte> img) {
@@ -182,21 +453,8 @@ ScanResult scan(std::span<const std::byte> img) {
         res.problems.push_back({0, "bad file magic (expected EVBFILE1)"});
         return res;
     }
-    if (load_u32(base + 8) != 1 || load_u32(base + 12) != kHeaderBytes) {
-        res.problems.push_back({8, fmt::format("unsupported version {} or header_size {}",
-                                               load_u32(base + 8), load_u32(base + 12))});
-        return res;
-    }
-    if (crc32c(base, 60) != load_u32(base + 60)) {
-        res.problems.push_back({60, "file header CRC mismatch"});
-        return res;
-    }
+    if (!read_file_header(base, res)) return res;
     res.header_ok = true;
-    res.header.run_number = load_u32(base + 16);
-    res.header.file_sequence = load_u32(base + 20);
-    res.header.builder_id = load_u32(base + 24);
-    res.header.expected_sources = load_u32(base + 28);
-    res.header.created_unix_ns = load_u64(base + 32);
 
     // Where the footer says the index starts, if the footer is intact.
     std::uint64_t index_offset = size;
@@ -233,45 +491,10 @@ ScanResult scan(std::span<const std::byte> img) {
     std::uint64_t pos = kHeaderBytes;
     std::string why;
     while (pos < index_offset) {
-        const std::uint64_t left = index_offset - pos;
-        if (left < kRecordHeaderBytes) {
-            res.problems.push_back({pos, fmt::format("{} trailing bytes, too few for a record header", left)});
-            break;
-        }
-        const std::byte* r = base + pos;
-        if (load_u32(r) != kRecordMarker) {
-            res.problems.push_back({pos, "bad record marker"});
-            break;
-        }
         RecordView v;
         v.file_offset = pos;
-        v.bytes = r;
-        v.header.record_length = load_u32(r + 4);
-        if (v.header.record_length < kRecordHeaderBytes || v.header.record_length % 8 != 0 ||
-            v.header.record_length > left) {
-            res.problems.push_back({pos, fmt::format("bad record_length {} ({} bytes left)",
-                                                     v.header.record_length, left)});
-            break;
-        }
-        v.header.event_id = load_u64(r + 8);
-        v.header.run_number = load_u32(r + 16);
-        v.header.status = load_u32(r + 20);
-        v.header.section_count = load_u32(r + 24);
-        v.header.first_fragment_unix_ns = load_u64(r + 32);
-        v.header.built_unix_ns = load_u64(r + 40);
-        v.stored_crc = load_u32(r + 52);
-        std::uint32_t crc = crc32c(r, 52);
-        crc = crc32c_extend(crc, r + 56, v.header.record_length - 56);
-        if (crc != v.stored_crc) {
-            res.problems.push_back({pos, fmt::format("record CRC mismatch (event {})", v.header.event_id)});
-            break;
-        }
-        if (load_u32(r + 28) != 0 || load_u32(r + 48) != 0) {
-            res.problems.push_back({pos, "record reserved field is not 0"});
-            break;
-        }
-        if (!check_sections(r, v.header.record_length, v.header.section_count, nullptr, &why)) {
-            res.problems.push_back({pos, fmt::format("event {}: {}", v.header.event_id, why)});
+        if (!check_record(base + pos, index_offset - pos, res.header, v, why)) {
+            res.problems.push_back({pos, why});
             break;
         }
         res.records.push_back(v);
@@ -281,12 +504,13 @@ ScanResult scan(std::span<const std::byte> img) {
     if (!res.has_footer && pos < size) {
         const std::byte* tail = base + pos;
         const std::uint64_t left = size - pos;
-        if (left < kRecordHeaderBytes) {
+        const std::size_t hb = record_header_bytes(res.header.version);
+        if (left < hb) {
             const std::uint32_t marker = kRecordMarker;
             res.cut_record = std::memcmp(tail, &marker, std::min<std::uint64_t>(left, 4)) == 0;
         } else {
             const std::uint32_t len = load_u32(tail + 4);
-            res.cut_record = load_u32(tail) == kRecordMarker && len % 8 == 0 && len >= kRecordHeaderBytes && len > left;
+            res.cut_record = load_u32(tail) == kRecordMarker && len % 8 == 0 && len >= hb && len > left;
         }
     }
     if (res.has_footer && pos == index_offset) {

@@ -47,6 +47,17 @@ inline constexpr std::uint32_t unconfirmed = 1u << 3;  // v2, time_slice
 // v2 file header fields (section 6.1).
 enum class MatchMode : std::uint16_t { event_id = 0, timestamp = 1, time_slice = 2 };
 enum class Codec : std::uint16_t { none = 0, lz4 = 1, zstd = 2 };
+inline constexpr std::uint16_t kMatchModeCount = 3;
+inline constexpr std::uint16_t kCodecCount = 3;
+// "event_id", "timestamp", "time_slice"; "none", "lz4", "zstd" (as the spec spells them).
+const char* match_mode_name(MatchMode m) noexcept;
+const char* codec_name(Codec c) noexcept;
+// v2 header bytes that stay reserved: [44, 48) and [56, 60).
+inline constexpr std::size_t kHeaderV2Reserved[2] = {44, 56};
+inline constexpr std::size_t kHeaderV2ReservedBytes = 4;
+namespace item_flags {
+inline constexpr std::uint32_t source_error = 1u << 2;  // the only defined bit
+}  // namespace item_flags
 
 struct FileHeader {
     std::uint32_t run_number = 0;
@@ -118,7 +129,32 @@ struct SectionView {
     std::uint32_t source_id = 0;
     std::uint32_t status = 0;
     std::uint32_t length = 0;
+    std::uint32_t item_count = 0;        // v2 (0 in v1)
+    const std::byte* payload = nullptr;  // in the timestamp modes: item_count items
+};
+
+// One fragment of a section in the timestamp and time_slice modes (v2).
+struct ItemView {
+    std::uint64_t timestamp = 0;
+    std::uint64_t sequence = 0;  // the fragment's event_id field
+    std::uint32_t length = 0;
+    std::uint32_t flags = 0;
     const std::byte* payload = nullptr;
+};
+
+// Walks the items of a section that parse_sections returned, in file order, without
+// allocating: `for (ItemCursor c(section); c.next(item);)`. parse_sections has
+// checked the layout, so the cursor trusts it. An event_id-mode or v1 section has
+// no items (item_count is 0, or 1 for the fragment that is the payload itself):
+// walk only sections of a timestamp-mode file.
+class ItemCursor {
+public:
+    explicit ItemCursor(const SectionView& s) noexcept : pos_(s.payload), left_(s.item_count) {}
+    bool next(ItemView& out) noexcept;
+
+private:
+    const std::byte* pos_;
+    std::uint32_t left_;
 };
 
 struct RecordView {
@@ -126,6 +162,13 @@ struct RecordView {
     RecordHeader header;
     std::uint32_t stored_crc = 0;
     const std::byte* bytes = nullptr;  // whole record
+    // From the file header, so that parse_sections knows the layout.
+    std::uint32_t version = 1;
+    MatchMode match_mode = MatchMode::event_id;
+    Codec codec = Codec::none;
+    // v2 COMPRESSED: bytes [64, 72) hold stored_length and 0, the codec's bytes follow.
+    bool compressed = false;
+    std::uint32_t stored_length = 0;
 };
 
 struct Problem {
@@ -147,14 +190,29 @@ struct ScanResult {
     std::vector<Problem> problems;    // empty when the file is clean and consistent
 };
 
-// Scans a whole file image. Records are checked for marker, length, CRC and section
-// layout; the scan stops at the first bad record (everything before it is good). When
-// the footer is valid its index must match the records found.
+// Scans a whole file image of version 1 or 2. Records are checked for marker, length,
+// CRC and section layout (v2 also: content_length and content CRC, and the items of
+// the timestamp modes); the scan stops at the first bad record (everything before it
+// is good). When the footer is valid its index must match the records found.
+// A v2 header with an unknown match_mode or codec is refused; non-zero v2 reserved
+// header bytes are a problem that does not stop the scan. (v1's reserved header
+// bytes are left to the caller, as evb-dump has always checked them.)
+// A COMPRESSED record is checked as stored (record CRC, stored_length, padding):
+// its sections are parse_sections' business.
 ScanResult scan(std::span<const std::byte> image);
 
 // Splits a good record into its sections. Returns false (and a reason) when the
-// section layout contradicts record_length or section_count.
+// section layout contradicts record_length or section_count, or (v2) content_length,
+// the item rules of the match mode, or when the sections are stored compressed with a
+// codec this build cannot decode (all of them, until issue 23: see sections_area).
 bool parse_sections(const RecordView& r, std::vector<SectionView>& out, std::string* why = nullptr);
+
+// Sets `area` to the uncompressed sections area of a good record: in place, after the
+// record header, for a record stored plain. The one place a codec plugs in: a
+// COMPRESSED record's area is to be decompressed (and held to content_length and
+// content_crc32c) here; this build has no codec yet (issue 23), so it returns false
+// with "codec lz4 not supported by this build".
+bool sections_area(const RecordView& r, std::span<const std::byte>& area, std::string* why);
 
 // A read-only mapping of a file. Empty span for an empty file.
 class MappedFile {

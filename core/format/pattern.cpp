@@ -86,13 +86,17 @@ void fill(std::uint32_t run, std::uint32_t source, std::uint64_t event, std::siz
     }
 }
 
-std::size_t first_mismatch(std::uint32_t run, std::uint32_t source, std::uint64_t event,
-                           std::size_t offset, const std::byte* data, std::size_t len) noexcept {
+namespace {
+// Compares data with the words make_word(next(s)) from (run, source, event), starting
+// `offset` bytes into the payload.
+template <typename MakeWord>
+std::size_t first_mismatch_of(std::uint32_t run, std::uint32_t source, std::uint64_t event, std::size_t offset,
+                              const std::byte* data, std::size_t len, MakeWord make_word) noexcept {
     std::uint64_t s = state_at(seed(run, source, event), offset / 8);
     std::size_t skip = offset % 8;
     std::size_t done = 0;
     while (done < len) {
-        const std::uint64_t w = next(s);
+        const std::uint64_t w = make_word(next(s));
         const auto* wb = reinterpret_cast<const std::byte*>(&w);
         const std::size_t take = (8 - skip) < (len - done) ? (8 - skip) : (len - done);
         if (std::memcmp(data + done, wb + skip, take) != 0) {
@@ -103,6 +107,30 @@ std::size_t first_mismatch(std::uint32_t run, std::uint32_t source, std::uint64_
         skip = 0;
     }
     return len;
+}
+}  // namespace
+
+std::size_t first_mismatch(std::uint32_t run, std::uint32_t source, std::uint64_t event,
+                           std::size_t offset, const std::byte* data, std::size_t len) noexcept {
+    return first_mismatch_of(run, source, event, offset, data, len, [](std::uint64_t w) { return w; });
+}
+
+void fill_waveform(std::uint32_t run, std::uint32_t source, std::uint64_t event, std::size_t offset,
+                   std::byte* out, std::size_t len) noexcept {
+    // The pattern's bytes, then each byte masked by its place in its word: the
+    // generator's fast paths stay in one place.
+    fill(run, source, event, offset, out, len);
+    for (std::size_t i = 0; i < len; ++i) {
+        const std::size_t shift = 8 * ((offset + i) % 8);
+        const auto base = static_cast<std::uint8_t>(kWaveformBaseline >> shift);
+        const auto noise = static_cast<std::uint8_t>(kWaveformNoise >> shift);
+        out[i] = std::byte{static_cast<std::uint8_t>(base | (std::to_integer<std::uint8_t>(out[i]) & noise))};
+    }
+}
+
+std::size_t first_waveform_mismatch(std::uint32_t run, std::uint32_t source, std::uint64_t event,
+                                    std::size_t offset, const std::byte* data, std::size_t len) noexcept {
+    return first_mismatch_of(run, source, event, offset, data, len, waveform_word);
 }
 
 }  // namespace evb::pattern

@@ -1,5 +1,7 @@
-// The test payload pattern (docs/FORMATS.md section 3): splitmix64 seeded by
-// (run, source, event), so a checker can regenerate every payload byte.
+// The test payloads (docs/FORMATS.md sections 3 and 7): splitmix64 seeded by
+// (run, source, event), so a checker can regenerate every payload byte. "pattern"
+// is the raw generator output; "waveform" turns each word into four 16-bit samples
+// near a baseline, so that it compresses like detector data.
 #pragma once
 
 #include <cstddef>
@@ -29,5 +31,21 @@ void fill(std::uint32_t run_number, std::uint32_t source_id, std::uint64_t event
 std::size_t first_mismatch(std::uint32_t run_number, std::uint32_t source_id,
                            std::uint64_t event_id, std::size_t offset, const std::byte* data,
                            std::size_t len) noexcept;
+
+// The waveform payload (section 7): each generator word w gives the four samples
+// 0x0800 + ((w >> 16 i) & 3), i = 0..3, stored little-endian. As a 64-bit word that
+// is w masked to two bits per sample, with the baseline's 0x08 in every odd byte.
+inline constexpr std::uint64_t kWaveformBaseline = 0x0800080008000800ull;
+inline constexpr std::uint64_t kWaveformNoise = 0x0003000300030003ull;
+inline constexpr std::uint64_t waveform_word(std::uint64_t w) noexcept {
+    return kWaveformBaseline | (w & kWaveformNoise);
+}
+
+// As fill and first_mismatch, for the waveform payload.
+void fill_waveform(std::uint32_t run_number, std::uint32_t source_id, std::uint64_t event_id,
+                   std::size_t offset, std::byte* out, std::size_t len) noexcept;
+std::size_t first_waveform_mismatch(std::uint32_t run_number, std::uint32_t source_id,
+                                    std::uint64_t event_id, std::size_t offset,
+                                    const std::byte* data, std::size_t len) noexcept;
 
 }  // namespace evb::pattern

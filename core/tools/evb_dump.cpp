@@ -1,5 +1,5 @@
-// evb-dump: summarise, list, verify and recover evbd output files
-// (docs/FORMATS.md section 2). An offline operator tool: it reads whole files through
+// evb-dump: summarise, list, verify and recover evbd output files, versions 1 and 2
+// (docs/FORMATS.md sections 2 and 6). An offline operator tool: it reads whole files through
 // a read-only mapping and may allocate freely.
 //
 // Exit status: 0 ok, 1 verification problems (with --verify/--pattern, or a recovered
@@ -67,7 +67,14 @@ in name order.
   --verify         check every structure and CRC; report each problem as
                    FILE:OFFSET: message and exit 1 if there is any
   --pattern        as --verify, and also check every payload byte against the
-                   test pattern of the source emulator
+                   test pattern of the source emulator: each section's payload
+                   against (run, source, event_id); in the timestamp and
+                   time_slice modes (v2) each item against (run, source,
+                   the item's sequence number)
+  --pattern-kind pattern|waveform
+                   which test payload --pattern expects (implies --pattern):
+                   the raw pattern (the default) or the compressible
+                   "waveform" samples
   --recover FILE   rewrite an unclean FILE.evb.part as FILE.evb holding every
                    good event (may be repeated; FILE.evb.part is removed). A
                    .part cut off before its header holds no event: it is
@@ -84,11 +91,15 @@ in name order.
 exit status: 0 ok, 1 verification problems or a summary mismatch, 2 usage or I/O error
 )";
 
+// The test payload --pattern holds sections (or items) to (docs/FORMATS.md 3 and 7).
+enum class PatternKind { pattern, waveform };
+
 struct Options {
     bool events = false;
     bool json = false;
     bool verify = false;
     bool pattern = false;
+    PatternKind pattern_kind = PatternKind::pattern;
     bool help = false;
     bool version = false;
     std::vector<std::string> recover;
@@ -112,6 +123,14 @@ std::optional<std::string> parse_args(int argc, char** argv, Options& o) {
         } else if (a == "--verify") {
             o.verify = true;
         } else if (a == "--pattern") {
+            o.pattern = o.verify = true;
+        } else if (a == "--pattern-kind" || a.substr(0, 15) == "--pattern-kind=") {
+            std::string_view kind;
+            if (a.size() > 15) kind = a.substr(15);
+            else if (a == "--pattern-kind" && i + 1 < argc) kind = argv[++i];
+            if (kind == "pattern") o.pattern_kind = PatternKind::pattern;
+            else if (kind == "waveform") o.pattern_kind = PatternKind::waveform;
+            else return fmt::format("--pattern-kind needs 'pattern' or 'waveform', not '{}'", kind);
             o.pattern = o.verify = true;
         } else if (a == "-h" || a == "--help") {
             o.help = true;
@@ -154,9 +173,8 @@ std::string human_bytes(std::uint64_t n) {
 }
 
 // Status bit names, as the spec spells them; unknown bits as hex.
-template <std::size_t N>
-std::vector<std::string> bit_names(std::uint32_t bits,
-                                   const std::array<std::pair<std::uint32_t, const char*>, N>& names) {
+using BitName = std::pair<std::uint32_t, const char*>;
+std::vector<std::string> bit_names(std::uint32_t bits, std::span<const BitName> names) {
     std::vector<std::string> out;
     for (const auto& [bit, name] : names) {
         if (bits & bit) {
@@ -168,19 +186,37 @@ std::vector<std::string> bit_names(std::uint32_t bits,
     return out;
 }
 
-constexpr std::array<std::pair<std::uint32_t, const char*>, 4> kRecordBits = {{
+// The bits of both versions; a v1 file has only the first kRecordBitsV1 and
+// kSectionBitsV1 of them (and its output names no others, as before v2).
+constexpr std::array<BitName, 5> kRecordBits = {{
     {ef::record_status::incomplete, "INCOMPLETE"},
     {ef::record_status::duplicates, "DUPLICATES"},
     {ef::record_status::source_error, "SOURCE_ERROR"},
     {ef::record_status::corrupt_dropped, "CORRUPT_DROPPED"},
+    {ef::record_status::compressed, "COMPRESSED"},
 }};
-constexpr std::uint32_t kRecordBitsDefined = 0xF;
-constexpr std::array<std::pair<std::uint32_t, const char*>, 3> kSectionBits = {{
+constexpr std::size_t kRecordBitsV1 = 4;
+constexpr std::array<BitName, 4> kSectionBits = {{
     {ef::section_status::missing, "MISSING"},
     {ef::section_status::empty, "EMPTY"},
     {ef::section_status::source_error, "SOURCE_ERROR"},
+    {ef::section_status::unconfirmed, "UNCONFIRMED"},
 }};
-constexpr std::uint32_t kSectionBitsDefined = 0x7;
+constexpr std::size_t kSectionBitsV1 = 3;
+constexpr std::array<BitName, 1> kItemBits = {{
+    {ef::item_flags::source_error, "SOURCE_ERROR"},
+}};
+
+// How many of kRecordBits / kSectionBits a file of `version` has, and their mask.
+std::size_t record_bit_count(std::uint32_t version) { return version == 2 ? kRecordBits.size() : kRecordBitsV1; }
+std::size_t section_bit_count(std::uint32_t version) { return version == 2 ? kSectionBits.size() : kSectionBitsV1; }
+std::uint32_t bits_defined(std::size_t count) { return (1u << count) - 1; }
+std::span<const BitName> record_bit_names(std::uint32_t version) {
+    return std::span(kRecordBits).first(record_bit_count(version));
+}
+std::span<const BitName> section_bit_names(std::uint32_t version) {
+    return std::span(kSectionBits).first(section_bit_count(version));
+}
 
 std::string join(const std::vector<std::string>& v, std::string_view sep) {
     std::string out;
@@ -195,6 +231,8 @@ struct SectionInfo {
     std::uint32_t source_id = 0;
     std::uint32_t status = 0;
     std::uint32_t length = 0;
+    std::uint32_t item_count = 0;        // v2
+    std::vector<ef::ItemView> items;     // v2, timestamp modes (payload pointers unused)
 };
 
 struct EventInfo {
@@ -204,6 +242,9 @@ struct EventInfo {
     std::uint32_t status = 0;
     std::uint64_t first_fragment_unix_ns = 0;
     std::uint64_t built_unix_ns = 0;
+    std::uint64_t timestamp = 0;         // v2
+    std::uint32_t content_length = 0;    // v2
+    bool sections_read = true;           // false: stored with a codec this build lacks
     std::vector<SectionInfo> sections;
 };
 
@@ -217,12 +258,14 @@ struct FileReport {
     std::uint64_t good_bytes = 0;
     std::uint64_t event_count = 0;
     std::uint64_t payload_bytes = 0;
-    std::array<std::uint64_t, 4> record_bits{};   // events with each kRecordBits bit
-    std::array<std::uint64_t, 3> section_bits{};  // sections with each kSectionBits bit
+    std::array<std::uint64_t, kRecordBits.size()> record_bits{};    // events with each kRecordBits bit
+    std::array<std::uint64_t, kSectionBits.size()> section_bits{};  // sections with each kSectionBits bit
     std::vector<ef::Problem> problems;            // the first kMaxProblemsKept
     std::uint64_t problem_count = 0;
     bool cut_tail = false;             // no footer, and the bytes after the last good record
                                        // are the start of a record cut short (a crash mid-write)
+    bool unread_sections = false;      // one problem says: COMPRESSED records this build cannot
+                                       // decode (their sections are unchecked, not damaged)
     std::vector<EventInfo> events;     // with --events
 
     void add_problem(std::uint64_t offset, std::string what) {
@@ -233,9 +276,10 @@ struct FileReport {
     std::string state() const {
         if (!io_error.empty()) return "unreadable";
         if (!header_ok) return "bad header";
-        if (problem_count == 0) return "clean";
+        const std::uint64_t damage = problem_count - (unread_sections ? 1 : 0);
+        if (damage == 0) return unread_sections ? "undecoded" : "clean";
         // Not closed: only the footer is missing, or also a last record cut short.
-        if (!has_footer && (problem_count == 1 || (problem_count == 2 && cut_tail))) return "unclean";
+        if (!has_footer && (damage == 1 || (damage == 2 && cut_tail))) return "unclean";
         return "DAMAGED";
     }
 };
@@ -267,17 +311,33 @@ std::optional<NameFields> parse_file_name(std::string_view name) {
     return f;
 }
 
-// Checks the rules scan() leaves to the reader's judgement: fields that must agree
-// across the header, the records and the sections, and the pattern when asked for.
-void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, const Options& o,
-                     FileReport& rep) {
+using MismatchFn = std::size_t (*)(std::uint32_t, std::uint32_t, std::uint64_t, std::size_t, const std::byte*,
+                                   std::size_t) noexcept;
+
+MismatchFn mismatch_fn(PatternKind kind) {
+    return kind == PatternKind::waveform ? evb::pattern::first_waveform_mismatch : evb::pattern::first_mismatch;
+}
+
+const char* pattern_kind_name(PatternKind kind) { return kind == PatternKind::waveform ? "waveform" : "test pattern"; }
+
+// The header fields a reader must hold the file to: reserved bytes (v1; scan()
+// checks v2's), the window of the match mode, the index's reserved field, the name.
+void check_file_fields(std::span<const std::byte> img, const ef::ScanResult& s, FileReport& rep) {
     const std::byte* base = img.data();
-    for (std::size_t i = ef::kHeaderReservedOffset; i < ef::kHeaderReservedOffset + ef::kHeaderReservedBytes; ++i) {
-        if (base[i] != std::byte{0}) {
-            rep.add_problem(i, fmt::format("file header reserved bytes {}..{} are not 0", ef::kHeaderReservedOffset,
-                                           ef::kHeaderReservedOffset + ef::kHeaderReservedBytes - 1));
-            break;
+    if (s.header.version == 1) {
+        for (std::size_t i = ef::kHeaderReservedOffset; i < ef::kHeaderReservedOffset + ef::kHeaderReservedBytes;
+             ++i) {
+            if (base[i] != std::byte{0}) {
+                rep.add_problem(i, fmt::format("file header reserved bytes {}..{} are not 0",
+                                               ef::kHeaderReservedOffset,
+                                               ef::kHeaderReservedOffset + ef::kHeaderReservedBytes - 1));
+                break;
+            }
         }
+    } else if (s.header.match_mode == ef::MatchMode::event_id && s.header.window_ticks != 0) {
+        rep.add_problem(48, fmt::format("window_ticks {} in event_id mode, where it is 0", s.header.window_ticks));
+    } else if (s.header.match_mode == ef::MatchMode::time_slice && s.header.window_ticks == 0) {
+        rep.add_problem(48, "window_ticks 0 in time_slice mode: slices have no length");
     }
     if (s.has_footer && evb::wire::load_u32(base + s.index_offset + ef::kIndexReservedOffset) != 0)
         rep.add_problem(s.index_offset + ef::kIndexReservedOffset, "index reserved field is not 0");
@@ -290,6 +350,89 @@ void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, co
                                             nf->run, nf->builder, nf->sequence, s.header.run_number,
                                             s.header.builder_id, s.header.file_sequence));
     }
+}
+
+// The items of one section (v2, timestamp modes): their flags against the section's,
+// EMPTY fragments without bytes, time_slice items inside their slice, the pattern of
+// (run, source, sequence). Returns the smallest item timestamp, or nothing.
+std::optional<std::uint64_t> check_items(const ef::RecordView& r, const ef::SectionView& sec, std::uint64_t sec_at,
+                                         const ef::FileHeader& fh, const Options& o, FileReport& rep,
+                                         SectionInfo* info) {
+    const auto& h = r.header;
+    std::optional<std::uint64_t> smallest;
+    ef::ItemView item;
+    std::uint32_t j = 0;
+    for (ef::ItemCursor c(sec); c.next(item); ++j) {
+        const std::uint64_t item_at = sec_at + static_cast<std::uint64_t>(item.payload - sec.payload) +
+                                      ef::kSectionHeaderBytes - ef::kItemHeaderBytes;
+        if (!smallest || item.timestamp < *smallest) smallest = item.timestamp;
+        rep.payload_bytes += item.length;
+        if ((item.flags & ef::item_flags::source_error) && !(sec.status & ef::section_status::source_error))
+            rep.add_problem(item_at + 20, fmt::format("event {} source {} item {}: flagged SOURCE_ERROR, the section "
+                                                      "is not",
+                                                      h.event_id, sec.source_id, j));
+        if ((sec.status & ef::section_status::empty) && item.length != 0)
+            rep.add_problem(item_at + 16, fmt::format("event {} source {}: EMPTY with an item of {} bytes", h.event_id,
+                                                      sec.source_id, item.length));
+        if (fh.match_mode == ef::MatchMode::time_slice && fh.window_ticks != 0 &&
+            item.timestamp / fh.window_ticks != h.event_id)
+            rep.add_problem(item_at, fmt::format("slice {} source {} item {}: timestamp {} is in slice {} ({} ticks "
+                                                 "each)",
+                                                 h.event_id, sec.source_id, j, item.timestamp,
+                                                 item.timestamp / fh.window_ticks, fh.window_ticks));
+        if (o.pattern && item.length > 0) {
+            const std::size_t bad =
+                mismatch_fn(o.pattern_kind)(h.run_number, sec.source_id, item.sequence, 0, item.payload, item.length);
+            if (bad != item.length)
+                rep.add_problem(item_at + ef::kItemHeaderBytes + bad,
+                                fmt::format("event {} source {} item {} (sequence {}): payload byte {} of {} differs "
+                                            "from the {}",
+                                            h.event_id, sec.source_id, j, item.sequence, bad, item.length,
+                                            pattern_kind_name(o.pattern_kind)));
+        }
+        if (info) info->items.push_back(item);
+    }
+    return smallest;
+}
+
+// What ties a v2 record's timestamp and event_id to its items, by match mode.
+void check_record_time(const ef::RecordView& r, const ef::FileHeader& fh, std::optional<std::uint64_t> smallest,
+                       FileReport& rep) {
+    const auto& h = r.header;
+    if (fh.match_mode == ef::MatchMode::timestamp) {
+        if (h.timestamp != h.event_id)
+            rep.add_problem(r.file_offset + 56, fmt::format("event {} has timestamp {}; in timestamp mode the two are "
+                                                            "the same",
+                                                            h.event_id, h.timestamp));
+        if (smallest && *smallest != h.event_id)
+            rep.add_problem(r.file_offset + 8, fmt::format("event {}: its smallest fragment timestamp is {}, which "
+                                                           "should be its event_id",
+                                                           h.event_id, *smallest));
+    } else if (fh.match_mode == ef::MatchMode::time_slice) {
+        if (h.timestamp != h.event_id * fh.window_ticks)  // the spec's k x W, in u64 as a writer computes it
+            rep.add_problem(r.file_offset + 56, fmt::format("slice {} has timestamp {}, not {} x {}", h.event_id,
+                                                            h.timestamp, h.event_id, fh.window_ticks));
+    }
+}
+
+// Checks the rules scan() leaves to the reader's judgement: fields that must agree
+// across the header, the records and the sections (and, in v2, the items), and the
+// test payload when asked for.
+void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, const Options& o,
+                     FileReport& rep) {
+    check_file_fields(img, s, rep);
+    const ef::FileHeader& fh = s.header;
+    const bool v2 = fh.version == 2;
+    const bool item_mode = v2 && fh.match_mode != ef::MatchMode::event_id;
+    const bool time_slice = v2 && fh.match_mode == ef::MatchMode::time_slice;
+    const std::size_t record_bits = record_bit_count(fh.version);
+    const std::size_t section_bits = section_bit_count(fh.version);
+    const std::uint32_t record_defined = bits_defined(record_bits);
+    const std::uint32_t section_defined = bits_defined(section_bits);
+
+    // COMPRESSED records whose sections this build cannot read: one problem for all.
+    std::uint64_t unread = 0, first_unread_at = 0;
+    std::string unread_why;
 
     std::unordered_map<std::uint64_t, std::uint64_t> seen;  // event_id -> first offset
     seen.reserve(s.records.size());
@@ -298,7 +441,7 @@ void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, co
     for (const auto& r : s.records) {
         const auto& h = r.header;
         const std::uint64_t at = r.file_offset;
-        for (std::size_t b = 0; b < kRecordBits.size(); ++b)
+        for (std::size_t b = 0; b < record_bits; ++b)
             if (h.status & kRecordBits[b].first) ++rep.record_bits[b];
         if (const auto [it, fresh] = seen.emplace(h.event_id, at); !fresh)
             rep.add_problem(at, fmt::format("event {} appears again (first at offset {})", h.event_id, it->second));
@@ -308,13 +451,9 @@ void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, co
         if (h.section_count != s.header.expected_sources)
             rep.add_problem(at, fmt::format("event {} has {} sections, the file expects {} sources",
                                             h.event_id, h.section_count, s.header.expected_sources));
-        if (h.status & ~kRecordBitsDefined)
+        if (h.status & ~record_defined)
             rep.add_problem(at + 20, fmt::format("event {} has undefined status bits 0x{:x}", h.event_id,
-                                                 h.status & ~kRecordBitsDefined));
-        if (!ef::parse_sections(r, sections, &why)) {  // scan() accepted it, so unexpected
-            rep.add_problem(at, fmt::format("event {}: {}", h.event_id, why));
-            continue;
-        }
+                                                 h.status & ~record_defined));
         EventInfo ev;
         if (o.events) {
             ev.event_id = h.event_id;
@@ -323,48 +462,91 @@ void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, co
             ev.status = h.status;
             ev.first_fragment_unix_ns = h.first_fragment_unix_ns;
             ev.built_unix_ns = h.built_unix_ns;
+            ev.timestamp = h.timestamp;
+            ev.content_length = h.content_length;
         }
-        bool any_missing = false;
+        if (!ef::parse_sections(r, sections, &why)) {
+            if (r.compressed) {  // scan() checked it as stored; its codec is what is missing
+                if (unread++ == 0) {
+                    first_unread_at = at;
+                    unread_why = fmt::format("event {}: {}", h.event_id, why);
+                }
+                if (o.events) {
+                    ev.sections_read = false;
+                    rep.events.push_back(std::move(ev));
+                }
+            } else {  // scan() accepted it, so unexpected
+                rep.add_problem(at, fmt::format("event {}: {}", h.event_id, why));
+            }
+            continue;
+        }
+        bool any_missing = false, any_unconfirmed = false;
+        std::optional<std::uint64_t> smallest;  // item timestamp
         for (const auto& sec : sections) {
             const std::uint64_t sec_at = static_cast<std::uint64_t>(sec.payload - r.bytes) + at -
                                          ef::kSectionHeaderBytes;
-            for (std::size_t b = 0; b < kSectionBits.size(); ++b)
+            for (std::size_t b = 0; b < section_bits; ++b)
                 if (sec.status & kSectionBits[b].first) ++rep.section_bits[b];
-            rep.payload_bytes += sec.length;
+            if (!item_mode) rep.payload_bytes += sec.length;
             const bool missing = sec.status & ef::section_status::missing;
             const bool empty = sec.status & ef::section_status::empty;
+            const bool unconfirmed = v2 && (sec.status & ef::section_status::unconfirmed);  // v1: an undefined bit
             any_missing = any_missing || missing;
-            if (sec.status & ~kSectionBitsDefined)
+            any_unconfirmed = any_unconfirmed || unconfirmed;
+            if (sec.status & ~section_defined)
                 rep.add_problem(sec_at + 4, fmt::format("event {} source {}: undefined section status bits 0x{:x}",
-                                                        h.event_id, sec.source_id, sec.status & ~kSectionBitsDefined));
+                                                        h.event_id, sec.source_id, sec.status & ~section_defined));
+            if (unconfirmed && !time_slice)
+                rep.add_problem(sec_at + 4, fmt::format("event {} source {}: UNCONFIRMED outside time_slice mode",
+                                                        h.event_id, sec.source_id));
             if (missing && empty)
                 rep.add_problem(sec_at + 4, fmt::format("event {} source {}: both MISSING and EMPTY",
                                                         h.event_id, sec.source_id));
-            if (empty && sec.length != 0)
+            if (empty && sec.length != 0 && !item_mode)
                 rep.add_problem(sec_at + 8, fmt::format("event {} source {}: EMPTY with {} bytes",
                                                         h.event_id, sec.source_id, sec.length));
             if ((sec.status & ef::section_status::source_error) &&
                 !(h.status & ef::record_status::source_error))
                 rep.add_problem(at + 20, fmt::format("event {}: source {} is flagged SOURCE_ERROR, the event is not",
                                                      h.event_id, sec.source_id));
-            if (o.pattern && sec.length > 0) {
-                const std::size_t bad = evb::pattern::first_mismatch(h.run_number, sec.source_id, h.event_id, 0,
-                                                                     sec.payload, sec.length);
+            SectionInfo info{sec.source_id, sec.status, sec.length, sec.item_count, {}};
+            if (item_mode) {
+                const auto low = check_items(r, sec, sec_at, fh, o, rep, o.events ? &info : nullptr);
+                if (low && (!smallest || *low < *smallest)) smallest = low;
+            } else if (o.pattern && sec.length > 0) {
+                const std::size_t bad = mismatch_fn(o.pattern_kind)(h.run_number, sec.source_id, h.event_id, 0,
+                                                                    sec.payload, sec.length);
                 if (bad != sec.length)
                     rep.add_problem(sec_at + ef::kSectionHeaderBytes + bad,
                                     fmt::format("event {} source {}: payload byte {} of {} differs from the "
-                                                "test pattern",
-                                                h.event_id, sec.source_id, bad, sec.length));
+                                                "{}",
+                                                h.event_id, sec.source_id, bad, sec.length,
+                                                pattern_kind_name(o.pattern_kind)));
             }
-            if (o.events) ev.sections.push_back({sec.source_id, sec.status, sec.length});
+            if (o.events) ev.sections.push_back(std::move(info));
         }
+        if (v2) check_record_time(r, fh, smallest, rep);
         const bool incomplete = h.status & ef::record_status::incomplete;
-        if (any_missing && !incomplete)
-            rep.add_problem(at + 20, fmt::format("event {} has a MISSING section but is not INCOMPLETE", h.event_id));
-        if (!any_missing && incomplete)
-            rep.add_problem(at + 20, fmt::format("event {} is INCOMPLETE but no section is MISSING", h.event_id));
+        if (time_slice) {  // a slice is never MISSING: a timed-out one has UNCONFIRMED sources
+            if (any_unconfirmed && !incomplete)
+                rep.add_problem(at + 20, fmt::format("slice {} has an UNCONFIRMED section but is not INCOMPLETE",
+                                                     h.event_id));
+            if (!any_unconfirmed && incomplete)
+                rep.add_problem(at + 20, fmt::format("slice {} is INCOMPLETE but no section is UNCONFIRMED",
+                                                     h.event_id));
+        } else {
+            if (any_missing && !incomplete)
+                rep.add_problem(at + 20, fmt::format("event {} has a MISSING section but is not INCOMPLETE",
+                                                     h.event_id));
+            if (!any_missing && incomplete)
+                rep.add_problem(at + 20, fmt::format("event {} is INCOMPLETE but no section is MISSING", h.event_id));
+        }
         if (o.events) rep.events.push_back(std::move(ev));
     }
+    rep.unread_sections = unread > 0;
+    if (unread > 0)
+        rep.add_problem(first_unread_at, fmt::format("{} ({} compressed {} not checked)", unread_why, unread,
+                                                     unread == 1 ? "record" : "records"));
 }
 
 FileReport examine(const std::string& path, const Options& o) {
@@ -565,11 +747,50 @@ bool expand_recover_args(const std::vector<std::string>& args, std::vector<std::
 
 Json header_json(const FileReport& r) {
     if (!r.header_ok) return nullptr;
-    return Json{{"run_number", r.header.run_number},
-                {"builder_id", r.header.builder_id},
-                {"file_sequence", r.header.file_sequence},
-                {"expected_sources", r.header.expected_sources},
-                {"created_unix_ns", r.header.created_unix_ns}};
+    Json j{{"run_number", r.header.run_number},
+           {"builder_id", r.header.builder_id},
+           {"file_sequence", r.header.file_sequence},
+           {"expected_sources", r.header.expected_sources},
+           {"created_unix_ns", r.header.created_unix_ns}};
+    if (r.header.version == 2) {  // a v1 file's header reads as it always has
+        j["version"] = r.header.version;
+        j["match_mode"] = ef::match_mode_name(r.header.match_mode);
+        j["codec"] = ef::codec_name(r.header.codec);
+        j["window_ticks"] = r.header.window_ticks;
+    }
+    return j;
+}
+
+Json section_json(const SectionInfo& s, const ef::FileHeader& fh) {
+    Json j{{"source_id", s.source_id}, {"status", bit_names(s.status, section_bit_names(fh.version))}, {"length", s.length}};
+    if (fh.version != 2) return j;
+    j["item_count"] = s.item_count;
+    if (fh.match_mode == ef::MatchMode::event_id) return j;
+    Json items = Json::array();
+    for (const auto& it : s.items)
+        items.push_back({{"timestamp", it.timestamp},
+                         {"sequence", it.sequence},
+                         {"length", it.length},
+                         {"flags", bit_names(it.flags, kItemBits)}});
+    j["items"] = items;
+    return j;
+}
+
+Json event_json(const EventInfo& e, const ef::FileHeader& fh) {
+    Json secs = Json::array();
+    for (const auto& s : e.sections) secs.push_back(section_json(s, fh));
+    Json j{{"event_id", e.event_id},
+           {"offset", e.offset},
+           {"length", e.length},
+           {"status", bit_names(e.status, record_bit_names(fh.version))},
+           {"first_fragment_unix_ns", e.first_fragment_unix_ns},
+           {"built_unix_ns", e.built_unix_ns}};
+    if (fh.version == 2) {
+        j["timestamp"] = e.timestamp;
+        j["content_length"] = e.content_length;
+    }
+    j["sections"] = e.sections_read ? secs : Json(nullptr);
+    return j;
 }
 
 Json file_json(const FileReport& r, const Options& o) {
@@ -587,10 +808,12 @@ Json file_json(const FileReport& r, const Options& o) {
     j["event_count"] = r.event_count;
     j["payload_bytes"] = r.payload_bytes;
     Json rb = Json::object();
-    for (std::size_t b = 0; b < kRecordBits.size(); ++b) rb[kRecordBits[b].second] = r.record_bits[b];
+    for (std::size_t b = 0; b < record_bit_count(r.header.version); ++b)
+        rb[kRecordBits[b].second] = r.record_bits[b];
     j["events_with_status"] = rb;
     Json sb = Json::object();
-    for (std::size_t b = 0; b < kSectionBits.size(); ++b) sb[kSectionBits[b].second] = r.section_bits[b];
+    for (std::size_t b = 0; b < section_bit_count(r.header.version); ++b)
+        sb[kSectionBits[b].second] = r.section_bits[b];
     j["sections_with_status"] = sb;
     j["problem_count"] = r.problem_count;
     Json probs = Json::array();
@@ -598,20 +821,7 @@ Json file_json(const FileReport& r, const Options& o) {
     j["problems"] = probs;
     if (o.events) {
         Json evs = Json::array();
-        for (const auto& e : r.events) {
-            Json secs = Json::array();
-            for (const auto& s : e.sections)
-                secs.push_back({{"source_id", s.source_id},
-                                {"status", bit_names(s.status, kSectionBits)},
-                                {"length", s.length}});
-            evs.push_back({{"event_id", e.event_id},
-                           {"offset", e.offset},
-                           {"length", e.length},
-                           {"status", bit_names(e.status, kRecordBits)},
-                           {"first_fragment_unix_ns", e.first_fragment_unix_ns},
-                           {"built_unix_ns", e.built_unix_ns},
-                           {"sections", secs}});
-        }
+        for (const auto& e : r.events) evs.push_back(event_json(e, r.header));
         j["events"] = evs;
     }
     return j;
@@ -673,31 +883,41 @@ void print_recover_text(const RecoverReport& r) {
     if (!r.output_verified) fmt::print("  WARNING: the recovered file does not verify\n");
 }
 
-std::string section_notes(const EventInfo& e) {
-    std::vector<std::string> missing, empty, flagged;
+std::string section_notes(const EventInfo& e, const ef::FileHeader& fh) {
+    if (!e.sections_read) return fmt::format("not read: codec {} not supported by this build", ef::codec_name(fh.codec));
+    std::vector<std::string> missing, empty, flagged, unconfirmed;
+    std::uint64_t items = 0;
     for (const auto& s : e.sections) {
         if (s.status & ef::section_status::missing) missing.push_back(std::to_string(s.source_id));
         if (s.status & ef::section_status::empty) empty.push_back(std::to_string(s.source_id));
         if (s.status & ef::section_status::source_error) flagged.push_back(std::to_string(s.source_id));
+        if (fh.version == 2 && (s.status & ef::section_status::unconfirmed)) unconfirmed.push_back(std::to_string(s.source_id));
+        items += s.item_count;
     }
     std::string out = std::to_string(e.sections.size());
+    if (fh.version == 2 && fh.match_mode != ef::MatchMode::event_id) out += fmt::format(" ({} items)", items);
     if (!missing.empty()) out += "  missing:" + join(missing, ",");
     if (!empty.empty()) out += "  empty:" + join(empty, ",");
     if (!flagged.empty()) out += "  source_error:" + join(flagged, ",");
+    if (!unconfirmed.empty()) out += "  unconfirmed:" + join(unconfirmed, ",");
     return out;
 }
 
 void print_events_text(const FileReport& r) {
     if (!r.io_error.empty() || !r.header_ok) return;
-    fmt::print("{}: run {}, builder {}, sequence {}, {} expected sources, {} events\n", r.path,
+    std::string v2;
+    if (r.header.version == 2)
+        v2 = fmt::format(", version 2, match {} (window {} ticks), codec {}", ef::match_mode_name(r.header.match_mode),
+                         r.header.window_ticks, ef::codec_name(r.header.codec));
+    fmt::print("{}: run {}, builder {}, sequence {}, {} expected sources, {} events{}\n", r.path,
                r.header.run_number, r.header.builder_id, r.header.file_sequence, r.header.expected_sources,
-               r.event_count);
+               r.event_count, v2);
     if (r.events.empty()) return;
     fmt::print("  {:>20} {:>12} {:>9}  {:<28} {}\n", "event_id", "offset", "length", "status", "sections");
     for (const auto& e : r.events) {
-        const auto names = bit_names(e.status, kRecordBits);
+        const auto names = bit_names(e.status, record_bit_names(r.header.version));
         fmt::print("  {:>20} {:>12} {:>9}  {:<28} {}\n", e.event_id, e.offset, e.length,
-                   names.empty() ? std::string("-") : join(names, ","), section_notes(e));
+                   names.empty() ? std::string("-") : join(names, ","), section_notes(e, r.header));
     }
     fmt::print("\n");
 }

@@ -561,10 +561,13 @@ TEST_CASE("file: files too short or not ours", "[file]") {
     const auto r = ef::scan(junk);
     CHECK_FALSE(r.header_ok);
     CHECK_FALSE(r.problems.empty());
-    Bytes v2 = make_image(1, true).bytes;
-    evb::wire::store_u32(v2.data() + 8, 2);
-    evb::wire::store_u32(v2.data() + 60, evb::crc32c(v2.data(), 60));
-    CHECK_FALSE(ef::scan(v2).header_ok);
+    Bytes v3 = make_image(1, true).bytes;  // versions 1 and 2 are read (v2: test_file_format_v2.cpp)
+    evb::wire::store_u32(v3.data() + 8, 3);
+    evb::wire::store_u32(v3.data() + 60, evb::crc32c(v3.data(), 60));
+    const auto r3 = ef::scan(v3);
+    CHECK_FALSE(r3.header_ok);
+    REQUIRE_FALSE(r3.problems.empty());
+    CHECK(r3.problems[0].what == "unsupported version 3 or header_size 64");
 }
 
 TEST_CASE("file: recover() rewrites a cut .part as a clean file of its good records", "[file]") {

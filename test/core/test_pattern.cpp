@@ -28,10 +28,12 @@ std::vector<std::uint8_t> spec_pattern(std::uint32_t run, std::uint32_t source, 
     return out;
 }
 
-std::vector<std::byte> fill_all(std::uint32_t run, std::uint32_t source, std::uint64_t event,
-                                std::size_t length) {
+using FillFn = void (*)(std::uint32_t, std::uint32_t, std::uint64_t, std::size_t, std::byte*, std::size_t) noexcept;
+
+std::vector<std::byte> fill_all(std::uint32_t run, std::uint32_t source, std::uint64_t event, std::size_t length,
+                                FillFn fill = evb::pattern::fill) {
     std::vector<std::byte> out(length);
-    evb::pattern::fill(run, source, event, 0, out.data(), out.size());
+    fill(run, source, event, 0, out.data(), out.size());
     return out;
 }
 
@@ -147,4 +149,69 @@ TEST_CASE("pattern: first_mismatch", "[pattern]") {
         data[31] ^= std::byte{0x01};
         CHECK(evb::pattern::first_mismatch(run, source, event, 0, data.data(), data.size()) == 31);
     }
+}
+
+namespace {
+std::vector<std::byte> fill_waveform_all(std::uint32_t run, std::uint32_t source, std::uint64_t event,
+                                         std::size_t length) {
+    return fill_all(run, source, event, length, evb::pattern::fill_waveform);
+}
+}  // namespace
+
+TEST_CASE("waveform: known bytes, worked out by hand from the spec", "[pattern]") {
+    // (run 0, source 0, event 0) seeds at 0, so the words are splitmix64's published
+    // first outputs. Sample i of word w is 0x0800 + ((w >> 16 i) & 3), little-endian:
+    //   w0 = 0xE220A8397B1DCDAF: 0xCDAF&3 = 3, 0x7B1D&3 = 1, 0xA839&3 = 1, 0xE220&3 = 0
+    //   w1 = 0x6E789E6AA1B965F4: 0x65F4&3 = 0, 0xA1B9&3 = 1, 0x9E6A&3 = 2, 0x6E78&3 = 0
+    const auto p = fill_waveform_all(0, 0, 0, 15);
+    const std::uint8_t want[15] = {0x03, 0x08, 0x01, 0x08, 0x01, 0x08, 0x00, 0x08,
+                                   0x00, 0x08, 0x01, 0x08, 0x02, 0x08, 0x00};
+    for (std::size_t i = 0; i < 15; ++i) {
+        INFO("byte " << i);
+        CHECK(std::to_integer<std::uint8_t>(p[i]) == want[i]);
+    }
+}
+
+TEST_CASE("waveform: samples of an independent implementation, at any offset", "[pattern]") {
+    const std::uint32_t run = 42, source = 7;
+    const std::uint64_t sequence = 123456789;
+    const auto words = spec_pattern(run, source, sequence, 808);
+    std::vector<std::uint8_t> want;
+    for (std::size_t w = 0; w + 8 <= words.size(); w += 8) {
+        std::uint64_t v = 0;
+        for (int b = 7; b >= 0; --b) v = (v << 8) | words[w + static_cast<std::size_t>(b)];
+        for (int i = 0; i < 4; ++i) {
+            const auto sample = static_cast<std::uint16_t>(0x0800 + ((v >> (16 * i)) & 0x3));
+            want.push_back(static_cast<std::uint8_t>(sample));
+            want.push_back(static_cast<std::uint8_t>(sample >> 8));
+        }
+    }
+    const auto full = fill_waveform_all(run, source, sequence, want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) REQUIRE(std::to_integer<std::uint8_t>(full[i]) == want[i]);
+    for (std::size_t offset : {std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{333}}) {
+        std::vector<std::byte> part(want.size() - offset);
+        evb::pattern::fill_waveform(run, source, sequence, offset, part.data(), part.size());
+        INFO("offset " << offset);
+        REQUIRE(std::equal(part.begin(), part.end(), full.begin() + static_cast<std::ptrdiff_t>(offset)));
+        CHECK(evb::pattern::first_waveform_mismatch(run, source, sequence, offset, part.data(), part.size()) ==
+              part.size());
+    }
+}
+
+TEST_CASE("waveform: first_waveform_mismatch finds a changed sample and tells the two payloads apart",
+          "[pattern]") {
+    const std::uint32_t run = 3, source = 2;
+    const std::uint64_t sequence = 41;
+    auto data = fill_waveform_all(run, source, sequence, 200);
+    CHECK(evb::pattern::first_waveform_mismatch(run, source, sequence, 0, data.data(), data.size()) == data.size());
+    for (std::size_t pos : {std::size_t{0}, std::size_t{1}, std::size_t{98}, std::size_t{199}}) {
+        data[pos] ^= std::byte{0x04};  // a bit the samples never use
+        INFO("changed byte " << pos);
+        CHECK(evb::pattern::first_waveform_mismatch(run, source, sequence, 0, data.data(), data.size()) == pos);
+        data[pos] ^= std::byte{0x04};
+    }
+    CHECK(evb::pattern::first_waveform_mismatch(run, source, sequence + 1, 0, data.data(), data.size()) < 16);
+    CHECK(evb::pattern::first_mismatch(run, source, sequence, 0, data.data(), data.size()) < 8);
+    const auto raw = fill_all(run, source, sequence, 200);
+    CHECK(evb::pattern::first_waveform_mismatch(run, source, sequence, 0, raw.data(), raw.size()) < 8);
 }
