@@ -106,3 +106,17 @@ std::size_t first_mismatch(std::uint32_t run, std::uint32_t source, std::uint64_
 }
 
 }  // namespace evb::pattern
+
+namespace evb::waveform {
+
+// A sample's low byte is its word's byte masked to the two bits the sample keeps; its
+// high byte is always 0x08. So the waveform is the pattern, masked by byte parity.
+void fill(std::uint32_t run, std::uint32_t source, std::uint64_t event, std::size_t offset,
+          std::byte* out, std::size_t len) noexcept {
+    pattern::fill(run, source, event, offset, out, len);
+    const std::size_t first_low = offset % 2;  // where in `out` the first low byte is
+    for (std::size_t i = first_low; i < len; i += 2) out[i] &= std::byte{0x03};
+    for (std::size_t i = 1 - first_low; i < len; i += 2) out[i] = std::byte{0x08};
+}
+
+}  // namespace evb::waveform

@@ -31,3 +31,14 @@ std::size_t first_mismatch(std::uint32_t run_number, std::uint32_t source_id,
                            std::size_t len) noexcept;
 
 }  // namespace evb::pattern
+
+// The compressible test payload "waveform" (docs/FORMATS.md section 7): the same
+// splitmix64 stream and seed, each word w giving four 16-bit little-endian samples
+// 0x0800 + ((w >> 16i) & 3), i = 0..3.
+namespace evb::waveform {
+
+// Writes bytes [offset, offset + len) of the fragment's waveform into out.
+void fill(std::uint32_t run_number, std::uint32_t source_id, std::uint64_t event_id,
+          std::size_t offset, std::byte* out, std::size_t len) noexcept;
+
+}  // namespace evb::waveform
