@@ -58,18 +58,24 @@ constexpr std::string_view kUsage = R"(usage:
   evb-source --to HOST:PORT --sources N --events M [--first E] [--first-source S]
              [--run R] [--size A[:B]] [--chunk BYTES] [--rate EVENTS_PER_S]
              [--loss P] [--dup P] [--reorder W] [--seed S] [--no-crc] [--batch K]
-             [--payload pattern|fixed] [--sndbuf BYTES] [--pcap-out FILE] [--pcap-mtu N]
-             [--dry-run] [--json]
+             [--payload pattern|fixed|waveform] [--sndbuf BYTES] [--pcap-out FILE]
+             [--pcap-mtu N] [--silent S[,S...]] [--wire-version 1|2]
+             [--trigger-period TICKS] [--dry-run] [--json]
+  evb-source --to HOST:PORT --mode trigger --sources N --events M [--t0 TICKS]
+             [--trigger-period TICKS] [--jitter TICKS] [--skew TICKS] [push options]
+  evb-source --to HOST:PORT --mode stream --sources N --duration TICKS [--t0 TICKS]
+             [--mean-gap TICKS] [--heartbeat TICKS] [--jitter-order W] [--events CAP]
+             [push options]
   evb-source --serve HOST:PORT --sources N [--first-source S] [--run R]
              [--size A[:B]] [--chunk BYTES] [--loss P] [--seed S] [--no-crc]
-             [--payload pattern|fixed] [--batch K] [--sndbuf BYTES] [--idle-exit SECONDS]
-             [--stats-out FILE] [--json]
+             [--payload pattern|fixed|waveform] [--batch K] [--sndbuf BYTES]
+             [--idle-exit SECONDS] [--stats-out FILE] [--json]
 
 Push mode sends, for each event E..E+M-1 and each source S..S+N-1, one fragment
 whose length is drawn from (seed, event, source) uniformly in [A, B] bytes (default
-1024), split into chunks of at most --chunk payload bytes (default 1432, so
-datagrams are at most 1472 bytes). Payloads carry the test pattern unless
---payload fixed. Defaults: --first 0, --first-source 0, --run 1.
+1024), split into chunks of at most --chunk payload bytes (default 1432, or 1424
+with version 2, so datagrams are at most 1472 bytes). Payloads carry the test
+pattern unless --payload says otherwise. Defaults: --first 0, --first-source 0, --run 1.
   --rate R        at most R events per second (default: as fast as possible)
   --loss P        drop each datagram with probability P (not sent, counted)
   --dup P         send each datagram twice with probability P
@@ -84,26 +90,72 @@ datagrams are at most 1472 bytes). Payloads carry the test pattern unless
                   board costs the builder node nothing; evb-dump --pattern
                   rejects such output (default: pattern, unique per run,
                   source, event and offset)
+  --payload waveform
+                  the compressible waveform of FORMATS.md section 7: 16-bit
+                  samples 0x0800..0x0803 from the pattern's generator and seed
   --sndbuf BYTES  socket send buffer size
   --pcap-out FILE record every datagram as sent (Ethernet/IPv4/UDP pcap)
   --pcap-mtu N    in the pcap only, split IP packets larger than N into fragments
+  --silent S[,S2...]
+                  these source ids send nothing at all (a dead board), in every
+                  mode that --to runs
+  --wire-version V
+                  1 or 2 (default 1): 2 sends version-2 FRAGMENTs (48-byte
+                  header) stamped event_id x --trigger-period ticks
+  --trigger-period P
+                  ticks between triggers (default 1000)
   --dry-run       send nothing (with --pcap-out: only write the pcap)
   --json          print the final statistics as one JSON object on stdout
   --version       print the version and exit
+
+Trigger mode (--mode trigger, version 2) sends, for each trigger n = 0..M-1 at
+T = T0 + n x P ticks, one fragment per source stamped T + jitter + skew; the
+fragment's event_id is the source's own sequence number E + n, which also seeds
+its payload. Sizes, chunks and the push options are as in push mode; --rate
+counts triggers.
+  --t0 T0         the first trigger's time in ticks (default 1000000)
+  --jitter J      each fragment's jitter, uniform in [-J, +J] ticks (default 0)
+  --skew K        fixed skew of source id s: (s mod 3 - 1) x K ticks (default 0)
+
+Stream mode (--mode stream, version 2) runs each source's clock from T0 to T0 + D:
+a hit every 1..2G-1 ticks (uniformly; G the mean gap), each a fragment of --size
+bytes, an EMPTY heartbeat every H ticks of the clock, and a last EMPTY heartbeat
+at T0 + D. Every fragment, heartbeats too, takes the source's next sequence number
+(from E) as its event_id. The sources' fragments are sent merged in timestamp
+order. --rate counts fragments of all sources; --events caps each source's hits.
+  --duration D    ticks of clock to cover (required)
+  --t0 T0         where the clocks start (default 1000000)
+  --mean-gap G    mean ticks between a source's hits (default 1000)
+  --heartbeat H   ticks between heartbeats (default 100000; 0: only the last)
+  --jitter-order W
+                  shuffle each source's fragments in windows of W (default 0:
+                  time order); the last heartbeat stays last
 
 Serve mode binds HOST:PORT and answers every REQUEST for run R with all sources'
 fragments of each requested event, sent to the requester; CLEAR forgets events.
   --loss P           drop each answer datagram with probability P
   --idle-exit S      exit after S seconds without any datagram (default: never)
   --stats-out FILE   write the statistics JSON to FILE (each second and at exit)
-SIGINT or SIGTERM ends either mode with its statistics.
+SIGINT or SIGTERM ends any mode with its statistics.
 Byte counts accept a K, M or G suffix (powers of 1024).
 )";
 
 // ---------------------------------------------------------------------------
 // Command line
 
-enum class Mode { push, serve };
+// push, trigger and stream send to --to; serve answers requests on --serve.
+enum class Mode { push, trigger, stream, serve };
+enum class Payload { pattern, fixed, waveform };
+
+std::string_view mode_name(Mode m) noexcept {
+    switch (m) {
+        case Mode::push: return "push";
+        case Mode::trigger: return "trigger";
+        case Mode::stream: return "stream";
+        case Mode::serve: return "serve";
+    }
+    return "?";
+}
 
 struct Options {
     Mode mode = Mode::push;
@@ -125,7 +177,7 @@ struct Options {
     std::uint32_t reorder_window = 0;
     std::uint64_t seed = 1;
     bool crc = true;
-    bool fixed_payload = false;
+    Payload payload = Payload::pattern;
     bool json = false;
     bool dry_run = false;
     std::uint32_t batch = 64;
@@ -134,6 +186,24 @@ struct Options {
     std::uint32_t pcap_mtu = 0;
     double idle_exit_s = 0;
     std::string stats_out;
+    // Version 2 and the timestamp modes; times are detector-clock ticks.
+    std::uint8_t wire_version = 1;
+    std::uint64_t trigger_period_ticks = 1000;
+    std::uint64_t t0_ticks = 1'000'000;
+    std::uint64_t jitter_ticks = 0;
+    std::uint64_t skew_ticks = 0;
+    std::uint64_t mean_gap_ticks = 1000;
+    std::uint64_t heartbeat_ticks = 100'000;  // 0: no periodic heartbeats
+    std::uint64_t duration_ticks = 0;
+    std::uint32_t jitter_order = 0;
+    std::vector<std::uint32_t> silent_sources;  // ascending source ids
+
+    std::size_t header_bytes() const noexcept {
+        return wire_version == 2 ? wire::kFragmentHeaderBytesV2 : wire::kFragmentHeaderBytes;
+    }
+    bool silent(std::uint32_t source_id) const noexcept {
+        return std::binary_search(silent_sources.begin(), silent_sources.end(), source_id);
+    }
 };
 
 [[noreturn]] void bad_value(std::string_view flag, std::string_view value, std::string_view why) {
@@ -190,15 +260,111 @@ net::Endpoint parse_address(std::string_view flag, const std::string& text) {
     }
 }
 
-// The largest payload one IPv4 UDP datagram can carry, less the fragment header.
-constexpr std::uint32_t kMaxChunkBytes = 65507 - wire::kFragmentHeaderBytes;
+// The largest payload one IPv4 UDP datagram can carry, less the fragment header
+// (of version 1: a version-2 header leaves 8 bytes less, checked after parsing).
+constexpr std::uint32_t kMaxUdpPayload = 65507;
+constexpr std::uint32_t kMaxChunkBytes = kMaxUdpPayload - wire::kFragmentHeaderBytes;
+// The default chunk keeps datagrams within 1472 bytes, one 1500-byte Ethernet frame.
+constexpr std::uint32_t kDefaultDatagramBytes = 1472;
+// Stream mode keeps a window of fragments per source; bound the sources it keeps.
+constexpr std::uint32_t kMaxStreamSources = 1u << 20;
+
+constexpr unsigned mode_bit(Mode m) noexcept { return 1u << static_cast<unsigned>(m); }
+constexpr unsigned kTimedModes = mode_bit(Mode::trigger) | mode_bit(Mode::stream);
+
+// a + b and a x b into the last argument; false when the result overflows 64 bits.
+bool add_fits(std::uint64_t a, std::uint64_t b, std::uint64_t& sum) noexcept {
+    return !__builtin_add_overflow(a, b, &sum);
+}
+bool mul_fits(std::uint64_t a, std::uint64_t b, std::uint64_t& product) noexcept {
+    return !__builtin_mul_overflow(a, b, &product);
+}
+
+std::vector<std::uint32_t> parse_source_list(std::string_view flag, const std::string& text) {
+    std::vector<std::uint32_t> ids;
+    std::size_t from = 0;
+    while (true) {
+        const std::size_t comma = text.find(',', from);
+        const std::string item = text.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+        ids.push_back(parse_u32(flag, item, 0, std::numeric_limits<std::uint32_t>::max()));
+        if (comma == std::string::npos) break;
+        from = comma + 1;
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    return ids;
+}
 // Window buffers are bounded so a typo cannot ask for many gigabytes.
 constexpr std::uint64_t kMaxWindowBytes = 1ull << 30;
+
+// The flags that set a time in ticks, with their bounds and the modes that take them.
+// Jitter, skew and gaps stop at 2^62 so that sums of two of them cannot overflow.
+struct TickFlag {
+    std::string_view name;
+    std::uint64_t Options::*field;
+    std::uint64_t lo;
+    std::uint64_t hi;
+    unsigned modes;  // mode_bit()s
+};
+constexpr std::uint64_t kMaxTicks = std::numeric_limits<std::uint64_t>::max();
+constexpr TickFlag kTickFlags[] = {
+    {"--t0", &Options::t0_ticks, 0, kMaxTicks, kTimedModes},
+    {"--jitter", &Options::jitter_ticks, 0, 1ull << 62, mode_bit(Mode::trigger)},
+    {"--skew", &Options::skew_ticks, 0, 1ull << 62, mode_bit(Mode::trigger)},
+    {"--duration", &Options::duration_ticks, 1, kMaxTicks, mode_bit(Mode::stream)},
+    {"--mean-gap", &Options::mean_gap_ticks, 1, 1ull << 62, mode_bit(Mode::stream)},
+    {"--heartbeat", &Options::heartbeat_ticks, 0, 1ull << 62, mode_bit(Mode::stream)},
+};
+
+const TickFlag* find_tick_flag(std::string_view flag) noexcept {
+    for (const TickFlag& t : kTickFlags)
+        if (t.name == flag) return &t;
+    return nullptr;
+}
+
+// Every timestamp and sequence number the chosen mode will send fits in 64 bits
+// (and none is below 0).
+void check_clock_ranges(const Options& o) {
+    constexpr auto kMax = std::numeric_limits<std::uint64_t>::max();
+    std::uint64_t last = 0;
+    if (o.mode == Mode::push && o.wire_version == 2 && o.events > 0) {
+        if (!mul_fits(o.first_event + (o.events - 1), o.trigger_period_ticks, last))
+            throw UsageError(fmt::format("--trigger-period {}: timestamps of events up to {} overflow 64 bits",
+                                         o.trigger_period_ticks, o.first_event + (o.events - 1)));
+    } else if (o.mode == Mode::trigger) {
+        const std::uint64_t spread = o.jitter_ticks + o.skew_ticks;  // each at most 2^62
+        if (o.t0_ticks < spread)
+            throw UsageError(fmt::format("--t0 {}: must be at least --jitter + --skew ({}), or timestamps go "
+                                         "below 0", o.t0_ticks, spread));
+        std::uint64_t span = 0;
+        if (o.events > 0 && (!mul_fits(o.events - 1, o.trigger_period_ticks, span) ||
+                             !add_fits(o.t0_ticks, span, last) || !add_fits(last, spread, last)))
+            throw UsageError(fmt::format("--t0 {} with --events {} and --trigger-period {}: timestamps overflow "
+                                         "64 bits", o.t0_ticks, o.events, o.trigger_period_ticks));
+    } else if (o.mode == Mode::stream) {
+        // A hit or heartbeat is scheduled at most 2G-1 or H ticks past the end.
+        if (!add_fits(o.t0_ticks, o.duration_ticks, last) || !add_fits(last, 2 * o.mean_gap_ticks, last) ||
+            !add_fits(last, o.heartbeat_ticks, last))
+            throw UsageError(fmt::format("--t0 {} with --duration {}: timestamps overflow 64 bits", o.t0_ticks,
+                                         o.duration_ticks));
+        // A source sends at most one hit a tick, a heartbeat a tick and the last heartbeat.
+        if (o.duration_ticks > (kMax - o.first_event) / 2)
+            throw UsageError(fmt::format("--first {} with --duration {}: sequence numbers may overflow 64 bits",
+                                         o.first_event, o.duration_ticks));
+        if (o.sources > kMaxStreamSources)
+            throw UsageError(fmt::format("--sources {}: stream mode emulates at most {}", o.sources,
+                                         kMaxStreamSources));
+    }
+}
 
 Options parse_options(int argc, char** argv) {
     Options o;
     bool have_to = false, have_serve = false, have_sources = false, have_events = false;
+    bool have_chunk = false, have_wire_version = false, have_period = false;
+    Mode send_mode = Mode::push;
     std::vector<std::string> push_only, serve_only;
+    // Flags of some --to modes only, with the modes (mode_bit) that take them.
+    std::vector<std::pair<std::string, unsigned>> mode_only;
     for (int i = 1; i < argc; ++i) {
         std::string flag = argv[i];
         std::string value;
@@ -257,6 +423,7 @@ Options parse_options(int argc, char** argv) {
             }
         } else if (flag == "--chunk") {
             o.chunk_bytes = parse_u32(flag, take(), 1, kMaxChunkBytes, true);
+            have_chunk = true;
         } else if (flag == "--rate") {
             o.rate_events_per_s = parse_double(flag, take(), 0, 1e12);
             push_only.push_back(flag);
@@ -275,8 +442,10 @@ Options parse_options(int argc, char** argv) {
             o.crc = false;
         } else if (flag == "--payload") {
             const std::string& v = take();
-            if (v != "pattern" && v != "fixed") bad_value(flag, v, "expected pattern or fixed");
-            o.fixed_payload = v == "fixed";
+            if (v == "pattern") o.payload = Payload::pattern;
+            else if (v == "fixed") o.payload = Payload::fixed;
+            else if (v == "waveform") o.payload = Payload::waveform;
+            else bad_value(flag, v, "expected pattern, fixed or waveform");
         } else if (flag == "--json") {
             no_value();
             o.json = true;
@@ -296,6 +465,30 @@ Options parse_options(int argc, char** argv) {
             // 68 is the smallest MTU IPv4 allows (RFC 791).
             o.pcap_mtu = parse_u32(flag, take(), 68, 65535);
             push_only.push_back(flag);
+        } else if (flag == "--mode") {
+            const std::string& v = take();
+            if (v == "push") send_mode = Mode::push;
+            else if (v == "trigger") send_mode = Mode::trigger;
+            else if (v == "stream") send_mode = Mode::stream;
+            else bad_value(flag, v, "expected push, trigger or stream");
+            push_only.push_back(flag);
+        } else if (flag == "--wire-version") {
+            o.wire_version = static_cast<std::uint8_t>(parse_u32(flag, take(), 1, 2));
+            have_wire_version = true;
+            push_only.push_back(flag);
+        } else if (flag == "--silent") {
+            o.silent_sources = parse_source_list(flag, take());
+            push_only.push_back(flag);
+        } else if (flag == "--trigger-period") {
+            o.trigger_period_ticks = parse_u64(flag, take(), 1, std::numeric_limits<std::uint64_t>::max());
+            have_period = true;
+            mode_only.emplace_back(flag, mode_bit(Mode::push) | mode_bit(Mode::trigger));
+        } else if (const TickFlag* t = find_tick_flag(flag)) {
+            o.*(t->field) = parse_u64(flag, take(), t->lo, t->hi);
+            mode_only.emplace_back(flag, t->modes);
+        } else if (flag == "--jitter-order") {
+            o.jitter_order = parse_u32(flag, take(), 0, 4096);
+            mode_only.emplace_back(flag, mode_bit(Mode::stream));
         } else if (flag == "--idle-exit") {
             o.idle_exit_s = parse_double(flag, take(), 0, 1e9);
             serve_only.push_back(flag);
@@ -310,14 +503,33 @@ Options parse_options(int argc, char** argv) {
 
     if (have_to == have_serve) throw UsageError("give exactly one of --to HOST:PORT or --serve HOST:PORT");
     if (!have_sources) throw UsageError("--sources N is required");
-    o.mode = have_serve ? Mode::serve : Mode::push;
-    if (o.mode == Mode::push) {
-        if (!have_events) throw UsageError("--events M is required with --to");
+    o.mode = have_serve ? Mode::serve : send_mode;
+    if (o.mode != Mode::serve) {
+        if (!have_events && o.mode != Mode::stream) throw UsageError("--events M is required with --to");
         if (!serve_only.empty())
             throw UsageError(fmt::format("{} is only valid with --serve", serve_only[0]));
-        if (o.events > 0 && o.first_event > std::numeric_limits<std::uint64_t>::max() - (o.events - 1))
+        for (const auto& [mode_flag, modes] : mode_only)
+            if ((modes & mode_bit(o.mode)) == 0)
+                throw UsageError(fmt::format("{} is not valid in {} mode", mode_flag, mode_name(o.mode)));
+        if (o.mode != Mode::push) {
+            if (have_wire_version && o.wire_version != 2)
+                throw UsageError(fmt::format("--wire-version 1: {} mode sends version 2", mode_name(o.mode)));
+            o.wire_version = 2;
+        }
+        if (o.mode == Mode::push && o.wire_version == 1 && have_period)
+            throw UsageError("--trigger-period needs --wire-version 2 or --mode trigger");
+        if (o.mode == Mode::stream) {
+            if (o.duration_ticks == 0) throw UsageError("--duration TICKS is required with --mode stream");
+            if (!have_events) o.events = std::numeric_limits<std::uint64_t>::max();  // no cap on hits
+        } else if (o.events > 0 && o.first_event > std::numeric_limits<std::uint64_t>::max() - (o.events - 1)) {
             throw UsageError(fmt::format("--first {} with --events {}: event ids overflow 64 bits",
                                          o.first_event, o.events));
+        }
+        check_clock_ranges(o);
+        for (const std::uint32_t id : o.silent_sources)
+            if (id < o.first_source || id - o.first_source >= o.sources)
+                throw UsageError(fmt::format("--silent {}: not one of the sources {}..{}", id, o.first_source,
+                                             std::uint64_t{o.first_source} + o.sources - 1));
         o.to = parse_address("--to", o.to_text);
         if (o.to.port() == 0 && !o.dry_run) bad_value("--to", o.to_text, "port 0 is not a destination");
         if (!o.pcap_out.empty() && o.to.addr.ss_family != AF_INET)
@@ -325,8 +537,14 @@ Options parse_options(int argc, char** argv) {
         if (o.pcap_mtu != 0 && o.pcap_out.empty()) throw UsageError("--pcap-mtu needs --pcap-out");
     } else {
         if (!push_only.empty()) throw UsageError(fmt::format("{} is only valid with --to", push_only[0]));
+        if (!mode_only.empty())
+            throw UsageError(fmt::format("{} is only valid with --to", mode_only[0].first));
         o.serve = parse_address("--serve", o.serve_text);
     }
+    if (!have_chunk) o.chunk_bytes = kDefaultDatagramBytes - static_cast<std::uint32_t>(o.header_bytes());
+    if (o.chunk_bytes > kMaxUdpPayload - o.header_bytes())
+        throw UsageError(fmt::format("--chunk {}: a version-{} datagram carries at most {} payload bytes",
+                                     o.chunk_bytes, o.wire_version, kMaxUdpPayload - o.header_bytes()));
     if (o.first_source > std::numeric_limits<std::uint32_t>::max() - (o.sources - 1))
         throw UsageError(fmt::format("--first-source {} with --sources {}: source ids overflow 32 bits",
                                      o.first_source, o.sources));
@@ -337,7 +555,7 @@ Options parse_options(int argc, char** argv) {
                                      "a fragment may have",
                                      o.size_max, o.chunk_bytes, max_chunks));
     const std::uint64_t window = std::max<std::uint64_t>(o.reorder_window, o.batch);
-    if (window * (o.chunk_bytes + wire::kFragmentHeaderBytes) > kMaxWindowBytes)
+    if (window * (o.chunk_bytes + o.header_bytes()) > kMaxWindowBytes)
         throw UsageError(fmt::format("--reorder {} with --chunk {}: the window would need more than 1 GiB",
                                      o.reorder_window, o.chunk_bytes));
     return o;
@@ -346,12 +564,16 @@ Options parse_options(int argc, char** argv) {
 // ---------------------------------------------------------------------------
 // Determinism
 
+// A splitmix64 state for one random decision, from the seed.
+constexpr std::uint64_t stream_seed(std::uint64_t seed, std::uint64_t stream) noexcept {
+    return seed ^ (stream * 0xD1B54A32D192ED03ull);
+}
+
 // A splitmix64 stream; each random decision has its own, so turning one knob does
 // not change the choices made by the others.
 class Rng {
 public:
-    Rng(std::uint64_t seed, std::uint64_t stream) noexcept
-        : state_(seed ^ (stream * 0xD1B54A32D192ED03ull)) {}
+    Rng(std::uint64_t seed, std::uint64_t stream) noexcept : state_(stream_seed(seed, stream)) {}
     std::uint64_t next() noexcept { return pattern::next(state_); }
     std::uint64_t below(std::uint64_t n) noexcept { return next() % n; }  // n > 0; bias < 2^-40 for small n
 
@@ -379,18 +601,42 @@ private:
     std::uint64_t threshold_;
 };
 
-enum RngStream : std::uint64_t { kLossStream = 1, kDupStream = 2, kReorderStream = 3 };
+// kHitGapStream is the first of one stream per source (stream mode's hit gaps).
+enum RngStream : std::uint64_t {
+    kLossStream = 1,
+    kDupStream = 2,
+    kReorderStream = 3,
+    kJitterStream = 4,
+    kJitterOrderStream = 5,
+    kHitGapStream = 6,
+};
 
-// The fragment length of (event, source): uniform in [min, max], a pure function of
-// the seed so push and serve mode and every rerun agree.
+// A random word that is a pure function of (seed, a, b), so push and serve mode and
+// every rerun agree on what belongs to one fragment.
+std::uint64_t keyed_draw(std::uint64_t seed, std::uint64_t a, std::uint64_t b) noexcept {
+    std::uint64_t s = seed;
+    s = pattern::next(s) ^ a;
+    s = pattern::next(s) ^ b;
+    return pattern::next(s);
+}
+
+// The fragment length of (event, source): uniform in [min, max]. In the timestamp
+// modes the event is the source's sequence number.
 std::uint32_t fragment_length(const Options& o, std::uint64_t event_id, std::uint32_t source_id) noexcept {
     if (o.size_min == o.size_max) return o.size_min;
-    std::uint64_t s = o.seed;
-    s = pattern::next(s) ^ event_id;
-    s = pattern::next(s) ^ source_id;
-    const std::uint64_t h = pattern::next(s);
+    const std::uint64_t h = keyed_draw(o.seed, event_id, source_id);
     const std::uint64_t range = std::uint64_t{o.size_max} - o.size_min + 1;
     return o.size_min + static_cast<std::uint32_t>(h % range);
+}
+
+// Trigger mode: T0 + n x P, plus the source's jitter (uniform in [-J, J], drawn from
+// (seed, n, source)) and skew ((source mod 3 - 1) x K). parse_options keeps
+// T0 >= J + K, so the sum never goes below 0.
+std::uint64_t trigger_timestamp(const Options& o, std::uint64_t trigger, std::uint32_t source_id) noexcept {
+    const std::uint64_t jitter_range = 2 * o.jitter_ticks + 1;
+    const std::uint64_t draw = keyed_draw(stream_seed(o.seed, kJitterStream), trigger, source_id);
+    return o.t0_ticks + trigger * o.trigger_period_ticks - o.jitter_ticks - o.skew_ticks +
+           draw % jitter_range + (source_id % 3) * o.skew_ticks;
 }
 
 // Writes the pattern and returns the CRC32C of what it wrote.
@@ -421,89 +667,293 @@ private:
     std::vector<std::uint32_t> prefix_crc_;  // [len]: CRC32C of the first len bytes
 };
 
-// Walks events x sources x chunks and writes one FRAGMENT datagram at a time.
-class FragmentStream {
+// What one fragment is: all a ChunkCutter needs to cut it into datagrams.
+struct FragmentPlan {
+    std::uint32_t source_id = 0;
+    std::uint64_t event_id = 0;   // in the timestamp modes the source's sequence number
+    std::uint32_t length = 0;
+    std::uint64_t timestamp = 0;  // sent in version 2 only
+    bool empty = false;           // an EMPTY heartbeat (length 0)
+};
+
+// Cuts one fragment into chunk datagrams, each written whole into a send buffer:
+// the payload (pattern, waveform or the fixed chunk), its CRC, the v1 or v2 header.
+class ChunkCutter {
 public:
-    explicit FragmentStream(const Options& o)
-        : o_(o), fixed_(o.fixed_payload ? std::make_unique<FixedPayload>(o) : nullptr) {}
+    explicit ChunkCutter(const Options& o)
+        : o_(o),
+          header_bytes_(o.header_bytes()),
+          fixed_(o.payload == Payload::fixed ? std::make_unique<FixedPayload>(o) : nullptr) {}
 
-    void reset(std::uint64_t first_event, std::uint64_t event_count) noexcept {
-        first_event_ = first_event;
-        event_count_ = event_count;
-        event_index_ = 0;
-        source_index_ = 0;
-        if (!done()) begin_fragment();
+    void begin(const FragmentPlan& f) noexcept {
+        f_ = f;
+        offset_ = 0;
+        chunk_index_ = 0;
+        // A zero-length fragment is still one chunk with no payload (EMPTY or not).
+        const std::uint32_t chunks = f.length == 0 ? 1 : (f.length - 1) / o_.chunk_bytes + 1;
+        chunk_count_ = static_cast<std::uint16_t>(chunks);  // parse_options bounds it to 65535
     }
-    bool done() const noexcept { return event_index_ == event_count_; }
-    // True when the next datagram is the first of a new event.
-    bool at_event_start() const noexcept { return source_index_ == 0 && chunk_index_ == 0; }
-    // Events whose datagrams have all been generated.
-    std::uint64_t events_done() const noexcept { return event_index_; }
-    std::uint64_t fragments_done() const noexcept { return fragments_done_; }
+    bool at_start() const noexcept { return chunk_index_ == 0; }
+    bool finished() const noexcept { return chunk_index_ == chunk_count_; }
 
-    // Writes the next datagram into `out` (room for the header and one chunk) and
-    // returns its length. Must not be called when done().
+    // Writes the next chunk's datagram into `out` (room for the header and one chunk)
+    // and returns its length. Must not be called when finished().
     std::size_t next(std::byte* out) noexcept {
-        const std::uint32_t payload = std::min(o_.chunk_bytes, length_ - offset_);
-        std::byte* p = out + wire::kFragmentHeaderBytes;
+        const std::uint32_t payload = std::min(o_.chunk_bytes, f_.length - offset_);
+        std::byte* p = out + header_bytes_;
         std::uint32_t crc = 0;
-        if (fixed_) {
-            std::memcpy(p, fixed_->data(), payload);
-            if (o_.crc) crc = fixed_->crc(payload);
-        } else if (o_.crc) {
-            crc = fill_pattern_crc(o_.run_number, source_id_, event_id_, offset_, p, payload);
-        } else {
-            pattern::fill(o_.run_number, source_id_, event_id_, offset_, p, payload);
+        switch (o_.payload) {
+            case Payload::fixed:
+                std::memcpy(p, fixed_->data(), payload);
+                if (o_.crc) crc = fixed_->crc(payload);
+                break;
+            case Payload::waveform:
+                pattern::fill_waveform(o_.run_number, f_.source_id, f_.event_id, offset_, p, payload);
+                if (o_.crc) crc = crc32c(p, payload);
+                break;
+            case Payload::pattern:
+                if (o_.crc) crc = fill_pattern_crc(o_.run_number, f_.source_id, f_.event_id, offset_, p, payload);
+                else pattern::fill(o_.run_number, f_.source_id, f_.event_id, offset_, p, payload);
+                break;
         }
         wire::FragmentHeader h;
-        h.flags = o_.crc ? wire::fragment_flags::has_crc : std::uint16_t{0};
-        h.source_id = source_id_;
+        h.flags = static_cast<std::uint16_t>((o_.crc ? wire::fragment_flags::has_crc : 0) |
+                                             (f_.empty ? wire::fragment_flags::empty : 0));
+        h.source_id = f_.source_id;
         h.run_number = o_.run_number;
-        h.event_id = event_id_;
-        h.fragment_length = length_;
+        h.event_id = f_.event_id;
+        h.fragment_length = f_.length;
         h.chunk_offset = offset_;
         h.chunk_index = chunk_index_;
         h.chunk_count = chunk_count_;
         h.payload_crc32c = crc;
-        wire::encode_fragment_header(h, out);
-
+        if (o_.wire_version == 2) wire::encode_fragment_header_v2(h, f_.timestamp, out);
+        else wire::encode_fragment_header(h, out);
         offset_ += payload;
-        if (++chunk_index_ == chunk_count_) {
+        ++chunk_index_;
+        return header_bytes_ + payload;
+    }
+
+private:
+    const Options& o_;
+    std::size_t header_bytes_;
+    std::unique_ptr<const FixedPayload> fixed_;  // null unless --payload fixed
+    FragmentPlan f_;
+    std::uint32_t offset_ = 0;
+    std::uint16_t chunk_index_ = 0;
+    std::uint16_t chunk_count_ = 1;
+};
+
+// Push, trigger and serve mode: walks events (triggers) x sources x chunks and writes
+// one FRAGMENT datagram at a time, passing over --silent sources.
+class FragmentStream {
+public:
+    explicit FragmentStream(const Options& o) : o_(o), cutter_(o) {
+        while (first_live_ < o.sources && o.silent(o.first_source + first_live_)) ++first_live_;
+    }
+
+    void reset(std::uint64_t first_event, std::uint64_t event_count) noexcept {
+        first_event_ = first_event;
+        event_count_ = event_count;
+        event_index_ = first_live_ == o_.sources ? event_count : 0;  // all silent: nothing to send
+        source_index_ = first_live_;
+        if (!done()) begin_fragment();
+    }
+    bool done() const noexcept { return event_index_ == event_count_; }
+    // True when the next datagram is the first of a new event.
+    bool at_event_start() const noexcept { return source_index_ == first_live_ && cutter_.at_start(); }
+    // Events whose datagrams have all been generated.
+    std::uint64_t events_done() const noexcept { return event_index_; }
+    std::uint64_t fragments_done() const noexcept { return fragments_done_; }
+
+    // Writes the next datagram into `out` and returns its length. Must not be called
+    // when done().
+    std::size_t next(std::byte* out) noexcept {
+        const std::size_t len = cutter_.next(out);
+        if (cutter_.finished()) {
             ++fragments_done_;
-            if (++source_index_ == o_.sources) {
-                source_index_ = 0;
-                ++event_index_;
-            }
+            do {
+                if (++source_index_ == o_.sources) {
+                    source_index_ = first_live_;
+                    ++event_index_;
+                }
+            } while (o_.silent(o_.first_source + source_index_));
             if (!done()) begin_fragment();
         }
-        return wire::kFragmentHeaderBytes + payload;
+        return len;
     }
 
 private:
     void begin_fragment() noexcept {
-        event_id_ = first_event_ + event_index_;
-        source_id_ = o_.first_source + source_index_;
-        length_ = fragment_length(o_, event_id_, source_id_);
-        offset_ = 0;
-        chunk_index_ = 0;
-        // A zero-length fragment is still one chunk with no payload (not EMPTY).
-        const std::uint32_t chunks = length_ == 0 ? 1 : (length_ - 1) / o_.chunk_bytes + 1;
-        chunk_count_ = static_cast<std::uint16_t>(chunks);  // parse_options bounds it to 65535
+        FragmentPlan f;
+        f.event_id = first_event_ + event_index_;
+        f.source_id = o_.first_source + source_index_;
+        f.length = fragment_length(o_, f.event_id, f.source_id);
+        f.timestamp = o_.mode == Mode::trigger ? trigger_timestamp(o_, event_index_, f.source_id)
+                                               : f.event_id * o_.trigger_period_ticks;
+        cutter_.begin(f);
     }
 
     const Options& o_;
-    std::unique_ptr<const FixedPayload> fixed_;  // null: --payload pattern
+    ChunkCutter cutter_;
+    std::uint32_t first_live_ = 0;  // index of the first source that is not silent
     std::uint64_t first_event_ = 0;
     std::uint64_t event_count_ = 0;
     std::uint64_t event_index_ = 0;
     std::uint32_t source_index_ = 0;
-    std::uint64_t event_id_ = 0;
-    std::uint32_t source_id_ = 0;
-    std::uint32_t length_ = 0;
-    std::uint32_t offset_ = 0;
-    std::uint16_t chunk_index_ = 0;
-    std::uint16_t chunk_count_ = 1;
     std::uint64_t fragments_done_ = 0;
+};
+
+// Stream mode: every source's hits and heartbeats, merged across sources in
+// timestamp order (a binary heap of each source's next fragment), one datagram at
+// a time. A source plans its fragments in windows of --jitter-order (1 without),
+// shuffled before they are sent; the heap then orders the sources by the timestamp
+// of the fragment each sends next. Everything is allocated at start.
+class HitStream {
+public:
+    explicit HitStream(const Options& o)
+        : o_(o),
+          cutter_(o),
+          window_(std::max<std::uint32_t>(o.jitter_order, 1)),
+          end_ticks_(o.t0_ticks + o.duration_ticks),
+          order_(o.seed, kJitterOrderStream) {
+        for (std::uint32_t i = 0; i < o.sources; ++i) {
+            const std::uint32_t id = o.first_source + i;
+            if (o.silent(id)) continue;
+            Source s{Rng(o.seed, kHitGapStream + (std::uint64_t{id} << 8)), id};
+            s.next_sequence = o.first_event;
+            s.next_hit_ticks = o.t0_ticks + gap(s);
+            s.next_heartbeat_ticks = o.heartbeat_ticks > 0 ? o.t0_ticks + o.heartbeat_ticks : kNever;
+            s.hits_left = o.events;
+            sources_.push_back(s);
+        }
+        plans_.resize(sources_.size() * window_);
+        heads_.reserve(sources_.size());
+        for (std::uint32_t k = 0; k < sources_.size(); ++k) {
+            plan_window(k);
+            push_head(k);
+        }
+        begin_next();
+    }
+
+    bool done() const noexcept { return !sending_; }
+    // --rate paces fragments here: each one starts as an "event".
+    bool at_event_start() const noexcept { return cutter_.at_start(); }
+    std::uint64_t events_done() const noexcept { return fragments_done_; }
+    std::uint64_t fragments_done() const noexcept { return fragments_done_; }
+    std::uint64_t hits() const noexcept { return hits_; }
+    std::uint64_t heartbeats() const noexcept { return heartbeats_; }
+
+    std::size_t next(std::byte* out) noexcept {
+        const std::size_t len = cutter_.next(out);
+        if (cutter_.finished()) {
+            ++fragments_done_;
+            begin_next();
+        }
+        return len;
+    }
+
+private:
+    static constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
+
+    struct Source {
+        Rng gaps;
+        std::uint32_t id;
+        std::uint64_t next_sequence = 0;
+        std::uint64_t next_hit_ticks = 0;
+        std::uint64_t next_heartbeat_ticks = 0;
+        std::uint64_t hits_left = 0;  // --events caps a source's hits
+        bool ended = false;           // the last heartbeat is planned
+        std::uint32_t planned = 0;    // fragments in its window
+        std::uint32_t sent = 0;       // of them, already begun
+    };
+    struct Head {
+        std::uint64_t timestamp;
+        std::uint32_t source;  // index into sources_
+    };
+    // The heap's order: the earliest timestamp on top, the lower source on a tie.
+    static bool later(const Head& a, const Head& b) noexcept {
+        return a.timestamp != b.timestamp ? a.timestamp > b.timestamp : a.source > b.source;
+    }
+
+    std::uint64_t gap(Source& s) noexcept { return 1 + s.gaps.below(2 * o_.mean_gap_ticks - 1); }
+    FragmentPlan* window_of(std::uint32_t k) noexcept { return plans_.data() + std::size_t{k} * window_; }
+
+    // The source's next fragment in time order: a hit, a heartbeat (a hit first on a
+    // tie), or past the end the last heartbeat. False once that was planned.
+    bool plan_fragment(Source& s, FragmentPlan& f) noexcept {
+        if (s.ended) return false;
+        const bool hit_due = s.hits_left > 0 && s.next_hit_ticks < end_ticks_;
+        const bool heartbeat_due = s.next_heartbeat_ticks < end_ticks_;
+        f.source_id = s.id;
+        f.event_id = s.next_sequence++;
+        if (hit_due && (!heartbeat_due || s.next_hit_ticks <= s.next_heartbeat_ticks)) {
+            f.timestamp = s.next_hit_ticks;
+            f.length = fragment_length(o_, f.event_id, s.id);
+            f.empty = false;
+            s.next_hit_ticks += gap(s);
+            --s.hits_left;
+            return true;
+        }
+        if (heartbeat_due) {
+            f.timestamp = s.next_heartbeat_ticks;
+            s.next_heartbeat_ticks += o_.heartbeat_ticks;
+        } else {
+            f.timestamp = end_ticks_;
+            s.ended = true;
+        }
+        f.length = 0;
+        f.empty = true;
+        return true;
+    }
+
+    // Plans the source's next window and shuffles it, the last heartbeat excepted.
+    void plan_window(std::uint32_t k) noexcept {
+        Source& s = sources_[k];
+        FragmentPlan* w = window_of(k);
+        s.planned = 0;
+        s.sent = 0;
+        while (s.planned < window_ && plan_fragment(s, w[s.planned])) ++s.planned;
+        const std::uint32_t shuffled = s.ended ? s.planned - 1 : s.planned;  // ended here: planned >= 1
+        for (std::uint32_t i = shuffled; i > 1; --i) std::swap(w[i - 1], w[order_.below(i)]);
+    }
+
+    void push_head(std::uint32_t k) noexcept {
+        const Source& s = sources_[k];
+        if (s.sent == s.planned) return;  // the source has ended
+        heads_.push_back({window_of(k)[s.sent].timestamp, k});
+        std::push_heap(heads_.begin(), heads_.end(), later);
+    }
+
+    // Starts the earliest fragment of any source, or ends the stream.
+    void begin_next() noexcept {
+        if (heads_.empty()) {
+            sending_ = false;
+            return;
+        }
+        std::pop_heap(heads_.begin(), heads_.end(), later);
+        const std::uint32_t k = heads_.back().source;
+        heads_.pop_back();
+        Source& s = sources_[k];
+        const FragmentPlan& f = window_of(k)[s.sent++];
+        cutter_.begin(f);  // copies the plan: the window may be planned again below
+        ++(f.empty ? heartbeats_ : hits_);
+        if (s.sent == s.planned && !s.ended) plan_window(k);
+        push_head(k);
+    }
+
+    const Options& o_;
+    ChunkCutter cutter_;
+    std::uint32_t window_;
+    std::uint64_t end_ticks_;
+    Rng order_;  // --jitter-order shuffles
+    std::vector<Source> sources_;      // the sources that are not silent
+    std::vector<FragmentPlan> plans_;  // window_ plans a source
+    std::vector<Head> heads_;          // a heap, ordered by `later`
+    bool sending_ = true;
+    std::uint64_t fragments_done_ = 0;
+    std::uint64_t hits_ = 0;
+    std::uint64_t heartbeats_ = 0;
 };
 
 // Datagram buffers allocated once: `count` slots of one header plus one chunk each,
@@ -816,7 +1266,9 @@ std::string json_double(double v) {
 // place twice a second; nothing when stderr is not a terminal (scripts, logs).
 class TerminalProgress {
 public:
-    explicit TerminalProgress(std::uint64_t events) : events_(events), on_(::isatty(STDERR_FILENO) == 1) {}
+    // `what` names what is counted: events (triggers), or fragments in stream mode.
+    TerminalProgress(std::uint64_t total, std::string_view what)
+        : events_(total), what_(what), on_(::isatty(STDERR_FILENO) == 1) {}
 
     void show(std::uint64_t done, std::uint64_t bytes, double seconds) {
         if (!on_ || seconds < next_s_) return;
@@ -834,15 +1286,17 @@ private:
         if (last) left = ", done";
         else if (events_ > 0 && rate > 0)
             left = fmt::format(", {:.0f} s left", static_cast<double>(events_ - std::min(done, events_)) / rate);
-        fmt::print(stderr, "\r\033[Kevb-source: {} events{}, {:.0f} events/s, {:.1f} MB/s{}{}", done,
+        fmt::print(stderr, "\r\033[Kevb-source: {} {}{}, {:.0f} {}/s, {:.1f} MB/s{}{}", done, what_,
                    events_ > 0 ? fmt::format(" of {} ({:.0f}%)", events_, 100.0 * static_cast<double>(done) /
                                                                          static_cast<double>(events_))
                                : std::string(),
-                   rate, seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0.0, left, last ? "\n" : "");
+                   rate, what_, seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0.0, left,
+                   last ? "\n" : "");
         std::fflush(stderr);
     }
 
     std::uint64_t events_;
+    std::string_view what_;
     bool on_;
     double next_s_ = 0.5;  // the first line after half a second: short sends stay quiet
 };
@@ -851,8 +1305,9 @@ private:
 // Push mode
 
 struct PushStats {
-    std::uint64_t events = 0;
+    std::uint64_t events = 0;  // stream mode: hits
     std::uint64_t fragments = 0;
+    std::uint64_t heartbeats = 0;  // stream mode only
     std::uint64_t datagrams_generated = 0;
     std::uint64_t datagrams_sent = 0;
     std::uint64_t bytes_sent = 0;
@@ -862,44 +1317,31 @@ struct PushStats {
     double seconds = 0;
 };
 
-int run_push(const Options& o) {
-    std::unique_ptr<PushSocket> sock;
-    sockaddr_in pcap_src{};
-    pcap_src.sin_family = AF_INET;
-    pcap_src.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    pcap_src.sin_port = htons(40000);
-    if (!o.dry_run) {
-        sock = std::make_unique<PushSocket>(o);
-        sockaddr_storage local{};
-        socklen_t local_len = sizeof local;
-        if (::getsockname(sock->fd(), reinterpret_cast<sockaddr*>(&local), &local_len) == 0 &&
-            local.ss_family == AF_INET)
-            std::memcpy(&pcap_src, &local, sizeof pcap_src);
-    }
-    std::unique_ptr<PcapWriter> pcap;
-    if (!o.pcap_out.empty()) {
-        sockaddr_in dst{};
-        std::memcpy(&dst, &o.to.addr, sizeof dst);
-        pcap = std::make_unique<PcapWriter>(o.pcap_out, pcap_src, dst, o.pcap_mtu);
-    }
+// Where push, trigger and stream mode send their datagrams: the socket (none with
+// --dry-run) and the pcap (with --pcap-out).
+struct PushOutputs {
+    PushSocket* sock;
+    PcapWriter* pcap;
+};
 
+// Sends every datagram of `stream` (FragmentStream or HitStream), with the seeded
+// loss, duplication and reordering, paced by --rate to the stream's "events".
+template <class Stream>
+void send_stream(const Options& o, Stream& stream, const PushOutputs& out, TerminalProgress& progress,
+                 PushStats& st) {
     // A window is `window` generated datagrams; with --reorder it is shuffled before
     // sending. Lost datagrams need no buffer and a duplicate reuses its original's.
     const std::size_t window = o.reorder_window > 1 ? o.reorder_window : o.batch;
-    BufferPool pool(window, wire::kFragmentHeaderBytes + o.chunk_bytes);
+    BufferPool pool(window, o.header_bytes() + o.chunk_bytes);
     std::vector<Slot> slots(2 * window);
     net::SendBatch batch(o.batch);
 
-    FragmentStream stream(o);
-    stream.reset(o.first_event, o.events);
     Chance loss(o.loss, o.seed, kLossStream);
     Chance dup(o.dup, o.seed, kDupStream);
     Rng reorder(o.seed, kReorderStream);
     Pacer pacer(o.rate_events_per_s);
-    PushStats st;
 
     const auto t0 = Clock::now();
-    TerminalProgress progress(o.events);
     pacer.start();
     while (!stream.done() && !g_stop.load(std::memory_order_relaxed)) {
         progress.show(stream.events_done(), st.bytes_sent, seconds_since(t0));
@@ -931,16 +1373,16 @@ int run_push(const Options& o) {
         }
         for (std::size_t first = 0; first < n; first += o.batch) {
             const std::size_t k = std::min<std::size_t>(o.batch, n - first);
-            if (sock) {
-                const int rc = sock->send(batch, slots.data() + first, k);
+            if (out.sock) {
+                const int rc = out.sock->send(batch, slots.data() + first, k);
                 if (rc < 0)
                     throw std::runtime_error(
                         fmt::format("sendmmsg to {}: {}", o.to.to_string(), std::strerror(-rc)));
             }
-            if (pcap) {
+            if (out.pcap) {
                 const timespec ts = wall_now();
                 for (std::size_t i = 0; i < k; ++i)
-                    pcap->write(slots[first + i].data, slots[first + i].len, ts);
+                    out.pcap->write(slots[first + i].data, slots[first + i].len, ts);
             }
             for (std::size_t i = 0; i < k; ++i) st.bytes_sent += slots[first + i].len;
             st.datagrams_sent += k;
@@ -950,6 +1392,43 @@ int run_push(const Options& o) {
     progress.finish(stream.events_done(), st.bytes_sent, st.seconds);
     st.events = stream.events_done();
     st.fragments = stream.fragments_done();
+}
+
+int run_push(const Options& o) {
+    std::unique_ptr<PushSocket> sock;
+    sockaddr_in pcap_src{};
+    pcap_src.sin_family = AF_INET;
+    pcap_src.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    pcap_src.sin_port = htons(40000);
+    if (!o.dry_run) {
+        sock = std::make_unique<PushSocket>(o);
+        sockaddr_storage local{};
+        socklen_t local_len = sizeof local;
+        if (::getsockname(sock->fd(), reinterpret_cast<sockaddr*>(&local), &local_len) == 0 &&
+            local.ss_family == AF_INET)
+            std::memcpy(&pcap_src, &local, sizeof pcap_src);
+    }
+    std::unique_ptr<PcapWriter> pcap;
+    if (!o.pcap_out.empty()) {
+        sockaddr_in dst{};
+        std::memcpy(&dst, &o.to.addr, sizeof dst);
+        pcap = std::make_unique<PcapWriter>(o.pcap_out, pcap_src, dst, o.pcap_mtu);
+    }
+
+    const PushOutputs out{sock.get(), pcap.get()};
+    PushStats st;
+    if (o.mode == Mode::stream) {
+        TerminalProgress progress(0, "fragments");
+        HitStream stream(o);
+        send_stream(o, stream, out, progress, st);
+        st.events = stream.hits();
+        st.heartbeats = stream.heartbeats();
+    } else {
+        TerminalProgress progress(o.events, "events");
+        FragmentStream stream(o);
+        stream.reset(o.first_event, o.events);
+        send_stream(o, stream, out, progress, st);
+    }
     if (pcap) pcap->close();
     if (sock) st.refused = sock->refused();
     sock.reset();
@@ -957,19 +1436,27 @@ int run_push(const Options& o) {
     const double mb_per_s = st.seconds > 0 ? static_cast<double>(st.bytes_sent) / 1e6 / st.seconds : 0;
     const double dgram_per_s = st.seconds > 0 ? static_cast<double>(st.datagrams_sent) / st.seconds : 0;
     if (o.json) {
+        // Version-1 push mode prints exactly what it printed before the timestamp modes.
+        std::string extra;
+        if (o.wire_version != 1) extra += fmt::format(",\"wire_version\":{}", o.wire_version);
+        if (o.mode == Mode::stream) extra += fmt::format(",\"hits\":{},\"heartbeats\":{}", st.events, st.heartbeats);
+        if (!o.silent_sources.empty()) extra += fmt::format(",\"silent_sources\":{}", o.silent_sources.size());
         fmt::print(
-            "{{\"mode\":\"push\",\"dry_run\":{},\"events\":{},\"sources\":{},\"fragments\":{},"
+            "{{\"mode\":\"{}\",\"dry_run\":{},\"events\":{},\"sources\":{},\"fragments\":{},"
             "\"datagrams_generated\":{},\"datagrams\":{},\"bytes\":{},\"lost\":{},\"duplicated\":{},"
-            "\"refused\":{},\"seconds\":{},\"mb_per_s\":{},\"datagrams_per_s\":{},\"interrupted\":{}}}\n",
-            o.dry_run, st.events, o.sources, st.fragments, st.datagrams_generated, st.datagrams_sent,
-            st.bytes_sent, st.lost, st.duplicated, st.refused, json_double(st.seconds),
-            json_double(mb_per_s), json_double(dgram_per_s), g_stop.load());
+            "\"refused\":{},\"seconds\":{},\"mb_per_s\":{},\"datagrams_per_s\":{},\"interrupted\":{}{}}}\n",
+            mode_name(o.mode), o.dry_run, st.events, o.sources, st.fragments, st.datagrams_generated,
+            st.datagrams_sent, st.bytes_sent, st.lost, st.duplicated, st.refused, json_double(st.seconds),
+            json_double(mb_per_s), json_double(dgram_per_s), g_stop.load(), extra);
         std::fflush(stdout);
     } else {
+        const std::string what = o.mode == Mode::stream
+                                     ? fmt::format("{} hits, {} heartbeats", st.events, st.heartbeats)
+                                     : fmt::format("{} {}", st.events, o.mode == Mode::trigger ? "triggers" : "events");
         fmt::print(stderr,
-                   "evb-source: {} events, {} datagrams, {} bytes, lost {}, duplicated {}, {:.3f} s, "
+                   "evb-source: {}, {} datagrams, {} bytes, lost {}, duplicated {}, {:.3f} s, "
                    "{:.1f} MB/s, {:.0f} datagrams/s{}{}\n",
-                   st.events, st.datagrams_sent, st.bytes_sent, st.lost, st.duplicated, st.seconds,
+                   what, st.datagrams_sent, st.bytes_sent, st.lost, st.duplicated, st.seconds,
                    mb_per_s, dgram_per_s, o.dry_run ? " (dry run)" : "",
                    g_stop.load() ? " (interrupted)" : "");
     }
@@ -1040,7 +1527,7 @@ public:
           recv_(o.batch),
           recv_pool_(o.batch, kMaxDatagram),
           send_(o.batch),
-          send_pool_(o.batch, wire::kFragmentHeaderBytes + o.chunk_bytes),
+          send_pool_(o.batch, o.header_bytes() + o.chunk_bytes),
           send_slots_(o.batch),
           to_(o.batch),
           peers_(o.batch),
@@ -1226,7 +1713,7 @@ int main(int argc, char** argv) {
     }
     install_stop_handlers();
     try {
-        if (o.mode == Mode::push) return run_push(o);
+        if (o.mode != Mode::serve) return run_push(o);
         Server server(o);
         return server.run();
     } catch (const std::exception& e) {

@@ -215,3 +215,36 @@ TEST_CASE("waveform: first_waveform_mismatch finds a changed sample and tells th
     const auto raw = fill_all(run, source, sequence, 200);
     CHECK(evb::pattern::first_waveform_mismatch(run, source, sequence, 0, raw.data(), raw.size()) < 8);
 }
+
+TEST_CASE("waveform: the first 16 bytes of (run 7, source 3, event 1000) are pinned", "[pattern][waveform]") {
+    // Computed outside the project from section 7 of the spec, in Python:
+    //   M = 2**64 - 1
+    //   s = ((1000 * 0x9E3779B97F4A7C15) & M) ^ (3 << 32) ^ 7
+    //   for each word: s = (s + 0x9E3779B97F4A7C15) & M; z = s
+    //     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+    //     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M; w = z ^ (z >> 31)
+    //     samples (0x0800 + ((w >> 16 * i) & 3)).to_bytes(2, "little"), i = 0..3
+    // The samples are 0x0801 0x0803 0x0803 0x0800 0x0802 0x0800 0x0800 0x0802.
+    const std::uint8_t want[16] = {0x01, 0x08, 0x03, 0x08, 0x03, 0x08, 0x00, 0x08,
+                                   0x02, 0x08, 0x00, 0x08, 0x00, 0x08, 0x02, 0x08};
+    std::vector<std::byte> got(16);
+    evb::pattern::fill_waveform(7, 3, 1000, 0, got.data(), got.size());
+    for (std::size_t i = 0; i < 16; ++i) CHECK(std::to_integer<std::uint8_t>(got[i]) == want[i]);
+}
+
+TEST_CASE("waveform: fill at any offset is the slice of a full fill", "[pattern][waveform]") {
+    std::vector<std::byte> full(300);
+    evb::pattern::fill_waveform(2, 9, 41, 0, full.data(), full.size());
+    for (std::size_t i = 0; i < full.size(); ++i)  // every sample is 0x0800..0x0803
+        REQUIRE(std::to_integer<std::uint8_t>(full[i]) <= (i % 2 ? 0x08 : 0x03));
+    for (std::size_t offset = 0; offset < 20; ++offset) {
+        for (std::size_t len : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{99}}) {
+            std::vector<std::byte> buf(len + 2, std::byte{0x5A});
+            evb::pattern::fill_waveform(2, 9, 41, offset, buf.data() + 1, len);
+            INFO("offset " << offset << " len " << len);
+            REQUIRE(buf.front() == std::byte{0x5A});
+            REQUIRE(buf.back() == std::byte{0x5A});
+            REQUIRE(std::equal(buf.begin() + 1, buf.end() - 1, full.begin() + static_cast<std::ptrdiff_t>(offset)));
+        }
+    }
+}
