@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/util/clock.hpp"
@@ -13,7 +14,8 @@ namespace evb {
 
 ReplayFeeder::ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, ShardSink& sink,
                            stats::ReaderCounters& counters)
-    : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()), budget_(sink.shard_count(), 0) {
+    : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()), budget_(sink.shard_count(), 0),
+      unsent_(sink.shard_count(), 0) {
     for (const std::string& f : s_.files) {
         struct stat st {};
         if (::stat(f.c_str(), &st) == 0) total_bytes_ += static_cast<std::uint64_t>(st.st_size);
@@ -21,9 +23,18 @@ ReplayFeeder::ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, Sha
 }
 
 void ReplayFeeder::wait_for_room(std::uint32_t shard) {
-    // What is batched counts against the room only once it has been matched.
-    batches_.submit_all(sink_, last_capture_ns_);
+    // The room counts what the matcher has taken; the datagrams still in this
+    // feeder's batch may each start an event too. While there is room beyond them
+    // the batch goes on uncut, so that where batches end (and so the time each
+    // event's chunks carry) depends on the capture alone: two replays of a capture
+    // write the same bytes. Only when the room is used up is the batch sent early.
     ShardSink::Room room = sink_.settled_room(shard);
+    if (room.free > unsent_[shard]) {
+        budget_[shard] = room.free - unsent_[shard];
+        return;
+    }
+    submit();
+    room = sink_.settled_room(shard);
     if (room.free > 0) {
         budget_[shard] = room.free;
         return;
@@ -64,6 +75,11 @@ void ReplayFeeder::wait_for_room(std::uint32_t shard) {
 }
 
 ReplayFeeder::~ReplayFeeder() = default;
+
+void ReplayFeeder::submit() {
+    batches_.submit_all(sink_, last_capture_ns_);
+    std::fill(unsent_.begin(), unsent_.end(), 0);
+}
 
 void ReplayFeeder::finish(bool failed) {
     failed_ = failed;
@@ -166,9 +182,10 @@ std::size_t ReplayFeeder::do_work() {
         // Each datagram may start an event: it goes only where one could start.
         if (budget_[shard] == 0) wait_for_room(static_cast<std::uint32_t>(shard));
         --budget_[shard];
+        ++unsent_[shard];
         batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));
     }
-    batches_.submit_all(sink_, last_capture_ns_);
+    submit();
     if (reader_) bytes_read_.store(closed_bytes_ + reader_->file_offset(), std::memory_order_relaxed);
     if (last_capture_ns_ >= last_tick_ns_ + s_.tick_ns) {
         sink_.tick(last_capture_ns_);

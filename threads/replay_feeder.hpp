@@ -80,6 +80,9 @@ private:
     std::array<std::uint64_t, net::kSkipReasonCount> skipped_{};
     std::uint64_t packets_ = 0;
     std::vector<std::size_t> budget_;  // per shard: events it can still start, as last settled
+    std::vector<std::size_t> unsent_;  // per shard: datagrams batched since the last submit
+    // Sends the batches to the shards, timed by the latest capture time fed.
+    void submit();
     std::atomic<std::uint64_t> room_waits_{0};
     std::uint64_t total_bytes_ = 0;      // the files' sizes, at construction
     std::uint64_t closed_bytes_ = 0;     // sizes of the files read to their end

@@ -167,7 +167,14 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
     if (e->set_generation != set_generation_ && older_in_flight_ > 0) --older_in_flight_;
     if (match_ == file::MatchMode::timestamp) {
         bucket_remove(e);
-        e->timestamp = e->event_id;  // the smallest fragment timestamp
+        // The record's event id (and timestamp) is the smallest timestamp of the
+        // fragments it holds; with none, the anchor.
+        std::uint64_t smallest = UINT64_MAX;
+        for (std::uint32_t i = 0; i < e->section_count; ++i)
+            if ((e->src[i].state & SourceState::kComplete) && e->src[i].head->timestamp < smallest)
+                smallest = e->src[i].head->timestamp;
+        e->event_id = smallest == UINT64_MAX ? e->anchor : smallest;
+        e->timestamp = e->event_id;
         // What a later fragment is checked against (see event_by_time): each
         // fragment written, and for each source missing, the event's anchor.
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
@@ -283,7 +290,6 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
             return;
         }
         e->claimed_bytes += bytes;
-        if (match_ == file::MatchMode::timestamp && c->timestamp < e->event_id) e->event_id = c->timestamp;
         s.state |= SourceState::kSeen;
         s.fragment_length = c->fragment_length;
         s.chunk_count = c->chunk_count;

@@ -211,3 +211,25 @@ TEST_CASE("timestamp mode: a version-1 fragment has no timestamp and is refused 
     REQUIRE(c != nullptr);
     r.feed({c});
 }
+
+TEST_CASE("timestamp mode: the event id is the smallest timestamp among the fragments written", "[match][timestamp]") {
+    TimedRig r(3);
+    // Source 0 opens the event at 995 with the first of two chunks and never sends
+    // the second; sources 1 and 2 join at 1000 and 1003.
+    r.feed({r.chunk(0, 5, 995, 2000, 0, 2), r.frag(1, 1000), r.frag(2, 1003)}, 0);
+    const auto out = events_of(r.expire(5000));
+    REQUIRE(out.size() == 1);
+    CHECK(out[0]->anchor == 995);
+    std::uint64_t id = 0;
+    std::uint32_t status = 0;
+    const auto items = read_record(r.record(*out[0]), id, status);
+    CHECK((status & file::record_status::incomplete));
+    CHECK(items[0].status == file::section_status::missing);
+    CHECK(id == 1000);  // not the partial fragment's 995: that one is not in the record
+    // With no fragment at all in the record, the anchor names it.
+    r.feed({r.chunk(1, 9, 7000, 2000, 1, 2)}, 6000);
+    const auto none = events_of(r.expire(20000));
+    REQUIRE(none.size() == 1);
+    const auto bytes = r.record(*none[0]);
+    CHECK(wire::load_u64(bytes.data() + 8) == 7000);
+}

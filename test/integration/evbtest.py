@@ -208,6 +208,22 @@ def frag(event, source, length, offset, index, count, payload, run=1, flags=0):
     return struct.pack("<IBBHIIQIIHHI", MAGIC, 1, 1, flags, source, run, event, length, offset, index, count, 0) + payload
 
 
+def read_pcap(path):
+    """The UDP payloads of an Ethernet/IPv4 pcap, in capture order (no IP fragments)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    at, out = 24, []
+    while at + 16 <= len(data):
+        incl = struct.unpack_from("<I", data, at + 8)[0]
+        frame = data[at + 16:at + 16 + incl]
+        at += 16 + incl
+        ip = frame[14:]
+        if struct.unpack_from(">H", ip, 6)[0] & 0x3FFF:
+            fail(f"{path}: an IP fragment; these captures are written without --pcap-mtu")
+        out.append(ip[(ip[0] & 0x0F) * 4 + 8:])
+    return out
+
+
 def frag_v2(event, source, length, offset, index, count, payload, timestamp, run=1, flags=0):
     """One version-2 FRAGMENT datagram (48-byte header with the timestamp, no CRC)."""
     return struct.pack("<IBBHIIQIIHHIQ", MAGIC, 2, 1, flags, source, run, event, length, offset, index, count, 0,

@@ -16,7 +16,7 @@ import os
 import shutil
 import struct
 
-from evbtest import check, fail, run_source, workdir
+from evbtest import check, fail, read_pcap, run_source, workdir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The Python reader's CRC-32C (a C module when installed, else a table loop), loaded
@@ -56,22 +56,6 @@ def waveform(run, source, event, length):
         for i in range(4):
             out += (0x0800 + ((w >> (16 * i)) & 3)).to_bytes(2, "little")
     return bytes(out[:length])
-
-
-def read_pcap(path):
-    """The UDP payloads of an Ethernet/IPv4 pcap, in capture order (no IP fragments)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    at, out = 24, []
-    while at + 16 <= len(data):
-        incl = struct.unpack_from("<I", data, at + 8)[0]
-        frame = data[at + 16:at + 16 + incl]
-        at += 16 + incl
-        ip = frame[14:]
-        if struct.unpack_from(">H", ip, 6)[0] & 0x3FFF:
-            fail(f"{path}: an IP fragment; these captures are written without --pcap-mtu")
-        out.append(ip[(ip[0] & 0x0F) * 4 + 8:])
-    return out
 
 
 def parse(d, version, index):
