@@ -27,7 +27,9 @@ void ReplayFeeder::wait_for_room(std::uint32_t shard) {
     // feeder's batch may each start an event too. While there is room beyond them
     // the batch goes on uncut, so that where batches end (and so the time each
     // event's chunks carry) depends on the capture alone: two replays of a capture
-    // write the same bytes. Only when the room is used up is the batch sent early.
+    // write the same bytes. Only when the room is used up is the batch sent early
+    // (as it is when every receive slot is in use, or with --replay-speed pacing):
+    // then the bytes may differ between replays, the events do not.
     ShardSink::Room room = sink_.settled_room(shard);
     if (room.free > unsent_[shard]) {
         budget_[shard] = room.free - unsent_[shard];

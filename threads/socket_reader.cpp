@@ -50,7 +50,8 @@ int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t lengt
             counters.malformed[static_cast<std::size_t>(wire::ParseError::no_timestamp)].add();
             return -1;
         }
-        if (rules.match == MatchMode::time_slice && rules.builders > 1 &&
+        // Heartbeats go to every builder: each keeps its own watermarks.
+        if (rules.match == MatchMode::time_slice && rules.builders > 1 && !f.empty() &&
             (f.timestamp / rules.slice_ticks) % rules.builders != rules.builder_id) {
             counters.other_builder.add();
             return -1;

@@ -16,6 +16,13 @@ namespace {
 std::uint64_t map_key(std::uint64_t event_id, std::uint32_t run) noexcept {
     return event_id ^ (std::uint64_t{run} * 0x9E3779B97F4A7C15ull);
 }
+
+// Record bytes a fragment of `length` payload bytes adds to its event beyond the
+// section header: the padded payload, and in the time modes its item header.
+std::uint64_t fragment_claim(const Event& e, std::uint32_t length) noexcept {
+    const bool items = e.layout == RecordLayout::v2_items || e.layout == RecordLayout::v2_slices;
+    return file::padded8(length) + (items ? file::kItemHeaderBytes : 0);
+}
 }
 
 Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& arena,
@@ -114,33 +121,40 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     if (newest_) newest_->newer = e; else oldest_ = e;
     newest_ = e;
     if (match_ == file::MatchMode::timestamp)
-        bucket_insert(e);
+        bucket_insert(e);  // the map holds buckets, not events
     else
         map_.insert(map_key(e->event_id, e->run_number), e);
-    counters_.events_in_flight.set(map_.size());
+    counters_.events_in_flight.set(++in_flight_);
     return e;
 }
 
 void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& out) noexcept {
+    bool empty_slice = false;  // a slice no whole fragment fell into is not written
     if (match_ == file::MatchMode::time_slice) {
         const std::uint64_t end = slice_end(*e);
+        empty_slice = true;
+        for (std::uint32_t i = 0; i < e->section_count && empty_slice; ++i) empty_slice = e->src[i].head == nullptr;
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
             SourceState& s = e->src[i];
             if (s.state & SourceState::kRemoved) continue;
-            if (s.partial != nullptr) {  // fragments that did not finish in time for their slice
+            if (s.partial != nullptr) {
+                // Chunks of fragments not whole when their slice is written: late,
+                // like the rest of their chunks when they come (each chunk once).
                 for (ChunkMeta* c = s.partial; c != nullptr; c = c->next) {
-                    counters_.late_after_incomplete.add();
+                    (complete ? counters_.late_after_complete : counters_.late_after_incomplete).add();
+                    counters_.source_late[i].add();
                     --held_slots_[i];
                 }
                 drop_chain(s.partial);
                 s.partial = nullptr;
             }
-            if (!complete && watermark_[i] <= end) {
+            if (!complete && !empty_slice && watermark_[i] <= end) {
                 s.state |= SourceState::kUnconfirmed;
                 counters_.source_missing[i].add();
             }
         }
-        if (!complete) {
+        if (empty_slice) {
+        } else if (!complete) {
             e->status |= file::record_status::incomplete;
             counters_.events_incomplete.add();
         } else {
@@ -160,7 +174,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
         counters_.events_complete.add();
     }
     e->built_unix_ns = now_ns;
-    counters_.build_latency.observe(now_ns >= e->first_fragment_unix_ns ? now_ns - e->first_fragment_unix_ns : 0);
+    if (!empty_slice) counters_.build_latency.observe(now_ns >= e->first_fragment_unix_ns ? now_ns - e->first_fragment_unix_ns : 0);
     if (e->older) e->older->newer = e->newer; else oldest_ = e->newer;
     if (e->newer) e->newer->older = e->older; else newest_ = e->older;
     if (e->solo_source >= 0) --solo_events_[static_cast<std::size_t>(e->solo_source)];
@@ -195,7 +209,11 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
         map_.erase(map_key(e->event_id, e->run_number));
         history(e->run_number).insert(e->event_id, !complete);
     }
-    counters_.events_in_flight.set(map_.size());
+    counters_.events_in_flight.set(--in_flight_);
+    if (empty_slice) {  // nothing to write: its pool entry comes straight back
+        free_.push_back(e);
+        return;
+    }
     out.push(e);
 }
 
@@ -281,8 +299,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         }
         // The record's length is a u32: a fragment that would take the record past
         // it is refused here, and the event is written without it (MISSING).
-        const std::uint64_t bytes = file::section_bytes(c->fragment_length) - file::kSectionHeaderBytes +
-                                    (e->layout != RecordLayout::v1 && e->layout != RecordLayout::v2 ? file::kItemHeaderBytes : 0);
+        const std::uint64_t bytes = fragment_claim(*e, c->fragment_length);
         if (e->claimed_bytes + bytes > kMaxRecordBytes) {
             s.state |= SourceState::kRefused;
             counters_.event_too_large.add();
@@ -300,6 +317,12 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
     if (max_slots_ != 0 && held_slots_[idx] >= max_slots_ && s.received + 1u < s.chunk_count) {
         counters_.source_slot_limit_drops.add();
         counters_.source_slot_limit[idx].add();
+        if (s.head == nullptr) {
+            // Nothing of the fragment is held: the source is unseen again, so that
+            // in timestamp mode its later chunks still find this event by their sequence.
+            e->claimed_bytes -= fragment_claim(*e, s.fragment_length);
+            s.state &= static_cast<std::uint8_t>(~SourceState::kSeen);
+        }
         drop(c);
         return;
     }
@@ -361,8 +384,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         if (!tiles || end != s.fragment_length) {
             counters_.inconsistent_chunks.add();
             drop_fragment(s, static_cast<std::size_t>(idx));
-            e->claimed_bytes -= file::section_bytes(s.fragment_length) - file::kSectionHeaderBytes +
-                                (e->layout != RecordLayout::v1 && e->layout != RecordLayout::v2 ? file::kItemHeaderBytes : 0);
+            e->claimed_bytes -= fragment_claim(*e, s.fragment_length);
             const std::uint8_t keep = s.state & (SourceState::kSourceError | SourceState::kNotAwaited);
             s = SourceState{};
             s.state = keep;  // unseen again: a correct resend can still complete it
@@ -469,7 +491,8 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
     Event* best = nullptr;
     std::uint64_t best_distance = 0;
     const std::uint64_t b = tolerance_ == UINT64_MAX ? 0 : t / (tolerance_ + 1);
-    for (std::uint64_t k = b == 0 ? 0 : b - 1; k <= b + 1; ++k) {
+    const std::uint64_t last_bucket = b == UINT64_MAX ? b : b + 1;
+    for (std::uint64_t k = b == 0 ? 0 : b - 1; k <= last_bucket; ++k) {
         const std::uint64_t key = map_key(k, run);
         for (Event* e = map_.find(key); e != nullptr; e = e->same_bucket) {
             if (e->run_number != run) continue;
@@ -552,15 +575,21 @@ void Matcher::advance_watermark(std::size_t idx, std::uint64_t t) noexcept {
 
 // A fragment's chunks first..last (by chunk_index) go into the source's items in
 // ascending (timestamp, sequence): mostly after the last one.
-void Matcher::insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noexcept {
+bool Matcher::insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noexcept {
     auto before = [](const ChunkMeta* a, const ChunkMeta* b) {
         return a->timestamp < b->timestamp || (a->timestamp == b->timestamp && a->event_id < b->event_id);
     };
+    // Every chunk of an item carries its (timestamp, sequence): an item equal to the
+    // one it would follow is a copy the sequence window no longer remembered.
+    auto same = [](const ChunkMeta* a, const ChunkMeta* b) {
+        return b != nullptr && a->timestamp == b->timestamp && a->event_id == b->event_id;
+    };
     if (s.tail == nullptr || !before(first, s.tail)) {
+        if (same(first, s.tail)) return false;
         if (s.tail != nullptr) s.tail->next = first; else s.head = first;
         last->next = nullptr;
         s.tail = last;
-        return;
+        return true;
     }
     ChunkMeta* prev_last = nullptr;  // last chunk of the item it goes after
     ChunkMeta* p = s.head;
@@ -569,28 +598,38 @@ void Matcher::insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noe
         prev_last = p;
         p = p->next;
     }
+    if (same(first, prev_last)) return false;
     if (prev_last != nullptr) prev_last->next = first; else s.head = first;
     last->next = p;
+    return true;
 }
 
 void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
     const auto i = static_cast<std::size_t>(idx);
     const std::uint64_t seq = c->event_id;
     const bool crc_bad = (c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c;
+    const std::uint64_t k = c->timestamp / slice_ticks_;
+    const std::uint32_t run = c->run_number;
+    if (!watermark_run_set_) {
+        watermark_run_set_ = true;
+        watermark_run_ = run;
+    }
+    // The readers take the next run's datagrams before its run-end marker reaches
+    // this shard; its clock may have started again, so its fragments move no
+    // watermark until end_run makes it the current run.
+    const bool current_run = run == watermark_run_;
     if (c->flags & wire::fragment_flags::empty) {  // a heartbeat: moves the watermark, is not stored
         if (crc_bad) {
             counters_.crc_failures.add();
         } else if (seen_seq_[i].contains(seq)) {
             counters_.duplicate_chunks.add();
-        } else {
+        } else if (current_run) {
             seen_seq_[i].insert(seq);
             advance_watermark(i, c->timestamp);
         }
         drop(c);
         return;
     }
-    const std::uint64_t k = c->timestamp / slice_ticks_;
-    const std::uint32_t run = c->run_number;
     Event* e = map_.find(map_key(k, run));
     if (e == nullptr) {
         if (!expected_[idx]) {
@@ -602,7 +641,7 @@ void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
             late->add();
             counters_.source_late[idx].add();
             // Still a complete fragment received: the source is past its time.
-            if (c->chunk_count == 1 && !crc_bad) advance_watermark(i, c->timestamp);
+            if (c->chunk_count == 1 && !crc_bad && current_run) advance_watermark(i, c->timestamp);
             drop(c);
             return;
         }
@@ -633,6 +672,11 @@ void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
     }
     ChunkMeta* first = c;
     ChunkMeta* last = c;
+    if (c->chunk_count == 1 && c->chunk_offset != 0) {  // a whole fragment starts at its first byte
+        counters_.inconsistent_chunks.add();
+        drop(c);
+        return;
+    }
     if (c->chunk_count > 1) {
         // The source's unfinished fragments, by (sequence, chunk_index).
         ChunkMeta* after = nullptr;
@@ -703,15 +747,20 @@ void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
             return;
         }
     }
-    const std::uint64_t bytes = file::kItemHeaderBytes + file::padded8(c->fragment_length);
+    const std::uint64_t bytes = fragment_claim(*e, c->fragment_length);
     if (e->claimed_bytes + bytes > kMaxRecordBytes) {
         counters_.event_too_large.add();
         drop_chain(first);
         return;
     }
+    if (!insert_item(s, first, last)) {
+        e->status |= file::record_status::duplicates;
+        counters_.duplicate_chunks.add();
+        drop_chain(first);
+        return;
+    }
     e->claimed_bytes += bytes;
     seen_seq_[i].insert(seq);
-    insert_item(s, first, last);
     s.state |= SourceState::kComplete;
     for (const ChunkMeta* q = first; q != nullptr; q = q->next)
         if (q->flags & wire::fragment_flags::source_error) {
@@ -720,6 +769,7 @@ void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         }
     counters_.fragments.add();
     counters_.source_fragments[idx].add();
+    if (!current_run) return;
     advance_watermark(i, c->timestamp);
     // A slice whose end every watermark had already passed is written at once.
     if (slice_end(*e) < min_watermark_) finish(e, true, now_ns, out);
@@ -755,7 +805,7 @@ void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint3
     set_generation_ = generation;
     watermark_moved_ = match_ == file::MatchMode::time_slice;  // the minimum is over another set now
     // Every event in flight now belongs to an earlier set; they finish under it.
-    older_in_flight_ = map_.size();
+    older_in_flight_ = in_flight_;
     ++pending_markers_;
 }
 
@@ -872,7 +922,10 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     history_run_ = next_run;
     history_set_ = true;
     // Watermarks and sequence numbers are the run's.
+    watermark_run_ = next_run;
+    watermark_run_set_ = true;
     std::fill(watermark_.begin(), watermark_.end(), 0);
+    for (std::size_t i = 0; i < watermark_.size(); ++i) counters_.source_watermark[i].set(0);
     std::fill(seen_seq_.begin(), seen_seq_.end(), SeqWindow{});
     min_watermark_ = 0;
     watermark_moved_ = false;

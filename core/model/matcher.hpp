@@ -97,7 +97,7 @@ public:
     }
     // Events the writer has finished with come back here (the writer is the producer).
     SpscRing<Event*>& done_ring() noexcept { return done_; }
-    std::size_t in_flight() const noexcept { return map_.size(); }
+    std::size_t in_flight() const noexcept { return in_flight_; }
     std::size_t pool_free() const noexcept { return free_.size(); }
     std::size_t pool_size() const noexcept { return pool_size_; }
 
@@ -122,7 +122,8 @@ private:
     // time_slice mode (docs/FORMATS.md section 5): chunks to slices, fragments to
     // their source's items in (timestamp, sequence) order, watermarks.
     void add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
-    void insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noexcept;
+    // False (nothing linked) when an item of the same (timestamp, sequence) is there.
+    bool insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noexcept;
     void drop_chain(ChunkMeta* c) noexcept;
     void advance_watermark(std::size_t idx, std::uint64_t t) noexcept;
     // Writes every slice whose end all expected sources' watermarks have passed.
@@ -179,6 +180,8 @@ private:
     std::uint64_t slice_ticks_;
     std::vector<std::uint64_t> watermark_;  // time_slice, per source: largest timestamp + 1 (0: none yet)
     std::uint64_t min_watermark_ = 0;       // over the expected sources
+    std::uint32_t watermark_run_ = 0;       // the run the watermarks are of
+    bool watermark_run_set_ = false;
     bool watermark_moved_ = false;
     std::vector<SeqWindow> seen_seq_;       // time_slice, per source
     std::uint64_t timeout_ns_;
@@ -190,6 +193,7 @@ private:
     alloc::ArenaArray<std::byte> meta_;
     std::vector<Event*> free_;  // capacity fixed at construction
     FlatMap<Event> map_;
+    std::size_t in_flight_ = 0;  // events started and not finished (timestamp mode's map holds buckets)
     RecentSet recent_;       // built ids of history_run_
     RecentSet next_recent_;  // built ids of next_run_, if next_valid_
     std::uint32_t history_run_ = 0;

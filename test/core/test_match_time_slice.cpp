@@ -207,3 +207,69 @@ TEST_CASE("time_slice: slices are partitioned over builders by k % builders", "[
     }
     CHECK(rc.other_builder.get() == 12);  // each timestamp taken by exactly one of the three
 }
+
+TEST_CASE("time_slice: a one-chunk fragment must start at byte 0", "[match][time_slice]") {
+    SliceRig r(1);
+    // Parses (offset 8 + 32 bytes ends at fragment_length 40) but does not tile.
+    ChunkMeta* c = r.chunk(0, 3, 100, 40, 0, 1, 1000);
+    c->chunk_offset = 8;
+    c->payload_length = 32;
+    r.feed({c}, 0);
+    CHECK(r.counters.inconsistent_chunks.get() == 1);
+    CHECK(events_of(r.expire(5000)).empty());  // its slice holds nothing: not written
+}
+
+TEST_CASE("time_slice: a copy older than the sequence window is still not a second item", "[match][time_slice]") {
+    SliceRig r(2);
+    r.feed({r.chunk(0, 0, 100, 16)});
+    r.feed({r.chunk(0, 1100, 900, 16)});  // moves source 0's window past sequence 0
+    r.feed({r.chunk(0, 0, 100, 16)});     // the copy: same (timestamp, sequence) as an item in the slice
+    CHECK(r.counters.duplicate_chunks.get() == 1);
+    const auto out = events_of(r.feed({r.beat(0, 1000), r.beat(1, 1000)}));
+    REQUIRE(out.size() == 1);
+    CHECK((out[0]->status & file::record_status::duplicates));
+    std::uint64_t k = 0;
+    std::uint32_t status = 0;
+    const auto secs = read_slice(r.record(*out[0]), k, status);
+    CHECK(secs[0].items.size() == 2);
+}
+
+TEST_CASE("time_slice: a slice no whole fragment fell into is not written", "[match][time_slice]") {
+    SliceRig r(2);
+    // The first of two chunks opens slice 0; the fragment never completes.
+    r.feed({r.chunk(0, 1, 100, 2000, 0, 2)}, 0);
+    CHECK(r.matcher.in_flight() == 1);
+    CHECK(events_of(r.expire(5000)).empty());
+    CHECK(r.matcher.in_flight() == 0);
+    CHECK(r.counters.events_complete.get() + r.counters.events_incomplete.get() == 0);
+    // The unfinished fragment's chunk went back counted late, and the slice counts as
+    // written: a fragment for it is late too.
+    CHECK(r.counters.late_after_incomplete.get() == 1);
+    CHECK(r.free_slots() == 512);
+    r.feed({r.hit(1, 200)}, 6000);
+    CHECK(r.counters.late_after_complete.get() + r.counters.late_after_incomplete.get() == 2);
+}
+
+TEST_CASE("time_slice: heartbeats reach every builder, data only its slice's builder", "[match][time_slice]") {
+    alloc::Arena arena{"test"};
+    alloc::BufferPool pool{arena, 0, 8, 256, 1};
+    stats::ReaderCounters rc;
+    AdmissionRules rules;
+    rules.run_number = 1;
+    rules.match = file::MatchMode::time_slice;
+    rules.slice_ticks = kW;
+    rules.builders = 2;
+    for (std::uint32_t builder = 0; builder < 2; ++builder) {
+        rules.builder_id = builder;
+        std::uint32_t idx = 0;
+        REQUIRE(pool.try_take(idx));
+        wire::FragmentHeader h;
+        h.flags = wire::fragment_flags::empty;
+        h.run_number = 1;
+        h.event_id = 5;
+        wire::encode_fragment_header_v2(h, 1500, pool.data(idx));  // slice 1: builder 1's
+        CHECK(admit_datagram(pool, idx, wire::kFragmentHeaderBytesV2, rules, 1, rc) == 0);
+        pool.give_back_local(idx);
+    }
+    CHECK(rc.other_builder.get() == 0);
+}

@@ -208,8 +208,8 @@ TEST_CASE("timestamp mode: a version-1 fragment has no timestamp and is refused 
     // In event_id mode the same datagram is taken.
     r.rules.match = file::MatchMode::event_id;
     ChunkMeta* c = r.chunk(0, 1, 1000, 40, 0, 1, 1000, 0, false);
-    REQUIRE(c != nullptr);
-    r.feed({c});
+    CHECK(c != nullptr);
+    if (c != nullptr) r.pool.give_back_local(c->slot);
 }
 
 TEST_CASE("timestamp mode: the event id is the smallest timestamp among the fragments written", "[match][timestamp]") {

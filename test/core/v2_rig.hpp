@@ -106,6 +106,11 @@ struct V2Rig {
         matcher.flush(1'000'000, out);
         return out;
     }
+    std::size_t free_slots() {
+        returns.flush();
+        pool.reclaim();
+        return pool.free_count();
+    }
     // The record as the writer writes it.
     std::vector<std::byte> record(Event& e) {
         assemble(e);

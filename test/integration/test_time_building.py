@@ -220,8 +220,10 @@ def time_slice_mode(wd):
     check(late >= len(stray), f"{len(may) - len(stray)} of {len(may)} borderline fragments made it into their slice, "
                               f"the others counted late ({late} late chunks)")
     incomplete = sum(1 for _, st_, _ in recs if "INCOMPLETE" in st_)
-    check(len(recs) == len(want_slices) or len(recs) == len(set(where.values())),
-          f"{len(recs)} slices written ({incomplete} INCOMPLETE, those past a source's last fragment)")
+    written = {k for k, _, _ in recs}
+    check(len(written) == len(recs) and written == set(where.values()) and written >= want_slices,
+          f"{len(recs)} slices written, each once, each holding a fragment, every slice the model fills among them "
+          f"({incomplete} INCOMPLETE, those past a source's last fragment)")
     rc, text = verify([d.out])
     check(rc == 0, "evb-dump --verify --pattern: every item byte-exact\n" + text[-400:])
 
