@@ -5,6 +5,7 @@
 #include <sys/statvfs.h>
 #include <time.h>
 
+#include <charconv>
 #include <fmt/format.h>
 #include <limits>
 
@@ -12,6 +13,7 @@
 #include "core/format/wire.hpp"
 #include "core/util/log.hpp"
 #include "monitor/http_server.hpp"
+#include "monitor/sampler.hpp"
 #include "monitor/status_page.hpp"
 #include "monitor/sums.hpp"
 
@@ -270,6 +272,19 @@ std::vector<FamilyOut> collect(const Sources& s) {
                          static_cast<double>(s.control != nullptr && s.control->expected_sources.load() != 0
                                                  ? s.control->expected_sources.load()
                                                  : s.sources.size())));
+    if (s.sampler != nullptr) {
+        const SampleCounters& c = s.sampler->counters();
+        out.push_back(scalar("evb_sample_clients", "Clients reading GET /sample now.", T::gauge, static_cast<double>(c.clients.get())));
+        out.push_back(scalar("evb_sample_records_total", "Records copied to sampling clients.", T::counter, static_cast<double>(c.records.get())));
+        out.push_back(scalar("evb_sample_bytes_total", "Record bytes copied to sampling clients.", T::counter, static_cast<double>(c.bytes.get())));
+        FamilyOut f{"evb_sample_dropped_total",
+                    "Records not sampled: reason=\"budget\" (the copy budget of the second was spent, once per record), "
+                    "reason=\"slow_client\" (a client's buffer was full, per client).",
+                    T::counter, {}, {}};
+        f.samples.push_back({{{"reason", "budget"}}, static_cast<double>(c.dropped_budget.get()), {}, 0});
+        f.samples.push_back({{{"reason", "slow_client"}}, static_cast<double>(c.dropped_full.get()), {}, 0});
+        out.push_back(std::move(f));
+    }
     out.push_back(scalar("evb_process_start_time_seconds", "Start time of the process since the Unix epoch.", T::gauge, kStartTime));
     {
         FamilyOut f{"evb_build_info", "Version and git hash of this build.", T::gauge, {}, {}};
@@ -356,6 +371,52 @@ std::string metrics_text(const Sources& s) {
 
 }  // namespace
 
+namespace {
+
+// A client's share of the sampled records, as the HTTP server sends them on.
+class SampleStream final : public ResponseStream {
+public:
+    SampleStream(Sampler& s, int slot) : sampler_(s), slot_(slot) {}
+    ~SampleStream() override { sampler_.close(slot_); }
+    bool more(std::string& out) override { return sampler_.take(slot_, out, 1u << 20); }
+
+private:
+    Sampler& sampler_;
+    int slot_;
+};
+
+// GET /sample?events=N (default 10, at most 1000000) or /sample?stream: a file header
+// and built records as they are written, like a file still open.
+HttpResponse sample(Sampler& sampler, std::string_view query) {
+    std::uint64_t events = 10;
+    bool stream = false;
+    while (!query.empty()) {
+        const std::size_t amp = query.find('&');
+        const std::string_view kv = query.substr(0, amp);
+        query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
+        if (kv == "stream" || kv == "stream=1") {
+            stream = true;
+        } else if (kv.starts_with("events=")) {
+            const std::string_view v = kv.substr(7);
+            std::uint64_t n = 0;
+            const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+            if (ec != std::errc{} || end != v.data() + v.size() || n == 0 || n > 1'000'000)
+                return {400, "text/plain; charset=utf-8", "events: a number from 1 to 1000000\n", nullptr};
+            events = n;
+        } else if (!kv.empty()) {
+            return {400, "text/plain; charset=utf-8",
+                    fmt::format("unknown parameter '{}': /sample takes events=N or stream\n", kv), nullptr};
+        }
+    }
+    const int slot = sampler.open(stream ? 0 : events);
+    if (slot < 0)
+        return {503, "text/plain; charset=utf-8",
+                fmt::format("sampling: {} clients are listening already\n", Sampler::kClients), nullptr};
+    return {200, "application/octet-stream", {}, std::make_shared<SampleStream>(sampler, slot)};
+}
+
+}  // namespace
+
 struct Exporter::Impl {
     Sources sources;
     std::unique_ptr<HttpServer> server;
@@ -364,11 +425,12 @@ struct Exporter::Impl {
 Exporter::Exporter(const std::string& listen, Sources sources) : impl_(std::make_unique<Impl>()) {
     impl_->sources = std::move(sources);
     const Sources* src = &impl_->sources;
-    impl_->server = std::make_unique<HttpServer>(listen, [src](std::string_view path) -> HttpResponse {
-        if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", metrics_text(*src)};
-        if (path == "/") return {200, "text/html; charset=utf-8", status_page(*src)};
-        if (path == "/sources") return {200, "text/html; charset=utf-8", sources_page(*src)};
-        return {404, "text/plain; charset=utf-8", "not found: evbd serves /metrics and /\n"};
+    impl_->server = std::make_unique<HttpServer>(listen, [src](std::string_view path, std::string_view query) -> HttpResponse {
+        if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", metrics_text(*src), nullptr};
+        if (path == "/") return {200, "text/html; charset=utf-8", status_page(*src), nullptr};
+        if (path == "/sources") return {200, "text/html; charset=utf-8", sources_page(*src), nullptr};
+        if (path == "/sample" && src->sampler != nullptr) return sample(*src->sampler, query);
+        return {404, "text/plain; charset=utf-8", "not found: evbd serves /metrics, /, /sources and /sample\n", nullptr};
     });
 }
 

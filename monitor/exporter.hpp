@@ -86,6 +86,8 @@ struct ControlState {
 // reading of the shards' flags, for the metrics, the status page and the log.
 bool source_absent(const std::vector<const stats::MatcherCounters*>& matchers, std::size_t i) noexcept;
 
+class Sampler;
+
 struct Sources {
     std::vector<const stats::ReaderCounters*> readers;
     std::vector<const stats::MatcherCounters*> matchers;
@@ -97,6 +99,7 @@ struct Sources {
     const stats::PullCounters* pull = nullptr;  // pull mode only
     // Files open for writing now (status page).
     std::function<std::vector<std::string>()> open_files;
+    Sampler* sampler = nullptr;  // GET /sample; none: 404
 };
 
 // A metric family to expose, in a form independent of prometheus-cpp's headers.

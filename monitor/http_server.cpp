@@ -58,6 +58,7 @@ const char* reason_phrase(int status) {
         case 404: return "Not Found";
         case 405: return "Method Not Allowed";
         case 431: return "Request Header Fields Too Large";
+        case 503: return "Service Unavailable";
         case 500: return "Internal Server Error";
         default: return "Unknown";
     }
@@ -67,12 +68,13 @@ std::string serialize(const HttpResponse& r, bool head) {
     std::string out = fmt::format("HTTP/1.1 {} {}\r\n", r.status, reason_phrase(r.status));
     if (!r.content_type.empty()) out += fmt::format("Content-Type: {}\r\n", r.content_type);
     if (r.status == 405) out += "Allow: GET, HEAD\r\n";
-    out += fmt::format("Content-Length: {}\r\nConnection: close\r\n\r\n", r.body.size());
+    if (r.stream == nullptr) out += fmt::format("Content-Length: {}\r\n", r.body.size());
+    out += "Connection: close\r\n\r\n";
     if (!head) out += r.body;
     return out;
 }
 
-HttpResponse plain(int status, std::string text) { return {status, "text/plain; charset=utf-8", std::move(text)}; }
+HttpResponse plain(int status, std::string text) { return {status, "text/plain; charset=utf-8", std::move(text), nullptr}; }
 
 // One past the blank line that ends the request's header block, or npos.
 std::size_t header_end(std::string_view in) {
@@ -81,8 +83,10 @@ std::size_t header_end(std::string_view in) {
     return std::min(crlf == std::string_view::npos ? crlf : crlf + 4, lf == std::string_view::npos ? lf : lf + 2);
 }
 
-// The whole answer to a request whose header block has arrived.
-std::string respond(std::string_view request, const HttpServer::Handler& handler) {
+// The answer to a request whose header block has arrived: all of it, or its head
+// and a stream for the rest.
+std::string respond(std::string_view request, const HttpServer::Handler& handler,
+                    std::shared_ptr<ResponseStream>& stream) {
     std::string_view line = request.substr(0, request.find('\n'));
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     const std::size_t sp1 = line.find(' ');
@@ -94,9 +98,14 @@ std::string respond(std::string_view request, const HttpServer::Handler& handler
     const bool head = method == "HEAD";
     if (method != "GET" && !head) return serialize(plain(405, "only GET and HEAD\n"), false);
     if (target.empty() || target[0] != '/') return serialize(plain(400, "bad request target\n"), false);
-    target = target.substr(0, target.find_first_of("?#"));
+    target = target.substr(0, target.find('#'));
+    const std::size_t q = target.find('?');
+    const std::string_view query = q == std::string_view::npos ? std::string_view{} : target.substr(q + 1);
+    target = target.substr(0, q);
     try {
-        return serialize(handler(target), head);
+        HttpResponse r = handler(target, query);
+        if (!head) stream = r.stream;
+        return serialize(r, head);
     } catch (const std::exception& e) {
         return serialize(plain(500, fmt::format("{}\n", e.what())), head);
     }
@@ -117,6 +126,8 @@ struct HttpServer::Connection {
     std::string in;
     std::string out;
     std::size_t sent = 0;
+    std::shared_ptr<ResponseStream> stream;  // a body still coming
+    bool stream_idle = false;                // more() had nothing last time
 };
 
 HttpServer::HttpServer(const std::string& listen, Handler handler) : handler_(std::move(handler)) {
@@ -177,20 +188,35 @@ void HttpServer::run() {
             if (c.state == State::draining) continue;
             c.in.append(buf, static_cast<std::size_t>(r));
             if (header_end(c.in) != std::string::npos) {
-                c.out = respond(c.in, handler_);
+                c.out = respond(c.in, handler_, c.stream);
                 c.state = State::writing;
             } else if (c.in.size() > kMaxRequestBytes) {
                 c.out = serialize(plain(431, "request too long\n"), false);
                 c.state = State::writing;
             }
         }
-        while (c.sent < c.out.size()) {
-            const ssize_t w = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
-            if (w < 0) {
-                if (errno == EINTR) continue;
-                return errno == EAGAIN || errno == EWOULDBLOCK;
+        for (;;) {
+            while (c.sent < c.out.size()) {
+                const ssize_t w = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+                if (w < 0) {
+                    if (errno == EINTR) continue;
+                    return errno == EAGAIN || errno == EWOULDBLOCK;
+                }
+                c.sent += static_cast<std::size_t>(w);
             }
-            c.sent += static_cast<std::size_t>(w);
+            if (c.stream == nullptr) break;
+            // A streamed body: a client that left ends it (its socket reads as closed).
+            const ssize_t r = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
+            c.out.clear();
+            c.sent = 0;
+            const bool going = c.stream->more(c.out);
+            if (!going) {
+                c.stream.reset();
+                continue;  // send the last of it, then shut
+            }
+            c.stream_idle = c.out.empty();
+            if (c.stream_idle) return true;  // nothing yet: asked again after kStreamPollMs
         }
         ::shutdown(c.fd, SHUT_WR);
         c.state = State::draining;
@@ -221,17 +247,24 @@ void HttpServer::run() {
                 ::close(victim->fd);
                 conns.erase(victim);
             }
-            conns.push_back({fd, Clock::now(), Connection::State::reading, {}, {}, 0});
+            conns.push_back({fd, Clock::now(), Connection::State::reading, {}, {}, 0, nullptr, false});
         }
     };
 
     for (;;) {
         const auto now = Clock::now();
         std::erase_if(conns, [&](const Connection& c) {
-            if (now - c.accepted < kRequestTimeout) return false;
+            if (now - c.accepted < kRequestTimeout || c.stream != nullptr) return false;
             ::close(c.fd);
             return true;
         });
+        // Streams that had nothing: ask them again (their sockets stay quiet).
+        for (auto& c : conns)
+            if (c.stream != nullptr && c.stream_idle && !serve(c)) {
+                ::close(c.fd);
+                c.fd = -1;
+            }
+        std::erase_if(conns, [](const Connection& c) { return c.fd < 0; });
         const bool accepting = now >= accept_paused_until;
         fds.clear();
         fds.push_back({wake_fd_, POLLIN, 0});
@@ -239,10 +272,14 @@ void HttpServer::run() {
             for (int fd : listeners_) fds.push_back({fd, POLLIN, 0});
         const std::size_t first_conn = fds.size();
         auto wake_at = accepting ? Clock::time_point::max() : accept_paused_until;
+        bool idle_stream = false;
         for (const auto& c : conns) {
-            fds.push_back({c.fd, static_cast<short>(c.state == Connection::State::writing ? POLLOUT : POLLIN), 0});
-            wake_at = std::min(wake_at, c.accepted + kRequestTimeout);
+            const bool waiting = c.stream != nullptr && c.stream_idle;  // for data, not for the socket
+            idle_stream = idle_stream || waiting;
+            fds.push_back({c.fd, static_cast<short>(c.state == Connection::State::writing && !waiting ? POLLOUT : POLLIN), 0});
+            if (c.stream == nullptr) wake_at = std::min(wake_at, c.accepted + kRequestTimeout);
         }
+        if (idle_stream) wake_at = std::min(wake_at, now + std::chrono::milliseconds(kStreamPollMs));
         int timeout_ms = -1;
         if (wake_at != Clock::time_point::max())
             timeout_ms = static_cast<int>(

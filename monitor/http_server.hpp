@@ -1,7 +1,8 @@
 // The HTTP server behind /metrics and the status page: one thread (`evb-metrics`)
 // polls the listening sockets and every connection, so no client, idle or slow,
 // holds anything another one needs. Each connection carries one request
-// (`Connection: close`) and has kRequestTimeoutMs from accept to its answer sent;
+// (`Connection: close`) and has kRequestTimeoutMs from accept to its answer sent
+// (a streamed answer, GET /sample, runs until it ends or the client leaves);
 // at most kMaxConnections are open, and a new one displaces the oldest still waiting
 // for its request. GET and HEAD only. IPv4 and IPv6.
 //
@@ -14,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -21,17 +23,28 @@
 
 namespace evb::monitor {
 
+// A body sent as it becomes available (GET /sample): the server thread asks for
+// more whenever the connection has sent what it had, and every kStreamPollMs while
+// there was nothing. The answer has no Content-Length and ends when more() returns
+// false or the client leaves; the stream object is destroyed then.
+struct ResponseStream {
+    virtual ~ResponseStream() = default;
+    // Appends what is ready to `out`; false when the body is complete.
+    virtual bool more(std::string& out) = 0;
+};
+
 struct HttpResponse {
     int status = 200;
     std::string content_type;
     std::string body;
+    std::shared_ptr<ResponseStream> stream;  // when set, the body follows `body`
 };
 
 class HttpServer {
 public:
-    // Answers a GET (or HEAD) of `path`, the request target without its query
-    // string. Runs on the server thread.
-    using Handler = std::function<HttpResponse(std::string_view path)>;
+    // Answers a GET (or HEAD) of `path`, the request target up to its query string
+    // (`query`, without the '?'). Runs on the server thread.
+    using Handler = std::function<HttpResponse(std::string_view path, std::string_view query)>;
 
     // Binds every address of `listen`: "HOST:PORT" or "[V6]:PORT", several separated
     // by commas; port 0 picks a free port. Then starts the thread. Throws
@@ -48,6 +61,7 @@ public:
     static constexpr std::size_t kMaxConnections = 64;
     static constexpr int kRequestTimeoutMs = 5000;
     static constexpr std::size_t kMaxRequestBytes = 16384;  // request line and headers
+    static constexpr int kStreamPollMs = 20;
 
 private:
     struct Connection;

@@ -30,6 +30,7 @@
 #include "core/util/log.hpp"
 #include "core/util/notify.hpp"
 #include "monitor/exporter.hpp"
+#include "monitor/sampler.hpp"
 #include "monitor/sums.hpp"
 #include "threads/channels.hpp"
 #include "threads/control_server.hpp"
@@ -227,6 +228,9 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     msrc.run_number = cfg->run_number;
     msrc.output_directory = cfg->output.directory;
     msrc.control = &control;
+    monitor::Sampler sampler;  // GET /sample: the writer copies records to listening clients
+    writer.set_sampler(&sampler);
+    msrc.sampler = &sampler;
     msrc.open_files = [&writer] {
         std::vector<std::string> v;
         if (auto f = writer.current_file(); !f.empty()) v.push_back(std::move(f));

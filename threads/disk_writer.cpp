@@ -10,6 +10,7 @@
 
 #include "core/util/clock.hpp"
 #include "core/util/log.hpp"
+#include "monitor/sampler.hpp"
 
 namespace evb {
 
@@ -328,6 +329,15 @@ void DiskWriter::write_event(Event* e) {
     for_each_record_piece(*e, [this](const void* p, std::size_t len) { iov_.push_back({const_cast<void*>(p), len}); });
     batch_bytes_ += e->record_length;
     batch_.push_back(e);
+    if (sampler_ != nullptr && sampler_->wanted()) {
+        // A sample stream's header is this file's but for the sequence number: a
+        // stream goes on across files of one run and source set.
+        file::FileHeader h{e->run_number, 0, s_.builder_id, e->record_sections(), realtime_ns()};
+        h.version = s_.format_version;
+        h.match_mode = s_.match;
+        h.window_ticks = s_.window_ticks;
+        sampler_->offer(*e, h, h.created_unix_ns);
+    }
     if (iov_.size() >= kMaxIov || batch_bytes_ >= kMaxBatchBytes || batch_.size() == batch_.capacity()) flush_batch();
     if (file_.is_open() && file_.size() + batch_bytes_ >= s_.max_file_bytes) close_file();
 }

@@ -25,6 +25,9 @@
 #include "allocators/handoff/wait.hpp"
 
 namespace evb {
+namespace monitor {
+class Sampler;
+}
 
 class DiskWriter final : public Agent {
 public:
@@ -45,8 +48,11 @@ public:
     std::size_t pending() const noexcept;
     // The file being written, if any (any thread; for the status page).
     std::string current_file() const;
+    // GET /sample: records written are offered to `s` while clients listen. Before start.
+    void set_sampler(monitor::Sampler* s) noexcept { sampler_ = s; }
 
 private:
+    monitor::Sampler* sampler_ = nullptr;
     std::size_t drain(std::size_t max_events);
     void write_event(Event* e);
     bool transition_done() const noexcept;

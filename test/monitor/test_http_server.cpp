@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -63,13 +66,59 @@ bool have_ipv6_loopback() {
     return ok;
 }
 
-HttpResponse echo_path(std::string_view path) {
-    if (path == "/missing") return {404, "text/plain", "no\n"};
+HttpResponse echo_path(std::string_view path, std::string_view query) {
+    if (path == "/missing") return {404, "text/plain", "no\n", nullptr};
     if (path == "/throw") throw std::runtime_error("collector failed");
-    return {200, "text/plain", "path=" + std::string(path) + "\n"};
+    return {200, "text/plain", "path=" + std::string(path) + (query.empty() ? "" : " query=" + std::string(query)) + "\n",
+            nullptr};
 }
 
+// A body of `parts` pieces, one every other call (the others have nothing yet);
+// counts its destruction.
+struct CountingStream : evb::monitor::ResponseStream {
+    int parts, calls = 0;
+    std::atomic<int>* destroyed;
+    CountingStream(int n, std::atomic<int>* d) : parts(n), destroyed(d) {}
+    ~CountingStream() override { ++*destroyed; }
+    bool more(std::string& out) override {
+        if (++calls % 2 == 0) return true;
+        if (parts == 0) return false;
+        out += "part" + std::to_string(parts--) + ";";
+        return true;
+    }
+};
+
 }  // namespace
+
+TEST_CASE("http server: a streamed body arrives piece by piece and the stream ends with it or with the client") {
+    std::atomic<int> destroyed{0};
+    HttpServer server("127.0.0.1:0", [&](std::string_view path, std::string_view query) {
+        HttpResponse r{200, "application/octet-stream", "start;", nullptr};
+        r.stream = std::make_shared<CountingStream>(path == "/endless" ? 1 << 30 : 3, &destroyed);
+        (void)query;
+        return r;
+    });
+    const std::string text = round_trip(server.bound_address(), "GET /three HTTP/1.1\r\n\r\n");
+    CHECK(text.find("Content-Length") == std::string::npos);
+    CHECK(text.substr(text.find("\r\n\r\n") + 4) == "start;part3;part2;part1;");
+    // A client that leaves an endless stream ends it: the stream is destroyed.
+    {
+        const int fd = connect_to(server.bound_address());
+        const std::string req = "GET /endless HTTP/1.1\r\n\r\n";
+        REQUIRE(::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
+        char buf[4096];
+        REQUIRE(::recv(fd, buf, sizeof buf, 0) > 0);
+        ::close(fd);
+    }
+    for (int i = 0; i < 200 && destroyed.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(destroyed.load() == 2);
+}
+
+TEST_CASE("http server: the handler gets the query string apart from the path") {
+    HttpServer server("127.0.0.1:0", echo_path);
+    const std::string text = round_trip(server.bound_address(), "GET /sample?events=5 HTTP/1.1\r\n\r\n");
+    CHECK(text.find("path=/sample query=events=5\n") != std::string::npos);
+}
 
 TEST_CASE("http server: answers GET and HEAD, refuses the rest") {
     HttpServer server("127.0.0.1:0", echo_path);
@@ -79,9 +128,9 @@ TEST_CASE("http server: answers GET and HEAD, refuses the rest") {
 
     std::string r = round_trip(at, "GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");
     CHECK(r.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
-    CHECK(r.find("Content-Length: 14\r\n") != std::string::npos);
+    CHECK(r.find("Content-Length: 24\r\n") != std::string::npos);
     CHECK(r.find("Connection: close\r\n") != std::string::npos);
-    CHECK(r.ends_with("\r\n\r\npath=/metrics\n"));
+    CHECK(r.ends_with("\r\n\r\npath=/metrics query=x=1\n"));
 
     r = round_trip(at, "HEAD / HTTP/1.0\n\n");
     CHECK(r.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
