@@ -166,6 +166,10 @@ std::vector<FamilyOut> collect(const Sources& s) {
                          T::counter, sum(R, [](auto& b) { return b.receive_batches.get(); })));
     out.push_back(scalar("evb_receive_buffer_waits_total", "Times a reader found every receive buffer in use.", T::counter,
                          sum(R, [](auto& b) { return b.buffer_waits.get(); })));
+    out.push_back(scalar("evb_stale_chunks_total",
+                         "Timestamp mode: chunks dropped because the rest of their fragment did not come within "
+                         "building.timeout_ms (a fragment joins an event only when whole).",
+                         T::counter, sum(M, [](auto& b) { return b.stale_chunks.get(); })));
     out.push_back(scalar("evb_fragments_complete_total", "Fragments with every chunk received.", T::counter,
                          sum(M, [](auto& b) { return b.fragments.get(); })));
     {

@@ -19,7 +19,7 @@ std::uint64_t sum(const std::vector<const Block*>& blocks, Get get) {
 }  // namespace
 
 // One line each: the name the operator sees, where it is counted.
-const std::array<Refusal, 18> kRefusals = {{
+const std::array<Refusal, 19> kRefusals = {{
     {"malformed", false, false,
      [](const Readers& r, const Matchers&) {
          return sum(r, [](auto& b) {
@@ -46,6 +46,7 @@ const std::array<Refusal, 18> kRefusals = {{
     {"crc_failure", false, false, [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.crc_failures.get(); }); }},
     {"duplicate", false, false, [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.duplicate_chunks.get(); }); }},
     {"late", false, false, [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.late_fragments(); }); }},
+    {"stale_chunk", false, false, [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.stale_chunks.get(); }); }},
     {"event_too_large", true, false,
      [](const Readers&, const Matchers& m) { return sum(m, [](auto& b) { return b.event_too_large.get(); }); }},
     {"in_flight_limit", true, true,

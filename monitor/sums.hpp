@@ -26,7 +26,7 @@ struct Refusal {
     std::uint64_t (*count)(const std::vector<const stats::ReaderCounters*>&,
                            const std::vector<const stats::MatcherCounters*>&);
 };
-extern const std::array<Refusal, 18> kRefusals;
+extern const std::array<Refusal, 19> kRefusals;
 
 // "reason=N ..." of the non-zero refusals (empty: none), and those for room.
 struct RefusalSummary {

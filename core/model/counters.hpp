@@ -80,6 +80,7 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     Counter late_after_complete;
     Counter late_after_incomplete;
     Counter late_beyond_window;
+    Counter stale_chunks;  // timestamp mode: chunks whose fragment was not whole within the timeout
     std::uint64_t late_fragments() const noexcept {
         return late_after_complete.get() + late_after_incomplete.get() + late_beyond_window.get();
     }

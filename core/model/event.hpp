@@ -47,6 +47,10 @@ struct ChunkMeta {
     // written over the last 24 bytes of its first chunk's v2 datagram header, which
     // nothing reads once the chunk is admitted: the item header and the payload are
     // then one piece for the writer, and no memory is taken per fragment.
+    // The datagram's first 8 bytes (magic, version, type, flags), spent once it is
+    // admitted: the matcher keeps there the time a chunk began to wait for the
+    // rest of its fragment (timestamp mode).
+    std::byte* spare() noexcept { return reinterpret_cast<std::byte*>(this) + alloc::BufferPool::kMetaBytes; }
     std::byte* item_header() noexcept {
         return reinterpret_cast<std::byte*>(this) + alloc::BufferPool::kMetaBytes + wire::kFragmentHeaderBytesV2 -
                file::kItemHeaderBytes;

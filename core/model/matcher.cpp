@@ -60,7 +60,10 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
     free_.reserve(s.max_events);
     absent_list_.reserve(s.sources.size());
     const std::size_t n = source_index_.size();
-    if (match_ == file::MatchMode::timestamp) timed_history_.assign(n, SourceHistory{});
+    if (match_ == file::MatchMode::timestamp) {
+        timed_history_.assign(n, SourceHistory{});
+        waiting_.assign(n, nullptr);
+    }
     if (match_ == file::MatchMode::time_slice) {
         watermark_.assign(n, 0);
         seen_seq_.assign(n, SeqWindow{});
@@ -258,8 +261,74 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         add_sliced(c, idx, now_ns, out);
         return;
     }
-    Event* e = match_ == file::MatchMode::timestamp ? event_by_time(c, idx, now_ns) : event_by_id(c, idx, now_ns);
-    if (e == nullptr) return;
+    if (match_ == file::MatchMode::timestamp) {
+        if (c->chunk_count > 1) {
+            add_timed_chunk(c, idx, now_ns, out);
+            return;
+        }
+        if (Event* e = event_by_time(c, idx, now_ns)) accept(e, c, idx, now_ns, out, true);
+        return;
+    }
+    if (Event* e = event_by_id(c, idx, now_ns)) accept(e, c, idx, now_ns, out, false);
+}
+
+// Timestamp mode: a complete fragment joins an event (section 5), so the chunks of a
+// fragment of several wait in their source's list until it is whole, then find
+// their event once, by its timestamp, and join it in order. A chunk that waits
+// longer than building.timeout_ms for the others is dropped (expire_waiting).
+void Matcher::add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    const auto i = static_cast<std::size_t>(idx);
+    if ((c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c) {
+        counters_.crc_failures.add();  // no event holds it yet to be marked CORRUPT_DROPPED
+        drop(c);
+        return;
+    }
+    wire::store_u64(c->spare(), now_ns);  // when it began to wait
+    ChunkMeta* first = nullptr;
+    ChunkMeta* last = nullptr;
+    const Gather g = gather(waiting_[i], c, i, first, last);
+    if (g == Gather::held) ++waiting_chunks_;
+    // Whole or broken, the fragment's other chunks have stopped waiting.
+    if (g == Gather::complete || g == Gather::broken) waiting_chunks_ -= c->chunk_count - 1u;
+    if (g != Gather::complete) return;
+    ChunkMeta* rest = first->next;
+    first->next = nullptr;
+    Event* e = event_by_time(first, idx, now_ns);  // drops `first` when it has no event
+    if (e == nullptr) {
+        drop_chain(rest);
+        return;
+    }
+    first->next = rest;
+    for (ChunkMeta* k = first; k != nullptr;) {
+        ChunkMeta* next = k->next;
+        accept(e, k, idx, now_ns, out, true);
+        k = next;
+    }
+}
+
+void Matcher::expire_waiting(std::uint64_t now_ns, bool all) noexcept {
+    if (waiting_chunks_ == 0) return;
+    for (std::size_t i = 0; i < waiting_.size(); ++i) {
+        ChunkMeta** link = &waiting_[i];
+        while (*link != nullptr) {
+            ChunkMeta* k = *link;
+            if (all || wire::load_u64(k->spare()) + timeout_ns_ <= now_ns) {
+                *link = k->next;
+                --held_slots_[i];
+                --waiting_chunks_;
+                counters_.stale_chunks.add();
+                drop(k);
+            } else {
+                link = &k->next;
+            }
+        }
+    }
+}
+
+// A chunk joins event e: checks, duplicate detection, the fragment's chunk list,
+// and the event handed on when it is done. `whole`: the chunk's fragment is whole
+// already (timestamp mode), so no share of receive slots applies.
+void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept {
     SourceState& s = e->src[idx];
     if (s.state & SourceState::kRemoved) {  // the event started after its source was removed
         counters_.unknown_source.add();
@@ -314,7 +383,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
     // Only a chunk that would be held counts against the share: one that completes
     // its fragment (a single-chunk fragment, say) frees the fragment's slots for
     // the writer at once, so the source's own genuine data still gets through.
-    if (max_slots_ != 0 && held_slots_[idx] >= max_slots_ && s.received + 1u < s.chunk_count) {
+    if (!whole && max_slots_ != 0 && held_slots_[idx] >= max_slots_ && s.received + 1u < s.chunk_count) {
         counters_.source_slot_limit_drops.add();
         counters_.source_slot_limit[idx].add();
         if (s.head == nullptr) {
@@ -604,6 +673,82 @@ bool Matcher::insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noe
     return true;
 }
 
+// A chunk of a fragment of several joins the fragment's other chunks in `list` (a
+// source's unfinished fragments, by (sequence, chunk_index)). When it completes
+// the fragment, the fragment's chunks leave the list as first..last, checked to
+// tile it. Refused chunks are counted and dropped here.
+Matcher::Gather Matcher::gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, ChunkMeta*& first,
+                                ChunkMeta*& last) noexcept {
+    const std::uint64_t seq = c->event_id;
+    ChunkMeta* after = nullptr;
+    ChunkMeta* run_first = nullptr;  // first chunk of this fragment, and the one before it
+    ChunkMeta* before_run = nullptr;
+    std::uint32_t have = 0;
+    for (ChunkMeta* p = list; p != nullptr && p->event_id <= seq; p = p->next) {
+        if (p->event_id == seq) {
+            if (p->chunk_index == c->chunk_index) {
+                counters_.duplicate_chunks.add();
+                drop(c);
+                return Gather::duplicate;
+            }
+            if (p->fragment_length != c->fragment_length || p->chunk_count != c->chunk_count ||
+                p->timestamp != c->timestamp || p->run_number != c->run_number) {
+                counters_.inconsistent_chunks.add();
+                drop(c);
+                return Gather::refused;
+            }
+            if (p->chunk_index > c->chunk_index) break;  // c goes before it
+            if (run_first == nullptr) {
+                run_first = p;
+                before_run = after;
+            }
+            ++have;
+        }
+        after = p;
+    }
+    if (max_slots_ != 0 && held_slots_[i] >= max_slots_ && have + 1u < c->chunk_count) {
+        counters_.source_slot_limit_drops.add();
+        counters_.source_slot_limit[i].add();
+        drop(c);
+        return Gather::refused;
+    }
+    if (after != nullptr) {
+        c->next = after->next;
+        after->next = c;
+    } else {
+        c->next = list;
+        list = c;
+    }
+    ++held_slots_[i];
+    // Chunks of this fragment after the new one.
+    for (ChunkMeta* p = c->next; p != nullptr && p->event_id == seq; p = p->next) ++have;
+    if (have + 1u < c->chunk_count) return Gather::held;
+    // Complete: its chunks are a run of the list; take them out and check that
+    // they tile the fragment.
+    if (run_first == nullptr || run_first->chunk_index > c->chunk_index) {
+        run_first = c;
+        before_run = after;
+    }
+    last = run_first;
+    while (last->next != nullptr && last->next->event_id == seq) last = last->next;
+    if (before_run != nullptr) before_run->next = last->next; else list = last->next;
+    last->next = nullptr;
+    first = run_first;
+    held_slots_[i] -= c->chunk_count;
+    std::uint64_t end = 0;
+    bool tiles = true;
+    for (const ChunkMeta* q = first; q != nullptr && tiles; q = q->next) {
+        tiles = q->chunk_offset == end;
+        end += q->payload_length;
+    }
+    if (!tiles || end != c->fragment_length) {
+        counters_.inconsistent_chunks.add();
+        drop_chain(first);
+        return Gather::broken;
+    }
+    return Gather::complete;
+}
+
 void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
     const auto i = static_cast<std::size_t>(idx);
     const std::uint64_t seq = c->event_id;
@@ -678,74 +823,9 @@ void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         return;
     }
     if (c->chunk_count > 1) {
-        // The source's unfinished fragments, by (sequence, chunk_index).
-        ChunkMeta* after = nullptr;
-        ChunkMeta* run_first = nullptr;  // first chunk of this fragment, and the one before it
-        ChunkMeta* before_run = nullptr;
-        std::uint32_t have = 0;
-        for (ChunkMeta* p = s.partial; p != nullptr && p->event_id <= seq; p = p->next) {
-            if (p->event_id == seq) {
-                if (p->chunk_index == c->chunk_index) {
-                    e->status |= file::record_status::duplicates;
-                    counters_.duplicate_chunks.add();
-                    drop(c);
-                    return;
-                }
-                if (p->fragment_length != c->fragment_length || p->chunk_count != c->chunk_count ||
-                    p->timestamp != c->timestamp) {
-                    counters_.inconsistent_chunks.add();
-                    drop(c);
-                    return;
-                }
-                if (p->chunk_index > c->chunk_index) break;  // c goes before it
-                if (run_first == nullptr) {
-                    run_first = p;
-                    before_run = after;
-                }
-                ++have;
-            }
-            after = p;
-        }
-        if (max_slots_ != 0 && held_slots_[i] >= max_slots_ && have + 1u < c->chunk_count) {
-            counters_.source_slot_limit_drops.add();
-            counters_.source_slot_limit[idx].add();
-            drop(c);
-            return;
-        }
-        if (after != nullptr) {
-            c->next = after->next;
-            after->next = c;
-        } else {
-            c->next = s.partial;
-            s.partial = c;
-        }
-        ++held_slots_[i];
-        // Chunks of this fragment after the new one.
-        for (ChunkMeta* p = c->next; p != nullptr && p->event_id == seq; p = p->next) ++have;
-        if (have + 1u < c->chunk_count) return;
-        // Complete: its chunks are a run of the list; take them out and check that
-        // they tile the fragment.
-        if (run_first == nullptr || run_first->chunk_index > c->chunk_index) {
-            run_first = c;
-            before_run = after;
-        }
-        last = run_first;
-        while (last->next != nullptr && last->next->event_id == seq) last = last->next;
-        if (before_run != nullptr) before_run->next = last->next; else s.partial = last->next;
-        last->next = nullptr;
-        first = run_first;
-        held_slots_[i] -= c->chunk_count;
-        std::uint64_t end = 0;
-        bool tiles = true;
-        for (const ChunkMeta* q = first; q != nullptr && tiles; q = q->next) {
-            tiles = q->chunk_offset == end;
-            end += q->payload_length;
-        }
-        if (!tiles || end != c->fragment_length) {
-            counters_.inconsistent_chunks.add();
-            drop_chain(first);
-            return;
-        }
+        const Gather g = gather(s.partial, c, i, first, last);
+        if (g == Gather::duplicate) e->status |= file::record_status::duplicates;
+        if (g != Gather::complete) return;
     }
     const std::uint64_t bytes = fragment_claim(*e, c->fragment_length);
     if (e->claimed_bytes + bytes > kMaxRecordBytes) {
@@ -883,6 +963,7 @@ void Matcher::add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out) 
 }
 
 void Matcher::expire(std::uint64_t now_ns, EventList& out) {
+    expire_waiting(now_ns, false);
     find_absent(now_ns, out);
     while (oldest_ != nullptr && oldest_->first_fragment_unix_ns + timeout_ns_ <= now_ns)
         finish(oldest_, false, now_ns, out);
@@ -900,6 +981,7 @@ void Matcher::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uin
 }
 
 void Matcher::flush(std::uint64_t now_ns, EventList& out) {
+    expire_waiting(now_ns, true);
     while (oldest_ != nullptr) finish(oldest_, false, now_ns, out);
     returns_.flush();
 }

@@ -107,6 +107,15 @@ private:
     void drop(ChunkMeta* c) noexcept { returns_.add(c->owner, c->slot); }
     void reclaim() noexcept;
     void add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexcept;
+    void accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept;
+    void add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    // Timestamp mode: chunks of fragments not yet whole, per source (see gather).
+    void expire_waiting(std::uint64_t now_ns, bool all) noexcept;
+    // held: waiting for more chunks; complete: first..last is the whole fragment;
+    // duplicate, refused: the chunk was dropped; broken: whole but not tiling, every
+    // chunk of it dropped.
+    enum class Gather { held, complete, duplicate, refused, broken };
+    Gather gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, ChunkMeta*& first, ChunkMeta*& last) noexcept;
     // The event a chunk belongs to, started if need be; nullptr when the chunk was
     // counted and dropped. By event id, or (timestamp mode) by time.
     Event* event_by_id(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
@@ -177,6 +186,8 @@ private:
     file::MatchMode match_;
     std::uint64_t tolerance_;
     std::vector<SourceHistory> timed_history_;  // timestamp mode, per source
+    std::vector<ChunkMeta*> waiting_;           // timestamp mode, per source: chunks of unfinished fragments
+    std::size_t waiting_chunks_ = 0;
     std::uint64_t slice_ticks_;
     std::vector<std::uint64_t> watermark_;  // time_slice, per source: largest timestamp + 1 (0: none yet)
     std::uint64_t min_watermark_ = 0;       // over the expected sources

@@ -214,22 +214,36 @@ TEST_CASE("timestamp mode: a version-1 fragment has no timestamp and is refused 
 
 TEST_CASE("timestamp mode: the event id is the smallest timestamp among the fragments written", "[match][timestamp]") {
     TimedRig r(3);
-    // Source 0 opens the event at 995 with the first of two chunks and never sends
-    // the second; sources 1 and 2 join at 1000 and 1003.
+    // Source 0 sends the first of two chunks at 995 and never the second: it opens
+    // nothing (only a whole fragment joins). Sources 1 and 2 make the event at 1000.
     r.feed({r.chunk(0, 5, 995, 2000, 0, 2), r.frag(1, 1000), r.frag(2, 1003)}, 0);
+    CHECK(r.matcher.in_flight() == 1);
     const auto out = events_of(r.expire(5000));
     REQUIRE(out.size() == 1);
-    CHECK(out[0]->anchor == 995);
+    CHECK(out[0]->anchor == 1000);
     std::uint64_t id = 0;
     std::uint32_t status = 0;
     const auto items = read_record(r.record(*out[0]), id, status);
     CHECK((status & file::record_status::incomplete));
     CHECK(items[0].status == file::section_status::missing);
-    CHECK(id == 1000);  // not the partial fragment's 995: that one is not in the record
-    // With no fragment at all in the record, the anchor names it.
-    r.feed({r.chunk(1, 9, 7000, 2000, 1, 2)}, 6000);
-    const auto none = events_of(r.expire(20000));
-    REQUIRE(none.size() == 1);
-    const auto bytes = r.record(*none[0]);
-    CHECK(wire::load_u64(bytes.data() + 8) == 7000);
+    CHECK(id == 1000);
+    // The lone chunk waited out the timeout and was dropped, counted.
+    CHECK(r.counters.stale_chunks.get() == 1);
+    CHECK(r.free_slots() == 512 - 2);  // the two single-chunk fragments are in the record
+}
+
+TEST_CASE("timestamp mode: a fragment of several chunks joins when whole - not at its first chunk", "[match][timestamp]") {
+    TimedRig r(3);
+    // Source 0's fragment at 1000 begins first but is whole only after sources 1
+    // (1008) and 2 (1017) have come. Joining at its first chunk would have made
+    // 1000 the anchor and left 1017 (17 from it) in an event of its own; joining
+    // when whole, 1008 is the anchor and all three are one event.
+    const auto none = events_of(r.feed({r.chunk(0, 1, 1000, 1500, 0, 2), r.frag(1, 1008), r.frag(2, 1017)}));
+    CHECK(none.empty());
+    CHECK(r.matcher.in_flight() == 1);
+    const auto out = events_of(r.feed({r.chunk(0, 1, 1000, 1500, 1, 2)}));
+    REQUIRE(out.size() == 1);
+    CHECK(out[0]->anchor == 1008);
+    CHECK(out[0]->event_id == 1000);
+    CHECK(r.counters.events_complete.get() == 1);
 }
