@@ -76,9 +76,11 @@ def dump_tuple(ev):
             [(s["source_id"], bits(s["status"], SECTION_BITS), s["length"]) for s in ev["sections"]])
 
 
-def agree(path, label):
+def agree(path, label, mine_of=as_tuple, theirs_of=dump_tuple, check_file=None):
     """evbfile and evb-dump --json --events list the same events in `path`, file by
-    file. Returns evbfile's records by file."""
+    file: each record as mine_of(evbfile's record) equals theirs_of(evb-dump's event);
+    check_file(EvbFile, evb-dump's file object), if given, checks more per file.
+    Returns evbfile's records by file."""
     _, doc, err = dump([path], "--events")
     if not doc:
         fail(f"{label}: evb-dump --json failed: {err}")
@@ -88,9 +90,11 @@ def agree(path, label):
         fail(f"{label}: the files differ: {[f.path for f in files]} vs {[f['path'] for f in doc['files']]}")
     out = []
     for f, jf in zip(files, doc["files"]):
+        if check_file:
+            check_file(f, jf)
         recs = list(f)
-        mine = [as_tuple(r) for r in recs]
-        theirs = [dump_tuple(e) for e in jf["events"]]
+        mine = [mine_of(r) for r in recs]
+        theirs = [theirs_of(e) for e in jf["events"]]
         if mine != theirs:
             diff = next(i for i in range(min(len(mine), len(theirs)) + 1)
                         if i >= len(mine) or i >= len(theirs) or mine[i] != theirs[i])

@@ -1,10 +1,10 @@
 """The Python reader (evbfile) on version-2 files (spec sections 6 and 7) that this test
-writes itself, since evbd writes no v2 yet: event_id, timestamp and time_slice modes,
-records stored plain and compressed with lz4 and zstd (a record that does not shrink
-stored plain in the same file), items of timestamp and time-slice sections, UNCONFIRMED
-and empty sections, random access by id, a flipped byte in compressed data, a wrong
-content CRC, and a .part cut inside a compressed record. Nothing here checks evbfile
-against evbd's own v2 output; that waits for evbd to write v2."""
+writes itself: event_id, timestamp and time_slice modes, records stored plain and
+compressed with lz4 and zstd (a record that does not shrink stored plain in the same
+file), items of timestamp and time-slice sections, UNCONFIRMED and empty sections, random
+access by id, a flipped byte in compressed data, a wrong content CRC, and a .part cut
+inside a compressed record. evbd writes no compressed records yet (issue 23), so these
+files are the only compressed ones; test_python_reader_evbd_v2 reads v2 files evbd wrote."""
 import os
 import shutil
 import struct

@@ -17,7 +17,7 @@ from enum import IntFlag
 import numpy as np
 
 from . import _codecs
-from ._crc import crc32c
+from ._crc import crc32c, crc32c_combine
 
 HEADER_BYTES = 64
 FILE_MAGIC = b"EVBFILE1"
@@ -64,6 +64,7 @@ _INDEX_HEAD = struct.Struct("<IIQ")
 _INDEX_DTYPE = np.dtype([("event_id", "<u8"), ("offset", "<u8")])
 _ZERO8 = bytes(8)
 _MISSING = int(SectionStatus.MISSING)
+_ITEM_SOURCE_ERROR = 4  # an item's only defined flag
 _COMPRESSED = int(RecordStatus.COMPRESSED)
 
 
@@ -134,23 +135,17 @@ class Section:
     @property
     def items(self):
         """The fragments of a timestamp or time_slice section, in (timestamp, sequence)
-        order; in event_id mode the payload is the one fragment, and this is []."""
+        order; in event_id mode the payload is the one fragment, and this is []. The
+        walk that found the record has checked them."""
         if self._mode == 0:
             return []
-        out, pos, end = [], self._at, self._at + self.length
-        buf = self._buf
+        out, pos, buf = [], self._at, self._buf
+        unpack = _ITEM.unpack_from
         for _ in range(self.item_count):
-            if pos + ITEM_HEADER_BYTES > end:
-                raise FormatError("section", pos, f"source {self.source_id}: item header past the section's "
-                                  f"{self.length} bytes")
-            ts, seq, length, flags = _ITEM.unpack_from(buf, pos)
+            ts, seq, length, flags = unpack(buf, pos)
             pos += ITEM_HEADER_BYTES
-            if pos + length > end:
-                raise FormatError("section", pos, f"source {self.source_id}: item of {length} bytes past the section's end")
             out.append(Item(ts, seq, flags, buf[pos:pos + length]))
-            pos += _padded8(length)
-        if pos != end:
-            raise ValueError(f"source {self.source_id}: items fill {pos - self._at} of {self.length} bytes")
+            pos += (length + 7) & ~7
         return out
 
     def __repr__(self):
@@ -158,15 +153,53 @@ class Section:
                 f"length={self.length})")
 
 
+def _check_items(raw, at, slen, sstatus, nitems, i, mode):
+    """None when the items of a timestamp or time_slice section (at `at` in `raw`,
+    `slen` bytes) pass the checks of evbd's check_items(), else what is wrong."""
+    if sstatus & _MISSING:
+        if mode == 2:
+            return f"section {i} is MISSING, which time_slice mode never is"
+        if nitems:
+            return f"section {i} is MISSING with {nitems} items"
+    if mode == 1 and nitems > 1:
+        return f"section {i} has {nitems} items, timestamp mode allows at most 1"
+    unpack = _ITEM.unpack_from
+    pos = at
+    end = at + slen
+    prev_ts = prev_seq = -1
+    for j in range(nitems):
+        if end - pos < ITEM_HEADER_BYTES:
+            return f"section {i} item {j} header runs past the section's {slen} bytes"
+        ts, seq, length, flags = unpack(raw, pos)
+        if flags & ~_ITEM_SOURCE_ERROR:
+            return f"section {i} item {j} has flags {flags:#x}; only bit2 SOURCE_ERROR is defined"
+        if ts < prev_ts or (ts == prev_ts and seq <= prev_seq):
+            return (f"section {i} item {j} (timestamp {ts}, sequence {seq}) is not after item {j - 1} (timestamp "
+                    f"{prev_ts}, sequence {prev_seq}): items out of order")
+        prev_ts, prev_seq = ts, seq
+        pos += ITEM_HEADER_BYTES
+        padded = (length + 7) & ~7
+        if padded > end - pos:
+            return f"section {i} item {j} length {length} runs past the section's {slen} bytes"
+        if padded != length and raw[pos + length:pos + padded] != _ZERO8[:padded - length]:
+            return f"section {i} item {j} padding is not zero"
+        pos += padded
+    if pos != end:
+        return (f"section {i}: its {nitems} items fill {pos - at} of its {slen} bytes (item lengths do not "
+                f"add up)")
+    return None
+
+
 class Record:
     """One event record (or time slice). Fields as in the record header; `offset` is
-    where it starts in its file, `length` its record_length on disk."""
+    where it starts in its file, `length` its record_length on disk. `sections` is
+    made on first use: a walk that looks only at the headers makes no Section."""
 
     __slots__ = ("file", "offset", "length", "event_id", "run_number", "status", "first_fragment_unix_ns",
-                 "built_unix_ns", "timestamp", "sections")
+                 "built_unix_ns", "timestamp", "section_count", "_raw", "_buf", "_at", "_sections")
 
     def __init__(self, file, offset, length, event_id, run_number, status, first_ns, built_ns, timestamp,
-                 sections):
+                 section_count, raw, buf, at):
         self.file = file
         self.offset = offset
         self.length = length
@@ -176,7 +209,31 @@ class Record:
         self.first_fragment_unix_ns = first_ns
         self.built_unix_ns = built_ns
         self.timestamp = timestamp  # v2; 0 in v1 files, which carry none
-        self.sections = sections
+        self.section_count = section_count
+        self._raw = raw  # the mapping, or the decompressed sections area
+        self._buf = buf  # the same bytes as a numpy uint8 array
+        self._at = at  # the first section header in _raw
+        self._sections = None
+
+    @property
+    def sections(self):
+        """The sections, one per expected source in ascending source_id (checked by
+        the walk that found the record)."""
+        if self._sections is None:
+            raw, buf, at = self._raw, self._buf, self._at
+            mode = self.file.match_mode
+            v1 = self.file.version == 1
+            unpack = _SECTION.unpack_from
+            out = []
+            for _ in range(self.section_count):
+                sid, sstatus, slen, nitems = unpack(raw, at)
+                if v1:
+                    nitems = 0 if sstatus & _MISSING else 1
+                at += SECTION_HEADER_BYTES
+                out.append(Section(sid, sstatus, slen, nitems, buf, at, mode))
+                at += (slen + 7) & ~7
+            self._sections = out
+        return self._sections
 
     @property
     def flags(self):
@@ -187,7 +244,7 @@ class Record:
         return bool(self.status & RecordStatus.INCOMPLETE)
 
     def __repr__(self):
-        return (f"Record(event_id={self.event_id}, status={self.flags!r}, {len(self.sections)} sections, "
+        return (f"Record(event_id={self.event_id}, status={self.flags!r}, {self.section_count} sections, "
                 f"offset={self.offset})")
 
 
@@ -302,118 +359,133 @@ class EvbFile:
             self.problems.append(Problem(offset, message))
 
     def _parse(self, pos, end):
-        """The record at `pos` (records end at `end`), checked; or None after _bad()."""
+        """The record at `pos` (records end at `end`), checked; or None after _bad().
+        The checks and their order are those of evbd's file::scan()."""
         mm, mv = self._mm, self._mv
         left = end - pos
         hb = self._record_header_bytes
         if left < hb:
             self._bad(pos, f"{left} trailing bytes, too few for a record header")
             return None
-        if self.version == 1:
+        v1 = self.version == 1
+        if v1:
             (marker, length, event_id, run, status, nsec, reserved, first_ns, built_ns, reserved2,
              crc) = _RECORD_V1.unpack_from(mm, pos)
             timestamp = 0
         else:
             (marker, length, event_id, run, status, nsec, content_length, first_ns, built_ns, content_crc,
              crc, timestamp) = _RECORD_V2.unpack_from(mm, pos)
-            reserved = reserved2 = 0
         if marker != RECORD_MARKER:
             self._bad(pos, "bad record marker")
             return None
         if length < hb or length % 8 or length > left:
             self._bad(pos, f"bad record_length {length} ({left} bytes left)")
             return None
-        if self.verify_crc and crc32c(mv[pos + 56:pos + length], crc32c(mv[pos:pos + 52])) != crc:
-            self._bad(pos, f"record CRC mismatch (event {event_id})")
-            return None
-        if reserved or reserved2:
-            self._bad(pos, "record reserved field is not 0")
-            return None
-        if self.version == 1:
+        check = self.verify_crc
+        if v1:
+            if check and crc32c(mv[pos + 56:pos + length], crc32c(mv[pos:pos + 52])) != crc:
+                self._bad(pos, f"record CRC mismatch (event {event_id})")
+                return None
+            if reserved or reserved2:
+                self._bad(pos, "record reserved field is not 0")
+                return None
             raw, buf, at, area_end = mm, self._buf, pos + hb, pos + length
-        else:
-            got = self._content_v2(pos, length, status, content_length, content_crc, event_id)
+        elif status & _COMPRESSED:
+            if check and crc32c(mv[pos + 64:pos + length], crc32c(mv[pos + 56:pos + 64], crc32c(mv[pos:pos + 52]))) != crc:
+                self._bad(pos, f"record CRC mismatch (event {event_id})")
+                return None
+            got = self._decompress(pos, length, content_length, content_crc, event_id)
             if got is None:
                 return None
             raw, buf, at, area_end = got
-        sections = self._sections(raw, buf, at, area_end, nsec, pos, event_id)
-        if sections is None:
-            return None
-        return Record(self, pos, length, event_id, run, status, first_ns, built_ns, timestamp, sections)
-
-    def _content_v2(self, pos, length, status, content_length, content_crc, event_id):
-        """(raw, numpy buffer, start, end) of a v2 record's sections area, decompressed if
-        need be."""
-        start = pos + 64
-        if status & _COMPRESSED:
-            if length < 72:
-                self._bad(pos, f"compressed record of {length} bytes has no stored_length")
-                return None
-            stored, zero = struct.unpack_from("<II", self._mm, start)
-            if zero or _padded8(8 + stored) != length - 64:
-                self._bad(pos, f"stored_length {stored} does not fill the record of {length} bytes")
-                return None
-            data = self._mv[start + 8:start + 8 + stored]
-            try:
-                area = _codecs.decompress(self.codec, data, content_length)
-            except _codecs.CodecError as e:
-                self._bad(pos, f"event {event_id}: {e}")
-                return None
-            if e_tail := self._mm[start + 8 + stored:pos + length].strip(b"\0"):
-                self._bad(pos, f"event {event_id}: {len(e_tail)} non-zero padding bytes after the stored data")
-                return None
-            raw, buf = area, np.frombuffer(area, dtype=np.uint8)
-            at, end = 0, content_length
         else:
+            # Stored plain, the sections area is what both CRCs cover: one pass over it
+            # gives the content CRC, and joined to the header's, the record CRC (as
+            # evb-dump does).
+            if check:
+                area_crc = crc32c(mv[pos + 64:pos + length])
+                seed = crc32c(mv[pos + 56:pos + 64], crc32c(mv[pos:pos + 52]))
+                if crc32c_combine(seed, area_crc, length - 64) != crc:
+                    self._bad(pos, f"record CRC mismatch (event {event_id})")
+                    return None
             if content_length != length - 64:
-                self._bad(pos, f"content_length {content_length} does not fill the record of {length} bytes")
+                self._bad(pos, f"event {event_id}: content_length {content_length} does not fill the record of "
+                          f"{length} bytes")
                 return None
-            raw, buf, at, end = self._mm, self._buf, start, pos + length
-        if self.verify_crc and crc32c(memoryview(raw)[at:end]) != content_crc:
+            if check and area_crc != content_crc:
+                self._bad(pos, f"content CRC mismatch (event {event_id})")
+                return None
+            raw, buf, at, area_end = mm, self._buf, pos + 64, pos + length
+        why = self._check_sections(raw, at, area_end, nsec)
+        if why is not None:
+            self._bad(pos, f"event {event_id}: {why}")
+            return None
+        return Record(self, pos, length, event_id, run, status, first_ns, built_ns, timestamp, nsec, raw, buf, at)
+
+    def _decompress(self, pos, length, content_length, content_crc, event_id):
+        """(raw, numpy buffer, start, end) of a COMPRESSED v2 record's sections area,
+        decompressed and checked against content_crc32c."""
+        start = pos + 64
+        if self.codec == 0:
+            self._bad(pos, f"event {event_id}: COMPRESSED, but the file's codec is none")
+            return None
+        if length < 72:
+            self._bad(pos, f"event {event_id}: compressed record of {length} bytes has no stored_length")
+            return None
+        stored, zero = struct.unpack_from("<II", self._mm, start)
+        if zero or _padded8(8 + stored) != length - 64:
+            self._bad(pos, f"event {event_id}: stored_length {stored} does not fill the record of {length} bytes")
+            return None
+        if self._mm[start + 8 + stored:pos + length].strip(b"\0"):
+            self._bad(pos, f"event {event_id}: non-zero padding after the stored data")
+            return None
+        try:
+            area = _codecs.decompress(self.codec, self._mv[start + 8:start + 8 + stored], content_length)
+        except _codecs.CodecError as e:
+            self._bad(pos, f"event {event_id}: {e}")
+            return None
+        if self.verify_crc and crc32c(area) != content_crc:
             self._bad(pos, f"content CRC mismatch (event {event_id})")
             return None
-        return raw, buf, at, end
+        return area, np.frombuffer(area, dtype=np.uint8), 0, content_length
 
-    def _sections(self, raw, buf, at, end, count, pos, event_id):
-        """The sections of the area [at, end) of `raw` (the mapping, or a decompressed
-        area), checked; their payloads become views of `buf`, the same bytes as numpy.
-        The hot loop of a walk: plain ints, no IntFlag, bytes compares for padding."""
+    def _check_sections(self, raw, at, end, count):
+        """None when the `count` sections of the area [at, end) of `raw` (the mapping,
+        or a decompressed area) pass the checks of evbd's check_sections() (items
+        included), else what is wrong. The hot loop of a walk: plain ints, no objects."""
         mode = self.match_mode
         v1 = self.version == 1
         unpack = _SECTION.unpack_from
-        out = []
         prev = -1
         for i in range(count):
             if end - at < SECTION_HEADER_BYTES:
-                self._bad(pos, f"event {event_id}: section {i} header runs past the record end")
-                return None
-            sid, sstatus, slen, fourth = unpack(raw, at)
-            if v1 and fourth:
-                self._bad(pos, f"event {event_id}: section {i} reserved field is not 0")
-                return None
+                return f"section {i} header runs past the record end"
+            sid, sstatus, slen, nitems = unpack(raw, at)
+            if v1 and nitems:
+                return f"section {i} reserved field is not 0"
             if sid <= prev:
-                self._bad(pos, f"event {event_id}: section {i} source_id {sid} not ascending")
-                return None
+                return f"section {i} source_id {sid} not ascending"
             prev = sid
             at += SECTION_HEADER_BYTES
             padded = (slen + 7) & ~7
             if padded > end - at:
-                self._bad(pos, f"event {event_id}: section {i} length {slen} runs past the record end")
-                return None
+                return f"section {i} length {slen} runs past the record end"
             if sstatus & _MISSING and slen:
-                self._bad(pos, f"event {event_id}: section {i} is MISSING with length {slen}")
-                return None
+                return f"section {i} is MISSING with length {slen}"
             if padded != slen and raw[at + slen:at + padded] != _ZERO8[:padded - slen]:
-                self._bad(pos, f"event {event_id}: section {i} padding is not zero")
-                return None
-            if v1:
-                fourth = 0 if sstatus & _MISSING else 1
-            out.append(Section(sid, sstatus, slen, fourth, buf, at, mode))
+                return f"section {i} padding is not zero"
+            if not v1:
+                if mode == 0:
+                    if nitems > 1 or (sstatus & _MISSING and nitems):
+                        return f"section {i} item_count {nitems} (event_id mode: 1, or 0 when MISSING)"
+                elif nitems or slen or sstatus & _MISSING:
+                    why = _check_items(raw, at, slen, sstatus, nitems, i, mode)
+                    if why is not None:
+                        return why
             at += padded
         if at != end:
-            self._bad(pos, f"event {event_id}: {end - at} bytes after the last section")
-            return None
-        return out
+            return f"{end - at} bytes after the last section"
+        return None
 
     def __iter__(self):
         if not self.header_ok:
