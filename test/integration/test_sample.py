@@ -1,9 +1,10 @@
 """GET /sample: built events sampled on the monitor address during a run.
 
-evbd builds events from the emulator at a steady rate while the test
-  (i)   asks for /sample?events=40 and gets a file header and 40 whole records,
-        which evb-dump reads as a file still being written (--verify --pattern: every
-        payload byte right) and whose event ids are events of the run;
+  (i)   while the emulator sends as fast as it can (kernel drops allowed), asks for
+        /sample?events=40 and gets a file header and 40 whole records, which evb-dump
+        reads as a file still being written (--verify --pattern: every payload byte
+        right) and whose event ids are events of the run;
+Then, while the emulator sends at a steady rate the kernel keeps up with, the test
   (ii)  holds four streams (/sample?stream) open, and a fifth client is refused (503)
         with a message naming the limit; each stream, cut off by the client after a
         second, parses up to its last whole record;
@@ -25,8 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from evbtest import BIN, Evbd, check, events_in, fail, sanitized_build, workdir  # noqa: E402
 
 SOURCES = 8
+FIRST = 1_000_000  # phase (i) sends ids 0.. at full speed; then EVENTS more at RATE, from FIRST
 # A sanitizer build runs evbd several times slower: fewer events, at a lower rate.
-EVENTS, RATE = (12000, 800) if sanitized_build() else (60000, 4000)
+FULL_SPEED_EVENTS, EVENTS, RATE = (20000, 12000, 800) if sanitized_build() else (100000, 60000, 4000)
 
 
 def base(d):
@@ -66,28 +68,39 @@ def read_for(s, seconds):
 
 def main():
     wd = workdir()
-    src = None
+    src = full = None
     try:
-        d = Evbd(wd, sets=[f"sources={SOURCES}", "building.timeout_ms=2000"])
-        src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--to", f"127.0.0.1:{d.port}", "--sources", str(SOURCES),
-                                "--events", str(EVENTS), "--rate", str(RATE), "--size", "100:2000"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= 1000)
+        d = Evbd(wd, sets=[f"sources={SOURCES}", "building.timeout_ms=1000"])
+        full = subprocess.Popen([os.path.join(BIN, "evb-source"), "--to", f"127.0.0.1:{d.port}", "--sources",
+                                 str(SOURCES), "--events", str(FULL_SPEED_EVENTS), "--size", "100:2000"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= 500)
 
-        # (i) a fixed number of records
+        # (i) a fixed number of records, during a full-speed run
         with urllib.request.urlopen(base(d) + "/sample?events=40", timeout=20) as r:
             check(r.status == 200 and r.headers.get("Content-Type") == "application/octet-stream",
                   "/sample?events=40 answers 200 application/octet-stream")
             data = r.read()
+        busy = full.poll() is None
         res, evs = dump_sample(wd, "forty", data)
-        check(len(evs) == 40, f"a file header and 40 whole records ({len(evs)} read by evb-dump)")
+        check(len(evs) == 40, f"a file header and 40 whole records ({len(evs)} read by evb-dump)"
+                              f"{', the emulator still sending at full speed' if busy else ''}")
         # A sample is a file still being written: its one problem is the missing footer.
         check("no footer" in res.stdout and "verify (with pattern): FAILED, 1 problem in 1 of 1 file" in res.stdout,
               f"evb-dump --verify --pattern finds every record right, the footer missing as in a .part: "
               f"{res.stdout[-300:]}{res.stderr[-300:]}")
         ids = [e["event_id"] for e in evs]
-        check(all(0 <= i < EVENTS for i in ids) and len(set(ids)) == 40,
+        check(all(0 <= i < FULL_SPEED_EVENTS for i in ids) and len(set(ids)) == 40,
               f"the records are 40 distinct events of the run ({min(ids)}..{max(ids)})")
+        if full.wait(timeout=120) != 0:
+            fail("evb-source (full speed) failed")
+        time.sleep(2.5)  # what the full-speed phase left incomplete is written by now
+        m0 = d.metrics()
+        src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--to", f"127.0.0.1:{d.port}", "--sources", str(SOURCES),
+                                "--events", str(EVENTS), "--first", str(FIRST), "--rate", str(RATE), "--size", "100:2000"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        d.wait_metric('evb_events_built_total{status="complete"}',
+                      lambda v: v >= m0['evb_events_built_total{status="complete"}'] + 500)
 
         # Bad parameters
         for q, word in (("events=0", "events"), ("events=x", "events"), ("bogus=1", "bogus")):
@@ -124,18 +137,21 @@ def main():
         check(True, "a client that does not read has its samples dropped and counted")
         if src.wait(timeout=120) != 0:
             fail("evb-source failed")
-        d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= EVENTS, timeout=30)
+        key = 'evb_events_built_total{status="complete"}'
+        d.wait_metric(key, lambda v: v >= m0[key] + EVENTS, timeout=30)
         m = d.metrics()
-        check(m['evb_events_built_total{status="complete"}'] == EVENTS and
-              m['evb_events_built_total{status="incomplete"}'] == 0 and m["evb_kernel_receive_drops_total"] == 0,
-              f"every one of the {EVENTS} events built complete while sampled, no kernel drops")
+        inc = 'evb_events_built_total{status="incomplete"}'
+        drops = "evb_kernel_receive_drops_total"
+        check(m[key] - m0[key] == EVENTS and m[inc] == m0[inc] and m[drops] == m0[drops],
+              f"every one of the {EVENTS} events of the steady phase built complete while sampled, no kernel drops")
         slow.close()
         d.wait_metric("evb_sample_clients", lambda v: v == 0, timeout=10)
         check(True, "evb_sample_clients is 0 once the clients have gone")
         check(d.stop() == 0, "evbd exits 0")
     finally:
-        if src is not None and src.poll() is None:
-            src.kill()
+        for p in (src, full):
+            if p is not None and p.poll() is None:
+                p.kill()
         shutil.rmtree(wd, ignore_errors=True)
     print("1 passed, 0 failed")
 
