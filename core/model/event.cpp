@@ -6,7 +6,7 @@ namespace evb {
 
 void assemble(Event& ev, Crc32cJoiner& joiner) noexcept {
     const bool v1 = ev.layout == RecordLayout::v1;
-    const bool items = ev.layout == RecordLayout::v2_items || ev.layout == RecordLayout::v2_slices;
+    const bool items = ev.has_items();
     std::uint64_t content = 0;       // bytes of the sections area
     bool have_timestamp = false;     // event_id layout: the smallest v2 fragment timestamp
     std::uint64_t smallest = 0;

@@ -120,6 +120,8 @@ struct Event {
     std::byte* meta;   // record header, then one 16-byte header per section
 
     std::byte* record_header() const noexcept { return meta; }
+    // Sections hold items (the time modes) rather than one fragment's payload.
+    bool has_items() const noexcept { return layout == RecordLayout::v2_items || layout == RecordLayout::v2_slices; }
     std::size_t record_header_bytes() const noexcept {
         return layout == RecordLayout::v1 ? file::kRecordHeaderBytes : file::kRecordHeaderBytesV2;
     }
@@ -152,7 +154,7 @@ inline constexpr std::byte kZeroPad[8] = {};
 // record CRC, and the tests check the two against each other.
 template <typename F>
 void for_each_record_piece(const Event& ev, F&& piece) {
-    const bool items = ev.layout == RecordLayout::v2_items || ev.layout == RecordLayout::v2_slices;
+    const bool items = ev.has_items();
     for (std::uint32_t i = 0; i < ev.section_count; ++i) {
         if (!ev.section_in_record(i)) continue;
         piece(ev.section_header(i), file::kSectionHeaderBytes);

@@ -20,8 +20,7 @@ std::uint64_t map_key(std::uint64_t event_id, std::uint32_t run) noexcept {
 // Record bytes a fragment of `length` payload bytes adds to its event beyond the
 // section header: the padded payload, and in the time modes its item header.
 std::uint64_t fragment_claim(const Event& e, std::uint32_t length) noexcept {
-    const bool items = e.layout == RecordLayout::v2_items || e.layout == RecordLayout::v2_slices;
-    return file::padded8(length) + (items ? file::kItemHeaderBytes : 0);
+    return file::padded8(length) + (e.has_items() ? file::kItemHeaderBytes : 0);
 }
 }
 

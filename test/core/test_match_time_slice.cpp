@@ -78,6 +78,30 @@ std::vector<SectionOut> read_slice(const std::vector<std::byte>& r, std::uint64_
     return out;
 }
 
+// What a reader of builder `builder` of `builders` does with a v2 datagram stamped t
+// (time_slice mode): the shard it goes to, or -1. `flags` as on the wire.
+int admit_as_builder(std::uint32_t builder, std::uint32_t builders, std::uint64_t t, std::uint16_t flags,
+                     stats::ReaderCounters& rc) {
+    alloc::Arena arena{"test"};
+    alloc::BufferPool pool{arena, 0, 1, 256, 1};
+    AdmissionRules rules;
+    rules.run_number = 1;
+    rules.match = file::MatchMode::time_slice;
+    rules.slice_ticks = kW;
+    rules.builders = builders;
+    rules.builder_id = builder;
+    std::uint32_t idx = 0;
+    REQUIRE(pool.try_take(idx));
+    wire::FragmentHeader h;
+    h.flags = flags;
+    h.run_number = 1;
+    h.event_id = 5;
+    const std::uint32_t length = (flags & wire::fragment_flags::empty) ? 0 : 8;
+    h.fragment_length = length;
+    wire::encode_fragment_header_v2(h, t, pool.data(idx));
+    return admit_datagram(pool, idx, wire::kFragmentHeaderBytesV2 + length, rules, 1, rc);
+}
+
 }  // namespace
 
 TEST_CASE("time_slice: fragments fall in slice floor(t / W) - the slice is written when every watermark passes its end",
@@ -181,30 +205,10 @@ TEST_CASE("time_slice: a copy of a fragment is a duplicate - not a second item",
 }
 
 TEST_CASE("time_slice: slices are partitioned over builders by k % builders", "[match][time_slice]") {
-    alloc::Arena arena{"test"};
-    alloc::BufferPool pool{arena, 0, 16, 256, 1};
     stats::ReaderCounters rc;
-    AdmissionRules rules;
-    rules.run_number = 1;
-    rules.match = file::MatchMode::time_slice;
-    rules.slice_ticks = kW;
-    rules.builders = 3;
-    for (std::uint32_t builder = 0; builder < 3; ++builder) {
-        rules.builder_id = builder;
-        for (std::uint64_t t : {0ull, 999ull, 1000ull, 2500ull, 3000ull, 7999ull}) {
-            std::uint32_t idx = 0;
-            REQUIRE(pool.try_take(idx));
-            wire::FragmentHeader h;
-            h.source_id = 0;
-            h.run_number = 1;
-            h.event_id = t;
-            h.fragment_length = 8;
-            wire::encode_fragment_header_v2(h, t, pool.data(idx));
-            const int shard = admit_datagram(pool, idx, wire::kFragmentHeaderBytesV2 + 8, rules, 1, rc);
-            CHECK((shard == 0) == ((t / kW) % 3 == builder));
-            pool.give_back_local(idx);
-        }
-    }
+    for (std::uint32_t builder = 0; builder < 3; ++builder)
+        for (std::uint64_t t : {0ull, 999ull, 1000ull, 2500ull, 3000ull, 7999ull})
+            CHECK((admit_as_builder(builder, 3, t, 0, rc) == 0) == ((t / kW) % 3 == builder));
     CHECK(rc.other_builder.get() == 12);  // each timestamp taken by exactly one of the three
 }
 
@@ -251,25 +255,10 @@ TEST_CASE("time_slice: a slice no whole fragment fell into is not written", "[ma
 }
 
 TEST_CASE("time_slice: heartbeats reach every builder, data only its slice's builder", "[match][time_slice]") {
-    alloc::Arena arena{"test"};
-    alloc::BufferPool pool{arena, 0, 8, 256, 1};
     stats::ReaderCounters rc;
-    AdmissionRules rules;
-    rules.run_number = 1;
-    rules.match = file::MatchMode::time_slice;
-    rules.slice_ticks = kW;
-    rules.builders = 2;
-    for (std::uint32_t builder = 0; builder < 2; ++builder) {
-        rules.builder_id = builder;
-        std::uint32_t idx = 0;
-        REQUIRE(pool.try_take(idx));
-        wire::FragmentHeader h;
-        h.flags = wire::fragment_flags::empty;
-        h.run_number = 1;
-        h.event_id = 5;
-        wire::encode_fragment_header_v2(h, 1500, pool.data(idx));  // slice 1: builder 1's
-        CHECK(admit_datagram(pool, idx, wire::kFragmentHeaderBytesV2, rules, 1, rc) == 0);
-        pool.give_back_local(idx);
-    }
+    for (std::uint32_t builder = 0; builder < 2; ++builder)  // t 1500: slice 1, builder 1's
+        CHECK(admit_as_builder(builder, 2, 1500, wire::fragment_flags::empty, rc) == 0);
     CHECK(rc.other_builder.get() == 0);
+    CHECK(admit_as_builder(0, 2, 1500, 0, rc) == -1);  // its data goes to builder 1 only
+    CHECK(rc.other_builder.get() == 1);
 }
