@@ -170,6 +170,22 @@ std::vector<FamilyOut> collect(const Sources& s) {
                          "Timestamp mode: chunks dropped because the rest of their fragment did not come within "
                          "building.timeout_ms (a fragment joins an event only when whole).",
                          T::counter, sum(M, [](auto& b) { return b.stale_chunks.get(); })));
+    out.push_back(scalar("evb_records_compressed_total",
+                         "Records stored COMPRESSED (output.compression; docs/FORMATS.md 6.2).", T::counter,
+                         sum(M, [](auto& b) { return b.records_compressed.get(); })));
+    {
+        FamilyOut f{"evb_records_stored_raw_total",
+                    "Records output.compression stored plain: the codec would not have shrunk them "
+                    "(incompressible), or the shard's memory for compressed records was full (no_buffer).",
+                    T::counter, {}, {}};
+        f.samples.push_back({{{"reason", "incompressible"}}, sum(M, [](auto& b) { return b.records_raw_incompressible.get(); }), {}, 0});
+        f.samples.push_back({{{"reason", "no_buffer"}}, sum(M, [](auto& b) { return b.records_raw_no_buffer.get(); }), {}, 0});
+        out.push_back(std::move(f));
+    }
+    out.push_back(scalar("evb_compression_seconds_total",
+                         "Time the graph workers spent compressing records (gather and codec, per record, by the "
+                         "monotonic clock: CPU time unless the worker was preempted).",
+                         T::counter, sum(M, [](auto& b) { return b.compress_ns.get(); }) / 1e9));
     out.push_back(scalar("evb_fragments_complete_total", "Fragments with every chunk received.", T::counter,
                          sum(M, [](auto& b) { return b.fragments.get(); })));
     {
@@ -188,7 +204,8 @@ std::vector<FamilyOut> collect(const Sources& s) {
     if (const auto* w = s.writer) {
         out.push_back(scalar("evb_events_written_total", "Event records written to files.", T::counter, static_cast<double>(w->events_written.get())));
         out.push_back(scalar("evb_written_payload_bytes_total", "Fragment payload bytes written.", T::counter, static_cast<double>(w->payload_bytes.get())));
-        out.push_back(scalar("evb_written_record_bytes_total", "Record bytes written (headers, payload, padding).", T::counter, static_cast<double>(w->records_bytes.get())));
+        out.push_back(scalar("evb_written_record_bytes_total", "Record bytes written as stored (headers, payload, padding; compressed records as compressed).", T::counter, static_cast<double>(w->records_bytes.get())));
+        out.push_back(scalar("evb_written_content_bytes_total", "Record bytes written, counting each record at its length stored plain (equals evb_written_record_bytes_total without compression).", T::counter, static_cast<double>(w->content_bytes.get())));
         out.push_back(scalar("evb_files_opened_total", "Output files opened.", T::counter, static_cast<double>(w->files_opened.get())));
         out.push_back(scalar("evb_files_closed_total", "Output files closed cleanly (index and footer written).", T::counter, static_cast<double>(w->files_closed.get())));
         out.push_back(scalar("evb_write_errors_total", "Failed opens, writes or closes of output files.", T::counter, static_cast<double>(w->write_errors.get())));

@@ -17,6 +17,7 @@ packages=(
   cmake ninja-build g++ pkg-config ccache git
   libtbb-dev libjemalloc-dev libfmt-dev nlohmann-json3-dev catch2
   prometheus-cpp-dev libpcap-dev
+  liblz4-dev libzstd-dev  # record compression (output.compression)
   python3 prometheus
   clang libclang-rt-14-dev
   dpkg-dev adduser systemd

@@ -175,7 +175,10 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
 
     // The role objects, each with the channels at its ends.
     const NoTbbWorkers no_tbb_workers;
-    Pipeline pipeline({cfg->worker_count(), sizing.shards, snap->matcher}, pool_ptrs, writer_bell, built_ids.get());
+    PipelineSettings pipeline_settings{cfg->worker_count(), sizing.shards, snap->matcher};
+    pipeline_settings.compression_level = cfg->output.compression_level;
+    pipeline_settings.compression_ring_bytes = compression_ring_bytes(*cfg, sizing);
+    Pipeline pipeline(pipeline_settings, pool_ptrs, writer_bell, built_ids.get());
     DiskWriter writer(snap->writer, pipeline.writer_rings(), pipeline.done_rings(), pool_ptrs, sizing.shards,
                       writer_counters, writer_bell, written_ids.get(), &closed_files);
     std::vector<std::unique_ptr<SocketReader>> readers;

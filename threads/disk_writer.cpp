@@ -60,7 +60,7 @@ std::size_t DiskWriter::pending() const noexcept {
     return n;
 }
 
-bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t expected) {
+bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t expected, file::Codec codec) {
     const std::uint64_t now = realtime_ns();
     if (now < retry_open_after_ns_) return false;
     ::mkdir(s_.directory.c_str(), 0755);
@@ -72,6 +72,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     h.version = s_.format_version;
     h.match_mode = s_.match;
     h.window_ticks = s_.window_ticks;
+    h.codec = codec;  // one per expected-source set, as the section count
     if (const int e = file_.open(s_.directory, h, s_.direct_io); e != 0) {
         counters_.write_errors.add();
         log_error("cannot open {}/{}: {} (retrying in 1 s)", s_.directory,
@@ -240,7 +241,7 @@ void DiskWriter::release_batch(bool lost) {
         records += e->record_length;
         end += e->record_length;
         if (!lost) {
-            unsettled_.push_back({end, e->event_id, event_payload, e->record_length, now});
+            unsettled_.push_back({end, e->event_id, event_payload, e->record_length, e->plain_length, now});
             file_status_.add(e->status);
         }
         counters_.write_latency.observe(now > e->built_unix_ns ? now - e->built_unix_ns : 0);
@@ -263,7 +264,7 @@ void DiskWriter::release_batch(bool lost) {
 
 void DiskWriter::settle(std::uint64_t kernel_offset) {
     std::size_t i = unsettled_head_;
-    std::uint64_t payload = 0, records = 0;
+    std::uint64_t payload = 0, records = 0, content = 0;
     while (i < unsettled_.size() && unsettled_[i].end <= kernel_offset) {
         const std::size_t from = i;
         settled_ids_.clear();
@@ -271,12 +272,14 @@ void DiskWriter::settle(std::uint64_t kernel_offset) {
             settled_ids_.push_back(unsettled_[i].event_id);
             payload += unsettled_[i].payload_bytes;
             records += unsettled_[i].record_bytes;
+            content += unsettled_[i].plain_bytes;
         }
         if (written_ != nullptr) written_->push(settled_ids_.data(), settled_ids_.size());
         counters_.events_written.add(i - from);
     }
     counters_.payload_bytes.add(payload);
     counters_.records_bytes.add(records);
+    counters_.content_bytes.add(content);
     unsettled_head_ = i;
     if (unsettled_head_ == unsettled_.size()) {
         unsettled_.clear();  // capacity kept
@@ -313,7 +316,7 @@ void DiskWriter::write_event(Event* e) {
         held_for_retry_.push_back(e);
         return;
     }
-    if (!file_.is_open() && !open_file(e->run_number, e->set_generation, e->record_sections())) {
+    if (!file_.is_open() && !open_file(e->run_number, e->set_generation, e->record_sections(), e->codec)) {
         // No file to write to: hold the event (and all after it) until a retry works.
         held_for_retry_.push_back(e);
         hold_output();
@@ -336,6 +339,7 @@ void DiskWriter::write_event(Event* e) {
         h.version = s_.format_version;
         h.match_mode = s_.match;
         h.window_ticks = s_.window_ticks;
+        h.codec = e->codec;
         sampler_->offer(*e, h, h.created_unix_ns);
     }
     if (iov_.size() >= kMaxIov || batch_bytes_ >= kMaxBatchBytes || batch_.size() == batch_.capacity()) flush_batch();

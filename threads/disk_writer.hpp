@@ -56,7 +56,8 @@ private:
     std::size_t drain(std::size_t max_events);
     void write_event(Event* e);
     bool transition_done() const noexcept;
-    bool open_file(std::uint32_t run_number, std::uint32_t set_generation, std::uint32_t expected_sources);
+    bool open_file(std::uint32_t run_number, std::uint32_t set_generation, std::uint32_t expected_sources,
+                   file::Codec codec);
     void close_file();
     void flush_batch();
     // Returns the batch's slots and events to their owners; `lost`: they could not
@@ -70,6 +71,7 @@ private:
         std::uint64_t event_id;
         std::uint64_t payload_bytes;
         std::uint32_t record_bytes;
+        std::uint32_t plain_bytes;  // the record's length stored plain
         std::uint64_t written_ns;  // when the writer handed it to the file
     };
     void settle(std::uint64_t kernel_offset);

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "allocators/handoff/mpsc_queue.hpp"
+#include "core/model/record_compressor.hpp"
 #include "threads/runner.hpp"
 
 #if defined(__SANITIZE_THREAD__)
@@ -62,6 +63,8 @@ struct ShardInput {
     std::uint64_t event_id = 0;  // give_up
     std::uint32_t run_number = 0;  // give_up; end_run: the run that goes on; set_sources: the generation
     const std::vector<std::uint8_t>* expected = nullptr;  // set_sources (kept alive by the poster until idle)
+    file::Codec codec = file::Codec::none;  // set_sources
+    std::uint32_t level = 1;                // set_sources
 };
 using MatchNode = flow::multifunction_node<ShardInput, std::tuple<Event*>>;
 using AssembleNode = flow::function_node<Event*, flow::continue_msg>;
@@ -122,16 +125,20 @@ struct Pipeline::Driver final : Agent {
 };
 
 struct Pipeline::Shard {
-    Shard(std::uint16_t id, const MatcherSettings& ms, std::vector<alloc::BufferPool*> pools,
+    Shard(std::uint16_t id, const PipelineSettings& ps, std::vector<alloc::BufferPool*> pools,
           stats::MatcherCounters& c, std::size_t inbox_capacity)
         : arena(fmt::format("shard-{}", id)),
           returns(std::move(pools), id),
-          matcher(id, ms, arena, returns, c),
-          to_writer(ms.max_events + kMarkerRoom),
-          inbox(inbox_capacity) {}
+          matcher(id, ps.matcher, arena, returns, c),
+          compressor(arena, ps.compression_ring_bytes, c),
+          to_writer(ps.matcher.max_events + kMarkerRoom),
+          inbox(inbox_capacity) {
+        compressor.configure(ps.matcher.codec, ps.compression_level);
+    }
     alloc::Arena arena;
     alloc::ReturnBatcher returns;
     Matcher matcher;
+    RecordCompressor compressor;  // used by the serial assemble body only
     SpscRing<Event*> to_writer;
     Crc32cJoiner joiner;  // used by the serial assemble body only
     // Room in to_writer for "run ended" / "source set ended" markers (nullptr) the
@@ -166,7 +173,7 @@ Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> po
     const std::size_t inbox_capacity = std::min<std::size_t>(2 * slots / std::max<std::uint32_t>(s.shards, 1) + 1024, 65536);
     for (std::uint32_t k = 0; k < s.shards; ++k) {
         counters_.push_back(std::make_unique<stats::MatcherCounters>());
-        shards_.push_back(std::make_unique<Shard>(static_cast<std::uint16_t>(k), s.matcher, pools, *counters_.back(),
+        shards_.push_back(std::make_unique<Shard>(static_cast<std::uint16_t>(k), s, pools, *counters_.back(),
                                                   inbox_capacity));
     }
     const std::uint32_t drivers = std::max<std::uint32_t>(1, std::min<std::uint32_t>(s.workers, s.shards));
@@ -217,7 +224,10 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                 sh->matcher.give_up(in.event_id, in.run_number, in.now_ns, built);
                                 break;
                             case ShardInput::Kind::set_sources:
-                                sh->matcher.set_expected(*in.expected, in.run_number);
+                                sh->matcher.set_expected(*in.expected, in.run_number, in.codec);
+                                // Not on the hot path: a zstd level above any before sizes
+                                // its working memory here, and the ring is made on first use.
+                                sh->compressor.configure(in.codec, in.level);
                                 break;
                         }
                         // An expected-source set ends once none of its events is in flight
@@ -247,7 +257,10 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                         while (e != nullptr) {
                             Event* next = e->next_out;
                             const std::uint32_t copies = sh->is_marker(e) ? e->record_length : 1;
-                            if (!sh->is_marker(e)) assemble(*e, sh->joiner);
+                            if (!sh->is_marker(e)) {
+                                assemble(*e, sh->joiner);
+                                sh->compressor.compress(*e, [sh] { sh->matcher.reclaim(); });
+                            }
                             for (std::uint32_t k = 0; k < copies; ++k) {
                                 batch[n++] = sh->is_marker(e) ? nullptr : e;  // the writer counts markers per shard
                                 if (n == 64) {
@@ -351,10 +364,13 @@ void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::ui
     shards_[shard]->put(ShardInput{ShardInput::Kind::give_up, nullptr, now_ns, event_id, run_number});
 }
 
-void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation) {
+void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation,
+                                    file::Codec codec, std::uint32_t level) {
     for (auto& s : shards_) {
         ShardInput m{ShardInput::Kind::set_sources, nullptr, 0, 0, generation};
         m.expected = &expected;
+        m.codec = codec;
+        m.level = level;
         s->put(m);
     }
     wait_idle();  // every shard has copied `expected`

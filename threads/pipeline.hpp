@@ -30,7 +30,10 @@ namespace evb {
 struct PipelineSettings {
     std::uint32_t workers = 2;
     std::uint32_t shards = 2;
-    MatcherSettings matcher;  // max_events is per shard
+    MatcherSettings matcher;  // max_events is per shard (matcher.codec: output.compression)
+    std::uint32_t compression_level = 1;
+    // Each shard's memory for compressed records, made when a codec is first in use.
+    std::size_t compression_ring_bytes = 64u << 20;
 };
 
 class Pipeline final : public ShardSink {
@@ -69,7 +72,9 @@ public:
     // `generation` numbers the change (see Matcher::set_expected). Returns once
     // every shard has taken it. Each shard hands the writer one marker when the
     // last event of the earlier set has gone by.
-    void set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation);
+    // `codec` and `level` (output.compression): how the new set's records are stored.
+    void set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation,
+                              file::Codec codec, std::uint32_t level);
     void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
                  std::uint64_t now_ns) noexcept override;
     // Waits until every message put so far has been processed.

@@ -166,7 +166,11 @@ void ServiceLoop::reload(const char* why) {
     // on since the last load; an unchanged run_number leaves the run as it is).
     const bool run_number_changed = c.run_number != running.run_number;
     const bool run_change = run_number_changed && running_run_ && stopping_.phase == StopPhase::none;
-    const bool sources_change = c.sources != running.sources;
+    // A change of compression is a change of set too: the writer's file header names
+    // the codec, so the new set's records go to a new file.
+    const bool codec_change = c.output.compression != running.output.compression ||
+                              c.output.compression_level != running.output.compression_level;
+    const bool sources_change = c.sources != running.sources || codec_change;
     if (sources_change) {
         // Each change of the expected sources is one transition: every shard sends
         // the writer one marker for it. The writer learns of it first, so it holds
@@ -235,8 +239,12 @@ void ServiceLoop::change_sources(const Config& next, const char* why) {
         if (was && !now) out += (out.empty() ? "" : ", ") + std::to_string(id);
         if (!was && now) back += (back.empty() ? "" : ", ") + std::to_string(id);
     }
-    t_.pipeline.set_expected_sources(expected, set_generation_);
+    t_.pipeline.set_expected_sources(expected, set_generation_, next.output.compression, next.output.compression_level);
     control_.expected_sources.store(next.sources.size());
+    if (next.output.compression != before.output.compression || next.output.compression_level != before.output.compression_level)
+        log_info("reload ({}): output.compression {} (level {}) from the next file on", why,
+                 file::codec_name(next.output.compression), next.output.compression_level);
+    if (next.sources == before.sources) return;
     log_info("reload ({}): {} expected sources from now on{}{}; the current file closes once the events "
              "in flight are written, the run goes on in a new file",
              why, next.sources.size(), out.empty() ? "" : "; taken out: " + out, back.empty() ? "" : "; back in: " + back);

@@ -155,14 +155,17 @@ bool check_memory(const Config& c, const Sizing& z) {
     const std::uint64_t events = std::max<std::uint64_t>(c.building.max_events_in_flight, 4ull * z.shards);
     const std::uint64_t n = c.sources.size();
     const std::uint64_t event_pools = events * (sizeof(Event) + event_meta_bytes(n) + n * sizeof(SourceState));
-    const std::uint64_t need = event_pools + c.building.max_buffer_bytes;
+    const std::uint64_t rings = c.output.compression != file::Codec::none ? std::uint64_t{z.shards} * compression_ring_bytes(c, z) : 0;
+    const std::uint64_t need = event_pools + c.building.max_buffer_bytes + rings;
     std::string where;
     if (const std::uint64_t avail = allocatable_memory_bytes(&where); avail != 0 && need > avail / 10 * 9) {
         log_error("memory: the event pools need {} bytes (building.max_events_in_flight {} x {} sources) and the "
-                  "receive buffers {} bytes (building.max_buffer_bytes), {} in all, but only {} bytes can be "
+                  "receive buffers {} bytes (building.max_buffer_bytes){}, {} in all, but only {} bytes can be "
                   "allocated ({}; at most 90% of it is taken); lower building.max_events_in_flight, the sources, "
                   "or building.max_buffer_bytes",
-                  event_pools, c.building.max_events_in_flight, n, c.building.max_buffer_bytes, need, avail, where);
+                  event_pools, c.building.max_events_in_flight, n, c.building.max_buffer_bytes,
+                  rings > 0 ? fmt::format(" and compressed records {} bytes (a quarter of it, output.compression)", rings) : "",
+                  need, avail, where);
         return false;
     }
     return true;

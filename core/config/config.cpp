@@ -76,6 +76,8 @@ const std::vector<Key>& schema() {
         {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
         {"output.direct_io", Kind::boolean, true, 0, 0, false, "Write through aligned staging buffers with O_DIRECT (Linux AIO), bypassing the page cache: about a third of the CPU per byte of buffered writes and steady throughput; a record counts as written once its write has completed. A file system without O_DIRECT (tmpfs) falls back to buffered writes. false: pwritev through the page cache."},
         {"output.format_version", Kind::uint, 1, 1, 2, false, "File format version: 1, or 2 (64-byte record headers with a content CRC and the events' smallest fragment timestamp). A time match mode needs and sets 2."},
+        {"output.compression", Kind::choice, "none", 0, 0, true, "Record compression (docs/FORMATS.md 6.2): \"none\", \"lz4\" (one LZ4 block per record) or \"zstd\" (one zstd frame per record). Records are compressed by the graph workers beside assembly, never by the disk writer; a record that would not shrink is stored raw. Needs version-2 files (sets output.format_version 2). A reload applies it from the next file (the file header names the codec), unless evbd started with version-1 files.", {"none", "lz4", "zstd"}},
+        {"output.compression_level", Kind::uint, 1, 1, 22, true, "Codec level: lz4 1 is LZ4's fast mode, 2..12 LZ4 HC; zstd 1..22 (1 and 3 are the line-rate levels). Live on reload."},
         {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
         {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
         {"control.socket", Kind::string, "", 0, 0, false, "Unix socket for run control (evb-ctl: status, start, stop, reload); empty: none. The package sets /run/evbd/evbd.sock (group evbd, mode 0660)."},
@@ -396,6 +398,9 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->output.directory = str("output.directory");
     c->output.max_file_bytes = u64("output.max_file_bytes");
     c->output.direct_io = lookup(eff, "output.direct_io", false)->get<bool>();
+    const std::string codec = str("output.compression");
+    c->output.compression = codec == "lz4" ? file::Codec::lz4 : codec == "zstd" ? file::Codec::zstd : file::Codec::none;
+    c->output.compression_level = u32("output.compression_level");
     const json& fs = *lookup(eff, "output.fsync", false);
     if (fs.is_string()) {
         c->output.fsync = fs == "never" ? FsyncPolicy::never : FsyncPolicy::on_close;
@@ -444,6 +449,15 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                                            c->building.shards));
         if (lookup(doc, "output.format_version", false) != nullptr && c->output.format_version == 1)
             problems.push_back(fmt::format("output.format_version: building.match \"{}\" writes version 2 files (set 1)", match));
+        c->output.format_version = 2;
+        *lookup(eff, "output.format_version", true) = 2;
+    }
+    if (c->output.compression != file::Codec::none) {
+        if (c->output.compression == file::Codec::lz4 && c->output.compression_level > 12)
+            problems.push_back(fmt::format("output.compression_level: lz4 has levels 1 (fast) to 12 (HC), got {}",
+                                           c->output.compression_level));
+        if (lookup(doc, "output.format_version", false) != nullptr && c->output.format_version == 1)
+            problems.push_back(fmt::format("output.format_version: output.compression \"{}\" writes version 2 files (set 1)", codec));
         c->output.format_version = 2;
         *lookup(eff, "output.format_version", true) = 2;
     }
@@ -548,6 +562,9 @@ std::vector<std::string> restart_keys_changed(const Config& a, const Config& b) 
         const json* y = lookup(const_cast<json&>(b.effective), k.path, false);
         if (x && y && *x != *y) out.emplace_back(k.path);
     }
+    // Compression is live in version-2 files only; version 1 is kept until a restart.
+    if (a.output.format_version == 1 && b.output.compression != a.output.compression)
+        out.emplace_back("output.compression (version-1 files: it needs output.format_version 2)");
     return out;
 }
 
@@ -557,6 +574,8 @@ std::shared_ptr<const Config> merge_live(const Config& running, const Config& lo
         if (k.live) continue;
         *lookup(doc, k.path, true) = *lookup(const_cast<json&>(running.effective), k.path, false);
     }
+    if (running.output.format_version == 1)
+        *lookup(doc, "output.compression", true) = *lookup(const_cast<json&>(running.effective), "output.compression", false);
     return build(std::move(doc), {}, Names::not_resolved);  // the running addresses, checked at start
 }
 

@@ -69,6 +69,8 @@ struct Config {
         FsyncPolicy fsync = FsyncPolicy::on_close;
         std::uint32_t fsync_period_ms = 0;
         std::uint32_t format_version = 1;  // 2 when a version-2 feature is in use
+        file::Codec compression = file::Codec::none;  // version 2 only
+        std::uint32_t compression_level = 1;
     } output;
 
     struct Monitor {

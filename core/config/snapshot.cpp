@@ -15,6 +15,14 @@ Sizing sizing_for(const Config& c, std::uint32_t inputs) {
     return s;
 }
 
+std::size_t compression_ring_bytes(const Config& c, const Sizing& z) {
+    // A record is kept compressed only when that is shorter, so the compressed
+    // records in flight take less than the receive slots they came in; a quarter of
+    // a shard's share of those is room for a ratio of 4 with the writer behind. A
+    // full ring stores records plain (counted), it never stalls building.
+    return std::max<std::size_t>(16u << 20, c.building.max_buffer_bytes / 4 / std::max<std::uint32_t>(z.shards, 1));
+}
+
 namespace {
 
 MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
@@ -27,6 +35,7 @@ MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
     m.tolerance_ticks = c.building.tolerance_ticks;
     m.slice_ticks = c.building.slice_ticks;
     m.record_version = c.output.format_version;
+    m.codec = c.output.compression;
     // Dead-source detection (docs/OPERATIONS.md, "When a board dies").
     m.source_timeout_ns = std::uint64_t{c.building.source_timeout_ms != 0
                                             ? c.building.source_timeout_ms

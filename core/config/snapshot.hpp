@@ -84,6 +84,8 @@ struct Sizing {
 
 // Sizing for a configuration (`inputs`: socket readers, or 1 for a replay).
 Sizing sizing_for(const Config& c, std::uint32_t inputs);
+// Each matcher shard's memory for compressed records (made when a codec is in use).
+std::size_t compression_ring_bytes(const Config& c, const Sizing& z);
 
 struct Snapshot {
     std::shared_ptr<const Config> config;

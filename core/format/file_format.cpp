@@ -1,5 +1,7 @@
 #include "core/format/file_format.hpp"
 
+#include "core/format/codec.hpp"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -301,6 +303,29 @@ bool check_stored_layout(const std::byte* r, RecordView& v, Codec codec, std::st
     return true;
 }
 
+// A COMPRESSED record's sections area, decoded into `buf` (resized to
+// content_length) and held to the header's content CRC.
+bool decode_area(const std::byte* r, const RecordView& v, Codec codec, std::vector<std::byte>& buf, std::string& why) {
+    const RecordHeader& h = v.header;
+    buf.resize(h.content_length);
+    std::string codec_why;
+    if (!codec::decompress(codec, {r + kRecordHeaderBytesV2 + 8, v.stored_length}, buf, &codec_why)) {
+        why = fmt::format("event {}: {}", h.event_id, codec_why);
+        return false;
+    }
+    if (crc32c(buf.data(), buf.size()) != h.content_crc32c) {
+        why = fmt::format("content CRC mismatch after {} decompression (event {})", codec_name(codec), h.event_id);
+        return false;
+    }
+    return true;
+}
+
+// The decoded sections area of the last COMPRESSED record this thread looked at.
+std::vector<std::byte>& decoded_area() {
+    thread_local std::vector<std::byte> buf;
+    return buf;
+}
+
 // Checks the record at r (`left` bytes to the end of the records) and fills v.
 // Returns false with the reason, to be reported at the record's offset.
 bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, RecordView& v, std::string& why) {
@@ -331,7 +356,7 @@ bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, 
     h.built_unix_ns = load_u64(r + 40);
     v.stored_crc = load_u32(r + 52);
     const std::byte* stored = r + hb;
-    const std::size_t stored_bytes = h.record_length - hb;
+    std::size_t stored_bytes = h.record_length - hb;
     if (fh.version == 1) {
         if (crc32c_extend(record_crc_seed(r), stored, stored_bytes) != v.stored_crc) {
             why = fmt::format("record CRC mismatch (event {})", h.event_id);
@@ -351,9 +376,14 @@ bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, 
                 why = fmt::format("record CRC mismatch (event {})", h.event_id);
                 return false;
             }
-            // The sections cannot be checked without decompressing them (parse_sections).
-            return check_stored_layout(r, v, fh.codec, why);
-        }
+            if (!check_stored_layout(r, v, fh.codec, why)) return false;
+            // Decoded and checked like a plain record's area: a record that does not
+            // decode, or decodes to other bytes than were built, is where a reader stops.
+            std::vector<std::byte>& area = decoded_area();
+            if (!decode_area(r, v, fh.codec, area, why)) return false;
+            stored = area.data();
+            stored_bytes = area.size();
+        } else {
         // Stored plain, the sections area is what both CRCs cover: one pass over it.
         const std::uint32_t area_crc = crc32c(stored, stored_bytes);
         if (crc32c_combine(record_crc_seed_v2(r), area_crc, stored_bytes) != v.stored_crc) {
@@ -368,6 +398,7 @@ bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, 
         if (area_crc != h.content_crc32c) {
             why = fmt::format("content CRC mismatch (event {})", h.event_id);
             return false;
+        }
         }
     }
     std::string sections_why;
@@ -427,8 +458,14 @@ bool sections_area(const RecordView& r, std::span<const std::byte>& area, std::s
         return false;
     }
     if (r.compressed) {
-        if (why) *why = fmt::format("codec {} not supported by this build", codec_name(r.codec));
-        return false;
+        std::string what;
+        std::vector<std::byte>& buf = decoded_area();
+        if (!decode_area(r.bytes, r, r.codec, buf, what)) {
+            if (why) *why = what;
+            return false;
+        }
+        area = buf;
+        return true;
     }
     area = {r.bytes + hb, r.header.record_length - hb};
     return true;

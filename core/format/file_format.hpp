@@ -197,21 +197,21 @@ struct ScanResult {
 // A v2 header with an unknown match_mode or codec is refused; non-zero v2 reserved
 // header bytes are a problem that does not stop the scan. (v1's reserved header
 // bytes are left to the caller, as evb-dump has always checked them.)
-// A COMPRESSED record is checked as stored (record CRC, stored_length, padding):
-// its sections are parse_sections' business.
+// A COMPRESSED record is checked as stored (record CRC, stored_length, padding),
+// then decoded and checked as a plain one (content CRC, sections).
 ScanResult scan(std::span<const std::byte> image);
 
 // Splits a good record into its sections. Returns false (and a reason) when the
 // section layout contradicts record_length or section_count, or (v2) content_length,
-// the item rules of the match mode, or when the sections are stored compressed with a
-// codec this build cannot decode (all of them, until issue 23: see sections_area).
+// the item rules of the match mode, or when a COMPRESSED record does not decode to
+// its content. A COMPRESSED record's sections point into this thread's decoding
+// buffer: valid until the next scan, parse_sections or sections_area on the thread.
 bool parse_sections(const RecordView& r, std::vector<SectionView>& out, std::string* why = nullptr);
 
-// Sets `area` to the uncompressed sections area of a good record: in place, after the
-// record header, for a record stored plain. The one place a codec plugs in: a
-// COMPRESSED record's area is to be decompressed (and held to content_length and
-// content_crc32c) here; this build has no codec yet (issue 23), so it returns false
-// with "codec lz4 not supported by this build".
+// Sets `area` to the uncompressed sections area of a good record: in place, after
+// the record header, for a record stored plain; decoded (one LZ4 block or zstd
+// frame, held to content_length and content_crc32c) into this thread's decoding
+// buffer for a COMPRESSED one. The one place a codec plugs in.
 bool sections_area(const RecordView& r, std::span<const std::byte>& area, std::string* why);
 
 // A read-only mapping of a file. Empty span for an empty file.

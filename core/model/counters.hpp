@@ -94,6 +94,14 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     Counter events_complete;
     Counter events_incomplete;
     Counter events_in_flight;     // gauge
+    // Record compression (output.compression): records stored COMPRESSED, stored
+    // plain because the codec would not shrink them or because the shard's ring of
+    // compressed records was full, and time spent compressing (ns, the monotonic
+    // clock around each record's gather and compression on its graph worker).
+    Counter records_compressed;
+    Counter records_raw_incompressible;
+    Counter records_raw_no_buffer;
+    Counter compress_ns;
     LatencyHistogram build_latency;
     // Per expected source (index = position in the sorted source list): complete
     // fragments, and events written with that source's section MISSING.
@@ -130,6 +138,7 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
 struct alignas(kFalseSharingBytes) WriterCounters {
     Counter events_written;
     Counter records_bytes;
+    Counter content_bytes;  // what records_bytes would be with every record stored plain
     Counter payload_bytes;
     Counter files_opened;
     Counter files_closed;

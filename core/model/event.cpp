@@ -52,6 +52,7 @@ void assemble(Event& ev, Crc32cJoiner& joiner) noexcept {
         content += items ? file::kSectionHeaderBytes + len : file::section_bytes(len);
     }
     ev.record_length = static_cast<std::uint32_t>(ev.record_header_bytes() + content);
+    ev.plain_length = ev.record_length;
     if (!v1 && !items) ev.timestamp = have_timestamp ? smallest : 0;
 
     file::RecordHeader h;

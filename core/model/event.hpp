@@ -116,6 +116,15 @@ struct Event {
     std::uint64_t started;        // events this shard started before it (the older of two is smaller)
     std::uint16_t shard;
     RecordLayout layout;          // fixed per pool
+    // The codec of the files of this event's expected-source set (a reload that
+    // changes output.compression starts a new set): the writer's file header
+    // names it, and the record is COMPRESSED with it or stored plain.
+    file::Codec codec;
+    // A COMPRESSED record's bytes after its header (docs/FORMATS.md 6.2: stored
+    // length, 0, the codec's bytes, padding) in its shard's ByteRing, until the
+    // writer has written them; null for a record stored plain.
+    std::byte* stored;
+    std::uint32_t plain_length;   // the record's length stored plain (set by assembly)
     SourceState* src;  // section_count entries, in ascending source id order
     std::byte* meta;   // record header, then one 16-byte header per section
 
@@ -146,7 +155,8 @@ inline constexpr std::uint64_t kMaxRecordBytes = 0xFFFFFFF8u;
 inline constexpr std::byte kZeroPad[8] = {};
 
 // Visits the pieces of an assembled record after its header (56 or 64 bytes), in
-// file order: section header, the fragment's chunk payloads, padding. In the time
+// file order: section header, the fragment's chunk payloads, padding; for a
+// COMPRESSED record, its stored bytes in one piece. In the time
 // modes a section's chunk list holds whole fragments one after another (each from
 // chunk_index 0 to chunk_count - 1), and each fragment is an item: its item header
 // joined to its first chunk's payload, its other chunks, its padding. The writer
@@ -154,6 +164,10 @@ inline constexpr std::byte kZeroPad[8] = {};
 // record CRC, and the tests check the two against each other.
 template <typename F>
 void for_each_record_piece(const Event& ev, F&& piece) {
+    if (ev.stored != nullptr) {
+        piece(ev.stored, std::size_t{ev.record_length} - ev.record_header_bytes());
+        return;
+    }
     const bool items = ev.has_items();
     for (std::uint32_t i = 0; i < ev.section_count; ++i) {
         if (!ev.section_in_record(i)) continue;

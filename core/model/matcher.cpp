@@ -1,5 +1,7 @@
 #include "core/model/matcher.hpp"
 
+#include "core/model/record_compressor.hpp"
+
 #include <algorithm>
 #include <cstring>
 
@@ -55,6 +57,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       expected_(s.sources.size(), 1),
       done_(s.max_events),
       done_scratch_(s.max_events) {
+    codec_ = s.codec;
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
     free_.reserve(s.max_events);
     absent_list_.reserve(s.sources.size());
@@ -86,7 +89,10 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
 
 void Matcher::reclaim() noexcept {
     const std::size_t n = done_.try_pop_n(done_scratch_.data(), done_scratch_.size());
-    for (std::size_t i = 0; i < n; ++i) free_.push_back(done_scratch_[i]);
+    for (std::size_t i = 0; i < n; ++i) {
+        RecordCompressor::release(*done_scratch_[i]);
+        free_.push_back(done_scratch_[i]);
+    }
 }
 
 Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns) noexcept {
@@ -116,6 +122,7 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     e->removed_count = static_cast<std::uint32_t>(removed_list_.size());
     for (const std::uint32_t i : removed_list_) e->src[i].state = SourceState::kNotAwaited | SourceState::kRemoved;
     e->set_generation = set_generation_;
+    e->codec = codec_;
     started_ns_[events_started_ % started_ns_.size()] = now_ns;
     e->started = events_started_++;
     e->older = newest_;
@@ -871,7 +878,8 @@ void Matcher::release_slices(std::uint64_t now_ns, EventList& out) noexcept {
     }
 }
 
-void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation) {
+void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation, file::Codec codec) {
+    codec_ = codec;
     for (std::size_t i = 0; i < expected_.size(); ++i) {
         const std::uint8_t was = expected_[i];
         expected_[i] = i < expected.size() ? expected[i] : 0;

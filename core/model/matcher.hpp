@@ -55,6 +55,7 @@ struct MatcherSettings {
     std::uint64_t tolerance_ticks = 0;
     std::uint64_t slice_ticks = 0;
     std::uint32_t record_version = 1;
+    file::Codec codec = file::Codec::none;  // of the records of events started from now on
 };
 
 class Matcher {
@@ -88,7 +89,9 @@ public:
     // finish under the set they started with. `generation` numbers the sets; once
     // no event of an earlier set is in flight, take_set_markers() says how many
     // "set ended" markers to hand to the writer (one per change).
-    void set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation);
+    // `codec`: the records of the new set's events are compressed with it (their
+    // files' headers name it), so a change of output.compression is a new set too.
+    void set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation, file::Codec codec);
     std::uint32_t take_set_markers() noexcept {
         if (older_in_flight_ != 0) return 0;
         const std::uint32_t n = pending_markers_;
@@ -100,12 +103,14 @@ public:
     std::size_t in_flight() const noexcept { return in_flight_; }
     std::size_t pool_free() const noexcept { return free_.size(); }
     std::size_t pool_size() const noexcept { return pool_size_; }
+    // Takes back the events the writer has finished with (and their compressed
+    // records' memory). The shard's assembly calls it too, when that memory is short.
+    void reclaim() noexcept;
 
 private:
     Event* start_event(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns) noexcept;
     void finish(Event* ev, bool complete, std::uint64_t now_ns, EventList& out) noexcept;
     void drop(ChunkMeta* c) noexcept { returns_.add(c->owner, c->slot); }
-    void reclaim() noexcept;
     void add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexcept;
     void accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept;
     void add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
@@ -233,6 +238,7 @@ private:
     std::vector<std::uint8_t> expected_;      // per source index
     std::vector<std::uint32_t> removed_list_;
     std::uint32_t set_generation_ = 0;
+    file::Codec codec_ = file::Codec::none;
     std::size_t older_in_flight_ = 0;         // events in flight of an earlier set
     std::uint32_t pending_markers_ = 0;
     Event* oldest_ = nullptr;

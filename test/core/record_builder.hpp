@@ -218,7 +218,7 @@ inline std::vector<std::byte> build_record_v2(const RecordSpecV2& spec, evb::fil
 }
 
 // A COMPRESSED v2 record whose stored bytes are `stored` (the codec's output, or any
-// bytes: this build cannot decompress) for a sections area of `content_length` bytes.
+// bytes, for the tests of bad streams) for a sections area of `content_length` bytes.
 inline std::vector<std::byte> build_record_v2_compressed(const RecordSpecV2& spec, std::uint32_t content_length,
                                                          std::uint32_t content_crc32c,
                                                          std::span<const std::byte> stored) {

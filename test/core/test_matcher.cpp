@@ -524,7 +524,7 @@ TEST_CASE("dead source: a flapping source is waited for again from the first eve
 TEST_CASE("expected sources changed by the operator: events in flight finish under their set, later ones have no section for the removed") {
     Rig r({0, 1, 2});
     CHECK(r.feed({r.chunk(1, 0, 8, 0, 1, 1000), r.chunk(1, 1, 8, 0, 1, 1000)}).count == 0);
-    r.matcher.set_expected({1, 1, 0}, 1);
+    r.matcher.set_expected({1, 1, 0}, 1, evb::file::Codec::none);
     CHECK(r.matcher.take_set_markers() == 0);  // event 1 (of the earlier set) is in flight
     // Event 2 needs only sources 0 and 1 and has two sections; source 2 opens nothing.
     auto out = r.feed({r.chunk(2, 2, 8, 0, 1, 1000)});
@@ -551,7 +551,7 @@ TEST_CASE("expected sources changed by the operator: events in flight finish und
     CHECK(r.matcher.take_set_markers() == 1);  // the earlier set has ended here
     CHECK(r.matcher.take_set_markers() == 0);
     // Back in: events wait for it again.
-    r.matcher.set_expected({1, 1, 1}, 2);
+    r.matcher.set_expected({1, 1, 1}, 2, evb::file::Codec::none);
     CHECK(r.matcher.take_set_markers() == 1);  // nothing was in flight
     CHECK(r.feed({r.chunk(3, 0, 8, 0, 1, 1000), r.chunk(3, 1, 8, 0, 1, 1000)}).count == 0);
     out = r.feed({r.chunk(3, 2, 8, 0, 1, 1000)});

@@ -7,7 +7,9 @@ of its sequence number, and --pattern-kind waveform the section-7 payload. Then 
 failures: an item whose payload is another sequence's, items out of order, two items
 in a timestamp-mode section, a time-slice item outside its slice, each named with
 file and offset; a v2 .part cut mid-record is recovered to the records before the cut;
-an lz4 file is read as stored and reported as not decodable by this build."""
+an lz4 file written by Python's lz4 (python3-lz4) verifies, its sections decoded and listed
+as evbfile reads them, and a byte flipped in a record's lz4 block stops --verify at that
+record."""
 import json
 import os
 import shutil
@@ -284,15 +286,29 @@ def main():
                                               for s in range(2)])
             p = os.path.join(lz, name(10))
             save(w, p, 10)
-            r, doc = dump_json("--verify", p)
+            r, doc = dump_json("--verify", "--pattern", "--pattern-kind", "waveform", "--events", p)
             fd = doc["files"][0]
-            check(r.returncode == 1 and fd["state"] == "undecoded" and fd["event_count"] == 5
-                  and fd["events_with_status"]["COMPRESSED"] == 5 and fd["events"][0]["sections"] is None
-                  and fd["problem_count"] == 1
-                  and "codec lz4 not supported by this build (5 compressed records not checked)"
-                  in fd["problems"][0]["message"],
-                  f"an lz4 file: 5 records checked as stored, their sections reported undecodable by this build: "
-                  f"{fd['problems'][0]['message'] if fd['problems'] else fd}")
+            first = fd["events"][0]
+            check(r.returncode == 0 and fd["state"] == "clean" and fd["event_count"] == 5
+                  and fd["events_with_status"].get("COMPRESSED") == 5 and fd["problem_count"] == 0
+                  and first["sections"] is not None and len(first["sections"]) == 2
+                  and first["sections"][0]["item_count"] == 1,
+                  f"an lz4 file from python3-lz4: 5 COMPRESSED records decode, verify and check against the "
+                  f"waveform: rc {r.returncode}, {fd.get('problems')}")
+            third = fd["events"][2]["offset"]
+            with open(p, "rb") as f:
+                whole = bytearray(f.read())
+            whole[third + 64 + 8 + 3] ^= 0x01  # a byte of the lz4 block, record CRC left as it was
+            os.makedirs(lz + "-flipped")
+            flipped = os.path.join(lz + "-flipped", name(10))
+            with open(flipped, "wb") as f:
+                f.write(whole)
+            r, doc = dump_json("--verify", flipped)
+            fd = doc["files"][0]
+            check(r.returncode == 1 and fd["event_count"] == 2 and fd["problems"][0]["offset"] == third
+                  and "record CRC mismatch" in fd["problems"][0]["message"],
+                  f"a byte flipped in the third COMPRESSED record stops --verify there, two records good: "
+                  f"{fd['event_count']} records, {fd['problems'][:1]}")
         else:
             print("note: python3-lz4 missing, the lz4 file is not tried", flush=True)
         check(run("--pattern-kind", "noise", good).returncode == 2, "an unknown --pattern-kind is a usage error")

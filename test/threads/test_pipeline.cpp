@@ -226,7 +226,7 @@ TEST_CASE("Pipeline: one reload that changes both the run and the expected sourc
     next.set_generation = 1;
     REQUIRE(rig.writer.commands().try_push(&next));
     const std::vector<std::uint8_t> expected{1, 1};
-    rig.pipeline.set_expected_sources(expected, 1);
+    rig.pipeline.set_expected_sources(expected, 1, evb::file::Codec::none, 1);
     AdmissionRules run2;
     run2.run_number = 2;
     REQUIRE(rig.reader.rules().post(&run2));

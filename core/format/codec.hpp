@@ -1,0 +1,53 @@
+// The record codecs of docs/FORMATS.md 6.2: a COMPRESSED record stores its whole
+// sections area as one LZ4 block or one zstd frame. Compression runs on the graph
+// workers (one Encoder per matcher shard); decompression serves every reader.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "core/format/file_format.hpp"
+
+namespace evb::codec {
+
+using file::Codec;
+
+// The most bytes `c` can turn n bytes into (n for Codec::none).
+std::size_t bound(Codec c, std::size_t n) noexcept;
+
+// Decodes `in` (one LZ4 block, or exactly one zstd frame) into exactly out.size()
+// bytes. False, with the reason, for bytes that do not decode, or decode to
+// another length.
+bool decompress(Codec c, std::span<const std::byte> in, std::span<std::byte> out, std::string* why);
+
+// A compressor for one thread: the codecs' working state is made once, here, so
+// that compressing a record allocates nothing.
+class Encoder {
+public:
+    Encoder();
+    ~Encoder();
+    Encoder(const Encoder&) = delete;
+    Encoder& operator=(const Encoder&) = delete;
+
+    // Sets the codec level for what follows (lz4: 1 fast, 2..12 HC; zstd: 1..22).
+    // For zstd at a level above any before, the working memory is sized for it
+    // here: compressing never allocates.
+    void configure(Codec c, int level);
+    int level() const noexcept { return level_; }
+
+    // Compresses `in` into `out` (at least bound(c, in.size()) bytes). Returns the
+    // stored size, or 0 when the codec failed.
+    std::size_t compress(Codec c, std::span<const std::byte> in, std::span<std::byte> out) noexcept;
+
+private:
+    int level_ = 1;
+    int zstd_level_ = 0;            // what zstd's workspace is sized for (0: none yet)
+    void* lz4_state_ = nullptr;     // LZ4_sizeofState() bytes
+    void* lz4_hc_state_ = nullptr;  // LZ4_sizeofStateHC() bytes
+    void* zstd_workspace_ = nullptr;
+    void* zstd_ = nullptr;          // ZSTD_CCtx living in zstd_workspace_
+};
+
+}  // namespace evb::codec
