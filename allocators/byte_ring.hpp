@@ -24,6 +24,7 @@ public:
     // room for it until older blocks are released.
     std::byte* reserve(std::size_t n) noexcept {
         reclaim();
+        if (tail_ == head_) head_ = tail_ = 0;  // empty: start again at the front
         const std::size_t need = round(n + kHeader);
         if (need > capacity()) return nullptr;
         std::size_t at = pos(head_);

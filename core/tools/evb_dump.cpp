@@ -244,7 +244,6 @@ struct EventInfo {
     std::uint64_t built_unix_ns = 0;
     std::uint64_t timestamp = 0;         // v2
     std::uint32_t content_length = 0;    // v2
-    bool sections_read = true;           // false: stored with a codec this build lacks
     std::vector<SectionInfo> sections;
 };
 
@@ -264,8 +263,11 @@ struct FileReport {
     std::uint64_t problem_count = 0;
     bool cut_tail = false;             // no footer, and the bytes after the last good record
                                        // are the start of a record cut short (a crash mid-write)
-    bool unread_sections = false;      // one problem says: COMPRESSED records this build cannot
-                                       // decode (their sections are unchecked, not damaged)
+    // Records as stored and as they would be stored plain (v2: header + content_length),
+    // and how many are COMPRESSED: the file's compression ratio.
+    std::uint64_t stored_bytes = 0;
+    std::uint64_t content_bytes = 0;
+    std::uint64_t compressed = 0;
     std::vector<EventInfo> events;     // with --events
 
     void add_problem(std::uint64_t offset, std::string what) {
@@ -276,8 +278,8 @@ struct FileReport {
     std::string state() const {
         if (!io_error.empty()) return "unreadable";
         if (!header_ok) return "bad header";
-        const std::uint64_t damage = problem_count - (unread_sections ? 1 : 0);
-        if (damage == 0) return unread_sections ? "undecoded" : "clean";
+        const std::uint64_t damage = problem_count;
+        if (damage == 0) return "clean";
         // Not closed: only the footer is missing, or also a last record cut short.
         if (!has_footer && (damage == 1 || (damage == 2 && cut_tail))) return "unclean";
         return "DAMAGED";
@@ -430,10 +432,6 @@ void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, co
     const std::uint32_t record_defined = bits_defined(record_bits);
     const std::uint32_t section_defined = bits_defined(section_bits);
 
-    // COMPRESSED records whose sections this build cannot read: one problem for all.
-    std::uint64_t unread = 0, first_unread_at = 0;
-    std::string unread_why;
-
     std::unordered_map<std::uint64_t, std::uint64_t> seen;  // event_id -> first offset
     seen.reserve(s.records.size());
     std::vector<ef::SectionView> sections;
@@ -465,25 +463,21 @@ void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, co
             ev.timestamp = h.timestamp;
             ev.content_length = h.content_length;
         }
-        if (!ef::parse_sections(r, sections, &why)) {
-            if (r.compressed) {  // scan() checked it as stored; its codec is what is missing
-                if (unread++ == 0) {
-                    first_unread_at = at;
-                    unread_why = fmt::format("event {}: {}", h.event_id, why);
-                }
-                if (o.events) {
-                    ev.sections_read = false;
-                    rep.events.push_back(std::move(ev));
-                }
-            } else {  // scan() accepted it, so unexpected
-                rep.add_problem(at, fmt::format("event {}: {}", h.event_id, why));
-            }
+        rep.stored_bytes += h.record_length;
+        rep.content_bytes += v2 ? ef::kRecordHeaderBytesV2 + std::uint64_t{h.content_length} : h.record_length;
+        if (r.compressed) ++rep.compressed;
+        if (!ef::parse_sections(r, sections, &why)) {  // scan() accepted it, so unexpected
+            rep.add_problem(at, fmt::format("event {}: {}", h.event_id, why));
             continue;
         }
+        // Offsets of what is inside a record: for a COMPRESSED one, positions in its
+        // decoded sections area counted from where that area would start stored plain.
+        const std::byte* area = sections.empty() ? nullptr : sections[0].payload - ef::kSectionHeaderBytes;
+        const std::uint64_t area_at = at + (v2 ? ef::kRecordHeaderBytesV2 : ef::kRecordHeaderBytes);
         bool any_missing = false, any_unconfirmed = false;
         std::optional<std::uint64_t> smallest;  // item timestamp
         for (const auto& sec : sections) {
-            const std::uint64_t sec_at = static_cast<std::uint64_t>(sec.payload - r.bytes) + at -
+            const std::uint64_t sec_at = area_at + static_cast<std::uint64_t>(sec.payload - area) -
                                          ef::kSectionHeaderBytes;
             for (std::size_t b = 0; b < section_bits; ++b)
                 if (sec.status & kSectionBits[b].first) ++rep.section_bits[b];
@@ -543,10 +537,6 @@ void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, co
         }
         if (o.events) rep.events.push_back(std::move(ev));
     }
-    rep.unread_sections = unread > 0;
-    if (unread > 0)
-        rep.add_problem(first_unread_at, fmt::format("{} ({} compressed {} not checked)", unread_why, unread,
-                                                     unread == 1 ? "record" : "records"));
 }
 
 FileReport examine(const std::string& path, const Options& o) {
@@ -789,7 +779,7 @@ Json event_json(const EventInfo& e, const ef::FileHeader& fh) {
         j["timestamp"] = e.timestamp;
         j["content_length"] = e.content_length;
     }
-    j["sections"] = e.sections_read ? secs : Json(nullptr);
+    j["sections"] = secs;
     return j;
 }
 
@@ -807,6 +797,10 @@ Json file_json(const FileReport& r, const Options& o) {
     j["good_bytes"] = r.good_bytes;
     j["event_count"] = r.event_count;
     j["payload_bytes"] = r.payload_bytes;
+    j["record_bytes_stored"] = r.stored_bytes;
+    j["record_bytes_content"] = r.content_bytes;
+    j["records_compressed"] = r.compressed;
+    j["compression_ratio"] = r.stored_bytes > 0 ? static_cast<double>(r.content_bytes) / static_cast<double>(r.stored_bytes) : 1.0;
     Json rb = Json::object();
     for (std::size_t b = 0; b < record_bit_count(r.header.version); ++b)
         rb[kRecordBits[b].second] = r.record_bits[b];
@@ -884,7 +878,6 @@ void print_recover_text(const RecoverReport& r) {
 }
 
 std::string section_notes(const EventInfo& e, const ef::FileHeader& fh) {
-    if (!e.sections_read) return fmt::format("not read: codec {} not supported by this build", ef::codec_name(fh.codec));
     std::vector<std::string> missing, empty, flagged, unconfirmed;
     std::uint64_t items = 0;
     for (const auto& s : e.sections) {
@@ -944,6 +937,19 @@ void print_summary_text(const std::vector<FileReport>& reports) {
     }
     if (reports.size() > 1)
         fmt::print("total: {} files, {} events, {}\n", reports.size(), events, human_bytes(bytes));
+    // Files written with a codec: what their records take stored and plain.
+    bool header_done = false;
+    for (const auto& r : reports) {
+        if (!r.header_ok || r.header.version != 2 || r.header.codec == ef::Codec::none) continue;
+        if (!header_done) {
+            fmt::print("\n{:<{}}  {:<5} {:>10} {:>10} {:>6}  {}\n", "compressed file", w, "codec", "stored", "content",
+                       "ratio", "records compressed");
+            header_done = true;
+        }
+        const double ratio = r.stored_bytes > 0 ? static_cast<double>(r.content_bytes) / static_cast<double>(r.stored_bytes) : 1.0;
+        fmt::print("{:<{}}  {:<5} {:>10} {:>10} {:>6.2f}  {} of {}\n", r.path, w, ef::codec_name(r.header.codec),
+                   human_bytes(r.stored_bytes), human_bytes(r.content_bytes), ratio, r.compressed, r.event_count);
+    }
 }
 
 std::string plural(std::uint64_t n, std::string_view one, std::string_view many) {

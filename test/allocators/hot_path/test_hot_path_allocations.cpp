@@ -8,6 +8,9 @@
 // stamped with a trigger time and is matched by timestamp into version-2 records;
 // as `evb_alloc_test time_slice` each trigger's fragments fall in a time slice of
 // their own (slice n is written once trigger n+1's fragments move the watermarks).
+// As `evb_alloc_test lz4` or `evb_alloc_test zstd` the event_id traffic is written
+// as version-2 records compressed with that codec (output.compression) on the
+// graph workers: the shard's ring and the codec's working memory are made at start.
 //
 // Not counted: oneTBB's internal task and buffer memory, which comes from its own
 // allocator (tbbmalloc) and its per-thread small-object pools, recycled by design.
@@ -54,9 +57,11 @@ int fail(const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const bool sliced = argc > 1 && std::strcmp(argv[1], "time_slice") == 0;
-    const bool timed = sliced || (argc > 1 && std::strcmp(argv[1], "timestamp") == 0);
-    if (argc > 1 && !timed) return fail("usage: evb_alloc_test [timestamp|time_slice]");
+    const std::string arg = argc > 1 ? argv[1] : "";
+    const bool sliced = arg == "time_slice";
+    const bool timed = sliced || arg == "timestamp";
+    const file::Codec codec = arg == "lz4" ? file::Codec::lz4 : arg == "zstd" ? file::Codec::zstd : file::Codec::none;
+    if (argc > 1 && !timed && codec == file::Codec::none) return fail("usage: evb_alloc_test [timestamp|time_slice|lz4|zstd]");
     const file::MatchMode mode = sliced ? file::MatchMode::time_slice : file::MatchMode::timestamp;
     constexpr std::uint32_t kSources = 16;
     constexpr std::uint32_t kChunks = 3;
@@ -80,7 +85,14 @@ int main(int argc, char** argv) {
         ps.matcher.slice_ticks = kTriggerPeriod;
         ps.matcher.record_version = 2;
     }
+    if (codec != file::Codec::none) {
+        ps.matcher.record_version = 2;
+        ps.matcher.codec = codec;
+        ps.compression_level = codec == file::Codec::zstd ? 3 : 1;
+        ps.compression_ring_bytes = 16u << 20;
+    }
     WriterSettings ws;
+    if (codec != file::Codec::none) ws.format_version = 2;
     if (timed) {
         ws.format_version = 2;
         ws.match = mode;
@@ -149,15 +161,23 @@ int main(int argc, char** argv) {
     const bool all = wait_written(next_event);
     const std::uint64_t after = allocation_requests();
     std::uint64_t incomplete = 0;  // before the stop, which writes the last slice as it is
-    for (const auto& m : rig.pipeline.counters()) incomplete += m->events_incomplete.get();
+    std::uint64_t compressed = 0, stored_raw = 0;
+    for (const auto& m : rig.pipeline.counters()) {
+        incomplete += m->events_incomplete.get();
+        compressed += m->records_compressed.get();
+        stored_raw += m->records_raw_incompressible.get() + m->records_raw_no_buffer.get();
+    }
     rig.stop();
     ::close(out);
     std::filesystem::remove_all(dir);
     if (!all) return fail("measured events were not all written");
     if (rig.reader_counters.kernel_drops.get() != 0) return fail("kernel drops during the test");
     if (incomplete != 0) return fail("events were written incomplete");
-    std::printf("%s mode, steady state: %llu events, %llu datagrams, %llu allocation requests\n",
-                sliced ? "time_slice" : timed ? "timestamp" : "event_id", static_cast<unsigned long long>(60ull * kEventsPerRound),
+    if (codec != file::Codec::none && (compressed != next_event || stored_raw != 0))
+        return fail("not every record was stored compressed");
+    std::printf("%s mode%s%s, steady state: %llu events, %llu datagrams, %llu allocation requests\n",
+                sliced ? "time_slice" : timed ? "timestamp" : "event_id",
+                codec != file::Codec::none ? ", compressed with " : "", codec != file::Codec::none ? file::codec_name(codec) : "", static_cast<unsigned long long>(60ull * kEventsPerRound),
                 static_cast<unsigned long long>(60ull * per_round), static_cast<unsigned long long>(after - before));
     if (after != before) return fail("the hot path allocated");
     std::printf("1 passed, 0 failed\n");
