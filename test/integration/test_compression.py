@@ -16,7 +16,9 @@ section 7), over loopback.
     answers) with zstd: every requested event written exactly once, compressed, and
     verifying.
 (d) SIGKILL mid-run with lz4 and buffered writes: evb-dump --recover makes the .part
-    clean up to its last whole record, and what it keeps verifies."""
+    clean up to its last whole record, and what it keeps verifies.
+(e) timestamp matching with zstd: item lists compress too; every trigger is one
+    COMPRESSED record holding every board's item, and --pattern-kind waveform passes."""
 import json
 import os
 import shutil
@@ -197,8 +199,27 @@ def phase_d(wd):
           f"{p.stdout.strip().splitlines()[-1] if p.stdout.strip() else p.stderr.strip()}")
 
 
+def phase_e(wd):
+    n = PER_PHASE // 2
+    d = Evbd(wd, sets=["sources=4", "building.match=timestamp", "building.tolerance_ticks=16",
+                       "output.compression=zstd", "output.direct_io=false"])
+    run_source(["--to", f"127.0.0.1:{d.port}", "--mode", "trigger", "--sources", 4, "--events", n,
+                "--trigger-period", 1000, "--jitter", 4, "--size", "2000:12000", "--payload", "waveform",
+                "--rate", 2000 if SMALL else 8000])
+    d.wait_metric("evb_events_written_total", lambda v: v >= n, timeout=60)
+    m = d.metrics()
+    check(d.stop() == 0, "evbd stopped cleanly")
+    rc, doc, err = dump([d.out], "--events")
+    evs = [e for f in doc["files"] for e in f["events"]]
+    whole = all(e["status"] == ["COMPRESSED"] and [s["item_count"] for s in e["sections"]] == [1] * 4 for e in evs)
+    rc2, text = dump_verify([d.out], "waveform")
+    check(len(evs) == n and whole and rc2 == 0 and m["evb_records_compressed_total"] == n,
+          f"timestamp mode with zstd: {len(evs)} of {n} triggers, each one COMPRESSED record with every board's "
+          f"item, verifying: {text.strip().splitlines()[-1]}")
+
+
 def main():
-    for phase in (phase_a, phase_b, phase_c, phase_d):
+    for phase in (phase_a, phase_b, phase_c, phase_d, phase_e):
         wd = workdir()
         try:
             phase(wd)
