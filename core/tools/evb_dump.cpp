@@ -67,14 +67,13 @@ in name order.
   --verify         check every structure and CRC; report each problem as
                    FILE:OFFSET: message and exit 1 if there is any
   --pattern        as --verify, and also check every payload byte against the
-                   test pattern of the source emulator: each section's payload
+                   test payloads of the source emulator: each section's payload
                    against (run, source, event_id); in the timestamp and
                    time_slice modes (v2) each item against (run, source,
-                   the item's sequence number)
+                   the item's sequence number); a payload passes as the raw
+                   pattern or as the compressible "waveform"
   --pattern-kind pattern|waveform
-                   which test payload --pattern expects (implies --pattern):
-                   the raw pattern (the default) or the compressible
-                   "waveform" samples
+                   only this test payload passes (implies --pattern)
   --recover FILE   rewrite an unclean FILE.evb.part as FILE.evb holding every
                    good event (may be repeated; FILE.evb.part is removed). A
                    .part cut off before its header holds no event: it is
@@ -92,14 +91,14 @@ exit status: 0 ok, 1 verification problems or a summary mismatch, 2 usage or I/O
 )";
 
 // The test payload --pattern holds sections (or items) to (docs/FORMATS.md 3 and 7).
-enum class PatternKind { pattern, waveform };
+enum class PatternKind { either, pattern, waveform };
 
 struct Options {
     bool events = false;
     bool json = false;
     bool verify = false;
     bool pattern = false;
-    PatternKind pattern_kind = PatternKind::pattern;
+    PatternKind pattern_kind = PatternKind::either;
     bool help = false;
     bool version = false;
     std::vector<std::string> recover;
@@ -316,11 +315,33 @@ std::optional<NameFields> parse_file_name(std::string_view name) {
 using MismatchFn = std::size_t (*)(std::uint32_t, std::uint32_t, std::uint64_t, std::size_t, const std::byte*,
                                    std::size_t) noexcept;
 
-MismatchFn mismatch_fn(PatternKind kind) {
-    return kind == PatternKind::waveform ? evb::pattern::first_waveform_mismatch : evb::pattern::first_mismatch;
+// Bare --pattern: a payload may hold either test payload (evb-source --payload);
+// where it holds neither, the later of the two first differences is reported.
+std::size_t first_mismatch_either(std::uint32_t run, std::uint32_t source, std::uint64_t event, std::size_t offset,
+                                  const std::byte* p, std::size_t n) noexcept {
+    const std::size_t a = evb::pattern::first_mismatch(run, source, event, offset, p, n);
+    if (a == n) return n;
+    const std::size_t b = evb::pattern::first_waveform_mismatch(run, source, event, offset, p, n);
+    return b == n ? n : std::max(a, b);
 }
 
-const char* pattern_kind_name(PatternKind kind) { return kind == PatternKind::waveform ? "waveform" : "test pattern"; }
+MismatchFn mismatch_fn(PatternKind kind) {
+    switch (kind) {
+        case PatternKind::waveform: return evb::pattern::first_waveform_mismatch;
+        case PatternKind::pattern: return evb::pattern::first_mismatch;
+        case PatternKind::either: break;
+    }
+    return first_mismatch_either;
+}
+
+const char* pattern_kind_name(PatternKind kind) {
+    switch (kind) {
+        case PatternKind::waveform: return "waveform";
+        case PatternKind::pattern: return "test pattern";
+        case PatternKind::either: break;
+    }
+    return "test pattern or the waveform";
+}
 
 // The header fields a reader must hold the file to: reserved bytes (v1; scan()
 // checks v2's), the window of the match mode, the index's reserved field, the name.
