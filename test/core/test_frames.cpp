@@ -1,7 +1,5 @@
 #include <catch2/catch.hpp>
 
-#include <arpa/inet.h>
-
 #include <cstdint>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -9,6 +7,7 @@
 #include <vector>
 
 #include "core/format/frames.hpp"
+#include "test/core/frames_rig.hpp"
 
 using evb::file::MatchMode;
 using evb::frames::FrameDecoded;
@@ -19,41 +18,19 @@ using evb::frames::SenderKey;
 using evb::frames::SourceWraps;
 using evb::frames::WrapState;
 using nlohmann::json;
+using frames_rig::Bytes;
+using frames_rig::compile;
+using frames_rig::put;
+using frames_rig::sender;
 
 namespace {
 
-using Bytes = std::vector<std::byte>;
-
 Bytes zeros(std::size_t n) { return Bytes(n); }
-
-void put(Bytes& d, std::size_t at, std::uint64_t v, unsigned width, bool big_endian) {
-    for (unsigned i = 0; i < width; ++i) {
-        const unsigned shift = 8 * (big_endian ? width - 1 - i : i);
-        d.at(at + i) = static_cast<std::byte>((v >> shift) & 0xff);
-    }
-}
-
-SenderKey sender(const char* ip, std::uint16_t port) {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    const int parsed = inet_pton(AF_INET, ip, &a.sin_addr);
-    REQUIRE(parsed == 1);
-    return evb::frames::sender_key(reinterpret_cast<const sockaddr*>(&a));
-}
 
 std::vector<std::string> problems_of(const json& frames, const FrameLimits& limits = {}) {
     std::vector<std::string> problems;
     (void)evb::frames::compile_frames(frames, limits, problems);
     return problems;
-}
-
-FrameTable compile(const json& frames, const FrameLimits& limits = {}) {
-    std::vector<std::string> problems;
-    FrameTable t = evb::frames::compile_frames(frames, limits, problems);
-    INFO(json(problems).dump());
-    REQUIRE(problems.empty());
-    return t;
 }
 
 // A one-description table: the event is the given field, the source a constant.
