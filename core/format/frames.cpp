@@ -540,6 +540,21 @@ std::uint64_t extend(WrapState& state, std::uint64_t raw, unsigned bits) noexcep
     return value;
 }
 
+SourceWrapTable::SourceWrapTable(std::span<const std::uint32_t> source_ids)
+    : ids_(source_ids.begin(), source_ids.end()) {
+    std::sort(ids_.begin(), ids_.end());
+    ids_.erase(std::unique(ids_.begin(), ids_.end()), ids_.end());
+    wraps_.resize(ids_.size());
+}
+
+SourceWraps* SourceWrapTable::find(std::uint32_t source_id) noexcept {
+    const auto it = std::lower_bound(ids_.begin(), ids_.end(), source_id);
+    if (it == ids_.end() || *it != source_id) return nullptr;
+    return &wraps_[static_cast<std::size_t>(it - ids_.begin())];
+}
+
+void SourceWrapTable::reset() noexcept { std::fill(wraps_.begin(), wraps_.end(), SourceWraps{}); }
+
 FrameDecoded FrameTable::decode(std::span<const std::byte> datagram, std::uint16_t local_port,
                                 const SenderKey& from) const noexcept {
     FrameDecoded out;

@@ -182,6 +182,21 @@ class FrameTable;
 FrameTable compile_frames(const nlohmann::json& frames, const FrameLimits& limits, std::vector<std::string>& problems,
                           const std::string& path = "input.frames");
 
+// The wrap state of every expected source, preallocated: a reader keeps one table
+// and looks sources up per datagram without allocating (a sorted flat array).
+class SourceWrapTable {
+public:
+    explicit SourceWrapTable(std::span<const std::uint32_t> source_ids);
+    // The state of `source_id`, or nullptr for a source that is not expected.
+    SourceWraps* find(std::uint32_t source_id) noexcept;
+    // A new run: every source's first value is taken as it is again (section 8.4).
+    void reset() noexcept;
+
+private:
+    std::vector<std::uint32_t> ids_;  // ascending
+    std::vector<SourceWraps> wraps_;  // wraps_[i] belongs to ids_[i]
+};
+
 // The compiled `input.frames`. Immutable after compile; decode() may be called by
 // several threads at once.
 class FrameTable {

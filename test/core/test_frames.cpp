@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -471,4 +472,63 @@ TEST_CASE("frames: each refusal names its key path", "[frames]") {
     CHECK(problems_of(json::array({json::parse(R"({"name": "t", "source": {}, "timestamp": {"at": 0, "type": "u8"}})")}),
                       FrameLimits{MatchMode::timestamp, 9000, 0})
               .empty());
+}
+
+TEST_CASE("frames 8.4: a source wrap table keeps each expected source apart and a new run starts afresh", "[frames]") {
+    const std::vector<std::uint32_t> ids = {40, 7, 1000, 7};
+    evb::frames::SourceWrapTable table(ids);
+    CHECK(table.find(8) == nullptr);
+    CHECK(table.find(0) == nullptr);
+    CHECK(table.find(5000) == nullptr);
+    SourceWraps* a = table.find(7);
+    SourceWraps* b = table.find(1000);
+    REQUIRE(a != nullptr);
+    REQUIRE(b != nullptr);
+    CHECK(a != b);
+    CHECK(table.find(40) != nullptr);
+    CHECK(evb::frames::extend(a->event, 65535, 16) == 65535);
+    CHECK(evb::frames::extend(b->event, 3, 16) == 3);  // b's first value, not a step from a's
+    CHECK(evb::frames::extend(a->event, 0, 16) == 65536);
+    table.reset();
+    CHECK(evb::frames::extend(table.find(7)->event, 0, 16) == 0);  // first of the new run: as it is
+}
+
+TEST_CASE("frames: random and mutated datagrams never read past their end and decode consistently", "[frames]") {
+    // Exact-size datagrams: a read past the end is an ASan error.
+    const FrameTable t = compile(json::parse(R"([
+        {"name": "ess", "require": [{"at": 2, "type": "u24le", "equals": "0x535345"}], "length": {"at": 6, "type": "u16le"},
+         "source": {"field": {"at": 8, "type": "u8"}}, "event": {"at": 26, "type": "u32le"},
+         "timestamp": {"seconds": {"at": 10, "type": "u32le"}, "ticks": {"at": 14, "type": "u32le"}, "ticks_hz": 88052500},
+         "clock_hz": 88052500, "payload": {"from": 30}},
+        {"name": "chunked", "require": [{"at": 0, "type": "u8", "equals": 7}],
+         "source": {"sender": {"10.0.0.1": 3}, "field": {"at": 1, "type": "u8", "bits": 2}},
+         "event": {"at": 2, "type": "u16be"},
+         "chunk": {"index": {"at": 4, "type": "u8"}, "first": 1, "last": {"at": 5, "type": "u8", "shift": 7}},
+         "timestamp": {"high": {"at": 40, "type": "u16le"}, "low": {"at": 36, "type": "u32le"}},
+         "error": {"at": 5, "type": "u8", "bits": 1}, "first_chunk_only": ["timestamp", "error"],
+         "payload": {"from": 8, "trailer": 4}},
+        {"name": "any", "port": 7402, "source": {}, "event": {"at": 0, "type": "u64be", "shift": 3}, "payload": {"trailer": 2}}
+    ])"));
+    std::mt19937_64 rng(30);
+    std::uint64_t accepted = 0;
+    for (int i = 0; i < 20000; ++i) {
+        Bytes d(rng() % 96);
+        for (auto& b : d) b = static_cast<std::byte>(rng());
+        if (d.size() >= 8 && i % 3 == 0) {  // mostly valid headers, so the later checks are reached
+            d[0] = std::byte{7};
+            d[2] = std::byte{'E'};
+            d[3] = std::byte{'S'};
+            d[4] = std::byte{'S'};
+            if (i % 2 == 0) put(d, 6, d.size(), 2, false);
+        }
+        const std::uint16_t port = i % 5 == 0 ? 7402 : 7400;
+        const FrameDecoded r = t.decode(d, port, sender(i % 2 ? "10.0.0.1" : "10.0.0.9", 1));
+        REQUIRE(static_cast<std::size_t>(r.reject) < evb::frames::kFrameRejectCount);
+        if (r.reject != FrameReject::ok) continue;
+        ++accepted;
+        const auto& desc = t.descriptions()[r.description];
+        CHECK(std::size_t{r.payload_offset} + r.payload_bytes + desc.payload_trailer == d.size());
+        CHECK(t.decode(d, port, sender(i % 2 ? "10.0.0.1" : "10.0.0.9", 1)).event == r.event);
+    }
+    CHECK(accepted > 1000);  // the loop reached the field reads, not only the require checks
 }
