@@ -30,7 +30,7 @@ ConfigError::ConfigError(std::vector<std::string> p)
 
 namespace {
 
-enum class Kind { uint, boolean, string, string_list, int_list, sources, fsync, choice };
+enum class Kind { uint, boolean, string, string_list, int_list, sources, fsync, choice, addresses, frames };
 
 struct Key {
     const char* path;
@@ -51,7 +51,7 @@ const std::vector<Key>& schema() {
         {"run_number", Kind::uint, 1, 0, 999999, true, "Current run. Changing it by reload ends the run (in-flight events finished, file closed) and starts the new one; fragments of other runs are counted as wrong-run and dropped."},
         {"mode", Kind::choice, "push", 0, 0, false, "\"push\": sources send on their own; \"pull\": the builder requests events under a credit limit.", {"push", "pull"}},
         {"sources", Kind::sources, 8, 1, 65535, true, "Expected sources: a count N (ids 0..N-1) or an array of distinct ids. Every event gets one section per expected source. A reload may take sources out and bring them back (within the set evbd started with; adding others needs a restart): the current file closes and the run goes on in a new file whose header states the new number; events in flight finish under the set they started with."},
-        {"input.listen", Kind::string, "127.0.0.1:7400", 0, 0, false, "UDP address the socket readers bind (HOST:PORT or [V6]:PORT)."},
+        {"input.listen", Kind::addresses, "127.0.0.1:7400", 0, 0, false, "UDP address the socket readers bind (HOST:PORT or [V6]:PORT), or a list of them (boards of different kinds on different ports; docs/FORMATS.md section 8.1). This build binds one address: a list of more than one is refused until the readers bind several."},
         {"input.readers", Kind::uint, 1, 1, 16, false, "Socket-reader threads; more than one binds the port with SO_REUSEPORT."},
         {"input.socket_buffer_bytes", Kind::uint, 64ull << 20, 65536, 2ull << 30, false, "SO_RCVBUF(FORCE) request per socket. A kernel cap is logged and exported as a metric."},
         {"input.max_datagram_bytes", Kind::uint, 9000, 48, 65535, false, "Largest datagram accepted; longer ones are counted as truncated and dropped."},
@@ -61,6 +61,7 @@ const std::vector<Key>& schema() {
         {"input.cpus", Kind::int_list, json::array(), 0, 0, false, "CPU to pin reader i to (entry i); empty: no pinning."},
         {"input.allowed_senders", Kind::string_list, json::array(), 0, 0, false, "When not empty, only datagrams from these IP addresses are accepted; others are counted and dropped."},
         {"input.pin_senders", Kind::boolean, true, 0, 0, false, "Each source id belongs to the address its first datagram of the run came from; its datagrams from any other address are counted (evb_rejected_datagrams_total{reason=\"sender_mismatch\"}) and dropped. A run change pins again. Not applied to --replay."},
+        {"input.frames", Kind::frames, json::array(), 0, 0, false, "Descriptions of foreign front-end datagrams (docs/FORMATS.md section 8, docs/BOARDS.md): a datagram that does not start with the EVB magic is decoded by the first description whose require checks hold. Each is checked at load, naming the key path of what is wrong. This build checks and compiles them; its socket readers do not decode with them yet."},
         {"building.timeout_ms", Kind::uint, 1000, 1, 3600000, true, "An event not complete this long after its first fragment is written INCOMPLETE."},
         {"building.workers", Kind::uint, 0, 0, 64, false, "Threads that run the oneTBB flow graph (matching and assembly), each in a task arena of its own (at most one per shard); 0 means the CPUs evbd may use less one per reader and one for the writer, from 1 to 4 (1 on a 2-core machine)."},
         {"building.shards", Kind::uint, 0, 0, 256, false, "Matcher shards (events routed by id); 0 means one per worker."},
@@ -72,6 +73,7 @@ const std::vector<Key>& schema() {
         {"building.match", Kind::choice, "event_id", 0, 0, false, "What makes fragments one event (docs/FORMATS.md section 5): \"event_id\" (the same event_id); \"timestamp\" (version-2 fragments whose timestamps lie within building.tolerance_ticks of the event's first one; builders 1, push only); \"time_slice\" (every fragment whose timestamp falls in the same building.slice_ticks-long slice; push only). A time mode writes version-2 files, builds in one matcher shard and refuses version-1 fragments (counted as no_timestamp).", {"event_id", "timestamp", "time_slice"}},
         {"building.tolerance_ticks", Kind::uint, 0, 0, 1ull << 62, false, "timestamp mode: how far (detector-clock ticks) a fragment's timestamp may lie from an event's anchor and still join it. Triggers must lie more than twice this apart."},
         {"building.slice_ticks", Kind::uint, 0, 0, 1ull << 62, false, "time_slice mode: the slice length W in ticks (slice k holds timestamps k*W .. (k+1)*W-1); must be set (> 0) in that mode."},
+        {"building.clock_hz", Kind::uint, 0, 0, 1ull << 40, false, "The builder's clock rate in ticks per second (the tick of building.tolerance_ticks, building.slice_ticks and the timestamps in files); 0: not given. With a frame description's clock_hz, that board's timestamps are converted to it (docs/FORMATS.md section 8.3)."},
         {"output.directory", Kind::string, "evb-data", 0, 0, false, "Directory for the output files (created if missing)."},
         {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
         {"output.direct_io", Kind::boolean, true, 0, 0, false, "Write through aligned staging buffers with O_DIRECT (Linux AIO), bypassing the page cache: about a third of the CPU per byte of buffered writes and steady throughput; a record counts as written once its write has completed. A file system without O_DIRECT (tmpfs) falls back to buffered writes. false: pwritev through the page cache."},
@@ -106,6 +108,8 @@ const char* kind_name(Kind k) {
         case Kind::sources: return "count or array of ids";
         case Kind::fsync: return "\"never\", \"close\" or integer ms";
         case Kind::choice: return "string";
+        case Kind::addresses: return "string or array of strings";
+        case Kind::frames: return "array of frame descriptions";
     }
     return "?";
 }
@@ -132,6 +136,16 @@ bool is_uint(const json& v) { return v.is_number_unsigned() || (v.is_number_inte
 std::string show(const json& v) {
     std::string s = v.dump();
     return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+// Whether every entry of the array v is a string; else a problem naming the first that is not.
+bool each_string(const Key& k, const json& v, std::vector<std::string>& problems) {
+    for (std::size_t i = 0; i < v.size(); ++i)
+        if (!v[i].is_string()) {
+            problems.push_back(fmt::format("{}[{}]: expected string, got {}", k.path, i, show(v[i])));
+            return false;
+        }
+    return true;
 }
 
 // Checks one value; appends problems; returns true when usable.
@@ -165,13 +179,7 @@ bool check_value(const Key& k, const json& v, std::vector<std::string>& problems
             }
             return true;
         case Kind::string_list:
-            if (!v.is_array()) return bad_type();
-            for (std::size_t i = 0; i < v.size(); ++i)
-                if (!v[i].is_string()) {
-                    problems.push_back(fmt::format("{}[{}]: expected string, got {}", k.path, i, show(v[i])));
-                    return false;
-                }
-            return true;
+            return v.is_array() ? each_string(k, v, problems) : bad_type();
         case Kind::int_list:
             if (!v.is_array()) return bad_type();
             for (std::size_t i = 0; i < v.size(); ++i)
@@ -200,6 +208,11 @@ bool check_value(const Key& k, const json& v, std::vector<std::string>& problems
                 }
             }
             return true;
+        case Kind::addresses:
+            if (v.is_string()) return true;
+            return v.is_array() && !v.empty() ? each_string(k, v, problems) : bad_type();
+        case Kind::frames:
+            return v.is_array() ? true : bad_type();  // each description: frames::compile_frames, in build()
         case Kind::fsync:
             if (v.is_string() && (v == "never" || v == "close")) return true;
             if (is_uint(v)) return range(v.get<std::uint64_t>());
@@ -227,7 +240,8 @@ void find_unknown(const json& node, const std::string& prefix, std::vector<std::
 }
 
 // Deepest nesting of arrays and objects accepted in configuration JSON. The schema
-// needs 3 (the document, a section, a list). nlohmann parses without recursion, but
+// needs 6 (the document, a section, input.frames, a description, its source, the
+// sender table). nlohmann parses without recursion, but
 // printing, copying, comparing and destroying a value recurse once per level: a few
 // ten thousand levels overflow the stack. So the text is measured before it is
 // parsed, and nothing deeper than this ever becomes a json value.
@@ -370,7 +384,11 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     } else {
         for (std::uint32_t i = 0; i < src.get<std::uint32_t>(); ++i) c->sources.push_back(i);
     }
-    c->input.listen = str("input.listen");
+    if (const json& l = *lookup(eff, "input.listen", false); l.is_string())
+        c->input.listen_addresses = {l.get<std::string>()};
+    else
+        c->input.listen_addresses = l.get<std::vector<std::string>>();
+    c->input.listen = c->input.listen_addresses.front();
     c->input.readers = u32("input.readers");
     c->input.socket_buffer_bytes = u64("input.socket_buffer_bytes");
     c->input.max_datagram_bytes = u32("input.max_datagram_bytes");
@@ -394,6 +412,7 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                                                 : MatchMode::event_id;
     c->building.tolerance_ticks = u64("building.tolerance_ticks");
     c->building.slice_ticks = u64("building.slice_ticks");
+    c->building.clock_hz = u64("building.clock_hz");
     c->output.format_version = u32("output.format_version");
     c->output.directory = str("output.directory");
     c->output.max_file_bytes = u64("output.max_file_bytes");
@@ -427,7 +446,18 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         problems.push_back(fmt::format("builder_id: {} must be less than builders ({})", c->builder_id, c->builders));
     if (c->mode == Mode::pull && c->pull.source_addresses.empty())
         problems.push_back("pull.source_addresses: pull mode needs at least one source address");
-    if (c->input.listen.empty()) problems.push_back("input.listen: must not be empty");
+    for (std::size_t i = 0; i < c->input.listen_addresses.size(); ++i)
+        if (c->input.listen_addresses[i].empty())
+            problems.push_back(c->input.listen_addresses.size() == 1 ? std::string("input.listen: must not be empty")
+                                                                      : fmt::format("input.listen[{}]: must not be empty", i));
+    if (c->input.listen_addresses.size() > 1)
+        problems.push_back(fmt::format("input.listen: {} addresses given; this build's socket readers bind one address",
+                                       c->input.listen_addresses.size()));
+    {
+        const frames::FrameLimits limits{c->building.match, c->input.max_datagram_bytes, c->building.clock_hz};
+        c->input.frames = std::make_shared<const frames::FrameTable>(
+            frames::compile_frames(*lookup(eff, "input.frames", false), limits, problems, "input.frames"));
+    }
     if (c->mode == Mode::pull &&
         std::uint64_t{c->building.timeout_ms} <= std::uint64_t{c->pull.retry_ms} * (c->pull.max_retries + 1ull))
         problems.push_back(fmt::format(
@@ -480,7 +510,10 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
             problems.push_back(fmt::format("{}: {}", key, e.what()));
         }
     };
-    if (!c->input.listen.empty()) check_address("input.listen", c->input.listen, net::parse_endpoint);
+    for (std::size_t i = 0; i < c->input.listen_addresses.size(); ++i)
+        if (!c->input.listen_addresses[i].empty())
+            check_address(c->input.listen_addresses.size() == 1 ? std::string("input.listen") : fmt::format("input.listen[{}]", i),
+                          c->input.listen_addresses[i], net::parse_endpoint);
     if (const std::string& m = c->monitor.listen; !m.empty()) {  // comma-separated; empty disables
         std::size_t start = 0;
         for (std::size_t comma; (comma = m.find(',', start)) != std::string::npos; start = comma + 1)
@@ -512,7 +545,7 @@ std::uint32_t Config::worker_count() const noexcept {
 std::shared_ptr<const Config> load_config(const std::string& text, const std::string& origin,
                                           const std::vector<std::string>& overrides, Names names) {
     if (const auto deep = find_too_deep(text))
-        throw ConfigError({fmt::format("{}:{}:{}: JSON nested deeper than {} levels, at {} (a configuration needs 3)",
+        throw ConfigError({fmt::format("{}:{}:{}: JSON nested deeper than {} levels, at {} (a configuration needs 6)",
                                        origin, deep->line, deep->column, kMaxJsonDepth,
                                        deep->path.empty() ? "the top" : deep->path)});
     json doc;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/format/file_format.hpp"
+#include "core/format/frames.hpp"
 
 namespace evb {
 
@@ -36,7 +37,8 @@ struct Config {
     std::vector<std::uint32_t> sources;  // ascending, unique
 
     struct Input {
-        std::string listen;
+        std::string listen;                       // the first (today: the only) address of input.listen
+        std::vector<std::string> listen_addresses;  // input.listen as a list
         std::uint32_t readers = 1;
         std::uint64_t socket_buffer_bytes = 0;
         std::uint32_t max_datagram_bytes = 0;
@@ -46,6 +48,8 @@ struct Config {
         std::vector<int> cpus;
         std::vector<std::string> allowed_senders;
         bool pin_senders = true;
+        // input.frames compiled (docs/FORMATS.md section 8); shared by every reader.
+        std::shared_ptr<const frames::FrameTable> frames = std::make_shared<const frames::FrameTable>();
     } input;
 
     struct Building {
@@ -60,6 +64,7 @@ struct Config {
         MatchMode match = MatchMode::event_id;
         std::uint64_t tolerance_ticks = 0;  // timestamp mode
         std::uint64_t slice_ticks = 0;      // time_slice mode
+        std::uint64_t clock_hz = 0;         // the builder's clock rate; 0: not given
     } building;
 
     struct Output {

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -169,7 +170,7 @@ TEST_CASE("config: JSON nested deeper than 64 levels is refused before it is par
     SECTION("64 levels are only a wrong type; brackets inside strings do not count") {
         const auto p = problems_of("{\"input\": {\"listen\": " + nested(62) + "}}");
         INFO(p[0]);
-        CHECK(any_contains(p, "input.listen: expected string"));
+        CHECK(any_contains(p, "input.listen[0]: expected string"));  // a list whose entry is not a string
         CHECK_FALSE(any_contains(p, "nested"));
         const std::string text =
             "{\"input\": {\"listen\": \"127.0.0.1:1\"}, \"replay\": {\"filter\": \"\\\"" + nested(1000) + "\"}}";
@@ -204,4 +205,48 @@ TEST_CASE("config: the match modes and what contradicts them") {
     CHECK(any_contains(problems_of("{}", {"building.match=time_slice", "building.slice_ticks=0"}),
                        "building.slice_ticks: time_slice mode needs a slice length"));
     CHECK(any_contains(problems_of("{}", {"building.match=nearest"}), "building.match"));
+}
+
+TEST_CASE("config: input.frames is compiled at load and each refusal names its key path") {
+    const std::string pwb = R"({"name": "pwb", "source": {"sender": {"10.0.0.1": 0, "10.0.0.2": 1}},
+        "event": {"at": 0, "type": "u16le"},
+        "chunk": {"index": {"at": 2, "type": "u8"}, "last": {"at": 3, "type": "u8", "bits": 1}},
+        "timestamp": {"at": 4, "type": "u32le"}, "clock_hz": 125000000, "first_chunk_only": ["timestamp"]})";
+    const auto c = load_config(R"({"building": {"clock_hz": 1000000000}, "input": {"frames": [)" + pwb + "]}}", "test.json", {});
+    REQUIRE(c->input.frames->descriptions().size() == 1);
+    CHECK(c->input.frames->descriptions()[0].name == "pwb");
+    CHECK(c->input.frames->descriptions()[0].builder_clock_hz == 1'000'000'000);
+    CHECK(c->building.clock_hz == 1'000'000'000);
+    CHECK(c->effective["input"]["frames"][0]["name"] == "pwb");
+    CHECK(evb::default_config({})->input.frames->empty());
+
+    CHECK(problems_of(R"({"input": {"frames": 5}})") ==
+          std::vector<std::string>{"input.frames: expected array of frame descriptions, got 5"});
+    CHECK(problems_of(R"({"input": {"frames": [{"name": "a", "source": {}, "event": {"at": 0, "type": "u8", "bits": 9}}]}})") ==
+          std::vector<std::string>{"input.frames[0].event.bits: 9 is beyond the type: a u8 shifted right by 0 has 1..8 bits"});
+    // The limits come from the other keys: input.max_datagram_bytes and the match mode.
+    CHECK(problems_of(R"({"input": {"max_datagram_bytes": 100, "frames": [{"name": "a", "source": {}, "event": {"at": 98, "type": "u32be"}}]}})") ==
+          std::vector<std::string>{"input.frames[0].event.at: the u32be at byte 98 ends past input.max_datagram_bytes (100)"});
+    CHECK(problems_of(R"({"building": {"match": "time_slice", "slice_ticks": 1000}, "input": {"frames": [{"name": "a", "source": {}, "event": {"at": 0, "type": "u8"}}]}})") ==
+          std::vector<std::string>{"input.frames[0].timestamp: missing: a timestamp match mode builds events by the board's timestamp"});
+    // A change of input.frames takes a restart, like the other input keys.
+    const auto other = load_config(R"({"input": {"frames": []}})", "test.json", {});
+    const auto restart = evb::restart_keys_changed(*c, *other);
+    CHECK(std::find(restart.begin(), restart.end(), "input.frames") != restart.end());
+    CHECK(std::find(restart.begin(), restart.end(), "building.clock_hz") != restart.end());
+}
+
+TEST_CASE("config: input.listen is one address or a list of them") {
+    CHECK(load_config(R"({"input": {"listen": ["127.0.0.1:7401"]}})", "test.json", {})->input.listen == "127.0.0.1:7401");
+    const auto one = load_config(R"({"input": {"listen": "127.0.0.1:7402"}})", "test.json", {});
+    CHECK(one->input.listen == "127.0.0.1:7402");
+    CHECK(one->input.listen_addresses == std::vector<std::string>{"127.0.0.1:7402"});
+    CHECK(problems_of(R"({"input": {"listen": []}})") ==
+          std::vector<std::string>{"input.listen: expected string or array of strings, got []"});
+    CHECK(problems_of(R"({"input": {"listen": ["127.0.0.1:1", 7]}})") ==
+          std::vector<std::string>{"input.listen[1]: expected string, got 7"});
+    CHECK(problems_of(R"({"input": {"listen": [""]}})") == std::vector<std::string>{"input.listen: must not be empty"});
+    const auto two = problems_of(R"({"input": {"listen": ["127.0.0.1:7401", "127.0.0.1:70000"]}})");
+    CHECK(any_contains(two, "input.listen: 2 addresses given; this build's socket readers bind one address"));
+    CHECK(any_contains(two, "input.listen[1]: '127.0.0.1:70000': port must be a number 0..65535"));
 }

@@ -12,8 +12,13 @@
 // as version-2 records compressed with that codec (output.compression) on the
 // graph workers: the shard's ring and the codec's working memory are made at start.
 //
+// Run as `evb_alloc_test frames` it decodes and wrap-extends datagrams of a
+// described format (docs/FORMATS.md section 8) in a loop: compiled descriptions are
+// run with no allocation. (The readers do not call the decoder yet.)
+//
 // Not counted: oneTBB's internal task and buffer memory, which comes from its own
 // allocator (tbbmalloc) and its per-thread small-object pools, recycled by design.
+#include <arpa/inet.h>
 #include <jemalloc/jemalloc.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -26,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/format/frames.hpp"
 #include "core/format/wire.hpp"
 #include "net/udp.hpp"
 #include "test/pipeline_rig.hpp"
@@ -54,14 +60,69 @@ int fail(const char* what) {
     return 1;
 }
 
+// The decoder alone, on a chunked sender-mapped description with every timestamp form
+// the matcher would see: decode and extend a million datagrams after a warm-up.
+int frames_mode() {
+    std::vector<std::string> problems;
+    const frames::FrameTable table = frames::compile_frames(nlohmann::json::parse(R"([
+        {"name": "other", "require": [{"at": 0, "type": "u32be", "equals": "0xCAFEF00D"}], "source": {},
+         "event": {"at": 4, "type": "u8"}, "timestamp": {"at": 8, "type": "u32be"}},
+        {"name": "board", "require": [{"at": 0, "type": "u8", "equals": 7}],
+         "length": {"at": 6, "type": "u16le", "adjust": 0},
+         "source": {"sender": {"127.0.0.1": 0, "10.0.0.2:5000": 4}, "field": {"at": 1, "type": "u8", "bits": 2}},
+         "event": {"at": 2, "type": "u16be"},
+         "chunk": {"index": {"at": 4, "type": "u8"}, "last": {"at": 5, "type": "u8", "shift": 7}},
+         "timestamp": {"high": {"at": 12, "type": "u16le"}, "low": {"at": 8, "type": "u32le"}},
+         "clock_hz": 125000000, "first_chunk_only": ["timestamp"], "payload": {"from": 16}}
+    ])"), frames::FrameLimits{file::MatchMode::timestamp, 9000, 1'000'000'000}, problems);
+    if (!problems.empty()) return fail(problems.front().c_str());
+    constexpr std::size_t kDatagram = 1016;
+    std::vector<std::byte> d(kDatagram);
+    d[0] = std::byte{7};
+    wire::store_u16(d.data() + 6, kDatagram);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const frames::SenderKey sender = frames::sender_key(reinterpret_cast<const sockaddr*>(&from));
+    const std::vector<std::uint32_t> ids = {0, 1, 2, 3};
+    frames::SourceWrapTable wraps(ids);
+    std::uint64_t checksum = 0;
+    auto run = [&](std::uint32_t n) {
+        for (std::uint32_t i = 0; i < n; ++i) {
+            d[1] = static_cast<std::byte>(i & 3);
+            d[2] = static_cast<std::byte>(i >> 10);
+            d[3] = static_cast<std::byte>(i >> 2);
+            d[4] = static_cast<std::byte>(i & 1);
+            frames::FrameDecoded r = table.decode(d, 7400, sender);
+            if (r.reject != frames::FrameReject::ok) return false;
+            table.extend(r, *wraps.find(r.source_id));
+            checksum += r.event + r.timestamp + r.payload_bytes;
+        }
+        return true;
+    };
+    if (!run(10'000)) return fail("the warm-up datagrams were refused");
+    const std::uint64_t before = allocation_requests();
+    if (before == UINT64_MAX) return fail("jemalloc statistics are not available");
+    const bool ok = run(1'000'000);
+    const std::uint64_t after = allocation_requests();
+    if (!ok) return fail("a measured datagram was refused");
+    std::printf("frames: 1000000 datagrams decoded and extended (checksum %llu), %llu allocation requests\n",
+                static_cast<unsigned long long>(checksum), static_cast<unsigned long long>(after - before));
+    if (after != before) return fail("decoding allocated");
+    std::printf("1 passed, 0 failed\n");
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     const std::string arg = argc > 1 ? argv[1] : "";
+    if (arg == "frames") return frames_mode();
     const bool sliced = arg == "time_slice";
     const bool timed = sliced || arg == "timestamp";
     const file::Codec codec = arg == "lz4" ? file::Codec::lz4 : arg == "zstd" ? file::Codec::zstd : file::Codec::none;
-    if (argc > 1 && !timed && codec == file::Codec::none) return fail("usage: evb_alloc_test [timestamp|time_slice|lz4|zstd]");
+    if (argc > 1 && !timed && codec == file::Codec::none)
+        return fail("usage: evb_alloc_test [timestamp|time_slice|lz4|zstd|frames]");
     const file::MatchMode mode = sliced ? file::MatchMode::time_slice : file::MatchMode::timestamp;
     constexpr std::uint32_t kSources = 16;
     constexpr std::uint32_t kChunks = 3;
