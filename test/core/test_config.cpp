@@ -205,3 +205,15 @@ TEST_CASE("config: the match modes and what contradicts them") {
                        "building.slice_ticks: time_slice mode needs a slice length"));
     CHECK(any_contains(problems_of("{}", {"building.match=nearest"}), "building.match"));
 }
+
+TEST_CASE("config: pull.first_event is \"auto\" by default, or an event id") {
+    CHECK_FALSE(evb::default_config({})->pull.first_event.has_value());
+    const auto auto_cfg = load_config(R"({"pull": {"first_event": "auto"}})", "test.json", {});
+    CHECK_FALSE(auto_cfg->pull.first_event.has_value());
+    const auto given = load_config("{}", "test.json", {"pull.first_event=5000"});
+    REQUIRE(given->pull.first_event.has_value());
+    CHECK(*given->pull.first_event == 5000);
+    CHECK(any_contains(problems_of(R"({"pull": {"first_event": "later"}})"),
+                       "pull.first_event: expected unsigned integer or \"auto\", got \"later\""));
+    CHECK(any_contains(problems_of(R"({"pull": {"first_event": -1}})"), "pull.first_event: expected"));
+}
