@@ -48,6 +48,11 @@ void RequestSender::apply(const PullSettings& s) {
     s_.retry_ms = s.retry_ms;
     s_.max_retries = s.max_retries;
     s_.timeout_ms = s.timeout_ms;
+    if (s.run_number != s_.run_number && !held_.empty()) {
+        // The held ids are the files' of the run evbd started in; another run holds none yet.
+        held_ = file::HeldIds{};
+        held_span_ = clear_span_ = 0;
+    }
     s_.run_number = s.run_number;
     s_.requesting = s.requesting;
     retry_timer_.set_bounds(std::uint64_t{s_.retry_ms} * 1'000'000ull,

@@ -437,3 +437,25 @@ TEST_CASE("RequestSender skips held events within its share of several builders"
     CHECK(received(src).size() == 1);  // the CLEAR of 5 and 7; nothing requested beyond pull.events
     close(fd);
 }
+
+TEST_CASE("RequestSender forgets the held events when the run changes before it requests") {
+    // Started stopped on run 1, whose files hold 0..2; evb-ctl starts run 2 instead.
+    FakeSource src;
+    const int fd = evb::net::open_udp_for(src.at());
+    evb::PullSettings s = restarted_run(4, 0, 1);
+    s.requesting = false;
+    evb::stats::PullCounters counters;
+    Channels ch(400);
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 400,
+                          evb::file::HeldIds({0, 1, 2}, 0, 1));
+    evb::PullSettings next = s;
+    next.run_number = 2;
+    next.requesting = true;
+    REQUIRE(rs.commands().try_push(&next));
+    rs.do_work();
+    const std::vector<Datagram> got = received(src);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].type == evb::wire::Type::request);
+    CHECK(got[0].ids == std::vector<std::uint64_t>{0, 1, 2, 3});
+    close(fd);
+}
