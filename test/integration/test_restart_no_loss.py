@@ -21,8 +21,8 @@ import signal
 import subprocess
 import time
 
-from evbtest import (BIN, Evbd, check, data_files, dump, events_in, fail, free_udp_port, sanitized_build, verify,
-                     workdir)
+from evbtest import (BIN, Evbd, check, data_files, dump, events_in, fail, free_udp_port, sanitized_build,
+                     settled_serve_stats, verify, workdir)
 
 CYCLES = 3
 SLOW = sanitized_build()
@@ -50,6 +50,13 @@ def event_ids(out):
     """Event ids of every record in out's data files, and evb-dump's report of them."""
     evs, doc = events_in(out)
     return [e["event_id"] for e in evs], doc
+
+
+def check_summary(out, mode):
+    """The run summary lists every file of the run as it is, kills and restarts included."""
+    p = subprocess.run([os.path.join(BIN, "evb-dump"), "--check-summary", out], capture_output=True, text=True)
+    check(p.returncode == 0, f"{mode}: evb-dump --check-summary accepts the run summary after the restarts\n"
+          + (p.stdout + p.stderr)[-400:])
 
 
 def pull_cycles(wd, rng):
@@ -99,18 +106,8 @@ def pull_cycles(wd, rng):
               f"{len(set(range(PULL_EVENTS)) - set(ids))} missing)")
         rc, text = verify([out])
         check(rc == 0, "every file verifies byte by byte against the pattern\n" + text[-300:])
-        # The emulator rewrites its statistics each second: wait for the last CLEARs.
-        deadline = time.time() + 10
-        s = {}
-        while time.time() < deadline:
-            try:
-                with open(stats) as f:
-                    s = json.load(f)
-                if s.get("outstanding") == 0:
-                    break
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.2)
+        check_summary(out, "pull")
+        s = settled_serve_stats(stats)
         check(s.get("outstanding") == 0 and s.get("lost", 0) > 0,
               f"the emulator holds no uncleared event at the end ({s.get('outstanding')}; it dropped "
               f"{s.get('lost')} answers, re-requested)")
@@ -167,6 +164,7 @@ def push_cycles(wd, rng):
     names = data_files(out)
     parts = [n for n in names if n.endswith(".part")]
     check(len(parts) >= 1, f"the kills left {len(parts)} unclean files, kept as they were")
+    check_summary(out, "push")
     rc, text = verify([os.path.join(out, n) for n in names if n.endswith(".evb")])
     check(rc == 0, f"every clean file verifies byte by byte ({len(names) - len(parts)})\n" + text[-300:])
     # An unclean file verifies up to its last good record: a copy recovered keeps
