@@ -19,6 +19,9 @@ BUILDERS = 3
 SLOW = sanitized_build()
 PUSH_EVENTS = 6000 if SLOW else 30000
 PULL_EVENTS_EACH = 4000 if SLOW else 20000
+# Below what three builders on two shared cores take without the kernel dropping a
+# burst (a whole event lost at the socket would be missing from the union).
+PUSH_RATE = 2000 if SLOW else 10000
 
 
 def builder_sets(i, out, extra=()):
@@ -49,7 +52,7 @@ def push_farm(wd):
     ds = [Evbd(wd, sets=builder_sets(i, outs[i], ["building.timeout_ms=500"])) for i in range(BUILDERS)]
     to = ",".join(f"127.0.0.1:{d.port}" for d in ds)
     st = run_source(["--to", to, "--sources", "4", "--events", PUSH_EVENTS, "--size", "200:3000", "--loss", "0.01",
-                     "--dup", "0.03", "--reorder", "16", "--rate", "20000", "--seed", "9"])
+                     "--dup", "0.03", "--reorder", "16", "--rate", PUSH_RATE, "--seed", "9"])
     check(st["lost"] > 0 and st["duplicated"] > 0,
           f"push: the emulator lost {st['lost']} and duplicated {st['duplicated']} datagrams on the way")
     time.sleep(1.0)  # twice building.timeout_ms: events that lost a fragment are written INCOMPLETE
@@ -58,6 +61,7 @@ def push_farm(wd):
     dup_chunks = 0
     for i, d in enumerate(ds):
         m = d.metrics()
+        check(m.get("evb_kernel_receive_drops_total", 0) == 0, f"push: builder {i}'s socket dropped nothing")
         dup_chunks += m.get("evb_duplicate_chunks_total", 0)
         other = m.get('evb_rejected_datagrams_total{reason="other_builder"}', 0)
         check(other == 0, f"push: builder {i} got only datagrams of its own share ({int(other)} of others)")
