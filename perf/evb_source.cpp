@@ -55,7 +55,7 @@ struct UsageError : std::runtime_error {
 };
 
 constexpr std::string_view kUsage = R"(usage:
-  evb-source --to HOST:PORT --sources N --events M [--first E] [--first-source S]
+  evb-source --to HOST:PORT[,HOST:PORT...] --sources N --events M [--first E] [--first-source S]
              [--run R] [--size A[:B]] [--chunk BYTES] [--rate EVENTS_PER_S]
              [--loss P] [--dup P] [--reorder W] [--seed S] [--no-crc] [--batch K]
              [--payload pattern|fixed|waveform] [--sndbuf BYTES] [--pcap-out FILE]
@@ -76,6 +76,8 @@ whose length is drawn from (seed, event, source) uniformly in [A, B] bytes (defa
 1024), split into chunks of at most --chunk payload bytes (default 1432, or 1424
 with version 2, so datagrams are at most 1472 bytes). Payloads carry the test
 pattern unless --payload says otherwise. Defaults: --first 0, --first-source 0, --run 1.
+With several builders, --to A,B,C (in builder_id order, evbd's builders = N), the
+datagrams of event E go to the (E mod N)-th address.
   --rate R        at most R events per second (default: as fast as possible)
   --loss P        drop each datagram with probability P (not sent, counted)
   --dup P         send each datagram twice with probability P
@@ -132,7 +134,8 @@ order. --rate counts fragments of all sources; --events caps each source's hits.
                   time order); the last heartbeat stays last
 
 Serve mode binds HOST:PORT and answers every REQUEST for run R with all sources'
-fragments of each requested event, sent to the requester; CLEAR forgets events.
+fragments of each requested event, sent to the requester (several builders may
+share one server: each gets the answers to its own REQUESTs); CLEAR forgets events.
   --loss P           drop each answer datagram with probability P
   --idle-exit S      exit after S seconds without any datagram (default: never)
   --stats-out FILE   write the statistics JSON to FILE (each second and at exit)
@@ -160,7 +163,8 @@ std::string_view mode_name(Mode m) noexcept {
 struct Options {
     Mode mode = Mode::push;
     std::string to_text;
-    net::Endpoint to;
+    net::Endpoint to;                       // the first (or only) builder
+    std::vector<net::Endpoint> builders;    // --to A,B,C: event e goes to builders[e % N]
     std::string serve_text;
     net::Endpoint serve;
     std::uint32_t sources = 0;
@@ -260,6 +264,8 @@ net::Endpoint parse_address(std::string_view flag, const std::string& text) {
     }
 }
 
+// Where a FRAGMENT header (both versions) holds its event_id.
+constexpr std::size_t kEventIdOffset = 16;
 // The largest payload one IPv4 UDP datagram can carry, less the fragment header
 // (of version 1: a version-2 header leaves 8 bytes less, checked after parsing).
 constexpr std::uint32_t kMaxUdpPayload = 65507;
@@ -530,8 +536,20 @@ Options parse_options(int argc, char** argv) {
             if (id < o.first_source || id - o.first_source >= o.sources)
                 throw UsageError(fmt::format("--silent {}: not one of the sources {}..{}", id, o.first_source,
                                              std::uint64_t{o.first_source} + o.sources - 1));
-        o.to = parse_address("--to", o.to_text);
-        if (o.to.port() == 0 && !o.dry_run) bad_value("--to", o.to_text, "port 0 is not a destination");
+        for (std::size_t at = 0; at <= o.to_text.size();) {
+            const std::size_t comma = std::min(o.to_text.find(',', at), o.to_text.size());
+            o.builders.push_back(parse_address("--to", o.to_text.substr(at, comma - at)));
+            if (o.builders.back().port() == 0 && !o.dry_run)
+                bad_value("--to", o.to_text, "port 0 is not a destination");
+            at = comma + 1;
+        }
+        o.to = o.builders.front();
+        if (o.builders.size() > 1 && o.mode != Mode::push)
+            bad_value("--to", o.to_text,
+                      fmt::format("several builders share events by event id: push mode only, not {} mode",
+                                  mode_name(o.mode)));
+        if (o.builders.size() > 1 && !o.pcap_out.empty())
+            bad_value("--to", o.to_text, "--pcap-out records one destination");
         if (!o.pcap_out.empty() && o.to.addr.ss_family != AF_INET)
             bad_value("--to", o.to_text, "--pcap-out records IPv4 only");
         if (o.pcap_mtu != 0 && o.pcap_out.empty()) throw UsageError("--pcap-mtu needs --pcap-out");
@@ -1196,6 +1214,7 @@ private:
 struct Slot {
     const std::byte* data;
     std::size_t len;
+    std::uint32_t builder = 0;  // push: the index in Options::builders it goes to
 };
 
 // The push-mode socket. It starts connected, so the kernel resolves the route once
@@ -1204,11 +1223,16 @@ struct Slot {
 // then sends nothing and cuts the sendmmsg short: with no builder listening that
 // would be one syscall per datagram. So the first refusal disconnects it and the rest
 // of the run names the destination in every message, as an unconnected socket
-// ignores ICMP errors.
+// ignores ICMP errors. With several builders (--to A,B,C) it is never connected: each
+// datagram names its builder.
 class PushSocket {
 public:
-    explicit PushSocket(const Options& o) : to_(o.to) {
+    explicit PushSocket(const Options& o) : to_(o.to), builders_(o.builders) {
         fd_ = net::open_udp_for(o.to, o.sndbuf_bytes);
+        if (builders_.size() > 1) {
+            connected_ = false;
+            return;
+        }
         if (::connect(fd_, reinterpret_cast<const sockaddr*>(&to_.addr), to_.len) != 0) {
             const int e = errno;
             ::close(fd_);
@@ -1225,25 +1249,29 @@ public:
     // Sends slots[0, n) through `batch`. Returns n, or -errno of an error other than
     // a refusal.
     int send(net::SendBatch& batch, const Slot* slots, std::size_t n) noexcept {
-        for (std::size_t i = 0; i < n; ++i) batch.set(i, slots[i].data, slots[i].len, dest_);
+        for (std::size_t i = 0; i < n; ++i) batch.set(i, slots[i].data, slots[i].len, dest(slots[i]));
         std::size_t sent = 0;
         while (sent < n) {
             const int rc = batch.send(fd_, n - sent);
             if (rc == -ECONNREFUSED) {
                 ++refused_;
-                if (dest_ == nullptr) disconnect();
+                if (connected_ && dest_ == nullptr) disconnect();
             } else if (rc < 0) {
                 return rc;
             } else {
                 sent += static_cast<std::size_t>(rc);
             }
             // A short count hides the error that stopped it; move the rest to the front.
-            for (std::size_t i = sent; i < n; ++i) batch.set(i - sent, slots[i].data, slots[i].len, dest_);
+            for (std::size_t i = sent; i < n; ++i) batch.set(i - sent, slots[i].data, slots[i].len, dest(slots[i]));
         }
         return static_cast<int>(n);
     }
 
 private:
+    const net::Endpoint* dest(const Slot& slot) const noexcept {
+        return connected_ ? dest_ : &builders_[slot.builder];
+    }
+
     void disconnect() noexcept {
         sockaddr unspec{};
         unspec.sa_family = AF_UNSPEC;
@@ -1252,6 +1280,8 @@ private:
     }
 
     net::Endpoint to_;
+    std::vector<net::Endpoint> builders_;
+    bool connected_ = true;  // a single builder: see above
     int fd_ = -1;
     const net::Endpoint* dest_ = nullptr;  // null while connected
     std::uint64_t refused_ = 0;
@@ -1361,10 +1391,13 @@ void send_stream(const Options& o, Stream& stream, const PushOutputs& out, Termi
                 continue;  // the buffer is reused by the next datagram
             }
             ++used;
-            slots[n++] = {buf, len};
+            // Event e belongs to builder e % N (evbd's builders and builder_id).
+            const auto builder =
+                static_cast<std::uint32_t>(wire::load_u64(buf + kEventIdOffset) % o.builders.size());
+            slots[n++] = {buf, len, builder};
             if (dup.hit()) {
                 ++st.duplicated;
-                slots[n++] = {buf, len};
+                slots[n++] = {buf, len, builder};
             }
         }
         st.datagrams_generated += generated;

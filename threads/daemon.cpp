@@ -143,6 +143,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         pull_sources = std::move(*a);
     }
     const std::shared_ptr<const Snapshot> snap = make_snapshot(cfg, sizing);
+    // A restart within a run: pull mode asks only for what the run's files lack.
+    file::HeldIds held = replay ? file::HeldIds{} : continue_run(*cfg, pull);
 
     // Memory: one arena and receive pool per input. Return ports 0..shards-1 are the
     // matcher shards', port `shards` the writer's.
@@ -195,7 +197,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     std::unique_ptr<RequestSender> sender;
     if (pull)
         sender = std::make_unique<RequestSender>(snap->pull, sockets[0].fd, std::move(pull_sources), *written_ids,
-                                                 *built_ids, pipeline, pull_counters, max_credits);
+                                                 *built_ids, pipeline, pull_counters, max_credits, std::move(held));
 
     // The thread table: name, role, CPU (-1: any), wait strategy.
     GraphWorkers workers(pipeline);  // "evb-worker-N", one per driver

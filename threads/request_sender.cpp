@@ -18,7 +18,7 @@ constexpr std::size_t kClearIdsPerDatagram = (1472 - wire::kRequestHeaderBytes) 
 
 RequestSender::RequestSender(const PullSettings& s, int socket_fd, std::vector<net::Endpoint> sources,
                              WrittenIds& written, BuiltIds& built, ShardSink& give_up_to, stats::PullCounters& counters,
-                             std::size_t max_credits)
+                             std::size_t max_credits, file::HeldIds held)
     : s_(s),
       fd_(socket_fd),
       sources_(std::move(sources)),
@@ -31,7 +31,9 @@ RequestSender::RequestSender(const PullSettings& s, int socket_fd, std::vector<n
       entries_(max_credits),
       retry_queue_(max_credits * 4),
       send_(sources_.size()),
-      cursor_(s.first_event) {
+      cursor_(s.first_event),
+      held_(std::move(held)),
+      clear_next_(held_.empty() ? 0 : held_.spans().front().first) {
     free_entries_.reserve(max_credits);
     for (auto& e : entries_) free_entries_.push_back(&e);
     owed_clears_.reserve(max_credits * 2);
@@ -46,6 +48,11 @@ void RequestSender::apply(const PullSettings& s) {
     s_.retry_ms = s.retry_ms;
     s_.max_retries = s.max_retries;
     s_.timeout_ms = s.timeout_ms;
+    if (s.run_number != s_.run_number && !held_.empty()) {
+        // The held ids are the files' of the run evbd started in; another run holds none yet.
+        held_ = file::HeldIds{};
+        held_span_ = clear_span_ = 0;
+    }
     s_.run_number = s.run_number;
     s_.requesting = s.requesting;
     retry_timer_.set_bounds(std::uint64_t{s_.retry_ms} * 1'000'000ull,
@@ -59,10 +66,52 @@ void RequestSender::publish_timer() noexcept {
     counters_.round_trip_ns.set(retry_timer_.smoothed_ns());
 }
 
-std::uint64_t RequestSender::next_id() noexcept {
-    // This builder's share: e % builders == builder_id.
+// Moves cursor_ to this builder's next id (e % builders == builder_id) that the
+// run's files do not hold. Each held id passed counts as requested (it was, before
+// the restart), never beyond pull.events: then cursor_ stops on a held id, and
+// nothing more is requested anyway.
+void RequestSender::skip_held() noexcept {
     while (cursor_ % s_.builders != s_.builder_id) ++cursor_;
-    return cursor_++;
+    const auto& spans = held_.spans();
+    while (held_span_ < spans.size()) {
+        const file::HeldIds::Span& sp = spans[held_span_];
+        if (cursor_ > sp.last) {
+            ++held_span_;
+            continue;
+        }
+        if (cursor_ < sp.first) return;
+        // cursor_ and the span's ids are all of this builder's share, so cursor_ is held.
+        std::uint64_t n = (sp.last - cursor_) / s_.builders + 1;
+        if (s_.events > 0) n = std::min(n, s_.events - requested_);
+        if (n == 0) return;
+        cursor_ += n * s_.builders;
+        requested_ += n;
+    }
+}
+
+// The start-up CLEARs of every held id, at most 64 datagrams a round so that a long
+// run's list does not hold up credits coming back meanwhile.
+std::size_t RequestSender::send_held_clears() {
+    constexpr std::size_t kDatagramsPerRound = 64;
+    const auto& spans = held_.spans();
+    std::size_t ids_sent = 0;
+    for (std::size_t d = 0; d < kDatagramsPerRound && clear_span_ < spans.size(); ++d) {
+        std::size_t n = 0;
+        while (n < kClearIdsPerDatagram && clear_span_ < spans.size()) {
+            scratch_[n++] = clear_next_;
+            if (clear_next_ < spans[clear_span_].last)
+                clear_next_ += held_.step();
+            else if (++clear_span_ < spans.size())
+                clear_next_ = spans[clear_span_].first;
+        }
+        send_ids(wire::Type::clear, scratch_.data(), n);
+        counters_.clears_sent.add(1);
+        ids_sent += n;
+    }
+    if (ids_sent > 0 && clear_span_ == spans.size())
+        log_info("pull: CLEAR sent to the sources for the {} events of run {} this builder's files already held",
+                 held_.count(), s_.run_number);
+    return ids_sent;
 }
 
 void RequestSender::send_ids(wire::Type type, const std::uint64_t* ids, std::size_t n) {
@@ -100,9 +149,11 @@ std::size_t RequestSender::send_clears() {
 
 std::size_t RequestSender::send_requests(std::uint64_t now) {
     if (!s_.requesting) return 0;  // stopped: the events asked for finish, no new ones
+    if (clear_span_ < held_.spans().size()) return 0;  // the start-up CLEARs go first
     const std::size_t credits = std::min<std::size_t>(s_.credits, max_credits_);
     std::size_t sent = 0;
     while (true) {
+        skip_held();
         const std::size_t in_use = outstanding_.size();
         if (in_use >= credits) break;
         std::size_t want = std::min<std::size_t>(credits - in_use, s_.request_batch);
@@ -116,20 +167,26 @@ std::size_t RequestSender::send_requests(std::uint64_t now) {
         const bool last = s_.events > 0 && s_.events - requested_ == want;
         if (want < hold && !last && in_use > 0) break;
         std::uint64_t ids[8000];
-        for (std::size_t i = 0; i < want; ++i) {
-            ids[i] = next_id();
+        std::size_t n = 0;
+        while (n < want) {
+            if (n > 0) skip_held();
+            if (s_.events > 0 && requested_ == s_.events) break;  // the rest of pull.events is held
+            ids[n] = cursor_;
+            cursor_ += s_.builders;
+            ++requested_;
             Entry* e = free_entries_.back();
             free_entries_.pop_back();
-            *e = Entry{ids[i], now, now, 0, false, false};
-            built_.forget(ids[i]);
-            outstanding_.insert(ids[i], e);
-            retry_queue_.push_back(ids[i]);
+            *e = Entry{ids[n], now, now, 0, false, false};
+            built_.forget(ids[n]);
+            outstanding_.insert(ids[n], e);
+            retry_queue_.push_back(ids[n]);
+            ++n;
         }
-        send_ids(wire::Type::request, ids, want);
-        requested_ += want;
-        sent += want;
+        if (n == 0) break;
+        send_ids(wire::Type::request, ids, n);
+        sent += n;
         counters_.requests_sent.add(1);
-        counters_.events_requested.add(want);
+        counters_.events_requested.add(n);
     }
     return sent;
 }
@@ -198,12 +255,15 @@ std::size_t RequestSender::do_work() {
     std::size_t work = take_written(now);
     // Order matters: every CLEAR owed goes out before a REQUEST spends the credit.
     work += send_clears();
+    work += send_held_clears();
     work += retry_due(now);
     work += send_requests(now);
     counters_.credits_in_use.set(outstanding_.size());
     publish_timer();  // after this round's samples, back-offs and reloads
-    if (s_.events > 0 && requested_ == s_.events && outstanding_.size() == 0 && !done())
+    if (s_.events > 0 && requested_ == s_.events && outstanding_.size() == 0 && !done()) {
         done_.store(true, std::memory_order_release);
+        log_info("pull: all {} events of pull.events are written (run {})", s_.events, s_.run_number);
+    }
     return work;
 }
 

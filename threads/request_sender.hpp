@@ -15,6 +15,12 @@
 // still returns when it is written, and its time is no sample of the round trip
 // (it measures the writer's stall, which would hold back retries of answers that
 // really were lost).
+//
+// A restarted builder goes on with its run: the ids its files already hold
+// (file::HeldIds, surveyed at start) are never requested; they count towards
+// pull.events as requested and written. Before its first REQUEST the sender CLEARs
+// them, so that the sources free what the builder wrote before it died but had not
+// yet cleared (a source that freed them already ignores the CLEAR).
 #pragma once
 
 #include <atomic>
@@ -25,6 +31,7 @@
 #include <vector>
 
 #include "core/config/snapshot.hpp"
+#include "core/io/run_on_disk.hpp"
 #include "core/model/fifo.hpp"
 #include "core/model/flat_map.hpp"
 #include "threads/channels.hpp"
@@ -41,9 +48,11 @@ class RequestSender final : public Agent {
 public:
     // Channels: `written` from the writer (credits return), `built` from the
     // matchers (re-requests skipped), `give_up_to` into the graph (out of retries).
-    // `written` and `built` are sized for max_credits.
+    // `written` and `built` are sized for max_credits. `held`: the run's events this
+    // builder's files already hold (a restart), never requested.
     RequestSender(const PullSettings& s, int socket_fd, std::vector<net::Endpoint> sources, WrittenIds& written,
-                  BuiltIds& built, ShardSink& give_up_to, stats::PullCounters& counters, std::size_t max_credits);
+                  BuiltIds& built, ShardSink& give_up_to, stats::PullCounters& counters, std::size_t max_credits,
+                  file::HeldIds held = {});
 
     std::size_t do_work() override;
     void on_idle() override;
@@ -71,7 +80,8 @@ private:
     std::size_t send_requests(std::uint64_t now);
     std::size_t retry_due(std::uint64_t now);
     void send_ids(wire::Type type, const std::uint64_t* ids, std::size_t n);
-    std::uint64_t next_id() noexcept;
+    void skip_held() noexcept;
+    std::size_t send_held_clears();
 
     PullSettings s_;
     int fd_;
@@ -96,8 +106,12 @@ private:
     std::vector<std::uint64_t> scratch_;
     std::vector<std::byte> dgram_;
     net::SendBatch send_;
-    std::uint64_t requested_ = 0;  // events requested so far (first asks)
+    std::uint64_t requested_ = 0;  // events requested so far (first asks), and held ones passed
     std::uint64_t cursor_;         // next event id to consider
+    file::HeldIds held_;
+    std::size_t held_span_ = 0;    // first span of held_ that may still lie at or after cursor_
+    std::size_t clear_span_ = 0;   // start-up CLEARs of held_: the span and id they go on from
+    std::uint64_t clear_next_ = 0;
     std::atomic<bool> done_{false};
 };
 

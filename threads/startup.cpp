@@ -213,8 +213,42 @@ bool drop_privileges(const std::string& user, const std::string& output_dir) {
     return true;
 }
 
+file::HeldIds continue_run(const Config& c, bool pull) {
+    // Reading a long run's files takes a while: systemd's start timeout is extended.
+    sd_notify_state(fmt::format("EXTEND_TIMEOUT_USEC=300000000\nSTATUS=reading what {} holds of run {}",
+                                c.output.directory, c.run_number));
+    file::RunSurvey s = file::survey_run(c.output.directory, c.run_number, c.builder_id, c.builders, pull);
+    for (const auto& f : s.recovered) log_warn("recovered {} (evbd did not stop cleanly)", f);
+    for (const auto& f : s.removed) log_warn("removed {}: cut off before its header, it held no event", f);
+    for (const auto& p : s.problems) log_error("output.directory: {}", p);
+    if (s.files.empty()) return {};
+    const std::string dups =
+        s.held.duplicates() > 0 ? fmt::format("; {} events are held twice already", s.held.duplicates()) : "";
+    const std::string foreign =
+        s.held.foreign() > 0 ? fmt::format("; {} events of other builders' shares (builders was different)",
+                                           s.held.foreign())
+                             : "";
+    if (pull) {
+        log_warn("run {} goes on: {} file(s) of this builder hold {} of its events{}{}; pull mode requests only "
+                 "the others",
+                 c.run_number, s.files.size(), s.held.count(), dups, foreign);
+        return std::move(s.held);
+    }
+    log_warn("run {} goes on in new files: {} file(s) of this builder ({} left unclean, as they are) hold {} of its "
+             "events{}{}; they are not touched",
+             c.run_number, s.files.size(), s.left_parts.size(), s.held.count(), dups, foreign);
+    return {};
+}
+
 void write_recovered_summaries(const WriterSettings& w) {
-    for (const std::uint32_t run : file::runs_without_summary(w.directory, w.builder_id)) {
+    // A summary that misses files of its run (evbd killed again after a restart
+    // summarised it, or .part files recovered since) is rebuilt as well.
+    std::vector<std::uint32_t> runs = file::runs_without_summary(w.directory, w.builder_id);
+    const std::size_t missing = runs.size();
+    for (const std::uint32_t run : file::runs_with_stale_summary(w.directory, w.builder_id)) runs.push_back(run);
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+        const std::uint32_t run = runs[i];
+        const char* why = i < missing ? "has no run summary" : "has a run summary that misses some of its files";
         // Every file of the run is read whole (records and CRCs): a large run takes a
         // while, and systemd's start timeout is extended for each run.
         sd_notify_state(fmt::format("EXTEND_TIMEOUT_USEC=300000000\nSTATUS=writing the run summary of run {} "
@@ -222,11 +256,10 @@ void write_recovered_summaries(const WriterSettings& w) {
                                     run));
         const nlohmann::ordered_json doc = file::recovered_summary(w.directory, run, w.builder_id, EVB_VERSION);
         if (const std::string err = file::write_summary(w.directory, run, w.builder_id, doc); !err.empty())
-            log_error("run {} has no run summary (evbd did not stop cleanly) and none could be written: {}", run, err);
+            log_error("run {} {} (evbd did not stop cleanly) and none could be written: {}", run, why, err);
         else
-            log_warn("run {} has no run summary (evbd did not stop cleanly): {} written from its {} file(s), "
-                     "marked recovered",
-                     run, file::summary_name(run, w.builder_id), doc["files"].size());
+            log_warn("run {} {} (evbd did not stop cleanly): {} written from its {} file(s), marked recovered", run,
+                     why, file::summary_name(run, w.builder_id), doc["files"].size());
     }
 }
 

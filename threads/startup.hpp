@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/config/snapshot.hpp"
+#include "core/io/run_on_disk.hpp"
 #include "net/udp.hpp"
 #include "threads/daemon.hpp"
 #include "threads/replay_feeder.hpp"
@@ -36,6 +37,13 @@ std::optional<std::vector<net::Endpoint>> pull_source_addresses(const Config& c)
 // Started as root with `user` set: switch to that user (sockets are bound, the
 // output directory exists, the exporter listens).
 bool drop_privileges(const std::string& user, const std::string& output_dir);
+
+// A restart within a run: what output.directory already holds of the current run
+// of this builder, logged. Pull mode first recovers the builder's .part files (any
+// run) and returns the run's event ids that its files hold, which the request sender
+// does not ask for again; push mode leaves the files as they are (the writer opens
+// the next sequence number) and returns nothing.
+file::HeldIds continue_run(const Config& c, bool pull);
 
 // A run of this builder with data files in output.directory and no run summary was
 // ended by a crash: its summary is written now from its files ("recovered": true).

@@ -30,7 +30,7 @@ ConfigError::ConfigError(std::vector<std::string> p)
 
 namespace {
 
-enum class Kind { uint, boolean, string, string_list, int_list, sources, fsync, choice, addresses, frames };
+enum class Kind { uint, uint_or_auto, boolean, string, string_list, int_list, sources, fsync, choice, addresses, frames };
 
 struct Key {
     const char* path;
@@ -84,7 +84,7 @@ const std::vector<Key>& schema() {
         {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
         {"control.socket", Kind::string, "", 0, 0, false, "Unix socket for run control (evb-ctl: status, start, stop, reload); empty: none. The package sets /run/evbd/evbd.sock (group evbd, mode 0660)."},
         {"control.start", Kind::choice, "running", 0, 0, false, "\"running\": start building run_number at once; \"stopped\": wait for evb-ctl start (datagrams are refused as not_running until then).", {"running", "stopped"}},
-        {"pull.first_event", Kind::uint, 0, 0, UINT64_MAX, false, "First event id requested in pull mode."},
+        {"pull.first_event", Kind::uint_or_auto, "auto", 0, UINT64_MAX, false, "The run's first event id in pull mode; \"auto\" is 0. Whatever it is, events that this builder's files of the run already hold are not requested again: a restarted builder first recovers its .part files (as evb-dump --recover does), reads which events of the run they hold, and requests only the rest (with pull.events, the run's first pull.events ids of this builder's share, held ones included). Push mode after a restart opens new files and leaves the old ones as they are; both log what they found."},
         {"pull.events", Kind::uint, 0, 0, UINT64_MAX, false, "Events to request before stopping; 0: no limit."},
         {"pull.credits", Kind::uint, 64, 1, 1u << 20, true, "Events requested and not yet written, at most."},
         {"pull.request_batch", Kind::uint, 16, 1, 8000, true, "Event ids per REQUEST datagram."},
@@ -101,6 +101,7 @@ const std::vector<Key>& schema() {
 const char* kind_name(Kind k) {
     switch (k) {
         case Kind::uint: return "unsigned integer";
+        case Kind::uint_or_auto: return "unsigned integer or \"auto\"";
         case Kind::boolean: return "boolean";
         case Kind::string: return "string";
         case Kind::string_list: return "array of strings";
@@ -163,6 +164,10 @@ bool check_value(const Key& k, const json& v, std::vector<std::string>& problems
     };
     switch (k.kind) {
         case Kind::uint:
+            if (!is_uint(v)) return bad_type();
+            return range(v.get<std::uint64_t>());
+        case Kind::uint_or_auto:
+            if (v.is_string() && v == "auto") return true;
             if (!is_uint(v)) return bad_type();
             return range(v.get<std::uint64_t>());
         case Kind::boolean:
@@ -430,7 +435,10 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->monitor.listen = str("monitor.listen");
     c->control.socket = str("control.socket");
     c->control.start_stopped = str("control.start") == "stopped";
-    c->pull.first_event = u64("pull.first_event");
+    if (const json& first = *lookup(eff, "pull.first_event", false); first.is_string())
+        c->pull.first_event.reset();  // "auto"
+    else
+        c->pull.first_event = first.get<std::uint64_t>();
     c->pull.events = u64("pull.events");
     c->pull.credits = u32("pull.credits");
     c->pull.request_batch = u32("pull.request_batch");
@@ -616,7 +624,7 @@ std::string config_reference_markdown() {
     std::string s = "| key | type | default | range | applies | meaning |\n|---|---|---|---|---|---|\n";
     for (const auto& k : schema()) {
         std::string range = "";
-        if (k.kind == Kind::uint || k.kind == Kind::sources || k.kind == Kind::fsync)
+        if (k.kind == Kind::uint || k.kind == Kind::uint_or_auto || k.kind == Kind::sources || k.kind == Kind::fsync)
             range = k.max == UINT64_MAX ? fmt::format(">= {}", k.min) : fmt::format("{} .. {}", k.min, k.max);
         s += fmt::format("| `{}` | {} | `{}` | {} | {} | {} |\n", k.path, kind_name(k.kind), k.def.dump(),
                          range, k.live ? "live (reload)" : "restart", k.doc);

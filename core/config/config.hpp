@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -88,7 +89,7 @@ struct Config {
     } control;
 
     struct Pull {
-        std::uint64_t first_event = 0;
+        std::optional<std::uint64_t> first_event;  // nothing: "auto" (0)
         std::uint64_t events = 0;  // 0: no limit
         std::uint32_t credits = 0;
         std::uint32_t request_batch = 0;

@@ -90,7 +90,7 @@ PullSettings pull_settings(const Config& c) {
     p.builder_id = c.builder_id;
     p.builders = c.builders;
     p.run_number = c.run_number;
-    p.first_event = c.pull.first_event;
+    p.first_event = c.pull.first_event.value_or(0);
     p.events = c.pull.events;
     p.credits = c.pull.credits;
     p.request_batch = c.pull.request_batch;

@@ -182,6 +182,25 @@ std::vector<std::uint32_t> runs_without_summary(const std::string& directory, st
     return out;
 }
 
+std::vector<std::uint32_t> runs_with_stale_summary(const std::string& directory, std::uint32_t builder_id) {
+    std::map<std::uint32_t, std::vector<std::string>> runs;  // run -> its data files
+    for (const auto& name : names_in(directory)) {
+        std::uint32_t run = 0, builder = 0;
+        if (parse_data_name(name, run, builder) && builder == builder_id) runs[run].push_back(name);
+    }
+    std::vector<std::uint32_t> out;
+    for (const auto& [run, names] : runs) {
+        const nlohmann::ordered_json doc = read_summary(directory, run, builder_id);
+        if (!doc.is_object() || !doc.contains("files") || !doc["files"].is_array()) continue;  // none: not stale
+        std::set<std::string> listed;
+        for (const auto& f : doc["files"])
+            if (f.is_object()) listed.insert(f.value("name", ""));
+        if (std::any_of(names.begin(), names.end(), [&](const std::string& n) { return listed.count(n) == 0; }))
+            out.push_back(run);
+    }
+    return out;
+}
+
 nlohmann::ordered_json recovered_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id,
                                  const std::string& version) {
     std::vector<SummaryFile> files;

@@ -52,6 +52,11 @@ std::vector<SummaryFile> scan_run_files(const std::string& directory, std::uint3
 // Runs of this builder with data files in `directory` and no summary (a crash).
 std::vector<std::uint32_t> runs_without_summary(const std::string& directory, std::uint32_t builder_id);
 
+// Runs of this builder whose summary does not list every data file of the run in
+// `directory`: evbd was killed after the summary was written (a restart within the
+// run summarised it at start, then crashed again), or a .part was recovered since.
+std::vector<std::uint32_t> runs_with_stale_summary(const std::string& directory, std::uint32_t builder_id);
+
 // A summary rebuilt from the run's files alone, marked "recovered": true.
 nlohmann::ordered_json recovered_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id,
                                  const std::string& version);

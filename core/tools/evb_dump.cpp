@@ -31,6 +31,7 @@
 #include "core/format/file_format.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/recovery.hpp"
+#include "core/io/run_on_disk.hpp"
 #include "core/io/run_summary.hpp"
 #include "core/format/pattern.hpp"
 #include "core/format/wire.hpp"
@@ -646,16 +647,10 @@ struct UniqueFd {
     int fd;
 };
 
-// Why a .part holds no event at all, or nothing: a crash before its header reached
-// the disk leaves it empty, cut inside the header, or (direct I/O) as space
-// allocated ahead of a write that never landed, all zero bytes.
+// Why a .part holds no event at all (file::why_part_holds_no_events); other files may.
 std::optional<std::string> why_no_events(const std::string& path, std::span<const std::byte> img) {
     if (!ends_with(path, ".part")) return std::nullopt;
-    if (img.size() < ef::kHeaderBytes)
-        return fmt::format("{} bytes, shorter than the {}-byte file header", img.size(), ef::kHeaderBytes);
-    if (std::all_of(img.begin(), img.end(), [](std::byte b) { return b == std::byte{0}; }))
-        return fmt::format("{} bytes, all zero: no header ever reached the disk", img.size());
-    return std::nullopt;
+    return ef::why_part_holds_no_events(img);
 }
 
 // `named`: the file was named on the command line (not found in a directory), so a

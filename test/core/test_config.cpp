@@ -250,3 +250,15 @@ TEST_CASE("config: input.listen is one address or a list of them") {
     CHECK(any_contains(two, "input.listen: 2 addresses given; this build's socket readers bind one address"));
     CHECK(any_contains(two, "input.listen[1]: '127.0.0.1:70000': port must be a number 0..65535"));
 }
+
+TEST_CASE("config: pull.first_event is \"auto\" by default, or an event id") {
+    CHECK_FALSE(evb::default_config({})->pull.first_event.has_value());
+    const auto auto_cfg = load_config(R"({"pull": {"first_event": "auto"}})", "test.json", {});
+    CHECK_FALSE(auto_cfg->pull.first_event.has_value());
+    const auto given = load_config("{}", "test.json", {"pull.first_event=5000"});
+    REQUIRE(given->pull.first_event.has_value());
+    CHECK(*given->pull.first_event == 5000);
+    CHECK(any_contains(problems_of(R"({"pull": {"first_event": "later"}})"),
+                       "pull.first_event: expected unsigned integer or \"auto\", got \"later\""));
+    CHECK(any_contains(problems_of(R"({"pull": {"first_event": -1}})"), "pull.first_event: expected"));
+}

@@ -71,7 +71,10 @@ TEST_CASE("run summary: rebuilt from a run's files, written atomically, checked"
     CHECK(ef::check_summary(dir.path(), back).empty());
 
     // A file the summary does not know, then one it lists that is gone.
+    CHECK(ef::runs_with_stale_summary(dir.path(), 2).empty());
     write_run_file(dir.path(), 2, 15, 1, true);
+    CHECK(ef::runs_with_stale_summary(dir.path(), 2) == std::vector<std::uint32_t>{7});  // rebuilt at start-up
+    CHECK(ef::runs_with_stale_summary(dir.path(), 3).empty());
     auto bad = ef::check_summary(dir.path(), back);
     REQUIRE(bad.size() == 1);
     CHECK(bad[0] == "run000007_002_00002.evb: in the directory, not in the summary");

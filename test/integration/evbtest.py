@@ -241,3 +241,20 @@ def rss_kib(pid):
 def write_text(path, text):
     with open(path, "w") as f:
         f.write(text)
+
+
+def settled_serve_stats(path, timeout=10):
+    """The statistics of an `evb-source --serve --stats-out PATH` (rewritten each second)
+    once it holds no uncleared event, or as they stand after `timeout` seconds."""
+    deadline = time.time() + timeout
+    s = {}
+    while time.time() < deadline:
+        try:
+            with open(path) as f:
+                s = json.load(f)
+            if s.get("outstanding") == 0:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    return s

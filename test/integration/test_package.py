@@ -37,6 +37,7 @@ SHIPPED = {
     "./usr/bin/evb-limits": "-rwxr-xr-x",
     "./etc/evbd/evbd.json": "-rw-r--r--",
     "./lib/systemd/system/evbd.service": "-rw-r--r--",
+    "./lib/systemd/system/evbd@.service": "-rw-r--r--",
     "./usr/lib/sysctl.d/60-evbd.conf": "-rw-r--r--",
     "./usr/share/man/man1/evbd.1.gz": "-rw-r--r--",
     "./usr/share/man/man1/evb-ctl.1.gz": "-rw-r--r--",

@@ -358,3 +358,104 @@ TEST_CASE("RequestSender does not ask again for an event the matcher has built, 
     CHECK(given_up.empty());
     close(fd);
 }
+
+namespace {
+
+// Every REQUEST and CLEAR waiting in the source's socket, in arrival order.
+struct Datagram {
+    evb::wire::Type type;
+    std::vector<std::uint64_t> ids;
+};
+std::vector<Datagram> received(FakeSource& src) {
+    std::vector<Datagram> out;
+    std::vector<std::byte> buf(70000);
+    while (true) {
+        const ssize_t n = recv(src.sock.fd, buf.data(), buf.size(), MSG_DONTWAIT);
+        if (n <= 0) break;
+        evb::wire::RequestView v;
+        if (evb::wire::parse_request({buf.data(), static_cast<std::size_t>(n)}, v) != evb::wire::ParseError::ok) continue;
+        Datagram d{v.type, {}};
+        for (std::uint32_t i = 0; i < v.count; ++i) d.ids.push_back(v.event_id(i));
+        out.push_back(std::move(d));
+    }
+    return out;
+}
+
+// Credits to spare and no retries within a test: only what is asked for first counts.
+evb::PullSettings restarted_run(std::uint64_t events, std::uint32_t builder_id, std::uint32_t builders) {
+    evb::PullSettings s;
+    s.builder_id = builder_id;
+    s.builders = builders;
+    s.credits = 100;
+    s.request_batch = 100;
+    s.retry_ms = 60000;
+    s.timeout_ms = 600000;
+    s.events = events;
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("RequestSender after a restart CLEARs the events its files hold, then requests only the others") {
+    FakeSource src;
+    const int fd = evb::net::open_udp_for(src.at());
+    const evb::PullSettings s = restarted_run(10, 0, 1);
+    evb::stats::PullCounters counters;
+    Channels ch(400);
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 400,
+                          evb::file::HeldIds({2, 3, 4, 7, 12}, 0, 1));
+    rs.do_work();
+    const std::vector<Datagram> got = received(src);
+    REQUIRE(got.size() == 2);
+    CHECK(got[0].type == evb::wire::Type::clear);  // before any REQUEST: sources free what was written
+    CHECK(got[0].ids == std::vector<std::uint64_t>{2, 3, 4, 7, 12});
+    CHECK(got[1].type == evb::wire::Type::request);
+    CHECK(got[1].ids == std::vector<std::uint64_t>{0, 1, 5, 6, 8, 9});  // the held ones count towards pull.events
+    CHECK(counters.events_requested.get() == 6);
+    for (const std::uint64_t id : got[1].ids) ch.written.push(&id, 1);
+    rs.do_work();
+    CHECK(rs.done());
+    close(fd);
+}
+
+TEST_CASE("RequestSender skips held events within its share of several builders") {
+    FakeSource src;
+    const int fd = evb::net::open_udp_for(src.at());
+    const evb::PullSettings s = restarted_run(5, 1, 2);  // ids 1 3 5 7 9
+    evb::stats::PullCounters counters;
+    Channels ch(400);
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 400,
+                          evb::file::HeldIds({1, 3, 9}, 1, 2));
+    rs.do_work();
+    std::vector<std::uint64_t> requested;
+    for (const Datagram& d : received(src))
+        if (d.type == evb::wire::Type::request) requested.insert(requested.end(), d.ids.begin(), d.ids.end());
+    CHECK(requested == std::vector<std::uint64_t>{5, 7});
+    for (const std::uint64_t id : requested) ch.written.push(&id, 1);
+    rs.do_work();
+    CHECK(rs.done());
+    CHECK(received(src).size() == 1);  // the CLEAR of 5 and 7; nothing requested beyond pull.events
+    close(fd);
+}
+
+TEST_CASE("RequestSender forgets the held events when the run changes before it requests") {
+    // Started stopped on run 1, whose files hold 0..2; evb-ctl starts run 2 instead.
+    FakeSource src;
+    const int fd = evb::net::open_udp_for(src.at());
+    evb::PullSettings s = restarted_run(4, 0, 1);
+    s.requesting = false;
+    evb::stats::PullCounters counters;
+    Channels ch(400);
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 400,
+                          evb::file::HeldIds({0, 1, 2}, 0, 1));
+    evb::PullSettings next = s;
+    next.run_number = 2;
+    next.requesting = true;
+    REQUIRE(rs.commands().try_push(&next));
+    rs.do_work();
+    const std::vector<Datagram> got = received(src);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].type == evb::wire::Type::request);
+    CHECK(got[0].ids == std::vector<std::uint64_t>{0, 1, 2, 3});
+    close(fd);
+}

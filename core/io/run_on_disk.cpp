@@ -1,0 +1,158 @@
+#include "core/io/run_on_disk.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fmt/format.h>
+
+#include "core/format/file_format.hpp"
+#include "core/io/recovery.hpp"
+
+namespace evb::file {
+
+namespace {
+
+bool has_suffix(const std::string& s, std::string_view suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The builder's data files in `directory` (names starting with `prefix`), sorted.
+std::vector<std::string> list_files(const std::string& directory, const std::string& prefix, std::string_view suffix,
+                                    std::vector<std::string>& problems) {
+    std::vector<std::string> out;
+    std::error_code ec;
+    std::filesystem::directory_iterator it(directory, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (name.rfind(prefix, 0) == 0 && has_suffix(name, suffix)) out.push_back(it->path().string());
+    }
+    if (ec) problems.push_back(fmt::format("{}: {}", directory, ec.message()));
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+// Recovers one `.part` unless a running evbd holds its lock (OutputFile::open takes
+// an exclusive flock): our own lock, held until done, keeps a writer out meanwhile.
+void recover_part(const std::string& path, RunSurvey& s) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        s.problems.push_back(fmt::format("{}: {}", path, std::strerror(errno)));
+        return;
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        s.left_parts.push_back(path);
+        s.problems.push_back(fmt::format("{}: in use by another running evbd (it holds the file's lock); not touched",
+                                         path));
+        ::close(fd);
+        return;
+    }
+    std::optional<std::string> empty_why;
+    try {
+        const MappedFile image(path);
+        empty_why = why_part_holds_no_events(image.bytes());
+    } catch (const std::exception& e) {
+        s.problems.push_back(e.what());
+        ::close(fd);
+        return;
+    }
+    if (empty_why) {
+        if (::unlink(path.c_str()) == 0)
+            s.removed.push_back(path);
+        else
+            s.problems.push_back(fmt::format("{}: holds no event ({}) but cannot be removed: {}", path, *empty_why,
+                                             std::strerror(errno)));
+    } else if (const Recovery r = recover(path); r.ok()) {
+        s.recovered.push_back(r.output);
+    } else {
+        s.problems.push_back(r.error);
+    }
+    ::close(fd);
+}
+
+}  // namespace
+
+HeldIds::HeldIds(std::vector<std::uint64_t> ids, std::uint32_t builder_id, std::uint32_t builders)
+    : step_(std::max<std::uint32_t>(builders, 1)) {
+    std::sort(ids.begin(), ids.end());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        const std::uint64_t id = ids[i];
+        if (i > 0 && ids[i - 1] == id) {
+            ++duplicates_;
+            continue;
+        }
+        if (id % step_ != builder_id) {
+            ++foreign_;
+            continue;
+        }
+        ++count_;
+        if (!spans_.empty() && spans_.back().last + step_ == id)
+            spans_.back().last = id;
+        else
+            spans_.push_back({id, id});
+    }
+}
+
+bool HeldIds::contains(std::uint64_t id) const noexcept {
+    const auto it = std::upper_bound(spans_.begin(), spans_.end(), id,
+                                     [](std::uint64_t v, const Span& sp) { return v < sp.first; });
+    if (it == spans_.begin()) return false;
+    const Span& sp = *(it - 1);
+    return id <= sp.last && (id - sp.first) % step_ == 0;
+}
+
+std::optional<std::string> why_part_holds_no_events(std::span<const std::byte> image) {
+    if (image.size() < kHeaderBytes)
+        return fmt::format("{} bytes, shorter than the {}-byte file header", image.size(), kHeaderBytes);
+    if (std::all_of(image.begin(), image.end(), [](std::byte b) { return b == std::byte{0}; }))
+        return fmt::format("{} bytes, all zero: no header ever reached the disk", image.size());
+    return std::nullopt;
+}
+
+RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint32_t builder_id,
+                     std::uint32_t builders, bool recover_parts) {
+    RunSurvey s;
+    const std::string builder_prefix = "run";  // every run: the builder is checked below
+    const std::string builder_tag = fmt::format("_{:03}_", builder_id);
+    if (recover_parts) {
+        for (const std::string& path : list_files(directory, builder_prefix, ".evb.part", s.problems)) {
+            const std::string name = std::filesystem::path(path).filename().string();
+            // runNNNNNN_BBB_SSSSS.evb.part: the builder's tag right after the run number.
+            if (name.size() > 12 && name.compare(9, builder_tag.size(), builder_tag) == 0) recover_part(path, s);
+        }
+    }
+    const std::string run_prefix = fmt::format("run{:06}_{:03}_", run, builder_id);
+    std::vector<std::uint64_t> ids;
+    for (const std::string& path : list_files(directory, run_prefix, "", s.problems)) {
+        const bool part = has_suffix(path, ".evb.part");
+        if (!part && !has_suffix(path, ".evb")) continue;
+        if (part) s.left_parts.push_back(path);
+        try {
+            const MappedFile image(path);
+            const ScanResult scanned = scan(image.bytes());
+            if (!scanned.header_ok) {
+                if (!part || !why_part_holds_no_events(image.bytes()))
+                    s.problems.push_back(fmt::format("{}: {}", path, scanned.problems.empty() ? "bad header"
+                                                                                            : scanned.problems[0].what));
+                continue;
+            }
+            s.files.push_back(path);
+            s.records += scanned.records.size();
+            for (const RecordView& r : scanned.records)
+                if (r.header.run_number == run) ids.push_back(r.header.event_id);
+            if (!part && !scanned.problems.empty())
+                s.problems.push_back(fmt::format("{}: {} (its records before that are counted)", path,
+                                                 scanned.problems[0].what));
+        } catch (const std::exception& e) {
+            s.problems.push_back(e.what());
+        }
+    }
+    s.held = HeldIds(std::move(ids), builder_id, builders);
+    return s;
+}
+
+}  // namespace evb::file

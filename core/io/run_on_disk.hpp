@@ -1,0 +1,67 @@
+// What one builder's output directory already holds of a run: the start-up survey
+// that lets a restarted builder go on with its run. Pull mode recovers the `.part`
+// files a crash left (as evb-dump --recover does) and requests only the events the
+// run's files lack; push mode opens new files and says what it found. Control path
+// only: errors are returned, never thrown.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace evb::file {
+
+// Event ids of one builder's share (id % builders == builder_id), as sorted,
+// disjoint spans of consecutive ids of the share (ids `step` = builders apart).
+class HeldIds {
+public:
+    struct Span {
+        std::uint64_t first;
+        std::uint64_t last;  // inclusive; first + k * step
+    };
+
+    HeldIds() = default;
+    // `ids` in any order; an id seen more than once is counted in duplicates(), an id
+    // outside the share in foreign() (neither is held).
+    HeldIds(std::vector<std::uint64_t> ids, std::uint32_t builder_id, std::uint32_t builders);
+
+    const std::vector<Span>& spans() const noexcept { return spans_; }
+    std::uint32_t step() const noexcept { return step_; }
+    std::uint64_t count() const noexcept { return count_; }
+    bool empty() const noexcept { return count_ == 0; }
+    std::uint64_t duplicates() const noexcept { return duplicates_; }
+    std::uint64_t foreign() const noexcept { return foreign_; }
+    bool contains(std::uint64_t id) const noexcept;
+
+private:
+    std::vector<Span> spans_;
+    std::uint32_t step_ = 1;
+    std::uint64_t count_ = 0;
+    std::uint64_t duplicates_ = 0;
+    std::uint64_t foreign_ = 0;
+};
+
+struct RunSurvey {
+    std::vector<std::string> files;      // the run's data files read (.evb, and .evb.part left as they are)
+    std::uint64_t records = 0;           // good records in them
+    HeldIds held;                        // their event ids
+    std::vector<std::string> recovered;  // .part files of this builder made clean (the new names)
+    std::vector<std::string> removed;    // .part files cut off before their header (no event), removed
+    std::vector<std::string> left_parts; // .part files left as they are (not recovering, or in use)
+    std::vector<std::string> problems;   // what could not be read or recovered, naming the file
+};
+
+// Surveys `directory` for files of `builder_id`: with `recover_parts`, every
+// `.evb.part` of the builder (any run) not locked by a running evbd is recovered
+// first; then every data file of `run` is read and its records' event ids collected.
+RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint32_t builder_id,
+                     std::uint32_t builders, bool recover_parts);
+
+// Why a `.part` file image holds no event at all: a crash before its header reached
+// the disk leaves it empty, cut inside the header, or (direct I/O) as space
+// allocated ahead of a write that never landed, all zero bytes. Nothing if it may.
+std::optional<std::string> why_part_holds_no_events(std::span<const std::byte> image);
+
+}  // namespace evb::file

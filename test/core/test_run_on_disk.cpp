@@ -1,0 +1,127 @@
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/io/run_on_disk.hpp"
+#include "test/core/record_builder.hpp"
+#include "test/temp_dir.hpp"
+
+namespace ef = evb::file;
+using Bytes = std::vector<std::byte>;
+
+namespace {
+
+// A file of `builder`'s run `run` holding one single-source record per id; `clean`
+// adds index and footer, `cut` then drops that many bytes off the end (a crash).
+void write_file(const std::string& path, std::uint32_t run, std::uint32_t builder, std::uint32_t seq,
+                const std::vector<std::uint64_t>& ids, bool clean, std::size_t cut = 0) {
+    ef::FileHeader h;
+    h.run_number = run;
+    h.file_sequence = seq;
+    h.builder_id = builder;
+    h.expected_sources = 1;
+    std::vector<Bytes> records;
+    for (const std::uint64_t id : ids) {
+        evb::test::RecordSpec r;
+        r.event_id = id;
+        r.run_number = run;
+        r.sections.push_back(evb::test::pattern_section(run, 0, id, 40));
+        records.push_back(evb::test::build_record(r));
+    }
+    Bytes img = evb::test::build_file_image(h, records, clean);
+    img.resize(img.size() - cut);
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(img.data()),
+                                                static_cast<std::streamsize>(img.size()));
+}
+
+std::vector<std::uint64_t> ids_in(const ef::HeldIds& h) {
+    std::vector<std::uint64_t> out;
+    for (const auto& sp : h.spans())
+        for (std::uint64_t id = sp.first; id <= sp.last; id += h.step()) out.push_back(id);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("HeldIds keeps a builder's share as spans and counts duplicates and other shares", "[run_on_disk]") {
+    // builder 1 of 3: ids 1, 4, 7, ... Held: 1 4 7 (a span), 13 (alone), 19 22 (a span);
+    // 7 twice; 5 is builder 2's.
+    const ef::HeldIds h({22, 7, 1, 13, 4, 7, 19, 5}, 1, 3);
+    REQUIRE(h.spans().size() == 3);
+    CHECK(h.spans()[0].first == 1);
+    CHECK(h.spans()[0].last == 7);
+    CHECK(h.spans()[1].first == 13);
+    CHECK(h.spans()[1].last == 13);
+    CHECK(h.spans()[2].first == 19);
+    CHECK(h.spans()[2].last == 22);
+    CHECK(h.count() == 6);
+    CHECK(h.duplicates() == 1);
+    CHECK(h.foreign() == 1);
+    CHECK(h.contains(4));
+    CHECK(h.contains(22));
+    CHECK_FALSE(h.contains(10));
+    CHECK_FALSE(h.contains(16));
+    CHECK_FALSE(h.contains(5));
+    CHECK_FALSE(h.contains(0));
+    CHECK_FALSE(h.contains(25));
+    CHECK(ef::HeldIds().empty());
+}
+
+TEST_CASE("survey_run recovers the builder's .part files and reads which events of the run they hold", "[run_on_disk]") {
+    evb::test::TempDir dir;
+    write_file(dir / "run000007_000_00000.evb", 7, 0, 0, {0, 2, 4, 6}, true);
+    write_file(dir / "run000007_000_00001.evb.part", 7, 0, 1, {8, 10, 14, 12}, false, 10);  // last record cut
+    write_file(dir / "run000006_000_00004.evb.part", 6, 0, 4, {100}, false);           // an older run's
+    write_file(dir / "run000007_001_00000.evb.part", 7, 1, 0, {50}, false);            // another builder's
+    std::ofstream(dir / "run000007_000_00002.evb.part").write("EVBF", 4);               // cut inside its header
+
+    SECTION("pull: recovered, removed, read") {
+        const ef::RunSurvey s = ef::survey_run(dir.path(), 7, 0, 2, true);
+        CHECK(s.problems.empty());
+        CHECK(s.recovered.size() == 2);  // run 7's and run 6's part of builder 0
+        CHECK(std::filesystem::exists(dir / "run000007_000_00001.evb"));
+        CHECK(std::filesystem::exists(dir / "run000006_000_00004.evb"));
+        CHECK_FALSE(std::filesystem::exists(dir / "run000007_000_00001.evb.part"));
+        REQUIRE(s.removed.size() == 1);
+        CHECK_FALSE(std::filesystem::exists(dir / "run000007_000_00002.evb.part"));
+        CHECK(std::filesystem::exists(dir / "run000007_001_00000.evb.part"));  // not ours: untouched
+        CHECK(s.files.size() == 2);
+        CHECK(s.left_parts.empty());
+        // The cut record (12) is gone with the crash; every other id is held once.
+        CHECK(ids_in(s.held) == std::vector<std::uint64_t>{0, 2, 4, 6, 8, 10, 14});
+        CHECK(s.held.duplicates() == 0);
+    }
+    SECTION("push: nothing touched, the same ids found") {
+        const ef::RunSurvey s = ef::survey_run(dir.path(), 7, 0, 2, false);
+        CHECK(s.recovered.empty());
+        CHECK(s.removed.empty());
+        CHECK(std::filesystem::exists(dir / "run000007_000_00001.evb.part"));
+        CHECK(std::filesystem::exists(dir / "run000007_000_00002.evb.part"));
+        CHECK(s.left_parts.size() == 2);
+        CHECK(s.problems.empty());  // the header-less part holds no event: not a problem
+        CHECK(ids_in(s.held) == std::vector<std::uint64_t>{0, 2, 4, 6, 8, 10, 14});
+    }
+}
+
+TEST_CASE("survey_run leaves alone a .part that a running evbd holds locked", "[run_on_disk]") {
+    evb::test::TempDir dir;
+    const std::string part = dir / "run000001_000_00000.evb.part";
+    write_file(part, 1, 0, 0, {10, 11}, false);
+    const int fd = ::open(part.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    REQUIRE(::flock(fd, LOCK_EX) == 0);
+    // flock locks belong to the open file description: a second open in this
+    // process is refused as another process would be.
+    const ef::RunSurvey s = ef::survey_run(dir.path(), 1, 0, 1, true);
+    ::close(fd);
+    CHECK(s.recovered.empty());
+    CHECK(std::filesystem::exists(part));
+    REQUIRE(s.problems.size() == 1);
+    CHECK(s.problems[0].find("in use by another running evbd") != std::string::npos);
+    CHECK(ids_in(s.held) == std::vector<std::uint64_t>{10, 11});  // still read, as it stands
+}

@@ -1,0 +1,200 @@
+"""SIGKILL and restart within a run, repeated (docs/RELIABILITY.md, issue 25).
+
+Pull mode: a full-rate run against the emulator in --serve mode (which drops some
+answers) is killed at random moments CYCLES times, each kill followed by a restart
+with the same configuration; the last start runs to the end of pull.events. Every
+requested event is then written exactly once across all files of the run, every
+file is clean (the restarts recovered the .part files) and verifies byte by byte,
+and the emulator holds no uncleared event (what was written but not CLEARed before a
+kill is CLEARed after the restart).
+
+Push mode: a source streams at full rate while evbd is killed and restarted CYCLES
+times on the same port: every file verifies (the unclean ones up to their last good
+record), no event is written twice, and the files of earlier processes are left as
+they were (push restarts open new files)."""
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+
+from evbtest import (BIN, Evbd, check, data_files, dump, events_in, fail, free_udp_port, sanitized_build,
+                     settled_serve_stats, verify, workdir)
+
+CYCLES = 3
+SLOW = sanitized_build()
+PULL_EVENTS = 20000 if SLOW else 100000
+
+
+def wait_for_log(d, text, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if text in d.log_text():
+            return
+        if d.proc.poll() is not None:
+            fail(f"evbd exited ({d.proc.returncode}) before logging {text!r}:\n{d.log_text()[-2000:]}")
+        time.sleep(0.05)
+    fail(f"evbd did not log {text!r} within {timeout} s:\n{d.log_text()[-2000:]}")
+
+
+def kill(d):
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait()
+    d.log.close()
+
+
+def event_ids(out):
+    """Event ids of every record in out's data files, and evb-dump's report of them."""
+    evs, doc = events_in(out)
+    return [e["event_id"] for e in evs], doc
+
+
+def check_summary(out, mode):
+    """The run summary lists every file of the run as it is, kills and restarts included."""
+    p = subprocess.run([os.path.join(BIN, "evb-dump"), "--check-summary", out], capture_output=True, text=True)
+    check(p.returncode == 0, f"{mode}: evb-dump --check-summary accepts the run summary after the restarts\n"
+          + (p.stdout + p.stderr)[-400:])
+
+
+def pull_cycles(wd, rng):
+    sport = free_udp_port()
+    stats = os.path.join(wd, "serve.json")
+    src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{sport}", "--sources", "4",
+                            "--size", "100:800", "--loss", "0.01", "--seed", "7", "--stats-out", stats,
+                            "--idle-exit", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = os.path.join(wd, "pull-data")
+    try:
+        time.sleep(0.3)
+        cfg = os.path.join(wd, "pull.json")
+        conf = {"mode": "pull", "sources": 4, "building": {"timeout_ms": 10000},
+                "output": {"max_file_bytes": 2_000_000},
+                "pull": {"source_addresses": [f"127.0.0.1:{sport}"], "credits": 128, "request_batch": 16,
+                         "events": PULL_EVENTS, "retry_ms": 50, "max_retries": 20}}
+        with open(cfg, "w") as f:
+            json.dump(conf, f)
+        held_seen = []
+        for cycle in range(CYCLES + 1):
+            d = Evbd(wd, sets=[f"output.directory={out}", f"output.direct_io={'true' if cycle % 2 else 'false'}"],
+                     args=["--config", cfg])
+            if cycle > 0:
+                text = d.log_text()
+                check("run 1 goes on:" in text and "pull mode requests only the others" in text,
+                      f"pull restart {cycle} says what the run's files hold: "
+                      + next((l for l in text.splitlines() if "goes on" in l), "(no line)")[-120:])
+            if cycle == CYCLES:
+                wait_for_log(d, "pull: all", 240)
+                check(d.stop() == 0, "the last evbd stops cleanly (exit 0)")
+                break
+            time.sleep(rng.uniform(0.2, 0.8))
+            if "pull: all" in d.log_text():
+                fail("the run ended before the kill: raise PULL_EVENTS")
+            kill(d)
+            ids, _ = event_ids(out)
+            held_seen.append(len(ids))
+        check(held_seen == sorted(held_seen) and held_seen[-1] > held_seen[0],
+              f"each kill left more of the run written: {held_seen} events")
+        ids, doc = event_ids(out)
+        states = {f["state"] for f in doc["files"]}
+        check(states == {"clean"}, f"every file of the run is clean after the restarts ({len(doc['files'])} files)")
+        dups = len(ids) - len(set(ids))
+        check(dups == 0 and sorted(ids) == list(range(PULL_EVENTS)),
+              f"every one of the {PULL_EVENTS} requested events is written exactly once across "
+              f"{len(doc['files'])} files and {CYCLES} SIGKILLs ({dups} twice, "
+              f"{len(set(range(PULL_EVENTS)) - set(ids))} missing)")
+        rc, text = verify([out])
+        check(rc == 0, "every file verifies byte by byte against the pattern\n" + text[-300:])
+        check_summary(out, "pull")
+        s = settled_serve_stats(stats)
+        check(s.get("outstanding") == 0 and s.get("lost", 0) > 0,
+              f"the emulator holds no uncleared event at the end ({s.get('outstanding')}; it dropped "
+              f"{s.get('lost')} answers, re-requested)")
+    finally:
+        src.send_signal(signal.SIGTERM)
+        src.wait(timeout=20)
+
+
+def digests(out, names):
+    result = {}
+    for n in names:
+        with open(os.path.join(out, n), "rb") as f:
+            result[n] = hashlib.sha256(f.read()).hexdigest()
+    return result
+
+
+def push_cycles(wd, rng):
+    out = os.path.join(wd, "push-data")
+    port = free_udp_port()
+    src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--to", f"127.0.0.1:{port}", "--sources", "4",
+                            "--events", "100000000", "--size", "100:800", "--seed", "3"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        before = {}
+        for cycle in range(CYCLES + 1):
+            d = Evbd(wd, sets=["sources=4", f"output.directory={out}", "output.max_file_bytes=2000000",
+                               "building.timeout_ms=300", f"output.direct_io={'true' if cycle % 2 else 'false'}"],
+                     port=port)
+            if cycle > 0:
+                text = d.log_text()
+                check("run 1 goes on in new files" in text,
+                      f"push restart {cycle} says what it found: "
+                      + next((l for l in text.splitlines() if "goes on" in l), "(no line)")[-140:])
+            time.sleep(rng.uniform(0.2, 0.8))
+            if cycle == CYCLES:
+                src.kill()
+                src.wait()
+                time.sleep(0.6)  # the last events time out (INCOMPLETE) before the stop
+                check(d.stop() == 0, "the last evbd stops cleanly (exit 0)")
+            else:
+                kill(d)
+            now = digests(out, data_files(out))
+            changed = [n for n, h in before.items() if now.get(n) != h]
+            check(not changed, f"push cycle {cycle}: the files of earlier processes are untouched ({len(before)})")
+            before = now
+    finally:
+        if src.poll() is None:
+            src.kill()
+            src.wait()
+    ids, doc = event_ids(out)
+    dups = len(ids) - len(set(ids))
+    check(len(ids) > 0 and dups == 0,
+          f"push: {len(ids)} events in {len(doc['files'])} files, none written twice ({dups})")
+    names = data_files(out)
+    parts = [n for n in names if n.endswith(".part")]
+    check(len(parts) >= 1, f"the kills left {len(parts)} unclean files, kept as they were")
+    check_summary(out, "push")
+    rc, text = verify([os.path.join(out, n) for n in names if n.endswith(".evb")])
+    check(rc == 0, f"every clean file verifies byte by byte ({len(names) - len(parts)})\n" + text[-300:])
+    # An unclean file verifies up to its last good record: a copy recovered keeps
+    # every record the scan finds, and those verify byte by byte.
+    copies = os.path.join(wd, "push-parts")
+    os.makedirs(copies)
+    good = {}
+    for n in parts:
+        shutil.copy(os.path.join(out, n), copies)
+        f = dump([os.path.join(out, n)])[1]["files"][0]
+        check(f["state"] in ("unclean", "clean", "DAMAGED"), f"{n}: {f['state']}, its header intact")
+        good[n[:-len(".part")]] = f["event_count"]
+    r = subprocess.run([os.path.join(BIN, "evb-dump"), "--recover", copies], capture_output=True, text=True)
+    check(r.returncode == 0, "the unclean files' copies recover\n" + r.stdout[-300:] + r.stderr[-300:])
+    kept = {f["path"].rsplit("/", 1)[1]: f["event_count"] for f in dump([copies])[1]["files"]}
+    check(kept == good, f"recovery keeps every good record of the unclean files ({good})")
+    rc, text = verify([copies])
+    check(rc == 0, "and those records verify byte by byte\n" + text[-300:])
+
+
+def main():
+    wd = workdir()
+    rng = random.Random(25)
+    try:
+        pull_cycles(wd, rng)
+        push_cycles(wd, rng)
+    finally:
+        shutil.rmtree(wd, ignore_errors=True)
+    print("1 passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()
