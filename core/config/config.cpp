@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fmt/format.h>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -30,7 +31,7 @@ ConfigError::ConfigError(std::vector<std::string> p)
 
 namespace {
 
-enum class Kind { uint, boolean, string, string_list, int_list, sources, fsync, choice };
+enum class Kind { uint, boolean, string, string_list, int_list, sources, fsync, choice, bank_names };
 
 struct Key {
     const char* path;
@@ -76,6 +77,9 @@ const std::vector<Key>& schema() {
         {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
         {"output.direct_io", Kind::boolean, true, 0, 0, false, "Write through aligned staging buffers with O_DIRECT (Linux AIO), bypassing the page cache: about a third of the CPU per byte of buffered writes and steady throughput; a record counts as written once its write has completed. A file system without O_DIRECT (tmpfs) falls back to buffered writes. false: pwritev through the page cache."},
         {"output.format_version", Kind::uint, 1, 1, 2, false, "File format version: 1, or 2 (64-byte record headers with a content CRC and the events' smallest fragment timestamp). A time match mode needs and sets 2."},
+        {"output.format", Kind::choice, "evb", 0, 0, false, "\"evb\": evbd's own files (`.evb`); \"midas\": MIDAS files (`.mid`, docs/FORMATS.md section 9) that MIDAS analysis reads unchanged: a begin-of-run event holding this configuration, one MIDAS event per built event (banks EVBH, EVBS and one per section), an end-of-run event with the counts when a file closes cleanly. Rotation, O_DIRECT, back-pressure and recovery as for `.evb`.", {"evb", "midas"}},
+        {"output.midas.event_id", Kind::uint, 1, 0, 0x7FFF, false, "MIDAS output: the event_id of the built events' MIDAS events (0x8000 and above are MIDAS's own run markers)."},
+        {"output.midas.bank_names", Kind::bank_names, json::object(), 0, 0, false, "MIDAS output: bank names by source_id, e.g. {\"7\": \"PB07\"}: 4 letters, digits or _ each. A source without one gets `S` and its id in three upper-case hex digits (S000..SFFF); a source above 0xFFF must have one, two sources may not share one, and EVBH and EVBS are taken."},
         {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
         {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
         {"control.socket", Kind::string, "", 0, 0, false, "Unix socket for run control (evb-ctl: status, start, stop, reload); empty: none. The package sets /run/evbd/evbd.sock (group evbd, mode 0660)."},
@@ -104,6 +108,7 @@ const char* kind_name(Kind k) {
         case Kind::sources: return "count or array of ids";
         case Kind::fsync: return "\"never\", \"close\" or integer ms";
         case Kind::choice: return "string";
+        case Kind::bank_names: return "object: source_id -> 4-character name";
     }
     return "?";
 }
@@ -123,6 +128,15 @@ json* lookup(json& root, const std::string& path, bool create) {
         if (dot == std::string::npos) return cur;
         start = dot + 1;
     }
+}
+
+// A source id written as an object key: decimal digits only, at most UINT32_MAX.
+std::optional<std::uint32_t> parse_source_id(const std::string& key) {
+    if (key.empty() || key.size() > 10 || !std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return std::nullopt;
+    const std::uint64_t v = std::stoull(key);
+    if (v > UINT32_MAX) return std::nullopt;
+    return static_cast<std::uint32_t>(v);
 }
 
 bool is_uint(const json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0); }
@@ -202,6 +216,21 @@ bool check_value(const Key& k, const json& v, std::vector<std::string>& problems
             if (v.is_string() && (v == "never" || v == "close")) return true;
             if (is_uint(v)) return range(v.get<std::uint64_t>());
             return bad_type();
+        case Kind::bank_names: {
+            if (!v.is_object()) return bad_type();
+            bool ok = true;
+            for (auto it = v.begin(); it != v.end(); ++it) {
+                if (!parse_source_id(it.key())) {
+                    problems.push_back(fmt::format("{}.{}: not a source id (a decimal number 0..4294967295)", k.path, it.key()));
+                    ok = false;
+                } else if (!it.value().is_string() || !midas::valid_bank_name(it.value().get<std::string>())) {
+                    problems.push_back(fmt::format("{}.{}: a bank name is 4 characters (letters, digits or _), got {}",
+                                                   k.path, it.key(), show(it.value())));
+                    ok = false;
+                }
+            }
+            return ok;
+        }
     }
     return false;
 }
@@ -314,6 +343,29 @@ std::optional<TooDeep> find_too_deep(std::string_view text) {
     return std::nullopt;
 }
 
+// MIDAS output: every expected source has a bank name, and no two sources (nor a
+// source and evbd's own EVBH and EVBS) share one.
+void check_bank_names(const Config& c, std::vector<std::string>& problems) {
+    constexpr const char* kKey = "output.midas.bank_names";
+    const midas::BankNames names(c.output.midas.bank_names);
+    std::map<std::string, std::uint32_t> taken;  // name -> the first source giving it
+    for (const std::uint32_t id : c.sources) {
+        midas::BankName n;
+        if (!names.of(id, n)) {
+            problems.push_back(fmt::format("{}: source {} (0x{:X}) is above 0xFFF and has no bank name", kKey, id, id));
+            continue;
+        }
+        const std::string name(n.data(), n.size());
+        if (name == "EVBH" || name == "EVBS") {
+            problems.push_back(fmt::format("{}.{}: \"{}\" is evbd's own bank", kKey, id, name));
+            continue;
+        }
+        const auto [it, fresh] = taken.emplace(name, id);
+        if (!fresh)
+            problems.push_back(fmt::format("{}: sources {} and {} would both write bank \"{}\"", kKey, it->second, id, name));
+    }
+}
+
 std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& overrides, Names names) {
     std::vector<std::string> problems;
     if (!doc.is_object()) throw ConfigError({fmt::format("the configuration must be a JSON object, got {}", show(doc))});
@@ -396,6 +448,15 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->output.directory = str("output.directory");
     c->output.max_file_bytes = u64("output.max_file_bytes");
     c->output.direct_io = lookup(eff, "output.direct_io", false)->get<bool>();
+    c->output.format = str("output.format") == "midas" ? OutputFormat::midas : OutputFormat::evb;
+    c->output.midas.event_id = static_cast<std::uint16_t>(u32("output.midas.event_id"));
+    for (const auto& [key, name] : lookup(eff, "output.midas.bank_names", false)->items()) {
+        midas::BankName n;
+        std::memcpy(n.data(), name.get<std::string>().data(), n.size());
+        c->output.midas.bank_names.emplace_back(*parse_source_id(key), n);
+    }
+    std::sort(c->output.midas.bank_names.begin(), c->output.midas.bank_names.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
     const json& fs = *lookup(eff, "output.fsync", false);
     if (fs.is_string()) {
         c->output.fsync = fs == "never" ? FsyncPolicy::never : FsyncPolicy::on_close;
@@ -447,6 +508,7 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         c->output.format_version = 2;
         *lookup(eff, "output.format_version", true) = 2;
     }
+    if (c->output.format == OutputFormat::midas) check_bank_names(*c, problems);
     if (c->building.max_buffer_bytes / (c->input.max_datagram_bytes + 64ull) < 2ull * c->input.batch * c->input.readers)
         problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",
                                        c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.readers, c->input.batch));
