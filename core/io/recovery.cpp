@@ -8,9 +8,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <span>
 #include <vector>
 
 #include "core/format/file_format.hpp"
+#include "core/format/wire.hpp"
+#include "core/format/midas_format.hpp"
+#include "core/io/run_summary.hpp"
 
 namespace evb::file {
 
@@ -40,15 +45,36 @@ int write_both(int fd, struct iovec (&iov)[2]) {
     return 0;
 }
 
-std::string recovered_name(const std::string& path) {
+// `ext` is ".evb" or ".mid".
+std::string recovered_name(const std::string& path, const char* ext) {
     std::string dest = path;
     if (dest.size() > 5 && dest.compare(dest.size() - 5, 5, ".part") == 0)
         dest.resize(dest.size() - 5);
-    else if (dest.size() > 4 && dest.compare(dest.size() - 4, 4, ".evb") == 0)
-        dest += ".recovered.evb";
+    else if (dest.size() > 4 && dest.compare(dest.size() - 4, 4, ext) == 0)
+        dest += std::string(".recovered") + ext;
     else
-        dest += ".evb";
+        dest += ext;
     return dest;
+}
+
+// A MIDAS file begins with its begin-of-run event: event_id 0x8000, mask "MI".
+bool looks_midas(std::span<const std::byte> image) {
+    return image.size() >= 4 && wire::load_u16(image.data()) == midas::kEventIdBor &&
+           wire::load_u16(image.data() + 2) == midas::kMidasMagic;
+}
+
+// The end-of-run event a recovered MIDAS file ends with: the counts of its events
+// and that it was recovered (the run's counts are not known from one file).
+std::vector<std::byte> recovered_eor(const midas::ScanResult& s) {
+    StatusCounts status;
+    midas::DecodedEvent d;
+    for (const auto& e : s.events)
+        if (midas::decode_built(e, d)) status.add(d.status);
+    nlohmann::ordered_json counts;
+    counts["recovered"] = true;
+    counts["file"] = {{"events", s.events.size()}, {"status", to_json(status)}, {"bytes", s.good_bytes}};
+    const std::uint32_t time = s.events.empty() ? s.bor.time_stamp : s.events.back().header.time_stamp;
+    return midas::encode_run_marker(midas::kEventIdEor, s.bor.serial_number, time, counts.dump());
 }
 
 bool is_part(const std::string& path) { return path.size() > 5 && path.compare(path.size() - 5, 5, ".part") == 0; }
@@ -63,20 +89,35 @@ Recovery recover(const std::string& part_path) noexcept {
     };
     try {
         const MappedFile in(part_path);
-        const ScanResult s = scan(in.bytes());
-        if (!s.header_ok)
-            return fail(fmt::format("{}: {}", part_path, s.problems.empty() ? "bad header" : s.problems[0].what));
-        const std::string dest = recovered_name(part_path);
+        const bool is_midas = looks_midas(in.bytes());
+        ScanResult s;
+        midas::ScanResult ms;
+        std::vector<std::byte> tail;
+        std::size_t events = 0;
+        if (is_midas) {
+            ms = midas::scan(in.bytes());
+            if (!ms.bor_ok)
+                return fail(fmt::format("{}: {}", part_path, ms.problems.empty() ? "bad begin-of-run event" : ms.problems[0].what));
+            s.good_bytes = ms.good_bytes;
+            if (!ms.has_eor) tail = recovered_eor(ms);  // a torn file: cut after its last whole event
+            events = ms.events.size();
+        } else {
+            s = scan(in.bytes());
+            if (!s.header_ok)
+                return fail(fmt::format("{}: {}", part_path, s.problems.empty() ? "bad header" : s.problems[0].what));
+            std::vector<IndexEntry> index;
+            index.reserve(s.records.size());
+            for (const auto& rec : s.records) index.push_back({rec.header.event_id, rec.file_offset});
+            tail = encode_index_and_footer(index, s.good_bytes);
+            events = s.records.size();
+        }
+        const std::string dest = recovered_name(part_path, is_midas ? ".mid" : ".evb");
         // rename() would silently replace an existing file: never trade a good file
         // for a recovered one.
         if (::access(dest.c_str(), F_OK) == 0) return fail(fmt::format("{}: already exists, not overwriting it", dest));
         const std::string tmp = dest + ".tmp";
         const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0) return fail(fmt::format("{}: {}", tmp, std::strerror(errno)));
-        std::vector<IndexEntry> index;
-        index.reserve(s.records.size());
-        for (const auto& rec : s.records) index.push_back({rec.header.event_id, rec.file_offset});
-        const auto tail = encode_index_and_footer(index, s.good_bytes);
         struct iovec iov[2] = {{const_cast<std::byte*>(in.bytes().data()), s.good_bytes},
                                {const_cast<std::byte*>(tail.data()), tail.size()}};
         int e = write_both(fd, iov);
@@ -100,7 +141,7 @@ Recovery recover(const std::string& part_path) noexcept {
         }
         if (dest != part_path && is_part(part_path)) ::unlink(part_path.c_str());
         r.output = dest;
-        r.events = s.records.size();
+        r.events = events;
         return r;
     } catch (const std::exception& ex) {  // MappedFile: the file cannot be opened or mapped
         return fail(ex.what());
