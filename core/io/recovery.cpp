@@ -4,6 +4,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "core/format/file_format.hpp"
 #include "core/format/wire.hpp"
 #include "core/format/midas_format.hpp"
+#include "core/io/output_file.hpp"
 #include "core/io/run_summary.hpp"
 
 namespace evb::file {
@@ -63,6 +65,26 @@ bool looks_midas(std::span<const std::byte> image) {
            wire::load_u16(image.data() + 2) == midas::kMidasMagic;
 }
 
+// With O_DIRECT the writer hands the file to the kernel in stages of
+// OutputFile::kStageBytes, in order, with space allocated (zeros) ahead of them: a
+// crash can lose the stage being filled while the one before it is on disk. An event
+// that crosses into the lost stage then reads as whole, its tail zeros, and a MIDAS
+// event has no checksum to tell. So when everything from a stage boundary inside the
+// last event to the end of the file is zero, that event is taken as cut short. (A
+// real event whose bytes after such a boundary are all zero, last before the crash,
+// is dropped with it: the price of a format without a checksum.)
+void drop_torn_stage_tail(std::span<const std::byte> image, midas::ScanResult& s) {
+    if (s.events.empty()) return;
+    const midas::EventView& last = s.events.back();
+    const std::uint64_t end = last.file_offset + midas::kEventHeaderBytes + last.header.data_size;
+    const std::uint64_t boundary = (last.file_offset / OutputFile::kStageBytes + 1) * OutputFile::kStageBytes;
+    if (boundary >= end) return;  // inside one stage: written whole or not at all
+    const auto after = image.subspan(boundary);
+    if (!std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; })) return;
+    s.good_bytes = last.file_offset;
+    s.events.pop_back();
+}
+
 // The end-of-run event a recovered MIDAS file ends with: the counts of its events
 // and that it was recovered (the run's counts are not known from one file).
 std::vector<std::byte> recovered_eor(const midas::ScanResult& s) {
@@ -98,8 +120,11 @@ Recovery recover(const std::string& part_path) noexcept {
             ms = midas::scan(in.bytes());
             if (!ms.bor_ok)
                 return fail(fmt::format("{}: {}", part_path, ms.problems.empty() ? "bad begin-of-run event" : ms.problems[0].what));
+            if (!ms.has_eor) {
+                drop_torn_stage_tail(in.bytes(), ms);
+                tail = recovered_eor(ms);  // a torn file: cut after its last whole event
+            }
             s.good_bytes = ms.good_bytes;
-            if (!ms.has_eor) tail = recovered_eor(ms);  // a torn file: cut after its last whole event
             events = ms.events.size();
         } else {
             s = scan(in.bytes());

@@ -177,3 +177,46 @@ TEST_CASE("MIDAS recovery: a torn .part is cut after its last whole event") {
     // Recovering a .mid writes X.mid.recovered.mid beside it, never over it.
     CHECK(ef::recover(r.output).output == r.output + ".recovered.mid");
 }
+
+TEST_CASE("MIDAS recovery: an event crossing into an O_DIRECT stage that never reached the disk is cut") {
+    const evb::test::TempDir tmp;
+    const std::uint64_t boundary = ef::OutputFile::kStageBytes;
+    Bytes img = em::encode_run_marker(em::kEventIdBor, kRun, 1700000000, R"({"config":true})");
+    std::uint32_t n = 0;
+    for (;; ++n) {
+        const Bytes e = midas_event(n);
+        if (img.size() + e.size() + 4096 > boundary) break;
+        img.insert(img.end(), e.begin(), e.end());
+    }
+    // Event n: one section whose bytes run 1000 past the stage boundary, so that
+    // every header of the event lies before it and only payload after it.
+    const std::size_t payload_at = img.size() + em::head_bytes(1) + em::kBankBytes;
+    const std::vector<em::SectionInfo> sections = {{0, 0, static_cast<std::uint32_t>(boundary - payload_at + 1000)}};
+    em::BuiltEvent b;
+    b.serial_number = n;
+    b.evb_event_id = 1000 + n;
+    Bytes torn(em::event_bytes(sections), std::byte{0x5A});
+    em::encode_head(b, sections, torn.data());
+    em::encode_section_bank(em::default_bank_name(0), sections[0].length, torn.data() + em::head_bytes(1));
+    std::memset(torn.data() + torn.size() - (ef::padded8(sections[0].length) - sections[0].length), 0,
+                ef::padded8(sections[0].length) - sections[0].length);
+    img.insert(img.end(), torn.begin(), torn.end());
+    REQUIRE(em::scan(img).events.size() == n + 1);
+    // The stage after the boundary never reached the disk: zeros, as far as space was allocated.
+    std::fill(img.begin() + static_cast<std::ptrdiff_t>(boundary), img.end(), std::byte{0});
+    img.resize(img.size() + 65536, std::byte{0});
+    const std::string part = tmp / "run000042_001_00000.mid.part";
+    {
+        std::ofstream out(part, std::ios::binary | std::ios::trunc);
+        out.write(reinterpret_cast<const char*>(img.data()), static_cast<std::streamsize>(img.size()));
+    }
+    // The scan alone takes event n as whole (its headers and sizes fit, its padding is zero)...
+    CHECK(em::scan(img).events.size() == n + 1);
+    // ... recovery does not.
+    const ef::Recovery r = ef::recover(part);
+    REQUIRE(r.ok());
+    CHECK(r.events == n);
+    const em::ScanResult c = em::scan(read_all(r.output));
+    CHECK(c.problems.empty());
+    check_events(c, n);
+}
