@@ -7,7 +7,8 @@
 // Run as `evb_alloc_test timestamp` the same traffic comes as version-2 fragments
 // stamped with a trigger time and is matched by timestamp into version-2 records;
 // as `evb_alloc_test time_slice` each trigger's fragments fall in a time slice of
-// their own (slice n is written once trigger n+1's fragments move the watermarks).
+// their own (slice n is written once trigger n+1's fragments move the watermarks);
+// as `evb_alloc_test midas` the event_id traffic is written as a MIDAS file.
 //
 // Not counted: oneTBB's internal task and buffer memory, which comes from its own
 // allocator (tbbmalloc) and its per-thread small-object pools, recycled by design.
@@ -56,7 +57,8 @@ int fail(const char* what) {
 int main(int argc, char** argv) {
     const bool sliced = argc > 1 && std::strcmp(argv[1], "time_slice") == 0;
     const bool timed = sliced || (argc > 1 && std::strcmp(argv[1], "timestamp") == 0);
-    if (argc > 1 && !timed) return fail("usage: evb_alloc_test [timestamp|time_slice]");
+    const bool midas = argc > 1 && std::strcmp(argv[1], "midas") == 0;
+    if (argc > 1 && !timed && !midas) return fail("usage: evb_alloc_test [timestamp|time_slice|midas]");
     const file::MatchMode mode = sliced ? file::MatchMode::time_slice : file::MatchMode::timestamp;
     constexpr std::uint32_t kSources = 16;
     constexpr std::uint32_t kChunks = 3;
@@ -85,6 +87,11 @@ int main(int argc, char** argv) {
         ws.format_version = 2;
         ws.match = mode;
         ws.window_ticks = sliced ? kTriggerPeriod : 10;
+    }
+    if (midas) {  // event_id traffic written as MIDAS events (docs/FORMATS.md section 9)
+        ws.format = OutputFormat::midas;
+        ws.bank_names = std::make_shared<const midas::BankNames>();
+        ws.config_json = "{}";
     }
     ws.directory = dir;
     ws.max_file_bytes = 1ull << 40;  // no rotation while measuring
