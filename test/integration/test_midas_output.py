@@ -118,6 +118,8 @@ def push_event_id(wd):
     check(sum(f["event_count"] for f in doc["files"]) == events and
           all(f["format"] == "midas" and f["state"] == "clean" for f in doc["files"]),
           "evb-dump lists the MIDAS files as clean with every event")
+    r = subprocess.run([os.path.join(BIN, "evb-dump"), "--check-summary", out], capture_output=True, text=True)
+    check(r.returncode == 0, f"evb-dump --check-summary accepts the run summary of the MIDAS files: {r.stdout.strip()}")
     m_written = m.get("evb_events_written_total", 0)
     check(m_written == events, f"evb_events_written_total counts the MIDAS events ({m_written})")
 
@@ -208,6 +210,12 @@ def sigkill_and_recover(wd):
     check(rec["eor"] is not None and json.loads(rec["eor"][1])["recovered"] is True,
           "it ends with an end-of-run event marked recovered")
     check_event_id_files(files, 100000000, list(range(sources)), 1, {}, RUN, complete=False)
+    # The next start finds run 3 without a summary and rebuilds it from the .mid files.
+    d = Evbd(wd, sets=[f"sources={sources}", "run_number=4", f"output.directory={out}", "output.format=midas"])
+    check(d.stop() == 0, "evbd restarts and stops after the crash")
+    r = subprocess.run([os.path.join(BIN, "evb-dump"), "--check-summary", out], capture_output=True, text=True)
+    check(r.returncode == 0 and "run000003_000.summary.json" in os.listdir(out),
+          f"the crashed run's summary is rebuilt from its .mid files and checks out: {r.stdout.strip()}")
     rc, text = verify([out])
     check(rc == 0, f"evb-dump --verify --pattern passes after recovery: {text.strip().splitlines()[-1]}")
 
