@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -120,8 +121,34 @@ def push_event_id(wd):
           "evb-dump lists the MIDAS files as clean with every event")
     r = subprocess.run([os.path.join(BIN, "evb-dump"), "--check-summary", out], capture_output=True, text=True)
     check(r.returncode == 0, f"evb-dump --check-summary accepts the run summary of the MIDAS files: {r.stdout.strip()}")
+    damaged_copies(wd, out, files, names)
     m_written = m.get("evb_events_written_total", 0)
     check(m_written == events, f"evb_events_written_total counts the MIDAS events ({m_written})")
+
+
+def damaged_copies(wd, out, files, names):
+    """evb-dump --verify --pattern finds a changed payload byte and a renamed bank."""
+    bad = os.path.join(wd, "bad")
+    os.makedirs(bad)
+    name, f = files[0]
+    h, banks = next((h, b) for h, b in f["events"] if len(midas_built(b)[3][3][3]) > 0)  # PB03 holds bytes
+    evid = midas_built(banks)[0]
+    with open(os.path.join(out, name), "rb") as src:
+        data = bytearray(src.read())
+    event_at = data.index(struct.pack("<HHI", h[0], h[1], h[2]))  # event_id, mask, serial: the event's header
+    bank_at = data.index(b"PB03", event_at)
+    payload = bank_at + 16
+    size = struct.unpack_from("<I", data, bank_at + 8)[0]
+    for label, at, value, says in (("payload", payload + size // 2, data[payload + size // 2] ^ 0xFF,
+                                    f"event {evid} source 3: payload byte {size // 2} of {size} differs"),
+                                   ("bank name", bank_at, ord("Q"), "bank QB03, the configuration names it PB03")):
+        copy = bytearray(data)
+        copy[at] = value
+        path = os.path.join(bad, name)
+        with open(path, "wb") as dst:
+            dst.write(copy)
+        rc, text = verify([path])
+        check(rc == 1 and says in text, f"evb-dump --verify --pattern finds a changed {label}: {says}")
 
 
 def timestamp_mode(wd):
