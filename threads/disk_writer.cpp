@@ -7,7 +7,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include "core/format/wire.hpp"
 #include "core/util/clock.hpp"
 #include "core/util/log.hpp"
 #include "monitor/sampler.hpp"
@@ -24,6 +26,9 @@ constexpr std::size_t kMaxEventsPerWork = 1024;
 // writer, out of events, writes the partial stage out (see do_work).
 constexpr std::uint64_t kPushAfterNs = 20'000'000;
 constexpr std::uint64_t kSettlePollNs = 500'000;
+// MIDAS output: room for the heads and bank headers of a batch (an event of 8
+// sections takes 240 bytes); a batch that fills it is flushed early.
+constexpr std::size_t kMidasArenaBytes = 1u << 20;
 
 }  // namespace
 
@@ -52,6 +57,10 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
     // 64 Ki index entries (1 MiB) up front; beyond that the index doubles a few
     // times during the first large file and then keeps its capacity.
     file_.reserve_index(std::size_t{1} << 16);
+    if (s_.format == OutputFormat::midas) {
+        midas_arena_.resize(kMidasArenaBytes);
+        batch_file_bytes_.reserve(kMaxEventsPerWork);
+    }
 }
 
 std::size_t DiskWriter::pending() const noexcept {
@@ -64,7 +73,16 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     const std::uint64_t now = realtime_ns();
     if (now < retry_open_after_ns_) return false;
     ::mkdir(s_.directory.c_str(), 0755);
-    if (run != file_run_) next_seq_ = 0;
+    if (run != file_run_ || !run_known_) {
+        next_seq_ = 0;
+        // MIDAS: serial numbers count the run's events from 0; the begin-of-run
+        // events carry when this builder started writing the run.
+        run_known_ = true;
+        file_first_serial_ = 0;
+        run_events_ = 0;
+        run_status_ = {};
+        run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);
+    }
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
     // The header states what the file's records hold: one section per source
     // expected by the set they were built under (the event's own count).
@@ -73,10 +91,17 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     h.match_mode = s_.match;
     h.window_ticks = s_.window_ticks;
     h.codec = codec;  // one per expected-source set, as the section count
-    if (const int e = file_.open(s_.directory, h, s_.direct_io); e != 0) {
+    const bool midas = s_.format == OutputFormat::midas;
+    const int e = midas ? file_.open_midas(s_.directory, h,
+                                           midas::encode_run_marker(midas::kEventIdBor, run, run_start_unix_s_,
+                                                                    s_.config_json),
+                                           s_.direct_io)
+                        : file_.open(s_.directory, h, s_.direct_io);
+    if (e != 0) {
         counters_.write_errors.add();
         log_error("cannot open {}/{}: {} (retrying in 1 s)", s_.directory,
-                   file::file_name(run, s_.builder_id, seq, true), std::strerror(e));
+                  midas ? midas::file_name(run, s_.builder_id, seq, true) : file::file_name(run, s_.builder_id, seq, true),
+                  std::strerror(e));
         retry_open_after_ns_ = now + 1'000'000'000ull;
         return false;
     }
@@ -84,6 +109,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         log_warn("output.direct_io: {} does not support O_DIRECT; writing through the page cache", s_.directory);
         warned_direct_ = true;
     }
+    midas_ = midas;
     file_run_ = run;
     file_set_ = set;
     file_seq_ = seq;
@@ -114,7 +140,7 @@ void DiskWriter::close_file() {
     const bool sync = s_.fsync != FsyncPolicy::never;
     const std::uint64_t records_end = file_.size();
     const std::size_t records = file_.event_count();
-    if (const int e = file_.close_clean(sync); e != 0) {
+    if (const int e = close_output(sync); e != 0) {
         counters_.write_errors.add();
         log_error("closing {}: {} (the .part file keeps every record written; evb-dump --recover makes it clean)",
                   file_.part_path(), std::strerror(e));
@@ -132,6 +158,78 @@ void DiskWriter::close_file() {
 
 void DiskWriter::report_closed(bool clean, std::uint64_t events) {
     if (closed_ != nullptr) closed_->push({file_run_, file_seq_, events, file_status_, clean, 0});
+    // The next file of the run goes on from here (after a write error that lost
+    // events, its serial numbers skip them).
+    file_first_serial_ += static_cast<std::uint32_t>(events);
+    run_events_ += events;
+    run_status_ += file_status_;
+}
+
+int DiskWriter::close_output(bool sync) {
+    if (!midas_) return file_.close_clean(sync);
+    // Once per file: the end-of-run event with the file's and the run's counts.
+    file::StatusCounts run_status = run_status_;
+    run_status += file_status_;
+    nlohmann::ordered_json counts;
+    counts["file"] = {{"sequence", file_seq_},
+                      {"events", file_.event_count()},
+                      {"status", file::to_json(file_status_)},
+                      {"bytes", file_.size()}};
+    counts["run"] = {{"run_number", file_run_},
+                     {"events", run_events_ + file_.event_count()},
+                     {"status", file::to_json(run_status)}};
+    const auto eor = midas::encode_run_marker(midas::kEventIdEor, file_run_,
+                                              static_cast<std::uint32_t>(realtime_ns() / 1'000'000'000ull),
+                                              counts.dump());
+    return file_.close_with_trailer(eor, sync);
+}
+
+bool DiskWriter::reserve_midas(const Event& e) {
+    const std::size_t n = e.record_sections();
+    const std::size_t need = midas::head_bytes(n) + midas::kBankBytes * n;
+    if (midas_used_ + need <= midas_arena_.size()) return true;
+    flush_batch();  // the gather list points into the arena: empty it first
+    if (blocked_) return false;
+    if (need > midas_arena_.size()) midas_arena_.resize(need);  // an event larger than any before
+    return true;
+}
+
+std::size_t DiskWriter::gather_midas(const Event& e) {
+    midas_sections_.clear();
+    for (std::uint32_t i = 0; i < e.section_count; ++i) {
+        if (!e.section_in_record(i)) continue;
+        const std::byte* h = e.section_header(i);  // as assembled for the .evb record
+        midas_sections_.push_back({wire::load_u32(h), wire::load_u32(h + 4), wire::load_u32(h + 8)});
+    }
+    midas::BuiltEvent b;
+    b.event_id = s_.midas_event_id;
+    b.serial_number = file_first_serial_ + static_cast<std::uint32_t>(file_.event_count() - 1);
+    b.time_stamp = static_cast<std::uint32_t>(e.built_unix_ns / 1'000'000'000ull);
+    b.evb_event_id = e.event_id;
+    b.timestamp = e.layout == RecordLayout::v1 ? 0 : e.timestamp;
+    b.status = e.status;
+    std::byte* p = midas_arena_.data() + midas_used_;
+    const std::size_t total = midas::encode_head(b, midas_sections_, p);
+    const std::size_t head = midas::head_bytes(midas_sections_.size());
+    iov_.push_back({p, head});
+    p += head;
+    auto gather = [this](const void* piece, std::size_t len) { iov_.push_back({const_cast<void*>(piece), len}); };
+    std::size_t k = 0;
+    for (std::uint32_t i = 0; i < e.section_count; ++i) {
+        if (!e.section_in_record(i)) continue;
+        const midas::SectionInfo& info = midas_sections_[k++];
+        if (!info.has_bank()) continue;
+        midas::BankName name;
+        if (s_.bank_names == nullptr || !s_.bank_names->of(info.source_id, name))
+            name = midas::default_bank_name(info.source_id);  // not reached: the configuration names every source
+        midas::encode_section_bank(name, info.length, p);
+        iov_.push_back({p, midas::kBankBytes});
+        p += midas::kBankBytes;
+        for_each_section_piece(e, i, gather);
+    }
+    midas_used_ = static_cast<std::size_t>(p - midas_arena_.data());
+    batch_file_bytes_.push_back(static_cast<std::uint32_t>(total));
+    return total;
 }
 
 void DiskWriter::block_output(int err, const char* what) {
@@ -141,7 +239,7 @@ void DiskWriter::block_output(int err, const char* what) {
     // boundary. The batch's events are held, in order, and written again later.
     const std::string path = file_.part_path();
     const int rb = batch_start_index_ == 0 ? 0 : file_.rollback(batch_start_offset_, batch_start_index_);
-    const int cl = batch_start_index_ == 0 || rb != 0 ? rb : file_.close_clean(s_.fsync != FsyncPolicy::never);
+    const int cl = batch_start_index_ == 0 || rb != 0 ? rb : close_output(s_.fsync != FsyncPolicy::never);
     if (batch_start_index_ == 0) {
         // The failed batch was the file's first: cut back, it would be a header and an
         // empty index, a closed run file with no event. It goes, and its sequence
@@ -175,7 +273,9 @@ void DiskWriter::block_output(int err, const char* what) {
     }
     held_for_retry_.insert(held_for_retry_.begin(), batch_.begin(), batch_.end());
     batch_.clear();
+    batch_file_bytes_.clear();
     iov_.clear();
+    midas_used_ = 0;
     batch_bytes_ = 0;
     retry_write_after_ns_ = realtime_ns() + 1'000'000'000ull;
     hold_output();
@@ -217,6 +317,7 @@ void DiskWriter::flush_batch() {
         counters_.writes.add();
     }
     iov_.clear();
+    midas_used_ = 0;
     batch_bytes_ = 0;
     release_batch();
 }
@@ -226,7 +327,11 @@ void DiskWriter::release_batch(bool lost) {
     const std::uint64_t now = realtime_ns();
     std::uint64_t payload = 0, records = 0;
     std::uint64_t end = batch_start_offset_;
-    for (Event* e : batch_) {
+    for (std::size_t k = 0; k < batch_.size(); ++k) {
+        Event* e = batch_[k];
+        // Its size in the file: the .evb record, or the MIDAS event (events lost
+        // while output was blocked were never gathered, and are in no file).
+        const std::uint32_t file_bytes = !midas_ ? e->record_length : k < batch_file_bytes_.size() ? batch_file_bytes_[k] : 0;
         std::uint64_t event_payload = 0;
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
             if (!e->section_present(i)) continue;
@@ -238,10 +343,10 @@ void DiskWriter::release_batch(bool lost) {
             }
         }
         payload += event_payload;
-        records += e->record_length;
-        end += e->record_length;
+        records += file_bytes;
+        end += file_bytes;
         if (!lost) {
-            unsettled_.push_back({end, e->event_id, event_payload, e->record_length, e->plain_length, now});
+            unsettled_.push_back({end, e->event_id, event_payload, file_bytes, midas_ ? file_bytes : e->plain_length, now});
             file_status_.add(e->status);
         }
         counters_.write_latency.observe(now > e->built_unix_ns ? now - e->built_unix_ns : 0);
@@ -258,6 +363,7 @@ void DiskWriter::release_batch(bool lost) {
     }
     if (lost) counters_.events_lost_write_error.add(batch_.size());
     batch_.clear();
+    batch_file_bytes_.clear();
     // The slots went back already: the bytes are in the file's pages or staging
     // buffer. Whether the kernel has them is another matter (settle, in do_work).
 }
@@ -322,15 +428,23 @@ void DiskWriter::write_event(Event* e) {
         hold_output();
         return;
     }
+    if (midas_ && !reserve_midas(*e)) {
+        held_for_retry_.push_back(e);
+        return;
+    }
     if (batch_.empty()) {
         batch_start_offset_ = file_.size();
         batch_start_index_ = file_.event_count();
     }
     const std::uint64_t offset = file_.size() + batch_bytes_;
     file_.note_record(e->event_id, offset);
-    iov_.push_back({e->record_header(), e->record_header_bytes()});
-    for_each_record_piece(*e, [this](const void* p, std::size_t len) { iov_.push_back({const_cast<void*>(p), len}); });
-    batch_bytes_ += e->record_length;
+    if (midas_) {
+        batch_bytes_ += gather_midas(*e);
+    } else {
+        iov_.push_back({e->record_header(), e->record_header_bytes()});
+        for_each_record_piece(*e, [this](const void* p, std::size_t len) { iov_.push_back({const_cast<void*>(p), len}); });
+        batch_bytes_ += e->record_length;
+    }
     batch_.push_back(e);
     if (sampler_ != nullptr && sampler_->wanted()) {
         // A sample stream's header is this file's but for the sequence number: a

@@ -75,6 +75,14 @@ private:
         std::uint64_t written_ns;  // when the writer handed it to the file
     };
     void settle(std::uint64_t kernel_offset);
+    // Closes the open file clean: index and footer for `.evb`, the end-of-run event
+    // for MIDAS. Returns 0 or an errno value.
+    int close_output(bool sync);
+    // MIDAS output: makes room in midas_arena_ for e's head and bank headers
+    // (flushing the batch first if need be); false when that flush failed.
+    bool reserve_midas(const Event& e);
+    // Appends e's MIDAS event to the gather list; returns its size in the file.
+    std::size_t gather_midas(const Event& e);
     // The file is closed: settled up to `kernel_offset`, the rest counted lost.
     void settle_or_lose(std::uint64_t kernel_offset);
 
@@ -116,6 +124,22 @@ private:
     void block_output(int err, const char* what);
     bool try_resume();
     bool warned_direct_ = false;
+
+    // MIDAS output (docs/FORMATS.md section 9), chosen per file at open: the heads
+    // and bank headers of the batch being gathered (iov_ points into the arena, so it
+    // grows only while no batch is open), each event's size in the file, and the
+    // serial number of the open file's first event. Counts of the run's closed files
+    // go into each end-of-run event.
+    bool midas_ = false;
+    std::vector<std::byte> midas_arena_;
+    std::size_t midas_used_ = 0;
+    std::vector<std::uint32_t> batch_file_bytes_;
+    std::vector<midas::SectionInfo> midas_sections_;
+    std::uint32_t file_first_serial_ = 0;
+    bool run_known_ = false;
+    std::uint32_t run_start_unix_s_ = 0;
+    std::uint64_t run_events_ = 0;
+    file::StatusCounts run_status_;
 
     std::vector<Unsettled> unsettled_;  // in file order, from unsettled_head_ on
     std::size_t unsettled_head_ = 0;

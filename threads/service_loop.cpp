@@ -644,8 +644,10 @@ void ServiceLoop::write_summary(const EndedRun& r) {
             others.push_back(f);
             continue;
         }
-        files.push_back({file::file_name(f.run_number, w.builder_id, f.file_sequence, !f.clean), f.events, 0, f.clean,
-                         f.status});
+        const std::string name = w.format == OutputFormat::midas
+                                     ? midas::file_name(f.run_number, w.builder_id, f.file_sequence, !f.clean)
+                                     : file::file_name(f.run_number, w.builder_id, f.file_sequence, !f.clean);
+        files.push_back({name, f.events, 0, f.clean, f.status});
     }
     closed_files_.swap(others);
     file::fill_sizes(dir, files);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fmt/format.h>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -30,7 +31,7 @@ ConfigError::ConfigError(std::vector<std::string> p)
 
 namespace {
 
-enum class Kind { uint, uint_or_auto, boolean, string, string_list, int_list, sources, fsync, choice, addresses, frames };
+enum class Kind { uint, uint_or_auto, boolean, string, string_list, int_list, sources, fsync, choice, addresses, frames, bank_names };
 
 struct Key {
     const char* path;
@@ -80,6 +81,9 @@ const std::vector<Key>& schema() {
         {"output.format_version", Kind::uint, 1, 1, 2, false, "File format version: 1, or 2 (64-byte record headers with a content CRC and the events' smallest fragment timestamp). A time match mode needs and sets 2."},
         {"output.compression", Kind::choice, "none", 0, 0, true, "Record compression (docs/FORMATS.md 6.2): \"none\", \"lz4\" (one LZ4 block per record) or \"zstd\" (one zstd frame per record). Records are compressed by the graph workers beside assembly, never by the disk writer; a record that would not shrink is stored raw. Needs version-2 files (sets output.format_version 2). A reload applies it from the next file (the file header names the codec), unless evbd started with version-1 files.", {"none", "lz4", "zstd"}},
         {"output.compression_level", Kind::uint, 1, 1, 22, true, "Codec level: lz4 1 is LZ4's fast mode, 2..12 LZ4 HC; zstd 1..22 (1 and 3 are the line-rate levels). Live on reload."},
+        {"output.format", Kind::choice, "evb", 0, 0, false, "\"evb\": evbd's own files (`.evb`); \"midas\": MIDAS files (`.mid`, docs/FORMATS.md section 9) that MIDAS analysis reads unchanged: a begin-of-run event holding this configuration, one MIDAS event per built event (banks EVBH, EVBS and one per section), an end-of-run event with the counts when a file closes cleanly. Rotation, O_DIRECT, back-pressure and recovery as for `.evb`.", {"evb", "midas"}},
+        {"output.midas.event_id", Kind::uint, 1, 0, 0x7FFF, false, "MIDAS output: the event_id of the built events' MIDAS events (0x8000 and above are MIDAS's own run markers)."},
+        {"output.midas.bank_names", Kind::bank_names, json::object(), 0, 0, false, "MIDAS output: bank names by source_id, e.g. {\"7\": \"PB07\"}: 4 letters, digits or _ each. A source without one gets `S` and its id in three upper-case hex digits (S000..SFFF); a source above 0xFFF must have one, two sources may not share one, and EVBH and EVBS are taken."},
         {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
         {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
         {"control.socket", Kind::string, "", 0, 0, false, "Unix socket for run control (evb-ctl: status, start, stop, reload); empty: none. The package sets /run/evbd/evbd.sock (group evbd, mode 0660)."},
@@ -111,6 +115,7 @@ const char* kind_name(Kind k) {
         case Kind::choice: return "string";
         case Kind::addresses: return "string or array of strings";
         case Kind::frames: return "array of frame descriptions";
+        case Kind::bank_names: return "object: source_id -> 4-character name";
     }
     return "?";
 }
@@ -130,6 +135,15 @@ json* lookup(json& root, const std::string& path, bool create) {
         if (dot == std::string::npos) return cur;
         start = dot + 1;
     }
+}
+
+// A source id written as an object key: decimal digits only, at most UINT32_MAX.
+std::optional<std::uint32_t> parse_source_id(const std::string& key) {
+    if (key.empty() || key.size() > 10 || !std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return std::nullopt;
+    const std::uint64_t v = std::stoull(key);
+    if (v > UINT32_MAX) return std::nullopt;
+    return static_cast<std::uint32_t>(v);
 }
 
 bool is_uint(const json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0); }
@@ -222,6 +236,21 @@ bool check_value(const Key& k, const json& v, std::vector<std::string>& problems
             if (v.is_string() && (v == "never" || v == "close")) return true;
             if (is_uint(v)) return range(v.get<std::uint64_t>());
             return bad_type();
+        case Kind::bank_names: {
+            if (!v.is_object()) return bad_type();
+            bool ok = true;
+            for (auto it = v.begin(); it != v.end(); ++it) {
+                if (!parse_source_id(it.key())) {
+                    problems.push_back(fmt::format("{}.{}: not a source id (a decimal number 0..4294967295)", k.path, it.key()));
+                    ok = false;
+                } else if (!it.value().is_string() || !midas::valid_bank_name(it.value().get<std::string>())) {
+                    problems.push_back(fmt::format("{}.{}: a bank name is 4 characters (letters, digits or _), got {}",
+                                                   k.path, it.key(), show(it.value())));
+                    ok = false;
+                }
+            }
+            return ok;
+        }
     }
     return false;
 }
@@ -335,6 +364,29 @@ std::optional<TooDeep> find_too_deep(std::string_view text) {
     return std::nullopt;
 }
 
+// MIDAS output: every expected source has a bank name, and no two sources (nor a
+// source and evbd's own EVBH and EVBS) share one.
+void check_bank_names(const Config& c, std::vector<std::string>& problems) {
+    constexpr const char* kKey = "output.midas.bank_names";
+    const midas::BankNames names(c.output.midas.bank_names);
+    std::map<std::string, std::uint32_t> taken;  // name -> the first source giving it
+    for (const std::uint32_t id : c.sources) {
+        midas::BankName n;
+        if (!names.of(id, n)) {
+            problems.push_back(fmt::format("{}: source {} (0x{:X}) is above 0xFFF and has no bank name", kKey, id, id));
+            continue;
+        }
+        const std::string name(n.data(), n.size());
+        if (name == "EVBH" || name == "EVBS") {
+            problems.push_back(fmt::format("{}.{}: \"{}\" is evbd's own bank", kKey, id, name));
+            continue;
+        }
+        const auto [it, fresh] = taken.emplace(name, id);
+        if (!fresh)
+            problems.push_back(fmt::format("{}: sources {} and {} would both write bank \"{}\"", kKey, it->second, id, name));
+    }
+}
+
 std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& overrides, Names names) {
     std::vector<std::string> problems;
     if (!doc.is_object()) throw ConfigError({fmt::format("the configuration must be a JSON object, got {}", show(doc))});
@@ -425,6 +477,15 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     const std::string codec = str("output.compression");
     c->output.compression = codec == "lz4" ? file::Codec::lz4 : codec == "zstd" ? file::Codec::zstd : file::Codec::none;
     c->output.compression_level = u32("output.compression_level");
+    c->output.format = str("output.format") == "midas" ? OutputFormat::midas : OutputFormat::evb;
+    c->output.midas.event_id = static_cast<std::uint16_t>(u32("output.midas.event_id"));
+    for (const auto& [key, name] : lookup(eff, "output.midas.bank_names", false)->items()) {
+        midas::BankName n;
+        std::memcpy(n.data(), name.get<std::string>().data(), n.size());
+        c->output.midas.bank_names.emplace_back(*parse_source_id(key), n);
+    }
+    std::sort(c->output.midas.bank_names.begin(), c->output.midas.bank_names.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
     const json& fs = *lookup(eff, "output.fsync", false);
     if (fs.is_string()) {
         c->output.fsync = fs == "never" ? FsyncPolicy::never : FsyncPolicy::on_close;
@@ -490,7 +551,11 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         c->output.format_version = 2;
         *lookup(eff, "output.format_version", true) = 2;
     }
-    if (c->output.compression != file::Codec::none) {
+    if (c->output.format == OutputFormat::midas) check_bank_names(*c, problems);
+    if (c->output.compression != file::Codec::none && c->output.format == OutputFormat::midas)
+        problems.push_back(fmt::format("output.compression: \"{}\" with output.format \"midas\" (a whole-file .mid.lz4) is not "
+                                       "built yet; record compression is a .evb feature", codec));
+    else if (c->output.compression != file::Codec::none) {
         if (c->output.compression == file::Codec::lz4 && c->output.compression_level > 12)
             problems.push_back(fmt::format("output.compression_level: lz4 has levels 1 (fast) to 12 (HC), got {}",
                                            c->output.compression_level));
@@ -604,7 +669,7 @@ std::vector<std::string> restart_keys_changed(const Config& a, const Config& b) 
         if (x && y && *x != *y) out.emplace_back(k.path);
     }
     // Compression is live in version-2 files only; version 1 is kept until a restart.
-    if (a.output.format_version == 1 && b.output.compression != a.output.compression)
+    if (a.output.format_version == 1 && a.output.format == OutputFormat::evb && b.output.compression != a.output.compression)
         out.emplace_back("output.compression (version-1 files: it needs output.format_version 2)");
     return out;
 }
@@ -615,7 +680,7 @@ std::shared_ptr<const Config> merge_live(const Config& running, const Config& lo
         if (k.live) continue;
         *lookup(doc, k.path, true) = *lookup(const_cast<json&>(running.effective), k.path, false);
     }
-    if (running.output.format_version == 1)
+    if (running.output.format_version == 1 || running.output.format == OutputFormat::midas)
         *lookup(doc, "output.compression", true) = *lookup(const_cast<json&>(running.effective), "output.compression", false);
     return build(std::move(doc), {}, Names::not_resolved);  // the running addresses, checked at start
 }

@@ -16,6 +16,7 @@
 
 #include "core/format/file_format.hpp"
 #include "core/format/frames.hpp"
+#include "core/format/midas_format.hpp"
 
 namespace evb {
 
@@ -26,6 +27,8 @@ struct ConfigError : std::runtime_error {
 
 enum class Mode { push, pull };
 enum class FsyncPolicy { never, on_close, periodic };
+// output.format: evbd's own `.evb` files, or MIDAS files (`.mid`, docs/FORMATS.md section 9).
+enum class OutputFormat { evb, midas };
 // building.match (docs/FORMATS.md section 5): what makes fragments one event; the
 // same values name the mode in a version-2 file header.
 using file::MatchMode;
@@ -77,6 +80,12 @@ struct Config {
         std::uint32_t format_version = 1;  // 2 when a version-2 feature is in use
         file::Codec compression = file::Codec::none;  // version 2 only
         std::uint32_t compression_level = 1;
+        OutputFormat format = OutputFormat::evb;
+        struct Midas {
+            std::uint16_t event_id = 1;
+            // output.midas.bank_names: (source_id, name), ascending source_id.
+            std::vector<std::pair<std::uint32_t, midas::BankName>> bank_names;
+        } midas;
     } output;
 
     struct Monitor {

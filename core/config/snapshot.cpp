@@ -82,6 +82,12 @@ WriterSettings writer_settings(const Config& c) {
                      : c.building.match == MatchMode::time_slice ? c.building.slice_ticks
                                                                  : 0;
     w.run_number = c.run_number;
+    w.format = c.output.format;
+    if (w.format == OutputFormat::midas) {
+        w.midas_event_id = c.output.midas.event_id;
+        w.bank_names = std::make_shared<const midas::BankNames>(c.output.midas.bank_names);
+        w.config_json = c.effective.dump();
+    }
     return w;
 }
 

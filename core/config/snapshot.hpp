@@ -59,6 +59,12 @@ struct WriterSettings {
     // events are held back the same way when run_generation grows. (A file's header
     // states the sections its events have, taken from the events.)
     std::uint32_t set_generation = 0;
+    // output.format; for MIDAS files also the built events' event_id, the bank names
+    // and the configuration text their begin-of-run events hold.
+    OutputFormat format = OutputFormat::evb;
+    std::uint16_t midas_event_id = 1;
+    std::shared_ptr<const midas::BankNames> bank_names;
+    std::string config_json;
 };
 
 struct PullSettings {

@@ -16,6 +16,8 @@
 #include <fmt/format.h>
 #include <stdexcept>
 
+#include "core/format/midas_format.hpp"
+
 namespace evb::file {
 
 namespace {
@@ -68,7 +70,7 @@ void lock_for_writing(int fd) noexcept {
 
 // Creates `name` in `dir_fd` holding `header`, locked, never replacing a file.
 // Returns the descriptor or -errno.
-int create_with_header(int dir_fd, const std::string& name, const std::byte* header) {
+int create_with_header(int dir_fd, const std::string& name, std::span<const std::byte> header) {
     // An unnamed file (O_TMPFILE) gets its lock and header first and its name last,
     // so a crash never leaves a .part without a header and recovery never finds the
     // file unlocked while it is written. linkat fails with EEXIST rather than
@@ -76,7 +78,7 @@ int create_with_header(int dir_fd, const std::string& name, const std::byte* hea
     int fd = ::openat(dir_fd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
     if (fd >= 0) {
         lock_for_writing(fd);
-        int e = write_all(fd, header, kHeaderBytes, 0);
+        int e = write_all(fd, header.data(), header.size(), 0);
         if (e == 0) {
             // Linking an open file by its /proc name needs no privilege (AT_EMPTY_PATH would).
             const std::string self = fmt::format("/proc/self/fd/{}", fd);
@@ -93,7 +95,7 @@ int create_with_header(int dir_fd, const std::string& name, const std::byte* hea
     fd = ::openat(dir_fd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) return -errno;
     lock_for_writing(fd);
-    if (const int e = write_all(fd, header, kHeaderBytes, 0); e != 0) {
+    if (const int e = write_all(fd, header.data(), header.size(), 0); e != 0) {
         // A file without even its header is of no use to anyone: take it back.
         ::close(fd);
         ::unlinkat(dir_fd, name.c_str(), 0);
@@ -111,13 +113,26 @@ OutputFile::~OutputFile() {
 }
 
 int OutputFile::open(const std::string& directory, const FileHeader& h, bool direct) {
+    std::byte hdr[kHeaderBytes];
+    encode_file_header(h, hdr);
+    return open_named(directory, file_name(h.run_number, h.builder_id, h.file_sequence, true),
+                      file_name(h.run_number, h.builder_id, h.file_sequence, false), hdr, direct);
+}
+
+int OutputFile::open_midas(const std::string& directory, const FileHeader& h, std::span<const std::byte> head,
+                           bool direct) {
+    return open_named(directory, midas::file_name(h.run_number, h.builder_id, h.file_sequence, true),
+                      midas::file_name(h.run_number, h.builder_id, h.file_sequence, false), head, direct);
+}
+
+int OutputFile::open_named(const std::string& directory, const std::string& name, const std::string& final_name,
+                           std::span<const std::byte> head, bool direct) {
     abandon();
     index_.clear();
     dir_fd_ = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir_fd_ < 0) return errno;
-    const std::string name = file_name(h.run_number, h.builder_id, h.file_sequence, true);
     part_path_ = directory + "/" + name;
-    final_path_ = directory + "/" + file_name(h.run_number, h.builder_id, h.file_sequence, false);
+    final_path_ = directory + "/" + final_name;
     direct_ = false;
     direct_fallback_ = false;
     current_ = 0;
@@ -128,9 +143,7 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
     reserved_end_ = 0;
     async_error_ = 0;
     failed_offset_ = ~std::uint64_t{0};
-    std::byte hdr[kHeaderBytes];
-    encode_file_header(h, hdr);
-    fd_ = create_with_header(dir_fd_, name, hdr);
+    fd_ = create_with_header(dir_fd_, name, head);
     if (fd_ < 0) {
         const int e = -fd_;
         fd_ = -1;
@@ -138,9 +151,9 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
         dir_fd_ = -1;
         return e;
     }
-    offset_ = kHeaderBytes;
+    offset_ = head_bytes_ = head.size();
     if (direct)
-        if (const int e = start_direct(hdr); e != 0) {
+        if (const int e = start_direct(head); e != 0) {
             ::close(fd_);
             fd_ = -1;
             ::unlinkat(dir_fd_, name.c_str(), 0);
@@ -151,7 +164,13 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
     return 0;
 }
 
-int OutputFile::start_direct(const std::byte* header) {
+int OutputFile::start_direct(std::span<const std::byte> head) {
+    // The head must fit the first stage (a MIDAS begin-of-run event holding a very
+    // long configuration might not): such a file is written buffered.
+    if (head.size() > kStageBytes) {
+        direct_fallback_ = true;
+        return 0;
+    }
     // O_DIRECT is switched on only now, after the header went out through the page
     // cache; a file system that refuses it (tmpfs before Linux 6.6) refuses it here.
     const int flags = ::fcntl(fd_, F_GETFL);
@@ -172,10 +191,10 @@ int OutputFile::start_direct(const std::byte* header) {
         if (sys_io_setup(kStages, &aio_) != 0) aio_ = 0;
     }
     // The first stage starts with the header too: stages cover whole blocks from
-    // offset 0, so its write puts the same 64 bytes there again (the kernel writes
+    // offset 0, so its write puts the same bytes there again (the kernel writes
     // the cached page back before a direct write over it).
-    std::memcpy(stages_, header, kHeaderBytes);
-    stage_len_ = kHeaderBytes;
+    std::memcpy(stages_, head.data(), head.size());
+    stage_len_ = head.size();
     direct_ = true;
     return 0;
 }
@@ -443,7 +462,11 @@ int OutputFile::datasync() {
 
 int OutputFile::close_clean(bool sync) {
     if (fd_ < 0) return EBADF;
-    const auto tail = encode_index_and_footer(index_, offset_);
+    return close_with_trailer(encode_index_and_footer(index_, offset_), sync);
+}
+
+int OutputFile::close_with_trailer(std::span<const std::byte> tail, bool sync) {
+    if (fd_ < 0) return EBADF;
     struct iovec iov {const_cast<std::byte*>(tail.data()), tail.size()};
     if (const int e = append(&iov, 1); e != 0) return e;
     if (direct_)
@@ -484,13 +507,13 @@ std::uint64_t OutputFile::abandon(std::uint64_t records_end) {
         } else {
             keep = std::min(keep, written);
         }
-        keep = std::max<std::uint64_t>(keep, kHeaderBytes);
+        keep = std::max(keep, head_bytes_);
         (void)::ftruncate(fd_, static_cast<off_t>(keep));  // and the allocation past it
     } else if (fd_ >= 0 && keep < offset_) {
         (void)::ftruncate(fd_, static_cast<off_t>(keep));
     }
     // A file that kept no record holds nothing to recover: it does not stay behind.
-    if (fd_ >= 0 && keep <= kHeaderBytes) (void)::unlink(part_path_.c_str());
+    if (fd_ >= 0 && keep <= head_bytes_) (void)::unlink(part_path_.c_str());
     if (fd_ >= 0) ::close(fd_);
     if (dir_fd_ >= 0) ::close(dir_fd_);
     fd_ = dir_fd_ = -1;
@@ -518,7 +541,7 @@ std::uint32_t next_file_sequence(const std::string& directory, std::uint32_t run
         std::uint64_t seq = 0;
         while (k < rest.size() && k < 10 && rest[k] >= '0' && rest[k] <= '9')
             seq = seq * 10 + static_cast<std::uint64_t>(rest[k++] - '0');
-        if (k < 5 || seq >= UINT32_MAX || rest.compare(k, 4, ".evb") != 0) continue;
+        if (k < 5 || seq >= UINT32_MAX || (rest.compare(k, 4, ".evb") != 0 && rest.compare(k, 4, ".mid") != 0)) continue;
         if (seq + 1 > next) next = static_cast<std::uint32_t>(seq + 1);
     }
     return next;

@@ -39,6 +39,12 @@ public:
     // through the page cache either way, so a crash before the first stage is
     // written still leaves a file with its header. Returns 0 or an errno value.
     int open(const std::string& directory, const FileHeader& header, bool direct = false);
+    // The same for a MIDAS file (`.mid.part`, renamed to `.mid`): `head`, its
+    // begin-of-run event, stands where a `.evb` file has its header. Only the run,
+    // builder and sequence of `names` are used. With `direct`, a head longer than a
+    // stage is written buffered (direct_fallback() says so).
+    int open_midas(const std::string& directory, const FileHeader& names, std::span<const std::byte> head,
+                   bool direct = false);
     bool direct() const noexcept { return direct_; }
     bool direct_fallback() const noexcept { return direct_fallback_; }
 
@@ -72,6 +78,9 @@ public:
     std::uint64_t submitted_offset() const noexcept { return direct_ ? disk_offset_ + pushed_len_ : offset_; }
     // Writes index and footer, syncs when `sync` is set, closes and renames to `.evb`.
     int close_clean(bool sync);
+    // As close_clean, with `trailer` (a MIDAS file's end-of-run event) in place of
+    // index and footer.
+    int close_with_trailer(std::span<const std::byte> trailer, bool sync);
     // Closes without index or footer and leaves the `.part` name (used after a write
     // error, so the file keeps every record written before it), cut at
     // `records_end` at the most (the end of a record). With O_DIRECT the records
@@ -104,7 +113,9 @@ public:
     static constexpr std::size_t kAllocateBytes = 64u << 20;
 
 private:
-    int start_direct(const std::byte* header);
+    int open_named(const std::string& directory, const std::string& part_name, const std::string& final_name,
+                   std::span<const std::byte> head, bool direct);
+    int start_direct(std::span<const std::byte> head);
     int write_direct(const struct iovec* iov, std::size_t iovcnt);
     int submit_stage();
     int allocate_ahead();
@@ -119,6 +130,7 @@ private:
     int fd_ = -1;
     int dir_fd_ = -1;
     std::uint64_t offset_ = 0;  // logical file size
+    std::uint64_t head_bytes_ = kHeaderBytes;  // the file header, or a MIDAS file's begin-of-run event
     // O_DIRECT staging: the current stage's byte 0 belongs at disk_offset_ (a stage
     // boundary); every byte before it has been submitted.
     bool direct_ = false;
@@ -141,7 +153,8 @@ private:
 };
 
 // The next file_sequence for (run, builder) in `directory`: one past the highest
-// existing `.evb` or `.evb.part`, so a restarted builder never overwrites a file.
+// existing `.evb`, `.evb.part`, `.mid` or `.mid.part`, so a restarted builder never
+// overwrites a file (nor starts a sequence again when the format changed).
 std::uint32_t next_file_sequence(const std::string& directory, std::uint32_t run_number,
                                  std::uint32_t builder_id);
 

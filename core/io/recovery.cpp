@@ -4,13 +4,20 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <span>
 #include <vector>
 
 #include "core/format/file_format.hpp"
+#include "core/format/wire.hpp"
+#include "core/format/midas_format.hpp"
+#include "core/io/output_file.hpp"
+#include "core/io/run_summary.hpp"
 
 namespace evb::file {
 
@@ -40,15 +47,56 @@ int write_both(int fd, struct iovec (&iov)[2]) {
     return 0;
 }
 
-std::string recovered_name(const std::string& path) {
+// `ext` is ".evb" or ".mid".
+std::string recovered_name(const std::string& path, const char* ext) {
     std::string dest = path;
     if (dest.size() > 5 && dest.compare(dest.size() - 5, 5, ".part") == 0)
         dest.resize(dest.size() - 5);
-    else if (dest.size() > 4 && dest.compare(dest.size() - 4, 4, ".evb") == 0)
-        dest += ".recovered.evb";
+    else if (dest.size() > 4 && dest.compare(dest.size() - 4, 4, ext) == 0)
+        dest += std::string(".recovered") + ext;
     else
-        dest += ".evb";
+        dest += ext;
     return dest;
+}
+
+// A MIDAS file begins with its begin-of-run event: event_id 0x8000, mask "MI".
+bool looks_midas(std::span<const std::byte> image) {
+    return image.size() >= 4 && wire::load_u16(image.data()) == midas::kEventIdBor &&
+           wire::load_u16(image.data() + 2) == midas::kMidasMagic;
+}
+
+// With O_DIRECT the writer hands the file to the kernel in stages of
+// OutputFile::kStageBytes, in order, with space allocated (zeros) ahead of them: a
+// crash can lose the stage being filled while the one before it is on disk. An event
+// that crosses into the lost stage then reads as whole, its tail zeros, and a MIDAS
+// event has no checksum to tell. So when everything from a stage boundary inside the
+// last event to the end of the file is zero, that event is taken as cut short. (A
+// real event whose bytes after such a boundary are all zero, last before the crash,
+// is dropped with it: the price of a format without a checksum.)
+void drop_torn_stage_tail(std::span<const std::byte> image, midas::ScanResult& s) {
+    if (s.events.empty()) return;
+    const midas::EventView& last = s.events.back();
+    const std::uint64_t end = last.file_offset + midas::kEventHeaderBytes + last.header.data_size;
+    const std::uint64_t boundary = (last.file_offset / OutputFile::kStageBytes + 1) * OutputFile::kStageBytes;
+    if (boundary >= end) return;  // inside one stage: written whole or not at all
+    const auto after = image.subspan(boundary);
+    if (!std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; })) return;
+    s.good_bytes = last.file_offset;
+    s.events.pop_back();
+}
+
+// The end-of-run event a recovered MIDAS file ends with: the counts of its events
+// and that it was recovered (the run's counts are not known from one file).
+std::vector<std::byte> recovered_eor(const midas::ScanResult& s) {
+    StatusCounts status;
+    midas::DecodedEvent d;
+    for (const auto& e : s.events)
+        if (midas::decode_built(e, d)) status.add(d.status);
+    nlohmann::ordered_json counts;
+    counts["recovered"] = true;
+    counts["file"] = {{"events", s.events.size()}, {"status", to_json(status)}, {"bytes", s.good_bytes}};
+    const std::uint32_t time = s.events.empty() ? s.bor.time_stamp : s.events.back().header.time_stamp;
+    return midas::encode_run_marker(midas::kEventIdEor, s.bor.serial_number, time, counts.dump());
 }
 
 bool is_part(const std::string& path) { return path.size() > 5 && path.compare(path.size() - 5, 5, ".part") == 0; }
@@ -63,20 +111,38 @@ Recovery recover(const std::string& part_path) noexcept {
     };
     try {
         const MappedFile in(part_path);
-        const ScanResult s = scan(in.bytes());
-        if (!s.header_ok)
-            return fail(fmt::format("{}: {}", part_path, s.problems.empty() ? "bad header" : s.problems[0].what));
-        const std::string dest = recovered_name(part_path);
+        const bool is_midas = looks_midas(in.bytes());
+        ScanResult s;
+        midas::ScanResult ms;
+        std::vector<std::byte> tail;
+        std::size_t events = 0;
+        if (is_midas) {
+            ms = midas::scan(in.bytes());
+            if (!ms.bor_ok)
+                return fail(fmt::format("{}: {}", part_path, ms.problems.empty() ? "bad begin-of-run event" : ms.problems[0].what));
+            if (!ms.has_eor) {
+                drop_torn_stage_tail(in.bytes(), ms);
+                tail = recovered_eor(ms);  // a torn file: cut after its last whole event
+            }
+            s.good_bytes = ms.good_bytes;
+            events = ms.events.size();
+        } else {
+            s = scan(in.bytes());
+            if (!s.header_ok)
+                return fail(fmt::format("{}: {}", part_path, s.problems.empty() ? "bad header" : s.problems[0].what));
+            std::vector<IndexEntry> index;
+            index.reserve(s.records.size());
+            for (const auto& rec : s.records) index.push_back({rec.header.event_id, rec.file_offset});
+            tail = encode_index_and_footer(index, s.good_bytes);
+            events = s.records.size();
+        }
+        const std::string dest = recovered_name(part_path, is_midas ? ".mid" : ".evb");
         // rename() would silently replace an existing file: never trade a good file
         // for a recovered one.
         if (::access(dest.c_str(), F_OK) == 0) return fail(fmt::format("{}: already exists, not overwriting it", dest));
         const std::string tmp = dest + ".tmp";
         const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0) return fail(fmt::format("{}: {}", tmp, std::strerror(errno)));
-        std::vector<IndexEntry> index;
-        index.reserve(s.records.size());
-        for (const auto& rec : s.records) index.push_back({rec.header.event_id, rec.file_offset});
-        const auto tail = encode_index_and_footer(index, s.good_bytes);
         struct iovec iov[2] = {{const_cast<std::byte*>(in.bytes().data()), s.good_bytes},
                                {const_cast<std::byte*>(tail.data()), tail.size()}};
         int e = write_both(fd, iov);
@@ -100,7 +166,7 @@ Recovery recover(const std::string& part_path) noexcept {
         }
         if (dest != part_path && is_part(part_path)) ::unlink(part_path.c_str());
         r.output = dest;
-        r.events = s.records.size();
+        r.events = events;
         return r;
     } catch (const std::exception& ex) {  // MappedFile: the file cannot be opened or mapped
         return fail(ex.what());

@@ -16,7 +16,9 @@ struct Recovery {
 };
 
 // Writes `X.evb` for `X.evb.part` (then removes the `.part`), `X.recovered.evb`
-// for a damaged `X.evb`. Never overwrites an existing file; the new file is
+// for a damaged `X.evb`. A MIDAS file (it begins with a begin-of-run event) becomes
+// `X.mid` (`X.mid.recovered.mid`): its whole events, then an end-of-run event
+// marked "recovered" with the file's counts if it had none. Never overwrites an existing file; the new file is
 // durable (fsync, and its directory) before the `.part` goes.
 Recovery recover(const std::string& part_path) noexcept;
 

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "core/format/file_format.hpp"
+#include "core/format/midas_format.hpp"
 
 namespace evb::file {
 
@@ -111,7 +112,8 @@ nlohmann::ordered_json read_summary(const std::string& directory, std::uint32_t 
 
 namespace {
 
-// `runNNNNNN_BBB_SSSSS.evb` or `.evb.part`: the run and builder, else false.
+// `runNNNNNN_BBB_SSSSS.evb` or `.evb.part` (or a MIDAS file's `.mid`, `.mid.part`):
+// the run and builder, else false.
 bool parse_data_name(const std::string& name, std::uint32_t& run, std::uint32_t& builder) {
     unsigned r = 0, b = 0, seq = 0;
     int end = 0;
@@ -119,7 +121,7 @@ bool parse_data_name(const std::string& name, std::uint32_t& run, std::uint32_t&
         std::sscanf(name.c_str(), "run%6u_%3u_%u%n", &r, &b, &seq, &end) != 3)
         return false;
     const std::string tail = name.substr(static_cast<std::size_t>(end));
-    if (tail != ".evb" && tail != ".evb.part") return false;
+    if (tail != ".evb" && tail != ".evb.part" && tail != ".mid" && tail != ".mid.part") return false;
     run = r;
     builder = b;
     return true;
@@ -144,8 +146,18 @@ SummaryFile scan_file(const std::string& directory, const std::string& name, std
     f.name = name;
     try {
         const MappedFile m(directory + "/" + name);
-        const ScanResult s = scan(m.bytes());
         f.bytes = m.bytes().size();
+        if (ends_with(name, ".mid") || ends_with(name, ".mid.part")) {
+            const midas::ScanResult s = midas::scan(m.bytes());
+            f.events = s.events.size();
+            midas::DecodedEvent d;
+            for (const auto& e : s.events)
+                if (midas::decode_built(e, d)) f.status.add(d.status);
+            f.clean = !ends_with(name, ".part") && s.bor_ok && s.has_eor && s.problems.empty();
+            if (created_ns != nullptr && s.bor_ok) *created_ns = std::uint64_t{s.bor.time_stamp} * 1'000'000'000ull;
+            return f;
+        }
+        const ScanResult s = scan(m.bytes());
         f.events = s.records.size();
         for (const auto& r : s.records) f.status.add(r.header.status);
         f.clean = !ends_with(name, ".part") && s.header_ok && s.has_footer && s.problems.empty();

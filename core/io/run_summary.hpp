@@ -44,7 +44,7 @@ std::string write_summary(const std::string& directory, std::uint32_t run_number
 // The run's summary, if there is one that parses (else null).
 nlohmann::ordered_json read_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id);
 
-// Every data file of the run in `directory` (.evb and .evb.part), in name order,
+// Every data file of the run in `directory` (.evb and .evb.part, .mid and .mid.part), in name order,
 // scanned: records, status counts, clean or not.
 std::vector<SummaryFile> scan_run_files(const std::string& directory, std::uint32_t run_number,
                                         std::uint32_t builder_id);

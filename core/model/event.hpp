@@ -163,34 +163,44 @@ inline constexpr std::byte kZeroPad[8] = {};
 // builds its gather list with it; assemble() walks the same layout to join the
 // record CRC, and the tests check the two against each other.
 template <typename F>
+void for_each_section_piece(const Event& ev, std::uint32_t i, F&& piece);
+
+template <typename F>
 void for_each_record_piece(const Event& ev, F&& piece) {
     if (ev.stored != nullptr) {
         piece(ev.stored, std::size_t{ev.record_length} - ev.record_header_bytes());
         return;
     }
-    const bool items = ev.has_items();
     for (std::uint32_t i = 0; i < ev.section_count; ++i) {
         if (!ev.section_in_record(i)) continue;
         piece(ev.section_header(i), file::kSectionHeaderBytes);
-        if (items) {
-            for (const ChunkMeta* c = ev.src[i].head; c != nullptr; c = c->next) {
-                if (c->chunk_index == 0)
-                    piece(c->item_header(), file::kItemHeaderBytes + std::size_t{c->payload_length});
-                else if (c->payload_length > 0)
-                    piece(c->payload(), std::size_t{c->payload_length});
-                if (c->chunk_index + 1 == c->chunk_count) {
-                    const std::size_t pad = file::padded8(c->fragment_length) - c->fragment_length;
-                    if (pad > 0) piece(kZeroPad, pad);
-                }
-            }
-            continue;
-        }
-        if (!ev.section_present(i)) continue;
-        for (const ChunkMeta* c = ev.src[i].head; c != nullptr; c = c->next)
-            if (c->payload_length > 0) piece(c->payload(), std::size_t{c->payload_length});
-        const std::size_t pad = file::padded8(ev.src[i].fragment_length) - ev.src[i].fragment_length;
-        if (pad > 0) piece(kZeroPad, pad);
+        for_each_section_piece(ev, i, piece);
     }
+}
+
+// The pieces of section i after its header: its bytes as the section header's
+// length counts them, then padding to 8 (nothing for a MISSING section). The MIDAS
+// writer puts them in the section's bank.
+template <typename F>
+void for_each_section_piece(const Event& ev, std::uint32_t i, F&& piece) {
+    if (ev.has_items()) {
+        for (const ChunkMeta* c = ev.src[i].head; c != nullptr; c = c->next) {
+            if (c->chunk_index == 0)
+                piece(c->item_header(), file::kItemHeaderBytes + std::size_t{c->payload_length});
+            else if (c->payload_length > 0)
+                piece(c->payload(), std::size_t{c->payload_length});
+            if (c->chunk_index + 1 == c->chunk_count) {
+                const std::size_t pad = file::padded8(c->fragment_length) - c->fragment_length;
+                if (pad > 0) piece(kZeroPad, pad);
+            }
+        }
+        return;
+    }
+    if (!ev.section_present(i)) return;
+    for (const ChunkMeta* c = ev.src[i].head; c != nullptr; c = c->next)
+        if (c->payload_length > 0) piece(c->payload(), std::size_t{c->payload_length});
+    const std::size_t pad = file::padded8(ev.src[i].fragment_length) - ev.src[i].fragment_length;
+    if (pad > 0) piece(kZeroPad, pad);
 }
 
 // Fills the record and section headers and the record CRC of a built event. The

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/format/file_format.hpp"
+#include "core/format/midas_format.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/recovery.hpp"
 #include "core/io/run_on_disk.hpp"
@@ -58,8 +59,8 @@ constexpr std::string_view kUsage = R"(usage: evb-dump [options] FILE|DIR...
        evb-dump --check-summary DIR
 
 Inspect evbd output files: .evb (closed) and .evb.part (being written, or left
-behind by a crash). A directory stands for the .evb and .evb.part files in it,
-in name order.
+behind by a crash), and MIDAS files (.mid, .mid.part). A directory stands for
+the .evb, .evb.part, .mid and .mid.part files in it, in name order.
 
   (no option)      one summary line per file
   --events         also list every event: id, offset, length, status and the
@@ -76,10 +77,11 @@ in name order.
   --pattern-kind pattern|waveform
                    only this test payload passes (implies --pattern)
   --recover FILE   rewrite an unclean FILE.evb.part as FILE.evb holding every
-                   good event (may be repeated; FILE.evb.part is removed). A
+                   good event (may be repeated; FILE.evb.part is removed), or
+                   FILE.mid.part as FILE.mid ending with an end-of-run event. A
                    .part cut off before its header holds no event: it is
-                   removed and reported. A DIR stands for its .evb.part files;
-                   one that a running evbd is writing is left alone
+                   removed and reported. A DIR stands for its .evb.part and
+                   .mid.part files; one that a running evbd is writing is left alone
   --check-summary DIR
                    check DIR's files against each run summary in it
                    (runNNNNNN_BBB.summary.json): the file list, and per file
@@ -158,7 +160,17 @@ bool ends_with(std::string_view s, std::string_view suffix) {
     return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-bool is_evb_name(std::string_view name) { return ends_with(name, ".evb") || ends_with(name, ".evb.part"); }
+bool is_evb_name(std::string_view name) {
+    return ends_with(name, ".evb") || ends_with(name, ".evb.part") || ends_with(name, ".mid") ||
+           ends_with(name, ".mid.part");
+}
+bool is_part_name(std::string_view name) { return ends_with(name, ".evb.part") || ends_with(name, ".mid.part"); }
+
+// A MIDAS file begins with its begin-of-run event (docs/FORMATS.md section 9).
+bool looks_midas(std::span<const std::byte> img) {
+    return img.size() >= 4 && evb::wire::load_u16(img.data()) == evb::midas::kEventIdBor &&
+           evb::wire::load_u16(img.data() + 2) == evb::midas::kMidasMagic;
+}
 
 std::string human_bytes(std::uint64_t n) {
     if (n < 1024) return fmt::format("{} B", n);
@@ -249,6 +261,7 @@ struct EventInfo {
 
 struct FileReport {
     std::string path;
+    bool midas = false;    // a MIDAS file: header from its begin-of-run event and name
     std::string io_error;  // set when the file could not be read at all
     std::uint64_t size = 0;
     bool header_ok = false;
@@ -307,7 +320,7 @@ std::optional<NameFields> parse_file_name(std::string_view name) {
     };
     NameFields f{};
     if (!literal("run") || !number(6, f.run) || !literal("_") || !number(3, f.builder) || !literal("_") ||
-        !number(5, f.sequence) || !literal(".evb"))
+        !number(5, f.sequence) || !(literal(".evb") || literal(".mid")))
         return std::nullopt;
     if (!name.empty() && name != ".part") return std::nullopt;
     return f;
@@ -561,6 +574,186 @@ void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, co
     }
 }
 
+// ---- MIDAS files (docs/FORMATS.md section 9) ----
+
+// What a MIDAS file's begin-of-run event says about the run: match mode, window,
+// file version and bank names, from the configuration it holds.
+struct MidasRun {
+    ef::FileHeader header;
+    evb::midas::BankNames names;
+};
+
+MidasRun midas_run(const evb::midas::ScanResult& s, const std::string& path, FileReport& rep) {
+    MidasRun run;
+    run.header.run_number = s.bor.serial_number;
+    run.header.created_unix_ns = std::uint64_t{s.bor.time_stamp} * 1'000'000'000ull;
+    if (const auto nf = parse_file_name(fs::path(path).filename().string())) {
+        run.header.builder_id = static_cast<std::uint32_t>(nf->builder);
+        run.header.file_sequence = static_cast<std::uint32_t>(nf->sequence);
+        if (nf->run != s.bor.serial_number)
+            rep.add_problem(4, fmt::format("file name says run {}, the begin-of-run event says run {}", nf->run,
+                                           s.bor.serial_number));
+    }
+    const Json cfg = Json::parse(s.bor_text, nullptr, false);
+    if (!cfg.is_object()) {
+        rep.add_problem(evb::midas::kEventHeaderBytes, "begin-of-run event: the configuration is not a JSON object");
+        return run;
+    }
+    const std::string match = cfg.value("/building/match"_json_pointer, std::string("event_id"));
+    run.header.match_mode = match == "timestamp"    ? ef::MatchMode::timestamp
+                            : match == "time_slice" ? ef::MatchMode::time_slice
+                                                    : ef::MatchMode::event_id;
+    run.header.version = cfg.value("/output/format_version"_json_pointer, 1u) == 2 ? 2 : 1;
+    if (run.header.match_mode == ef::MatchMode::time_slice)
+        run.header.window_ticks = cfg.value("/building/slice_ticks"_json_pointer, std::uint64_t{0});
+    else if (run.header.match_mode == ef::MatchMode::timestamp)
+        run.header.window_ticks = cfg.value("/building/tolerance_ticks"_json_pointer, std::uint64_t{0});
+    std::vector<std::pair<std::uint32_t, evb::midas::BankName>> named;
+    if (const auto it = cfg.find("output"); it != cfg.end() && it->contains("midas") &&
+                                            (*it)["midas"].contains("bank_names"))
+        for (const auto& [key, value] : (*it)["midas"]["bank_names"].items()) {
+            if (!value.is_string() || !evb::midas::valid_bank_name(value.get<std::string>()) || key.empty() ||
+                key.size() > 9 || !std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }))
+                continue;  // the configuration validator refuses these
+            evb::midas::BankName n;
+            std::memcpy(n.data(), value.get<std::string>().data(), n.size());
+            named.emplace_back(static_cast<std::uint32_t>(std::stoul(key)), n);
+        }
+    run.names = evb::midas::BankNames(named);
+    return run;
+}
+
+// The items a section bank holds in the timestamp modes, walked with every length
+// checked (the bank is the file's word, not yet trusted). False: they do not tile it.
+bool midas_items(const evb::midas::DecodedSection& sec, std::vector<ef::ItemView>& out) {
+    out.clear();
+    std::size_t pos = 0;
+    while (pos < sec.info.length) {
+        if (sec.info.length - pos < ef::kItemHeaderBytes) return false;
+        const std::byte* h = sec.bytes + pos;
+        ef::ItemView it{evb::wire::load_u64(h), evb::wire::load_u64(h + 8), evb::wire::load_u32(h + 16),
+                        evb::wire::load_u32(h + 20), h + ef::kItemHeaderBytes};
+        pos += ef::kItemHeaderBytes;
+        if (ef::padded8(it.length) > sec.info.length - pos) return false;
+        pos += ef::padded8(it.length);
+        out.push_back(it);
+    }
+    return true;
+}
+
+void examine_midas(std::span<const std::byte> img, const Options& o, FileReport& rep) {
+    namespace em = evb::midas;
+    rep.midas = true;
+    const em::ScanResult s = em::scan(img);
+    rep.header_ok = s.bor_ok;
+    rep.has_footer = s.has_eor;  // a clean close: the end-of-run event
+    rep.good_bytes = s.good_bytes;
+    rep.event_count = s.events.size();
+    rep.cut_tail = s.cut_event;
+    for (const auto& p : s.problems) rep.add_problem(p.offset, p.what);
+    if (!s.bor_ok) return;
+    const MidasRun run = midas_run(s, rep.path, rep);
+    rep.header = run.header;
+    const ef::FileHeader& fh = rep.header;
+    const bool item_mode = fh.match_mode != ef::MatchMode::event_id;
+    const bool time_slice = fh.match_mode == ef::MatchMode::time_slice;
+    const std::size_t record_bits = record_bit_count(fh.version);
+    const std::size_t section_bits = section_bit_count(fh.version);
+    const std::uint32_t record_defined = bits_defined(record_bits);
+    const std::uint32_t section_defined = bits_defined(section_bits);
+    em::DecodedEvent d;
+    std::vector<ef::ItemView> items;
+    std::unordered_map<std::uint64_t, std::uint64_t> seen;
+    bool first = true;
+    for (const em::EventView& ev : s.events) {
+        const std::uint64_t at = ev.file_offset;
+        if (!em::decode_built(ev, d)) continue;  // scan() decoded it already
+        if (first) rep.header.expected_sources = static_cast<std::uint32_t>(d.sections.size());
+        first = false;
+        for (std::size_t b = 0; b < record_bits; ++b)
+            if (d.status & kRecordBits[b].first) ++rep.record_bits[b];
+        if (const auto [it, fresh] = seen.emplace(d.evb_event_id, at); !fresh)
+            rep.add_problem(at, fmt::format("event {} appears again (first at offset {})", d.evb_event_id, it->second));
+        if (d.sections.size() != rep.header.expected_sources)
+            rep.add_problem(at, fmt::format("event {} has {} sections, the file's first event {}", d.evb_event_id,
+                                            d.sections.size(), rep.header.expected_sources));
+        if (d.status & ~record_defined)
+            rep.add_problem(at, fmt::format("event {} has undefined status bits 0x{:x}", d.evb_event_id,
+                                            d.status & ~record_defined));
+        EventInfo info;
+        if (o.events) {
+            info.event_id = d.evb_event_id;
+            info.offset = at;
+            info.length = static_cast<std::uint32_t>(em::kEventHeaderBytes + ev.header.data_size);
+            info.status = d.status;
+            info.built_unix_ns = std::uint64_t{ev.header.time_stamp} * 1'000'000'000ull;
+            info.timestamp = d.timestamp;
+        }
+        bool any_missing = false, any_unconfirmed = false;
+        for (const auto& sec : d.sections) {
+            const std::uint64_t sec_at = sec.bytes ? at + static_cast<std::uint64_t>(sec.bytes - ev.bytes) : at;
+            for (std::size_t b = 0; b < section_bits; ++b)
+                if (sec.info.status & kSectionBits[b].first) ++rep.section_bits[b];
+            any_missing = any_missing || (sec.info.status & ef::section_status::missing);
+            any_unconfirmed = any_unconfirmed || (fh.version == 2 && (sec.info.status & ef::section_status::unconfirmed));
+            if (sec.info.status & ~section_defined)
+                rep.add_problem(at, fmt::format("event {} source {}: undefined section status bits 0x{:x}",
+                                                d.evb_event_id, sec.info.source_id, sec.info.status & ~section_defined));
+            if ((sec.info.status & ef::section_status::source_error) && !(d.status & ef::record_status::source_error))
+                rep.add_problem(at, fmt::format("event {}: source {} is flagged SOURCE_ERROR, the event is not",
+                                                d.evb_event_id, sec.info.source_id));
+            em::BankName want;
+            if (sec.bytes != nullptr && run.names.of(sec.info.source_id, want) && want != sec.bank_name)
+                rep.add_problem(sec_at - em::kBankBytes,
+                                fmt::format("event {} source {}: bank {}, the configuration names it {}", d.evb_event_id,
+                                            sec.info.source_id, std::string_view(sec.bank_name.data(), 4),
+                                            std::string_view(want.data(), 4)));
+            SectionInfo si{sec.info.source_id, sec.info.status, sec.info.length, 0, {}};
+            if (item_mode && sec.bytes != nullptr) {
+                if (!midas_items(sec, items)) {
+                    rep.add_problem(sec_at, fmt::format("event {} source {}: the items do not fill the bank's {} bytes",
+                                                        d.evb_event_id, sec.info.source_id, sec.info.length));
+                    items.clear();
+                }
+                si.item_count = static_cast<std::uint32_t>(items.size());
+                for (std::size_t j = 0; j < items.size(); ++j) {
+                    const ef::ItemView& it = items[j];
+                    rep.payload_bytes += it.length;
+                    if (!o.pattern || it.length == 0) continue;
+                    const std::size_t bad = mismatch_fn(o.pattern_kind)(fh.run_number, sec.info.source_id,
+                                                                        it.sequence, 0, it.payload, it.length);
+                    if (bad != it.length)
+                        rep.add_problem(at + static_cast<std::uint64_t>(it.payload - ev.bytes) + bad,
+                                        fmt::format("event {} source {} item {} (sequence {}): payload byte {} of {} "
+                                                    "differs from the {}",
+                                                    d.evb_event_id, sec.info.source_id, j, it.sequence, bad, it.length,
+                                                    pattern_kind_name(o.pattern_kind)));
+                }
+                if (o.events) si.items = items;
+            } else if (sec.bytes != nullptr) {
+                rep.payload_bytes += sec.info.length;
+                if (o.pattern && sec.info.length > 0) {
+                    const std::size_t bad = mismatch_fn(o.pattern_kind)(fh.run_number, sec.info.source_id,
+                                                                        d.evb_event_id, 0, sec.bytes, sec.info.length);
+                    if (bad != sec.info.length)
+                        rep.add_problem(sec_at + bad, fmt::format("event {} source {}: payload byte {} of {} differs "
+                                                                  "from the {}",
+                                                                  d.evb_event_id, sec.info.source_id, bad,
+                                                                  sec.info.length, pattern_kind_name(o.pattern_kind)));
+                }
+            }
+            if (o.events) info.sections.push_back(std::move(si));
+        }
+        const bool incomplete = d.status & ef::record_status::incomplete;
+        const bool marked = time_slice ? any_unconfirmed : any_missing;
+        if (marked != incomplete)
+            rep.add_problem(at, fmt::format("event {} is {}INCOMPLETE but {} section is {}", d.evb_event_id,
+                                            incomplete ? "" : "not ", marked ? "a" : "no",
+                                            time_slice ? "UNCONFIRMED" : "MISSING"));
+        if (o.events) rep.events.push_back(std::move(info));
+    }
+}
+
 FileReport examine(const std::string& path, const Options& o) {
     FileReport rep;
     rep.path = path;
@@ -568,6 +761,12 @@ FileReport examine(const std::string& path, const Options& o) {
         const ef::MappedFile file(path);
         const auto img = file.bytes();
         rep.size = img.size();
+        if (looks_midas(img)) {
+            examine_midas(img, o, rep);
+            std::stable_sort(rep.problems.begin(), rep.problems.end(),
+                             [](const ef::Problem& a, const ef::Problem& b) { return a.offset < b.offset; });
+            return rep;
+        }
         const ef::ScanResult s = ef::scan(img);
         rep.header_ok = s.header_ok;
         rep.header = s.header;
@@ -672,10 +871,30 @@ RecoverReport recover_one(const std::string& path, bool named) {
                 rr.note = "in use by a running evbd (it holds the file's lock), left alone";
             return rr;
         }
+        bool midas = false;
         {
             const ef::MappedFile file(path);
-            const ef::ScanResult s = ef::scan(file.bytes());
+            midas = looks_midas(file.bytes());
             rr.size = file.bytes().size();
+            if (midas) {
+                const evb::midas::ScanResult s = evb::midas::scan(file.bytes());
+                if (s.has_eor && s.problems.empty() && !ends_with(path, ".part")) {
+                    rr.note = "already clean, nothing to do";
+                    rr.kept_events = s.events.size();
+                    return rr;
+                }
+                rr.kept_bytes = s.good_bytes;
+                for (const auto& p : s.problems)
+                    if (p.offset == s.good_bytes && p.offset != rr.size) {
+                        rr.stop_reason = p.what;
+                        break;
+                    }
+                rr.dropped_bytes = rr.size - s.good_bytes;
+            }
+        }
+        if (!midas) {
+            const ef::MappedFile file(path);
+            const ef::ScanResult s = ef::scan(file.bytes());
             if (!s.header_ok) {
                 if (const auto why = why_no_events(path, file.bytes())) {
                     if (::unlink(path.c_str()) != 0)
@@ -712,8 +931,13 @@ RecoverReport recover_one(const std::string& path, bool named) {
         rr.kept_events = rec.events;
         rr.output = rec.output;
         const ef::MappedFile out(rr.output);
-        const ef::ScanResult check = ef::scan(out.bytes());
-        rr.output_verified = check.problems.empty() && check.has_footer && check.records.size() == rr.kept_events;
+        if (midas) {
+            const evb::midas::ScanResult check = evb::midas::scan(out.bytes());
+            rr.output_verified = check.problems.empty() && check.has_eor && check.events.size() == rr.kept_events;
+        } else {
+            const ef::ScanResult check = ef::scan(out.bytes());
+            rr.output_verified = check.problems.empty() && check.has_footer && check.records.size() == rr.kept_events;
+        }
     } catch (const std::exception& e) {
         rr.error = e.what();
     }
@@ -736,7 +960,7 @@ bool expand_recover_args(const std::vector<std::string>& args, std::vector<std::
         fs::directory_iterator it(a, ec), end;
         for (; !ec && it != end; it.increment(ec)) {
             const std::string name = it->path().filename().string();
-            if (ends_with(name, ".evb.part") && it->is_regular_file(ec)) found.push_back(it->path().string());
+            if (is_part_name(name) && it->is_regular_file(ec)) found.push_back(it->path().string());
         }
         if (ec) {
             errors.push_back(fmt::format("{}: {}", a, ec.message()));
@@ -808,6 +1032,7 @@ Json file_json(const FileReport& r, const Options& o) {
         return j;
     }
     j["size_bytes"] = r.size;
+    if (r.midas) j["format"] = "midas";  // header: from the begin-of-run event and the name
     j["header"] = header_json(r);
     j["has_footer"] = r.has_footer;
     j["good_bytes"] = r.good_bytes;

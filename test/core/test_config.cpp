@@ -262,3 +262,63 @@ TEST_CASE("config: pull.first_event is \"auto\" by default, or an event id") {
                        "pull.first_event: expected unsigned integer or \"auto\", got \"later\""));
     CHECK(any_contains(problems_of(R"({"pull": {"first_event": -1}})"), "pull.first_event: expected"));
 }
+
+TEST_CASE("config: output.format midas, its event_id and bank names") {
+    const auto def = evb::default_config({});
+    CHECK(def->output.format == evb::OutputFormat::evb);
+    CHECK(def->output.midas.event_id == 1);
+    CHECK(def->output.midas.bank_names.empty());
+
+    const auto c = load_config(
+        R"({"sources": [1, 7, 5000], "output": {"format": "midas", "midas": {"event_id": 12,
+            "bank_names": {"7": "PB07", "5000": "BIG_"}}}})",
+        "test.json", {});
+    CHECK(c->output.format == evb::OutputFormat::midas);
+    CHECK(c->output.midas.event_id == 12);
+    REQUIRE(c->output.midas.bank_names.size() == 2);
+    CHECK(c->output.midas.bank_names[0].first == 7);
+    CHECK(c->output.midas.bank_names[0].second == evb::midas::BankName{'P', 'B', '0', '7'});
+    CHECK(c->output.midas.bank_names[1].first == 5000);
+    CHECK(c->output.midas.bank_names[1].second == evb::midas::BankName{'B', 'I', 'G', '_'});
+    CHECK(c->effective["output"]["midas"]["bank_names"]["7"] == "PB07");
+
+    // A source above 0xFFF needs a name only when the files are MIDAS files.
+    CHECK(problems_of(R"({"sources": [5000]})").empty());
+}
+
+TEST_CASE("config: MIDAS bank names that cannot work are refused naming the key") {
+    struct Case {
+        const char* text;
+        const char* needle;
+    };
+    const std::vector<Case> cases = {
+        {R"({"sources": [1, 4096], "output": {"format": "midas"}})",
+         "output.midas.bank_names: source 4096 (0x1000) is above 0xFFF and has no bank name"},
+        {R"({"sources": [1, 2], "output": {"format": "midas", "midas": {"bank_names": {"2": "S001"}}}})",
+         "output.midas.bank_names: sources 1 and 2 would both write bank \"S001\""},
+        {R"({"sources": [3, 9], "output": {"format": "midas", "midas": {"bank_names": {"3": "ADC_", "9": "ADC_"}}}})",
+         "output.midas.bank_names: sources 3 and 9 would both write bank \"ADC_\""},
+        {R"({"output": {"format": "midas", "midas": {"bank_names": {"3": "PB7"}}}})",
+         "output.midas.bank_names.3: a bank name is 4 characters"},
+        {R"({"output": {"format": "midas", "midas": {"bank_names": {"3": "PB077"}}}})",
+         "output.midas.bank_names.3: a bank name is 4 characters"},
+        {R"({"output": {"format": "midas", "midas": {"bank_names": {"3": 7}}}})",
+         "output.midas.bank_names.3: a bank name is 4 characters"},
+        {R"({"output": {"format": "midas", "midas": {"bank_names": {"x3": "PB07"}}}})",
+         "output.midas.bank_names.x3: not a source id"},
+        {R"({"output": {"format": "midas", "midas": {"bank_names": {"3": "EVBH"}}}})",
+         "output.midas.bank_names.3: \"EVBH\" is evbd's own bank"},
+        {R"({"output": {"format": "midas", "midas": {"bank_names": ["PB07"]}}})",
+         "output.midas.bank_names: expected object"},
+        {R"({"output": {"format": "midas", "midas": {"event_id": 32768}}})",
+         "output.midas.event_id: 32768 is out of range [0, 32767]"},
+        {R"({"output": {"format": "root"}})", "output.format: \"root\" is not one of \"evb\", \"midas\""},
+        {R"({"output": {"midas": {"bank_name": {}}}})", "output.midas.bank_name: unknown key"},
+    };
+    for (const auto& c : cases) {
+        INFO(c.text);
+        const auto p = problems_of(c.text);
+        INFO((p.empty() ? std::string("no problem") : p[0]));
+        CHECK(any_contains(p, c.needle));
+    }
+}

@@ -258,3 +258,117 @@ def settled_serve_stats(path, timeout=10):
             pass
         time.sleep(0.2)
     return s
+
+
+def pattern_bytes(run, source, event, length):
+    """The emulator's test payload (docs/FORMATS.md section 3): splitmix64 seeded by
+    (run, source, event), little-endian words, truncated to `length`."""
+    mask = (1 << 64) - 1
+    golden = 0x9E3779B97F4A7C15
+    s = ((event * golden) & mask) ^ (source << 32) ^ run
+    words = []
+    for _ in range((length + 7) // 8):
+        s = (s + golden) & mask
+        z = s
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        words.append(z ^ (z >> 31))
+    return struct.pack(f"<{len(words)}Q", *words)[:length]
+
+
+def read_midas(path):
+    """Reads one MIDAS file as evbd writes it (docs/FORMATS.md section 9), written from
+    MIDAS's documentation and independent of evb-dump: the begin-of-run event's header
+    and text, every whole banked event as (header, [(name, type, bytes)]), the
+    end-of-run event (or None) and the offset where the whole events end.
+    A header is (event_id, trigger_mask, serial_number, time_stamp, data_size)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 16:
+        fail(f"{path}: no begin-of-run event")
+    bor = struct.unpack_from("<HHIII", data, 0)
+    if bor[0] != 0x8000 or bor[1] != 0x494D or 16 + bor[4] > len(data):
+        fail(f"{path}: does not begin with a begin-of-run event: {bor}")
+    bor_text = data[16:16 + bor[4]].decode()
+    at, events, eor = 16 + bor[4], [], None
+    while at + 16 <= len(data):
+        h = struct.unpack_from("<HHIII", data, at)
+        if at + 16 + h[4] > len(data) or h == (0, 0, 0, 0, 0):
+            break  # cut short by a crash, or space allocated ahead of the writes
+        if h[0] == 0x8001:
+            eor = (h, data[at + 16:at + 16 + h[4]].decode())
+            at += 16 + h[4]
+            if at != len(data):
+                fail(f"{path}: {len(data) - at} bytes after the end-of-run event")
+            break
+        banks, why = midas_banks(data[at + 16:at + 16 + h[4]])
+        if why:
+            if path.endswith(".part"):
+                break  # an event a crash cut short (its tail never reached the disk)
+            fail(f"{path}: event at {at}: {why}")
+        events.append((h, banks))
+        at += 16 + h[4]
+    return {"bor": bor, "bor_text": bor_text, "events": events, "eor": eor, "end": at, "size": len(data)}
+
+
+def midas_banks(body):
+    """The banks (name, type, bytes) of a banked event's data, or a reason why not."""
+    if len(body) < 8:
+        return None, "no bank header"
+    banks_size, flags = struct.unpack_from("<II", body, 0)
+    if flags != 0x31 or banks_size != len(body) - 8:
+        return None, f"bank header ({banks_size}, 0x{flags:x})"
+    banks, pos = [], 8
+    while pos < len(body):
+        if pos + 16 > len(body):
+            return None, "a bank header overruns the event"
+        name, btype, size, reserved = struct.unpack_from("<4sIII", body, pos)
+        padded = (size + 7) // 8 * 8
+        if not all(chr(c).isalnum() or c == ord("_") for c in name) or reserved != 0 or pos + 16 + padded > len(body):
+            return None, f"bank {name} at {pos}: type {btype}, {size} bytes, reserved {reserved}"
+        if body[pos + 16 + size:pos + 16 + padded] != b"\0" * (padded - size):
+            return None, f"bank {name}: padding is not zero"
+        banks.append((name.decode(), btype, body[pos + 16:pos + 16 + size]))
+        pos += 16 + padded
+    return banks, None
+
+
+def midas_built(banks):
+    """A built event's banks decoded (FORMATS.md section 9): (event_id, timestamp,
+    status, [(source_id, section status, bank name or None, bytes)])."""
+    (n0, t0, evbh), (n1, t1, evbs) = banks[0], banks[1]
+    if (n0, t0, len(evbh), n1, t1) != ("EVBH", 6, 24, "EVBS", 6):
+        fail(f"banks do not start with EVBH and EVBS: {[(n, t, len(b)) for n, t, b in banks[:2]]}")
+    lo, hi, tlo, thi, status, count = struct.unpack("<6I", evbh)
+    if len(evbs) != 12 * count:
+        fail(f"EVBS holds {len(evbs)} bytes for {count} sections")
+    sections, rest = [], list(banks[2:])
+    for i in range(count):
+        source, sstatus, length = struct.unpack_from("<III", evbs, 12 * i)
+        if sstatus & 1:  # MISSING: no bank
+            sections.append((source, sstatus, None, b""))
+            continue
+        name, btype, data = rest.pop(0)
+        if btype != 1 or len(data) != length:
+            fail(f"bank {name} of source {source}: type {btype}, {len(data)} bytes, EVBS says {length}")
+        sections.append((source, sstatus, name, data))
+    if rest:
+        fail(f"{len(rest)} banks after the sections")
+    return lo | hi << 32, tlo | thi << 32, status, sections
+
+
+def midas_items(data):
+    """The items (timestamp, sequence, flags, payload) of a section in the timestamp modes."""
+    out, pos = [], 0
+    while pos < len(data):
+        ts, seq, length, flags = struct.unpack_from("<QQII", data, pos)
+        out.append((ts, seq, flags, data[pos + 24:pos + 24 + length]))
+        pos += 24 + (length + 7) // 8 * 8
+    if pos != len(data):
+        fail("items overrun their section")
+    return out
+
+
+def midas_files(out_dir):
+    """The MIDAS data files in out_dir (.mid and .mid.part), in name order."""
+    return sorted(n for n in os.listdir(out_dir) if n.endswith(".mid") or n.endswith(".mid.part"))

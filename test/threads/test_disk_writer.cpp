@@ -3,12 +3,16 @@
 // event goes back to its owner, and the written ids go out in file order.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
 #include "core/format/file_format.hpp"
+#include "core/format/midas_format.hpp"
 #include "core/format/wire.hpp"
 #include "core/model/matcher.hpp"
 #include "test/fragment.hpp"
@@ -25,14 +29,15 @@ constexpr std::uint32_t kRun = 7;
 constexpr std::size_t kSlots = 64;
 
 struct WriterRig {
-    explicit WriterRig(const std::string& dir)
+    explicit WriterRig(const std::string& dir) : WriterRig(writer_settings(dir)) {}
+    explicit WriterRig(const WriterSettings& ws)
         : arena("test-writer"),
           pool(arena, 0, kSlots, 512, 2),  // return ports: the shard (0), the writer (1)
           returns(std::vector<alloc::BufferPool*>{&pool}, 0),
           matcher(0, settings(), arena, returns, matcher_counters),
           to_writer(64),
           written(64),
-          writer(writer_settings(dir), {&to_writer}, {&matcher.done_ring()}, {&pool}, 1, writer_counters, bell,
+          writer(ws, {&to_writer}, {&matcher.done_ring()}, {&pool}, 1, writer_counters, bell,
                  &written, &closed) {
         rules.run_number = kRun;
     }
@@ -155,4 +160,73 @@ TEST_CASE("DiskWriter reports each file it closes and each run transition it fin
     CHECK(got[1].transition_done == 1);  // after the run's last file
     CHECK(rig.closed.dropped() == 0);
     rig.writer.on_close();
+}
+
+TEST_CASE("DiskWriter writes MIDAS files: BOR and one event per built event with serials across rotated files and EOR") {
+    test::TempDir dir;
+    WriterSettings ws = WriterRig::writer_settings(dir.path());
+    ws.format = OutputFormat::midas;
+    ws.midas_event_id = 3;
+    ws.bank_names = std::make_shared<const midas::BankNames>(
+        std::vector<std::pair<std::uint32_t, midas::BankName>>{{1, {'P', 'B', '0', '1'}}});
+    ws.config_json = R"({"output":{"format":"midas"}})";
+    // An event takes 104 bytes of head and 2 x 56 of banks: a few events per file.
+    ws.max_file_bytes = 600;
+    ws.direct_io = GENERATE(false, true);
+    INFO("direct_io " << ws.direct_io);
+    WriterRig rig(ws);
+    constexpr std::uint64_t kEvents = 10;
+    for (std::uint64_t e = 0; e < kEvents; ++e) rig.build(100 + e);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < kEvents; ++i) rig.writer.do_work();
+    rig.writer.on_close();
+    CHECK(rig.writer_counters.events_written.get() == kEvents);
+
+    std::vector<std::string> names;
+    for (const auto& f : fs::directory_iterator(dir.path())) names.push_back(f.path().filename().string());
+    std::sort(names.begin(), names.end());
+    REQUIRE(names.size() >= 3);
+    std::uint32_t serial = 0;
+    std::uint64_t run_events = 0;
+    for (std::size_t f = 0; f < names.size(); ++f) {
+        INFO(names[f]);
+        CHECK(names[f] == midas::file_name(kRun, 0, static_cast<std::uint32_t>(f), false));
+        const file::MappedFile mapped(dir / names[f]);
+        const midas::ScanResult s = midas::scan(mapped.bytes());
+        INFO((s.problems.empty() ? std::string() : s.problems[0].what));
+        REQUIRE(s.problems.empty());
+        CHECK(s.bor.serial_number == kRun);
+        CHECK(s.bor_text.substr(0, ws.config_json.size()) == ws.config_json);
+        REQUIRE(s.has_eor);
+        for (const midas::EventView& ev : s.events) {
+            CHECK(ev.header.event_id == 3);
+            CHECK(ev.header.trigger_mask == 0);
+            CHECK(ev.header.serial_number == serial);
+            midas::DecodedEvent d;
+            REQUIRE(midas::decode_built(ev, d));
+            CHECK(d.evb_event_id == 100 + serial);
+            CHECK(d.status == 0);
+            CHECK(d.timestamp == 0);
+            REQUIRE(d.sections.size() == 2);
+            CHECK(d.sections[0].bank_name == midas::BankName{'S', '0', '0', '0'});
+            CHECK(d.sections[1].bank_name == midas::BankName{'P', 'B', '0', '1'});
+            for (const auto& sec : d.sections) {
+                REQUIRE(sec.info.length == 40);
+                CHECK(std::all_of(sec.bytes, sec.bytes + 40, [&](std::byte b) { return b == std::byte(100 + serial); }));
+            }
+            ++serial;
+        }
+        run_events += s.events.size();
+        const auto eor = nlohmann::json::parse(s.eor_text);
+        CHECK(eor["file"]["events"] == s.events.size());
+        CHECK(eor["file"]["sequence"] == f);
+        CHECK(eor["file"]["bytes"] == s.good_bytes - 16 - s.eor.data_size);
+        CHECK(eor["run"]["events"] == run_events);
+        CHECK(eor["run"]["status"]["complete"] == run_events);
+    }
+    CHECK(serial == kEvents);
+    std::uint64_t ids[32];
+    REQUIRE(rig.written.pop(ids, 32) == kEvents);
+    for (std::uint64_t e = 0; e < kEvents; ++e) CHECK(ids[e] == 100 + e);
+    rig.pool.reclaim();
+    CHECK(rig.pool.free_count() == kSlots);
 }

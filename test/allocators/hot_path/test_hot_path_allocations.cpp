@@ -7,7 +7,8 @@
 // Run as `evb_alloc_test timestamp` the same traffic comes as version-2 fragments
 // stamped with a trigger time and is matched by timestamp into version-2 records;
 // as `evb_alloc_test time_slice` each trigger's fragments fall in a time slice of
-// their own (slice n is written once trigger n+1's fragments move the watermarks).
+// their own (slice n is written once trigger n+1's fragments move the watermarks);
+// as `evb_alloc_test midas` the event_id traffic is written as a MIDAS file.
 // As `evb_alloc_test lz4` or `evb_alloc_test zstd` the event_id traffic is written
 // as version-2 records compressed with that codec (output.compression) on the
 // graph workers: the shard's ring and the codec's working memory are made at start.
@@ -120,9 +121,10 @@ int main(int argc, char** argv) {
     if (arg == "frames") return frames_mode();
     const bool sliced = arg == "time_slice";
     const bool timed = sliced || arg == "timestamp";
+    const bool midas = arg == "midas";
     const file::Codec codec = arg == "lz4" ? file::Codec::lz4 : arg == "zstd" ? file::Codec::zstd : file::Codec::none;
-    if (argc > 1 && !timed && codec == file::Codec::none)
-        return fail("usage: evb_alloc_test [timestamp|time_slice|lz4|zstd|frames]");
+    if (argc > 1 && !timed && !midas && codec == file::Codec::none)
+        return fail("usage: evb_alloc_test [timestamp|time_slice|lz4|zstd|midas|frames]");
     const file::MatchMode mode = sliced ? file::MatchMode::time_slice : file::MatchMode::timestamp;
     constexpr std::uint32_t kSources = 16;
     constexpr std::uint32_t kChunks = 3;
@@ -158,6 +160,11 @@ int main(int argc, char** argv) {
         ws.format_version = 2;
         ws.match = mode;
         ws.window_ticks = sliced ? kTriggerPeriod : 10;
+    }
+    if (midas) {  // event_id traffic written as MIDAS events (docs/FORMATS.md section 9)
+        ws.format = OutputFormat::midas;
+        ws.bank_names = std::make_shared<const midas::BankNames>();
+        ws.config_json = "{}";
     }
     ws.directory = dir;
     ws.max_file_bytes = 1ull << 40;  // no rotation while measuring

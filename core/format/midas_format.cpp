@@ -1,0 +1,310 @@
+#include "core/format/midas_format.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <fmt/format.h>
+
+#include "core/format/wire.hpp"
+
+namespace evb::midas {
+
+using wire::load_u16;
+using wire::load_u32;
+using wire::store_u16;
+using wire::store_u32;
+
+void encode_event_header(const EventHeader& h, std::byte out[kEventHeaderBytes]) noexcept {
+    store_u16(out + 0, h.event_id);
+    store_u16(out + 2, h.trigger_mask);
+    store_u32(out + 4, h.serial_number);
+    store_u32(out + 8, h.time_stamp);
+    store_u32(out + 12, h.data_size);
+}
+
+EventHeader decode_event_header(const std::byte in[kEventHeaderBytes]) noexcept {
+    return {load_u16(in + 0), load_u16(in + 2), load_u32(in + 4), load_u32(in + 8), load_u32(in + 12)};
+}
+
+BankName default_bank_name(std::uint32_t source_id) noexcept {
+    static constexpr char kHex[] = "0123456789ABCDEF";
+    return {'S', kHex[(source_id >> 8) & 0xF], kHex[(source_id >> 4) & 0xF], kHex[source_id & 0xF]};
+}
+
+bool valid_bank_name(std::string_view name) noexcept {
+    if (name.size() != 4) return false;
+    return std::all_of(name.begin(), name.end(), [](char c) {
+        return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    });
+}
+
+BankNames::BankNames() : low_(kMaxDefaultNamedSource + 1) {
+    for (std::uint32_t id = 0; id <= kMaxDefaultNamedSource; ++id) low_[id] = default_bank_name(id);
+}
+
+BankNames::BankNames(const std::vector<std::pair<std::uint32_t, BankName>>& named) : BankNames() {
+    for (const auto& [id, name] : named) {
+        if (id <= kMaxDefaultNamedSource)
+            low_[id] = name;
+        else
+            high_.emplace_back(id, name);
+    }
+    std::sort(high_.begin(), high_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+}
+
+bool BankNames::of(std::uint32_t source_id, BankName& out) const noexcept {
+    if (source_id <= kMaxDefaultNamedSource) {
+        out = low_[source_id];
+        return true;
+    }
+    const auto it = std::lower_bound(high_.begin(), high_.end(), source_id,
+                                     [](const auto& e, std::uint32_t id) { return e.first < id; });
+    if (it == high_.end() || it->first != source_id) return false;
+    out = it->second;
+    return true;
+}
+
+std::vector<std::byte> encode_run_marker(std::uint16_t event_id, std::uint32_t run_number,
+                                         std::uint32_t time_stamp, std::string_view text) {
+    const std::size_t data = file::padded8(text.size());
+    std::vector<std::byte> out(kEventHeaderBytes + data, std::byte{' '});
+    encode_event_header({event_id, kMidasMagic, run_number, time_stamp, static_cast<std::uint32_t>(data)}, out.data());
+    if (!text.empty()) std::memcpy(out.data() + kEventHeaderBytes, text.data(), text.size());
+    return out;
+}
+
+std::size_t event_bytes(std::span<const SectionInfo> sections) noexcept {
+    std::size_t n = head_bytes(sections.size());
+    for (const SectionInfo& s : sections) n += section_event_bytes(s);
+    return n;
+}
+
+void encode_bank(const BankName& name, std::uint32_t type, std::uint32_t data_size, std::byte out[kBankBytes]) noexcept {
+    std::memcpy(out, name.data(), 4);
+    store_u32(out + 4, type);
+    store_u32(out + 8, data_size);
+    store_u32(out + 12, 0);
+}
+
+void encode_section_bank(const BankName& name, std::uint32_t length, std::byte out[kBankBytes]) noexcept {
+    encode_bank(name, kTidByte, length, out);
+}
+
+namespace {
+constexpr BankName kEvbh{'E', 'V', 'B', 'H'};
+constexpr BankName kEvbs{'E', 'V', 'B', 'S'};
+}  // namespace
+
+std::size_t encode_head(const BuiltEvent& ev, std::span<const SectionInfo> sections, std::byte* out) noexcept {
+    const std::size_t total = event_bytes(sections);
+    const auto data_size = static_cast<std::uint32_t>(total - kEventHeaderBytes);
+    encode_event_header({ev.event_id, 0, ev.serial_number, ev.time_stamp, data_size}, out);
+    std::byte* p = out + kEventHeaderBytes;
+    store_u32(p, data_size - static_cast<std::uint32_t>(kBankHeaderBytes));
+    store_u32(p + 4, kBankFlags);
+    p += kBankHeaderBytes;
+    encode_bank(kEvbh, kTidDword, 4 * kEvbhWords, p);
+    p += kBankBytes;
+    store_u32(p + 0, static_cast<std::uint32_t>(ev.evb_event_id));
+    store_u32(p + 4, static_cast<std::uint32_t>(ev.evb_event_id >> 32));
+    store_u32(p + 8, static_cast<std::uint32_t>(ev.timestamp));
+    store_u32(p + 12, static_cast<std::uint32_t>(ev.timestamp >> 32));
+    store_u32(p + 16, ev.status);
+    store_u32(p + 20, static_cast<std::uint32_t>(sections.size()));
+    p += 4 * kEvbhWords;
+    const std::size_t evbs = 4 * kEvbsWordsPerSection * sections.size();
+    encode_bank(kEvbs, kTidDword, static_cast<std::uint32_t>(evbs), p);
+    p += kBankBytes;
+    for (const SectionInfo& s : sections) {
+        store_u32(p + 0, s.source_id);
+        store_u32(p + 4, s.status);
+        store_u32(p + 8, s.length);
+        p += 4 * kEvbsWordsPerSection;
+    }
+    std::memset(p, 0, file::padded8(evbs) - evbs);
+    return total;
+}
+
+bool parse_banks(const EventView& e, std::vector<BankView>& out, std::string* why) {
+    auto fail = [why](std::string w) {
+        if (why != nullptr) *why = std::move(w);
+        return false;
+    };
+    out.clear();
+    const std::byte* data = e.bytes + kEventHeaderBytes;
+    const std::uint32_t size = e.header.data_size;
+    if (size < kBankHeaderBytes) return fail(fmt::format("data_size {} has no room for the bank header", size));
+    const std::uint32_t banks_bytes = load_u32(data);
+    const std::uint32_t flags = load_u32(data + 4);
+    if (flags != kBankFlags) return fail(fmt::format("bank header flags 0x{:x}, expected 0x{:x}", flags, kBankFlags));
+    if (banks_bytes != size - kBankHeaderBytes)
+        return fail(fmt::format("bank header says {} bytes of banks, the event has {}", banks_bytes,
+                                size - kBankHeaderBytes));
+    std::size_t pos = kBankHeaderBytes;
+    while (pos < size) {
+        if (size - pos < kBankBytes) return fail(fmt::format("bank header at byte {} of the data cut short", pos));
+        BankView b;
+        std::memcpy(b.name.data(), data + pos, 4);
+        b.type = load_u32(data + pos + 4);
+        b.size = load_u32(data + pos + 8);
+        const std::uint32_t reserved = load_u32(data + pos + 12);
+        if (!valid_bank_name(b.name_view()))
+            return fail(fmt::format("bank at byte {} of the data: name is not 4 letters or digits", pos));
+        if (reserved != 0) return fail(fmt::format("bank {}: reserved word 0x{:x}, expected 0", b.name_view(), reserved));
+        pos += kBankBytes;
+        const std::size_t padded = file::padded8(b.size);
+        if (padded > size - pos)
+            return fail(fmt::format("bank {}: {} bytes do not fit in the {} left of the event", b.name_view(), b.size,
+                                    size - pos));
+        b.data = data + pos;
+        for (std::size_t k = b.size; k < padded; ++k)
+            if (b.data[k] != std::byte{0}) return fail(fmt::format("bank {}: padding byte not 0", b.name_view()));
+        pos += padded;
+        out.push_back(b);
+    }
+    return true;
+}
+
+bool decode_built(const EventView& e, DecodedEvent& out, std::string* why) {
+    auto fail = [why](std::string w) {
+        if (why != nullptr) *why = std::move(w);
+        return false;
+    };
+    std::vector<BankView> banks;
+    if (!parse_banks(e, banks, why)) return false;
+    out.sections.clear();
+    if (banks.empty() || banks[0].name != kEvbh || banks[0].type != kTidDword || banks[0].size != 4 * kEvbhWords)
+        return fail("first bank is not EVBH (TID_DWORD, 6 words)");
+    const std::byte* h = banks[0].data;
+    out.evb_event_id = load_u32(h) | std::uint64_t{load_u32(h + 4)} << 32;
+    out.timestamp = load_u32(h + 8) | std::uint64_t{load_u32(h + 12)} << 32;
+    out.status = load_u32(h + 16);
+    const std::uint32_t count = load_u32(h + 20);
+    if (banks.size() < 2 || banks[1].name != kEvbs || banks[1].type != kTidDword)
+        return fail("second bank is not EVBS (TID_DWORD)");
+    if (banks[1].size != 4 * kEvbsWordsPerSection * std::uint64_t{count})
+        return fail(fmt::format("EVBS holds {} bytes, EVBH says {} sections ({} bytes)", banks[1].size, count,
+                                4 * kEvbsWordsPerSection * std::uint64_t{count}));
+    std::size_t next_bank = 2;
+    for (std::uint32_t i = 0; i < count; ++i) {
+        const std::byte* w = banks[1].data + 4 * kEvbsWordsPerSection * i;
+        DecodedSection s;
+        s.info = {load_u32(w), load_u32(w + 4), load_u32(w + 8)};
+        if (i > 0 && s.info.source_id <= out.sections.back().info.source_id)
+            return fail(fmt::format("EVBS: source_id {} after {}, not ascending", s.info.source_id,
+                                    out.sections.back().info.source_id));
+        if (s.info.has_bank()) {
+            if (next_bank >= banks.size())
+                return fail(fmt::format("no bank for the section of source {}", s.info.source_id));
+            const BankView& b = banks[next_bank++];
+            if (b.type != kTidByte)
+                return fail(fmt::format("bank {} of source {}: type {}, expected TID_BYTE", b.name_view(),
+                                        s.info.source_id, b.type));
+            if (b.size != s.info.length)
+                return fail(fmt::format("bank {} of source {}: {} bytes, EVBS says {}", b.name_view(),
+                                        s.info.source_id, b.size, s.info.length));
+            s.bank_name = b.name;
+            s.bytes = b.data;
+        } else if (s.info.length != 0) {
+            return fail(fmt::format("MISSING section of source {} has length {}", s.info.source_id, s.info.length));
+        }
+        out.sections.push_back(s);
+    }
+    if (next_bank != banks.size())
+        return fail(fmt::format("{} banks after the sections EVBS lists", banks.size() - next_bank));
+    return true;
+}
+
+namespace {
+
+bool all_zero(std::span<const std::byte> b) {
+    return std::all_of(b.begin(), b.end(), [](std::byte x) { return x == std::byte{0}; });
+}
+
+}  // namespace
+
+ScanResult scan(std::span<const std::byte> image) {
+    ScanResult r;
+    auto problem = [&r](std::uint64_t offset, std::string what) { r.problems.push_back({offset, std::move(what)}); };
+    if (image.size() < kEventHeaderBytes) {
+        problem(0, fmt::format("file of {} bytes has no begin-of-run event", image.size()));
+        return r;
+    }
+    r.bor = decode_event_header(image.data());
+    if (r.bor.event_id != kEventIdBor || r.bor.trigger_mask != kMidasMagic) {
+        problem(0, fmt::format("first event is not a begin-of-run event (event_id 0x{:04x}, trigger_mask 0x{:04x})",
+                               r.bor.event_id, r.bor.trigger_mask));
+        return r;
+    }
+    if (r.bor.data_size > image.size() - kEventHeaderBytes) {
+        problem(0, fmt::format("begin-of-run event of {} data bytes cut short", r.bor.data_size));
+        return r;
+    }
+    r.bor_ok = true;
+    r.bor_text = {reinterpret_cast<const char*>(image.data()) + kEventHeaderBytes, r.bor.data_size};
+    std::uint64_t pos = kEventHeaderBytes + r.bor.data_size;
+    r.good_bytes = pos;
+    DecodedEvent decoded;
+    std::string why;
+    while (pos < image.size()) {
+        const std::size_t left = image.size() - pos;
+        if (left < kEventHeaderBytes) {
+            r.cut_event = true;  // a header cut short
+            problem(pos, fmt::format("{} bytes after the last event, not an event header", left));
+            break;
+        }
+        if (all_zero(image.subspan(pos, kEventHeaderBytes))) {
+            // Space a crash left allocated ahead of the writes, or damage.
+            r.cut_event = all_zero(image.subspan(pos));
+            problem(pos, r.cut_event ? fmt::format("{} zero bytes after the last event", left)
+                                     : std::string("zero event header followed by data"));
+            break;
+        }
+        EventView e{pos, decode_event_header(image.data() + pos), image.data() + pos};
+        if (e.header.data_size > left - kEventHeaderBytes) {
+            r.cut_event = true;
+            problem(pos, fmt::format("event of {} data bytes cut short at {} bytes", e.header.data_size,
+                                     left - kEventHeaderBytes));
+            break;
+        }
+        if (e.header.event_id == kEventIdEor) {
+            if (e.header.trigger_mask != kMidasMagic || e.header.serial_number != r.bor.serial_number) {
+                problem(pos, fmt::format("end-of-run event: trigger_mask 0x{:04x} serial {}, expected 0x{:04x} and run {}",
+                                         e.header.trigger_mask, e.header.serial_number, kMidasMagic,
+                                         r.bor.serial_number));
+                return r;
+            }
+            r.has_eor = true;
+            r.eor = e.header;
+            r.eor_text = {reinterpret_cast<const char*>(e.bytes) + kEventHeaderBytes, e.header.data_size};
+            pos += kEventHeaderBytes + e.header.data_size;
+            r.good_bytes = pos;
+            if (pos != image.size()) problem(pos, fmt::format("{} bytes after the end-of-run event", image.size() - pos));
+            return r;  // closed cleanly
+        }
+        if (e.header.event_id >= kEventIdBor || e.header.trigger_mask != 0) {
+            problem(pos, fmt::format("event_id 0x{:04x} trigger_mask 0x{:04x}: not a built event", e.header.event_id,
+                                     e.header.trigger_mask));
+            break;
+        }
+        if (!r.events.empty() && e.header.serial_number != r.events.back().header.serial_number + 1) {
+            problem(pos, fmt::format("serial number {} after {}", e.header.serial_number,
+                                     r.events.back().header.serial_number));
+            break;
+        }
+        if (!decode_built(e, decoded, &why)) {
+            problem(pos, fmt::format("event serial {}: {}", e.header.serial_number, why));
+            break;
+        }
+        r.events.push_back(e);
+        pos += kEventHeaderBytes + e.header.data_size;
+        r.good_bytes = pos;
+    }
+    problem(image.size(), "no end-of-run event: the file was not closed cleanly");
+    return r;
+}
+
+std::string file_name(std::uint32_t run, std::uint32_t builder, std::uint32_t seq, bool part) {
+    return fmt::format("run{:06}_{:03}_{:05}.mid{}", run, builder, seq, part ? ".part" : "");
+}
+
+}  // namespace evb::midas
