@@ -322,3 +322,32 @@ TEST_CASE("config: MIDAS bank names that cannot work are refused naming the key"
         CHECK(any_contains(p, c.needle));
     }
 }
+
+TEST_CASE("config: output.compression sets version 2 and its contradictions are refused naming the key") {
+    const auto c = load_config(R"({"output": {"compression": "zstd", "compression_level": 3}})", "test.json", {});
+    CHECK(c->output.compression == evb::file::Codec::zstd);
+    CHECK(c->output.compression_level == 3);
+    CHECK(c->output.format_version == 2);
+    CHECK(c->effective["output"]["format_version"] == 2);
+    CHECK(evb::default_config({})->output.compression == evb::file::Codec::none);
+    CHECK(evb::default_config({})->output.format_version == 1);
+    CHECK(any_contains(problems_of(R"({"output": {"compression": "lz4", "compression_level": 13}})"),
+                       "output.compression_level: lz4 has levels 1 (fast) to 12 (HC), got 13"));
+    CHECK(any_contains(problems_of(R"({"output": {"compression": "lz4", "format_version": 1}})"),
+                       "output.format_version: output.compression \"lz4\" writes version 2 files (set 1)"));
+    CHECK(any_contains(problems_of(R"({"output": {"compression": "gzip"}})"), "output.compression: \"gzip\" is not one of"));
+    CHECK(any_contains(problems_of(R"({"output": {"compression": "lz4", "format": "midas"}})"),
+                       "output.compression: \"lz4\" with output.format \"midas\""));
+    // Live in version-2 files; a builder that started with version 1 keeps none until a restart.
+    const auto v1 = evb::default_config({});
+    const auto wants = load_config(R"({"output": {"compression": "lz4"}})", "test.json", {});
+    const auto merged = evb::merge_live(*v1, *wants);
+    CHECK(merged->output.compression == evb::file::Codec::none);
+    CHECK(merged->output.format_version == 1);
+    const auto restart = evb::restart_keys_changed(*v1, *wants);
+    CHECK(std::any_of(restart.begin(), restart.end(), [](const std::string& k) { return k.rfind("output.compression", 0) == 0; }));
+    const auto v2 = load_config(R"({"output": {"format_version": 2}})", "test.json", {});
+    const auto live = evb::merge_live(*v2, *wants);
+    CHECK(live->output.compression == evb::file::Codec::lz4);
+    CHECK(evb::restart_keys_changed(*v2, *wants).empty());
+}
