@@ -1,6 +1,6 @@
 // libFuzzer target: the record codecs (FORMATS.md 6.2) on arbitrary bytes.
 // Input: byte 0 picks the codec (even lz4, odd zstd), bytes 1..3 the content_length
-// a record would claim (at most 16 MiB), the rest is the stored stream. Decoding
+// a record would claim (20 bits: at most 1 MiB), the rest is the stored stream. Decoding
 // must fail cleanly or fill exactly content_length bytes; and the stream's own bytes,
 // compressed by the encoder evbd uses, must decode back to themselves.
 #include <cstddef>
@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (size < 4) return 0;
     using evb::file::Codec;
     const Codec codec = (data[0] & 1) ? Codec::zstd : Codec::lz4;
-    const std::size_t claimed = std::size_t{data[1]} | std::size_t{data[2]} << 8 | std::size_t{data[3]} << 16;
+    const std::size_t claimed = std::size_t{data[1]} | std::size_t{data[2]} << 8 | std::size_t{data[3] & 0x0Fu} << 16;
     const std::span<const std::byte> stream(reinterpret_cast<const std::byte*>(data) + 4, size - 4);
 
     std::vector<std::byte> out(claimed);
