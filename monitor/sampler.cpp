@@ -63,7 +63,8 @@ void Sampler::offer(const Event& e, const file::FileHeader& h, std::uint64_t now
         // record must fit the header it began with.
         if (s.header_sent && !(s.opened_with.run_number == h.run_number && s.opened_with.expected_sources == h.expected_sources &&
                                s.opened_with.builder_id == h.builder_id && s.opened_with.version == h.version &&
-                               s.opened_with.match_mode == h.match_mode && s.opened_with.window_ticks == h.window_ticks)) {
+                               s.opened_with.match_mode == h.match_mode && s.opened_with.window_ticks == h.window_ticks &&
+                               s.opened_with.codec == h.codec)) {
             s.ended.store(true, std::memory_order_release);
             continue;
         }

@@ -116,11 +116,12 @@ def replay(bin_dir, capture, out_dir, codec, level, cgroup):
         raise SystemExit(f"evbd --replay exited {rc}: {' '.join(cmd)}\n{err[-2000:]}")
     m = re.search(r"stopped: (\d+) events complete, (\d+) incomplete, (\d+) written \((\d+) payload bytes\)", err)
     took = re.search(r"replay time: ([0-9.]+) s from intake start", err)
+    ring = re.search(r"(\d+) because the compression ring was full", err)
     if not m or not took:
         raise SystemExit(f"no stop line from evbd:\n{err[-2000:]}")
     return float(took.group(1)), ru.ru_utime + ru.ru_stime, {
         "complete": int(m.group(1)), "incomplete": int(m.group(2)), "written": int(m.group(3)),
-        "payload_bytes": int(m.group(4))}
+        "payload_bytes": int(m.group(4)), "no_buffer": int(ring.group(1)) if ring else 0}
 
 
 def stored_bytes(bin_dir, out_dir):
@@ -178,11 +179,12 @@ def main():
                     gb = c["payload_bytes"] / 1e9
                     runs[key].append({"seconds": seconds, "cpu": cpu, "events_per_s": c["written"] / seconds,
                                       "payload_gbps": gb / seconds, "stored_gbps": stored / 1e9 / seconds,
-                                      "ratio": content / stored, "cpu_s_per_gb": cpu / gb, "counts": c})
+                                      "ratio": content / stored, "cpu_s_per_gb": cpu / gb, "counts": c,
+                                      "no_buffer": c["no_buffer"]})
                     last[key] = out
                     log(f"  {payload} {setting} round {r} {key:7}: {seconds:6.2f} s, {gb / seconds:5.2f} GB/s payload, "
                         f"{stored / 1e9 / seconds:5.2f} GB/s stored, ratio {content / stored:4.2f}, cpu {cpu:5.2f} s; "
-                        f"{c['complete']} complete, {c['incomplete']} incomplete")
+                        f"{c['complete']} complete, {c['incomplete']} incomplete, {c['no_buffer']} stored plain for a full ring")
             table = {}
             for key, rs in runs.items():
                 base = runs["none"]

@@ -79,6 +79,16 @@ int report_stop(const Pipeline& pipeline, const std::vector<const stats::ReaderC
     log_info("stopped: {} events complete, {} incomplete, {} written ({} payload bytes), {} files closed, {} write errors",
              complete, incomplete, w.events_written.get(), w.payload_bytes.get(), w.files_closed.get(),
              w.write_errors.get());
+    std::uint64_t compressed = 0, incompressible = 0, no_buffer = 0;
+    for (const auto* m : matchers) {
+        compressed += m->records_compressed.get();
+        incompressible += m->records_raw_incompressible.get();
+        no_buffer += m->records_raw_no_buffer.get();
+    }
+    if (compressed + incompressible + no_buffer > 0)
+        log_info("compression: {} records compressed, {} written plain because the codec would not shrink them, {} "
+                 "because the compression ring was full (no_buffer); {} content bytes stored in {}",
+                 compressed, incompressible, no_buffer, w.content_bytes.get(), w.records_bytes.get());
     const monitor::RefusalSummary refused = monitor::summarise_refusals(readers, matchers);
     log_info("datagrams rejected: {}", refused.text.empty() ? "none" : refused.text);
     int exit_code = 0;

@@ -138,7 +138,10 @@ struct Pipeline::Shard {
     alloc::Arena arena;
     alloc::ReturnBatcher returns;
     Matcher matcher;
-    RecordCompressor compressor;  // used by the serial assemble body only
+    // Compresses in the assemble body and is configured in the match body: both run
+    // on the shard's driver thread (its arena has one slot and no workers), as does
+    // the matcher.reclaim() the assemble body calls when the ring is full.
+    RecordCompressor compressor;
     SpscRing<Event*> to_writer;
     Crc32cJoiner joiner;  // used by the serial assemble body only
     // Room in to_writer for "run ended" / "source set ended" markers (nullptr) the
@@ -259,7 +262,11 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                             const std::uint32_t copies = sh->is_marker(e) ? e->record_length : 1;
                             if (!sh->is_marker(e)) {
                                 assemble(*e, sh->joiner);
-                                sh->compressor.compress(*e, [sh] { sh->matcher.reclaim(); });
+                                sh->compressor.compress(*e, [sh] {
+                                    handoff_acquire(&sh->matcher);
+                                    sh->matcher.reclaim();
+                                    handoff_release(&sh->matcher);
+                                });
                             }
                             for (std::uint32_t k = 0; k < copies; ++k) {
                                 batch[n++] = sh->is_marker(e) ? nullptr : e;  // the writer counts markers per shard

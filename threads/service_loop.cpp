@@ -169,7 +169,8 @@ void ServiceLoop::reload(const char* why) {
     // A change of compression is a change of set too: the writer's file header names
     // the codec, so the new set's records go to a new file.
     const bool codec_change = c.output.compression != running.output.compression ||
-                              c.output.compression_level != running.output.compression_level;
+                              (c.output.compression != file::Codec::none &&
+                               c.output.compression_level != running.output.compression_level);
     const bool sources_change = c.sources != running.sources || codec_change;
     if (sources_change) {
         // Each change of the expected sources is one transition: every shard sends

@@ -1,5 +1,7 @@
 #include "threads/startup.hpp"
 
+#include "core/format/codec.hpp"
+
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
@@ -155,7 +157,13 @@ bool check_memory(const Config& c, const Sizing& z) {
     const std::uint64_t events = std::max<std::uint64_t>(c.building.max_events_in_flight, 4ull * z.shards);
     const std::uint64_t n = c.sources.size();
     const std::uint64_t event_pools = events * (sizeof(Event) + event_meta_bytes(n) + n * sizeof(SourceState));
-    const std::uint64_t rings = c.output.compression != file::Codec::none ? std::uint64_t{z.shards} * compression_ring_bytes(c, z) : 0;
+    // With a codec, each shard's ring of compressed records and the codec's state
+    // (zstd's grows with the level: about 0.8 GB at 22).
+    const std::uint64_t rings =
+        c.output.compression != file::Codec::none
+            ? std::uint64_t{z.shards} * (compression_ring_bytes(c, z) +
+                                         codec::working_bytes(c.output.compression, static_cast<int>(c.output.compression_level)))
+            : 0;
     const std::uint64_t need = event_pools + c.building.max_buffer_bytes + rings;
     std::string where;
     if (const std::uint64_t avail = allocatable_memory_bytes(&where); avail != 0 && need > avail / 10 * 9) {
@@ -164,7 +172,7 @@ bool check_memory(const Config& c, const Sizing& z) {
                   "allocated ({}; at most 90% of it is taken); lower building.max_events_in_flight, the sources, "
                   "or building.max_buffer_bytes",
                   event_pools, c.building.max_events_in_flight, n, c.building.max_buffer_bytes,
-                  rings > 0 ? fmt::format(" and compressed records {} bytes (a quarter of it, output.compression)", rings) : "",
+                  rings > 0 ? fmt::format(" and compression {} bytes (rings of compressed records and codec state, output.compression)", rings) : "",
                   need, avail, where);
         return false;
     }

@@ -662,8 +662,12 @@ std::shared_ptr<const Config> default_config(const std::vector<std::string>& ove
 
 std::vector<std::string> restart_keys_changed(const Config& a, const Config& b) {
     std::vector<std::string> out;
+    // Compression sets version 2 (it is kept while running): dropping compression is
+    // not a request for version 1.
+    const bool version_set_by_codec = a.output.compression != file::Codec::none && b.output.compression == file::Codec::none;
     for (const auto& k : schema()) {
         if (k.live) continue;
+        if (version_set_by_codec && std::string_view(k.path) == "output.format_version") continue;
         const json* x = lookup(const_cast<json&>(a.effective), k.path, false);
         const json* y = lookup(const_cast<json&>(b.effective), k.path, false);
         if (x && y && *x != *y) out.emplace_back(k.path);

@@ -17,10 +17,12 @@ Sizing sizing_for(const Config& c, std::uint32_t inputs) {
 
 std::size_t compression_ring_bytes(const Config& c, const Sizing& z) {
     // A record is kept compressed only when that is shorter, so the compressed
-    // records in flight take less than the receive slots they came in; a quarter of
-    // a shard's share of those is room for a ratio of 4 with the writer behind. A
-    // full ring stores records plain (counted), it never stalls building.
-    return std::max<std::size_t>(16u << 20, c.building.max_buffer_bytes / 4 / std::max<std::uint32_t>(z.shards, 1));
+    // records in flight take less than the receive slots they came in (which they
+    // hold too until written). Half a shard's share of those leaves room, with the
+    // writer behind, for a ratio of 2 and the block one record takes while it is
+    // compressed (its gathered input and the codec's bound). A full ring stores
+    // records plain (counted no_buffer); it never stalls building.
+    return std::max<std::size_t>(16u << 20, c.building.max_buffer_bytes / 2 / std::max<std::uint32_t>(z.shards, 1));
 }
 
 namespace {

@@ -23,6 +23,27 @@ std::size_t bound(Codec c, std::size_t n) noexcept {
     return n;
 }
 
+std::size_t decoded_bound(Codec c, std::span<const std::byte> in) noexcept {
+    switch (c) {
+        case Codec::lz4: return in.size() * 255 + 16;
+        case Codec::zstd: {
+            const unsigned long long n = ZSTD_decompressBound(in.data(), in.size());
+            return n == ZSTD_CONTENTSIZE_ERROR ? 0 : static_cast<std::size_t>(n);
+        }
+        case Codec::none: break;
+    }
+    return in.size();
+}
+
+std::size_t working_bytes(Codec c, int level) noexcept {
+    switch (c) {
+        case Codec::lz4: return static_cast<std::size_t>(LZ4_sizeofState()) + static_cast<std::size_t>(LZ4_sizeofStateHC());
+        case Codec::zstd: return ZSTD_estimateCCtxSize(level);
+        case Codec::none: break;
+    }
+    return 0;
+}
+
 namespace {
 
 bool lz4_decompress(std::span<const std::byte> in, std::span<std::byte> out, std::string* why) {

@@ -17,6 +17,14 @@ using file::Codec;
 // The most bytes `c` can turn n bytes into (n for Codec::none).
 std::size_t bound(Codec c, std::size_t n) noexcept;
 
+// The most bytes `in` can decode to with `c` (before anything is allocated for them):
+// an LZ4 block expands at most 255-fold; a zstd frame says, or bounds, its size
+// (0: not a zstd frame).
+std::size_t decoded_bound(Codec c, std::span<const std::byte> in) noexcept;
+
+// Memory a compressing thread needs for `c` at `level`, made once (Encoder::configure).
+std::size_t working_bytes(Codec c, int level) noexcept;
+
 // Decodes `in` (one LZ4 block, or exactly one zstd frame) into exactly out.size()
 // bytes. False, with the reason, for bytes that do not decode, or decode to
 // another length.

@@ -307,9 +307,24 @@ bool check_stored_layout(const std::byte* r, RecordView& v, Codec codec, std::st
 // content_length) and held to the header's content CRC.
 bool decode_area(const std::byte* r, const RecordView& v, Codec codec, std::vector<std::byte>& buf, std::string& why) {
     const RecordHeader& h = v.header;
+    const std::span<const std::byte> stream{r + kRecordHeaderBytesV2 + 8, v.stored_length};
+    // No buffer for more than the stream can hold: a made-up content_length is refused
+    // before anything is allocated for it.
+    const std::size_t bound = codec::decoded_bound(codec, stream);
+    if (bound == 0) {  // not a frame at all: the codec says why, with no buffer
+        std::string codec_why;
+        (void)codec::decompress(codec, stream, {}, &codec_why);
+        why = fmt::format("event {}: {}", h.event_id, codec_why);
+        return false;
+    }
+    if (h.content_length > bound) {
+        why = fmt::format("event {}: {} stream of {} bytes decodes to at most {} bytes, content_length says {}",
+                          h.event_id, codec_name(codec), v.stored_length, bound, h.content_length);
+        return false;
+    }
     buf.resize(h.content_length);
     std::string codec_why;
-    if (!codec::decompress(codec, {r + kRecordHeaderBytesV2 + 8, v.stored_length}, buf, &codec_why)) {
+    if (!codec::decompress(codec, stream, buf, &codec_why)) {
         why = fmt::format("event {}: {}", h.event_id, codec_why);
         return false;
     }

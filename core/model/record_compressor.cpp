@@ -5,6 +5,7 @@
 
 #include "core/format/crc32c.hpp"
 #include "core/format/wire.hpp"
+#include "core/util/log.hpp"
 
 namespace evb {
 
@@ -16,16 +17,26 @@ constexpr std::size_t round16(std::size_t n) noexcept { return (n + 15) & ~std::
 constexpr std::size_t kLengthAt = 4, kStatusAt = 20;
 }  // namespace
 
-void RecordCompressor::configure(file::Codec codec, std::uint32_t level) {
-    encoder_.configure(codec, static_cast<int>(level));
-    if (codec != file::Codec::none && !ring_) ring_ = std::make_unique<alloc::ByteRing>(arena_, ring_bytes_);
+void RecordCompressor::configure(file::Codec codec, std::uint32_t level) noexcept {
+    // Made on the shard's worker when a reload first asks for a codec: memory that
+    // cannot be had leaves records plain (counted no_buffer), never ends the process.
+    try {
+        encoder_.configure(codec, static_cast<int>(level));
+        if (codec != file::Codec::none && !ring_) ring_ = std::make_unique<alloc::ByteRing>(arena_, ring_bytes_);
+        usable_ = true;
+    } catch (const std::bad_alloc&) {
+        usable_ = false;
+        log_error("output.compression {} (level {}): no memory for the compression ring ({} bytes) or the codec; "
+                  "records are written plain (evb_records_stored_raw_total{{reason=\"no_buffer\"}})",
+                  file::codec_name(codec), level, ring_bytes_);
+    }
 }
 
 // One block holds the codec's output (after the stored-length prefix), then the
 // sections area gathered in one piece as the codec's input (an LZ4 block needs
 // its input contiguous); the block is shrunk to the output once it is known.
 std::byte* RecordCompressor::reserve(const Event& ev) noexcept {
-    if (!ring_) return nullptr;
+    if (!ring_ || !usable_) return nullptr;
     const std::size_t content = ev.plain_length - ev.record_header_bytes();
     const std::size_t bound = codec::bound(ev.codec, content);
     if (bound == 0) return nullptr;

@@ -23,7 +23,7 @@ public:
         : arena_(arena), ring_bytes_(ring_bytes), counters_(counters) {}
 
     // The level for records from now on, and memory for `codec`. Not on the hot path.
-    void configure(file::Codec codec, std::uint32_t level);
+    void configure(file::Codec codec, std::uint32_t level) noexcept;
 
     // Stores an assembled v2 record COMPRESSED with its event's codec when that
     // makes it shorter: sets ev.stored, record_length, the COMPRESSED bit and the
@@ -60,6 +60,7 @@ private:
     std::size_t ring_bytes_;
     stats::MatcherCounters& counters_;
     std::unique_ptr<alloc::ByteRing> ring_;
+    bool usable_ = true;  // false: the last configure() could not get its memory
     codec::Encoder encoder_;
 };
 

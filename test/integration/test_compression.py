@@ -103,6 +103,24 @@ def phase_a(wd):
             check(comp == len(events) and f["compression_ratio"] > 1.2 and phase_ids == {steps.index((codec, _))},
                   f"{codec}: {comp} of {len(events)} records COMPRESSED, {f['record_bytes_stored']} bytes stored "
                   f"for {f['record_bytes_content']} (ratio {f['compression_ratio']:.2f}), only its phase's events")
+    # A byte flipped in a stored record of the lz4 and of the zstd file: --verify stops
+    # at that record (its record CRC), every record before it good.
+    for f in files[:2]:
+        victim = f["events"][2]
+        path = f["path"]
+        with open(path, "rb") as fh:
+            img = bytearray(fh.read())
+        img[victim["offset"] + 64 + 8 + 100] ^= 0x04
+        bad_dir = os.path.join(wd, "flipped-" + f["header"]["codec"])
+        os.makedirs(bad_dir)
+        with open(os.path.join(bad_dir, os.path.basename(path)), "wb") as fh:
+            fh.write(img)
+        rc, doc2, err = dump([bad_dir], "--verify")
+        g = doc2["files"][0]
+        check(rc == 1 and g["event_count"] == 2 and g["problems"][0]["offset"] == victim["offset"]
+              and "record CRC mismatch" in g["problems"][0]["message"],
+              f"{f['header']['codec']}: a byte flipped in the third COMPRESSED record written by evbd stops --verify "
+              f"there: {g['event_count']} records good, {g['problems'][:1]}")
     stored = m["evb_written_record_bytes_total"]
     content = m["evb_written_content_bytes_total"]
     compressed = m["evb_records_compressed_total"]

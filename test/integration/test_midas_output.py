@@ -104,6 +104,9 @@ def push_event_id(wd):
     run_source(["--to", f"127.0.0.1:{d.port}", "--sources", sources, "--events", events, "--run", RUN,
                 "--size", "0:3000", "--chunk", "1432", "--reorder", "32", "--rate", 3000 // SLOW])
     d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= events, timeout=30)
+    # Written means the kernel has it: with O_DIRECT the last stage goes once the
+    # writer has waited a moment for more, so the count follows the build.
+    d.wait_metric("evb_events_written_total", lambda v: v >= events, timeout=30)
     m = d.metrics()
     check(d.stop() == 0, "evbd exits 0 after SIGTERM")
     check(m["evb_kernel_receive_drops_total"] == 0, "no kernel receive drops")
