@@ -126,7 +126,8 @@ TEST_CASE("MIDAS output file: abandoned with O_DIRECT it keeps every event hande
     const std::string part = write_midas(tmp.path(), GENERATE(false, true), 700, false, f);
     const std::uint64_t end = f.size();
     CHECK(f.abandon() == end);
-    const em::ScanResult s = em::scan(read_all(part));
+    const Bytes image1 = read_all(part);  // the scan's views point into it
+    const em::ScanResult s = em::scan(image1);
     CHECK_FALSE(s.has_eor);
     check_events(s, 700);
 
@@ -135,7 +136,8 @@ TEST_CASE("MIDAS output file: abandoned with O_DIRECT it keeps every event hande
     CHECK(r.events == 700);
     CHECK(r.output == tmp / "run000042_001_00000.mid");
     CHECK_FALSE(fs::exists(part));
-    const em::ScanResult c = em::scan(read_all(r.output));
+    const Bytes image2 = read_all(r.output);  // the scan's views point into it
+    const em::ScanResult c = em::scan(image2);
     INFO((c.problems.empty() ? std::string() : c.problems[0].what));
     CHECK(c.problems.empty());
     REQUIRE(c.has_eor);
@@ -216,7 +218,8 @@ TEST_CASE("MIDAS recovery: an event crossing into an O_DIRECT stage that never r
     const ef::Recovery r = ef::recover(part);
     REQUIRE(r.ok());
     CHECK(r.events == n);
-    const em::ScanResult c = em::scan(read_all(r.output));
+    const Bytes image3 = read_all(r.output);  // the scan's views point into it
+    const em::ScanResult c = em::scan(image3);
     CHECK(c.problems.empty());
     check_events(c, n);
 }
