@@ -171,8 +171,8 @@ void ServiceLoop::reload(const char* why) {
     const bool codec_change = c.output.compression != running.output.compression ||
                               (c.output.compression != file::Codec::none &&
                                c.output.compression_level != running.output.compression_level);
-    const bool sources_change = c.sources != running.sources || codec_change;
-    if (sources_change) {
+    const bool set_change = c.sources != running.sources || codec_change;
+    if (set_change) {
         // Each change of the expected sources is one transition: every shard sends
         // the writer one marker for it. The writer learns of it first, so it holds
         // the new set's events back until the old set's are written and its file closed.
@@ -180,7 +180,7 @@ void ServiceLoop::reload(const char* why) {
         ++run_generation_;
     }
     post_writer_settings(next->writer, run_);
-    if (sources_change) change_sources(c, why);
+    if (set_change) change_sources(c, why);
     const std::uint32_t old_run = run_;
     running_ = next;
     if (run_change) {

@@ -534,6 +534,13 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
             "events time out before their last re-request",
             c->building.timeout_ms, std::uint64_t{c->pull.retry_ms} * (c->pull.max_retries + 1ull)));
     if (c->output.directory.empty()) problems.push_back("output.directory: must not be empty");
+    // A version-2 feature sets output.format_version 2; an explicit 1 contradicts it.
+    auto needs_version_2 = [&](const std::string& feature) {
+        if (lookup(doc, "output.format_version", false) != nullptr && c->output.format_version == 1)
+            problems.push_back(fmt::format("output.format_version: {} writes version 2 files (set 1)", feature));
+        c->output.format_version = 2;
+        *lookup(eff, "output.format_version", true) = 2;
+    };
     if (c->building.match != MatchMode::event_id) {
         if (c->building.match == MatchMode::timestamp && c->builders > 1)
             problems.push_back(fmt::format("builders: timestamp matching runs on one builder (got {}): an event's "
@@ -546,10 +553,7 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         if (c->building.shards > 1)
             problems.push_back(fmt::format("building.shards: building.match \"{}\" builds in one shard (got {})", match,
                                            c->building.shards));
-        if (lookup(doc, "output.format_version", false) != nullptr && c->output.format_version == 1)
-            problems.push_back(fmt::format("output.format_version: building.match \"{}\" writes version 2 files (set 1)", match));
-        c->output.format_version = 2;
-        *lookup(eff, "output.format_version", true) = 2;
+        needs_version_2(fmt::format("building.match \"{}\"", match));
     }
     if (c->output.format == OutputFormat::midas) check_bank_names(*c, problems);
     if (c->output.compression != file::Codec::none && c->output.format == OutputFormat::midas)
@@ -559,10 +563,7 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         if (c->output.compression == file::Codec::lz4 && c->output.compression_level > 12)
             problems.push_back(fmt::format("output.compression_level: lz4 has levels 1 (fast) to 12 (HC), got {}",
                                            c->output.compression_level));
-        if (lookup(doc, "output.format_version", false) != nullptr && c->output.format_version == 1)
-            problems.push_back(fmt::format("output.format_version: output.compression \"{}\" writes version 2 files (set 1)", codec));
-        c->output.format_version = 2;
-        *lookup(eff, "output.format_version", true) = 2;
+        needs_version_2(fmt::format("output.compression \"{}\"", codec));
     }
     if (c->building.max_buffer_bytes / (c->input.max_datagram_bytes + 64ull) < 2ull * c->input.batch * c->input.readers)
         problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",

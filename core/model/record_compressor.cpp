@@ -35,19 +35,14 @@ void RecordCompressor::configure(file::Codec codec, std::uint32_t level) noexcep
 // One block holds the codec's output (after the stored-length prefix), then the
 // sections area gathered in one piece as the codec's input (an LZ4 block needs
 // its input contiguous); the block is shrunk to the output once it is known.
-std::byte* RecordCompressor::reserve(const Event& ev) noexcept {
-    if (!ring_ || !usable_) return nullptr;
-    const std::size_t content = ev.plain_length - ev.record_header_bytes();
-    const std::size_t bound = codec::bound(ev.codec, content);
-    if (bound == 0) return nullptr;
+std::byte* RecordCompressor::reserve(std::size_t content, std::size_t bound) noexcept {
+    if (!ring_ || !usable_ || bound == 0) return nullptr;
     return ring_->reserve(round16(kStoredPrefix + bound) + content);
 }
 
-void RecordCompressor::store(Event& ev, std::byte* block) noexcept {
+void RecordCompressor::store(Event& ev, std::byte* block, std::size_t content, std::size_t bound) noexcept {
     const auto t0 = std::chrono::steady_clock::now();
     const std::size_t hb = ev.record_header_bytes();
-    const std::size_t content = ev.plain_length - hb;
-    const std::size_t bound = codec::bound(ev.codec, content);
     std::byte* in = block + round16(kStoredPrefix + bound);
     std::size_t at = 0;
     for_each_record_piece(ev, [&](const void* p, std::size_t n) {

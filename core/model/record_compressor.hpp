@@ -33,16 +33,18 @@ public:
     template <typename Reclaim>
     void compress(Event& ev, Reclaim&& reclaim) noexcept {
         if (ev.codec == file::Codec::none || ev.layout == RecordLayout::v1) return;
-        std::byte* block = reserve(ev);
+        const std::size_t content = ev.plain_length - ev.record_header_bytes();
+        const std::size_t bound = codec::bound(ev.codec, content);
+        std::byte* block = reserve(content, bound);
         if (block == nullptr) {
             reclaim();
-            block = reserve(ev);
+            block = reserve(content, bound);
         }
         if (block == nullptr) {
             counters_.records_raw_no_buffer.add();
             return;
         }
-        store(ev, block);
+        store(ev, block, content, bound);
     }
 
     // Hands back the block of a record the writer is done with.
@@ -53,8 +55,9 @@ public:
     }
 
 private:
-    std::byte* reserve(const Event& ev) noexcept;
-    void store(Event& ev, std::byte* block) noexcept;
+    // A block for the codec's output (at most `bound` bytes) and the gathered input.
+    std::byte* reserve(std::size_t content, std::size_t bound) noexcept;
+    void store(Event& ev, std::byte* block, std::size_t content, std::size_t bound) noexcept;
 
     alloc::Arena& arena_;
     std::size_t ring_bytes_;
