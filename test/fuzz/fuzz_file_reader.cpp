@@ -13,15 +13,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::uint64_t end = evb::file::kHeaderBytes;
     for (const auto& r : s.records) {
         // Good records are contiguous and inside the image, and their sections parse
-        // (but for COMPRESSED ones: this build has no codec to decode them with).
+        // (a COMPRESSED one's too: scan() has decoded it).
         if (r.file_offset != end || r.file_offset + r.header.record_length > size) __builtin_trap();
         end += r.header.record_length;
-        if (!evb::file::parse_sections(r, secs) && !r.compressed) __builtin_trap();
-        evb::file::ItemView item;  // items, walked as a reader would, stay inside the image
+        if (!evb::file::parse_sections(r, secs)) __builtin_trap();
+        // The bytes the sections point into: the record in the image, or for a
+        // COMPRESSED record its decoded area (decoded again here, to the same bytes).
+        std::span<const std::byte> area;
+        if (!evb::file::sections_area(r, area, nullptr)) __builtin_trap();
+        evb::file::ItemView item;  // items, walked as a reader would, stay inside the area
         if (r.match_mode != evb::file::MatchMode::event_id)
             for (const auto& sec : secs)
                 for (evb::file::ItemCursor c(sec); c.next(item);)
-                    if (item.payload + item.length > img.data() + img.size()) __builtin_trap();
+                    if (item.payload < area.data() || item.payload + item.length > area.data() + area.size())
+                        __builtin_trap();
     }
     if (s.header_ok && s.good_bytes != end) __builtin_trap();
     return 0;
