@@ -18,7 +18,9 @@ from evbtest import (BIN, Evbd, check, events_in, fail, free_udp_port, run_sourc
 BUILDERS = 3
 SLOW = sanitized_build()
 PUSH_EVENTS = 6000 if SLOW else 30000
-PULL_EVENTS_EACH = 4000 if SLOW else 20000
+# Builder 1 is killed once it has written KILL_AFTER events, well before its share ends
+# (a fixed delay was too long for the TSan build, which finished 4000 events first).
+PULL_EVENTS_EACH = 20000
 # Below what three builders on two shared cores take without the kernel dropping a
 # burst (a whole event lost at the socket would be missing from the union).
 PUSH_RATE = 2000 if SLOW else 10000
@@ -84,7 +86,12 @@ def pull_farm(wd, rng):
                  "pull.max_retries=20"]
         ds = [Evbd(wd, sets=builder_sets(i, outs[i], extra)) for i in range(BUILDERS)]
         # Builder 1 dies mid-run and comes back, as systemd's Restart= would bring it.
-        time.sleep(rng.uniform(0.3, 0.8))
+        kill_after = rng.randint(200, PULL_EVENTS_EACH // 5)
+        deadline = time.time() + 120
+        while ds[1].metrics().get("evb_events_written_total", 0) < kill_after:
+            if time.time() > deadline:
+                fail(f"pull: builder 1 did not write {kill_after} events within 120 s")
+            time.sleep(0.005)
         if "pull: all" in ds[1].log_text():
             fail("builder 1 finished before the kill: raise PULL_EVENTS_EACH")
         ds[1].proc.send_signal(signal.SIGKILL)
