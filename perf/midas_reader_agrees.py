@@ -46,7 +46,7 @@ def main():
     total = 0
     for d in sys.argv[2:]:
         for name in sorted(os.listdir(d)):
-            if name.endswith(".mid"):
+            if name.endswith((".mid", ".mid.lz4")):
                 total += compare(os.path.join(d, name), file_reader, evbtest)
     print(f"MIDAS's reader and evbtest.read_midas agree on {total} events")
 

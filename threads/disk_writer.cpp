@@ -60,6 +60,10 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
     if (s_.format == OutputFormat::midas) {
         midas_arena_.resize(kMidasArenaBytes);
         batch_file_bytes_.reserve(kMaxEventsPerWork);
+        if (s_.midas_lz4) {
+            lz4_ = std::make_unique<lz4f::FrameWriter>();
+            lz4_out_.resize(lz4_->bound(kMaxBatchBytes + kMidasArenaBytes));
+        }
     }
 }
 
@@ -92,15 +96,21 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     h.window_ticks = s_.window_ticks;
     h.codec = codec;  // one per expected-source set, as the section count
     const bool midas = s_.format == OutputFormat::midas;
-    const int e = midas ? file_.open_midas(s_.directory, h,
-                                           midas::encode_run_marker(midas::kEventIdBor, run, run_start_unix_s_,
-                                                                    s_.config_json),
-                                           s_.direct_io)
-                        : file_.open(s_.directory, h, s_.direct_io);
+    const bool lz4 = midas && lz4_ != nullptr;
+    int e = 0;
+    if (midas) {
+        const auto bor = midas::encode_run_marker(midas::kEventIdBor, run, run_start_unix_s_, s_.config_json);
+        // `.mid.lz4`: the frame's header and the begin-of-run event's block stand first.
+        const auto head = lz4 ? lz4_piece(bor, true, false) : std::span<const std::byte>(bor);
+        lz4_content_bytes_ = bor.size();
+        e = head.empty() ? EIO : file_.open_midas(s_.directory, h, head, s_.direct_io, lz4);
+    } else {
+        e = file_.open(s_.directory, h, s_.direct_io);
+    }
     if (e != 0) {
         counters_.write_errors.add();
         log_error("cannot open {}/{}: {} (retrying in 1 s)", s_.directory,
-                  midas ? midas::file_name(run, s_.builder_id, seq, true) : file::file_name(run, s_.builder_id, seq, true),
+                  midas ? midas::file_name(run, s_.builder_id, seq, true, lz4) : file::file_name(run, s_.builder_id, seq, true),
                   std::strerror(e));
         retry_open_after_ns_ = now + 1'000'000'000ull;
         return false;
@@ -110,6 +120,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         warned_direct_ = true;
     }
     midas_ = midas;
+    lz4_file_ = lz4;
     file_run_ = run;
     file_set_ = set;
     file_seq_ = seq;
@@ -174,14 +185,59 @@ int DiskWriter::close_output(bool sync) {
     counts["file"] = {{"sequence", file_seq_},
                       {"events", file_.event_count()},
                       {"status", file::to_json(file_status_)},
-                      {"bytes", file_.size()}};
+                      {"bytes", lz4_file_ ? lz4_content_bytes_ : file_.size()}};  // as MIDAS readers see it
+    if (lz4_file_) counts["file"]["stored_bytes"] = file_.size();  // `.mid.lz4`: the frame so far
     counts["run"] = {{"run_number", file_run_},
                      {"events", run_events_ + file_.event_count()},
                      {"status", file::to_json(run_status)}};
     const auto eor = midas::encode_run_marker(midas::kEventIdEor, file_run_,
                                               static_cast<std::uint32_t>(realtime_ns() / 1'000'000'000ull),
                                               counts.dump());
-    return file_.close_with_trailer(eor, sync);
+    if (!lz4_file_) return file_.close_with_trailer(eor, sync);
+    const auto trailer = lz4_piece(eor, false, true);  // the end-of-run event's block and the frame's end
+    return trailer.empty() ? EIO : file_.close_with_trailer(trailer, sync);
+}
+
+std::span<const std::byte> DiskWriter::lz4_piece(std::span<const std::byte> event, bool begin, bool end) {
+    if (lz4_out_.size() < lz4_->bound(event.size())) lz4_out_.resize(lz4_->bound(event.size()));
+    const std::span<std::byte> out(lz4_out_);
+    std::string why;
+    std::size_t n = 0;
+    if (begin && (n = lz4_->begin(static_cast<int>(s_.lz4_level), out, &why)) == 0) {
+        log_error("output.compression lz4: {}", why);
+        return {};
+    }
+    const iovec piece{const_cast<std::byte*>(event.data()), event.size()};
+    const std::size_t body = lz4_->write(&piece, 1, out.subspan(n), &why);
+    if (body == 0) {
+        log_error("output.compression lz4: {}", why);
+        return {};
+    }
+    n += body;
+    if (end) {
+        const std::size_t tail = lz4_->end(out.subspan(n), &why);
+        if (tail == 0) {
+            log_error("output.compression lz4: {}", why);
+            return {};
+        }
+        n += tail;
+    }
+    return out.first(n);
+}
+
+bool DiskWriter::compress_batch() {
+    // lz4_out_ holds the batch's blocks until the append returns; it grows (rarely:
+    // a batch holding one event larger than any before) only between batches.
+    if (const std::size_t need = lz4_->bound(batch_bytes_); lz4_out_.size() < need) lz4_out_.resize(need);
+    std::string why;
+    const std::size_t n = lz4_->write(iov_.data(), iov_.size(), std::span<std::byte>(lz4_out_), &why);
+    if (n == 0) {
+        log_error("output.compression lz4: {}", why);
+        return false;
+    }
+    iov_.clear();
+    iov_.push_back({lz4_out_.data(), n});
+    return true;
 }
 
 bool DiskWriter::reserve_midas(const Event& e) {
@@ -310,10 +366,15 @@ bool DiskWriter::try_resume() {
 
 void DiskWriter::flush_batch() {
     if (!iov_.empty()) {
+        if (lz4_file_ && !compress_batch()) {
+            block_output(EIO, "compressing for");
+            return;
+        }
         if (const int e = file_.append(iov_.data(), iov_.size()); e != 0) {
             block_output(e, "writing");
             return;
         }
+        if (lz4_file_) lz4_content_bytes_ += batch_bytes_;
         counters_.writes.add();
     }
     iov_.clear();
@@ -327,6 +388,9 @@ void DiskWriter::release_batch(bool lost) {
     const std::uint64_t now = realtime_ns();
     std::uint64_t payload = 0, records = 0;
     std::uint64_t end = batch_start_offset_;
+    // `.mid.lz4`: the batch is whole blocks that end where the file now ends; each of
+    // its events is with the kernel once that end is.
+    const std::uint64_t blocks_end = file_.size();
     for (std::size_t k = 0; k < batch_.size(); ++k) {
         Event* e = batch_[k];
         // Its size in the file: the .evb record, or the MIDAS event (events lost
@@ -344,7 +408,7 @@ void DiskWriter::release_batch(bool lost) {
         }
         payload += event_payload;
         records += file_bytes;
-        end += file_bytes;
+        end = lz4_file_ ? blocks_end : end + file_bytes;
         if (!lost) {
             unsettled_.push_back({end, e->event_id, event_payload, file_bytes, midas_ ? file_bytes : e->plain_length, now});
             file_status_.add(e->status);

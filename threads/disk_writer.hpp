@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <span>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "allocators/buffer_pool.hpp"
 #include "core/model/event.hpp"
 #include "core/io/output_file.hpp"
+#include "core/format/lz4_frame.hpp"
 #include "core/model/counters.hpp"
 #include "threads/channels.hpp"
 #include "threads/runner.hpp"
@@ -131,6 +134,14 @@ private:
     // serial number of the open file's first event. Counts of the run's closed files
     // go into each end-of-run event.
     bool midas_ = false;
+    // `.mid.lz4` (output.compression "lz4"): the open file is one LZ4 frame; each
+    // batch is compressed here into lz4_out_ as whole blocks and appended as one piece.
+    bool lz4_file_ = false;
+    std::uint64_t lz4_content_bytes_ = 0;  // the open file's MIDAS bytes before compression
+    std::unique_ptr<lz4f::FrameWriter> lz4_;
+    std::vector<std::byte> lz4_out_;
+    bool compress_batch();
+    std::span<const std::byte> lz4_piece(std::span<const std::byte> event, bool begin, bool end);
     std::vector<std::byte> midas_arena_;
     std::size_t midas_used_ = 0;
     std::vector<std::uint32_t> batch_file_bytes_;

@@ -240,7 +240,7 @@ void ServiceLoop::change_sources(const Config& next, const char* why) {
         if (was && !now) out += (out.empty() ? "" : ", ") + std::to_string(id);
         if (!was && now) back += (back.empty() ? "" : ", ") + std::to_string(id);
     }
-    t_.pipeline.set_expected_sources(expected, set_generation_, next.output.compression, next.output.compression_level);
+    t_.pipeline.set_expected_sources(expected, set_generation_, next.output.record_codec(), next.output.compression_level);
     control_.expected_sources.store(next.sources.size());
     if (next.output.compression != before.output.compression || next.output.compression_level != before.output.compression_level)
         log_info("reload ({}): output.compression {} (level {}) from the next file on", why,
@@ -646,7 +646,7 @@ void ServiceLoop::write_summary(const EndedRun& r) {
             continue;
         }
         const std::string name = w.format == OutputFormat::midas
-                                     ? midas::file_name(f.run_number, w.builder_id, f.file_sequence, !f.clean)
+                                     ? midas::file_name(f.run_number, w.builder_id, f.file_sequence, !f.clean, w.midas_lz4)
                                      : file::file_name(f.run_number, w.builder_id, f.file_sequence, !f.clean);
         files.push_back({name, f.events, 0, f.clean, f.status});
     }

@@ -160,9 +160,9 @@ bool check_memory(const Config& c, const Sizing& z) {
     // With a codec, each shard's ring of compressed records and the codec's state
     // (zstd's grows with the level: about 0.8 GB at 22).
     const std::uint64_t rings =
-        c.output.compression != file::Codec::none
+        c.output.record_codec() != file::Codec::none
             ? std::uint64_t{z.shards} * (compression_ring_bytes(c, z) +
-                                         codec::working_bytes(c.output.compression, static_cast<int>(c.output.compression_level)))
+                                         codec::working_bytes(c.output.record_codec(), static_cast<int>(c.output.compression_level)))
             : 0;
     const std::uint64_t need = event_pools + c.building.max_buffer_bytes + rings;
     std::string where;

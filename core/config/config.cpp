@@ -79,7 +79,7 @@ const std::vector<Key>& schema() {
         {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
         {"output.direct_io", Kind::boolean, true, 0, 0, false, "Write through aligned staging buffers with O_DIRECT (Linux AIO), bypassing the page cache: about a third of the CPU per byte of buffered writes and steady throughput; a record counts as written once its write has completed. A file system without O_DIRECT (tmpfs) falls back to buffered writes. false: pwritev through the page cache."},
         {"output.format_version", Kind::uint, 1, 1, 2, false, "File format version: 1, or 2 (64-byte record headers with a content CRC and the events' smallest fragment timestamp). A time match mode needs and sets 2."},
-        {"output.compression", Kind::choice, "none", 0, 0, true, "Record compression (docs/FORMATS.md 6.2): \"none\", \"lz4\" (one LZ4 block per record) or \"zstd\" (one zstd frame per record). Records are compressed by the graph workers beside assembly, never by the disk writer; a record that would not shrink is stored raw. Needs version-2 files (sets output.format_version 2). A reload applies it from the next file (the file header names the codec), unless evbd started with version-1 files.", {"none", "lz4", "zstd"}},
+        {"output.compression", Kind::choice, "none", 0, 0, true, "Record compression (docs/FORMATS.md 6.2): \"none\", \"lz4\" (one LZ4 block per record) or \"zstd\" (one zstd frame per record). Records are compressed by the graph workers beside assembly, never by the disk writer; a record that would not shrink is stored raw. Needs version-2 files (sets output.format_version 2). A reload applies it from the next file (the file header names the codec), unless evbd started with version-1 files. With output.format \"midas\", \"lz4\" writes `.mid.lz4` files instead: each file one LZ4 frame, as MIDAS's mlogger writes them (docs/FORMATS.md 9.5), compressed by the disk writer; fixed until a restart.", {"none", "lz4", "zstd"}},
         {"output.compression_level", Kind::uint, 1, 1, 22, true, "Codec level: lz4 1 is LZ4's fast mode, 2..12 LZ4 HC; zstd 1..22 (1 and 3 are the line-rate levels). Live on reload."},
         {"output.format", Kind::choice, "evb", 0, 0, false, "\"evb\": evbd's own files (`.evb`); \"midas\": MIDAS files (`.mid`, docs/FORMATS.md section 9) that MIDAS analysis reads unchanged: a begin-of-run event holding this configuration, one MIDAS event per built event (banks EVBH, EVBS and one per section), an end-of-run event with the counts when a file closes cleanly. Rotation, O_DIRECT, back-pressure and recovery as for `.evb`.", {"evb", "midas"}},
         {"output.midas.event_id", Kind::uint, 1, 0, 0x7FFF, false, "MIDAS output: the event_id of the built events' MIDAS events (0x8000 and above are MIDAS's own run markers)."},
@@ -556,10 +556,15 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         needs_version_2(fmt::format("building.match \"{}\"", match));
     }
     if (c->output.format == OutputFormat::midas) check_bank_names(*c, problems);
-    if (c->output.compression != file::Codec::none && c->output.format == OutputFormat::midas)
-        problems.push_back(fmt::format("output.compression: \"{}\" with output.format \"midas\" (a whole-file .mid.lz4) is not "
-                                       "built yet; record compression is a .evb feature", codec));
-    else if (c->output.compression != file::Codec::none) {
+    if (c->output.format == OutputFormat::midas) {
+        // MIDAS files compress whole, as mlogger writes them: `.mid.lz4`, one LZ4 frame.
+        if (c->output.compression == file::Codec::zstd)
+            problems.push_back("output.compression: \"zstd\" with output.format \"midas\": MIDAS files compress as "
+                               "one LZ4 frame (.mid.lz4), which MIDAS readers open; use \"lz4\" or \"none\"");
+        else if (c->output.compression == file::Codec::lz4 && c->output.compression_level > 12)
+            problems.push_back(fmt::format("output.compression_level: lz4 has levels 1 (fast) to 12 (HC), got {}",
+                                           c->output.compression_level));
+    } else if (c->output.compression != file::Codec::none) {
         if (c->output.compression == file::Codec::lz4 && c->output.compression_level > 12)
             problems.push_back(fmt::format("output.compression_level: lz4 has levels 1 (fast) to 12 (HC), got {}",
                                            c->output.compression_level));
@@ -686,7 +691,8 @@ std::shared_ptr<const Config> merge_live(const Config& running, const Config& lo
         *lookup(doc, k.path, true) = *lookup(const_cast<json&>(running.effective), k.path, false);
     }
     if (running.output.format_version == 1 || running.output.format == OutputFormat::midas)
-        *lookup(doc, "output.compression", true) = *lookup(const_cast<json&>(running.effective), "output.compression", false);
+        for (const char* key : {"output.compression", "output.compression_level"})
+            *lookup(doc, key, true) = *lookup(const_cast<json&>(running.effective), key, false);
     return build(std::move(doc), {}, Names::not_resolved);  // the running addresses, checked at start
 }
 

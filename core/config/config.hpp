@@ -86,6 +86,11 @@ struct Config {
             // output.midas.bank_names: (source_id, name), ascending source_id.
             std::vector<std::pair<std::uint32_t, midas::BankName>> bank_names;
         } midas;
+        // How records are stored: output.compression for .evb files; MIDAS files
+        // compress whole (`.mid.lz4`, in the writer) and their records never.
+        file::Codec record_codec() const noexcept {
+            return format == OutputFormat::midas ? file::Codec::none : compression;
+        }
     } output;
 
     struct Monitor {

@@ -37,7 +37,7 @@ MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
     m.tolerance_ticks = c.building.tolerance_ticks;
     m.slice_ticks = c.building.slice_ticks;
     m.record_version = c.output.format_version;
-    m.codec = c.output.compression;
+    m.codec = c.output.record_codec();
     // Dead-source detection (docs/OPERATIONS.md, "When a board dies").
     m.source_timeout_ns = std::uint64_t{c.building.source_timeout_ms != 0
                                             ? c.building.source_timeout_ms
@@ -89,6 +89,8 @@ WriterSettings writer_settings(const Config& c) {
         w.midas_event_id = c.output.midas.event_id;
         w.bank_names = std::make_shared<const midas::BankNames>(c.output.midas.bank_names);
         w.config_json = c.effective.dump();
+        w.midas_lz4 = c.output.compression == file::Codec::lz4;
+        w.lz4_level = static_cast<int>(c.output.compression_level);
     }
     return w;
 }

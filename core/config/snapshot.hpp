@@ -65,6 +65,10 @@ struct WriterSettings {
     std::uint16_t midas_event_id = 1;
     std::shared_ptr<const midas::BankNames> bank_names;
     std::string config_json;
+    // MIDAS output with output.compression "lz4": each file is one LZ4 frame
+    // (`.mid.lz4`) at this level, compressed in the writer's thread.
+    bool midas_lz4 = false;
+    int lz4_level = 1;
 };
 
 struct PullSettings {

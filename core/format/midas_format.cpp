@@ -303,8 +303,8 @@ ScanResult scan(std::span<const std::byte> image) {
     return r;
 }
 
-std::string file_name(std::uint32_t run, std::uint32_t builder, std::uint32_t seq, bool part) {
-    return fmt::format("run{:06}_{:03}_{:05}.mid{}", run, builder, seq, part ? ".part" : "");
+std::string file_name(std::uint32_t run, std::uint32_t builder, std::uint32_t seq, bool part, bool lz4) {
+    return fmt::format("run{:06}_{:03}_{:05}.mid{}{}", run, builder, seq, lz4 ? ".lz4" : "", part ? ".part" : "");
 }
 
 }  // namespace evb::midas

@@ -172,6 +172,7 @@ struct ScanResult {
 ScanResult scan(std::span<const std::byte> image);
 
 // `run000042_001_00003.mid`, with `.part` appended while the file is open.
-std::string file_name(std::uint32_t run_number, std::uint32_t builder_id, std::uint32_t file_sequence, bool part);
+std::string file_name(std::uint32_t run_number, std::uint32_t builder_id, std::uint32_t file_sequence, bool part,
+                      bool lz4 = false);
 
 }  // namespace evb::midas

@@ -120,9 +120,9 @@ int OutputFile::open(const std::string& directory, const FileHeader& h, bool dir
 }
 
 int OutputFile::open_midas(const std::string& directory, const FileHeader& h, std::span<const std::byte> head,
-                           bool direct) {
-    return open_named(directory, midas::file_name(h.run_number, h.builder_id, h.file_sequence, true),
-                      midas::file_name(h.run_number, h.builder_id, h.file_sequence, false), head, direct);
+                           bool direct, bool lz4) {
+    return open_named(directory, midas::file_name(h.run_number, h.builder_id, h.file_sequence, true, lz4),
+                      midas::file_name(h.run_number, h.builder_id, h.file_sequence, false, lz4), head, direct);
 }
 
 int OutputFile::open_named(const std::string& directory, const std::string& name, const std::string& final_name,

@@ -42,9 +42,11 @@ public:
     // The same for a MIDAS file (`.mid.part`, renamed to `.mid`): `head`, its
     // begin-of-run event, stands where a `.evb` file has its header. Only the run,
     // builder and sequence of `names` are used. With `direct`, a head longer than a
-    // stage is written buffered (direct_fallback() says so).
+    // stage is written buffered (direct_fallback() says so). With `lz4` the names
+    // are `.mid.lz4.part` and `.mid.lz4`, and `head` and every byte appended after
+    // it are already the file's LZ4 frame (core/format/lz4_frame.hpp).
     int open_midas(const std::string& directory, const FileHeader& names, std::span<const std::byte> head,
-                   bool direct = false);
+                   bool direct = false, bool lz4 = false);
     bool direct() const noexcept { return direct_; }
     bool direct_fallback() const noexcept { return direct_fallback_; }
 

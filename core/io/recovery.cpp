@@ -15,6 +15,7 @@
 
 #include "core/format/file_format.hpp"
 #include "core/format/wire.hpp"
+#include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/run_summary.hpp"
@@ -47,12 +48,12 @@ int write_both(int fd, struct iovec (&iov)[2]) {
     return 0;
 }
 
-// `ext` is ".evb" or ".mid".
-std::string recovered_name(const std::string& path, const char* ext) {
+// `ext` is ".evb", ".mid" or ".mid.lz4".
+std::string recovered_name(const std::string& path, const std::string& ext) {
     std::string dest = path;
     if (dest.size() > 5 && dest.compare(dest.size() - 5, 5, ".part") == 0)
         dest.resize(dest.size() - 5);
-    else if (dest.size() > 4 && dest.compare(dest.size() - 4, 4, ext) == 0)
+    else if (dest.size() > ext.size() && dest.compare(dest.size() - ext.size(), ext.size(), ext) == 0)
         dest += std::string(".recovered") + ext;
     else
         dest += ext;
@@ -99,6 +100,43 @@ std::vector<std::byte> recovered_eor(const midas::ScanResult& s) {
     return midas::encode_run_marker(midas::kEventIdEor, s.bor.serial_number, time, counts.dump());
 }
 
+// `.mid.lz4` (one LZ4 frame): the good blocks decoded, the last one dropped when a
+// crash may have torn it as drop_torn_stage_tail says (an LZ4 block has no
+// checksum either), then the MIDAS events in them scanned; the recovered file is
+// a new frame of the good events and an end-of-run event, as mlogger would close it.
+// An empty vector and `why` when nothing can be recovered.
+std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, std::size_t& events, std::string& why) {
+    lz4f::FrameRead f = lz4f::read_frame(image);
+    if (!f.complete && f.last_block_at > 0) {
+        const std::uint64_t boundary = (f.last_block_at / OutputFile::kStageBytes + 1) * OutputFile::kStageBytes;
+        const auto after = boundary < image.size() ? image.subspan(boundary) : std::span<const std::byte>{};
+        if (boundary < f.good_bytes && std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; }))
+            f = lz4f::read_frame(image.first(f.last_block_at));
+    }
+    if (!f.header_ok) {
+        why = f.problem;
+        return {};
+    }
+    midas::ScanResult ms = midas::scan(f.content);
+    if (!ms.bor_ok) {
+        why = ms.problems.empty() ? "bad begin-of-run event" : ms.problems[0].what;
+        return {};
+    }
+    const std::vector<std::byte> eor = ms.has_eor ? std::vector<std::byte>{} : recovered_eor(ms);
+    const std::uint64_t keep = ms.has_eor ? f.content.size() : ms.good_bytes;
+    lz4f::FrameWriter w;
+    std::vector<std::byte> out(w.bound(keep + eor.size()) + 64);
+    const std::span<std::byte> o(out);
+    std::size_t n = w.begin(1, o, &why);
+    const struct iovec pieces[2] = {{f.content.data(), keep}, {const_cast<std::byte*>(eor.data()), eor.size()}};
+    const std::size_t body = n == 0 ? 0 : w.write(pieces, 2, o.subspan(n), &why);
+    const std::size_t tail = body == 0 ? 0 : w.end(o.subspan(n + body), &why);
+    if (tail == 0) return {};
+    out.resize(n + body + tail);
+    events = ms.events.size();
+    return out;
+}
+
 bool is_part(const std::string& path) { return path.size() > 5 && path.compare(path.size() - 5, 5, ".part") == 0; }
 
 }  // namespace
@@ -111,12 +149,18 @@ Recovery recover(const std::string& part_path) noexcept {
     };
     try {
         const MappedFile in(part_path);
-        const bool is_midas = looks_midas(in.bytes());
+        const bool is_lz4 = lz4f::is_frame(in.bytes());
+        const bool is_midas = is_lz4 || looks_midas(in.bytes());
         ScanResult s;
         midas::ScanResult ms;
         std::vector<std::byte> tail;
         std::size_t events = 0;
-        if (is_midas) {
+        std::vector<std::byte> rebuilt;  // `.mid.lz4`: the whole recovered file
+        if (is_lz4) {
+            std::string why;
+            rebuilt = recover_midas_lz4(in.bytes(), events, why);
+            if (rebuilt.empty()) return fail(fmt::format("{}: {}", part_path, why));
+        } else if (is_midas) {
             ms = midas::scan(in.bytes());
             if (!ms.bor_ok)
                 return fail(fmt::format("{}: {}", part_path, ms.problems.empty() ? "bad begin-of-run event" : ms.problems[0].what));
@@ -136,7 +180,7 @@ Recovery recover(const std::string& part_path) noexcept {
             tail = encode_index_and_footer(index, s.good_bytes);
             events = s.records.size();
         }
-        const std::string dest = recovered_name(part_path, is_midas ? ".mid" : ".evb");
+        const std::string dest = recovered_name(part_path, is_lz4 ? ".mid.lz4" : is_midas ? ".mid" : ".evb");
         // rename() would silently replace an existing file: never trade a good file
         // for a recovered one.
         if (::access(dest.c_str(), F_OK) == 0) return fail(fmt::format("{}: already exists, not overwriting it", dest));
@@ -145,6 +189,7 @@ Recovery recover(const std::string& part_path) noexcept {
         if (fd < 0) return fail(fmt::format("{}: {}", tmp, std::strerror(errno)));
         struct iovec iov[2] = {{const_cast<std::byte*>(in.bytes().data()), s.good_bytes},
                                {const_cast<std::byte*>(tail.data()), tail.size()}};
+        if (is_lz4) iov[0] = {rebuilt.data(), rebuilt.size()};
         int e = write_both(fd, iov);
         if (e == 0 && ::fsync(fd) != 0) e = errno;
         ::close(fd);

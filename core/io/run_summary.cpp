@@ -15,6 +15,7 @@
 #include <set>
 
 #include "core/format/file_format.hpp"
+#include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
 
 namespace evb::file {
@@ -112,7 +113,8 @@ nlohmann::ordered_json read_summary(const std::string& directory, std::uint32_t 
 
 namespace {
 
-// `runNNNNNN_BBB_SSSSS.evb` or `.evb.part` (or a MIDAS file's `.mid`, `.mid.part`):
+// `runNNNNNN_BBB_SSSSS.evb` or `.evb.part` (or a MIDAS file's `.mid`, `.mid.lz4` and
+// their `.part`):
 // the run and builder, else false.
 bool parse_data_name(const std::string& name, std::uint32_t& run, std::uint32_t& builder) {
     unsigned r = 0, b = 0, seq = 0;
@@ -121,7 +123,9 @@ bool parse_data_name(const std::string& name, std::uint32_t& run, std::uint32_t&
         std::sscanf(name.c_str(), "run%6u_%3u_%u%n", &r, &b, &seq, &end) != 3)
         return false;
     const std::string tail = name.substr(static_cast<std::size_t>(end));
-    if (tail != ".evb" && tail != ".evb.part" && tail != ".mid" && tail != ".mid.part") return false;
+    if (tail != ".evb" && tail != ".evb.part" && tail != ".mid" && tail != ".mid.part" && tail != ".mid.lz4" &&
+        tail != ".mid.lz4.part")
+        return false;
     run = r;
     builder = b;
     return true;
@@ -147,13 +151,16 @@ SummaryFile scan_file(const std::string& directory, const std::string& name, std
     try {
         const MappedFile m(directory + "/" + name);
         f.bytes = m.bytes().size();
-        if (ends_with(name, ".mid") || ends_with(name, ".mid.part")) {
-            const midas::ScanResult s = midas::scan(m.bytes());
+        const bool lz4 = ends_with(name, ".mid.lz4") || ends_with(name, ".mid.lz4.part");
+        if (lz4 || ends_with(name, ".mid") || ends_with(name, ".mid.part")) {
+            // `.mid.lz4`: the MIDAS file inside the frame, as far as its blocks decode.
+            const lz4f::FrameRead frame = lz4 ? lz4f::read_frame(m.bytes()) : lz4f::FrameRead{};
+            const midas::ScanResult s = midas::scan(lz4 ? std::span<const std::byte>(frame.content) : m.bytes());
             f.events = s.events.size();
             midas::DecodedEvent d;
             for (const auto& e : s.events)
                 if (midas::decode_built(e, d)) f.status.add(d.status);
-            f.clean = !ends_with(name, ".part") && s.bor_ok && s.has_eor && s.problems.empty();
+            f.clean = !ends_with(name, ".part") && s.bor_ok && s.has_eor && s.problems.empty() && (!lz4 || frame.complete);
             if (created_ns != nullptr && s.bor_ok) *created_ns = std::uint64_t{s.bor.time_stamp} * 1'000'000'000ull;
             return f;
         }

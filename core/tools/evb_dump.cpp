@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/format/file_format.hpp"
+#include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/recovery.hpp"
@@ -59,8 +60,9 @@ constexpr std::string_view kUsage = R"(usage: evb-dump [options] FILE|DIR...
        evb-dump --check-summary DIR
 
 Inspect evbd output files: .evb (closed) and .evb.part (being written, or left
-behind by a crash), and MIDAS files (.mid, .mid.part). A directory stands for
-the .evb, .evb.part, .mid and .mid.part files in it, in name order.
+behind by a crash), and MIDAS files (.mid, .mid.part, and .mid.lz4, .mid.lz4.part:
+one LZ4 frame, offsets given in its decoded bytes). A directory stands for the
+.evb, .mid and .mid.lz4 files and their .part files in it, in name order.
 
   (no option)      one summary line per file
   --events         also list every event: id, offset, length, status and the
@@ -78,10 +80,11 @@ the .evb, .evb.part, .mid and .mid.part files in it, in name order.
                    only this test payload passes (implies --pattern)
   --recover FILE   rewrite an unclean FILE.evb.part as FILE.evb holding every
                    good event (may be repeated; FILE.evb.part is removed), or
-                   FILE.mid.part as FILE.mid ending with an end-of-run event. A
+                   FILE.mid.part as FILE.mid ending with an end-of-run event
+                   (FILE.mid.lz4.part as a new frame FILE.mid.lz4). A
                    .part cut off before its header holds no event: it is
-                   removed and reported. A DIR stands for its .evb.part and
-                   .mid.part files; one that a running evbd is writing is left alone
+                   removed and reported. A DIR stands for its .part
+                   files; one that a running evbd is writing is left alone
   --check-summary DIR
                    check DIR's files against each run summary in it
                    (runNNNNNN_BBB.summary.json): the file list, and per file
@@ -162,9 +165,11 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 
 bool is_evb_name(std::string_view name) {
     return ends_with(name, ".evb") || ends_with(name, ".evb.part") || ends_with(name, ".mid") ||
-           ends_with(name, ".mid.part");
+           ends_with(name, ".mid.part") || ends_with(name, ".mid.lz4") || ends_with(name, ".mid.lz4.part");
 }
-bool is_part_name(std::string_view name) { return ends_with(name, ".evb.part") || ends_with(name, ".mid.part"); }
+bool is_part_name(std::string_view name) {
+    return ends_with(name, ".evb.part") || ends_with(name, ".mid.part") || ends_with(name, ".mid.lz4.part");
+}
 
 // A MIDAS file begins with its begin-of-run event (docs/FORMATS.md section 9).
 bool looks_midas(std::span<const std::byte> img) {
@@ -262,6 +267,7 @@ struct EventInfo {
 struct FileReport {
     std::string path;
     bool midas = false;    // a MIDAS file: header from its begin-of-run event and name
+    bool midas_lz4 = false;  // ... written as one LZ4 frame: offsets are in the decoded bytes
     std::string io_error;  // set when the file could not be read at all
     std::uint64_t size = 0;
     bool header_ok = false;
@@ -322,6 +328,7 @@ std::optional<NameFields> parse_file_name(std::string_view name) {
     if (!literal("run") || !number(6, f.run) || !literal("_") || !number(3, f.builder) || !literal("_") ||
         !number(5, f.sequence) || !(literal(".evb") || literal(".mid")))
         return std::nullopt;
+    (void)literal(".lz4");  // a MIDAS file written as one LZ4 frame
     if (!name.empty() && name != ".part") return std::nullopt;
     return f;
 }
@@ -761,6 +768,28 @@ FileReport examine(const std::string& path, const Options& o) {
         const ef::MappedFile file(path);
         const auto img = file.bytes();
         rep.size = img.size();
+        if (evb::lz4f::is_frame(img)) {
+            // `.mid.lz4`: the MIDAS file inside the frame, read as far as its blocks
+            // decode; stored and content sizes give the ratio.
+            const evb::lz4f::FrameRead f = evb::lz4f::read_frame(img);
+            rep.midas = rep.midas_lz4 = true;
+            if (!looks_midas(f.content)) {
+                rep.add_problem(f.good_bytes, f.header_ok ? "an LZ4 frame that does not hold a MIDAS file" : f.problem);
+            } else {
+                examine_midas(f.content, o, rep);
+                rep.midas_lz4 = true;
+                rep.stored_bytes = f.good_bytes;
+                rep.content_bytes = f.content.size();
+                if (!f.complete && rep.has_footer)
+                    rep.add_problem(f.content.size(), fmt::format("LZ4 frame: {}", f.problem));
+                else if (!f.complete && !f.cut_short)
+                    rep.add_problem(f.content.size(), fmt::format("LZ4 frame (stored byte {}): {}", f.good_bytes, f.problem));
+                rep.cut_tail = rep.cut_tail || f.cut_short;
+            }
+            std::stable_sort(rep.problems.begin(), rep.problems.end(),
+                             [](const ef::Problem& a, const ef::Problem& b) { return a.offset < b.offset; });
+            return rep;
+        }
         if (looks_midas(img)) {
             examine_midas(img, o, rep);
             std::stable_sort(rep.problems.begin(), rep.problems.end(),
@@ -874,9 +903,23 @@ RecoverReport recover_one(const std::string& path, bool named) {
         bool midas = false;
         {
             const ef::MappedFile file(path);
-            midas = looks_midas(file.bytes());
+            const bool lz4 = evb::lz4f::is_frame(file.bytes());
+            midas = lz4 || looks_midas(file.bytes());
             rr.size = file.bytes().size();
-            if (midas) {
+            if (lz4) {
+                // `.mid.lz4`: kept and dropped are counted in stored bytes, up to the
+                // last whole block; the recovered file is a new frame.
+                const evb::lz4f::FrameRead f = evb::lz4f::read_frame(file.bytes());
+                const evb::midas::ScanResult s = evb::midas::scan(f.content);
+                if (f.complete && s.has_eor && s.problems.empty() && !ends_with(path, ".part")) {
+                    rr.note = "already clean, nothing to do";
+                    rr.kept_events = s.events.size();
+                    return rr;
+                }
+                rr.kept_bytes = f.good_bytes;
+                rr.dropped_bytes = rr.size - f.good_bytes;
+                if (!f.problem.empty() && !f.cut_short) rr.stop_reason = f.problem;
+            } else if (midas) {
                 const evb::midas::ScanResult s = evb::midas::scan(file.bytes());
                 if (s.has_eor && s.problems.empty() && !ends_with(path, ".part")) {
                     rr.note = "already clean, nothing to do";
@@ -931,7 +974,11 @@ RecoverReport recover_one(const std::string& path, bool named) {
         rr.kept_events = rec.events;
         rr.output = rec.output;
         const ef::MappedFile out(rr.output);
-        if (midas) {
+        if (evb::lz4f::is_frame(out.bytes())) {
+            const evb::lz4f::FrameRead f = evb::lz4f::read_frame(out.bytes());
+            const evb::midas::ScanResult check = evb::midas::scan(f.content);
+            rr.output_verified = f.complete && check.problems.empty() && check.has_eor && check.events.size() == rr.kept_events;
+        } else if (midas) {
             const evb::midas::ScanResult check = evb::midas::scan(out.bytes());
             rr.output_verified = check.problems.empty() && check.has_eor && check.events.size() == rr.kept_events;
         } else {
@@ -1032,7 +1079,7 @@ Json file_json(const FileReport& r, const Options& o) {
         return j;
     }
     j["size_bytes"] = r.size;
-    if (r.midas) j["format"] = "midas";  // header: from the begin-of-run event and the name
+    if (r.midas) j["format"] = r.midas_lz4 ? "midas-lz4" : "midas";  // header: from the begin-of-run event and the name
     j["header"] = header_json(r);
     j["has_footer"] = r.has_footer;
     j["good_bytes"] = r.good_bytes;
@@ -1181,15 +1228,20 @@ void print_summary_text(const std::vector<FileReport>& reports) {
     // Files written with a codec: what their records take stored and plain.
     bool header_done = false;
     for (const auto& r : reports) {
-        if (!r.header_ok || r.header.version != 2 || r.header.codec == ef::Codec::none) continue;
+        const bool whole = r.midas_lz4;  // `.mid.lz4`: the whole file is one LZ4 frame
+        if (!r.header_ok || (!whole && (r.header.version != 2 || r.header.codec == ef::Codec::none))) continue;
         if (!header_done) {
             fmt::print("\n{:<{}}  {:<5} {:>10} {:>10} {:>6}  {}\n", "compressed file", w, "codec", "stored", "content",
                        "ratio", "records compressed");
             header_done = true;
         }
         const double ratio = r.stored_bytes > 0 ? static_cast<double>(r.content_bytes) / static_cast<double>(r.stored_bytes) : 1.0;
-        fmt::print("{:<{}}  {:<5} {:>10} {:>10} {:>6.2f}  {} of {}\n", r.path, w, ef::codec_name(r.header.codec),
-                   human_bytes(r.stored_bytes), human_bytes(r.content_bytes), ratio, r.compressed, r.event_count);
+        if (whole)
+            fmt::print("{:<{}}  {:<5} {:>10} {:>10} {:>6.2f}  the whole file (one LZ4 frame)\n", r.path, w, "lz4",
+                       human_bytes(r.stored_bytes), human_bytes(r.content_bytes), ratio);
+        else
+            fmt::print("{:<{}}  {:<5} {:>10} {:>10} {:>6.2f}  {} of {}\n", r.path, w, ef::codec_name(r.header.codec),
+                       human_bytes(r.stored_bytes), human_bytes(r.content_bytes), ratio, r.compressed, r.event_count);
     }
 }
 

@@ -336,8 +336,18 @@ TEST_CASE("config: output.compression sets version 2 and its contradictions are 
     CHECK(any_contains(problems_of(R"({"output": {"compression": "lz4", "format_version": 1}})"),
                        "output.format_version: output.compression \"lz4\" writes version 2 files (set 1)"));
     CHECK(any_contains(problems_of(R"({"output": {"compression": "gzip"}})"), "output.compression: \"gzip\" is not one of"));
-    CHECK(any_contains(problems_of(R"({"output": {"compression": "lz4", "format": "midas"}})"),
-                       "output.compression: \"lz4\" with output.format \"midas\""));
+    // MIDAS files compress whole (.mid.lz4), as mlogger writes them; zstd is no MIDAS format.
+    CHECK(problems_of(R"({"output": {"compression": "lz4", "format": "midas"}})").empty());
+    CHECK(any_contains(problems_of(R"({"output": {"compression": "zstd", "format": "midas"}})"),
+                       "output.compression: \"zstd\" with output.format \"midas\""));
+    CHECK(any_contains(problems_of(R"({"output": {"compression": "lz4", "compression_level": 13, "format": "midas"}})"),
+                       "output.compression_level: lz4 has levels 1 (fast) to 12 (HC), got 13"));
+    {
+        const auto m = load_config(R"({"output": {"compression": "lz4", "format": "midas"}})", "test.json", {});
+        REQUIRE(m);
+        CHECK(m->output.format_version == 1);  // no record is compressed: the file is
+        CHECK(m->output.record_codec() == evb::file::Codec::none);
+    }
     // Live in version-2 files; a builder that started with version 1 keeps none until a restart.
     const auto v1 = evb::default_config({});
     const auto wants = load_config(R"({"output": {"compression": "lz4"}})", "test.json", {});

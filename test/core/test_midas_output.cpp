@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/format/file_format.hpp"
+#include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/recovery.hpp"
@@ -222,4 +223,60 @@ TEST_CASE("MIDAS recovery: an event crossing into an O_DIRECT stage that never r
     const em::ScanResult c = em::scan(image3);
     CHECK(c.problems.empty());
     check_events(c, n);
+}
+
+TEST_CASE("MIDAS recovery: a torn .mid.lz4.part becomes a closed frame of its whole events and an end-of-run event") {
+    const evb::test::TempDir tmp;
+    ef::OutputFile f;
+    evb::lz4f::FrameWriter w;
+    Bytes out(w.bound(1 << 20));
+    std::string why;
+    // The begin-of-run event's block after the frame header, then batches of 10 events.
+    const Bytes bor = em::encode_run_marker(em::kEventIdBor, kRun, 1700000000, R"({"config":true})");
+    std::size_t n = w.begin(1, out, &why);
+    const struct iovec bor_piece {const_cast<std::byte*>(bor.data()), bor.size()};
+    n += w.write(&bor_piece, 1, std::span<std::byte>(out).subspan(n), &why);
+    REQUIRE(f.open_midas(tmp.path(), names(0), std::span<const std::byte>(out).first(n), false, true) == 0);
+    CHECK(f.part_path().ends_with(".mid.lz4.part"));
+    std::vector<std::uint64_t> batch_end;
+    for (std::uint32_t b = 0; b < 5; ++b) {
+        std::vector<Bytes> events;
+        std::vector<iovec> iov;
+        for (std::uint32_t i = 10 * b; i < 10 * b + 10; ++i) events.push_back(midas_event(i));
+        for (auto& e : events) iov.push_back({e.data(), e.size()});
+        n = w.write(iov.data(), iov.size(), out, &why);
+        REQUIRE(n > 0);
+        const struct iovec piece {out.data(), n};
+        REQUIRE(f.append(&piece, 1) == 0);
+        batch_end.push_back(f.size());
+    }
+    const std::string part = f.part_path();
+    f.abandon();
+    Bytes whole = read_all(part);
+    SECTION("cut inside the last batch's block: the first 40 events are kept") {
+        whole.resize(batch_end[3] + 100);
+    }
+    SECTION("zeros after the last whole block: all 50 are kept") {
+        whole.resize(whole.size() + 8192, std::byte{0});
+    }
+    const bool cut = whole.size() < batch_end[4];
+    {
+        std::ofstream o(part, std::ios::binary | std::ios::trunc);
+        o.write(reinterpret_cast<const char*>(whole.data()), static_cast<std::streamsize>(whole.size()));
+    }
+    const ef::Recovery r = ef::recover(part);
+    INFO(r.error);
+    REQUIRE(r.ok());
+    CHECK(r.output.ends_with(".mid.lz4"));
+    CHECK_FALSE(fs::exists(part));
+    CHECK(r.events == (cut ? 40u : 50u));
+    const Bytes rec = read_all(r.output);
+    const evb::lz4f::FrameRead fr = evb::lz4f::read_frame(rec);
+    INFO(fr.problem);
+    REQUIRE(fr.complete);
+    const em::ScanResult c = em::scan(fr.content);
+    CHECK(c.problems.empty());
+    CHECK(c.has_eor);
+    check_events(c, r.events);
+    CHECK(nlohmann::json::parse(c.eor_text)["recovered"] == true);
 }

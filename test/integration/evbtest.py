@@ -281,9 +281,15 @@ def read_midas(path):
     MIDAS's documentation and independent of evb-dump: the begin-of-run event's header
     and text, every whole banked event as (header, [(name, type, bytes)]), the
     end-of-run event (or None) and the offset where the whole events end.
-    A header is (event_id, trigger_mask, serial_number, time_stamp, data_size)."""
+    A header is (event_id, trigger_mask, serial_number, time_stamp, data_size).
+    A `.mid.lz4` file is decoded first with the python-lz4 package (LZ4's own frame
+    decoder, not evbd's): offsets are then in the decoded bytes, and "stored" is the
+    file's size on disk."""
     with open(path, "rb") as f:
         data = f.read()
+    stored, frame_ended = len(data), None
+    if data[:4] == b"\x04\x22\x4d\x18":
+        data, frame_ended = lz4_frame_blocks(path, data)
     if len(data) < 16:
         fail(f"{path}: no begin-of-run event")
     bor = struct.unpack_from("<HHIII", data, 0)
@@ -308,7 +314,43 @@ def read_midas(path):
             fail(f"{path}: event at {at}: {why}")
         events.append((h, banks))
         at += 16 + h[4]
-    return {"bor": bor, "bor_text": bor_text, "events": events, "eor": eor, "end": at, "size": len(data)}
+    return {"bor": bor, "bor_text": bor_text, "events": events, "eor": eor, "end": at, "size": len(data),
+            "stored": stored, "frame_ended": frame_ended}
+
+
+def lz4_frame_blocks(path, data):
+    """An LZ4 frame's decoded bytes, block by block with python-lz4 (LZ4's own block
+    decoder, not evbd's), up to the first block a crash cut short or left undecodable
+    in a `.part`; and whether the frame's end mark closes the file."""
+    import lz4.block  # Debian's python3-lz4
+    flg, bd = data[4], data[5]
+    if flg >> 6 != 1 or flg & 0x10:
+        fail(f"{path}: LZ4 frame flags 0x{flg:02x}: not version 1, or block checksums (MIDAS's decoder has none)")
+    max_block = {4: 1 << 16, 5: 1 << 18, 6: 1 << 20, 7: 1 << 22}[(bd >> 4) & 7]
+    at = 7 + (8 if flg & 0x08 else 0) + (4 if flg & 0x01 else 0)
+    out = bytearray()
+    while at + 4 <= len(data):
+        word = struct.unpack_from("<I", data, at)[0]
+        if word == 0:
+            end = at + 4 + (4 if flg & 0x04 else 0)
+            return bytes(out), end == len(data)
+        size = word & 0x7FFFFFFF
+        block = data[at + 4:at + 4 + size]
+        if len(block) < size:
+            break
+        if word & 0x80000000:
+            out += block
+        else:
+            try:
+                out += lz4.block.decompress(block, uncompressed_size=max_block)
+            except lz4.block.LZ4BlockError as e:
+                if path.endswith(".part"):
+                    break  # a block a crash cut short
+                fail(f"{path}: LZ4 block at {at}: {e}")
+        at += 4 + size
+    if not path.endswith(".part"):
+        fail(f"{path}: the LZ4 frame ends without its end mark")
+    return bytes(out), False
 
 
 def midas_banks(body):
@@ -370,5 +412,5 @@ def midas_items(data):
 
 
 def midas_files(out_dir):
-    """The MIDAS data files in out_dir (.mid and .mid.part), in name order."""
-    return sorted(n for n in os.listdir(out_dir) if n.endswith(".mid") or n.endswith(".mid.part"))
+    """The MIDAS data files in out_dir (.mid, .mid.lz4 and their .part), in name order."""
+    return sorted(n for n in os.listdir(out_dir) if n.endswith((".mid", ".mid.part", ".mid.lz4", ".mid.lz4.part")))

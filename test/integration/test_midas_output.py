@@ -11,7 +11,10 @@ pattern; evb-dump --verify --pattern must agree.
 (iii) pull mode against evb-source --serve: every requested event written.
 (iv) SIGKILL mid-file: the .mid.part holds whole events up to where it was cut;
     evb-dump --recover makes it a .mid with every one of them, ending with an
-    end-of-run event marked recovered."""
+    end-of-run event marked recovered.
+(v) `.mid.lz4` (output.compression "lz4"): each file one LZ4 frame, read with
+    python-lz4's frame decoder, then as (i); a SIGKILL leaves a .mid.lz4.part that
+    evb-dump --recover makes a closed frame of the torn file's whole events."""
 import json
 import os
 import shutil
@@ -22,6 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_python_reader import ensure_numpy  # noqa: E402,F401  (re-runs under Debian's Python: python3-lz4)
 from evbtest import (BIN, Evbd, check, fail, free_udp_port, midas_built, midas_files, midas_items, pattern_bytes, read_midas,  # noqa: E402
                      run_source, sanitized_build, verify, workdir)
 
@@ -250,9 +254,67 @@ def sigkill_and_recover(wd):
     check(rc == 0, f"evb-dump --verify --pattern passes after recovery: {text.strip().splitlines()[-1]}")
 
 
+def lz4_files(wd):
+    out = os.path.join(wd, "lz4")
+    sources, events = 4, 1200 // SLOW
+    d = Evbd(wd, sets=[f"sources={sources}", f"run_number={RUN}", f"output.directory={out}", "output.format=midas",
+                       "output.compression=lz4", "output.direct_io=true", "output.max_file_bytes=1000000"])
+    run_source(["--to", f"127.0.0.1:{d.port}", "--sources", sources, "--events", events, "--run", RUN,
+                "--size", "0:3000", "--chunk", "1432", "--reorder", "16", "--rate", 3000 // SLOW])
+    d.wait_metric("evb_events_written_total", lambda v: v >= events, timeout=30)
+    check(d.stop() == 0, "evbd exits 0 (.mid.lz4)")
+    files = read_dir(out)
+    check(len(files) >= 2 and all(n.endswith(".mid.lz4") for n, _ in files),
+          f"{len(files)} closed .mid.lz4 files (rotation at 1 MB)")
+    check(all(f["frame_ended"] and f["eor"] is not None for _, f in files),
+          "each is one whole LZ4 frame (python-lz4 decodes it to its end) ending with the end-of-run event")
+    check_event_id_files(files, events, list(range(sources)), 1, {}, RUN)
+    rc, text = verify([out])
+    check(rc == 0, f"evb-dump --verify --pattern passes on the .mid.lz4 files: {text.strip().splitlines()[-1]}")
+    r = subprocess.run([os.path.join(BIN, "evb-dump"), "--json", out], capture_output=True, text=True)
+    doc = json.loads(r.stdout)
+    check(all(f["format"] == "midas-lz4" and f["state"] == "clean" and f["record_bytes_stored"] == f["size_bytes"]
+              for f in doc["files"]) and sum(f["event_count"] for f in doc["files"]) == events,
+          "evb-dump lists them as clean midas-lz4 files, stored bytes the file's size")
+    r = subprocess.run([os.path.join(BIN, "evb-dump"), "--check-summary", out], capture_output=True, text=True)
+    check(r.returncode == 0, f"evb-dump --check-summary accepts the .mid.lz4 files: {r.stdout.strip()}")
+
+    # SIGKILL mid-file, compressible payload.
+    out = os.path.join(wd, "lz4-kill")
+    d = Evbd(wd, sets=[f"sources={sources}", f"run_number={RUN}", f"output.directory={out}", "output.format=midas",
+                       "output.compression=lz4", "output.direct_io=true"])
+    src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--to", f"127.0.0.1:{d.port}", "--sources",
+                            str(sources), "--events", "100000000", "--run", str(RUN), "--size", "500:4000",
+                            "--payload", "waveform"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    d.wait_metric("evb_events_written_total", lambda v: v >= 3000 // SLOW, timeout=60)
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait()
+    src.kill()
+    src.wait()
+    parts = [n for n in midas_files(out) if n.endswith(".part")]
+    check(len(parts) == 1 and parts[0].endswith(".mid.lz4.part"),
+          f"SIGKILL leaves the file being written as .mid.lz4.part ({midas_files(out)})")
+    torn = read_midas(os.path.join(out, parts[0]))
+    whole = len(torn["events"])
+    check(torn["eor"] is None and not torn["frame_ended"] and whole > 0,
+          f"the .part's frame is not ended and holds {whole} whole events, no end-of-run event")
+    r = subprocess.run([os.path.join(BIN, "evb-dump"), "--recover", out], capture_output=True, text=True)
+    check(r.returncode == 0, f"evb-dump --recover exits 0: {r.stdout.strip()} {r.stderr.strip()}")
+    files = read_dir(out)
+    rec = dict(files)[parts[0][:-len(".part")]]
+    kept = len(rec["events"])
+    check(rec["frame_ended"] and kept in (whole, whole - 1) and rec["events"] == torn["events"][:kept],
+          f"the recovered .mid.lz4 is a closed frame keeping the torn file's whole events byte for byte ({kept} of {whole})")
+    check(rec["eor"] is not None and json.loads(rec["eor"][1])["recovered"] is True,
+          "it ends with an end-of-run event marked recovered")
+    check(rec["stored"] < rec["size"] / 2, f"waveform payload compresses: {rec['stored']} bytes for {rec['size']}")
+    rc, text = verify([out])
+    check(rc == 0, f"evb-dump --verify --pattern passes after recovery: {text.strip().splitlines()[-1]}")
+
+
 def main():
     wd = workdir()
-    scenarios = (push_event_id, timestamp_mode, pull_mode, sigkill_and_recover)
+    scenarios = (push_event_id, timestamp_mode, pull_mode, sigkill_and_recover, lz4_files)
     try:
         for scenario in scenarios:
             scenario(wd)

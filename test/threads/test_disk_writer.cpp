@@ -230,3 +230,53 @@ TEST_CASE("DiskWriter writes MIDAS files: BOR and one event per built event with
     rig.pool.reclaim();
     CHECK(rig.pool.free_count() == kSlots);
 }
+
+TEST_CASE("DiskWriter writes .mid.lz4: one LZ4 frame holding the MIDAS file, counted written once the frame has it") {
+    test::TempDir dir;
+    WriterSettings ws = WriterRig::writer_settings(dir.path());
+    ws.format = OutputFormat::midas;
+    ws.midas_lz4 = true;
+    ws.bank_names = std::make_shared<const midas::BankNames>();
+    ws.config_json = R"({"output":{"format":"midas","compression":"lz4"}})";
+    ws.direct_io = GENERATE(false, true);
+    INFO("direct_io " << ws.direct_io);
+    WriterRig rig(ws);
+    constexpr std::uint64_t kEvents = 12;
+    for (std::uint64_t e = 0; e < kEvents; ++e) rig.build(200 + e);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < kEvents; ++i) rig.writer.do_work();
+    rig.writer.on_close();
+    CHECK(rig.writer_counters.events_written.get() == kEvents);
+
+    std::vector<std::string> names;
+    for (const auto& f : fs::directory_iterator(dir.path())) names.push_back(f.path().filename().string());
+    REQUIRE(names.size() == 1);
+    CHECK(names[0] == midas::file_name(kRun, 0, 0, false, true));
+    CHECK(names[0].ends_with(".mid.lz4"));
+    const file::MappedFile mapped(dir / names[0]);
+    const lz4f::FrameRead frame = lz4f::read_frame(mapped.bytes());
+    INFO(frame.problem);
+    REQUIRE(frame.complete);
+    CHECK(frame.good_bytes == mapped.bytes().size());
+    CHECK(mapped.bytes().size() < frame.content.size());  // 40 equal bytes per section compress
+    const midas::ScanResult s = midas::scan(frame.content);
+    INFO((s.problems.empty() ? std::string() : s.problems[0].what));
+    REQUIRE(s.problems.empty());
+    REQUIRE(s.has_eor);
+    REQUIRE(s.events.size() == kEvents);
+    for (std::uint32_t k = 0; k < kEvents; ++k) {
+        midas::DecodedEvent d;
+        REQUIRE(midas::decode_built(s.events[k], d));
+        CHECK(s.events[k].header.serial_number == k);
+        CHECK(d.evb_event_id == 200 + k);
+        for (const auto& sec : d.sections)
+            CHECK(std::all_of(sec.bytes, sec.bytes + sec.info.length, [&](std::byte b) { return b == std::byte(200 + k); }));
+    }
+    const auto eor = nlohmann::json::parse(s.eor_text);
+    CHECK(eor["file"]["events"] == kEvents);
+    // The file's bytes as a MIDAS reader sees them (before the end-of-run event), and as stored.
+    CHECK(eor["file"]["bytes"] == s.good_bytes - 16 - s.eor.data_size);
+    CHECK(eor["file"]["stored_bytes"] < eor["file"]["bytes"]);
+    std::uint64_t ids[32];
+    REQUIRE(rig.written.pop(ids, 32) == kEvents);
+    for (std::uint64_t e = 0; e < kEvents; ++e) CHECK(ids[e] == 200 + e);
+}
