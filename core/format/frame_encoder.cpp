@@ -43,6 +43,14 @@ std::uint32_t FrameEncoder::min_payload(bool first_chunk) const noexcept {
     return needs > around ? needs - around : 0;
 }
 
+std::uint32_t FrameEncoder::fields_end() const noexcept {
+    std::uint32_t end = d_.require_end;
+    for (const FieldRead* f : {&d_.length, &d_.source_field, &d_.event, &d_.timestamp, &d_.timestamp_low,
+                               &d_.chunk_index, &d_.chunk_last, &d_.empty, &d_.error})
+        if (f->present()) end = std::max(end, f->end());
+    return end;
+}
+
 std::uint64_t FrameEncoder::max_chunks() const noexcept {
     if (!chunked()) return 1;
     return d_.chunk_index.mask - d_.chunk_first + 1 == 0 ? UINT64_MAX : d_.chunk_index.mask - d_.chunk_first + 1;

@@ -48,6 +48,10 @@ public:
     // The fewest payload bytes a datagram may carry, so that it holds every field
     // the decoder reads from it (fields may lie inside the payload).
     std::uint32_t min_payload(bool first_chunk) const noexcept;
+    // The end of the last byte any field of the description reads: past
+    // payload_from(), fields lie inside the payload (a board whose header is part
+    // of its data, or a description that keeps whole datagrams).
+    std::uint32_t fields_end() const noexcept;
     // The most datagrams one fragment can have: what chunk.index can number (1
     // without `chunk`).
     std::uint64_t max_chunks() const noexcept;

@@ -123,6 +123,7 @@ TEST_CASE("frame encoder: ALPHA-g ADC round trips with its trigger counter wrapp
     })");
     const FrameEncoder enc(t.descriptions()[0]);
     CHECK(enc.min_payload(true) == 30);
+    CHECK(enc.fields_end() == 30);
     CHECK(enc.length_fits(232));
     CHECK_FALSE(enc.length_fits(233));  // an odd size: no sample count gives it
     CHECK_FALSE(enc.length_fits(30));   // below adjust
@@ -155,6 +156,7 @@ TEST_CASE("frame encoder: ALPHA-g PWB round trips by sender with the timestamp i
     const FrameEncoder enc(d);
     CHECK(enc.min_payload(true) == 14);  // the event header's timestamp ends at byte 38
     CHECK(enc.min_payload(false) == 0);
+    CHECK(enc.fields_end() == 38);
     SourceRoute r;
     REQUIRE(enc.route(6, r));  // the second board's SCA 2
     CHECK(d.senders.at(r.sender).id == 4);
@@ -277,6 +279,7 @@ TEST_CASE("frame encoder: a chunked big-endian board by sender and field, with f
     const auto& d = t.descriptions()[0];
     const FrameEncoder enc(d);
     CHECK(enc.max_chunks() == 127);
+    CHECK(enc.fields_end() == 15);  // all before payload.from
     SourceRoute r;
     REQUIRE(enc.route(13, r));  // 1 + 10 + 2: the IP:PORT entry
     CHECK_FALSE(d.senders.at(r.sender).any_port);
