@@ -66,6 +66,8 @@ constexpr std::string_view kUsage = R"(usage:
              [--payload pattern|fixed|waveform] [--sndbuf BYTES] [--pcap-out FILE]
              [--pcap-mtu N] [--silent S[,S...]] [--wire-version 1|2]
              [--trigger-period TICKS] [--dry-run] [--json]
+  evb-source --to HOST:PORT --frames FILE.json [--frame-name NAME] [--wrap-start N]
+             [--t0 TICKS] [--trigger-period TICKS] --sources N --events M [push options]
   evb-source --to HOST:PORT --mode trigger --sources N --events M [--t0 TICKS]
              [--trigger-period TICKS] [--jitter TICKS] [--skew TICKS] [push options]
   evb-source --to HOST:PORT --mode stream --sources N --duration TICKS [--t0 TICKS]
@@ -137,6 +139,37 @@ order. --rate counts fragments of all sources; --events caps each source's hits.
   --jitter-order W
                   shuffle each source's fragments in windows of W (default 0:
                   time order); the last heartbeat stays last
+
+Described boards (--frames, docs/BOARDS.md "Testing a description without the
+board"): in push, trigger or stream mode, every datagram is written in a board's
+own format, described as in evbd's input.frames (docs/FORMATS.md section 8): the
+inverse of evbd's decoder. Each fragment's payload (pattern, waveform or fixed)
+sits at the description's payload.from; its header carries every `require`
+constant, the `length`, the source field, the event counter and the timestamp
+cut to their fields' widths (so they wrap as the board's do), the chunk index and
+last bit, first_chunk_only fields in first chunks only, and `empty` on stream
+mode's heartbeats. Sources known by sender are each sent from their `sender`
+entry's address: an IP:PORT entry's port, a bare IP's address with a port the
+kernel picks (for a test on one host list 127.0.0.x addresses). Timestamps are
+ticks of the description's clock: push mode stamps event first+n with
+T0 + n x P (--t0, default first x P; P --trigger-period); trigger and stream
+mode as usual. evbd's compiler checks the description, naming mistakes by key
+path; before sending, the first fragment of every source is decoded back. Not
+with --serve (pull requests are EVB protocol), --wire-version, --no-crc or
+several builders.
+  --frames FILE.json
+                  the description: one element of input.frames, an object
+                  {"frames": [...]}, or an evbd configuration file (then its
+                  input.frames, building.match, building.clock_hz and
+                  input.max_datagram_bytes apply)
+  --frame-name NAME
+                  the description of that name, when FILE.json lists several
+  --wrap-start N  start the event counter N events before it wraps (--first
+                  = 2^bits - N) and, unless --t0 is given, the clock N periods
+                  (--trigger-period; stream mode --mean-gap) before it wraps, so
+                  a short run sees both wrap; evbd extends them (section 8.4)
+  --t0 T0         with --frames, push mode too: the first event's timestamp
+Default --chunk with --frames: what keeps datagrams within 1472 bytes.
 
 Serve mode binds HOST:PORT and answers every REQUEST for run R with all sources'
 fragments of each requested event, sent to the requester (several builders may
