@@ -558,6 +558,7 @@ void setup_frames(Options& o, bool have_first, bool have_t0, bool have_chunk) {
 
     // The period between two fragments' timestamps, for --wrap-start and push mode.
     const std::uint64_t period = o.mode == Mode::stream ? o.mean_gap_ticks : o.trigger_period_ticks;
+    bool t0_set = have_t0;
     if (o.wrap_start > 0) {
         if (have_first) throw UsageError("--wrap-start sets the first event: do not give --first too");
         bool wraps = false;
@@ -580,13 +581,14 @@ void setup_frames(Options& o, bool have_first, bool have_t0, bool have_chunk) {
                 throw UsageError(fmt::format("--wrap-start {}: {} periods of {} ticks reach back past the clock's 0 "
                                              "(it wraps every {} ticks)", o.wrap_start, o.wrap_start, period, wrap_ticks));
             o.t0_ticks = wrap_ticks - back;
+            t0_set = true;
             wraps = true;
         } else if (d.timestamp_form != frames::TimestampForm::none && d.timestamp_bits < 64) {
             wraps = true;  // --t0 places the clock
         }
         if (!wraps) refuse("--wrap-start: neither an event counter nor a clock narrower than 64 bits wraps");
     }
-    if (o.mode == Mode::push && !have_t0 && !(o.wrap_start > 0 && d.timestamp_form != frames::TimestampForm::none)) {
+    if (o.mode == Mode::push && !t0_set) {
         // As version-2 push mode: event e at e x period.
         if (!mul_fits(o.first_event, period, o.t0_ticks))
             throw UsageError(fmt::format("--first {} with --trigger-period {}: timestamps overflow 64 bits; give --t0",
@@ -630,16 +632,22 @@ void setup_frames(Options& o, bool have_first, bool have_t0, bool have_chunk) {
     if (chunks > enc.max_chunks())
         refuse(fmt::format("fragments of up to {} bytes in chunks of {} take {} datagrams, and {} numbers at most {}",
                            o.size_max, o.chunk_bytes, chunks, frame_key(*f, "chunk.index"), enc.max_chunks()));
-    if (o.size_min < enc.min_payload(true))
+    if (o.size_min < enc.min_payload(true) || o.chunk_bytes < enc.min_payload(true))
         refuse(fmt::format("the description reads fields up to byte {} of a fragment's first datagram, inside its payload: "
-                           "--size must be at least {}", d.needs_first, enc.min_payload(true)));
+                           "--size and --chunk must be at least {}", d.needs_first, enc.min_payload(true)));
     if (enc.min_payload(false) > 0 && chunks > 1)
         refuse(fmt::format("the description reads fields up to byte {} of every datagram, inside the payload: "
                            "fragments must fit one datagram (--size at most --chunk)", d.needs_later));
-    if (!enc.length_fits(around + o.chunk_bytes) ||
-        !enc.length_fits(around + std::min<std::uint64_t>(o.size_min, o.chunk_bytes)))
+    // The fewest payload bytes a datagram carries: a fragment's last chunk may be
+    // short (one length step when sizes vary), or all of a short fragment.
+    std::uint64_t fewest = std::min(o.size_min, o.chunk_bytes);
+    if (o.size_max > o.chunk_bytes) {
+        if (o.size_min != o.size_max) fewest = std::min<std::uint64_t>(fewest, k);
+        else if (o.size_max % o.chunk_bytes != 0) fewest = std::min<std::uint64_t>(fewest, o.size_max % o.chunk_bytes);
+    }
+    if (!enc.length_fits(around + o.chunk_bytes) || !enc.length_fits(around + fewest))
         refuse(fmt::format("{} cannot carry the size of datagrams of {}..{} payload bytes", frame_key(*f, "length"),
-                           std::min<std::uint64_t>(o.size_min, o.chunk_bytes), o.chunk_bytes));
+                           fewest, o.chunk_bytes));
 
     // Each source's route: which sender entry it is sent from, with which field value.
     f->routes.resize(o.sources);
