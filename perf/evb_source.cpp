@@ -5,6 +5,9 @@
 // duplication and reordering, and can record what it sent as a pcap file. Serve
 // (pull) mode answers a builder's REQUEST datagrams with the same fragments and keeps
 // the CLEAR bookkeeping a test needs to prove the builder's credit limit held.
+// With --frames the push modes speak a board's own format instead, written by a
+// frame description (FrameEncoder, the inverse of evbd's decoder), each source sent
+// from the address the description knows it by.
 //
 // The hot path writes the test pattern straight into preallocated send buffers and
 // hands them to sendmmsg; nothing is allocated, logged or timed per datagram.
