@@ -5,11 +5,16 @@
 // duplication and reordering, and can record what it sent as a pcap file. Serve
 // (pull) mode answers a builder's REQUEST datagrams with the same fragments and keeps
 // the CLEAR bookkeeping a test needs to prove the builder's credit limit held.
+// With --frames the push modes speak a board's own format instead, written by a
+// frame description (FrameEncoder, the inverse of evbd's decoder), each source sent
+// from the address the description knows it by.
 //
 // The hot path writes the test pattern straight into preallocated send buffers and
 // hands them to sendmmsg; nothing is allocated, logged or timed per datagram.
 
 #include "core/format/crc32c.hpp"
+#include "core/format/frame_encoder.hpp"
+#include "core/format/frames.hpp"
 #include "core/format/pattern.hpp"
 #include "core/format/wire.hpp"
 #include "core/util/version.hpp"
@@ -32,9 +37,12 @@
 #include <cstring>
 #include <ctime>
 #include <fmt/format.h>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <new>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -61,6 +69,8 @@ constexpr std::string_view kUsage = R"(usage:
              [--payload pattern|fixed|waveform] [--sndbuf BYTES] [--pcap-out FILE]
              [--pcap-mtu N] [--silent S[,S...]] [--wire-version 1|2]
              [--trigger-period TICKS] [--dry-run] [--json]
+  evb-source --to HOST:PORT --frames FILE.json [--frame-name NAME] [--wrap-start N]
+             [--t0 TICKS] [--trigger-period TICKS] --sources N --events M [push options]
   evb-source --to HOST:PORT --mode trigger --sources N --events M [--t0 TICKS]
              [--trigger-period TICKS] [--jitter TICKS] [--skew TICKS] [push options]
   evb-source --to HOST:PORT --mode stream --sources N --duration TICKS [--t0 TICKS]
@@ -133,6 +143,37 @@ order. --rate counts fragments of all sources; --events caps each source's hits.
                   shuffle each source's fragments in windows of W (default 0:
                   time order); the last heartbeat stays last
 
+Described boards (--frames, docs/BOARDS.md "Testing a description without the
+board"): in push, trigger or stream mode, every datagram is written in a board's
+own format, described as in evbd's input.frames (docs/FORMATS.md section 8): the
+inverse of evbd's decoder. Each fragment's payload (pattern, waveform or fixed)
+sits at the description's payload.from; its header carries every `require`
+constant, the `length`, the source field, the event counter and the timestamp
+cut to their fields' widths (so they wrap as the board's do), the chunk index and
+last bit, first_chunk_only fields in first chunks only, and `empty` on stream
+mode's heartbeats. Sources known by sender are each sent from their `sender`
+entry's address: an IP:PORT entry's port, a bare IP's address with a port the
+kernel picks (for a test on one host list 127.0.0.x addresses). Timestamps are
+ticks of the description's clock: push mode stamps event first+n with
+T0 + n x P (--t0, default first x P; P --trigger-period); trigger and stream
+mode as usual. evbd's compiler checks the description, naming mistakes by key
+path; before sending, the first fragment of every source is decoded back. Not
+with --serve (pull requests are EVB protocol), --wire-version, --no-crc or
+several builders.
+  --frames FILE.json
+                  the description: one element of input.frames, an object
+                  {"frames": [...]}, or an evbd configuration file (then its
+                  input.frames, building.match, building.clock_hz and
+                  input.max_datagram_bytes apply)
+  --frame-name NAME
+                  the description of that name, when FILE.json lists several
+  --wrap-start N  start the event counter N events before it wraps (--first
+                  = 2^bits - N) and, unless --t0 is given, the clock N periods
+                  (--trigger-period; stream mode --mean-gap) before it wraps, so
+                  a short run sees both wrap; evbd extends them (section 8.4)
+  --t0 T0         with --frames, push mode too: the first event's timestamp
+Default --chunk with --frames: what keeps datagrams within 1472 bytes.
+
 Serve mode binds HOST:PORT and answers every REQUEST for run R with all sources'
 fragments of each requested event, sent to the requester (several builders may
 share one server: each gets the answers to its own REQUESTs); CLEAR forgets events.
@@ -159,6 +200,22 @@ std::string_view mode_name(Mode m) noexcept {
     }
     return "?";
 }
+
+// --frames: the board's description, compiled as evbd compiles input.frames, its
+// encoder, and where each emulated source is sent from.
+struct FrameSetup {
+    std::string path;                     // FILE.json, for messages
+    std::string key;                      // the description's key path in it, e.g. input.frames[1]
+    frames::FrameTable table;             // holds exactly the chosen description
+    std::unique_ptr<frames::FrameEncoder> encoder;
+    std::vector<frames::SourceRoute> routes;    // [source id - first source]
+    std::vector<std::uint32_t> source_socket;   // [source id - first source]: index into sockets
+    std::vector<std::uint32_t> socket_entry;    // [socket]: index into senders; empty: one socket, no sender
+    std::uint32_t length_scale = 1;             // fragment and chunk lengths are multiples of it
+
+    const frames::FrameDescription& description() const noexcept { return table.descriptions()[0]; }
+    std::size_t sockets() const noexcept { return socket_entry.empty() ? 1 : socket_entry.size(); }
+};
 
 struct Options {
     Mode mode = Mode::push;
@@ -201,8 +258,16 @@ struct Options {
     std::uint64_t duration_ticks = 0;
     std::uint32_t jitter_order = 0;
     std::vector<std::uint32_t> silent_sources;  // ascending source ids
+    // --frames FILE.json [--frame-name NAME] [--wrap-start N]
+    std::shared_ptr<const FrameSetup> frames;
+    std::string frames_path;
+    std::string frame_name;
+    std::uint64_t wrap_start = 0;  // 0: not asked
 
+    // The bytes a datagram has besides its payload: the EVB header, or a described
+    // board's header and trailer.
     std::size_t header_bytes() const noexcept {
+        if (frames) return frames->encoder->payload_from() + frames->encoder->payload_trailer();
         return wire_version == 2 ? wire::kFragmentHeaderBytesV2 : wire::kFragmentHeaderBytes;
     }
     bool silent(std::uint32_t source_id) const noexcept {
@@ -333,7 +398,13 @@ const TickFlag* find_tick_flag(std::string_view flag) noexcept {
 void check_clock_ranges(const Options& o) {
     constexpr auto kMax = std::numeric_limits<std::uint64_t>::max();
     std::uint64_t last = 0;
-    if (o.mode == Mode::push && o.wire_version == 2 && o.events > 0) {
+    if (o.mode == Mode::push && o.frames && o.events > 0) {
+        // Event first + n is stamped t0 + n x period (board ticks).
+        std::uint64_t span = 0;
+        if (!mul_fits(o.events - 1, o.trigger_period_ticks, span) || !add_fits(o.t0_ticks, span, last))
+            throw UsageError(fmt::format("--t0 {} with --events {} and --trigger-period {}: timestamps overflow "
+                                         "64 bits", o.t0_ticks, o.events, o.trigger_period_ticks));
+    } else if (o.mode == Mode::push && o.wire_version == 2 && o.events > 0) {
         if (!mul_fits(o.first_event + (o.events - 1), o.trigger_period_ticks, last))
             throw UsageError(fmt::format("--trigger-period {}: timestamps of events up to {} overflow 64 bits",
                                          o.trigger_period_ticks, o.first_event + (o.events - 1)));
@@ -363,10 +434,250 @@ void check_clock_ranges(const Options& o) {
     }
 }
 
+// ---------------------------------------------------------------------------
+// --frames: a described board
+
+// Reads FILE.json in any of the forms an operator has at hand: one description (an
+// element of input.frames), {"frames": [...]}, or an evbd configuration file, whose
+// input.frames, building.match, building.clock_hz and input.max_datagram_bytes then
+// apply. A list of several descriptions needs --frame-name. The description is
+// checked by evbd's own compiler, so every mistake is named by its key path.
+std::shared_ptr<FrameSetup> load_frames(const Options& o) {
+    using nlohmann::json;
+    const std::string& path = o.frames_path;
+    std::ifstream in(path);
+    if (!in) throw UsageError(fmt::format("--frames {}: cannot open: {}", path, std::strerror(errno)));
+    std::stringstream text;
+    text << in.rdbuf();
+    json j;
+    try {
+        j = json::parse(text.str());
+    } catch (const json::exception& e) {
+        throw UsageError(fmt::format("--frames {}: not JSON: {}", path, e.what()));
+    }
+    auto refuse = [&](const std::string& why) { throw UsageError(fmt::format("--frames {}: {}", path, why)); };
+    if (!j.is_object()) refuse("expected a frame description, {\"frames\": [...]} or an evbd configuration with input.frames");
+
+    frames::FrameLimits limits;
+    limits.max_datagram_bytes = kMaxUdpPayload;
+    bool match_given = false;
+    json list;
+    std::string prefix;  // key path of the list; empty: the file is one description
+    if (j.contains("input") || j.contains("building")) {
+        if (!j.contains("input") || !j["input"].is_object() || !j["input"].contains("frames"))
+            refuse("a configuration file without input.frames");
+        list = j["input"]["frames"];
+        prefix = "input.frames";
+        const json& in_cfg = j["input"];
+        if (in_cfg.contains("max_datagram_bytes") && in_cfg["max_datagram_bytes"].is_number_unsigned())
+            limits.max_datagram_bytes = in_cfg["max_datagram_bytes"].get<std::uint32_t>();
+        else
+            limits.max_datagram_bytes = 9000;  // evbd's default
+        if (j.contains("building") && j["building"].is_object()) {
+            const json& b = j["building"];
+            if (b.contains("match") && b["match"].is_string()) {
+                const std::string m = b["match"].get<std::string>();
+                match_given = true;
+                if (m == "timestamp") limits.match = file::MatchMode::timestamp;
+                else if (m == "time_slice") limits.match = file::MatchMode::time_slice;
+                else if (m == "event_id") limits.match = file::MatchMode::event_id;
+                else refuse(fmt::format("building.match: \"{}\" is not event_id, timestamp or time_slice", m));
+            }
+            if (b.contains("clock_hz") && b["clock_hz"].is_number_unsigned())
+                limits.builder_clock_hz = b["clock_hz"].get<std::uint64_t>();
+        }
+    } else if (j.contains("frames") && !j.contains("name")) {
+        list = j["frames"];
+        prefix = "frames";
+    } else {
+        list = json::array({j});
+    }
+    if (!list.is_array() || list.empty())
+        refuse(fmt::format("{}: expected a non-empty list of frame descriptions", prefix));
+
+    std::size_t chosen = 0;
+    if (!o.frame_name.empty()) {
+        chosen = list.size();
+        for (std::size_t i = 0; i < list.size(); ++i)
+            if (list[i].is_object() && list[i].value("name", json()).is_string() && list[i]["name"] == o.frame_name)
+                chosen = i;
+        if (chosen == list.size()) refuse(fmt::format("no description is named \"{}\" (--frame-name)", o.frame_name));
+    } else if (list.size() > 1) {
+        std::string names;
+        for (const json& d : list)
+            names += fmt::format("{}{}", names.empty() ? "" : ", ",
+                                 d.is_object() && d.contains("name") ? d["name"].dump() : std::string("?"));
+        refuse(fmt::format("{} holds {} descriptions ({}): pick one with --frame-name NAME", prefix, list.size(), names));
+    }
+    const json& desc = list[chosen];
+    // Without a configuration's building.match: the mode the description is written
+    // for (a timestamp and no event counter: a timestamp mode; else event_id).
+    if (!match_given)
+        limits.match = desc.is_object() && !desc.contains("event") && desc.contains("timestamp")
+                           ? file::MatchMode::timestamp
+                           : file::MatchMode::event_id;
+
+    auto setup = std::make_shared<FrameSetup>();
+    setup->path = path;
+    setup->key = prefix.empty() ? std::string() : fmt::format("{}[{}]", prefix, chosen);
+    std::vector<std::string> problems;
+    setup->table = frames::compile_frames(json::array({desc}), limits, problems, "@");
+    if (!problems.empty()) {
+        // The compiler names "@[0].key": give the key path in the file instead.
+        std::string all;
+        for (std::string& p : problems) {
+            std::string key = p.substr(4);  // past "@[0]"
+            if (setup->key.empty()) key = key.empty() ? key : (key[0] == '.' ? key.substr(1) : key);
+            else key = setup->key + key;
+            all += fmt::format("\n  {}: {}", path, key.empty() || key[0] == ':' ? "(the description)" + key : key);
+        }
+        throw UsageError(fmt::format("--frames {}: the description is refused:{}", path, all));
+    }
+    setup->encoder = std::make_unique<frames::FrameEncoder>(setup->description());
+    return setup;
+}
+
+// The key path of a description key in FILE.json, for messages: "chunk.index" or
+// "input.frames[1].chunk.index".
+std::string frame_key(const FrameSetup& f, std::string_view key) {
+    return f.key.empty() ? std::string(key) : fmt::format("{}.{}", f.key, key);
+}
+
+// Checks what the command line asks of the description and fixes what follows from
+// it: each source's route and socket, the first event and clock for --wrap-start,
+// chunk and fragment sizes the datagram and its `length` field can carry.
+void setup_frames(Options& o, bool have_first, bool have_t0, bool have_chunk) {
+    auto f = load_frames(o);
+    const frames::FrameDescription& d = f->description();
+    const frames::FrameEncoder& enc = *f->encoder;
+    auto refuse = [&](const std::string& why) { throw UsageError(fmt::format("--frames {}: {}", o.frames_path, why)); };
+
+    if (o.mode == Mode::stream && !d.empty.present())
+        refuse(fmt::format("stream mode sends EMPTY heartbeats, and the description has no \"empty\" field "
+                           "({}) to mark them", frame_key(*f, "empty")));
+    if (d.has_port && !o.dry_run && o.to.port() != d.port)
+        refuse(fmt::format("{} is {}: the builder applies the description only to datagrams arriving on that port, "
+                           "and --to sends to port {}", frame_key(*f, "port"), d.port, o.to.port()));
+
+    // The period between two fragments' timestamps, for --wrap-start and push mode.
+    const std::uint64_t period = o.mode == Mode::stream ? o.mean_gap_ticks : o.trigger_period_ticks;
+    bool t0_set = have_t0;
+    if (o.wrap_start > 0) {
+        if (have_first) throw UsageError("--wrap-start sets the first event: do not give --first too");
+        bool wraps = false;
+        if (d.event.present() && d.event.bits < 64) {
+            const std::uint64_t range = std::uint64_t{1} << d.event.bits;
+            if (o.wrap_start > range)
+                throw UsageError(fmt::format("--wrap-start {}: the {}-bit event counter ({}) wraps every {} events",
+                                             o.wrap_start, d.event.bits, frame_key(*f, "event"), range));
+            o.first_event = range - o.wrap_start;
+            wraps = true;
+        }
+        if (d.timestamp_form != frames::TimestampForm::none && d.timestamp_bits < 64 && !have_t0) {
+            // The clock wraps after 2^bits ticks (of seconds+ticks, 2^bits seconds).
+            std::uint64_t wrap_ticks = std::uint64_t{1} << d.timestamp_bits;
+            std::uint64_t back = 0;
+            if (d.timestamp_form == frames::TimestampForm::seconds_ticks && !mul_fits(wrap_ticks, d.clock_hz, wrap_ticks))
+                refuse(fmt::format("--wrap-start: the {}-bit seconds ({}) wrap past 2^64 ticks of clock_hz; give --t0",
+                                   d.timestamp_bits, frame_key(*f, "timestamp.seconds")));
+            if (!mul_fits(o.wrap_start, period, back) || back > wrap_ticks)
+                throw UsageError(fmt::format("--wrap-start {}: {} periods of {} ticks reach back past the clock's 0 "
+                                             "(it wraps every {} ticks)", o.wrap_start, o.wrap_start, period, wrap_ticks));
+            o.t0_ticks = wrap_ticks - back;
+            t0_set = true;
+            wraps = true;
+        } else if (d.timestamp_form != frames::TimestampForm::none && d.timestamp_bits < 64) {
+            wraps = true;  // --t0 places the clock
+        }
+        if (!wraps) refuse("--wrap-start: neither an event counter nor a clock narrower than 64 bits wraps");
+    }
+    if (o.mode == Mode::push && !t0_set) {
+        // As version-2 push mode: event e at e x period.
+        if (!mul_fits(o.first_event, period, o.t0_ticks))
+            throw UsageError(fmt::format("--first {} with --trigger-period {}: timestamps overflow 64 bits; give --t0",
+                                         o.first_event, period));
+    }
+
+    // Chunks: the default keeps datagrams within 1472 bytes (and input.max_datagram_bytes
+    // of a configuration file; a description's fields may need more).
+    const std::uint32_t around = enc.payload_from() + enc.payload_trailer();
+    if (d.length.present() && d.length_scale > 1) {
+        // The size must be value x scale + adjust: header and trailer less adjust,
+        // fragment and chunk lengths all multiples of scale.
+        const std::int64_t fixed = static_cast<std::int64_t>(around) - d.length_adjust;
+        const auto k = static_cast<std::int64_t>(d.length_scale);
+        if (((fixed % k) + k) % k != 0)
+            refuse(fmt::format("{}: payload.from + payload.trailer - adjust ({}) is not a multiple of scale {}: "
+                               "no payload size gives a datagram the length field can describe",
+                               frame_key(*f, "length"), fixed, k));
+        f->length_scale = static_cast<std::uint32_t>(d.length_scale);
+    }
+    const std::uint32_t k = f->length_scale;
+    if (!have_chunk) {
+        const std::uint32_t datagram = std::max<std::uint32_t>(kDefaultDatagramBytes, d.needs_first);
+        o.chunk_bytes = datagram > around ? (datagram - around) / k * k : 0;
+    }
+    if (o.chunk_bytes == 0 || o.chunk_bytes % k != 0)
+        throw UsageError(fmt::format("--chunk {}: with {} (scale {}) chunks are a positive multiple of {}",
+                                     o.chunk_bytes, frame_key(*f, "length"), k, k));
+    if (o.size_min % k != 0 || o.size_max % k != 0)
+        throw UsageError(fmt::format("--size {}:{}: with {} (scale {}) fragment lengths are multiples of {}",
+                                     o.size_min, o.size_max, frame_key(*f, "length"), k, k));
+    const std::uint64_t datagram_max = std::uint64_t{around} + o.chunk_bytes;
+    if (datagram_max > kMaxUdpPayload)
+        throw UsageError(fmt::format("--chunk {}: with {} bytes of header and trailer a datagram exceeds {} bytes",
+                                     o.chunk_bytes, around, kMaxUdpPayload));
+    if (!enc.chunked() && o.size_max > o.chunk_bytes)
+        refuse(fmt::format("fragments of up to {} bytes need {} datagrams of at most {} payload bytes (--chunk), and the "
+                           "description has no \"chunk\": raise --chunk or lower --size",
+                           o.size_max, (o.size_max + o.chunk_bytes - 1) / o.chunk_bytes, o.chunk_bytes));
+    const std::uint64_t chunks = o.size_max == 0 ? 1 : (std::uint64_t{o.size_max} + o.chunk_bytes - 1) / o.chunk_bytes;
+    if (chunks > enc.max_chunks())
+        refuse(fmt::format("fragments of up to {} bytes in chunks of {} take {} datagrams, and {} numbers at most {}",
+                           o.size_max, o.chunk_bytes, chunks, frame_key(*f, "chunk.index"), enc.max_chunks()));
+    if (o.size_min < enc.min_payload(true) || o.chunk_bytes < enc.min_payload(true))
+        refuse(fmt::format("the description reads fields up to byte {} of a fragment's first datagram, inside its payload: "
+                           "--size and --chunk must be at least {}", d.needs_first, enc.min_payload(true)));
+    if (enc.min_payload(false) > 0 && chunks > 1)
+        refuse(fmt::format("the description reads fields up to byte {} of every datagram, inside the payload: "
+                           "fragments must fit one datagram (--size at most --chunk)", d.needs_later));
+    // The fewest payload bytes a datagram carries: a fragment's last chunk may be
+    // short (one length step when sizes vary), or all of a short fragment.
+    std::uint64_t fewest = std::min(o.size_min, o.chunk_bytes);
+    if (o.size_max > o.chunk_bytes) {
+        if (o.size_min != o.size_max) fewest = std::min<std::uint64_t>(fewest, k);
+        else if (o.size_max % o.chunk_bytes != 0) fewest = std::min<std::uint64_t>(fewest, o.size_max % o.chunk_bytes);
+    }
+    if (!enc.length_fits(around + o.chunk_bytes) || !enc.length_fits(around + fewest))
+        refuse(fmt::format("{} cannot carry the size of datagrams of {}..{} payload bytes", frame_key(*f, "length"),
+                           fewest, o.chunk_bytes));
+
+    // Each source's route: which sender entry it is sent from, with which field value.
+    f->routes.resize(o.sources);
+    f->source_socket.resize(o.sources);
+    std::vector<std::uint32_t> entry_socket(d.senders.size(), UINT32_MAX);
+    for (std::uint32_t i = 0; i < o.sources; ++i) {
+        const std::uint32_t id = o.first_source + i;
+        if (!enc.route(id, f->routes[i]))
+            refuse(fmt::format("source {} cannot be sent: the description gives source ids {}{}{}", id,
+                               d.by_sender ? "sender id + " : "", fmt::format("base ({})", d.source_base),
+                               d.source_field.present() ? fmt::format(" + field (0..{})", d.source_field.mask) : ""));
+        if (!d.by_sender) continue;
+        const std::uint32_t e = f->routes[i].sender;
+        if (entry_socket[e] == UINT32_MAX) {
+            entry_socket[e] = static_cast<std::uint32_t>(f->socket_entry.size());
+            f->socket_entry.push_back(e);
+        }
+        f->source_socket[i] = entry_socket[e];
+    }
+    o.frames = std::move(f);
+}
+
 Options parse_options(int argc, char** argv) {
     Options o;
     bool have_to = false, have_serve = false, have_sources = false, have_events = false;
     bool have_chunk = false, have_wire_version = false, have_period = false;
+    bool have_first = false, have_t0 = false, have_no_crc = false;
     Mode send_mode = Mode::push;
     std::vector<std::string> push_only, serve_only;
     // Flags of some --to modes only, with the modes (mode_bit) that take them.
@@ -413,6 +724,7 @@ Options parse_options(int argc, char** argv) {
             push_only.push_back(flag);
         } else if (flag == "--first") {
             o.first_event = parse_u64(flag, take(), 0, std::numeric_limits<std::uint64_t>::max());
+            have_first = true;
             push_only.push_back(flag);
         } else if (flag == "--run") {
             o.run_number = parse_u32(flag, take(), 0, std::numeric_limits<std::uint32_t>::max());
@@ -446,6 +758,7 @@ Options parse_options(int argc, char** argv) {
         } else if (flag == "--no-crc") {
             no_value();
             o.crc = false;
+            have_no_crc = true;
         } else if (flag == "--payload") {
             const std::string& v = take();
             if (v == "pattern") o.payload = Payload::pattern;
@@ -489,8 +802,19 @@ Options parse_options(int argc, char** argv) {
             o.trigger_period_ticks = parse_u64(flag, take(), 1, std::numeric_limits<std::uint64_t>::max());
             have_period = true;
             mode_only.emplace_back(flag, mode_bit(Mode::push) | mode_bit(Mode::trigger));
+        } else if (flag == "--frames") {
+            o.frames_path = take();
+            if (o.frames_path.empty()) bad_value(flag, o.frames_path, "expected a file name");
+            push_only.push_back(flag);
+        } else if (flag == "--frame-name") {
+            o.frame_name = take();
+            push_only.push_back(flag);
+        } else if (flag == "--wrap-start") {
+            o.wrap_start = parse_u64(flag, take(), 1, std::numeric_limits<std::uint64_t>::max());
+            push_only.push_back(flag);
         } else if (const TickFlag* t = find_tick_flag(flag)) {
             o.*(t->field) = parse_u64(flag, take(), t->lo, t->hi);
+            if (flag == "--t0") have_t0 = true;
             mode_only.emplace_back(flag, t->modes);
         } else if (flag == "--jitter-order") {
             o.jitter_order = parse_u32(flag, take(), 0, 4096);
@@ -510,19 +834,29 @@ Options parse_options(int argc, char** argv) {
     if (have_to == have_serve) throw UsageError("give exactly one of --to HOST:PORT or --serve HOST:PORT");
     if (!have_sources) throw UsageError("--sources N is required");
     o.mode = have_serve ? Mode::serve : send_mode;
+    const bool described = !o.frames_path.empty();
+    if (have_serve && described)
+        throw UsageError("--frames with --serve: serve (pull) mode answers evbd's REQUEST datagrams, which are EVB "
+                         "protocol, with EVB FRAGMENTs; a described board only pushes (use --to)");
+    if (!described && (!o.frame_name.empty() || o.wrap_start > 0))
+        throw UsageError(fmt::format("{} needs --frames FILE.json", o.wrap_start > 0 ? "--wrap-start" : "--frame-name"));
+    if (described && have_wire_version)
+        throw UsageError("--wire-version with --frames: the description, not the EVB wire version, gives the datagrams");
+    if (described && have_no_crc)
+        throw UsageError("--no-crc with --frames: described datagrams carry no EVB payload CRC");
     if (o.mode != Mode::serve) {
         if (!have_events && o.mode != Mode::stream) throw UsageError("--events M is required with --to");
         if (!serve_only.empty())
             throw UsageError(fmt::format("{} is only valid with --serve", serve_only[0]));
         for (const auto& [mode_flag, modes] : mode_only)
-            if ((modes & mode_bit(o.mode)) == 0)
+            if ((modes & mode_bit(o.mode)) == 0 && !(described && o.mode == Mode::push && mode_flag == "--t0"))
                 throw UsageError(fmt::format("{} is not valid in {} mode", mode_flag, mode_name(o.mode)));
         if (o.mode != Mode::push) {
             if (have_wire_version && o.wire_version != 2)
                 throw UsageError(fmt::format("--wire-version 1: {} mode sends version 2", mode_name(o.mode)));
             o.wire_version = 2;
         }
-        if (o.mode == Mode::push && o.wire_version == 1 && have_period)
+        if (o.mode == Mode::push && o.wire_version == 1 && have_period && !described)
             throw UsageError("--trigger-period needs --wire-version 2 or --mode trigger");
         if (o.mode == Mode::stream) {
             if (o.duration_ticks == 0) throw UsageError("--duration TICKS is required with --mode stream");
@@ -531,7 +865,6 @@ Options parse_options(int argc, char** argv) {
             throw UsageError(fmt::format("--first {} with --events {}: event ids overflow 64 bits",
                                          o.first_event, o.events));
         }
-        check_clock_ranges(o);
         for (const std::uint32_t id : o.silent_sources)
             if (id < o.first_source || id - o.first_source >= o.sources)
                 throw UsageError(fmt::format("--silent {}: not one of the sources {}..{}", id, o.first_source,
@@ -553,13 +886,24 @@ Options parse_options(int argc, char** argv) {
         if (!o.pcap_out.empty() && o.to.addr.ss_family != AF_INET)
             bad_value("--to", o.to_text, "--pcap-out records IPv4 only");
         if (o.pcap_mtu != 0 && o.pcap_out.empty()) throw UsageError("--pcap-mtu needs --pcap-out");
+        if (described) {
+            if (o.builders.size() > 1)
+                bad_value("--to", o.to_text, "several builders share events by the EVB event id: with --frames "
+                                             "send to one builder");
+            setup_frames(o, have_first, have_t0, have_chunk);
+            if (o.mode != Mode::stream && o.events > 0 &&
+                o.first_event > std::numeric_limits<std::uint64_t>::max() - (o.events - 1))
+                throw UsageError(fmt::format("--wrap-start {} with --events {}: event ids overflow 64 bits",
+                                             o.wrap_start, o.events));
+        }
+        check_clock_ranges(o);
     } else {
         if (!push_only.empty()) throw UsageError(fmt::format("{} is only valid with --to", push_only[0]));
         if (!mode_only.empty())
             throw UsageError(fmt::format("{} is only valid with --to", mode_only[0].first));
         o.serve = parse_address("--serve", o.serve_text);
     }
-    if (!have_chunk) o.chunk_bytes = kDefaultDatagramBytes - static_cast<std::uint32_t>(o.header_bytes());
+    if (!have_chunk && !o.frames) o.chunk_bytes = kDefaultDatagramBytes - static_cast<std::uint32_t>(o.header_bytes());
     if (o.chunk_bytes > kMaxUdpPayload - o.header_bytes())
         throw UsageError(fmt::format("--chunk {}: a version-{} datagram carries at most {} payload bytes",
                                      o.chunk_bytes, o.wire_version, kMaxUdpPayload - o.header_bytes()));
@@ -713,10 +1057,16 @@ public:
     }
     bool at_start() const noexcept { return chunk_index_ == 0; }
     bool finished() const noexcept { return chunk_index_ == chunk_count_; }
+    // The socket the fragment is sent from (with --frames by sender, one per sender
+    // entry; else 0).
+    std::uint32_t sender() const noexcept {
+        return o_.frames ? o_.frames->source_socket[f_.source_id - o_.first_source] : 0;
+    }
 
     // Writes the next chunk's datagram into `out` (room for the header and one chunk)
     // and returns its length. Must not be called when finished().
     std::size_t next(std::byte* out) noexcept {
+        if (o_.frames) return next_described(out);
         const std::uint32_t payload = std::min(o_.chunk_bytes, f_.length - offset_);
         std::byte* p = out + header_bytes_;
         std::uint32_t crc = 0;
@@ -753,6 +1103,26 @@ public:
     }
 
 private:
+    // The next datagram in the described board's format: the payload at
+    // payload.from, then the board's header fields around it (FrameEncoder).
+    // setup_frames has checked that every datagram can be expressed, so encode()
+    // does not return 0 here.
+    std::size_t next_described(std::byte* out) noexcept {
+        const FrameSetup& fs = *o_.frames;
+        const std::uint32_t payload = std::min(o_.chunk_bytes, f_.length - offset_);
+        std::byte* p = out + fs.encoder->payload_from();
+        switch (o_.payload) {
+            case Payload::fixed: std::memcpy(p, fixed_->data(), payload); break;
+            case Payload::waveform: pattern::fill_waveform(o_.run_number, f_.source_id, f_.event_id, offset_, p, payload); break;
+            case Payload::pattern: pattern::fill(o_.run_number, f_.source_id, f_.event_id, offset_, p, payload); break;
+        }
+        const frames::FragmentValues v{f_.source_id, f_.event_id, f_.timestamp, f_.empty, false};
+        offset_ += payload;
+        const std::uint32_t index = chunk_index_++;
+        return fs.encoder->encode(out, payload, v, fs.routes[f_.source_id - o_.first_source], index,
+                                  chunk_index_ == chunk_count_);
+    }
+
     const Options& o_;
     std::size_t header_bytes_;
     std::unique_ptr<const FixedPayload> fixed_;  // null unless --payload fixed
@@ -783,10 +1153,13 @@ public:
     // Events whose datagrams have all been generated.
     std::uint64_t events_done() const noexcept { return event_index_; }
     std::uint64_t fragments_done() const noexcept { return fragments_done_; }
+    // The socket of the datagram next() wrote last.
+    std::uint32_t sender() const noexcept { return sender_; }
 
     // Writes the next datagram into `out` and returns its length. Must not be called
     // when done().
     std::size_t next(std::byte* out) noexcept {
+        sender_ = cutter_.sender();
         const std::size_t len = cutter_.next(out);
         if (cutter_.finished()) {
             ++fragments_done_;
@@ -807,8 +1180,9 @@ private:
         f.event_id = first_event_ + event_index_;
         f.source_id = o_.first_source + source_index_;
         f.length = fragment_length(o_, f.event_id, f.source_id);
-        f.timestamp = o_.mode == Mode::trigger ? trigger_timestamp(o_, event_index_, f.source_id)
-                                               : f.event_id * o_.trigger_period_ticks;
+        if (o_.mode == Mode::trigger) f.timestamp = trigger_timestamp(o_, event_index_, f.source_id);
+        else if (o_.frames) f.timestamp = o_.t0_ticks + event_index_ * o_.trigger_period_ticks;
+        else f.timestamp = f.event_id * o_.trigger_period_ticks;
         cutter_.begin(f);
     }
 
@@ -820,6 +1194,7 @@ private:
     std::uint64_t event_index_ = 0;
     std::uint32_t source_index_ = 0;
     std::uint64_t fragments_done_ = 0;
+    std::uint32_t sender_ = 0;
 };
 
 // Stream mode: every source's hits and heartbeats, merged across sources in
@@ -861,8 +1236,11 @@ public:
     std::uint64_t fragments_done() const noexcept { return fragments_done_; }
     std::uint64_t hits() const noexcept { return hits_; }
     std::uint64_t heartbeats() const noexcept { return heartbeats_; }
+    // The socket of the datagram next() wrote last.
+    std::uint32_t sender() const noexcept { return sender_; }
 
     std::size_t next(std::byte* out) noexcept {
+        sender_ = cutter_.sender();
         const std::size_t len = cutter_.next(out);
         if (cutter_.finished()) {
             ++fragments_done_;
@@ -969,6 +1347,7 @@ private:
     std::vector<FragmentPlan> plans_;  // window_ plans a source
     std::vector<Head> heads_;          // a heap, ordered by `later`
     bool sending_ = true;
+    std::uint32_t sender_ = 0;
     std::uint64_t fragments_done_ = 0;
     std::uint64_t hits_ = 0;
     std::uint64_t heartbeats_ = 0;
@@ -996,8 +1375,9 @@ private:
 
 class PcapWriter {
 public:
-    PcapWriter(const std::string& path, const sockaddr_in& src, const sockaddr_in& dst, std::uint32_t mtu)
-        : path_(path), src_(src), dst_(dst), mtu_(mtu) {
+    // `sources`: the sending address of each socket (Slot::sender indexes it).
+    PcapWriter(const std::string& path, std::vector<sockaddr_in> sources, const sockaddr_in& dst, std::uint32_t mtu)
+        : path_(path), sources_(std::move(sources)), src_(sources_.at(0)), dst_(dst), mtu_(mtu) {
         file_ = std::fopen(path.c_str(), "wb");
         if (file_ == nullptr)
             throw std::runtime_error(fmt::format("--pcap-out {}: {}", path, std::strerror(errno)));
@@ -1019,9 +1399,10 @@ public:
         if (file_ != nullptr) std::fclose(file_);
     }
 
-    // Records one UDP datagram with its payload `data`, split into IPv4 fragments
-    // when the IP packet is larger than the MTU.
-    void write(const std::byte* data, std::size_t len, const timespec& ts) {
+    // Records one UDP datagram with its payload `data`, sent from socket `sender`,
+    // split into IPv4 fragments when the IP packet is larger than the MTU.
+    void write(const std::byte* data, std::size_t len, const timespec& ts, std::uint32_t sender) {
+        src_ = sources_[sender];
         const std::size_t udp_len = kUdpHeader + len;
         std::byte udp[kUdpHeader];
         store_be16(udp + 0, ntohs(src_.sin_port));
@@ -1131,7 +1512,8 @@ private:
     void put(const void* p, std::size_t n) noexcept { std::fwrite(p, 1, n, file_); }
 
     std::string path_;
-    sockaddr_in src_;
+    std::vector<sockaddr_in> sources_;
+    sockaddr_in src_;  // of the datagram being written
     sockaddr_in dst_;
     std::uint32_t mtu_;
     std::FILE* file_ = nullptr;
@@ -1215,6 +1597,7 @@ struct Slot {
     const std::byte* data;
     std::size_t len;
     std::uint32_t builder = 0;  // push: the index in Options::builders it goes to
+    std::uint32_t sender = 0;   // push: the socket it is sent from (PushOutputs::socks)
 };
 
 // The push-mode socket. It starts connected, so the kernel resolves the route once
@@ -1227,8 +1610,14 @@ struct Slot {
 // datagram names its builder.
 class PushSocket {
 public:
-    explicit PushSocket(const Options& o) : to_(o.to), builders_(o.builders) {
+    // `local`, when given, is the address to send from (a described board's sender).
+    explicit PushSocket(const Options& o, const net::Endpoint* local = nullptr) : to_(o.to), builders_(o.builders) {
         fd_ = net::open_udp_for(o.to, o.sndbuf_bytes);
+        if (local != nullptr && ::bind(fd_, reinterpret_cast<const sockaddr*>(&local->addr), local->len) != 0) {
+            const int e = errno;
+            ::close(fd_);
+            throw std::runtime_error(fmt::format("bind {}: {}", local->to_string(), std::strerror(e)));
+        }
         if (builders_.size() > 1) {
             connected_ = false;
             return;
@@ -1350,7 +1739,7 @@ struct PushStats {
 // Where push, trigger and stream mode send their datagrams: the socket (none with
 // --dry-run) and the pcap (with --pcap-out).
 struct PushOutputs {
-    PushSocket* sock;
+    std::vector<PushSocket*> socks;  // [Slot::sender]; empty with --dry-run
     PcapWriter* pcap;
 };
 
@@ -1385,19 +1774,22 @@ void send_stream(const Options& o, Stream& stream, const PushOutputs& out, Termi
             }
             std::byte* buf = pool.slot(used);
             const std::size_t len = stream.next(buf);
+            const std::uint32_t sender = stream.sender();
             ++generated;
             if (loss.hit()) {
                 ++st.lost;
                 continue;  // the buffer is reused by the next datagram
             }
             ++used;
-            // Event e belongs to builder e % N (evbd's builders and builder_id).
-            const auto builder =
-                static_cast<std::uint32_t>(wire::load_u64(buf + kEventIdOffset) % o.builders.size());
-            slots[n++] = {buf, len, builder};
+            // Event e belongs to builder e % N (evbd's builders and builder_id);
+            // parse_options allows one builder only with --frames.
+            const auto builder = o.builders.size() > 1
+                                     ? static_cast<std::uint32_t>(wire::load_u64(buf + kEventIdOffset) % o.builders.size())
+                                     : 0u;
+            slots[n++] = {buf, len, builder, sender};
             if (dup.hit()) {
                 ++st.duplicated;
-                slots[n++] = {buf, len, builder};
+                slots[n++] = {buf, len, builder, sender};
             }
         }
         st.datagrams_generated += generated;
@@ -1406,16 +1798,21 @@ void send_stream(const Options& o, Stream& stream, const PushOutputs& out, Termi
         }
         for (std::size_t first = 0; first < n; first += o.batch) {
             const std::size_t k = std::min<std::size_t>(o.batch, n - first);
-            if (out.sock) {
-                const int rc = out.sock->send(batch, slots.data() + first, k);
+            // One sendmmsg per run of slots from the same socket (one run unless a
+            // described board is known by its senders).
+            for (std::size_t run = first; !out.socks.empty() && run < first + k;) {
+                std::size_t end = run + 1;
+                while (end < first + k && slots[end].sender == slots[run].sender) ++end;
+                const int rc = out.socks[slots[run].sender]->send(batch, slots.data() + run, end - run);
                 if (rc < 0)
                     throw std::runtime_error(
                         fmt::format("sendmmsg to {}: {}", o.to.to_string(), std::strerror(-rc)));
+                run = end;
             }
             if (out.pcap) {
                 const timespec ts = wall_now();
                 for (std::size_t i = 0; i < k; ++i)
-                    out.pcap->write(slots[first + i].data, slots[first + i].len, ts);
+                    out.pcap->write(slots[first + i].data, slots[first + i].len, ts, slots[first + i].sender);
             }
             for (std::size_t i = 0; i < k; ++i) st.bytes_sent += slots[first + i].len;
             st.datagrams_sent += k;
@@ -1427,19 +1824,118 @@ void send_stream(const Options& o, Stream& stream, const PushOutputs& out, Termi
     st.fragments = stream.fragments_done();
 }
 
+// A described board's sender entry as an address to send from: its IP, and its port
+// for an IP:PORT entry (for a bare IP, `any_port`: 0 to bind, the kernel picks).
+net::Endpoint sender_endpoint(const frames::FrameDescription::SenderEntry& e, std::uint16_t any_port) {
+    static constexpr std::uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    const std::uint16_t port = e.any_port ? any_port : e.key.port;
+    net::Endpoint ep;
+    if (std::memcmp(e.key.ip.data(), kMapped, sizeof kMapped) == 0) {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(port);
+        std::memcpy(&a.sin_addr, e.key.ip.data() + 12, 4);
+        std::memcpy(&ep.addr, &a, sizeof a);
+        ep.len = sizeof a;
+    } else {
+        sockaddr_in6 a{};
+        a.sin6_family = AF_INET6;
+        a.sin6_port = htons(port);
+        std::memcpy(&a.sin6_addr, e.key.ip.data(), 16);
+        std::memcpy(&ep.addr, &a, sizeof a);
+        ep.len = sizeof a;
+    }
+    return ep;
+}
+
+// Encodes the first fragment of every source that sends and decodes it with the
+// description, as evbd will, from the address it is sent from: a run whose
+// datagrams would not come back as the emulator meant them (say, a kernel-chosen
+// port that another sender entry lists) stops before anything is sent.
+void check_round_trip(const Options& o, const std::vector<frames::SenderKey>& socket_keys) {
+    const FrameSetup& fs = *o.frames;
+    const frames::FrameDescription& d = fs.description();
+    const std::uint16_t local_port = d.has_port ? d.port : o.to.port();
+    ChunkCutter cutter(o);
+    std::vector<std::byte> buf(o.header_bytes() + o.chunk_bytes);
+    for (std::uint32_t i = 0; i < o.sources; ++i) {
+        FragmentPlan f;
+        f.source_id = o.first_source + i;
+        if (o.silent(f.source_id)) continue;
+        f.event_id = o.first_event;
+        f.length = fragment_length(o, f.event_id, f.source_id);
+        f.timestamp = o.mode == Mode::trigger ? trigger_timestamp(o, 0, f.source_id) : o.t0_ticks;
+        cutter.begin(f);
+        while (!cutter.finished()) {
+            const std::uint32_t sender = cutter.sender();
+            const std::size_t len = cutter.next(buf.data());
+            const frames::FrameDecoded r =
+                fs.table.decode(std::span<const std::byte>(buf.data(), len), local_port, socket_keys[sender]);
+            std::string wrong;
+            if (len == 0) wrong = "cannot be encoded";
+            else if (r.reject != frames::FrameReject::ok)
+                wrong = fmt::format("is refused by the description ({})", frames::frame_reject_name(r.reject));
+            else if (r.source_id != f.source_id)
+                wrong = fmt::format("decodes as source {}", r.source_id);
+            if (!wrong.empty())
+                throw std::runtime_error(fmt::format("--frames {}: a datagram of source {} event {} {}", fs.path,
+                                                     f.source_id, f.event_id, wrong));
+        }
+    }
+}
+
 int run_push(const Options& o) {
-    std::unique_ptr<PushSocket> sock;
-    sockaddr_in pcap_src{};
-    pcap_src.sin_family = AF_INET;
-    pcap_src.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    pcap_src.sin_port = htons(40000);
-    if (!o.dry_run) {
-        sock = std::make_unique<PushSocket>(o);
-        sockaddr_storage local{};
-        socklen_t local_len = sizeof local;
-        if (::getsockname(sock->fd(), reinterpret_cast<sockaddr*>(&local), &local_len) == 0 &&
-            local.ss_family == AF_INET)
-            std::memcpy(&pcap_src, &local, sizeof pcap_src);
+    const FrameSetup* fs = o.frames.get();
+    const bool by_sender = fs != nullptr && fs->description().by_sender;
+    const std::size_t socket_count = fs != nullptr ? fs->sockets() : 1;
+    std::vector<std::unique_ptr<PushSocket>> socks;
+    std::vector<sockaddr_in> pcap_src(socket_count);
+    std::vector<frames::SenderKey> socket_keys(socket_count);
+    for (std::size_t i = 0; i < socket_count; ++i) {
+        // Without a socket (--dry-run), bare-IP senders are recorded from ports 40000 up.
+        const auto dry_port = static_cast<std::uint16_t>(40000 + i);
+        net::Endpoint local;
+        if (by_sender) {
+            local = sender_endpoint(fs->description().senders[fs->socket_entry[i]], o.dry_run ? dry_port : 0);
+        } else {
+            sockaddr_in a{};
+            a.sin_family = AF_INET;
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            a.sin_port = htons(dry_port);
+            std::memcpy(&local.addr, &a, sizeof a);
+            local.len = sizeof a;
+        }
+        if (!o.dry_run) {
+            try {
+                socks.push_back(std::make_unique<PushSocket>(o, by_sender ? &local : nullptr));
+            } catch (const std::exception& e) {
+                if (!by_sender) throw;
+                throw std::runtime_error(fmt::format(
+                    "--frames {}: cannot send as sender {} of source.sender: {} (to try a description on this "
+                    "host, list loopback addresses such as 127.0.0.2 or 127.0.0.1:PORT)",
+                    fs->path, local.to_string(), e.what()));
+            }
+            local.len = sizeof local.addr;
+            ::getsockname(socks.back()->fd(), reinterpret_cast<sockaddr*>(&local.addr), &local.len);
+        }
+        socket_keys[i] = frames::sender_key(reinterpret_cast<const sockaddr*>(&local.addr));
+        if (local.addr.ss_family == AF_INET) {
+            std::memcpy(&pcap_src[i], &local.addr, sizeof pcap_src[i]);
+        } else if (!o.pcap_out.empty()) {
+            throw std::runtime_error(fmt::format("--pcap-out records IPv4 only, and sender {} is IPv6", local.to_string()));
+        }
+    }
+    if (fs != nullptr) {
+        check_round_trip(o, socket_keys);
+        const frames::FrameDescription& d = fs->description();
+        if (o.payload != Payload::fixed && fs->encoder->fields_end() > d.payload_from)
+            fmt::print(stderr, "evb-source: note: {} reads fields inside the payload (payload.from {}), so the "
+                               "sections evbd builds hold them: evb-dump --pattern cannot verify those sections\n",
+                       fs->path, d.payload_from);
+        if (d.event.present() && o.first_event > d.event.mask)
+            fmt::print(stderr, "evb-source: note: the first event {} does not fit the {}-bit counter: evbd takes the "
+                               "first value as it is, so its event ids differ from the emulator's and --pattern "
+                               "checks fail (use --wrap-start)\n", o.first_event, d.event.bits);
     }
     std::unique_ptr<PcapWriter> pcap;
     if (!o.pcap_out.empty()) {
@@ -1448,7 +1944,8 @@ int run_push(const Options& o) {
         pcap = std::make_unique<PcapWriter>(o.pcap_out, pcap_src, dst, o.pcap_mtu);
     }
 
-    const PushOutputs out{sock.get(), pcap.get()};
+    PushOutputs out{{}, pcap.get()};
+    for (const auto& s : socks) out.socks.push_back(s.get());
     PushStats st;
     if (o.mode == Mode::stream) {
         TerminalProgress progress(0, "fragments");
@@ -1463,17 +1960,19 @@ int run_push(const Options& o) {
         send_stream(o, stream, out, progress, st);
     }
     if (pcap) pcap->close();
-    if (sock) st.refused = sock->refused();
-    sock.reset();
+    for (const auto& s : socks) st.refused += s->refused();
+    socks.clear();
 
     const double mb_per_s = st.seconds > 0 ? static_cast<double>(st.bytes_sent) / 1e6 / st.seconds : 0;
     const double dgram_per_s = st.seconds > 0 ? static_cast<double>(st.datagrams_sent) / st.seconds : 0;
     if (o.json) {
         // Version-1 push mode prints exactly what it printed before the timestamp modes.
         std::string extra;
-        if (o.wire_version != 1) extra += fmt::format(",\"wire_version\":{}", o.wire_version);
+        if (o.wire_version != 1 && !o.frames) extra += fmt::format(",\"wire_version\":{}", o.wire_version);
         if (o.mode == Mode::stream) extra += fmt::format(",\"hits\":{},\"heartbeats\":{}", st.events, st.heartbeats);
         if (!o.silent_sources.empty()) extra += fmt::format(",\"silent_sources\":{}", o.silent_sources.size());
+        if (o.frames) extra += fmt::format(",\"frames\":{},\"first_event\":{}",
+                                           nlohmann::json(o.frames->description().name).dump(), o.first_event);
         fmt::print(
             "{{\"mode\":\"{}\",\"dry_run\":{},\"events\":{},\"sources\":{},\"fragments\":{},"
             "\"datagrams_generated\":{},\"datagrams\":{},\"bytes\":{},\"lost\":{},\"duplicated\":{},"
