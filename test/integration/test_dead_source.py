@@ -18,7 +18,11 @@ import subprocess
 import time
 import urllib.request
 
-from evbtest import BIN, Evbd, check, events_in, free_udp_port, rss_kib, run_source, verify, workdir
+from evbtest import BIN, Evbd, check, events_in, free_udp_port, rss_kib, run_source, sanitized_build, verify, workdir
+
+# The push cases send 8000 events/s ("push8k"); a sanitizer build on a busy machine
+# can fall behind that and lose a burst at the socket, which is not what is tested.
+RATE = 4000 if sanitized_build() else 8000
 
 
 def sections_missing(e):
@@ -42,7 +46,7 @@ def check_dead(name, out_dir, first, count, dead, want_fraction=0.999):
 def case_push(wd):
     d = Evbd(os.path.join(wd, "push"), sets=["sources=9"])
     rss0 = rss_kib(d.proc.pid)
-    run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 8, "--events", 40000, "--rate", 8000])
+    run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 8, "--events", 40000, "--rate", RATE])
     d.wait_metric("evb_events_written_total", lambda v: v >= 39960, timeout=30)
     m = d.metrics()
     check(m.get('evb_source_state{source="8"}') == 0, "push8k: source 8 is absent (evb_source_state 0)")
@@ -51,7 +55,7 @@ def case_push(wd):
     page = urllib.request.urlopen(d.metrics_url.replace("/metrics", "/"), timeout=10).read().decode()
     check('<tr><td>8</td><td><span class="bad">absent</span>' in page and "1 need a look" in page, "push8k: the status page marks source 8 absent")
     # Source 8 comes back with the others.
-    run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 9, "--events", 8000, "--first", 40000, "--rate", 8000])
+    run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 9, "--events", 8000, "--first", 40000, "--rate", RATE])
     d.wait_metric("evb_events_written_total", lambda v: v >= 47990, timeout=30)
     m = d.metrics()
     check(m.get('evb_source_state{source="8"}') == 1, "push8k: source 8 is present again")
@@ -121,19 +125,19 @@ def case_removed(wd):
     write(9)
     d = Evbd(sub, args=["--config", cfg])
     rss0 = rss_kib(d.proc.pid)
-    run_source(["--to", f"127.0.0.1:{d.port}", "--run", 3, "--sources", 8, "--events", 8000, "--rate", 8000])
+    run_source(["--to", f"127.0.0.1:{d.port}", "--run", 3, "--sources", 8, "--events", 8000, "--rate", RATE])
     d.wait_metric("evb_events_written_total", lambda v: v >= 8000, timeout=30)
     write(list(range(8)))
     d.proc.send_signal(signal.SIGHUP)
     d.wait_metric("evb_expected_sources", lambda v: v == 8, timeout=10)
     run_source(["--to", f"127.0.0.1:{d.port}", "--run", 3, "--sources", 8, "--events", 8000, "--first", 8000,
-                "--rate", 8000])
+                "--rate", RATE])
     d.wait_metric("evb_events_written_total", lambda v: v >= 16000, timeout=30)
     write(9)  # back in
     d.proc.send_signal(signal.SIGHUP)
     d.wait_metric("evb_expected_sources", lambda v: v == 9, timeout=10)
     run_source(["--to", f"127.0.0.1:{d.port}", "--run", 3, "--sources", 9, "--events", 2000, "--first", 16000,
-                "--rate", 8000])
+                "--rate", RATE])
     d.wait_metric("evb_events_written_total", lambda v: v >= 18000, timeout=30)
     rss1 = rss_kib(d.proc.pid)
     rc = d.stop()
