@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 
 #include "core/format/file_format.hpp"
+#include "core/format/lz4_frame.hpp"
+#include "core/format/midas_format.hpp"
 #include "core/io/recovery.hpp"
 
 namespace evb::file {
@@ -119,8 +121,10 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
     const std::string builder_prefix = "run";  // every run: the builder is checked below
     const std::string builder_tag = fmt::format("_{:03}_", builder_id);
     if (recover_parts) {
-        for (const std::string& path : list_files(directory, builder_prefix, ".evb.part", s.problems)) {
+        for (const std::string& path : list_files(directory, builder_prefix, ".part", s.problems)) {
             const std::string name = std::filesystem::path(path).filename().string();
+            if (!has_suffix(name, ".evb.part") && !has_suffix(name, ".mid.part") && !has_suffix(name, ".mid.lz4.part"))
+                continue;
             // runNNNNNN_BBB_SSSSS.evb.part: the builder's tag right after the run number.
             if (name.size() > 12 && name.compare(9, builder_tag.size(), builder_tag) == 0) recover_part(path, s);
         }
@@ -128,11 +132,34 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
     const std::string run_prefix = fmt::format("run{:06}_{:03}_", run, builder_id);
     std::vector<std::uint64_t> ids;
     for (const std::string& path : list_files(directory, run_prefix, "", s.problems)) {
-        const bool part = has_suffix(path, ".evb.part");
-        if (!part && !has_suffix(path, ".evb")) continue;
+        const bool part = has_suffix(path, ".evb.part") || has_suffix(path, ".mid.part") || has_suffix(path, ".mid.lz4.part");
+        const bool midas = has_suffix(path, ".mid") || has_suffix(path, ".mid.part") || has_suffix(path, ".mid.lz4") ||
+                           has_suffix(path, ".mid.lz4.part");
+        if (!part && !midas && !has_suffix(path, ".evb")) continue;
         if (part) s.left_parts.push_back(path);
         try {
             const MappedFile image(path);
+            if (midas) {
+                // A MIDAS file (`.mid.lz4`: its frame decoded): the built events' ids
+                // are in their EVBH banks; the begin-of-run event names the run.
+                const bool lz4 = lz4f::is_frame(image.bytes());
+                const lz4f::FrameRead frame = lz4 ? lz4f::read_frame(image.bytes()) : lz4f::FrameRead{};
+                const midas::ScanResult m = midas::scan(lz4 ? std::span<const std::byte>(frame.content) : image.bytes());
+                if (!m.bor_ok) {
+                    s.problems.push_back(fmt::format("{}: {}", path, m.problems.empty() ? "bad begin-of-run event"
+                                                                                      : m.problems[0].what));
+                    continue;
+                }
+                s.files.push_back(path);
+                s.records += m.events.size();
+                midas::DecodedEvent d;
+                for (const midas::EventView& e : m.events)
+                    if (m.bor.serial_number == run && midas::decode_built(e, d)) ids.push_back(d.evb_event_id);
+                if (!part && !m.problems.empty())
+                    s.problems.push_back(fmt::format("{}: {} (its events before that are counted)", path,
+                                                     m.problems[0].what));
+                continue;
+            }
             const ScanResult scanned = scan(image.bytes());
             if (!scanned.header_ok) {
                 if (!part || !why_part_holds_no_events(image.bytes()))

@@ -44,7 +44,7 @@ private:
 };
 
 struct RunSurvey {
-    std::vector<std::string> files;      // the run's data files read (.evb, and .evb.part left as they are)
+    std::vector<std::string> files;      // the run's data files read (.evb, .mid, .mid.lz4, and .part files left as they are)
     std::uint64_t records = 0;           // good records in them
     HeldIds held;                        // their event ids
     std::vector<std::string> recovered;  // .part files of this builder made clean (the new names)
@@ -54,7 +54,7 @@ struct RunSurvey {
 };
 
 // Surveys `directory` for files of `builder_id`: with `recover_parts`, every
-// `.evb.part` of the builder (any run) not locked by a running evbd is recovered
+// `.part` (.evb, .mid, .mid.lz4) of the builder (any run) not locked by a running evbd is recovered
 // first; then every data file of `run` is read and its records' event ids collected.
 RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint32_t builder_id,
                      std::uint32_t builders, bool recover_parts);

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/format/lz4_frame.hpp"
+#include "core/format/midas_format.hpp"
 #include "core/io/run_on_disk.hpp"
 #include "test/core/record_builder.hpp"
 #include "test/temp_dir.hpp"
@@ -34,6 +36,44 @@ void write_file(const std::string& path, std::uint32_t run, std::uint32_t builde
         records.push_back(evb::test::build_record(r));
     }
     Bytes img = evb::test::build_file_image(h, records, clean);
+    img.resize(img.size() - cut);
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(img.data()),
+                                                static_cast<std::streamsize>(img.size()));
+}
+
+// A MIDAS file of run `run` (`.mid`, or one LZ4 frame when `lz4`): a begin-of-run
+// event and one built event per id (one 8-byte section), and an end-of-run event
+// when `clean`; `cut` bytes dropped off the end.
+void write_midas(const std::string& path, std::uint32_t run, const std::vector<std::uint64_t>& ids, bool clean,
+                 bool lz4, std::size_t cut = 0) {
+    namespace em = evb::midas;
+    Bytes img = em::encode_run_marker(em::kEventIdBor, run, 1700000000, "{}");
+    const std::vector<em::SectionInfo> sections = {{0, 0, 8}};
+    std::uint32_t serial = 0;
+    for (const std::uint64_t id : ids) {
+        em::BuiltEvent b;
+        b.serial_number = serial++;
+        b.evb_event_id = id;
+        Bytes ev(em::event_bytes(sections));
+        em::encode_head(b, sections, ev.data());
+        em::encode_section_bank(em::default_bank_name(0), 8, ev.data() + em::head_bytes(1));
+        img.insert(img.end(), ev.begin(), ev.end());
+    }
+    if (clean) {
+        const Bytes eor = em::encode_run_marker(em::kEventIdEor, run, 1700000001, "{}");
+        img.insert(img.end(), eor.begin(), eor.end());
+    }
+    if (lz4) {
+        evb::lz4f::FrameWriter w;
+        Bytes out(w.bound(img.size()));
+        std::string why;
+        std::size_t n = w.begin(1, out, &why);
+        const struct iovec piece {img.data(), img.size()};
+        n += w.write(&piece, 1, std::span<std::byte>(out).subspan(n), &why);
+        if (clean) n += w.end(std::span<std::byte>(out).subspan(n), &why);
+        out.resize(n);
+        img.swap(out);
+    }
     img.resize(img.size() - cut);
     std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(img.data()),
                                                 static_cast<std::streamsize>(img.size()));
@@ -124,4 +164,20 @@ TEST_CASE("survey_run leaves alone a .part that a running evbd holds locked", "[
     REQUIRE(s.problems.size() == 1);
     CHECK(s.problems[0].find("in use by another running evbd") != std::string::npos);
     CHECK(ids_in(s.held) == std::vector<std::uint64_t>{10, 11});  // still read, as it stands
+}
+
+TEST_CASE("survey_run reads which events of the run MIDAS files hold, .mid and .mid.lz4, and recovers their .part files", "[run_on_disk]") {
+    evb::test::TempDir dir;
+    write_midas(dir / "run000007_000_00000.mid", 7, {0, 2, 4}, true, false);
+    write_midas(dir / "run000007_000_00001.mid.lz4", 7, {6, 8}, true, true);
+    write_midas(dir / "run000007_000_00002.mid.part", 7, {10, 12, 14}, false, false, 10);  // 14 cut
+    write_midas(dir / "run000007_000_00003.mid.lz4.part", 7, {16, 18}, false, true);        // frame not ended
+    const ef::RunSurvey s = ef::survey_run(dir.path(), 7, 0, 2, true);
+    INFO((s.problems.empty() ? std::string() : s.problems[0]));
+    CHECK(s.problems.empty());
+    CHECK(s.recovered.size() == 2);
+    CHECK(std::filesystem::exists(dir / "run000007_000_00002.mid"));
+    CHECK(std::filesystem::exists(dir / "run000007_000_00003.mid.lz4"));
+    CHECK(s.files.size() == 4);
+    CHECK(ids_in(s.held) == std::vector<std::uint64_t>{0, 2, 4, 6, 8, 10, 12, 16, 18});
 }

@@ -14,7 +14,10 @@ pattern; evb-dump --verify --pattern must agree.
     end-of-run event marked recovered.
 (v) `.mid.lz4` (output.compression "lz4"): each file one LZ4 frame, read with
     python-lz4's frame decoder, then as (i); a SIGKILL leaves a .mid.lz4.part that
-    evb-dump --recover makes a closed frame of the torn file's whole events."""
+    evb-dump --recover makes a closed frame of the torn file's whole events.
+(vi) pull mode into .mid.lz4, SIGKILLed mid-run and restarted on the same run: the
+    restarted evbd recovers the .mid.lz4.part, reads which events its files hold and
+    requests only the others: every requested event is in the run's files exactly once."""
 import json
 import os
 import shutil
@@ -312,9 +315,53 @@ def lz4_files(wd):
     check(rc == 0, f"evb-dump --verify --pattern passes after recovery: {text.strip().splitlines()[-1]}")
 
 
+def pull_restart(wd):
+    out = os.path.join(wd, "pull-restart")
+    sport = free_udp_port()
+    sources, events = 4, 20000
+    src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{sport}", "--sources",
+                            str(sources), "--run", str(RUN), "--size", "100:2000", "--idle-exit", "60"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sets = [f"sources={sources}", f"run_number={RUN}", f"output.directory={out}", "output.format=midas",
+            "output.compression=lz4", "output.direct_io=true", "output.max_file_bytes=4000000", "mode=pull",
+            f"pull.source_addresses=[\"127.0.0.1:{sport}\"]", f"pull.events={events}", "building.timeout_ms=5000"]
+    try:
+        d = Evbd(wd, sets=sets)
+        deadline = time.time() + 60
+        while d.metrics().get("evb_events_written_total", 0) < 3000:
+            if time.time() > deadline:
+                fail("pull (.mid.lz4): 3000 events not written within 60 s")
+            time.sleep(0.005)
+        if "pull: all" in d.log_text():
+            fail("pull (.mid.lz4): the run ended before the kill")
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait()
+        d.log.close()
+        d = Evbd(wd, sets=sets, port=d.port)
+        deadline = time.time() + 120
+        while "pull: all" not in d.log_text():
+            if time.time() > deadline:
+                fail("pull (.mid.lz4): the restarted evbd did not finish within 120 s")
+            time.sleep(0.2)
+        check("run 3 goes on:" in d.log_text(), "pull (.mid.lz4): the restarted evbd goes on with run 3")
+        check(d.stop() == 0, "evbd exits 0 (pull, restarted)")
+    finally:
+        src.kill()
+        src.wait()
+    files = read_dir(out)
+    check(all(n.endswith(".mid.lz4") for n, _ in files), f"no .part left: {[n for n, _ in files]}")
+    ids = [midas_built(banks)[0] for _, f in files for _h, banks in f["events"]]
+    dups = len(ids) - len(set(ids))
+    check(dups == 0 and set(ids) == set(range(events)),
+          f"pull (.mid.lz4), SIGKILL and restart: every one of {events} events written exactly once "
+          f"({dups} twice, {len(set(range(events)) - set(ids))} missing)")
+    rc, text = verify([out])
+    check(rc == 0, f"evb-dump --verify --pattern passes (pull, restarted): {text.strip().splitlines()[-1]}")
+
+
 def main():
     wd = workdir()
-    scenarios = (push_event_id, timestamp_mode, pull_mode, sigkill_and_recover, lz4_files)
+    scenarios = (push_event_id, timestamp_mode, pull_mode, sigkill_and_recover, lz4_files, pull_restart)
     try:
         for scenario in scenarios:
             scenario(wd)
