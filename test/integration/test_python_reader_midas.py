@@ -6,7 +6,8 @@ section 9): `.mid`, `.mid.lz4` and their `.part`.
       bank name of its own;
 (ii)  the same with output.compression "lz4" (`.mid.lz4`, one LZ4 frame a file);
 (iii) timestamp mode (evb-source --mode trigger, some loss), `.mid` and `.mid.lz4`:
-      each section bank holds the section's items;
+      each section bank holds the section's items; and time_slice mode (--mode stream)
+      with a silent source, `.mid.lz4`: every slice INCOMPLETE, that source UNCONFIRMED;
 (iv)  SIGKILL while writing, `.mid` and `.mid.lz4`: the `.part` left behind, and a copy
       cut inside an event (inside an LZ4 block for `.mid.lz4`), read up to the last
       whole event;
@@ -21,7 +22,7 @@ timestamp, sequence, length and flags; and the file facts (format, clean or not,
 event count, good bytes, run, match mode, sources, builder, sequence). Each payload
 is a read-only numpy view of the file's mapping or decoded bytes (no copy), equal to
 the bank evbtest.read_midas finds (written from MIDAS's documentation) and to the
-emulator's pattern (timestamp mode: seeded with the item's sequence number). event(id)
+emulator's pattern (timestamp modes: seeded with the item's sequence number). event(id)
 finds events by id."""
 import json
 import os
@@ -169,6 +170,27 @@ def closed_files(wd, name, mode, lz4):
     return out
 
 
+def time_slices(wd):
+    """time_slice mode (evb-source --mode stream) with a silent source, as .mid.lz4:
+    every slice INCOMPLETE, the silent source UNCONFIRMED and empty."""
+    run_dir = os.path.join(wd, "slices")
+    os.makedirs(run_dir)
+    d = Evbd(run_dir, sets=["sources=4", f"run_number={RUN}", "building.match=time_slice",
+                            "building.slice_ticks=100000", "building.timeout_ms=300", "output.format=midas",
+                            "output.compression=lz4", "output.max_file_bytes=300000"])
+    run_source(["--to", f"127.0.0.1:{d.port}", "--mode", "stream", "--sources", 4, "--run", RUN, "--duration",
+                1_000_000, "--mean-gap", 3000, "--heartbeat", 20000, "--size", "40:3000", "--rate", 8000, "--seed", 5,
+                "--silent", 2])
+    d.wait_metric('evb_events_built_total{status="incomplete"}', lambda v: v >= 10, timeout=30)
+    check(d.stop() == 0, "time_slice .mid.lz4: evbd exits 0")
+    recs, views = check_files(d.out, "time_slice .mid.lz4", 2, "midas-lz4")
+    check(len(recs) == 10 and all(r.status & 1 and r.timestamp == r.event_id * 100000 for r in recs)
+          and all([s.source_id for s in r.sections if s.status & 8] == [2] for r in recs)
+          and all(s.items == [] and s.length == 0 for r in recs for s in r.sections if s.source_id == 2),
+          f"time_slice .mid.lz4: evbfile and evb-dump agree on {len(recs)} slices, each INCOMPLETE with the silent "
+          f"source UNCONFIRMED and empty; {views} item payloads are the pattern of their sequence number")
+
+
 def killed(wd, name, lz4):
     """SIGKILL mid-file: the .part left behind, then a copy cut inside an event.
     Written through the page cache (direct_io false): with O_DIRECT a killed writer
@@ -304,6 +326,7 @@ def main():
         lz = closed_files(wd, "event_id .mid.lz4", 0, lz4=True)
         closed_files(wd, "timestamp .mid", 1, lz4=False)
         closed_files(wd, "timestamp .mid.lz4", 1, lz4=True)
+        time_slices(wd)
         killed(wd, "killed .mid", lz4=False)
         killed(wd, "killed .mid.lz4", lz4=True)
         damage(wd, mid)
