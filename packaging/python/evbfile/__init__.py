@@ -1,4 +1,4 @@
-"""evbfile: read the files evbd writes, for analysis.
+"""evbfile: read the files evbd writes (.evb, and MIDAS .mid, .mid.lz4), for analysis.
 
     import evbfile
     for rec in evbfile.open("evb-data/"):          # a file, a .part, or a directory
@@ -11,9 +11,12 @@ See docs/PYTHON.md in the evbd repository.
 from ._crc import BACKEND as CRC_BACKEND
 from ._crc import crc32c
 from ._codecs import CodecError
-from .reader import (CODECS, MATCH_MODES, EvbDirectory, EvbFile, FormatError, Item, Problem, Record,
-                     RecordStatus, Section, SectionStatus, open)
+from .directory import EvbDirectory, open
+from .midas import MidasFile, MidasRecord
+from .reader import (CODECS, MATCH_MODES, EvbFile, FormatError, Item, Problem, Record, RecordStatus, Section,
+                     SectionStatus)
 
-__all__ = ["open", "EvbFile", "EvbDirectory", "Record", "Section", "Item", "Problem", "FormatError",
+__all__ = ["open", "EvbFile", "MidasFile", "MidasRecord", "EvbDirectory", "Record", "Section", "Item", "Problem",
+           "FormatError",
            "CodecError", "RecordStatus", "SectionStatus", "MATCH_MODES", "CODECS", "crc32c", "CRC_BACKEND"]
 __version__ = "0.1.0"

@@ -10,7 +10,6 @@ source_id that fit the record exactly, zero padding, MISSING sections empty.
 import builtins
 import mmap
 import os
-import re
 import struct
 from enum import IntFlag
 
@@ -271,6 +270,7 @@ class EvbFile:
         self._index = None
         self._ids = None  # event_id -> offset, built on the first look-up
         self._record_count = None
+        self.format = "evb"
         with builtins.open(self.path, "rb") as f:
             self.size = os.fstat(f.fileno()).st_size
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
@@ -574,61 +574,3 @@ class EvbFile:
 def is_evb_name(name):
     return name.endswith(".evb") or name.endswith(".evb.part")
 
-
-_FILE_NAME = re.compile(r"run(\d+)_(\d+)_(\d+)\.evb(\.part)?$")
-
-
-def file_order(name):
-    """Run, builder and file sequence from evbd's file name, as numbers: sequences
-    past 99999 are written in full (more than five digits), so plain name order
-    would put 100000 before 99999. Other names after those, by name."""
-    m = _FILE_NAME.match(name)
-    return (0, int(m.group(1)), int(m.group(2)), int(m.group(3)), name) if m else (1, 0, 0, 0, name)
-
-
-class EvbDirectory:
-    """The .evb and .evb.part files of a directory, in file order (run, builder,
-    sequence; see file_order), read as one stream of records."""
-
-    def __init__(self, path, strict=False, verify_crc=True):
-        self.path = os.fspath(path)
-        names = sorted((n for n in os.listdir(self.path)
-                        if is_evb_name(n) and os.path.isfile(os.path.join(self.path, n))), key=file_order)
-        self.files = [EvbFile(os.path.join(self.path, n), strict, verify_crc) for n in names]
-
-    def __iter__(self):
-        for f in self.files:
-            yield from f
-
-    @property
-    def problems(self):
-        return [(f.path, p) for f in self.files for p in f.problems]
-
-    def event(self, event_id):
-        for f in self.files:
-            if event_id in f:
-                return f.event(event_id)
-        raise KeyError(event_id)
-
-    def __contains__(self, event_id):
-        return any(event_id in f for f in self.files)
-
-    def __len__(self):
-        return sum(len(f) for f in self.files)
-
-    def close(self):
-        for f in self.files:
-            f.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def open(path, strict=False, verify_crc=True):  # noqa: A001 (evbfile.open is the entry point)
-    """An EvbFile for a file, an EvbDirectory for a directory."""
-    if os.path.isdir(path):
-        return EvbDirectory(path, strict, verify_crc)
-    return EvbFile(path, strict, verify_crc)
