@@ -158,13 +158,18 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
 
     // Memory: one arena and receive pool per input. Return ports 0..shards-1 are the
     // matcher shards', port `shards` the writer's.
+    // Described frames (input.frames): every input decodes them with the one
+    // compiled table, and its slots hold the headroom in front of each datagram.
+    const FrameInputSettings frame_input{cfg->input.frames, cfg->sources};
+    const std::size_t slot_bytes =
+        cfg->input.max_datagram_bytes + (FrameDecoding(frame_input).active() ? kFrameHeadroom : 0);
     std::vector<std::unique_ptr<alloc::Arena>> arenas;
     std::vector<std::unique_ptr<alloc::BufferPool>> pools;
     std::vector<alloc::BufferPool*> pool_ptrs;
     for (std::uint32_t r = 0; r < inputs; ++r) {
         arenas.push_back(std::make_unique<alloc::Arena>(fmt::format("reader-{}", r)));
         pools.push_back(std::make_unique<alloc::BufferPool>(*arenas.back(), static_cast<std::uint16_t>(r),
-                                                            sizing.slots_per_reader, cfg->input.max_datagram_bytes,
+                                                            sizing.slots_per_reader, slot_bytes,
                                                             sizing.shards + 1));
         pool_ptrs.push_back(pools.back().get());
     }
@@ -197,11 +202,12 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     for (std::uint32_t r = 0; r < (replay ? 0 : inputs); ++r) {
         readers.push_back(std::make_unique<SocketReader>(static_cast<std::uint16_t>(r), sockets[r].fd, *pools[r],
                                                          pipeline, cfg->input.batch, *reader_counters[r],
-                                                         coalesce_us_for(*cfg, sockets[r], r == 0)));
+                                                         coalesce_us_for(*cfg, sockets[r], r == 0), frame_input,
+                                                         net::local_port(sockets[r].fd)));
     }
     std::unique_ptr<ReplayFeeder> feeder;
     if (replay) {
-        feeder = std::make_unique<ReplayFeeder>(*replay_with, *pools[0], pipeline, *reader_counters[0]);
+        feeder = std::make_unique<ReplayFeeder>(*replay_with, *pools[0], pipeline, *reader_counters[0], frame_input);
     }
     // Pull mode: requests go out from reader 0's socket so the answers come back to the readers.
     std::unique_ptr<RequestSender> sender;
