@@ -52,7 +52,7 @@ const std::vector<Key>& schema() {
         {"run_number", Kind::uint, 1, 0, 999999, true, "Current run. Changing it by reload ends the run (in-flight events finished, file closed) and starts the new one; fragments of other runs are counted as wrong-run and dropped."},
         {"mode", Kind::choice, "push", 0, 0, false, "\"push\": sources send on their own; \"pull\": the builder requests events under a credit limit.", {"push", "pull"}},
         {"sources", Kind::sources, 8, 1, 65535, true, "Expected sources: a count N (ids 0..N-1) or an array of distinct ids. Every event gets one section per expected source. A reload may take sources out and bring them back (within the set evbd started with; adding others needs a restart): the current file closes and the run goes on in a new file whose header states the new number; events in flight finish under the set they started with."},
-        {"input.listen", Kind::addresses, "127.0.0.1:7400", 0, 0, false, "UDP address the socket readers bind (HOST:PORT or [V6]:PORT), or a list of them (boards of different kinds on different ports; docs/FORMATS.md section 8.1). This build binds one address: a list of more than one is refused until the readers bind several."},
+        {"input.listen", Kind::addresses, "127.0.0.1:7400", 0, 0, false, "UDP address the socket readers bind (HOST:PORT or [V6]:PORT), or a list of them (boards of different kinds on different ports; docs/FORMATS.md section 8.1): each address gets input.readers reader threads of its own."},
         {"input.readers", Kind::uint, 1, 1, 16, false, "Socket-reader threads; more than one binds the port with SO_REUSEPORT."},
         {"input.socket_buffer_bytes", Kind::uint, 64ull << 20, 65536, 2ull << 30, false, "SO_RCVBUF(FORCE) request per socket. A kernel cap is logged and exported as a metric."},
         {"input.max_datagram_bytes", Kind::uint, 9000, 48, 65535, false, "Largest datagram accepted; longer ones are counted as truncated and dropped."},
@@ -519,9 +519,6 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         if (c->input.listen_addresses[i].empty())
             problems.push_back(c->input.listen_addresses.size() == 1 ? std::string("input.listen: must not be empty")
                                                                       : fmt::format("input.listen[{}]: must not be empty", i));
-    if (c->input.listen_addresses.size() > 1)
-        problems.push_back(fmt::format("input.listen: {} addresses given; this build's socket readers bind one address",
-                                       c->input.listen_addresses.size()));
     {
         const frames::FrameLimits limits{c->building.match, c->input.max_datagram_bytes, c->building.clock_hz};
         c->input.frames = std::make_shared<const frames::FrameTable>(
@@ -565,11 +562,11 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                                            c->output.compression_level));
         needs_version_2(fmt::format("output.compression \"{}\"", codec));
     }
-    if (c->building.max_buffer_bytes / (c->input.max_datagram_bytes + 64ull) < 2ull * c->input.batch * c->input.readers)
+    if (c->building.max_buffer_bytes / (c->input.max_datagram_bytes + 64ull) < 2ull * c->input.batch * c->input.socket_readers())
         problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",
-                                       c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.readers, c->input.batch));
-    if (c->input.cpus.size() > c->input.readers)
-        problems.push_back(fmt::format("input.cpus: {} entries for {} reader(s)", c->input.cpus.size(), c->input.readers));
+                                       c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.socket_readers(), c->input.batch));
+    if (c->input.cpus.size() > c->input.socket_readers())
+        problems.push_back(fmt::format("input.cpus: {} entries for {} reader(s)", c->input.cpus.size(), c->input.socket_readers()));
 
     // Addresses that can never be bound or reached (999.1.1.1, port 70000, a name
     // that does not resolve) are refused here by key, like a wrong type, rather than
@@ -613,7 +610,7 @@ std::uint32_t Config::worker_count() const noexcept {
     long cpus = 0;
     if (::sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
     if (cpus <= 0) cpus = static_cast<long>(std::thread::hardware_concurrency());
-    return static_cast<std::uint32_t>(std::clamp<long>(cpus - static_cast<long>(input.readers) - 1, 1, 4));
+    return static_cast<std::uint32_t>(std::clamp<long>(cpus - static_cast<long>(input.socket_readers()) - 1, 1, 4));
 }
 
 std::shared_ptr<const Config> load_config(const std::string& text, const std::string& origin,

@@ -374,6 +374,24 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         drop(c);
         return;
     }
+    // A chunk of a fragment whose event is written already would wait in vain:
+    // counted as an EVB chunk of it would be (late, or a duplicate) and dropped.
+    if (match_ == file::MatchMode::event_id && map_.find(map_key(c->event_id, c->run_number)) == nullptr) {
+        if (stats::Counter* late = late_counter(c->event_id, c->run_number)) {
+            late->add();
+            counters_.source_late[idx].add();
+            drop(c);
+            return;
+        }
+    } else if (match_ == file::MatchMode::timestamp && timed_history_[i].run == c->run_number) {
+        const SourceHistory& h = timed_history_[i];
+        for (std::uint32_t k = 0; k < h.seq_count; ++k)
+            if (h.written_seq[k] == c->event_id) {
+                counters_.duplicate_chunks.add();
+                drop(c);
+                return;
+            }
+    }
     ChunkMeta* after = nullptr;  // insert after this chunk (nullptr: at the head)
     ChunkMeta* p = ungathered_[i];
     while (p != nullptr && before(p, c)) {
