@@ -13,9 +13,10 @@ import random
 import shutil
 import socket
 import struct
+import subprocess
 import time
 
-from evbtest import Evbd, check, dump, fail, free_udp_port, metric_sum, workdir
+from evbtest import BIN, Evbd, check, dump, fail, free_udp_port, workdir
 
 EVENTS = 120
 CHUNK = 300
@@ -68,11 +69,35 @@ def shuffle_near(datagrams, rnd, dups):
     return out
 
 
-def send_all(sock, to, datagrams):
+def send_all(sock, to, datagrams, log=None):
+    """Sends each datagram to `to`; `log` gets (sender port, destination port, bytes)."""
     for k, d in enumerate(datagrams):
         sock.sendto(d, to)
+        if log is not None:
+            log.append((sock.getsockname()[1], to[1], d))
         if k % 64 == 63:
             time.sleep(0.001)  # keep well inside the socket buffer
+
+
+def write_pcap(path, log):
+    """An Ethernet capture of 127.0.0.1 -> 127.0.0.1 UDP datagrams, 10 us apart."""
+    with open(path, "wb") as f:
+        f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+        for k, (sport, dport, d) in enumerate(log):
+            ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 28 + len(d), k & 0xFFFF, 0, 64, 17, 0,
+                             socket.inet_aton("127.0.0.1"), socket.inet_aton("127.0.0.1"))
+            frame = bytes(12) + b"\x08\x00" + ip + struct.pack(">HHHH", sport, dport, 8 + len(d), 0) + d
+            t = 1_700_000_000_000_000 + 10 * k  # microseconds
+            f.write(struct.pack("<IIII", t // 1_000_000, t % 1_000_000, len(frame), len(frame)) + frame)
+
+
+def replay(wd, pcap, out, sets):
+    cmd = [os.path.join(BIN, "evbd"), "--set", f"output.directory={out}", "--set", "monitor.listen="]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd + ["--replay", pcap], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        fail(f"evbd --replay {pcap} exits {p.returncode}: {(p.stdout + p.stderr)[-800:]}")
 
 
 def check_clean(label, evbd, out):
@@ -168,11 +193,10 @@ def timestamp_mode(wd):
     desc_pwb = pwb(port_pwb)
     desc_pwb["source"]["sender"] = {f"127.0.0.1:{p.getsockname()[1]}": i for i, p in enumerate(pads)}
     frames = [desc_pwb, adc16(port_adc)]
-    evbd = Evbd(wd, port=port_pwb,
-                sets=["sources=[0,1,10,11]", "building.match=timestamp", "building.tolerance_ticks=20",
-                      "building.clock_hz=125000000", "output.format_version=2", "building.timeout_ms=3000",
-                      f"output.directory={out}", f"input.listen=[\"127.0.0.1:{port_pwb}\",\"127.0.0.1:{port_adc}\"]",
-                      "input.frames=" + json.dumps(frames)])
+    sets = ["sources=[0,1,10,11]", "building.match=timestamp", "building.tolerance_ticks=20",
+            "building.clock_hz=125000000", "output.format_version=2", "building.timeout_ms=3000",
+            f"input.listen=[\"127.0.0.1:{port_pwb}\",\"127.0.0.1:{port_adc}\"]", "input.frames=" + json.dumps(frames)]
+    evbd = Evbd(wd, port=port_pwb, sets=sets + [f"output.directory={out}"])
     rnd = random.Random(2)
     t0 = (1 << 32) - 50 * 10000  # the pad board's 32-bit clock wraps after 50 events
     pad_dg, adc_dg, sent, times = [[], []], [], {}, []
@@ -188,11 +212,14 @@ def timestamp_mode(wd):
             sent[(t, 10 + m)] = data
             adc_dg.append(struct.pack(">BBHI", 0xA1, m, e, (t // 2) & 0xFFFFFFFF) + data)
     adc_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    adc_sock.bind(("127.0.0.1", 0))
+    log = []  # what was sent, for the capture replayed in (c)
     for i in range(2):
-        send_all(pads[i], ("127.0.0.1", port_pwb), shuffle_near(pad_dg[i], rnd, 20))
-    send_all(adc_sock, ("127.0.0.1", port_adc), shuffle_near(adc_dg, rnd, 10))
+        send_all(pads[i], ("127.0.0.1", port_pwb), shuffle_near(pad_dg[i], rnd, 20), log)
+    send_all(adc_sock, ("127.0.0.1", port_adc), shuffle_near(adc_dg, rnd, 10), log)
     stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    stranger.sendto(pwb_datagrams(0, 0, b"x")[0], ("127.0.0.1", port_pwb))  # a sender nobody listed
+    stranger.bind(("127.0.0.1", 0))
+    send_all(stranger, ("127.0.0.1", port_pwb), [pwb_datagrams(0, 0, b"x")[0]], log)  # a sender nobody listed
     evbd.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= EVENTS)
     m = evbd.metrics()
     check(m.get('evb_frames_rejected_total{description="pwb",reason="disallowed_sender"}') == 1,
@@ -218,6 +245,18 @@ def timestamp_mode(wd):
                      f"{ilen} bytes, status {sstatus}")
     check(True, f"(b) all {EVENTS} events complete across the pad board's clock wrap, "
                 "timestamps extended and converted, every item byte-exact")
+
+    # (c) The same datagrams, captured, replayed twice: the same sender and port
+    # decide as live, and both replays write the same records as the live run.
+    pcap = os.path.join(wd, "b.pcap")
+    write_pcap(pcap, log)
+    replays = []
+    for k in range(2):
+        rep = os.path.join(wd, f"c{k}")
+        replay(wd, pcap, rep, sets + [f"output.directory={rep}"])
+        replays.append(records(rep))
+    check(replays[0] == replays[1], f"(c) two replays of the capture write identical records ({len(replays[0])} events)")
+    check(replays[0] == recs, "(c) the replays' records are the live run's (status, timestamp, every section byte)")
 
 
 def main():
