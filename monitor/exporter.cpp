@@ -197,8 +197,9 @@ std::vector<FamilyOut> collect(const Sources& s) {
     out.push_back(scalar("evb_receive_buffer_waits_total", "Times a reader found every receive buffer in use.", T::counter,
                          sum(R, [](auto& b) { return b.buffer_waits.get(); })));
     out.push_back(scalar("evb_stale_chunks_total",
-                         "Timestamp mode: chunks dropped because the rest of their fragment did not come within "
-                         "building.timeout_ms (a fragment joins an event only when whole).",
+                         "Chunks dropped because the rest of their fragment did not come within building.timeout_ms: "
+                         "timestamp mode (a fragment joins an event only when whole), and chunks of described "
+                         "frames in every mode (gathered whole before they join an event; docs/FORMATS.md 8.5).",
                          T::counter, sum(M, [](auto& b) { return b.stale_chunks.get(); })));
     out.push_back(scalar("evb_records_compressed_total",
                          "Records stored COMPRESSED (output.compression; docs/FORMATS.md 6.2).", T::counter,

@@ -171,7 +171,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // compiled table, and its slots hold the headroom in front of each datagram.
     const FrameInputSettings frame_input{cfg->input.frames, cfg->sources};
     const std::size_t slot_bytes =
-        cfg->input.max_datagram_bytes + (FrameDecoding(frame_input).active() ? kFrameHeadroom : 0);
+        cfg->input.max_datagram_bytes + (cfg->input.frames->empty() ? 0 : kFrameHeadroom);
     std::vector<std::unique_ptr<alloc::Arena>> arenas;
     std::vector<std::unique_ptr<alloc::BufferPool>> pools;
     std::vector<alloc::BufferPool*> pool_ptrs;
