@@ -39,6 +39,10 @@ int admit_described(alloc::BufferPool& pool, std::uint32_t idx, std::size_t leng
     const std::size_t metric = std::min<std::size_t>(d.description, stats::kFrameMetricDescriptions - 1);
     // A fragment has at most 65535 chunks (ChunkMeta::chunk_count, as on the wire).
     if (d.reject == frames::FrameReject::ok && d.chunk_index >= UINT16_MAX) d.reject = frames::FrameReject::bad_chunk_index;
+    // The payload's offset in the slot is kept in 16 bits (kStoredOffsetAt): only a
+    // description whose payload starts in a datagram's last 48 bytes of 64 KiB can miss it.
+    if (d.reject == frames::FrameReject::ok && kFrameHeadroom + d.payload_offset > UINT16_MAX)
+        d.reject = frames::FrameReject::short_frame;
     if (d.reject != frames::FrameReject::ok) {
         if (d.reject == frames::FrameReject::unknown_frame)
             counters.unknown_frames.add();
@@ -86,7 +90,7 @@ int admit_described(alloc::BufferPool& pool, std::uint32_t idx, std::size_t leng
     c->chunk_index = static_cast<std::uint16_t>(d.chunk_index);
     c->chunk_count = 1;
     std::uint16_t flags = chunk_flags::payload_at_stored_offset;
-    // Built as a version-2 datagram when the description gives a timestamp (8.0).
+    // Built as a version-2 datagram when the description gives a timestamp (section 8).
     if (desc.timestamp_form != frames::TimestampForm::none) flags |= chunk_flags::v2;
     if (d.empty) flags |= wire::fragment_flags::empty;
     if (d.error) flags |= wire::fragment_flags::source_error;
@@ -98,6 +102,7 @@ int admit_described(alloc::BufferPool& pool, std::uint32_t idx, std::size_t leng
     c->flags = flags;
     c->timestamp = d.has_timestamp ? d.timestamp : 0;
     c->owner = pool.owner_id();
+    // Fits in 16 bits: checked above.
     wire::store_u16(pool.data(idx) + kStoredOffsetAt, static_cast<std::uint16_t>(kFrameHeadroom + d.payload_offset));
     c->received_crc32c = crc32c(c->payload(), c->payload_length);  // see admit_datagram
     return static_cast<int>(shard);
