@@ -1,5 +1,7 @@
 #include "monitor/exporter.hpp"
 
+#include "core/format/frames.hpp"
+
 #include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>
 #include <sys/statvfs.h>
@@ -133,7 +135,35 @@ std::vector<FamilyOut> collect(const Sources& s) {
             f.samples.push_back({{{"reason", std::string(wire::parse_error_name(reason))}}, v, {}, 0});
         }
         f.samples.push_back({{{"reason", "truncated"}}, sum(R, [](auto& b) { return b.truncated.get(); }), {}, 0});
+        if (!s.frame_names.empty())  // described frames: malformed by their descriptions (disallowed_sender is a rejection)
+            for (const frames::FrameReject r : {frames::FrameReject::unknown_frame, frames::FrameReject::short_frame,
+                                                frames::FrameReject::bad_length, frames::FrameReject::bad_chunk_index})
+                f.samples.push_back({{{"reason", std::string(frames::frame_reject_name(r))}},
+                                     static_cast<double>(frames_rejected(R, static_cast<std::size_t>(r))), {}, 0});
         out.push_back(std::move(f));
+    }
+    if (!s.frame_names.empty()) {
+        // Per description (input.frames): decoded, and refused by reason. Descriptions
+        // past the counters kept share the last one's (stats::kFrameMetricDescriptions).
+        FamilyOut dec{"evb_frames_decoded_total", "Datagrams decoded by each frame description (input.frames).",
+                      T::counter, {}, {}};
+        FamilyOut rej{"evb_frames_rejected_total",
+                      "Datagrams the frame descriptions refused, by description and reason (unknown_frame: none "
+                      "took it, description \"\").",
+                      T::counter, {}, {}};
+        rej.samples.push_back({{{"description", ""}, {"reason", "unknown_frame"}},
+                               sum(R, [](auto& b) { return b.unknown_frames.get(); }), {}, 0});
+        for (std::size_t d = 0; d < s.frame_names.size() && d < stats::kFrameMetricDescriptions; ++d) {
+            dec.samples.push_back({{{"description", s.frame_names[d]}}, sum(R, [d](auto& b) { return b.frames_decoded[d].get(); }), {}, 0});
+            for (std::size_t r = 1; r < frames::kFrameRejectCount; ++r) {
+                if (r == static_cast<std::size_t>(frames::FrameReject::unknown_frame)) continue;
+                rej.samples.push_back({{{"description", s.frame_names[d]},
+                                        {"reason", std::string(frames::frame_reject_name(static_cast<frames::FrameReject>(r)))}},
+                                       sum(R, [d, r](auto& b) { return b.frames_rejected[d][r].get(); }), {}, 0});
+            }
+        }
+        out.push_back(std::move(dec));
+        out.push_back(std::move(rej));
     }
     {
         FamilyOut f{"evb_rejected_datagrams_total", "Well-formed datagrams not taken, by reason.", T::counter, {}, {}};
@@ -167,8 +197,9 @@ std::vector<FamilyOut> collect(const Sources& s) {
     out.push_back(scalar("evb_receive_buffer_waits_total", "Times a reader found every receive buffer in use.", T::counter,
                          sum(R, [](auto& b) { return b.buffer_waits.get(); })));
     out.push_back(scalar("evb_stale_chunks_total",
-                         "Timestamp mode: chunks dropped because the rest of their fragment did not come within "
-                         "building.timeout_ms (a fragment joins an event only when whole).",
+                         "Chunks dropped because the rest of their fragment did not come within building.timeout_ms: "
+                         "timestamp mode (a fragment joins an event only when whole), and chunks of described "
+                         "frames in every mode (gathered whole before they join an event; docs/FORMATS.md 8.5).",
                          T::counter, sum(M, [](auto& b) { return b.stale_chunks.get(); })));
     out.push_back(scalar("evb_records_compressed_total",
                          "Records stored COMPRESSED (output.compression; docs/FORMATS.md 6.2).", T::counter,

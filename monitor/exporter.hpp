@@ -93,6 +93,8 @@ struct Sources {
     std::vector<const stats::MatcherCounters*> matchers;
     const stats::WriterCounters* writer = nullptr;
     std::vector<std::uint32_t> sources;
+    // input.frames: each description's name, in order (the label of its counters).
+    std::vector<std::string> frame_names;
     std::uint32_t run_number = 0;
     std::string output_directory;  // free space: evb_output_free_bytes, the status page
     ControlState* control = nullptr;

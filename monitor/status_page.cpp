@@ -1,5 +1,7 @@
 #include "monitor/status_page.hpp"
 
+#include "core/format/frames.hpp"
+
 #include <sys/statvfs.h>
 #include <time.h>
 
@@ -251,6 +253,20 @@ std::string status_page(const Sources& s) {
     {
         const RefusalSummary refused = summarise_refusals(s.readers, s.matchers);  // as the stop line
         row("datagrams rejected", refused.text.empty() ? "none" : html_escape(refused.text));
+    }
+    // Described frames (input.frames): per description, decoded and refused by reason.
+    for (std::size_t d = 0; d < s.frame_names.size() && d < stats::kFrameMetricDescriptions; ++d) {
+        std::uint64_t decoded = 0;
+        std::array<std::uint64_t, stats::kFrameRejectReasons> refused{};
+        for (const stats::ReaderCounters* r : s.readers) {
+            decoded += r->frames_decoded[d].get();
+            for (std::size_t k = 0; k < refused.size(); ++k) refused[k] += r->frames_rejected[d][k].get();
+        }
+        std::string text = fmt::format("{} decoded", decoded);
+        for (std::size_t k = 0; k < refused.size(); ++k)
+            if (refused[k] != 0)
+                text += fmt::format(", {}={}", frames::frame_reject_name(static_cast<frames::FrameReject>(k)), refused[k]);
+        row(fmt::format("frames \"{}\"", html_escape(s.frame_names[d])), text);
     }
     if (s.pull != nullptr)
         row("pull credits", fmt::format("{} in use of {}", s.pull->credits_in_use.get(), s.pull->credits_configured.get()));

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "core/format/frames.hpp"
+
 namespace evb::monitor {
 
 namespace {
@@ -19,7 +21,26 @@ std::uint64_t sum(const std::vector<const Block*>& blocks, Get get) {
 }  // namespace
 
 // One line each: the name the operator sees, where it is counted.
-const std::array<Refusal, 19> kRefusals = {{
+std::uint64_t frames_rejected(const Readers& readers, std::size_t reason) noexcept {
+    std::uint64_t n = 0;
+    for (const stats::ReaderCounters* b : readers) {
+        if (reason == static_cast<std::size_t>(frames::FrameReject::unknown_frame)) {
+            n += b->unknown_frames.get();
+            continue;
+        }
+        for (const auto& per_description : b->frames_rejected) n += per_description[reason].get();
+    }
+    return n;
+}
+
+namespace {
+template <frames::FrameReject R>
+std::uint64_t frames_refused(const Readers& r, const Matchers&) {
+    return frames_rejected(r, static_cast<std::size_t>(R));
+}
+}  // namespace
+
+const std::array<Refusal, 23> kRefusals = {{
     {"malformed", false, false,
      [](const Readers& r, const Matchers&) {
          return sum(r, [](auto& b) {
@@ -32,8 +53,18 @@ const std::array<Refusal, 19> kRefusals = {{
     {"not_fragment", true, false, [](const Readers& r, const Matchers&) { return sum(r, [](auto& b) { return b.not_fragment.get(); }); }},
     {"wrong_run", true, false, [](const Readers& r, const Matchers&) { return sum(r, [](auto& b) { return b.wrong_run.get(); }); }},
     {"other_builder", true, false, [](const Readers& r, const Matchers&) { return sum(r, [](auto& b) { return b.other_builder.get(); }); }},
+    // Described frames (docs/FORMATS.md section 8): a datagram no description
+    // takes, or that its description finds malformed.
+    {"unknown_frame", false, false, frames_refused<frames::FrameReject::unknown_frame>},
+    {"short_frame", false, false, frames_refused<frames::FrameReject::short_frame>},
+    {"bad_length", false, false, frames_refused<frames::FrameReject::bad_length>},
+    {"bad_chunk_index", false, false, frames_refused<frames::FrameReject::bad_chunk_index>},
+    // input.allowed_senders, and a description's `source.sender` that lists no such sender.
     {"disallowed_sender", true, false,
-     [](const Readers& r, const Matchers&) { return sum(r, [](auto& b) { return b.disallowed_sender.get(); }); }},
+     [](const Readers& r, const Matchers&) {
+         return sum(r, [](auto& b) { return b.disallowed_sender.get(); }) +
+                frames_rejected(r, static_cast<std::size_t>(frames::FrameReject::disallowed_sender));
+     }},
     {"sender_mismatch", true, false,
      [](const Readers& r, const Matchers&) { return sum(r, [](auto& b) { return b.sender_mismatch.get(); }); }},
     {"not_running", true, false,

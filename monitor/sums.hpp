@@ -26,7 +26,11 @@ struct Refusal {
     std::uint64_t (*count)(const std::vector<const stats::ReaderCounters*>&,
                            const std::vector<const stats::MatcherCounters*>&);
 };
-extern const std::array<Refusal, 19> kRefusals;
+extern const std::array<Refusal, 23> kRefusals;
+
+// Datagrams the frame descriptions refused for `reason` (a frames::FrameReject
+// index), over every description: what the malformed family and the stop line show.
+std::uint64_t frames_rejected(const std::vector<const stats::ReaderCounters*>& readers, std::size_t reason) noexcept;
 
 // "reason=N ..." of the non-zero refusals (empty: none), and those for room.
 struct RefusalSummary {

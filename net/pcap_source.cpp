@@ -521,6 +521,21 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
         out.length = udp_length - 8u;
         out.capture_unix_ns = ts_ns;
         out.packet_number = packets_;
+        out.sender = sockaddr_storage{};
+        if (link.l3 == L3::ipv4) {
+            sockaddr_in a{};
+            a.sin_family = AF_INET;
+            std::memcpy(&a.sin_addr, ip + 12, 4);  // network order, as in the packet
+            a.sin_port = htons(be16(udp));
+            std::memcpy(&out.sender, &a, sizeof a);
+        } else {
+            sockaddr_in6 a{};
+            a.sin6_family = AF_INET6;
+            std::memcpy(&a.sin6_addr, ip + 8, 16);
+            a.sin6_port = htons(be16(udp));
+            std::memcpy(&out.sender, &a, sizeof a);
+        }
+        out.destination_port = be16(udp + 2);
         return Status::datagram;
     }
 }

@@ -57,6 +57,10 @@ struct CapturedDatagram {
     std::size_t length = 0;
     std::uint64_t capture_unix_ns = 0;  // for a reassembled datagram: its last fragment's
     std::uint64_t packet_number = 0;    // 1-based, in the file; the last fragment's when reassembled
+    // The sender's address and port, and the UDP destination port: what a frame
+    // description selects on (docs/FORMATS.md section 8), as a live socket gives them.
+    sockaddr_storage sender{};
+    std::uint16_t destination_port = 0;
 };
 
 class CaptureReader {

@@ -199,4 +199,13 @@ int SendBatch::send(int fd, std::size_t n) noexcept {
     return static_cast<int>(done);
 }
 
+std::uint16_t local_port(int fd) noexcept {
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return 0;
+    if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port);
+    if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port);
+    return 0;
+}
+
 }  // namespace evb::net

@@ -49,6 +49,8 @@ BoundSocket bind_udp(const Endpoint& at, const SocketOptions& opts);
 // it now and then rather than take an SO_RXQ_OVFL control message with every
 // datagram, which cost 14% of a reader's time in a jumbo profile.
 std::uint32_t kernel_drops(int fd) noexcept;
+// The local port a bound socket has (0 if the kernel cannot tell).
+std::uint16_t local_port(int fd) noexcept;
 // An unbound UDP socket of the right family for sending to `to`.
 int open_udp_for(const Endpoint& to, std::size_t send_buffer_bytes = 0);
 

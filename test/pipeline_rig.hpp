@@ -24,8 +24,11 @@ namespace evb::test {
 
 struct PipelineRig {
     // slots of slot_bytes each in the reader's pool; ws.directory must exist.
+    // frames: described frames the reader decodes (slot_bytes must then leave
+    // kFrameHeadroom in front of the largest datagram).
     PipelineRig(const PipelineSettings& ps, const WriterSettings& ws, std::size_t slots, std::size_t slot_bytes,
-                std::size_t socket_buffer_bytes, BuiltIds* built = nullptr, WrittenIds* written = nullptr)
+                std::size_t socket_buffer_bytes, BuiltIds* built = nullptr, WrittenIds* written = nullptr,
+                const FrameInputSettings& frames = {})
         : sock(net::bind_udp(net::parse_endpoint("127.0.0.1:0"), {socket_buffer_bytes, false})),
           to(bound(sock.fd)),
           arena("reader-0"),
@@ -34,7 +37,7 @@ struct PipelineRig {
           pipeline(ps, pools, bell, built),
           workers(pipeline),
           writer(ws, pipeline.writer_rings(), pipeline.done_rings(), pools, ps.shards, writer_counters, bell, written),
-          reader(0, sock.fd, pool, pipeline, 64, reader_counters) {
+          reader(0, sock.fd, pool, pipeline, 64, reader_counters, 0, frames, net::local_port(sock.fd)) {
         rules.run_number = 1;
         (void)reader.rules().post(&rules);
     }

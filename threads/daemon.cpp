@@ -67,6 +67,15 @@ std::uint32_t coalesce_us_for(const Config& c, const net::BoundSocket& s, bool w
 
 // The stop line: what was built, written, refused; an exit status that says
 // whether anything built was neither written nor counted lost.
+// input.listen for the start-up line: each address, as bound.
+std::string listen_text(const Config& c) {
+    std::string text;
+    for (const std::string& a : c.input.listen_addresses.empty() ? std::vector<std::string>{c.input.listen}
+                                                                 : c.input.listen_addresses)
+        text += (text.empty() ? "" : ", ") + net::parse_endpoint(a).to_string();
+    return text;
+}
+
 int report_stop(const Pipeline& pipeline, const std::vector<const stats::ReaderCounters*>& readers,
                 const stats::WriterCounters& w) {
     std::uint64_t complete = 0, incomplete = 0;
@@ -141,8 +150,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     const bool replay = !opts.replay_files.empty();
     std::optional<ReplaySettings> replay_with;
     if (replay && !(replay_with = replay_settings(opts, *cfg))) return 2;
-    const std::uint32_t inputs = replay ? 1 : cfg->input.readers;
-    std::vector<net::BoundSocket> sockets = replay ? std::vector<net::BoundSocket>{} : bind_input_sockets(*cfg, inputs);
+    const std::uint32_t inputs = replay ? 1 : cfg->input.socket_readers();
+    std::vector<net::BoundSocket> sockets = replay ? std::vector<net::BoundSocket>{} : bind_input_sockets(*cfg);
     const Sizing sizing = sizing_for(*cfg, inputs);
     if (!check_memory(*cfg, sizing)) return 1;
     const bool pull = cfg->mode == Mode::pull && !replay;
@@ -158,13 +167,18 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
 
     // Memory: one arena and receive pool per input. Return ports 0..shards-1 are the
     // matcher shards', port `shards` the writer's.
+    // Described frames (input.frames): every input decodes them with the one
+    // compiled table, and its slots hold the headroom in front of each datagram.
+    const FrameInputSettings frame_input{cfg->input.frames, cfg->sources};
+    const std::size_t slot_bytes =
+        cfg->input.max_datagram_bytes + (cfg->input.frames->empty() ? 0 : kFrameHeadroom);
     std::vector<std::unique_ptr<alloc::Arena>> arenas;
     std::vector<std::unique_ptr<alloc::BufferPool>> pools;
     std::vector<alloc::BufferPool*> pool_ptrs;
     for (std::uint32_t r = 0; r < inputs; ++r) {
         arenas.push_back(std::make_unique<alloc::Arena>(fmt::format("reader-{}", r)));
         pools.push_back(std::make_unique<alloc::BufferPool>(*arenas.back(), static_cast<std::uint16_t>(r),
-                                                            sizing.slots_per_reader, cfg->input.max_datagram_bytes,
+                                                            sizing.slots_per_reader, slot_bytes,
                                                             sizing.shards + 1));
         pool_ptrs.push_back(pools.back().get());
     }
@@ -197,11 +211,12 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     for (std::uint32_t r = 0; r < (replay ? 0 : inputs); ++r) {
         readers.push_back(std::make_unique<SocketReader>(static_cast<std::uint16_t>(r), sockets[r].fd, *pools[r],
                                                          pipeline, cfg->input.batch, *reader_counters[r],
-                                                         coalesce_us_for(*cfg, sockets[r], r == 0)));
+                                                         coalesce_us_for(*cfg, sockets[r], r == 0), frame_input,
+                                                         net::local_port(sockets[r].fd)));
     }
     std::unique_ptr<ReplayFeeder> feeder;
     if (replay) {
-        feeder = std::make_unique<ReplayFeeder>(*replay_with, *pools[0], pipeline, *reader_counters[0]);
+        feeder = std::make_unique<ReplayFeeder>(*replay_with, *pools[0], pipeline, *reader_counters[0], frame_input);
     }
     // Pull mode: requests go out from reader 0's socket so the answers come back to the readers.
     std::unique_ptr<RequestSender> sender;
@@ -240,6 +255,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     msrc.writer = &writer_counters;
     msrc.pull = pull ? &pull_counters : nullptr;
     msrc.sources = cfg->sources;
+    for (const frames::FrameDescription& d : cfg->input.frames->descriptions()) msrc.frame_names.push_back(d.name);
     msrc.run_number = cfg->run_number;
     msrc.output_directory = cfg->output.directory;
     msrc.control = &control;
@@ -290,7 +306,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
                  cfg->run_number, cfg->sources.size(), opts.replay_files.size(), cfg->replay_filter, cfg->output.directory);
     else
         log_info("building run {} from {} sources on {} ({} reader(s), {} shard(s), {} worker(s)); writing to {}",
-                 cfg->run_number, cfg->sources.size(), net::parse_endpoint(cfg->input.listen).to_string(), inputs,
+                 cfg->run_number, cfg->sources.size(), listen_text(*cfg), inputs,
                  sizing.shards, cfg->worker_count(), cfg->output.directory);
 
     service.run();

@@ -13,8 +13,8 @@ namespace evb {
 
 
 ReplayFeeder::ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, ShardSink& sink,
-                           stats::ReaderCounters& counters)
-    : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()), budget_(sink.shard_count(), 0),
+                           stats::ReaderCounters& counters, const FrameInputSettings& frames)
+    : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()), frames_(frames), budget_(sink.shard_count(), 0),
       unsent_(sink.shard_count(), 0) {
     for (const std::string& f : s_.files) {
         struct stat st {};
@@ -170,13 +170,15 @@ std::size_t ReplayFeeder::do_work() {
         ++moved;
         bytes += pending_.length;
         if (pending_.capture_unix_ns > last_capture_ns_) last_capture_ns_ = pending_.capture_unix_ns;
-        if (pending_.length > pool_.slot_bytes()) {
+        const std::size_t headroom = frames_.headroom();
+        if (pending_.length > pool_.slot_bytes() - headroom) {
             counters_.truncated.add();
             pool_.give_back_local(idx);
             continue;
         }
-        std::memcpy(pool_.data(idx), pending_.payload, pending_.length);
-        const int shard = admit_datagram(pool_, idx, pending_.length, *rules_, shards, counters_);
+        std::memcpy(pool_.data(idx) + headroom, pending_.payload, pending_.length);
+        const int shard = admit_datagram(pool_, idx, pending_.length, *rules_, shards, counters_, &frames_,
+                                         Arrival{&pending_.sender, pending_.destination_port});
         if (shard < 0) {
             pool_.give_back_local(idx);
             continue;

@@ -28,7 +28,10 @@ struct ReplaySettings {
 
 class ReplayFeeder final : public Agent {
 public:
-    ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, ShardSink& sink, stats::ReaderCounters& counters);
+    // frames: described frames to decode, as the socket readers do (the sender and
+    // destination port come from each packet's headers).
+    ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, ShardSink& sink, stats::ReaderCounters& counters,
+                 const FrameInputSettings& frames = {});
     ~ReplayFeeder() override;
 
     std::size_t do_work() override;
@@ -67,6 +70,7 @@ private:
     ShardBatches batches_;
     RulesInbox inbox_;
     const AdmissionRules* rules_ = nullptr;
+    FrameDecoding frames_;
 
     std::size_t next_file_ = 0;
     std::unique_ptr<net::CaptureReader> reader_;

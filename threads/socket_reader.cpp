@@ -20,14 +20,108 @@ void ShardBatches::submit_all(ShardSink& sink, std::uint64_t now_ns) noexcept {
     }
 }
 
+static_assert(stats::kFrameRejectReasons == frames::kFrameRejectCount);
+
+namespace {
+
+// A datagram no EVB header starts: decoded by the first description that takes it
+// (docs/FORMATS.md section 8), its event and timestamp extended (8.4) with this
+// input's state for its source, and its ChunkMeta filled as an EVB datagram's would
+// be. A chunk of a fragment sent in several datagrams knows only its index and
+// whether it is the last: it goes on `ungathered`, and the matcher completes it.
+int admit_described(alloc::BufferPool& pool, std::uint32_t idx, std::size_t length, const AdmissionRules& rules,
+                    std::uint32_t shard_count, stats::ReaderCounters& counters, FrameDecoding& frames,
+                    const Arrival& arrival) noexcept {
+    const std::byte* datagram = pool.data(idx) + kFrameHeadroom;
+    const frames::SenderKey from =
+        arrival.sender != nullptr ? frames::sender_key(reinterpret_cast<const sockaddr*>(arrival.sender)) : frames::SenderKey{};
+    frames::FrameDecoded d = frames.table().decode({datagram, length}, arrival.local_port, from);
+    const std::size_t metric = std::min<std::size_t>(d.description, stats::kFrameMetricDescriptions - 1);
+    // A fragment has at most 65535 chunks (ChunkMeta::chunk_count, as on the wire).
+    if (d.reject == frames::FrameReject::ok && d.chunk_index >= UINT16_MAX) d.reject = frames::FrameReject::bad_chunk_index;
+    // The payload's offset in the slot is kept in 16 bits (kStoredOffsetAt): only a
+    // description whose payload starts in a datagram's last 48 bytes of 64 KiB can miss it.
+    if (d.reject == frames::FrameReject::ok && kFrameHeadroom + d.payload_offset > UINT16_MAX)
+        d.reject = frames::FrameReject::short_frame;
+    if (d.reject != frames::FrameReject::ok) {
+        if (d.reject == frames::FrameReject::unknown_frame)
+            counters.unknown_frames.add();
+        else
+            counters.frames_rejected[metric][static_cast<std::size_t>(d.reject)].add();
+        return -1;
+    }
+    counters.frames_decoded[metric].add();
+    if (!rules.running) {
+        counters.not_running.add();
+        return -1;
+    }
+    // Extension follows arrival order per source, whatever is refused after it: the
+    // board's counter moved on either way. A source not expected is left as it is
+    // read; the matcher counts it unknown.
+    if (frames::SourceWraps* w = frames.wraps(d.source_id, rules.run_number)) {
+        if (!d.has_event) d.event = w->next_sequence++;  // a time mode's description without `event`
+        frames.table().extend(d, *w);
+    }
+    const frames::FrameDescription& desc = frames.table().descriptions()[d.description];
+    std::uint32_t shard = 0;  // a time match mode builds in shard 0
+    if (rules.match == MatchMode::event_id) {
+        if (rules.builders > 1 && d.event % rules.builders != rules.builder_id) {
+            counters.other_builder.add();
+            return -1;
+        }
+        shard = shard_of(d.event, rules.builders, shard_count);
+    } else if (rules.match == MatchMode::time_slice && rules.builders > 1 && d.has_timestamp && !d.empty &&
+               (d.timestamp / rules.slice_ticks) % rules.builders != rules.builder_id) {
+        // A later chunk without its timestamp (first_chunk_only) cannot be placed
+        // here; it goes on, and waits in vain for a first chunk this builder never takes.
+        counters.other_builder.add();
+        return -1;
+    }
+    ChunkMeta* c = ChunkMeta::in_slot(pool.meta(idx));
+    c->next = nullptr;
+    c->event_id = d.event;
+    c->source_id = d.source_id;
+    c->run_number = rules.run_number;  // a board's datagram names no run: it is of the run being built
+    c->fragment_length = d.payload_bytes;
+    c->chunk_offset = 0;
+    c->payload_length = d.payload_bytes;
+    c->payload_crc32c = 0;  // the board sends none (no has_crc flag)
+    c->slot = idx;
+    c->chunk_index = static_cast<std::uint16_t>(d.chunk_index);
+    c->chunk_count = 1;
+    std::uint16_t flags = chunk_flags::payload_at_stored_offset;
+    // Built as a version-2 datagram when the description gives a timestamp (section 8).
+    if (desc.timestamp_form != frames::TimestampForm::none) flags |= chunk_flags::v2;
+    if (d.empty) flags |= wire::fragment_flags::empty;
+    if (d.error) flags |= wire::fragment_flags::source_error;
+    if (d.chunked) {
+        flags |= chunk_flags::ungathered;
+        if (d.last_chunk) flags |= chunk_flags::last_chunk;
+        c->chunk_count = 0;  // not known until the matcher has the last chunk
+    }
+    c->flags = flags;
+    c->timestamp = d.has_timestamp ? d.timestamp : 0;
+    c->owner = pool.owner_id();
+    // Fits in 16 bits: checked above.
+    wire::store_u16(pool.data(idx) + kStoredOffsetAt, static_cast<std::uint16_t>(kFrameHeadroom + d.payload_offset));
+    c->received_crc32c = crc32c(c->payload(), c->payload_length);  // see admit_datagram
+    return static_cast<int>(shard);
+}
+
+}  // namespace
+
 int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t length,
                    const AdmissionRules& rules, std::uint32_t shard_count,
-                   stats::ReaderCounters& counters) noexcept {
+                   stats::ReaderCounters& counters, FrameDecoding* frames, const Arrival& arrival) noexcept {
+    const std::size_t headroom = frames != nullptr ? frames->headroom() : 0;
+    const std::byte* datagram = pool.data(idx) + headroom;
+    if (headroom != 0 && (length < 4 || wire::load_u32(datagram) != wire::kMagic))
+        return admit_described(pool, idx, length, rules, shard_count, counters, *frames, arrival);
     wire::FragmentView f;
-    const auto err = wire::parse_fragment({pool.data(idx), length}, f);
+    const auto err = wire::parse_fragment({datagram, length}, f);
     if (err != wire::ParseError::ok) {
         wire::Type t{};
-        if (err == wire::ParseError::bad_type && wire::peek_type({pool.data(idx), length}, t) == wire::ParseError::ok)
+        if (err == wire::ParseError::bad_type && wire::peek_type({datagram, length}, t) == wire::ParseError::ok)
             counters.not_fragment.add();
         else
             counters.malformed[static_cast<std::size_t>(err)].add();
@@ -72,6 +166,11 @@ int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t lengt
     c->flags = f.version == wire::kVersion2 ? static_cast<std::uint16_t>(f.flags | chunk_flags::v2) : f.flags;
     c->timestamp = f.timestamp;
     c->owner = pool.owner_id();
+    if (headroom != 0) {  // received after the headroom: the payload is found through the stored offset
+        c->flags |= chunk_flags::payload_at_stored_offset;
+        wire::store_u16(pool.data(idx) + kStoredOffsetAt,
+                        static_cast<std::uint16_t>(headroom + static_cast<std::size_t>(f.payload - datagram)));
+    }
     // The one pass over the payload before it is written, made here because recvmmsg
     // has just copied it into this thread's cache: the matcher, on another core, read
     // it at about half the speed. The matcher checks it against the wire's CRC and
@@ -81,7 +180,8 @@ int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t lengt
 }
 
 SocketReader::SocketReader(std::uint16_t /*id: names the thread; the pool carries the owner*/, int fd, alloc::BufferPool& pool, ShardSink& sink,
-                           std::uint32_t batch, stats::ReaderCounters& counters, std::uint32_t coalesce_us)
+                           std::uint32_t batch, stats::ReaderCounters& counters, std::uint32_t coalesce_us,
+                           const FrameInputSettings& frames, std::uint16_t local_port)
     : coalesce_ns_(std::uint64_t{coalesce_us} * 1000),
       fd_(fd),
       pool_(pool),
@@ -89,7 +189,9 @@ SocketReader::SocketReader(std::uint16_t /*id: names the thread; the pool carrie
       counters_(counters),
       recv_(batch),
       armed_(batch, kNone),
-      batches_(sink.shard_count()) {}
+      batches_(sink.shard_count()),
+      frames_(frames),
+      local_port_(local_port) {}
 
 bool sender_allowed(const std::vector<std::uint64_t>& allowed_keys, const sockaddr_storage& from) noexcept {
     // One comparable form for both families: IPv4 whole, IPv4-mapped IPv6 as IPv4,
@@ -111,7 +213,8 @@ std::size_t SocketReader::do_work() {
             std::uint32_t idx;
             if (!pool_.try_take(idx)) break;
             armed_[n] = idx;
-            recv_.set_buffer(n, pool_.data(idx), pool_.slot_bytes());
+            const std::size_t headroom = frames_.headroom();
+            recv_.set_buffer(n, pool_.data(idx) + headroom, pool_.slot_bytes() - headroom);
         }
         ++n;
     }
@@ -119,8 +222,9 @@ std::size_t SocketReader::do_work() {
         counters_.buffer_waits.add();
         return 0;
     }
-    // The sender's address is only looked at when the rules restrict senders.
-    recv_.want_senders(!rules_->allowed_sender_keys.empty() || rules_->pins);
+    // The sender's address is only looked at when the rules restrict senders, or
+    // descriptions may know a source by it.
+    recv_.want_senders(!rules_->allowed_sender_keys.empty() || rules_->pins || frames_.active());
     const int got = recv_.receive(fd_, n, false);
     if (got <= 0) {
         if (got < 0) counters_.receive_errors.add();
@@ -140,7 +244,8 @@ std::size_t SocketReader::do_work() {
         } else if (!rules_->allowed_sender_keys.empty() && !sender_allowed(rules_->allowed_sender_keys, recv_.sender(i))) {
             counters_.disallowed_sender.add();
         } else {
-            shard = admit_datagram(pool_, idx, len, *rules_, shards, counters_);
+            shard = admit_datagram(pool_, idx, len, *rules_, shards, counters_, &frames_,
+                                   Arrival{&recv_.sender(i), local_port_});
             // A source's datagrams come from where its first one of the run came from.
             if (shard >= 0 && rules_->pins &&
                 !rules_->pins->admit(ChunkMeta::in_slot(pool_.meta(idx))->source_id, sender_key(recv_.sender(i)))) {

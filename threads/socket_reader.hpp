@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/config/snapshot.hpp"
+#include "core/format/frames.hpp"
 #include "allocators/buffer_pool.hpp"
 #include "core/model/event.hpp"
 #include "core/model/counters.hpp"
@@ -24,13 +25,66 @@ namespace evb {
 // IPv4-mapped on an IPv6 socket matches its IPv4 entry, and the other way round).
 bool sender_allowed(const std::vector<std::uint64_t>& allowed_keys, const sockaddr_storage& from) noexcept;
 
-// Parses one datagram in slot `idx` of `pool`: either fills its ChunkMeta (the
-// payload's CRC32C included) and returns the shard to hand it to, or counts the
-// reason and returns -1 (slot not used).
+// What an input needs to decode described frames (input.frames, docs/FORMATS.md
+// section 8). Fixed at start: input.frames and the source set take a restart.
+struct FrameInputSettings {
+    std::shared_ptr<const frames::FrameTable> table;  // null or empty: EVB datagrams only
+    std::vector<std::uint32_t> sources;  // every source evbd started with: their wrap state is kept
+};
+
+// One input's decoding of described frames: the shared compiled table, and this
+// input's own wrap extension per source (section 8.4), which starts afresh with each
+// run. The state is per input, not shared, so the hot path takes no lock and no
+// shared atomic. That is right because one board's datagrams reach one reader: with
+// SO_REUSEPORT the kernel picks a socket by a hash of the sender's address and port,
+// so a board that sends from one address and port (as boards do) always lands on
+// the same reader; a source whose datagrams come from several senders is extended
+// by each reader on its own share, which still extends correctly as long as each
+// reader sees that source at least once per half of the counter's range.
+class FrameDecoding {
+public:
+    explicit FrameDecoding(const FrameInputSettings& s)
+        : table_(s.table), wraps_(s.sources) {}
+    bool active() const noexcept { return table_ != nullptr && !table_->empty(); }
+    // Where datagrams go in a receive slot: after kFrameHeadroom bytes when
+    // descriptions apply (a board's datagram has no EVB header to spend on the
+    // matcher's and writer's bytes in front of its payload), else at its start.
+    std::size_t headroom() const noexcept { return active() ? kFrameHeadroom : 0; }
+    const frames::FrameTable& table() const noexcept { return *table_; }
+    // The wrap state of `source_id` in `run` (nullptr: not an expected source).
+    frames::SourceWraps* wraps(std::uint32_t source_id, std::uint32_t run) noexcept {
+        if (!run_set_ || run != run_) {  // a new run: each source's first value is taken as it is
+            wraps_.reset();
+            run_ = run;
+            run_set_ = true;
+        }
+        return wraps_.find(source_id);
+    }
+
+private:
+    std::shared_ptr<const frames::FrameTable> table_;
+    frames::SourceWrapTable wraps_;
+    std::uint32_t run_ = 0;
+    bool run_set_ = false;
+};
+
+// Where a datagram came from: what a description may select on (its `port`,
+// sources by sender).
+struct Arrival {
+    const sockaddr_storage* sender = nullptr;  // null: not known (decoded as ::, port 0)
+    std::uint16_t local_port = 0;
+};
+
+// Parses one datagram in slot `idx` of `pool` (at frames->headroom() bytes into the
+// slot's data): either fills its ChunkMeta (the payload's CRC32C included) and
+// returns the shard to hand it to, or counts the reason and returns -1 (slot not
+// used). A datagram that does not start with the EVB magic is decoded by the
+// described frames when `frames` is given and active.
 // Shared by the socket reader and the pcap replay feeder.
 int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t length,
                    const AdmissionRules& rules, std::uint32_t shard_count,
-                   stats::ReaderCounters& counters) noexcept;
+                   stats::ReaderCounters& counters, FrameDecoding* frames = nullptr,
+                   const Arrival& arrival = {}) noexcept;
 
 // Chunk lists being collected for each shard during one batch.
 class ShardBatches {
@@ -50,8 +104,11 @@ private:
 class SocketReader final : public Agent {
 public:
     // coalesce_us: see input.coalesce_us (0: no pause after a partial batch).
+    // frames: described frames to decode (see FrameDecoding); local_port: the port
+    // `fd` is bound to, which a description's `port` selects on.
     SocketReader(std::uint16_t id, int fd, alloc::BufferPool& pool, ShardSink& sink,
-                 std::uint32_t batch, stats::ReaderCounters& counters, std::uint32_t coalesce_us = 0);
+                 std::uint32_t batch, stats::ReaderCounters& counters, std::uint32_t coalesce_us = 0,
+                 const FrameInputSettings& frames = {}, std::uint16_t local_port = 0);
 
     std::size_t do_work() override;
     void on_idle() override;
@@ -76,6 +133,8 @@ private:
     ShardBatches batches_;
     const AdmissionRules* rules_ = nullptr;
     RulesInbox inbox_;
+    FrameDecoding frames_;
+    std::uint16_t local_port_;
     static constexpr std::uint32_t kNone = UINT32_MAX;
 };
 

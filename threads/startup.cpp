@@ -122,15 +122,26 @@ std::optional<ReplaySettings> replay_settings(const DaemonOptions& opts, const C
         }
     }
     r.filter = net::parse_replay_filter(c.replay_filter, net::parse_endpoint(c.input.listen).port());
+    if (r.filter.kind == net::ReplayFilter::Kind::port && c.input.listen_addresses.size() > 1) {
+        // "port" with several listen addresses: datagrams to any of their ports.
+        std::string ports;
+        for (const std::string& a : c.input.listen_addresses)
+            ports += fmt::format("{}dst port {}", ports.empty() ? "" : " or ", net::parse_endpoint(a).port());
+        r.filter = net::ReplayFilter{net::ReplayFilter::Kind::bpf, 0, fmt::format("udp and ({})", ports)};
+    }
     r.tick_ns = std::uint64_t{std::clamp<std::uint32_t>(c.building.timeout_ms / 4, 1, 50)} * 1'000'000ull;
     r.batch = c.input.batch;
     return r;
 }
 
-std::vector<net::BoundSocket> bind_input_sockets(const Config& c, std::uint32_t readers) {
+std::vector<net::BoundSocket> bind_input_sockets(const Config& c) {
+    // input.readers sockets per listen address, address by address: reader i has
+    // sockets[i]. Several readers of one address share it by SO_REUSEPORT.
     std::vector<net::BoundSocket> sockets;
-    const net::Endpoint listen = net::parse_endpoint(c.input.listen);
-    for (std::uint32_t r = 0; r < readers; ++r) {
+    const std::uint32_t readers = c.input.readers;
+    for (std::uint32_t s = 0; s < c.input.socket_readers(); ++s) {
+        const net::Endpoint listen = net::parse_endpoint(
+            c.input.listen_addresses.empty() ? c.input.listen : c.input.listen_addresses[s / readers]);
         sockets.push_back(net::bind_udp(listen, {c.input.socket_buffer_bytes, readers > 1}));
         if (sockets.back().receive_buffer_capped)
             log_warn("input.socket_buffer_bytes: asked for {} bytes, the kernel granted {} "

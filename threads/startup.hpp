@@ -22,9 +22,9 @@ bool prepare_output_directory(const std::string& dir);
 // --replay: the feeder's settings, or nothing on a bad --replay-speed.
 std::optional<ReplaySettings> replay_settings(const DaemonOptions& opts, const Config& c);
 
-// One socket per reader, bound to input.listen (SO_REUSEPORT when several). A
-// bind failure throws, before any thread exists.
-std::vector<net::BoundSocket> bind_input_sockets(const Config& c, std::uint32_t readers);
+// One socket per reader: input.readers for each address of input.listen (sharing
+// it by SO_REUSEPORT when several). A bind failure throws, before any thread exists.
+std::vector<net::BoundSocket> bind_input_sockets(const Config& c);
 
 // The receive pools and the event pools are allocated and touched at start:
 // refuse to start when they would not fit in the memory this process may use

@@ -52,7 +52,7 @@ const std::vector<Key>& schema() {
         {"run_number", Kind::uint, 1, 0, 999999, true, "Current run. Changing it by reload ends the run (in-flight events finished, file closed) and starts the new one; fragments of other runs are counted as wrong-run and dropped."},
         {"mode", Kind::choice, "push", 0, 0, false, "\"push\": sources send on their own; \"pull\": the builder requests events under a credit limit.", {"push", "pull"}},
         {"sources", Kind::sources, 8, 1, 65535, true, "Expected sources: a count N (ids 0..N-1) or an array of distinct ids. Every event gets one section per expected source. A reload may take sources out and bring them back (within the set evbd started with; adding others needs a restart): the current file closes and the run goes on in a new file whose header states the new number; events in flight finish under the set they started with."},
-        {"input.listen", Kind::addresses, "127.0.0.1:7400", 0, 0, false, "UDP address the socket readers bind (HOST:PORT or [V6]:PORT), or a list of them (boards of different kinds on different ports; docs/FORMATS.md section 8.1). This build binds one address: a list of more than one is refused until the readers bind several."},
+        {"input.listen", Kind::addresses, "127.0.0.1:7400", 0, 0, false, "UDP address the socket readers bind (HOST:PORT or [V6]:PORT), or a list of them (boards of different kinds on different ports; docs/FORMATS.md section 8.1): each address gets input.readers reader threads of its own."},
         {"input.readers", Kind::uint, 1, 1, 16, false, "Socket-reader threads; more than one binds the port with SO_REUSEPORT."},
         {"input.socket_buffer_bytes", Kind::uint, 64ull << 20, 65536, 2ull << 30, false, "SO_RCVBUF(FORCE) request per socket. A kernel cap is logged and exported as a metric."},
         {"input.max_datagram_bytes", Kind::uint, 9000, 48, 65535, false, "Largest datagram accepted; longer ones are counted as truncated and dropped."},
@@ -62,7 +62,7 @@ const std::vector<Key>& schema() {
         {"input.cpus", Kind::int_list, json::array(), 0, 0, false, "CPU to pin reader i to (entry i); empty: no pinning."},
         {"input.allowed_senders", Kind::string_list, json::array(), 0, 0, false, "When not empty, only datagrams from these IP addresses are accepted; others are counted and dropped."},
         {"input.pin_senders", Kind::boolean, true, 0, 0, false, "Each source id belongs to the address its first datagram of the run came from; its datagrams from any other address are counted (evb_rejected_datagrams_total{reason=\"sender_mismatch\"}) and dropped. A run change pins again. Not applied to --replay."},
-        {"input.frames", Kind::frames, json::array(), 0, 0, false, "Descriptions of foreign front-end datagrams (docs/FORMATS.md section 8, docs/BOARDS.md): a datagram that does not start with the EVB magic is decoded by the first description whose require checks hold. Each is checked at load, naming the key path of what is wrong. This build checks and compiles them; its socket readers do not decode with them yet."},
+        {"input.frames", Kind::frames, json::array(), 0, 0, false, "Descriptions of foreign front-end datagrams (docs/FORMATS.md section 8, docs/BOARDS.md): a datagram that does not start with the EVB magic is decoded by the first description whose require checks hold. Each is checked at load, naming the key path of what is wrong; the socket readers and --replay decode with them (docs/FORMATS.md 8.5)."},
         {"building.timeout_ms", Kind::uint, 1000, 1, 3600000, true, "An event not complete this long after its first fragment is written INCOMPLETE."},
         {"building.workers", Kind::uint, 0, 0, 64, false, "Threads that run the oneTBB flow graph (matching and assembly), each in a task arena of its own (at most one per shard); 0 means the CPUs evbd may use less one per reader and one for the writer, from 1 to 4 (1 on a 2-core machine)."},
         {"building.shards", Kind::uint, 0, 0, 256, false, "Matcher shards (events routed by id); 0 means one per worker."},
@@ -519,9 +519,6 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         if (c->input.listen_addresses[i].empty())
             problems.push_back(c->input.listen_addresses.size() == 1 ? std::string("input.listen: must not be empty")
                                                                       : fmt::format("input.listen[{}]: must not be empty", i));
-    if (c->input.listen_addresses.size() > 1)
-        problems.push_back(fmt::format("input.listen: {} addresses given; this build's socket readers bind one address",
-                                       c->input.listen_addresses.size()));
     {
         const frames::FrameLimits limits{c->building.match, c->input.max_datagram_bytes, c->building.clock_hz};
         c->input.frames = std::make_shared<const frames::FrameTable>(
@@ -570,11 +567,11 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                                            c->output.compression_level));
         needs_version_2(fmt::format("output.compression \"{}\"", codec));
     }
-    if (c->building.max_buffer_bytes / (c->input.max_datagram_bytes + 64ull) < 2ull * c->input.batch * c->input.readers)
+    if (c->building.max_buffer_bytes / (c->input.max_datagram_bytes + 64ull) < 2ull * c->input.batch * c->input.socket_readers())
         problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",
-                                       c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.readers, c->input.batch));
-    if (c->input.cpus.size() > c->input.readers)
-        problems.push_back(fmt::format("input.cpus: {} entries for {} reader(s)", c->input.cpus.size(), c->input.readers));
+                                       c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.socket_readers(), c->input.batch));
+    if (c->input.cpus.size() > c->input.socket_readers())
+        problems.push_back(fmt::format("input.cpus: {} entries for {} reader(s)", c->input.cpus.size(), c->input.socket_readers()));
 
     // Addresses that can never be bound or reached (999.1.1.1, port 70000, a name
     // that does not resolve) are refused here by key, like a wrong type, rather than
@@ -618,7 +615,7 @@ std::uint32_t Config::worker_count() const noexcept {
     long cpus = 0;
     if (::sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
     if (cpus <= 0) cpus = static_cast<long>(std::thread::hardware_concurrency());
-    return static_cast<std::uint32_t>(std::clamp<long>(cpus - static_cast<long>(input.readers) - 1, 1, 4));
+    return static_cast<std::uint32_t>(std::clamp<long>(cpus - static_cast<long>(input.socket_readers()) - 1, 1, 4));
 }
 
 std::shared_ptr<const Config> load_config(const std::string& text, const std::string& origin,

@@ -6,6 +6,7 @@
 // found, each naming the key's dotted path and the reason.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <memory>
@@ -41,8 +42,13 @@ struct Config {
     std::vector<std::uint32_t> sources;  // ascending, unique
 
     struct Input {
-        std::string listen;                       // the first (today: the only) address of input.listen
+        std::string listen;                       // the first address of input.listen
         std::vector<std::string> listen_addresses;  // input.listen as a list
+        // Socket-reader threads in all: `readers` per listen address, each with a
+        // socket, a receive pool and counters of its own.
+        std::uint32_t socket_readers() const noexcept {
+            return readers * static_cast<std::uint32_t>(std::max<std::size_t>(listen_addresses.size(), 1));
+        }
         std::uint32_t readers = 1;
         std::uint64_t socket_buffer_bytes = 0;
         std::uint32_t max_datagram_bytes = 0;

@@ -11,7 +11,11 @@ Sizing sizing_for(const Config& c, std::uint32_t inputs) {
     Sizing s;
     s.readers = inputs;
     s.shards = c.shard_count();
-    s.slots_per_reader = c.building.max_buffer_bytes / inputs / (c.input.max_datagram_bytes + alloc::BufferPool::kMetaBytes);
+    // A slot holds the meta area, the largest datagram and, when frames are
+    // described, the headroom readers leave in front of it (kFrameHeadroom).
+    const std::size_t headroom = c.input.frames && !c.input.frames->empty() ? kFrameHeadroom : 0;
+    s.slots_per_reader = c.building.max_buffer_bytes / inputs /
+                         (c.input.max_datagram_bytes + headroom + alloc::BufferPool::kMetaBytes);
     return s;
 }
 
@@ -38,6 +42,9 @@ MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
     m.slice_ticks = c.building.slice_ticks;
     m.record_version = c.output.format_version;
     m.codec = c.output.record_codec();
+    if (c.input.frames)
+        for (const frames::FrameDescription& d : c.input.frames->descriptions())
+            if (d.chunk_index.present()) m.described_chunks = true;
     // Dead-source detection (docs/OPERATIONS.md, "When a board dies").
     m.source_timeout_ns = std::uint64_t{c.building.source_timeout_ms != 0
                                             ? c.building.source_timeout_ms

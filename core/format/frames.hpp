@@ -166,6 +166,9 @@ std::uint64_t extend(WrapState& state, std::uint64_t raw, unsigned bits) noexcep
 struct SourceWraps {
     WrapState event;
     WrapState timestamp;
+    // A timestamp mode's description without `event`: the builder numbers the
+    // source's fragments in arrival order (section 8.3); the next number.
+    std::uint64_t next_sequence = 0;
 };
 
 // What the rest of the configuration says that descriptions must agree with.

@@ -51,6 +51,12 @@ private:
     Counter sum_ns_;
 };
 
+// Per-description counters kept for this many descriptions (ReaderCounters), and
+// the reasons a description refuses a datagram: frames::kFrameRejectCount (its
+// header is not the event model's to include; socket_reader.cpp checks the two agree).
+inline constexpr std::size_t kFrameMetricDescriptions = 32;
+inline constexpr std::size_t kFrameRejectReasons = 6;
+
 struct alignas(kFalseSharingBytes) ReaderCounters {
     Counter datagrams;  // every datagram read, good or bad
     Counter receive_batches;  // recvmmsg calls that returned datagrams
@@ -66,6 +72,13 @@ struct alignas(kFalseSharingBytes) ReaderCounters {
     Counter kernel_drops;      // SO_RXQ_OVFL, cumulative per socket
     Counter buffer_waits;      // times the reader found no free receive slot
     Counter receive_errors;
+    // Described frames (input.frames, docs/FORMATS.md section 8): datagrams no
+    // description took (reason unknown_frame), and per description those decoded
+    // and those it refused, by frames::FrameReject. Descriptions past the
+    // kFrameMetricDescriptions-th share its counters.
+    Counter unknown_frames;
+    std::array<Counter, kFrameMetricDescriptions> frames_decoded{};
+    std::array<std::array<Counter, kFrameRejectReasons>, kFrameMetricDescriptions> frames_rejected{};
 };
 
 struct alignas(kFalseSharingBytes) MatcherCounters {

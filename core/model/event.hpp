@@ -18,7 +18,26 @@ namespace evb {
 // ChunkMeta::flags: the wire's FRAGMENT flags, and bits of evbd's own above them.
 namespace chunk_flags {
 inline constexpr std::uint16_t v2 = 1u << 15;  // a version-2 datagram (48-byte header, timestamp)
+// The datagram was received after kFrameHeadroom bytes of headroom (a reader that
+// decodes described frames, docs/FORMATS.md section 8): the payload's distance from
+// the slot's data is stored in the headroom (ChunkMeta::payload()), since a board's
+// payload starts wherever its description says.
+inline constexpr std::uint16_t payload_at_stored_offset = 1u << 14;
+// A chunk of a described fragment (section 8.3 `chunk`) that has not been gathered
+// yet: it carries its (source, event) and chunk index but not the fragment's length,
+// its own offset in it, the chunk count or (first_chunk_only) the timestamp. The
+// matcher holds it until the fragment is whole and then fills those in.
+inline constexpr std::uint16_t ungathered = 1u << 13;
+inline constexpr std::uint16_t last_chunk = 1u << 12;  // with `ungathered`: the board's last-packet bit
 }
+
+// Bytes a reader that decodes described frames leaves before every datagram in a
+// receive slot: as much as an EVB version-2 header, so that the matcher's spare()
+// and a time mode's item header (written just before the payload) find room in
+// front of any board's payload, whatever its header is. Its bytes 8..9 hold the
+// payload's offset from the slot's data.
+inline constexpr std::size_t kFrameHeadroom = wire::kFragmentHeaderBytesV2;
+inline constexpr std::size_t kStoredOffsetAt = 8;
 
 // Lives in the first bytes of a receive slot; the datagram follows the meta area.
 struct ChunkMeta {
@@ -39,21 +58,24 @@ struct ChunkMeta {
     std::uint64_t timestamp;  // version 2; 0 for a v1 datagram
 
     bool v2() const noexcept { return flags & chunk_flags::v2; }
+    const std::byte* data() const noexcept {
+        return reinterpret_cast<const std::byte*>(this) + alloc::BufferPool::kMetaBytes;
+    }
     const std::byte* payload() const noexcept {
-        return reinterpret_cast<const std::byte*>(this) + alloc::BufferPool::kMetaBytes +
-               (v2() ? wire::kFragmentHeaderBytesV2 : wire::kFragmentHeaderBytes);
+        if (flags & chunk_flags::payload_at_stored_offset) return data() + wire::load_u16(data() + kStoredOffsetAt);
+        return data() + (v2() ? wire::kFragmentHeaderBytesV2 : wire::kFragmentHeaderBytes);
     }
     // In the timestamp modes a fragment's item header (docs/FORMATS.md 6.3) is
-    // written over the last 24 bytes of its first chunk's v2 datagram header, which
-    // nothing reads once the chunk is admitted: the item header and the payload are
-    // then one piece for the writer, and no memory is taken per fragment.
-    // The datagram's first 8 bytes (magic, version, type, flags), spent once it is
-    // admitted: the matcher keeps there the time a chunk began to wait for the
-    // rest of its fragment (timestamp mode).
+    // written over the 24 bytes just before its first chunk's payload: the last of
+    // its v2 datagram header, or of a described board's header and the headroom,
+    // which nothing reads once the chunk is admitted: the item header and the
+    // payload are then one piece for the writer, and no memory is taken per fragment.
+    // The slot's first 8 bytes (an EVB datagram's magic, version, type, flags; with
+    // headroom, the headroom's), spent once it is admitted: the matcher keeps there
+    // the time a chunk began to wait for the rest of its fragment.
     std::byte* spare() noexcept { return reinterpret_cast<std::byte*>(this) + alloc::BufferPool::kMetaBytes; }
     std::byte* item_header() noexcept {
-        return reinterpret_cast<std::byte*>(this) + alloc::BufferPool::kMetaBytes + wire::kFragmentHeaderBytesV2 -
-               file::kItemHeaderBytes;
+        return const_cast<std::byte*>(payload()) - file::kItemHeaderBytes;
     }
     const std::byte* item_header() const noexcept { return const_cast<ChunkMeta*>(this)->item_header(); }
     static ChunkMeta* in_slot(std::byte* meta) noexcept { return reinterpret_cast<ChunkMeta*>(meta); }

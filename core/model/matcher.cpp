@@ -66,6 +66,10 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
         timed_history_.assign(n, SourceHistory{});
         waiting_.assign(n, nullptr);
     }
+    if (s.described_chunks) {
+        ungathered_.assign(n, nullptr);
+        gathered_.assign(n, RecentlyGathered{});
+    }
     if (match_ == file::MatchMode::time_slice) {
         watermark_.assign(n, 0);
         seen_seq_.assign(n, SeqWindow{});
@@ -263,6 +267,10 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
     counters_.source_last_seen_ns[idx].set(now_ns);
     if (absent_[idx]) set_absent(static_cast<std::size_t>(idx), false);  // back: events wait for it again
 
+    if (c->flags & chunk_flags::ungathered) {
+        gather_described(c, idx, now_ns, out);
+        return;
+    }
     if (match_ == file::MatchMode::time_slice) {
         add_sliced(c, idx, now_ns, out);
         return;
@@ -313,21 +321,168 @@ void Matcher::add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, Event
 }
 
 void Matcher::expire_waiting(std::uint64_t now_ns, bool all) noexcept {
-    if (waiting_chunks_ == 0) return;
-    for (std::size_t i = 0; i < waiting_.size(); ++i) {
-        ChunkMeta** link = &waiting_[i];
-        while (*link != nullptr) {
-            ChunkMeta* k = *link;
-            if (all || wire::load_u64(k->spare()) + timeout_ns_ <= now_ns) {
-                *link = k->next;
-                --held_slots_[i];
-                --waiting_chunks_;
-                counters_.stale_chunks.add();
-                drop(k);
-            } else {
-                link = &k->next;
+    // Both kinds of waiting chunk keep in spare() the time they began to wait.
+    auto expire_lists = [&](std::vector<ChunkMeta*>& lists, std::size_t& chunks) {
+        if (chunks == 0) return;
+        for (std::size_t i = 0; i < lists.size(); ++i) {
+            ChunkMeta** link = &lists[i];
+            while (*link != nullptr) {
+                ChunkMeta* k = *link;
+                if (all || wire::load_u64(k->spare()) + timeout_ns_ <= now_ns) {
+                    *link = k->next;
+                    --held_slots_[i];
+                    --chunks;
+                    counters_.stale_chunks.add();
+                    drop(k);
+                } else {
+                    link = &k->next;
+                }
             }
         }
+    };
+    expire_lists(waiting_, waiting_chunks_);
+    expire_lists(ungathered_, ungathered_chunks_);
+}
+
+// A chunk of a described fragment (docs/FORMATS.md 8.3 `chunk`) carries its
+// (source, event) and index, but neither the fragment's length, its own offset in
+// it, the chunk count, nor (first_chunk_only) the timestamp. Its chunks wait here,
+// per source, by (run, event, index), until chunk 0, the one with the last-packet
+// bit and every one between are in; then those fields are filled in from them and
+// the fragment goes on as a whole EVB fragment would. Nothing is guessed: a later
+// chunk whose first has not come waits for it, and a fragment not whole within
+// building.timeout_ms is dropped (stale_chunks), its event written without it.
+// A copy of a waiting chunk, or of one of a fragment gathered lately, is counted a
+// duplicate and dropped: the first is kept.
+void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    const auto i = static_cast<std::size_t>(idx);
+    if (ungathered_.empty()) {  // not set up for chunks (MatcherSettings::described_chunks)
+        counters_.inconsistent_chunks.add();
+        drop(c);
+        return;
+    }
+    const auto same_fragment = [](const ChunkMeta* a, const ChunkMeta* b) {
+        return a->run_number == b->run_number && a->event_id == b->event_id;
+    };
+    const auto before = [](const ChunkMeta* a, const ChunkMeta* b) {
+        if (a->run_number != b->run_number) return a->run_number < b->run_number;
+        if (a->event_id != b->event_id) return a->event_id < b->event_id;
+        return a->chunk_index < b->chunk_index;
+    };
+    if (gathered_[i].contains(c->event_id, c->run_number)) {
+        counters_.duplicate_chunks.add();
+        drop(c);
+        return;
+    }
+    // A chunk of a fragment whose event is written already would wait in vain:
+    // counted as an EVB chunk of it would be (late, or a duplicate) and dropped.
+    if (match_ == file::MatchMode::event_id && map_.find(map_key(c->event_id, c->run_number)) == nullptr) {
+        if (stats::Counter* late = late_counter(c->event_id, c->run_number)) {
+            late->add();
+            counters_.source_late[idx].add();
+            drop(c);
+            return;
+        }
+    } else if (match_ == file::MatchMode::timestamp && timed_history_[i].run == c->run_number) {
+        const SourceHistory& h = timed_history_[i];
+        for (std::uint32_t k = 0; k < h.seq_count; ++k)
+            if (h.written_seq[k] == c->event_id) {
+                counters_.duplicate_chunks.add();
+                drop(c);
+                return;
+            }
+    }
+    ChunkMeta* after = nullptr;  // insert after this chunk (nullptr: at the head)
+    ChunkMeta* p = ungathered_[i];
+    while (p != nullptr && before(p, c)) {
+        after = p;
+        p = p->next;
+    }
+    if (p != nullptr && same_fragment(p, c) && p->chunk_index == c->chunk_index) {
+        counters_.duplicate_chunks.add();
+        drop(c);
+        return;
+    }
+    c->next = p;
+    if (after != nullptr) after->next = c; else ungathered_[i] = c;
+    wire::store_u64(c->spare(), now_ns);  // when it began to wait (expire_waiting)
+    ++held_slots_[i];
+    ++ungathered_chunks_;
+
+    // The fragment's chunks are a run of the list: whole when they are 0..n-1 and
+    // chunk n-1 is the last.
+    ChunkMeta* before_run = nullptr;
+    ChunkMeta* first = ungathered_[i];
+    while (!same_fragment(first, c)) {
+        before_run = first;
+        first = first->next;
+    }
+    std::uint32_t n = 0;
+    ChunkMeta* last = nullptr;
+    for (ChunkMeta* k = first; k != nullptr && same_fragment(k, c) && k->chunk_index == n; k = k->next) {
+        ++n;
+        if (k->flags & chunk_flags::last_chunk) {
+            last = k;
+            break;
+        }
+    }
+    if (last == nullptr) {
+        // The share of receive slots one source's unfinished fragments may hold
+        // (MatcherSettings::max_slots_per_source); a chunk that completes its
+        // fragment is always taken.
+        if (max_slots_ != 0 && held_slots_[i] > max_slots_) {
+            if (after != nullptr) after->next = c->next; else ungathered_[i] = c->next;
+            --held_slots_[i];
+            --ungathered_chunks_;
+            counters_.source_slot_limit_drops.add();
+            counters_.source_slot_limit[i].add();
+            drop(c);
+        }
+        return;
+    }
+    if (before_run != nullptr) before_run->next = last->next; else ungathered_[i] = last->next;
+    last->next = nullptr;
+    held_slots_[i] -= n;
+    ungathered_chunks_ -= n;
+    gathered_[i].insert(c->event_id, c->run_number);
+    // What an EVB chunk says of its fragment, now known; the first chunk's timestamp
+    // is every chunk's (first_chunk_only), as each EVB chunk carries it.
+    std::uint32_t offset = 0;
+    for (ChunkMeta* k = first; k != nullptr; k = k->next) {
+        k->chunk_offset = offset;
+        offset += k->payload_length;  // at most 65535 chunks of at most 65535 bytes: no overflow
+        k->chunk_count = static_cast<std::uint16_t>(n);
+        k->timestamp = first->timestamp;
+        k->flags = static_cast<std::uint16_t>(k->flags & ~(chunk_flags::ungathered | chunk_flags::last_chunk));
+    }
+    for (ChunkMeta* k = first; k != nullptr; k = k->next) k->fragment_length = offset;
+    build_gathered(first, idx, now_ns, out);
+}
+
+// A gathered fragment joins its event whole, by the match mode's rules: the same
+// steps a whole EVB fragment takes (its share of slots was applied while it waited).
+void Matcher::build_gathered(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    if (match_ == file::MatchMode::time_slice) {
+        for (ChunkMeta* k = first; k != nullptr;) {
+            ChunkMeta* next = k->next;
+            add_sliced(k, idx, now_ns, out);
+            k = next;
+        }
+        return;
+    }
+    ChunkMeta* rest = first->next;
+    first->next = nullptr;
+    Event* e = match_ == file::MatchMode::timestamp ? event_by_time(first, idx, now_ns)
+                                                    : event_by_id(first, idx, now_ns);  // drop `first` when no event
+    if (e == nullptr) {
+        drop_chain(rest);
+        return;
+    }
+    first->next = rest;
+    for (ChunkMeta* k = first; k != nullptr;) {
+        ChunkMeta* next = k->next;
+        accept(e, k, idx, now_ns, out, true);
+        k = next;
     }
 }
 

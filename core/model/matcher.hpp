@@ -56,6 +56,9 @@ struct MatcherSettings {
     std::uint64_t slice_ticks = 0;
     std::uint32_t record_version = 1;
     file::Codec codec = file::Codec::none;  // of the records of events started from now on
+    // Some frame description sends fragments in chunks (input.frames, `chunk`): the
+    // matcher keeps, per source, the state that gathers them (gather_described).
+    bool described_chunks = false;
 };
 
 class Matcher {
@@ -116,6 +119,29 @@ private:
     void add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // Timestamp mode: chunks of fragments not yet whole, per source (see gather).
     void expire_waiting(std::uint64_t now_ns, bool all) noexcept;
+    // Described frames: a chunk not gathered yet waits for its fragment's other
+    // chunks; a whole fragment goes on to its event (build_gathered).
+    void gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    void build_gathered(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    // The (run, event) keys of the fragments a source's chunks completed lately: a
+    // copy of one of their chunks is a duplicate, not the start of a new wait.
+    struct RecentlyGathered {
+        static constexpr std::size_t kDepth = 8;
+        std::uint64_t event[kDepth];
+        std::uint32_t run[kDepth];
+        std::uint8_t count, next;
+        bool contains(std::uint64_t e, std::uint32_t r) const noexcept {
+            for (std::size_t k = 0; k < count; ++k)
+                if (event[k] == e && run[k] == r) return true;
+            return false;
+        }
+        void insert(std::uint64_t e, std::uint32_t r) noexcept {
+            event[next] = e;
+            run[next] = r;
+            next = static_cast<std::uint8_t>((next + 1) % kDepth);
+            if (count < kDepth) ++count;
+        }
+    };
     // held: waiting for more chunks; complete: first..last is the whole fragment;
     // duplicate, refused: the chunk was dropped; broken: whole but not tiling, every
     // chunk of it dropped.
@@ -193,6 +219,9 @@ private:
     std::vector<SourceHistory> timed_history_;  // timestamp mode, per source
     std::vector<ChunkMeta*> waiting_;           // timestamp mode, per source: chunks of unfinished fragments
     std::size_t waiting_chunks_ = 0;
+    std::vector<ChunkMeta*> ungathered_;  // described chunks, per source: by (run, event, chunk index)
+    std::size_t ungathered_chunks_ = 0;
+    std::vector<RecentlyGathered> gathered_;  // per source
     std::uint64_t slice_ticks_;
     std::vector<std::uint64_t> watermark_;  // time_slice, per source: largest timestamp + 1 (0: none yet)
     std::uint64_t min_watermark_ = 0;       // over the expected sources

@@ -247,8 +247,12 @@ TEST_CASE("config: input.listen is one address or a list of them") {
           std::vector<std::string>{"input.listen[1]: expected string, got 7"});
     CHECK(problems_of(R"({"input": {"listen": [""]}})") == std::vector<std::string>{"input.listen: must not be empty"});
     const auto two = problems_of(R"({"input": {"listen": ["127.0.0.1:7401", "127.0.0.1:70000"]}})");
-    CHECK(any_contains(two, "input.listen: 2 addresses given; this build's socket readers bind one address"));
-    CHECK(any_contains(two, "input.listen[1]: '127.0.0.1:70000': port must be a number 0..65535"));
+    CHECK(two == std::vector<std::string>{"input.listen[1]: '127.0.0.1:70000': port must be a number 0..65535"});
+    // Each address gets input.readers readers of its own.
+    const auto both = load_config(R"({"input": {"listen": ["127.0.0.1:7401", "127.0.0.1:7402"], "readers": 2}})",
+                                  "test.json", {});
+    CHECK(both->input.listen_addresses.size() == 2);
+    CHECK(both->input.socket_readers() == 4);
 }
 
 TEST_CASE("config: pull.first_event is \"auto\" by default, or an event id") {

@@ -177,12 +177,17 @@ def live_families():
         pull = families(d.metrics_url)
         d.stop()
 
-        # A timestamp-mode evbd exports the per-source watermark lag.
-        d = Evbd(wd, sets=["sources=4", "building.match=timestamp", "building.tolerance_ticks=5"])
+        # A timestamp-mode evbd exports the per-source watermark lag; with a frame
+        # description, the per-description counters (one board datagram decoded).
+        board = {"name": "board", "require": [{"at": 0, "type": "u8", "equals": 0xB0}], "source": {"base": 100},
+                 "event": {"at": 1, "type": "u8"}, "timestamp": {"at": 2, "type": "u32le"}}
+        d = Evbd(wd, sets=["sources=4", "building.match=timestamp", "building.tolerance_ticks=5",
+                           "input.frames=" + json.dumps([board])])
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for trigger in range(20):
             for source in range(4):
                 s.sendto(frag_v2(trigger, source, 8, 0, 0, 1, b"x" * 8, 1000 * trigger + source), ("127.0.0.1", d.port))
+        s.sendto(bytes([0xB0, 1, 0, 0, 0, 0]), ("127.0.0.1", d.port))
         s.close()
         d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= 20)
         timed = families(d.metrics_url)
@@ -194,6 +199,8 @@ def live_families():
         shutil.rmtree(wd, ignore_errors=True)
     check(PULL <= pull, f"a pull-mode evbd exports the pull metrics ({sorted(PULL - pull)} missing)")
     check("evb_source_watermark_lag_ticks" in timed, "a timestamp-mode evbd exports evb_source_watermark_lag_ticks")
+    check({"evb_frames_decoded_total", "evb_frames_rejected_total"} <= timed,
+          "an evbd with input.frames exports evb_frames_decoded_total and evb_frames_rejected_total")
     return push | pull | timed
 
 

@@ -878,3 +878,25 @@ TEST_CASE("pcap: random and mutated frames never crash and are all accounted for
         CHECK(r.packets == 400);
     }
 }
+
+TEST_CASE("pcap: each datagram's sender address and port and its destination port, IPv4 and IPv6", "[pcap]") {
+    // What a frame description selects on in --replay (docs/FORMATS.md section 8).
+    TempDir dir;
+    Capture cap(kEthernet);
+    cap.add(ether(0x0800, ipv4(udp(payload(10, 1), kPort, 40001), Ip4{.src = 0x0A000002})))
+        .add(ether(0x86DD, ipv6(udp(payload(10, 2), kPort, 40002))));
+    CaptureReader r(cap.write(dir, "senders.pcap"), evb::net::parse_replay_filter("udp", kPort));
+    CapturedDatagram d;
+    REQUIRE(r.next(d) == CaptureReader::Status::datagram);
+    REQUIRE(d.sender.ss_family == AF_INET);
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&d.sender);
+    CHECK(ntohl(v4->sin_addr.s_addr) == 0x0A000002u);
+    CHECK(ntohs(v4->sin_port) == 40001);
+    CHECK(d.destination_port == kPort);
+    REQUIRE(r.next(d) == CaptureReader::Status::datagram);
+    REQUIRE(d.sender.ss_family == AF_INET6);
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&d.sender);
+    CHECK(v6->sin6_addr.s6_addr[15] == 1);  // ::1
+    CHECK(ntohs(v6->sin6_port) == 40002);
+    CHECK(d.destination_port == kPort);
+}

@@ -15,7 +15,9 @@
 //
 // Run as `evb_alloc_test frames` it decodes and wrap-extends datagrams of a
 // described format (docs/FORMATS.md section 8) in a loop: compiled descriptions are
-// run with no allocation. (The readers do not call the decoder yet.)
+// run with no allocation. As `evb_alloc_test described` the event_id traffic comes
+// as a board's own chunked big-endian datagrams (a 16-bit trigger counter that wraps
+// during the run), decoded by the socket reader and gathered by the matcher.
 //
 // Not counted: oneTBB's internal task and buffer memory, which comes from its own
 // allocator (tbbmalloc) and its per-thread small-object pools, recycled by design.
@@ -122,9 +124,10 @@ int main(int argc, char** argv) {
     const bool sliced = arg == "time_slice";
     const bool timed = sliced || arg == "timestamp";
     const bool midas = arg == "midas";
+    const bool described = arg == "described";
     const file::Codec codec = arg == "lz4" ? file::Codec::lz4 : arg == "zstd" ? file::Codec::zstd : file::Codec::none;
-    if (argc > 1 && !timed && !midas && codec == file::Codec::none)
-        return fail("usage: evb_alloc_test [timestamp|time_slice|lz4|zstd|midas|frames]");
+    if (argc > 1 && !timed && !midas && !described && codec == file::Codec::none)
+        return fail("usage: evb_alloc_test [timestamp|time_slice|lz4|zstd|midas|frames|described]");
     const file::MatchMode mode = sliced ? file::MatchMode::time_slice : file::MatchMode::timestamp;
     constexpr std::uint32_t kSources = 16;
     constexpr std::uint32_t kChunks = 3;
@@ -169,7 +172,22 @@ int main(int argc, char** argv) {
     ws.directory = dir;
     ws.max_file_bytes = 1ull << 40;  // no rotation while measuring
     ws.fsync = FsyncPolicy::never;
-    test::PipelineRig rig(ps, ws, 8192, 2048, 32u << 20);
+    // described: a board's header of 8 bytes (magic 0xADC0, source, 0, trigger
+    // counter, chunk index, last-packet bit), all big-endian.
+    FrameInputSettings frames;
+    if (described) {
+        std::vector<std::string> problems;
+        frames.table = std::make_shared<const frames::FrameTable>(frames::compile_frames(nlohmann::json::parse(R"([
+            {"name": "adc", "require": [{"at": 0, "type": "u16be", "equals": "0xADC0"}],
+             "source": {"field": {"at": 2, "type": "u8"}}, "event": {"at": 4, "type": "u16be"},
+             "chunk": {"index": {"at": 6, "type": "u8"}, "last": {"at": 7, "type": "u8", "bits": 1}},
+             "payload": {"from": 8}}
+        ])"), frames::FrameLimits{file::MatchMode::event_id, 2048, 0}, problems));
+        if (!problems.empty()) return fail(problems.front().c_str());
+        frames.sources = ps.matcher.sources;
+        ps.matcher.described_chunks = true;
+    }
+    test::PipelineRig rig(ps, ws, 8192, 2048 + kFrameHeadroom, 32u << 20, nullptr, nullptr, frames);
     if (timed) {  // read by the reader once it starts
         rig.rules.match = mode;
         rig.rules.slice_ticks = kTriggerPeriod;
@@ -180,11 +198,16 @@ int main(int argc, char** argv) {
 
     // Every datagram of one round, built once; only the event ids change later.
     const std::size_t per_round = std::size_t{kEventsPerRound} * kSources * kChunks;
-    const std::size_t dgram = (timed ? wire::kFragmentHeaderBytesV2 : wire::kFragmentHeaderBytes) + kChunkBytes;
+    const std::size_t dgram =
+        (described ? 8 : timed ? wire::kFragmentHeaderBytesV2 : wire::kFragmentHeaderBytes) + kChunkBytes;
+    // The board's 16-bit counter starts just short of its wrap, which the 80 rounds
+    // of 64 events pass: the reader extends it to the event ids the EVB traffic has.
+    constexpr std::uint64_t kDescribedFirst = 0xFFFF - 600;
     std::vector<std::byte> buf(per_round * dgram);
     net::SendBatch send(64);
     int out = net::open_udp_for(to, 8u << 20);
-    std::uint64_t next_event = 0;
+    const std::uint64_t first_event = described ? kDescribedFirst : 0;
+    std::uint64_t next_event = first_event;
     auto send_round = [&] {
         std::size_t k = 0;
         for (std::uint32_t e = 0; e < kEventsPerRound; ++e, ++next_event)
@@ -198,7 +221,16 @@ int main(int argc, char** argv) {
                     h.chunk_offset = c * kChunkBytes;
                     h.chunk_index = c;
                     h.chunk_count = kChunks;
-                    if (timed)  // the source's sequence number is the event id here
+                    if (described) {
+                        std::byte* d = buf.data() + k * dgram;
+                        wire::store_u16(d, 0xC0AD);  // 0xADC0 big-endian
+                        d[2] = static_cast<std::byte>(s);
+                        d[3] = std::byte{0};
+                        d[4] = static_cast<std::byte>((next_event >> 8) & 0xFF);
+                        d[5] = static_cast<std::byte>(next_event & 0xFF);
+                        d[6] = static_cast<std::byte>(c);
+                        d[7] = static_cast<std::byte>(c + 1 == kChunks ? 1 : 0);
+                    } else if (timed)  // the source's sequence number is the event id here
                         wire::encode_fragment_header_v2(h, next_event * kTriggerPeriod + kTriggerPeriod / 2 + s % 11 - 5,
                                                         buf.data() + k * dgram);
                     else
@@ -222,11 +254,11 @@ int main(int argc, char** argv) {
     };
 
     for (int i = 0; i < 20; ++i) send_round();
-    if (!wait_written(next_event)) return fail("warm-up events were not all written");
+    if (!wait_written(next_event - first_event)) return fail("warm-up events were not all written");
     const std::uint64_t before = allocation_requests();
     if (before == UINT64_MAX) return fail("jemalloc statistics are not available");
     for (int i = 0; i < 60; ++i) send_round();
-    const bool all = wait_written(next_event);
+    const bool all = wait_written(next_event - first_event);
     const std::uint64_t after = allocation_requests();
     std::uint64_t incomplete = 0;  // before the stop, which writes the last slice as it is
     std::uint64_t compressed = 0, stored_raw = 0;
@@ -243,8 +275,8 @@ int main(int argc, char** argv) {
     if (incomplete != 0) return fail("events were written incomplete");
     if (codec != file::Codec::none && (compressed != next_event || stored_raw != 0))
         return fail("not every record was stored compressed");
-    std::printf("%s mode%s%s, steady state: %llu events, %llu datagrams, %llu allocation requests\n",
-                sliced ? "time_slice" : timed ? "timestamp" : "event_id",
+    std::printf("%s%s mode%s%s, steady state: %llu events, %llu datagrams, %llu allocation requests\n",
+                described ? "described frames, " : "", sliced ? "time_slice" : timed ? "timestamp" : "event_id",
                 codec != file::Codec::none ? ", compressed with " : "", codec != file::Codec::none ? file::codec_name(codec) : "", static_cast<unsigned long long>(60ull * kEventsPerRound),
                 static_cast<unsigned long long>(60ull * per_round), static_cast<unsigned long long>(after - before));
     if (after != before) return fail("the hot path allocated");

@@ -1,0 +1,390 @@
+// Described frames (input.frames, docs/FORMATS.md section 8) through the reader's
+// admission and the matcher: hand-made board datagrams placed in receive slots
+// after the headroom, as a socket reader receives them, admitted by
+// admit_datagram with the sender and local port, and built into events.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "allocators/arena.hpp"
+#include "allocators/buffer_pool.hpp"
+#include "core/format/wire.hpp"
+#include "core/model/matcher.hpp"
+#include "test/core/frames_rig.hpp"
+#include "threads/socket_reader.hpp"
+
+using namespace evb;
+using frames_rig::Bytes;
+using frames_rig::put;
+using nlohmann::json;
+
+namespace {
+
+sockaddr_storage ipv4(const char* ip, std::uint16_t port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    REQUIRE(inet_pton(AF_INET, ip, &a.sin_addr) == 1);
+    sockaddr_storage s{};
+    std::memcpy(&s, &a, sizeof a);
+    return s;
+}
+
+struct FramesRig {
+    alloc::Arena arena{"test"};
+    alloc::BufferPool pool{arena, 0, 512, 2048 + kFrameHeadroom, 2};
+    alloc::ReturnBatcher returns{{&pool}, 0};
+    stats::MatcherCounters counters;
+    stats::ReaderCounters reader_counters;
+    FrameDecoding frames;
+    Matcher matcher;
+    AdmissionRules rules;
+
+    FramesRig(const json& descriptions, const MatcherSettings& ms, std::uint64_t builder_clock_hz = 0)
+        : frames(FrameInputSettings{
+              std::make_shared<const frames::FrameTable>(frames_rig::compile(
+                  descriptions, frames::FrameLimits{ms.match, 2048, builder_clock_hz})),
+              ms.sources}),
+          matcher(0, ms, arena, returns, counters) {
+        rules.run_number = 1;
+        rules.match = ms.match;
+    }
+
+    std::uint32_t take() {
+        std::uint32_t idx = 0;
+        if (!pool.try_take(idx)) {
+            pool.reclaim();
+            REQUIRE(pool.try_take(idx));
+        }
+        return idx;
+    }
+    // Admits a board datagram from ip:port that arrived on local port `local`.
+    ChunkMeta* datagram(const Bytes& d, const char* ip = "10.0.0.1", std::uint16_t port = 5000,
+                        std::uint16_t local = 7400) {
+        const std::uint32_t idx = take();
+        std::memcpy(pool.data(idx) + frames.headroom(), d.data(), d.size());
+        const sockaddr_storage from = ipv4(ip, port);
+        const int shard = admit_datagram(pool, idx, d.size(), rules, 1, reader_counters, &frames, Arrival{&from, local});
+        if (shard < 0) {
+            pool.give_back_local(idx);
+            return nullptr;
+        }
+        return ChunkMeta::in_slot(pool.meta(idx));
+    }
+    // Admits an EVB datagram (version 1) on the same reader.
+    ChunkMeta* evb_datagram(std::uint64_t event, std::uint32_t source, const Bytes& payload) {
+        const std::uint32_t idx = take();
+        std::byte* d = pool.data(idx) + frames.headroom();
+        wire::FragmentHeader h;
+        h.source_id = source;
+        h.run_number = 1;
+        h.event_id = event;
+        h.fragment_length = static_cast<std::uint32_t>(payload.size());
+        h.chunk_count = 1;
+        wire::encode_fragment_header(h, d);
+        std::memcpy(d + wire::kFragmentHeaderBytes, payload.data(), payload.size());
+        const sockaddr_storage from = ipv4("10.0.0.9", 6000);
+        const int shard = admit_datagram(pool, idx, wire::kFragmentHeaderBytes + payload.size(), rules, 1,
+                                         reader_counters, &frames, Arrival{&from, 7400});
+        REQUIRE(shard >= 0);
+        return ChunkMeta::in_slot(pool.meta(idx));
+    }
+
+    EventList feed(std::vector<ChunkMeta*> cs, std::uint64_t now = 0) {
+        ChunkMeta* head = nullptr;
+        for (auto it = cs.rbegin(); it != cs.rend(); ++it) {
+            REQUIRE(*it != nullptr);
+            (*it)->next = head;
+            head = *it;
+        }
+        EventList out;
+        matcher.add_chunks(head, now, out);
+        return out;
+    }
+    // Section i's bytes as the writer gathers them (padding included).
+    static Bytes section(const Event& e, std::uint32_t i) {
+        Bytes b;
+        for_each_section_piece(e, i, [&](const void* p, std::size_t n) {
+            const auto* q = static_cast<const std::byte*>(p);
+            b.insert(b.end(), q, q + n);
+        });
+        return b;
+    }
+    void give_back(EventList& out) {
+        for (Event* e = out.head; e != nullptr;) {
+            Event* next = e->next_out;
+            REQUIRE(matcher.done_ring().try_push(e));
+            e = next;
+        }
+    }
+};
+
+Bytes payload_bytes(std::size_t n, unsigned seed) {
+    Bytes p(n);
+    for (std::size_t k = 0; k < n; ++k) p[k] = static_cast<std::byte>((k * 7 + seed * 13) & 0xff);
+    return p;
+}
+
+// A big-endian ADC-like board: magic 0xADC0, module id byte, 16-bit trigger counter,
+// chunk index and a last-packet bit, 8 header bytes, then payload.
+const json kChunkedBoard = json::parse(R"([{
+    "name": "adc",
+    "require": [{"at": 0, "type": "u16be", "equals": "0xADC0"}],
+    "source": {"field": {"at": 2, "type": "u8"}},
+    "event": {"at": 4, "type": "u16be"},
+    "chunk": {"index": {"at": 6, "type": "u8"}, "last": {"at": 7, "type": "u8", "bits": 1}},
+    "payload": {"from": 8}
+}])");
+
+Bytes adc_chunk(std::uint8_t module, std::uint16_t trigger, std::uint8_t index, bool last, const Bytes& payload) {
+    Bytes d(8 + payload.size());
+    put(d, 0, 0xADC0, 2, true);
+    d[2] = std::byte{module};
+    put(d, 4, trigger, 2, true);
+    d[6] = std::byte{index};
+    d[7] = std::byte{static_cast<unsigned char>(last ? 1 : 0)};
+    std::memcpy(d.data() + 8, payload.data(), payload.size());
+    return d;
+}
+
+// The board's fragment of `trigger`, cut into `chunks` datagrams of up to 300 bytes.
+std::vector<Bytes> adc_fragment(std::uint8_t module, std::uint16_t trigger, const Bytes& payload) {
+    std::vector<Bytes> out;
+    const std::size_t n = (payload.size() + 299) / 300;
+    for (std::size_t k = 0; k < n; ++k) {
+        const std::size_t from = k * 300, to = std::min(payload.size(), from + 300);
+        out.push_back(adc_chunk(module, trigger, static_cast<std::uint8_t>(k), k + 1 == n,
+                                Bytes(payload.begin() + static_cast<std::ptrdiff_t>(from),
+                                      payload.begin() + static_cast<std::ptrdiff_t>(to))));
+    }
+    return out;
+}
+
+MatcherSettings settings(std::vector<std::uint32_t> sources, file::MatchMode match = file::MatchMode::event_id) {
+    MatcherSettings ms{std::move(sources), 64, 1024, 1'000'000};
+    ms.match = match;
+    ms.described_chunks = true;
+    ms.record_version = match == file::MatchMode::event_id ? 1 : 2;
+    ms.tolerance_ticks = 10;
+    ms.slice_ticks = 1000;
+    return ms;
+}
+
+}  // namespace
+
+TEST_CASE("described frames: event_id mode builds a chunked big-endian board whose 16-bit counter wraps",
+          "[frames][matcher][described]") {
+    FramesRig rig(kChunkedBoard, settings({1, 2, 9}));
+    std::uint64_t now = 0;
+    // Triggers 0xFFFE, 0xFFFF, 0, 1: events 65534..65537. Chunks come reordered (the
+    // last first, so the later ones wait for chunk 0) and module 2 comes second.
+    const std::uint16_t triggers[] = {0xFFFE, 0xFFFF, 0x0000, 0x0001};
+    for (unsigned t = 0; t < 4; ++t) {
+        const Bytes p1 = payload_bytes(700, t), p2 = payload_bytes(250 + t, t + 100), p9 = payload_bytes(64, t + 200);
+        const auto f1 = adc_fragment(1, triggers[t], p1);  // 3 chunks
+        const auto f2 = adc_fragment(2, triggers[t], p2);  // 1 chunk
+        REQUIRE(f1.size() == 3);
+        const std::uint64_t id = 65534u + t;
+        EventList out = rig.feed({rig.datagram(f1[2]), rig.datagram(f1[1]), rig.evb_datagram(id, 9, p9)}, ++now);
+        CHECK(out.count == 0);  // module 1's chunks wait for its chunk 0
+        out = rig.feed({rig.datagram(f2[0])}, ++now);
+        CHECK(out.count == 0);
+        out = rig.feed({rig.datagram(f1[0])}, ++now);
+        REQUIRE(out.count == 1);
+        Event& e = *out.head;
+        CHECK(e.event_id == id);
+        CHECK(e.status == 0);
+        auto expect = [](Bytes p) {
+            p.resize(file::padded8(p.size()));
+            return p;
+        };
+        CHECK(FramesRig::section(e, 0) == expect(p1));
+        CHECK(FramesRig::section(e, 1) == expect(p2));
+        CHECK(FramesRig::section(e, 2) == expect(p9));
+        rig.give_back(out);
+    }
+    CHECK(rig.counters.events_complete.get() == 4);
+    CHECK(rig.counters.duplicate_chunks.get() == 0);
+    CHECK(rig.counters.stale_chunks.get() == 0);
+    CHECK(rig.reader_counters.frames_decoded[0].get() == 16);
+}
+
+TEST_CASE("described frames: timestamp mode takes first_chunk_only timestamps and sources by sender, "
+          "its 32-bit clock wrapping", "[frames][matcher][described]") {
+    const json board = json::parse(R"([{
+        "name": "pwb",
+        "source": {"sender": {"10.0.0.1": 0, "10.0.0.2": 1}},
+        "event": {"at": 0, "type": "u16le"},
+        "chunk": {"index": {"at": 2, "type": "u8"}, "last": {"at": 3, "type": "u8", "shift": 7}},
+        "timestamp": {"at": 4, "type": "u32le"},
+        "first_chunk_only": ["timestamp"],
+        "payload": {"from": 8}
+    }])");
+    FramesRig rig(board, settings({0, 1}, file::MatchMode::timestamp));
+    auto chunk = [](std::uint16_t seq, std::uint8_t index, bool last, std::uint32_t ts, const Bytes& p) {
+        Bytes d(8 + p.size());
+        put(d, 0, seq, 2, false);
+        d[2] = std::byte{index};
+        d[3] = std::byte{static_cast<unsigned char>(last ? 0x80 : 0)};
+        put(d, 4, ts, 4, false);  // a later chunk's bytes 4..7 are the board's payload, not a time
+        std::memcpy(d.data() + 8, p.data(), p.size());
+        return d;
+    };
+    // Clock values 0xFFFFFF00, then past the wrap: 0x00000010 is 2^32 + 0x10.
+    const std::uint32_t ts[] = {0xFFFFFF00u, 0x00000010u};
+    const std::uint64_t extended[] = {0xFFFFFF00ull, 0x100000010ull};
+    std::uint64_t now = 0;
+    for (unsigned k = 0; k < 2; ++k) {
+        const Bytes a0 = payload_bytes(100, k), a1 = payload_bytes(40, k + 1), b0 = payload_bytes(60, k + 2);
+        // Source 0's later chunk first, with garbage where a first chunk has its time.
+        EventList out = rig.feed({rig.datagram(chunk(static_cast<std::uint16_t>(k), 1, true, 0x12345678, a1), "10.0.0.1")},
+                                 ++now);
+        CHECK(out.count == 0);
+        out = rig.feed({rig.datagram(chunk(static_cast<std::uint16_t>(k), 0, true, ts[k] + 3, b0), "10.0.0.2", 7000)},
+                       ++now);
+        CHECK(out.count == 0);
+        out = rig.feed({rig.datagram(chunk(static_cast<std::uint16_t>(k), 0, false, ts[k], a0), "10.0.0.1")}, ++now);
+        REQUIRE(out.count == 1);
+        Event& e = *out.head;
+        CHECK(e.timestamp == extended[k]);
+        CHECK(e.status == 0);
+        // Items: a 24-byte item header, then the fragment's bytes, padded.
+        const Bytes s0 = FramesRig::section(e, 0);
+        REQUIRE(s0.size() == file::kItemHeaderBytes + file::padded8(140));
+        CHECK(Bytes(s0.begin() + 24, s0.begin() + 124) == a0);
+        CHECK(Bytes(s0.begin() + 124, s0.begin() + 164) == a1);
+        const Bytes s1 = FramesRig::section(e, 1);
+        REQUIRE(s1.size() == file::kItemHeaderBytes + file::padded8(60));
+        CHECK(Bytes(s1.begin() + 24, s1.begin() + 84) == b0);
+        rig.give_back(out);
+    }
+    CHECK(rig.counters.events_complete.get() == 2);
+    // A sender nobody listed: refused by the description, counted by reason.
+    CHECK(rig.datagram(chunk(5, 0, true, 1, payload_bytes(8, 0)), "10.0.0.3") == nullptr);
+    CHECK(rig.reader_counters.frames_rejected[0][static_cast<std::size_t>(frames::FrameReject::disallowed_sender)].get() == 1);
+}
+
+TEST_CASE("described frames: a duplicate chunk is counted and the first kept", "[frames][matcher][described]") {
+    FramesRig rig(kChunkedBoard, settings({1, 2}));
+    const Bytes p1 = payload_bytes(500, 1), p2 = payload_bytes(100, 2);
+    const auto f1 = adc_fragment(1, 7, p1);
+    Bytes copy = f1[0];
+    copy[20] ^= std::byte{0xff};  // a copy whose bytes differ: the first one's are kept
+    EventList out = rig.feed({rig.datagram(f1[0]), rig.datagram(copy), rig.datagram(f1[1])}, 1);
+    CHECK(rig.counters.duplicate_chunks.get() == 1);
+    // A copy of a chunk of a fragment already gathered is a duplicate too.
+    out = rig.feed({rig.datagram(f1[1]), rig.datagram(adc_fragment(2, 7, p2)[0])}, 2);
+    CHECK(rig.counters.duplicate_chunks.get() == 2);
+    REQUIRE(out.count == 1);
+    Bytes expect = p1;
+    expect.resize(file::padded8(expect.size()));
+    CHECK(FramesRig::section(*out.head, 0) == expect);
+}
+
+TEST_CASE("described frames: a missing chunk leaves the event INCOMPLETE and its chunks go stale",
+          "[frames][matcher][described]") {
+    FramesRig rig(kChunkedBoard, settings({1, 2}));
+    const auto f1 = adc_fragment(1, 3, payload_bytes(800, 1));  // 3 chunks; the middle one is lost
+    const auto f2 = adc_fragment(2, 3, payload_bytes(80, 2));
+    EventList out = rig.feed({rig.datagram(f1[0]), rig.datagram(f1[2]), rig.datagram(f2[0])}, 1);
+    CHECK(out.count == 0);
+    rig.matcher.expire(1 + 1'000'000, out);  // building.timeout_ms later
+    REQUIRE(out.count == 1);
+    CHECK((out.head->status & file::record_status::incomplete) != 0);
+    CHECK_FALSE(out.head->section_present(0));
+    CHECK(out.head->section_present(1));
+    CHECK(rig.counters.stale_chunks.get() == 2);
+}
+
+TEST_CASE("described frames: time_slice mode builds gathered chunks into their slice",
+          "[frames][matcher][described]") {
+    const json board = json::parse(R"([{
+        "name": "t",
+        "source": {"field": {"at": 0, "type": "u8"}},
+        "event": {"at": 1, "type": "u8"},
+        "chunk": {"index": {"at": 2, "type": "u8"}, "last": {"at": 3, "type": "u8", "bits": 1}},
+        "timestamp": {"at": 4, "type": "u16le"},
+        "first_chunk_only": ["timestamp"],
+        "payload": {"from": 6}
+    }])");
+    FramesRig rig(board, settings({0}, file::MatchMode::time_slice));
+    auto chunk = [](std::uint8_t seq, std::uint8_t index, bool last, std::uint16_t ts, const Bytes& p) {
+        Bytes d(6 + p.size());
+        d[0] = std::byte{0};
+        d[1] = std::byte{seq};
+        d[2] = std::byte{index};
+        d[3] = std::byte{static_cast<unsigned char>(last ? 1 : 0)};
+        put(d, 4, ts, 2, false);
+        std::memcpy(d.data() + 6, p.data(), p.size());
+        return d;
+    };
+    const Bytes a = payload_bytes(30, 1), b = payload_bytes(20, 2);
+    EventList out = rig.feed({rig.datagram(chunk(0, 1, true, 0xFFFF, b)), rig.datagram(chunk(0, 0, false, 500, a))}, 1);
+    CHECK(out.count == 0);
+    // The next slice's fragment moves the watermark past slice 0: it is written.
+    out = rig.feed({rig.datagram(chunk(1, 0, true, 1500, payload_bytes(8, 3)))}, 2);
+    REQUIRE(out.count == 1);
+    CHECK(out.head->timestamp == 0);
+    const Bytes s = FramesRig::section(*out.head, 0);
+    REQUIRE(s.size() == file::kItemHeaderBytes + file::padded8(50));  // 30 + 20 bytes
+    CHECK(Bytes(s.begin() + 24, s.begin() + 54) == a);
+    CHECK(Bytes(s.begin() + 54, s.begin() + 74) == b);
+}
+
+TEST_CASE("described frames: refused datagrams are counted by reason, per description",
+          "[frames][described]") {
+    const json boards = json::parse(R"([
+        {"name": "adc", "require": [{"at": 0, "type": "u16be", "equals": "0xADC0"}],
+         "length": {"at": 2, "type": "u16be"},
+         "source": {"field": {"at": 4, "type": "u8"}}, "event": {"at": 5, "type": "u8"},
+         "chunk": {"index": {"at": 6, "type": "u8"}, "first": 1, "last": {"at": 7, "type": "u8", "bits": 1}},
+         "payload": {"from": 8}},
+        {"name": "tdc", "port": 7401, "require": [{"at": 0, "type": "u8", "equals": 7}],
+         "source": {"sender": {"10.0.0.1": 0}}, "event": {"at": 1, "type": "u8"}, "payload": {"from": 2}}
+    ])");
+    FramesRig rig(boards, settings({0, 1}));
+    auto adc = [](std::uint16_t length_field, std::uint8_t index) {
+        Bytes d(12);
+        put(d, 0, 0xADC0, 2, true);
+        put(d, 2, length_field, 2, true);
+        d[6] = std::byte{index};
+        d[7] = std::byte{1};
+        return d;
+    };
+    using R = frames::FrameReject;
+    auto rejected = [&](std::size_t desc, R r) { return rig.reader_counters.frames_rejected[desc][static_cast<std::size_t>(r)].get(); };
+    CHECK(rig.datagram(adc(12, 1)) != nullptr);   // good: chunk 1 of 1 (first is 1)
+    CHECK(rig.datagram(adc(13, 1)) == nullptr);   // bad_length
+    CHECK(rig.datagram(adc(12, 0)) == nullptr);   // bad_chunk_index: below `first`
+    CHECK(rig.datagram(Bytes{std::byte{0xAD}, std::byte{0xC0}, std::byte{0}}) == nullptr);  // short_frame
+    const Bytes tdc{std::byte{7}, std::byte{1}, std::byte{2}};
+    CHECK(rig.datagram(tdc, "10.0.0.1", 5000, 7400) == nullptr);  // not on its port: unknown_frame
+    CHECK(rig.datagram(tdc, "10.0.0.2", 5000, 7401) == nullptr);  // disallowed_sender
+    CHECK(rig.datagram(tdc, "10.0.0.1", 5000, 7401) != nullptr);
+    CHECK(rig.reader_counters.frames_decoded[0].get() == 1);
+    CHECK(rig.reader_counters.frames_decoded[1].get() == 1);
+    CHECK(rejected(0, R::bad_length) == 1);
+    CHECK(rejected(0, R::bad_chunk_index) == 1);
+    CHECK(rejected(0, R::short_frame) == 1);
+    CHECK(rejected(1, R::disallowed_sender) == 1);
+    CHECK(rig.reader_counters.unknown_frames.get() == 1);
+}
+
+TEST_CASE("described frames: wrap extension starts afresh with each run", "[frames][described]") {
+    FramesRig rig(kChunkedBoard, settings({1}));
+    ChunkMeta* c = rig.datagram(adc_fragment(1, 0xFFFF, payload_bytes(10, 0))[0]);
+    REQUIRE(c != nullptr);
+    c = rig.datagram(adc_fragment(1, 0x0002, payload_bytes(10, 0))[0]);
+    REQUIRE(c != nullptr);
+    CHECK(c->event_id == 0x10002);
+    rig.rules.run_number = 2;  // a new run: the first value is taken as it is
+    c = rig.datagram(adc_fragment(1, 0x0002, payload_bytes(10, 0))[0]);
+    REQUIRE(c != nullptr);
+    CHECK(c->event_id == 2);
+    CHECK(c->run_number == 2);
+}
