@@ -1,11 +1,9 @@
 """Building described boards' datagrams end to end (issue 30), over loopback.
 
-NOT REGISTERED YET: test/CMakeLists.txt leaves this file out of the integration
-tests (the EXCLUDE filter naming it) until evbd's socket readers and --replay build
-with input.frames (the wiring of issue 30, on another branch). It cannot pass
-before that: evbd counts every datagram here as unknown_frame. Once the wiring is
-merged, drop the filter and run it; names of metrics and statuses below follow the
-other integration tests and may need a touch.
+The datagrams come from evb-source --frames (the emulator encoding by the same
+description evbd decodes by); test_described_frames.py covers the same ground with
+a Python encoder, so the two sides are checked against each other and against an
+encoder of their own.
 
 (a) event_id mode: a chunked big-endian board whose 16-bit trigger counter wraps
     during the run (evb-source --frames --wrap-start), with duplicates and
