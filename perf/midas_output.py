@@ -53,13 +53,13 @@ def make_capture(bin_dir, path, events):
     return json.loads(r.stdout)
 
 
-def replay(bin_dir, capture, out_dir, sets):
+def replay(bin_dir, capture, out_dir, sets, args=()):
     """One replay; returns (seconds from intake start to the last write, evbd CPU seconds, counts)."""
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
     cmd = [os.path.join(bin_dir, "evbd"), "--replay", capture, "--set", f"sources={SOURCES}",
            "--set", f"output.directory={out_dir}", "--set", "monitor.listen=", "--set", "output.direct_io=true",
-           "--set", "building.timeout_ms=5000"]
+           "--set", "building.timeout_ms=5000", *args]
     for s in sets:
         cmd += ["--set", s]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -4,6 +4,7 @@ import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
@@ -16,7 +17,12 @@ import urllib.request
 BIN = os.environ.get("EVB_BIN") or (sys.argv[1] if len(sys.argv) > 1 else "build/bin")
 
 
+_failed = False
+
+
 def fail(msg):
+    global _failed
+    _failed = True
     print(f"FAIL: {msg}", flush=True)
     sys.exit(1)
 
@@ -153,7 +159,17 @@ def data_files(out_dir):
 
 
 def workdir():
-    return tempfile.mkdtemp(prefix="evbtest-")
+    """A fresh directory for the test's files, removed when the test ends unless it
+    failed (then kept, and named, for a look) or EVB_KEEP_WORKDIR is set."""
+    d = tempfile.mkdtemp(prefix="evbtest-")
+
+    def cleanup():
+        if _failed or os.environ.get("EVB_KEEP_WORKDIR"):
+            print(f"note: the test's files are kept in {d}", flush=True)
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+    atexit.register(cleanup)
+    return d
 
 
 def sanitized_build():
