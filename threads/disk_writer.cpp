@@ -199,18 +199,25 @@ int DiskWriter::close_output(bool sync) {
 }
 
 std::span<const std::byte> DiskWriter::lz4_piece(std::span<const std::byte> event, bool begin, bool end) {
+    if (begin) lz4_broken_ = false;
+    // After a failed compression the context may hold part of the failed batch: no
+    // end-of-run event may follow it. The close fails and the file is abandoned at
+    // its last whole batch (a .part that recovery closes).
+    if (lz4_broken_) return {};
     if (lz4_out_.size() < lz4_->bound(event.size())) lz4_out_.resize(lz4_->bound(event.size()));
     const std::span<std::byte> out(lz4_out_);
     std::string why;
     std::size_t n = 0;
     if (begin && (n = lz4_->begin(static_cast<int>(s_.lz4_level), out, &why)) == 0) {
         log_error("output.compression lz4: {}", why);
+        lz4_broken_ = true;
         return {};
     }
     const iovec piece{const_cast<std::byte*>(event.data()), event.size()};
     const std::size_t body = lz4_->write(&piece, 1, out.subspan(n), &why);
     if (body == 0) {
         log_error("output.compression lz4: {}", why);
+        lz4_broken_ = true;
         return {};
     }
     n += body;
@@ -218,6 +225,7 @@ std::span<const std::byte> DiskWriter::lz4_piece(std::span<const std::byte> even
         const std::size_t tail = lz4_->end(out.subspan(n), &why);
         if (tail == 0) {
             log_error("output.compression lz4: {}", why);
+            lz4_broken_ = true;
             return {};
         }
         n += tail;
@@ -233,6 +241,7 @@ bool DiskWriter::compress_batch() {
     const std::size_t n = lz4_->write(iov_.data(), iov_.size(), std::span<std::byte>(lz4_out_), &why);
     if (n == 0) {
         log_error("output.compression lz4: {}", why);
+        lz4_broken_ = true;
         return false;
     }
     iov_.clear();

@@ -137,6 +137,7 @@ private:
     // `.mid.lz4` (output.compression "lz4"): the open file is one LZ4 frame; each
     // batch is compressed here into lz4_out_ as whole blocks and appended as one piece.
     bool lz4_file_ = false;
+    bool lz4_broken_ = false;  // the codec failed in this file: its frame cannot go on (the file is abandoned)
     std::uint64_t lz4_content_bytes_ = 0;  // the open file's MIDAS bytes before compression
     std::unique_ptr<lz4f::FrameWriter> lz4_;
     std::vector<std::byte> lz4_out_;

@@ -55,6 +55,13 @@ int admit_described(alloc::BufferPool& pool, std::uint32_t idx, std::size_t leng
         counters.not_running.add();
         return -1;
     }
+    // A datagram from another sender than the one its source is pinned to is not that
+    // board's: refused here, before it can move the source's counters (a counter far
+    // from the board's would put its later events into another wrap epoch).
+    if (rules.pins && arrival.sender != nullptr && !rules.pins->admit(d.source_id, sender_key(*arrival.sender))) {
+        counters.sender_mismatch.add();
+        return -1;
+    }
     // Extension follows arrival order per source, whatever is refused after it: the
     // board's counter moved on either way. A source not expected is left as it is
     // read; the matcher counts it unknown.
@@ -72,8 +79,8 @@ int admit_described(alloc::BufferPool& pool, std::uint32_t idx, std::size_t leng
         shard = shard_of(d.event, rules.builders, shard_count);
     } else if (rules.match == MatchMode::time_slice && rules.builders > 1 && d.has_timestamp && !d.empty &&
                (d.timestamp / rules.slice_ticks) % rules.builders != rules.builder_id) {
-        // A later chunk without its timestamp (first_chunk_only) cannot be placed
-        // here; it goes on, and waits in vain for a first chunk this builder never takes.
+        // A later chunk without its timestamp (first_chunk_only) could not be placed:
+        // the configuration refuses such a board with several time_slice builders.
         counters.other_builder.add();
         return -1;
     }

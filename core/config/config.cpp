@@ -523,6 +523,18 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         const frames::FrameLimits limits{c->building.match, c->input.max_datagram_bytes, c->building.clock_hz};
         c->input.frames = std::make_shared<const frames::FrameTable>(
             frames::compile_frames(*lookup(eff, "input.frames", false), limits, problems, "input.frames"));
+        // A farm of time_slice builders takes a fragment by its slice: a later chunk
+        // whose timestamp stays in the first chunk cannot be placed, and would wait
+        // on every builder that does not build its slice, using up its source's share.
+        if (c->building.match == MatchMode::time_slice && c->builders > 1)
+            for (std::size_t i = 0; i < c->input.frames->descriptions().size(); ++i) {
+                const frames::FrameDescription& d = c->input.frames->descriptions()[i];
+                if (d.chunk_index.present() && d.first_only_timestamp)
+                    problems.push_back(fmt::format(
+                        "input.frames[{}].first_chunk_only: a chunked board whose timestamp is in its first chunk only "
+                        "cannot be split among {} time_slice builders (a later chunk names no slice); use one builder",
+                        i, c->builders));
+            }
     }
     if (c->mode == Mode::pull &&
         std::uint64_t{c->building.timeout_ms} <= std::uint64_t{c->pull.retry_ms} * (c->pull.max_retries + 1ull))

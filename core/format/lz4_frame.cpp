@@ -2,6 +2,9 @@
 
 #include <lz4frame.h>
 
+#include <algorithm>
+#include <memory>
+
 #include <fmt/format.h>
 
 #include "core/format/wire.hpp"
@@ -21,7 +24,8 @@ LZ4F_preferences_t preferences(int level) noexcept {
     p.frameInfo.blockMode = LZ4F_blockIndependent;
     p.frameInfo.contentChecksumFlag = LZ4F_noContentChecksum;
     p.frameInfo.blockChecksumFlag = LZ4F_noBlockChecksum;
-    p.compressionLevel = level <= 1 ? 0 : level;  // 0: LZ4's fast mode; 3 and above: HC
+    // 0: LZ4's fast mode; LZ4F takes levels below 3 as fast too, so 2 asks for HC's first.
+    p.compressionLevel = level <= 1 ? 0 : std::max(level, 3);
     p.autoFlush = 0;  // pieces gather into whole blocks; write() flushes at its end
     return p;
 }
@@ -118,11 +122,14 @@ FrameRead read_frame(std::span<const std::byte> image) {
         r.cut_short = true;
         return r;
     }
-    LZ4F_dctx* d = nullptr;
-    if (LZ4F_isError(LZ4F_createDecompressionContext(&d, LZ4F_VERSION))) {
+    LZ4F_dctx* raw = nullptr;
+    if (LZ4F_isError(LZ4F_createDecompressionContext(&raw, LZ4F_VERSION))) {
         r.problem = "no LZ4 frame decoder (out of memory)";
         return r;
     }
+    // Freed however this ends (the content vector may fail to grow).
+    const std::unique_ptr<LZ4F_dctx, decltype(&LZ4F_freeDecompressionContext)> owner(raw, &LZ4F_freeDecompressionContext);
+    LZ4F_dctx* d = raw;
     // Feeds `n` bytes at `pos` (all of them: a header, one whole block or the end)
     // and appends what they decode to.
     auto feed = [&](std::size_t pos, std::size_t n) -> bool {
@@ -213,7 +220,6 @@ FrameRead read_frame(std::span<const std::byte> image) {
     } else {
         r.content.clear();
     }
-    LZ4F_freeDecompressionContext(d);
     return r;
 }
 

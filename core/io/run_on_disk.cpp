@@ -155,7 +155,10 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 midas::DecodedEvent d;
                 for (const midas::EventView& e : m.events)
                     if (m.bor.serial_number == run && midas::decode_built(e, d)) ids.push_back(d.evb_event_id);
-                if (!part && !m.problems.empty())
+                if (!part && lz4 && !frame.complete)
+                    s.problems.push_back(fmt::format("{}: LZ4 frame: {} (its events before that are counted)", path,
+                                                     frame.problem));
+                else if (!part && !m.problems.empty())
                     s.problems.push_back(fmt::format("{}: {} (its events before that are counted)", path,
                                                      m.problems[0].what));
                 continue;

@@ -463,11 +463,15 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
 // steps a whole EVB fragment takes (its share of slots was applied while it waited).
 void Matcher::build_gathered(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept {
     if (match_ == file::MatchMode::time_slice) {
+        // Its chunks go through the slice gathering one by one; the source's share of
+        // slots must not refuse them there again (a fragment already whole).
+        gathering_whole_ = true;
         for (ChunkMeta* k = first; k != nullptr;) {
             ChunkMeta* next = k->next;
             add_sliced(k, idx, now_ns, out);
             k = next;
         }
+        gathering_whole_ = false;
         return;
     }
     ChunkMeta* rest = first->next;
@@ -867,7 +871,7 @@ Matcher::Gather Matcher::gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, C
         }
         after = p;
     }
-    if (max_slots_ != 0 && held_slots_[i] >= max_slots_ && have + 1u < c->chunk_count) {
+    if (max_slots_ != 0 && !gathering_whole_ && held_slots_[i] >= max_slots_ && have + 1u < c->chunk_count) {
         counters_.source_slot_limit_drops.add();
         counters_.source_slot_limit[i].add();
         drop(c);

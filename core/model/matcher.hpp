@@ -251,6 +251,7 @@ private:
     std::uint32_t max_slots_;  // 0: no limit
     std::vector<std::uint32_t> solo_events_;  // per source: events it opened that nobody joined yet
     std::vector<std::uint32_t> held_slots_;   // per source: slots in its incomplete fragments
+    bool gathering_whole_ = false;  // build_gathered hands a whole described fragment to the slice gathering
     // Dead-source detection: events started in this shard, the start times of the
     // latest of them (a ring), and per source the count at its last chunk: the
     // first event it missed is number seen_at_event_ (absent sources listed).

@@ -229,6 +229,12 @@ TEST_CASE("config: input.frames is compiled at load and each refusal names its k
           std::vector<std::string>{"input.frames[0].event.at: the u32be at byte 98 ends past input.max_datagram_bytes (100)"});
     CHECK(problems_of(R"({"building": {"match": "time_slice", "slice_ticks": 1000}, "input": {"frames": [{"name": "a", "source": {}, "event": {"at": 0, "type": "u8"}}]}})") ==
           std::vector<std::string>{"input.frames[0].timestamp: missing: a timestamp match mode builds events by the board's timestamp"});
+    // A chunked board with its timestamp in the first chunk only cannot be split among
+    // time_slice builders: its later chunks name no slice.
+    CHECK(any_contains(problems_of(R"({"builders": 2, "building": {"clock_hz": 1000000000, "match": "time_slice", "slice_ticks": 1000}, "input": {"frames": [)" + pwb + "]}}"),
+                       "input.frames[0].first_chunk_only: a chunked board whose timestamp is in its first chunk only "
+                       "cannot be split among 2 time_slice builders"));
+    CHECK(problems_of(R"({"building": {"clock_hz": 1000000000, "match": "time_slice", "slice_ticks": 1000}, "input": {"frames": [)" + pwb + "]}}").empty());
     // A change of input.frames takes a restart, like the other input keys.
     const auto other = load_config(R"({"input": {"frames": []}})", "test.json", {});
     const auto restart = evb::restart_keys_changed(*c, *other);

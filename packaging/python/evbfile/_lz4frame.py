@@ -64,6 +64,11 @@ def decode(path, image):
     if size < header:
         r.problem, r.cut_short = "the LZ4 frame header is cut short", True
         return r
+    if not flg & 0x20:
+        # Linked blocks (another writer's choice; evbd writes independent ones) need
+        # the frame decoded as one stream, which this block-by-block reader does not do.
+        r.problem = "LZ4 frame with linked blocks: this reader decodes independent blocks only (evbd writes those)"
+        return r
     try:
         frame.get_frame_info(bytes(mv[:header]))  # checks the header checksum byte
     except RuntimeError as e:
