@@ -231,7 +231,7 @@ TEST_CASE("DiskWriter writes MIDAS files: BOR and one event per built event with
     CHECK(rig.pool.free_count() == kSlots);
 }
 
-TEST_CASE("DiskWriter writes .mid.lz4: one LZ4 frame holding the MIDAS file, counted written once the frame has it") {
+TEST_CASE("DiskWriter writes .mid.lz4: one LZ4 frame holding the MIDAS file and every event counted written in order") {
     test::TempDir dir;
     WriterSettings ws = WriterRig::writer_settings(dir.path());
     ws.format = OutputFormat::midas;
