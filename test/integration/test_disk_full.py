@@ -33,9 +33,9 @@ def fill(path, leave_kb):
         f.write(b"\0" * max(0, free - leave_kb * 1024))
 
 
-def phase_push(wd, mnt, direct):
+def phase_push(wd, mnt, direct, fmt=()):
     d = Evbd(wd, sets=["sources=4", "building.timeout_ms=2000", f"output.directory={mnt}/data",
-                       "output.max_file_bytes=1000000", f"output.direct_io={'true' if direct else 'false'}"])
+                       "output.max_file_bytes=1000000", f"output.direct_io={'true' if direct else 'false'}", *fmt])
     run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", 200, "--size", "1000:3000", "--rate", 1000])
     d.wait_metric("evb_events_written_total", lambda v: v >= 200, timeout=20)
     fill(mnt, 300)  # ~300 KiB left: the next megabytes will not fit
@@ -150,6 +150,19 @@ def main():
             os.makedirs(sub)
             phase_push(sub, mnt, direct)
             shutil.rmtree(os.path.join(mnt, "data"))  # make room: the pull phase needs ~7 MB
+        # MIDAS output keeps the same promises (issue 32): .mid, and .mid.lz4 whose
+        # frame must go on after a batch is cut off.
+        for name, fmt in (("midas", ["output.format=midas"]),
+                          ("midas-lz4", ["output.format=midas", "output.compression=lz4"])):
+            print(f"push phase, {name}", flush=True)
+            sub = os.path.join(wd, f"push-{name}")
+            os.makedirs(sub)
+            phase_push(sub, mnt, True, fmt)
+            names = os.listdir(os.path.join(mnt, "data"))
+            want = ".mid.lz4" if name == "midas-lz4" else ".mid"
+            check(any(n.endswith(want) for n in names) and not any(n.endswith(".evb") for n in names),
+                  f"push ({name}): the files are {want} files")
+            shutil.rmtree(os.path.join(mnt, "data"))
         os.makedirs(os.path.join(wd, "twice"))
         phase_twice(os.path.join(wd, "twice"), mnt)
         shutil.rmtree(os.path.join(mnt, "twice"))
