@@ -23,7 +23,7 @@ packages=(
   dpkg-dev adduser systemd
   tcpdump tcpreplay iproute2
   chromium fonts-dejavu-core  # test_status_page renders the status page headless
-  python3-numpy python3-crc32c  # evbfile, the Python reader (packaging/python): numpy, and a CRC-32C in C
+  python3-numpy libisal2 python3-crc32c  # evbfile, the Python reader (packaging/python): numpy; ISA-L for its CRC-32C at 9 GB/s (ctypes), python3-crc32c where ISA-L is missing
   python3-lz4 python3-zstandard  # evbfile's v2 codecs, which test_python_reader_v2 exercises
 )
 

@@ -21,7 +21,7 @@ import struct
 import numpy as np
 
 from . import _lz4frame
-from .reader import _check_items, EvbFile, FormatError, Problem, Record, Section, SectionStatus
+from .reader import _check_items, EvbFile, FormatError, Problem, Record, SectionStatus
 
 EVENT_HEADER_BYTES = 16
 BOR_EVENT_ID = 0x8000
@@ -53,20 +53,12 @@ class MidasRecord(Record):
     (16-byte header included); `first_fragment_unix_ns` is 0 and `built_unix_ns` whole
     seconds, as MIDAS keeps them. Its sections come from EVBS and the banks."""
 
-    __slots__ = ("serial_number", "_layout")
+    __slots__ = ("serial_number",)
 
     def __init__(self, file, offset, length, event_id, run_number, status, built_ns, timestamp, serial, layout):
-        super().__init__(file, offset, length, event_id, run_number, status, 0, built_ns, timestamp, len(layout),
-                         file._raw, file._buf, 0)
+        super().__init__(file, offset, length, event_id, run_number, status, 0, built_ns, timestamp, file._buf,
+                         layout)
         self.serial_number = serial
-        self._layout = layout  # (source_id, status, length, item_count, bytes' offset) per section
-
-    @property
-    def sections(self):
-        if self._sections is None:
-            buf, mode = self._buf, self.file.match_mode
-            self._sections = [Section(sid, st, n, items, buf, at, mode) for sid, st, n, items, at in self._layout]
-        return self._sections
 
 
 class MidasFile(EvbFile):

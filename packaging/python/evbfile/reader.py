@@ -16,7 +16,7 @@ from enum import IntFlag
 import numpy as np
 
 from . import _codecs
-from ._crc import crc32c, crc32c_combine
+from ._crc import crc32c, crc32c_combine, span_crc32c
 
 HEADER_BYTES = 64
 FILE_MAGIC = b"EVBFILE1"
@@ -195,10 +195,10 @@ class Record:
     made on first use: a walk that looks only at the headers makes no Section."""
 
     __slots__ = ("file", "offset", "length", "event_id", "run_number", "status", "first_fragment_unix_ns",
-                 "built_unix_ns", "timestamp", "section_count", "_raw", "_buf", "_at", "_sections")
+                 "built_unix_ns", "timestamp", "section_count", "_buf", "_layout", "_sections")
 
-    def __init__(self, file, offset, length, event_id, run_number, status, first_ns, built_ns, timestamp,
-                 section_count, raw, buf, at):
+    def __init__(self, file, offset, length, event_id, run_number, status, first_ns, built_ns, timestamp, buf,
+                 layout):
         self.file = file
         self.offset = offset
         self.length = length
@@ -208,10 +208,9 @@ class Record:
         self.first_fragment_unix_ns = first_ns
         self.built_unix_ns = built_ns
         self.timestamp = timestamp  # v2; 0 in v1 files, which carry none
-        self.section_count = section_count
-        self._raw = raw  # the mapping, or the decompressed sections area
-        self._buf = buf  # the same bytes as a numpy uint8 array
-        self._at = at  # the first section header in _raw
+        self.section_count = len(layout)
+        self._buf = buf  # numpy uint8 array the sections' bytes live in: the mapping, or a decompressed area
+        self._layout = layout  # (source_id, status, length, item_count, payload offset in _buf) per section
         self._sections = None
 
     @property
@@ -219,19 +218,8 @@ class Record:
         """The sections, one per expected source in ascending source_id (checked by
         the walk that found the record)."""
         if self._sections is None:
-            raw, buf, at = self._raw, self._buf, self._at
-            mode = self.file.match_mode
-            v1 = self.file.version == 1
-            unpack = _SECTION.unpack_from
-            out = []
-            for _ in range(self.section_count):
-                sid, sstatus, slen, nitems = unpack(raw, at)
-                if v1:
-                    nitems = 0 if sstatus & _MISSING else 1
-                at += SECTION_HEADER_BYTES
-                out.append(Section(sid, sstatus, slen, nitems, buf, at, mode))
-                at += (slen + 7) & ~7
-            self._sections = out
+            buf, mode = self._buf, self.file.match_mode
+            self._sections = [Section(sid, st, n, items, buf, at, mode) for sid, st, n, items, at in self._layout]
         return self._sections
 
     @property
@@ -276,6 +264,7 @@ class EvbFile:
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
         self._buf = np.frombuffer(self._mm, dtype=np.uint8) if self._mm is not None else np.empty(0, np.uint8)
         self._mv = memoryview(self._buf)  # slicing an mmap copies; slicing this does not
+        self._crc = span_crc32c(self._buf)  # crc(start, end, seed): CRC-32C of a span of the file
         self._read_header()
         self._records_end = self.size
         if self.header_ok:
@@ -297,7 +286,7 @@ class EvbFile:
             raise FormatError(self.path, 0, "bad file magic (expected EVBFILE1)")
         if version not in (1, 2) or header_size != HEADER_BYTES:
             raise FormatError(self.path, 8, f"unsupported version {version} or header_size {header_size}")
-        if self.verify_crc and crc32c(self._mv[:60]) != crc:
+        if self.verify_crc and self._crc(0, 60) != crc:
             raise FormatError(self.path, 60, "file header CRC mismatch")
         self.version = version
         self.run_number = run
@@ -329,7 +318,7 @@ class EvbFile:
         if not fits:
             self._footer_problem(f, "footer index_offset/event_count do not fit the file")
             return
-        if self.verify_crc and crc32c(self._mv[off:size - 4]) != crc:
+        if self.verify_crc and self._crc(off, size - 4) != crc:
             self._footer_problem(size - 4, "footer CRC mismatch")
             return
         marker, index_reserved, index_count = _INDEX_HEAD.unpack_from(mm, off)
@@ -361,7 +350,7 @@ class EvbFile:
     def _parse(self, pos, end):
         """The record at `pos` (records end at `end`), checked; or None after _bad().
         The checks and their order are those of evbd's file::scan()."""
-        mm, mv = self._mm, self._mv
+        mm, span = self._mm, self._crc
         left = end - pos
         hb = self._record_header_bytes
         if left < hb:
@@ -383,7 +372,7 @@ class EvbFile:
             return None
         check = self.verify_crc
         if v1:
-            if check and crc32c(mv[pos + 56:pos + length], crc32c(mv[pos:pos + 52])) != crc:
+            if check and span(pos + 56, pos + length, span(pos, pos + 52)) != crc:
                 self._bad(pos, f"record CRC mismatch (event {event_id})")
                 return None
             if reserved or reserved2:
@@ -391,7 +380,7 @@ class EvbFile:
                 return None
             raw, buf, at, area_end = mm, self._buf, pos + hb, pos + length
         elif status & _COMPRESSED:
-            if check and crc32c(mv[pos + 64:pos + length], crc32c(mv[pos + 56:pos + 64], crc32c(mv[pos:pos + 52]))) != crc:
+            if check and span(pos + 56, pos + length, span(pos, pos + 52)) != crc:
                 self._bad(pos, f"record CRC mismatch (event {event_id})")
                 return None
             got = self._decompress(pos, length, content_length, content_crc, event_id)
@@ -403,8 +392,8 @@ class EvbFile:
             # gives the content CRC, and joined to the header's, the record CRC (as
             # evb-dump does).
             if check:
-                area_crc = crc32c(mv[pos + 64:pos + length])
-                seed = crc32c(mv[pos + 56:pos + 64], crc32c(mv[pos:pos + 52]))
+                area_crc = span(pos + 64, pos + length)
+                seed = span(pos + 56, pos + 64, span(pos, pos + 52))
                 if crc32c_combine(seed, area_crc, length - 64) != crc:
                     self._bad(pos, f"record CRC mismatch (event {event_id})")
                     return None
@@ -416,11 +405,11 @@ class EvbFile:
                 self._bad(pos, f"content CRC mismatch (event {event_id})")
                 return None
             raw, buf, at, area_end = mm, self._buf, pos + 64, pos + length
-        why = self._check_sections(raw, at, area_end, nsec)
-        if why is not None:
-            self._bad(pos, f"event {event_id}: {why}")
+        layout = self._check_sections(raw, at, area_end, nsec)
+        if isinstance(layout, str):
+            self._bad(pos, f"event {event_id}: {layout}")
             return None
-        return Record(self, pos, length, event_id, run, status, first_ns, built_ns, timestamp, nsec, raw, buf, at)
+        return Record(self, pos, length, event_id, run, status, first_ns, built_ns, timestamp, buf, layout)
 
     def _decompress(self, pos, length, content_length, content_crc, event_id):
         """(raw, numpy buffer, start, end) of a COMPRESSED v2 record's sections area,
@@ -450,12 +439,14 @@ class EvbFile:
         return area, np.frombuffer(area, dtype=np.uint8), 0, content_length
 
     def _check_sections(self, raw, at, end, count):
-        """None when the `count` sections of the area [at, end) of `raw` (the mapping,
-        or a decompressed area) pass the checks of evbd's check_sections() (items
-        included), else what is wrong. The hot loop of a walk: plain ints, no objects."""
+        """The layout of the `count` sections of the area [at, end) of `raw` (the
+        mapping, or a decompressed area) when they pass the checks of evbd's
+        check_sections() (items included), else what is wrong (a str). The hot loop of
+        a walk: plain ints and a tuple per section, no objects."""
         mode = self.match_mode
         v1 = self.version == 1
         unpack = _SECTION.unpack_from
+        layout = []
         prev = -1
         for i in range(count):
             if end - at < SECTION_HEADER_BYTES:
@@ -482,10 +473,13 @@ class EvbFile:
                     why = _check_items(raw, at, slen, sstatus, nitems, i, mode)
                     if why is not None:
                         return why
+            else:
+                nitems = 0 if sstatus & _MISSING else 1
+            layout.append((sid, sstatus, slen, nitems, at))
             at += padded
         if at != end:
             return f"{end - at} bytes after the last section"
-        return None
+        return layout
 
     def __iter__(self):
         if not self.header_ok:
@@ -551,7 +545,7 @@ class EvbFile:
     def close(self):
         """Drops this object's hold on the mapping. Payload views handed out keep it
         alive until they are gone too."""
-        self._buf = self._mv = None
+        self._buf = self._mv = self._crc = None
         self._index = None
         mm, self._mm = self._mm, None
         if mm is not None:
