@@ -25,8 +25,6 @@ BACKEND names the one in use. EVBFILE_CRC=crc32c|crcmod|pure skips the ones abov
 """
 import os
 
-import numpy as np
-
 _POLY = 0x82F63B78
 
 
@@ -80,6 +78,8 @@ def _load_isal():
 
 
 def _make_isal(fn):
+    import numpy as np  # for a buffer's address; evbfile needs numpy anyway
+
     def crc32c(data, crc=0):
         a = np.frombuffer(data, dtype=np.uint8)
         addr, n = a.ctypes.data, a.size
@@ -98,7 +98,12 @@ def _select():
     order = ["isal", "crc32c", "crcmod", "pure"]
     allowed = order[order.index(skip):] if skip in order else order
     if "isal" in allowed:
-        fn = _load_isal()
+        try:
+            import numpy  # noqa: F401  (this module alone may be loaded without it, by tests)
+
+            fn = _load_isal()
+        except ImportError:
+            fn = None
         if fn is not None:
             return _make_isal(fn), "isal", fn
     if "crc32c" in allowed:
@@ -134,6 +139,8 @@ def span_crc32c(buffer):
     (checked: a wrong span is a ValueError, never a read outside it). The function
     holds a view of `buffer` for as long as it lives."""
     if _isal is not None:
+        import numpy as np
+
         a = np.frombuffer(buffer, dtype=np.uint8)
         base, size, fn = a.ctypes.data, a.size, _isal
 
