@@ -272,7 +272,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         return;
     }
     if (match_ == file::MatchMode::time_slice) {
-        add_sliced(c, idx, now_ns, out);
+        add_sliced(c, idx, now_ns, out, false);
         return;
     }
     if (match_ == file::MatchMode::timestamp) {
@@ -300,14 +300,21 @@ void Matcher::add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, Event
     wire::store_u64(c->spare(), now_ns);  // when it began to wait
     ChunkMeta* first = nullptr;
     ChunkMeta* last = nullptr;
-    const Gather g = gather(waiting_[i], c, i, first, last);
+    const Gather g = gather(waiting_[i], c, i, first, last, false);
     if (g == Gather::held) ++waiting_chunks_;
     // Whole or broken, the fragment's other chunks have stopped waiting.
     if (g == Gather::complete || g == Gather::broken) waiting_chunks_ -= c->chunk_count - 1u;
-    if (g != Gather::complete) return;
+    if (g == Gather::complete) join_whole(first, idx, now_ns, out);
+}
+
+// A whole fragment (first and the chunks linked after it, in order) finds its event
+// once, by the match mode's rule (by timestamp, or by id), and joins it chunk by
+// chunk. When it has none (late, a duplicate, refused) every chunk is dropped.
+void Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept {
     ChunkMeta* rest = first->next;
     first->next = nullptr;
-    Event* e = event_by_time(first, idx, now_ns);  // drops `first` when it has no event
+    Event* e = match_ == file::MatchMode::timestamp ? event_by_time(first, idx, now_ns)
+                                                    : event_by_id(first, idx, now_ns);  // drop `first` when no event
     if (e == nullptr) {
         drop_chain(rest);
         return;
@@ -456,36 +463,17 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         k->flags = static_cast<std::uint16_t>(k->flags & ~(chunk_flags::ungathered | chunk_flags::last_chunk));
     }
     for (ChunkMeta* k = first; k != nullptr; k = k->next) k->fragment_length = offset;
-    build_gathered(first, idx, now_ns, out);
-}
-
-// A gathered fragment joins its event whole, by the match mode's rules: the same
-// steps a whole EVB fragment takes (its share of slots was applied while it waited).
-void Matcher::build_gathered(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept {
-    if (match_ == file::MatchMode::time_slice) {
-        // Its chunks go through the slice gathering one by one; the source's share of
-        // slots must not refuse them there again (a fragment already whole).
-        gathering_whole_ = true;
-        for (ChunkMeta* k = first; k != nullptr;) {
-            ChunkMeta* next = k->next;
-            add_sliced(k, idx, now_ns, out);
-            k = next;
-        }
-        gathering_whole_ = false;
+    // The whole fragment joins its event by the match mode's rules, the steps a whole
+    // EVB fragment takes; its share of slots was applied while it waited here. In
+    // time_slice mode its chunks go through the slice gathering one by one, marked
+    // whole so that the share is not applied there again.
+    if (match_ != file::MatchMode::time_slice) {
+        join_whole(first, idx, now_ns, out);
         return;
     }
-    ChunkMeta* rest = first->next;
-    first->next = nullptr;
-    Event* e = match_ == file::MatchMode::timestamp ? event_by_time(first, idx, now_ns)
-                                                    : event_by_id(first, idx, now_ns);  // drop `first` when no event
-    if (e == nullptr) {
-        drop_chain(rest);
-        return;
-    }
-    first->next = rest;
     for (ChunkMeta* k = first; k != nullptr;) {
         ChunkMeta* next = k->next;
-        accept(e, k, idx, now_ns, out, true);
+        add_sliced(k, idx, now_ns, out, true);
         k = next;
     }
 }
@@ -843,7 +831,7 @@ bool Matcher::insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noe
 // the fragment, the fragment's chunks leave the list as first..last, checked to
 // tile it. Refused chunks are counted and dropped here.
 Matcher::Gather Matcher::gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, ChunkMeta*& first,
-                                ChunkMeta*& last) noexcept {
+                                ChunkMeta*& last, bool whole) noexcept {
     const std::uint64_t seq = c->event_id;
     ChunkMeta* after = nullptr;
     ChunkMeta* run_first = nullptr;  // first chunk of this fragment, and the one before it
@@ -871,7 +859,7 @@ Matcher::Gather Matcher::gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, C
         }
         after = p;
     }
-    if (max_slots_ != 0 && !gathering_whole_ && held_slots_[i] >= max_slots_ && have + 1u < c->chunk_count) {
+    if (max_slots_ != 0 && !whole && held_slots_[i] >= max_slots_ && have + 1u < c->chunk_count) {
         counters_.source_slot_limit_drops.add();
         counters_.source_slot_limit[i].add();
         drop(c);
@@ -914,7 +902,7 @@ Matcher::Gather Matcher::gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, C
     return Gather::complete;
 }
 
-void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept {
     const auto i = static_cast<std::size_t>(idx);
     const std::uint64_t seq = c->event_id;
     const bool crc_bad = (c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c;
@@ -988,7 +976,7 @@ void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         return;
     }
     if (c->chunk_count > 1) {
-        const Gather g = gather(s.partial, c, i, first, last);
+        const Gather g = gather(s.partial, c, i, first, last, whole);
         if (g == Gather::duplicate) e->status |= file::record_status::duplicates;
         if (g != Gather::complete) return;
     }

@@ -119,10 +119,11 @@ private:
     void add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // Timestamp mode: chunks of fragments not yet whole, per source (see gather).
     void expire_waiting(std::uint64_t now_ns, bool all) noexcept;
+    // A whole fragment of several chunks (event_id and timestamp modes) joins its event.
+    void join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // Described frames: a chunk not gathered yet waits for its fragment's other
-    // chunks; a whole fragment goes on to its event (build_gathered).
+    // chunks; the whole fragment then goes on to its event.
     void gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
-    void build_gathered(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // The (run, event) keys of the fragments a source's chunks completed lately: a
     // copy of one of their chunks is a duplicate, not the start of a new wait.
     struct RecentlyGathered {
@@ -144,9 +145,11 @@ private:
     };
     // held: waiting for more chunks; complete: first..last is the whole fragment;
     // duplicate, refused: the chunk was dropped; broken: whole but not tiling, every
-    // chunk of it dropped.
+    // chunk of it dropped. `whole`: the chunk's fragment is known whole already (a
+    // gathered described fragment), so the source's share of slots does not apply.
     enum class Gather { held, complete, duplicate, refused, broken };
-    Gather gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, ChunkMeta*& first, ChunkMeta*& last) noexcept;
+    Gather gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, ChunkMeta*& first, ChunkMeta*& last,
+                  bool whole) noexcept;
     // The event a chunk belongs to, started if need be; nullptr when the chunk was
     // counted and dropped. By event id, or (timestamp mode) by time.
     Event* event_by_id(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
@@ -161,7 +164,8 @@ private:
     void bucket_remove(Event* e) noexcept;
     // time_slice mode (docs/FORMATS.md section 5): chunks to slices, fragments to
     // their source's items in (timestamp, sequence) order, watermarks.
-    void add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    // `whole` as for gather().
+    void add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept;
     // False (nothing linked) when an item of the same (timestamp, sequence) is there.
     bool insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noexcept;
     void drop_chain(ChunkMeta* c) noexcept;
@@ -251,7 +255,6 @@ private:
     std::uint32_t max_slots_;  // 0: no limit
     std::vector<std::uint32_t> solo_events_;  // per source: events it opened that nobody joined yet
     std::vector<std::uint32_t> held_slots_;   // per source: slots in its incomplete fragments
-    bool gathering_whole_ = false;  // build_gathered hands a whole described fragment to the slice gathering
     // Dead-source detection: events started in this shard, the start times of the
     // latest of them (a ring), and per source the count at its last chunk: the
     // first event it missed is number seen_at_event_ (absent sources listed).
