@@ -395,7 +395,6 @@ void DiskWriter::flush_batch() {
 void DiskWriter::release_batch(bool lost) {
     if (batch_.empty()) return;
     const std::uint64_t now = realtime_ns();
-    std::uint64_t payload = 0, records = 0;
     std::uint64_t end = batch_start_offset_;
     // `.mid.lz4`: the batch is whole blocks that end where the file now ends; each of
     // its events is with the kernel once that end is.
@@ -415,8 +414,6 @@ void DiskWriter::release_batch(bool lost) {
                 c = next;
             }
         }
-        payload += event_payload;
-        records += file_bytes;
         end = lz4_file_ ? blocks_end : end + file_bytes;
         if (!lost) {
             unsettled_.push_back({end, e->event_id, event_payload, file_bytes, midas_ ? file_bytes : e->plain_length, now});
