@@ -34,11 +34,13 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from evbperf import replay  # noqa: E402  (perf/evbperf.py)
 
 CODECS = [("none", 1), ("lz4", 1), ("zstd", 1), ("zstd", 3)]
 SOURCES = 8
@@ -99,31 +101,6 @@ def disk_mbps(directory, cgroup, mib=512):
     return mib * 1048576 / float(m.group(1)) / 1e6 if m else float("nan")
 
 
-def replay(bin_dir, capture, out_dir, codec, level, cgroup):
-    """One replay; returns (seconds from intake start to the last write, evbd CPU seconds, counts)."""
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.makedirs(out_dir)
-    cmd = [os.path.join(bin_dir, "evbd"), "--replay", capture, "--set", f"sources={SOURCES}",
-           "--set", f"output.directory={out_dir}", "--set", "monitor.listen=", "--set", "output.direct_io=true",
-           "--set", f"output.compression={codec}", "--set", f"output.compression_level={level}",
-           "--set", "output.format_version=2", "--set", "building.timeout_ms=5000"]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=join_cgroup(cgroup))
-    _, status, ru = os.wait4(p.pid, 0)
-    err = p.stderr.read()
-    rc = os.waitstatus_to_exitcode(status)
-    if rc != 0:
-        raise SystemExit(f"evbd --replay exited {rc}: {' '.join(cmd)}\n{err[-2000:]}")
-    m = re.search(r"stopped: (\d+) events complete, (\d+) incomplete, (\d+) written \((\d+) payload bytes\)", err)
-    took = re.search(r"replay time: ([0-9.]+) s from intake start", err)
-    ring = re.search(r"(\d+) because the compression ring was full", err)
-    if not m or not took:
-        raise SystemExit(f"no stop line from evbd:\n{err[-2000:]}")
-    return float(took.group(1)), ru.ru_utime + ru.ru_stime, {
-        "complete": int(m.group(1)), "incomplete": int(m.group(2)), "written": int(m.group(3)),
-        "payload_bytes": int(m.group(4)), "no_buffer": int(ring.group(1)) if ring else 0}
-
-
 def stored_bytes(bin_dir, out_dir):
     r = subprocess.run([os.path.join(bin_dir, "evb-dump"), "--json", out_dir], capture_output=True, text=True)
     doc = json.loads(r.stdout)
@@ -173,8 +150,12 @@ def main():
                 for codec, level in order:
                     key = name(codec, level)
                     out = os.path.join(a.dir, f"out-{payload}-{key}")
-                    seconds, cpu, c = replay(a.bin, capture, out, codec, level, cg)
-                    cpu -= replay(a.bin, tiny, out + "-start", codec, level, cg)[1]
+                    sets = [f"output.compression={codec}", f"output.compression_level={level}",
+                            "output.format_version=2"]
+                    seconds, cpu, c = replay(a.bin, capture, out, SOURCES, sets, preexec_fn=join_cgroup(cg),
+                                             ring_full=True)
+                    cpu -= replay(a.bin, tiny, out + "-start", SOURCES, sets, preexec_fn=join_cgroup(cg),
+                                  ring_full=True)[1]
                     stored, content = stored_bytes(a.bin, out)
                     gb = c["payload_bytes"] / 1e9
                     runs[key].append({"seconds": seconds, "cpu": cpu, "events_per_s": c["written"] / seconds,

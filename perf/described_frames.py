@@ -32,7 +32,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from midas_output import log, replay, spread  # noqa: E402
+from evbperf import replay  # noqa: E402  (perf/evbperf.py)
+from midas_output import log, spread  # noqa: E402
 
 SOURCES = 8
 CHUNK = 8932
@@ -87,8 +88,8 @@ def main():
     runs = {"evb": [], "described": []}
     for rnd in range(a.rounds):
         for name in (("evb", "described") if rnd % 2 == 0 else ("described", "evb")):
-            took, cpu, counts = replay(a.bin, caps[name][0], out, sets, args[name])
-            _, cpu0, _ = replay(a.bin, caps[name][1], out + "-idle", sets, args[name])
+            took, cpu, counts = replay(a.bin, caps[name][0], out, SOURCES, sets, args[name])
+            _, cpu0, _ = replay(a.bin, caps[name][1], out + "-idle", SOURCES, sets, args[name])
             if counts["complete"] != a.events or counts["written"] != a.events or counts["incomplete"] != 0:
                 raise SystemExit(f"{name}: lost or incomplete events: {counts} of {a.events}")
             gb = counts["payload_bytes"] / 1e9

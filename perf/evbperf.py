@@ -5,13 +5,15 @@ soak.py to run the soak, and nothing imports back.
 Evbd and Child start, watch and stop evbd and helper processes such as evb-source;
 cpu_seconds and thread_cpu_seconds read CPU time from /proc; free_udp_port picks a
 loopback port; ToolError and log are how the scripts fail and report progress;
-replace_block rewrites one generated section of a Markdown report. Python standard
-library only.
+replay runs one `evbd --replay` at full speed (compression.py, midas_output.py,
+described_frames.py); replace_block rewrites one generated section of a Markdown
+report. Python standard library only.
 """
 import glob
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -194,6 +196,43 @@ class Evbd:
             raise ToolError(f"evbd exited {rc}:\n{text[-2000:]}")
         keys = ("complete", "incomplete", "written", "payload_bytes", "files_closed", "write_errors")
         return dict(zip(keys, (int(g) for g in m.groups())))
+
+
+# ---------------------------------------------------------------------------
+# Replays at full speed (compression.py, midas_output.py, described_frames.py)
+
+
+def replay(bin_dir, capture, out_dir, sources, sets=(), args=(), preexec_fn=None, ring_full=False):
+    """One `evbd --replay` of `capture` into O_DIRECT files in `out_dir` (emptied
+    first), with `sources` sources, `--set` for each of `sets` and `args` as more
+    arguments; `preexec_fn` runs in the child before evbd starts (compression.py joins
+    a blkio cgroup there). Returns (seconds from intake start to the last write, evbd
+    CPU seconds, counts); with ring_full, counts also has "no_buffer", the records
+    stored plain because the compression ring was full. Exits the script when evbd
+    fails or logs no stop line."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    cmd = [os.path.join(bin_dir, "evbd"), "--replay", capture, "--set", f"sources={sources}",
+           "--set", f"output.directory={out_dir}", "--set", "monitor.listen=", "--set", "output.direct_io=true",
+           "--set", "building.timeout_ms=5000", *args]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+    _, status, ru = os.wait4(p.pid, 0)
+    err = p.stderr.read()
+    rc = os.waitstatus_to_exitcode(status)
+    if rc != 0:
+        raise SystemExit(f"evbd --replay exited {rc}: {' '.join(cmd)}\n{err[-2000:]}")
+    m = re.search(r"stopped: (\d+) events complete, (\d+) incomplete, (\d+) written \((\d+) payload bytes\)", err)
+    took = re.search(r"replay time: ([0-9.]+) s from intake start", err)
+    if not m or not took:
+        raise SystemExit(f"no stop line from evbd:\n{err[-2000:]}")
+    counts = {"complete": int(m.group(1)), "incomplete": int(m.group(2)), "written": int(m.group(3)),
+              "payload_bytes": int(m.group(4))}
+    if ring_full:
+        ring = re.search(r"(\d+) because the compression ring was full", err)
+        counts["no_buffer"] = int(ring.group(1)) if ring else 0
+    return float(took.group(1)), ru.ru_utime + ru.ru_stime, counts
 
 
 # ---------------------------------------------------------------------------

@@ -26,11 +26,12 @@ Standard library only. Example:
 import argparse
 import json
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from evbperf import replay  # noqa: E402  (perf/evbperf.py)
 
 SOURCES = 8
 CHUNK = 8932          # payload bytes per datagram: 8972-byte datagrams with the 40-byte header
@@ -51,30 +52,6 @@ def make_capture(bin_dir, path, events):
     if r.returncode != 0:
         raise SystemExit(f"evb-source failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
     return json.loads(r.stdout)
-
-
-def replay(bin_dir, capture, out_dir, sets, args=()):
-    """One replay; returns (seconds from intake start to the last write, evbd CPU seconds, counts)."""
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.makedirs(out_dir)
-    cmd = [os.path.join(bin_dir, "evbd"), "--replay", capture, "--set", f"sources={SOURCES}",
-           "--set", f"output.directory={out_dir}", "--set", "monitor.listen=", "--set", "output.direct_io=true",
-           "--set", "building.timeout_ms=5000", *args]
-    for s in sets:
-        cmd += ["--set", s]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, ru = os.wait4(p.pid, 0)
-    err = p.stderr.read()
-    rc = os.waitstatus_to_exitcode(status)
-    if rc != 0:
-        raise SystemExit(f"evbd --replay exited {rc}: {' '.join(cmd)}\n{err[-2000:]}")
-    m = re.search(r"stopped: (\d+) events complete, (\d+) incomplete, (\d+) written \((\d+) payload bytes\)", err)
-    took = re.search(r"replay time: ([0-9.]+) s from intake start", err)
-    if not m or not took:
-        raise SystemExit(f"no stop line from evbd:\n{err[-2000:]}")
-    return float(took.group(1)), ru.ru_utime + ru.ru_stime, {
-        "complete": int(m.group(1)), "incomplete": int(m.group(2)), "written": int(m.group(3)),
-        "payload_bytes": int(m.group(4))}
 
 
 def disk_bytes(out_dir):
@@ -110,9 +87,9 @@ def main():
     for rnd in range(a.rounds):
         order = FORMATS[rnd % len(FORMATS):] + FORMATS[:rnd % len(FORMATS)]
         for name, sets in order:
-            took, cpu, counts = replay(a.bin, capture, out, sets)
+            took, cpu, counts = replay(a.bin, capture, out, SOURCES, sets)
             stored = disk_bytes(out)
-            _, cpu0, _ = replay(a.bin, small, out + "-idle", sets)
+            _, cpu0, _ = replay(a.bin, small, out + "-idle", SOURCES, sets)
             if counts["complete"] != a.events or counts["written"] != a.events or counts["incomplete"] != 0:
                 raise SystemExit(f"{name}: lost or incomplete events: {counts} of {a.events}")
             gb = counts["payload_bytes"] / 1e9

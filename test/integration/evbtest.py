@@ -224,8 +224,9 @@ def frag(event, source, length, offset, index, count, payload, run=1, flags=0):
     return struct.pack("<IBBHIIQIIHHI", MAGIC, 1, 1, flags, source, run, event, length, offset, index, count, 0) + payload
 
 
-def read_pcap(path):
-    """The UDP payloads of an Ethernet/IPv4 pcap, in capture order (no IP fragments)."""
+def read_pcap(path, senders=False):
+    """The UDP payloads of an Ethernet/IPv4 pcap, in capture order (no IP fragments);
+    with senders=True, (source IP, source port, destination port, UDP payload) of each."""
     with open(path, "rb") as f:
         data = f.read()
     at, out = 24, []
@@ -236,7 +237,12 @@ def read_pcap(path):
         ip = frame[14:]
         if struct.unpack_from(">H", ip, 6)[0] & 0x3FFF:
             fail(f"{path}: an IP fragment; these captures are written without --pcap-mtu")
-        out.append(ip[(ip[0] & 0x0F) * 4 + 8:])
+        hl = (ip[0] & 0x0F) * 4
+        if senders:
+            sport, dport = struct.unpack_from(">HH", ip, hl)
+            out.append((socket.inet_ntoa(ip[12:16]), sport, dport, ip[hl + 8:]))
+        else:
+            out.append(ip[hl + 8:])
     return out
 
 

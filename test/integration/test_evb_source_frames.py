@@ -17,26 +17,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import evbtest  # noqa: E402
-from evbtest import check, fail, free_udp_port, pattern_bytes  # noqa: E402
+from evbtest import check, fail, free_udp_port, pattern_bytes, read_pcap  # noqa: E402
 
 SOURCE = os.path.join(evbtest.BIN, "evb-source")
-
-
-def read_pcap(path):
-    """(source IP, source port, destination port, UDP payload) of each packet."""
-    with open(path, "rb") as f:
-        data = f.read()
-    at, out = 24, []
-    while at + 16 <= len(data):
-        incl = struct.unpack_from("<I", data, at + 8)[0]
-        frame = data[at + 16:at + 16 + incl]
-        at += 16 + incl
-        ip = frame[14:]
-        hl = (ip[0] & 0x0F) * 4
-        src = socket.inet_ntoa(ip[12:16])
-        sport, dport = struct.unpack_from(">HH", ip, hl)
-        out.append((src, sport, dport, ip[hl + 8:]))
-    return out
 
 
 def field(d, f):
@@ -168,7 +151,7 @@ def main():
              "--pcap-out", pcap, "--json"])
     stats = json.loads(p.stdout)
     check(stats["first_event"] == first, f"--wrap-start {wrap} starts the 16-bit counter at {first}")
-    pkts = read_pcap(pcap)
+    pkts = read_pcap(pcap, senders=True)
     check(len(pkts) == stats["datagrams"] == sources * events * 3 + stats["duplicated"],
           f"the pcap holds every datagram sent ({len(pkts)}, {stats['duplicated']} duplicates)")
     check(all(dport == 7000 for _, _, dport, _ in pkts), "every datagram goes to --to's port")
@@ -227,7 +210,7 @@ def main():
     run(["--frames", cpath, "--frame-name", "ess", "--to", "127.0.0.1:7000", "--sources", 3, "--events", 8,
          "--size", "600", "--wrap-start", 4, "--trigger-period", r // 2, "--dry-run", "--pcap-out", pcap])
     ext, evx, ok, secs = {}, {}, True, set()
-    for _, _, _, d in read_pcap(pcap):
+    for d in read_pcap(pcap):
         src = d[8]
         sec = struct.unpack_from("<I", d, 10)[0]
         ticks = struct.unpack_from("<I", d, 14)[0]

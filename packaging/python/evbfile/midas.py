@@ -11,9 +11,7 @@ copies. Offsets are in the MIDAS bytes (for `.mid.lz4`, in the decoded bytes), a
 evb-dump gives them. The walk applies the checks of evbd's midas::scan() and, in the
 timestamp modes, the item checks of a `.evb` walk to each section's bytes.
 """
-import builtins
 import json
-import mmap
 import os
 import re
 import struct
@@ -83,18 +81,7 @@ class MidasFile(EvbFile):
     walks the file once to find the ids."""
 
     def __init__(self, path, strict=False, verify_crc=True):
-        self.path = os.fspath(path)
-        self.strict = strict
-        self.verify_crc = verify_crc
-        self.problems = []
-        self.header_ok = False
-        self.version = None
-        self.has_footer = False
-        self.index_offset = None
-        self.good_bytes = 0
-        self._index = None
-        self._ids = None
-        self._record_count = None
+        mm = self._init_common(path, strict, verify_crc)
         self._mm = self._mv = None
         self.config = None
         self.end_of_run = None
@@ -103,9 +90,6 @@ class MidasFile(EvbFile):
         self.match_mode, self.codec, self.window_ticks = 0, 0, 0
         self.stored_good_bytes = None
         self._eor_at = None  # where the end-of-run event starts, when it closes the file
-        with builtins.open(self.path, "rb") as f:
-            self.size = os.fstat(f.fileno()).st_size
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
         frame = None
         if mm is not None and _lz4frame.is_frame(mm[:4]):
             self.format = "midas-lz4"

@@ -246,6 +246,20 @@ class EvbFile:
     raises there too. verify_crc=False skips the CRC checks (not the others)."""
 
     def __init__(self, path, strict=False, verify_crc=True):
+        self._mm = self._init_common(path, strict, verify_crc)
+        self.format = "evb"
+        self._buf = np.frombuffer(self._mm, dtype=np.uint8) if self._mm is not None else np.empty(0, np.uint8)
+        self._mv = memoryview(self._buf)  # slicing an mmap copies; slicing this does not
+        self._crc = span_crc32c(self._buf)  # crc(start, end, seed): CRC-32C of a span of the file
+        self._read_header()
+        self._records_end = self.size
+        if self.header_ok:
+            self._read_footer()
+
+    def _init_common(self, path, strict, verify_crc):
+        """Sets the attributes an EvbFile and a MidasFile share, as they stand before
+        the file is read, and `size`; returns the file mapped read-only (None when it
+        is empty)."""
         self.path = os.fspath(path)
         self.strict = strict
         self.verify_crc = verify_crc
@@ -258,17 +272,9 @@ class EvbFile:
         self._index = None
         self._ids = None  # event_id -> offset, built on the first look-up
         self._record_count = None
-        self.format = "evb"
         with builtins.open(self.path, "rb") as f:
             self.size = os.fstat(f.fileno()).st_size
-            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
-        self._buf = np.frombuffer(self._mm, dtype=np.uint8) if self._mm is not None else np.empty(0, np.uint8)
-        self._mv = memoryview(self._buf)  # slicing an mmap copies; slicing this does not
-        self._crc = span_crc32c(self._buf)  # crc(start, end, seed): CRC-32C of a span of the file
-        self._read_header()
-        self._records_end = self.size
-        if self.header_ok:
-            self._read_footer()
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
 
     # ---- header and footer ----
 
