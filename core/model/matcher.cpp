@@ -304,20 +304,21 @@ void Matcher::add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, Event
     if (g == Gather::held) ++waiting_chunks_;
     // Whole or broken, the fragment's other chunks have stopped waiting.
     if (g == Gather::complete || g == Gather::broken) waiting_chunks_ -= c->chunk_count - 1u;
-    if (g == Gather::complete) join_whole(first, idx, now_ns, out);
+    if (g == Gather::complete) (void)join_whole(first, idx, now_ns, out);
 }
 
 // A whole fragment (first and the chunks linked after it, in order) finds its event
 // once, by the match mode's rule (by timestamp, or by id), and joins it chunk by
-// chunk. When it has none (late, a duplicate, refused) every chunk is dropped.
-void Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+// chunk. When it has none (late, a duplicate, refused) every chunk is dropped and
+// the result is false.
+bool Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept {
     ChunkMeta* rest = first->next;
     first->next = nullptr;
     Event* e = match_ == file::MatchMode::timestamp ? event_by_time(first, idx, now_ns)
                                                     : event_by_id(first, idx, now_ns);  // drop `first` when no event
     if (e == nullptr) {
         drop_chain(rest);
-        return;
+        return false;
     }
     first->next = rest;
     for (ChunkMeta* k = first; k != nullptr;) {
@@ -325,6 +326,7 @@ void Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventL
         accept(e, k, idx, now_ns, out, true);
         k = next;
     }
+    return true;
 }
 
 void Matcher::expire_waiting(std::uint64_t now_ns, bool all) noexcept {
@@ -451,7 +453,8 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
     last->next = nullptr;
     held_slots_[i] -= n;
     ungathered_chunks_ -= n;
-    gathered_[i].insert(c->event_id, c->run_number);
+    const std::uint64_t event = c->event_id;  // the chunks may be dropped below
+    const std::uint32_t run = c->run_number;
     // What an EVB chunk says of its fragment, now known; the first chunk's timestamp
     // is every chunk's (first_chunk_only), as each EVB chunk carries it.
     std::uint32_t offset = 0;
@@ -467,15 +470,21 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
     // EVB fragment takes; its share of slots was applied while it waited here. In
     // time_slice mode its chunks go through the slice gathering one by one, marked
     // whole so that the share is not applied there again.
+    // Remembered as gathered (a copy of one of its chunks is a duplicate) only once it
+    // is in its event or slice: a fragment refused there (no room for its event, the
+    // run stopping) is taken when it comes again.
+    bool joined;
     if (match_ != file::MatchMode::time_slice) {
-        join_whole(first, idx, now_ns, out);
-        return;
+        joined = join_whole(first, idx, now_ns, out);
+    } else {
+        for (ChunkMeta* k = first; k != nullptr;) {
+            ChunkMeta* next = k->next;
+            add_sliced(k, idx, now_ns, out, true);
+            k = next;
+        }
+        joined = seen_seq_[i].contains(event);
     }
-    for (ChunkMeta* k = first; k != nullptr;) {
-        ChunkMeta* next = k->next;
-        add_sliced(k, idx, now_ns, out, true);
-        k = next;
-    }
+    if (joined) gathered_[i].insert(event, run);
 }
 
 // A chunk joins event e: checks, duplicate detection, the fragment's chunk list,

@@ -119,8 +119,9 @@ private:
     void add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // Timestamp mode: chunks of fragments not yet whole, per source (see gather).
     void expire_waiting(std::uint64_t now_ns, bool all) noexcept;
-    // A whole fragment of several chunks (event_id and timestamp modes) joins its event.
-    void join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    // A whole fragment of several chunks (event_id and timestamp modes) joins its
+    // event; false when it had none and was dropped.
+    bool join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // Described frames: a chunk not gathered yet waits for its fragment's other
     // chunks; the whole fragment then goes on to its event.
     void gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;

@@ -286,6 +286,40 @@ TEST_CASE("described frames: a duplicate chunk is counted and the first kept", "
     CHECK(FramesRig::section(*out.head, 0) == expect);
 }
 
+TEST_CASE("described frames: a fragment refused for want of an event is taken when sent again",
+          "[frames][matcher][described]") {
+    // A pool of one event: module 1's fragment of trigger 11 is whole while event 10
+    // holds the pool, so it has no event and is dropped (in_flight_limit). The board
+    // (or a pull re-request) sends it again once there is room: it must build, not be
+    // taken for a copy of a fragment gathered lately.
+    MatcherSettings ms = settings({1, 2});
+    ms.max_events = 1;
+    FramesRig rig(kChunkedBoard, ms);
+    const Bytes p10 = payload_bytes(200, 10), p11 = payload_bytes(700, 11), q = payload_bytes(64, 12);
+    EventList out = rig.feed({rig.datagram(adc_fragment(1, 10, p10)[0])}, 1);
+    CHECK(out.count == 0);
+    const auto f11 = adc_fragment(1, 11, p11);  // 3 chunks
+    REQUIRE(f11.size() == 3);
+    out = rig.feed({rig.datagram(f11[0]), rig.datagram(f11[1]), rig.datagram(f11[2])}, 2);
+    CHECK(out.count == 0);
+    CHECK(rig.counters.in_flight_limit_drops.get() == 1);
+    out = rig.feed({rig.datagram(adc_fragment(2, 10, q)[0])}, 3);
+    REQUIRE(out.count == 1);
+    CHECK(out.head->event_id == 10);
+    rig.give_back(out);
+    rig.matcher.reclaim();
+    out = rig.feed({rig.datagram(f11[0]), rig.datagram(f11[1]), rig.datagram(f11[2]),
+                    rig.datagram(adc_fragment(2, 11, q)[0])}, 4);
+    CHECK(rig.counters.duplicate_chunks.get() == 0);
+    REQUIRE(out.count == 1);
+    CHECK(out.head->event_id == 11);
+    CHECK(out.head->status == 0);
+    Bytes expect = p11;
+    expect.resize(file::padded8(expect.size()));
+    CHECK(FramesRig::section(*out.head, 0) == expect);
+    CHECK(rig.counters.events_complete.get() == 2);
+}
+
 TEST_CASE("described frames: a missing chunk leaves the event INCOMPLETE and its chunks go stale",
           "[frames][matcher][described]") {
     FramesRig rig(kChunkedBoard, settings({1, 2}));
