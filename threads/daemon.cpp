@@ -162,8 +162,9 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         pull_sources = std::move(*a);
     }
     const std::shared_ptr<const Snapshot> snap = make_snapshot(cfg, sizing);
-    // A restart within a run: pull mode asks only for what the run's files lack.
-    file::HeldIds held = replay ? file::HeldIds{} : continue_run(*cfg, pull);
+    // A restart within a run: pull mode asks only for what the run's files lack, and
+    // MIDAS serial numbers go on.
+    RunOnDisk on_disk = replay ? RunOnDisk{} : continue_run(*cfg, pull);
 
     // Memory: one arena and receive pool per input. Return ports 0..shards-1 are the
     // matcher shards', port `shards` the writer's.
@@ -207,6 +208,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     Pipeline pipeline(pipeline_settings, pool_ptrs, writer_bell, built_ids.get());
     DiskWriter writer(snap->writer, pipeline.writer_rings(), pipeline.done_rings(), pool_ptrs, sizing.shards,
                       writer_counters, writer_bell, written_ids.get(), &closed_files);
+    writer.go_on_with_run(cfg->run_number, on_disk.next_serial);
     std::vector<std::unique_ptr<SocketReader>> readers;
     for (std::uint32_t r = 0; r < (replay ? 0 : inputs); ++r) {
         readers.push_back(std::make_unique<SocketReader>(static_cast<std::uint16_t>(r), sockets[r].fd, *pools[r],
@@ -222,7 +224,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     std::unique_ptr<RequestSender> sender;
     if (pull)
         sender = std::make_unique<RequestSender>(snap->pull, sockets[0].fd, std::move(pull_sources), *written_ids,
-                                                 *built_ids, pipeline, pull_counters, max_credits, std::move(held));
+                                                 *built_ids, pipeline, pull_counters, max_credits, std::move(on_disk.held));
 
     // The thread table: name, role, CPU (-1: any), wait strategy.
     GraphWorkers workers(pipeline);  // "evb-worker-N", one per driver

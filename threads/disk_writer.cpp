@@ -79,10 +79,12 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     ::mkdir(s_.directory.c_str(), 0755);
     if (run != file_run_ || !run_known_) {
         next_seq_ = 0;
-        // MIDAS: serial numbers count the run's events from 0; the begin-of-run
-        // events carry when this builder started writing the run.
+        // MIDAS: serial numbers count the run's events from 0, or (a restart within
+        // the run) from where its files on disk end; the begin-of-run events carry
+        // when this builder started writing the run.
         run_known_ = true;
-        file_first_serial_ = 0;
+        file_first_serial_ = continued_run_ == run ? continued_serial_ : 0;
+        continued_run_.reset();
         run_events_ = 0;
         run_status_ = {};
         run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);

@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,12 @@ public:
     std::string current_file() const;
     // GET /sample: records written are offered to `s` while clients listen. Before start.
     void set_sampler(monitor::Sampler* s) noexcept { sampler_ = s; }
+    // A restart within `run`: its first MIDAS serial number here is `next_serial`,
+    // where the run's files on disk end (FORMATS.md 9.2). Before start.
+    void go_on_with_run(std::uint32_t run, std::uint32_t next_serial) noexcept {
+        continued_run_ = run;
+        continued_serial_ = next_serial;
+    }
 
 private:
     monitor::Sampler* sampler_ = nullptr;
@@ -149,6 +156,8 @@ private:
     std::vector<midas::SectionInfo> midas_sections_;
     std::uint32_t file_first_serial_ = 0;
     bool run_known_ = false;
+    std::optional<std::uint32_t> continued_run_;  // go_on_with_run, until that run's first file
+    std::uint32_t continued_serial_ = 0;
     std::uint32_t run_start_unix_s_ = 0;
     std::uint64_t run_events_ = 0;
     file::StatusCounts run_status_;

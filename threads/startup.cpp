@@ -232,7 +232,7 @@ bool drop_privileges(const std::string& user, const std::string& output_dir) {
     return true;
 }
 
-file::HeldIds continue_run(const Config& c, bool pull) {
+RunOnDisk continue_run(const Config& c, bool pull) {
     // Reading a long run's files takes a while: systemd's start timeout is extended.
     sd_notify_state(fmt::format("EXTEND_TIMEOUT_USEC=300000000\nSTATUS=reading what {} holds of run {}",
                                 c.output.directory, c.run_number));
@@ -251,12 +251,12 @@ file::HeldIds continue_run(const Config& c, bool pull) {
         log_warn("run {} goes on: {} file(s) of this builder hold {} of its events{}{}; pull mode requests only "
                  "the others",
                  c.run_number, s.files.size(), s.held.count(), dups, foreign);
-        return std::move(s.held);
+        return {std::move(s.held), s.next_serial};
     }
     log_warn("run {} goes on in new files: {} file(s) of this builder ({} left unclean, as they are) hold {} of its "
              "events{}{}; they are not touched",
              c.run_number, s.files.size(), s.left_parts.size(), s.held.count(), dups, foreign);
-    return {};
+    return {{}, s.next_serial};
 }
 
 void write_recovered_summaries(const WriterSettings& w) {

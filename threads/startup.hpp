@@ -42,8 +42,13 @@ bool drop_privileges(const std::string& user, const std::string& output_dir);
 // of this builder, logged. Pull mode first recovers the builder's .part files (any
 // run) and returns the run's event ids that its files hold, which the request sender
 // does not ask for again; push mode leaves the files as they are (the writer opens
-// the next sequence number) and returns nothing.
-file::HeldIds continue_run(const Config& c, bool pull);
+// the next sequence number) and returns no ids. Either way the run's MIDAS serial
+// numbers go on from where its files end.
+struct RunOnDisk {
+    file::HeldIds held;            // pull mode: the events the run's files hold
+    std::uint32_t next_serial = 0;  // the writer's first MIDAS serial number in the run
+};
+RunOnDisk continue_run(const Config& c, bool pull);
 
 // A run of this builder with data files in output.directory and no run summary was
 // ended by a crash: its summary is written now from its files ("recovered": true).

@@ -152,6 +152,8 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 }
                 s.files.push_back(path);
                 s.records += m.events.size();
+                if (m.bor.serial_number == run && !m.events.empty())
+                    s.next_serial = std::max(s.next_serial, m.events.back().header.serial_number + 1);
                 midas::DecodedEvent d;
                 for (const midas::EventView& e : m.events)
                     if (m.bor.serial_number == run && midas::decode_built(e, d)) ids.push_back(d.evb_event_id);

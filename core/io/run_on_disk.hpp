@@ -46,6 +46,7 @@ private:
 struct RunSurvey {
     std::vector<std::string> files;      // the run's data files read (.evb, .mid, .mid.lz4, and .part files left as they are)
     std::uint64_t records = 0;           // good records in them
+    std::uint32_t next_serial = 0;       // MIDAS: one past the last built event's serial number (0: none)
     HeldIds held;                        // their event ids
     std::vector<std::string> recovered;  // .part files of this builder made clean (the new names)
     std::vector<std::string> removed;    // .part files cut off before their header (no event), removed

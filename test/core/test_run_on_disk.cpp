@@ -43,13 +43,13 @@ void write_file(const std::string& path, std::uint32_t run, std::uint32_t builde
 
 // A MIDAS file of run `run` (`.mid`, or one LZ4 frame when `lz4`): a begin-of-run
 // event and one built event per id (one 8-byte section), and an end-of-run event
-// when `clean`; `cut` bytes dropped off the end.
+// when `clean`; `cut` bytes dropped off the end. Serial numbers from `first_serial`.
 void write_midas(const std::string& path, std::uint32_t run, const std::vector<std::uint64_t>& ids, bool clean,
-                 bool lz4, std::size_t cut = 0) {
+                 bool lz4, std::size_t cut = 0, std::uint32_t first_serial = 0) {
     namespace em = evb::midas;
     Bytes img = em::encode_run_marker(em::kEventIdBor, run, 1700000000, "{}");
     const std::vector<em::SectionInfo> sections = {{0, 0, 8}};
-    std::uint32_t serial = 0;
+    std::uint32_t serial = first_serial;
     for (const std::uint64_t id : ids) {
         em::BuiltEvent b;
         b.serial_number = serial++;
@@ -169,9 +169,9 @@ TEST_CASE("survey_run leaves alone a .part that a running evbd holds locked", "[
 TEST_CASE("survey_run reads which events of the run MIDAS files hold, .mid and .mid.lz4, and recovers their .part files", "[run_on_disk]") {
     evb::test::TempDir dir;
     write_midas(dir / "run000007_000_00000.mid", 7, {0, 2, 4}, true, false);
-    write_midas(dir / "run000007_000_00001.mid.lz4", 7, {6, 8}, true, true);
-    write_midas(dir / "run000007_000_00002.mid.part", 7, {10, 12, 14}, false, false, 10);  // 14 cut
-    write_midas(dir / "run000007_000_00003.mid.lz4.part", 7, {16, 18}, false, true);        // frame not ended
+    write_midas(dir / "run000007_000_00001.mid.lz4", 7, {6, 8}, true, true, 0, 3);
+    write_midas(dir / "run000007_000_00002.mid.part", 7, {10, 12, 14}, false, false, 10, 5);  // 14 cut
+    write_midas(dir / "run000007_000_00003.mid.lz4.part", 7, {16, 18}, false, true, 0, 8);     // frame not ended
     const ef::RunSurvey s = ef::survey_run(dir.path(), 7, 0, 2, true);
     INFO((s.problems.empty() ? std::string() : s.problems[0]));
     CHECK(s.problems.empty());
@@ -180,4 +180,5 @@ TEST_CASE("survey_run reads which events of the run MIDAS files hold, .mid and .
     CHECK(std::filesystem::exists(dir / "run000007_000_00003.mid.lz4"));
     CHECK(s.files.size() == 4);
     CHECK(ids_in(s.held) == std::vector<std::uint64_t>{0, 2, 4, 6, 8, 10, 12, 16, 18});
+    CHECK(s.next_serial == 10);  // serials 0..9 (7, id 14's, was cut): a restarted writer goes on at 10
 }

@@ -357,6 +357,13 @@ def pull_restart(wd):
           f"({dups} twice, {len(set(range(events)) - set(ids))} missing)")
     rc, text = verify([out])
     check(rc == 0, f"evb-dump --verify --pattern passes (pull, restarted): {text.strip().splitlines()[-1]}")
+    # FORMATS.md 9.2: serial numbers count the builder's events of the run, going on
+    # across its files, and so across the restart.
+    serials = [h[2] for _, f in files for h, _banks in f["events"]]
+    firsts = [f["events"][0][0][2] for _, f in files if f["events"]]
+    check(serials == list(range(len(serials))),
+          f"pull (.mid.lz4), restarted: serial numbers 0..{len(serials) - 1} one after another across the "
+          f"{len(files)} files (each file's first: {firsts})")
 
 
 def main():
