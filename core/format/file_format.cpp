@@ -341,9 +341,11 @@ std::vector<std::byte>& decoded_area() {
     return buf;
 }
 
-// Checks the record at r (`left` bytes to the end of the records) and fills v.
-// Returns false with the reason, to be reported at the record's offset.
-bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, RecordView& v, std::string& why) {
+// Checks the record at r (`left` bytes to the end of the records) and fills v and
+// `area` (its sections area, decoded when COMPRESSED). Returns false with the
+// reason, to be reported at the record's offset.
+bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, RecordView& v,
+                  std::span<const std::byte>& area, std::string& why) {
     const std::size_t hb = record_header_bytes(fh.version);
     if (left < hb) {
         why = fmt::format("{} trailing bytes, too few for a record header", left);
@@ -394,10 +396,10 @@ bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, 
             if (!check_stored_layout(r, v, fh.codec, why)) return false;
             // Decoded and checked like a plain record's area: a record that does not
             // decode, or decodes to other bytes than were built, is where a reader stops.
-            std::vector<std::byte>& area = decoded_area();
-            if (!decode_area(r, v, fh.codec, area, why)) return false;
-            stored = area.data();
-            stored_bytes = area.size();
+            std::vector<std::byte>& decoded = decoded_area();
+            if (!decode_area(r, v, fh.codec, decoded, why)) return false;
+            stored = decoded.data();
+            stored_bytes = decoded.size();
         } else {
         // Stored plain, the sections area is what both CRCs cover: one pass over it.
         const std::uint32_t area_crc = crc32c(stored, stored_bytes);
@@ -421,6 +423,7 @@ bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, 
         why = fmt::format("event {}: {}", h.event_id, sections_why);
         return false;
     }
+    area = {stored, stored_bytes};
     return true;
 }
 
@@ -490,10 +493,16 @@ bool parse_sections(const RecordView& r, std::vector<SectionView>& out, std::str
     out.clear();
     std::span<const std::byte> area;
     if (!sections_area(r, area, why)) return false;
+    return split_sections(r, area, out, why);
+}
+
+bool split_sections(const RecordView& r, std::span<const std::byte> area, std::vector<SectionView>& out,
+                    std::string* why) {
+    out.clear();
     return check_sections(area.data(), area.size(), r.header.section_count, r.version, r.match_mode, &out, why);
 }
 
-ScanResult scan(std::span<const std::byte> img) {
+ScanResult scan(std::span<const std::byte> img, const RecordVisitor& visit) {
     ScanResult res;
     const std::byte* base = img.data();
     const std::size_t size = img.size();
@@ -542,13 +551,15 @@ ScanResult scan(std::span<const std::byte> img) {
 
     std::uint64_t pos = kHeaderBytes;
     std::string why;
+    std::span<const std::byte> area;
     while (pos < index_offset) {
         RecordView v;
         v.file_offset = pos;
-        if (!check_record(base + pos, index_offset - pos, res.header, v, why)) {
+        if (!check_record(base + pos, index_offset - pos, res.header, v, area, why)) {
             res.problems.push_back({pos, why});
             break;
         }
+        if (visit) visit(res.header, v, area);
         res.records.push_back(v);
         pos += v.header.record_length;
     }

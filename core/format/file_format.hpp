@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -199,7 +200,13 @@ struct ScanResult {
 // bytes are left to the caller, as evb-dump has always checked them.)
 // A COMPRESSED record is checked as stored (record CRC, stored_length, padding),
 // then decoded and checked as a plain one (content CRC, sections).
-ScanResult scan(std::span<const std::byte> image);
+// `visit`, when given, is called for each good record as the scan accepts it, with
+// the file header and the record's sections area: in the image, or for a COMPRESSED
+// record in this thread's decoding buffer, valid only during the call. A reader that
+// looks inside every record uses it rather than decoding each one again afterwards.
+using RecordVisitor =
+    std::function<void(const FileHeader& header, const RecordView& record, std::span<const std::byte> area)>;
+ScanResult scan(std::span<const std::byte> image, const RecordVisitor& visit = {});
 
 // Splits a good record into its sections. Returns false (and a reason) when the
 // section layout contradicts record_length or section_count, or (v2) content_length,
@@ -207,6 +214,9 @@ ScanResult scan(std::span<const std::byte> image);
 // its content. A COMPRESSED record's sections point into this thread's decoding
 // buffer: valid until the next scan, parse_sections or sections_area on the thread.
 bool parse_sections(const RecordView& r, std::vector<SectionView>& out, std::string* why = nullptr);
+// The same on a sections area in hand (a RecordVisitor's): splits it, decodes nothing.
+bool split_sections(const RecordView& r, std::span<const std::byte> area, std::vector<SectionView>& out,
+                    std::string* why = nullptr);
 
 // Sets `area` to the uncompressed sections area of a good record: in place, after
 // the record header, for a record stored plain; decoded (one LZ4 block or zstd

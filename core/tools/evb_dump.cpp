@@ -459,13 +459,22 @@ void check_record_time(const ef::RecordView& r, const ef::FileHeader& fh, std::o
     }
 }
 
-// Checks the rules scan() leaves to the reader's judgement: fields that must agree
-// across the header, the records and the sections (and, in v2, the items), and the
-// test payload when asked for.
-void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, const Options& o,
-                     FileReport& rep) {
-    check_file_fields(img, s, rep);
-    const ef::FileHeader& fh = s.header;
+// Checks the rules scan() leaves to the reader's judgement, record by record as the
+// scan accepts them (its RecordVisitor, so that a COMPRESSED record is decoded once):
+// fields that must agree across the header, the records and the sections (and, in
+// v2, the items), and the test payload when asked for. The file's own fields are
+// check_file_fields'.
+struct RecordChecks {
+    const Options& o;
+    FileReport& rep;
+    std::unordered_map<std::uint64_t, std::uint64_t> seen;  // event_id -> first offset
+    std::vector<ef::SectionView> sections;
+    std::string why;
+
+    void operator()(const ef::FileHeader& fh, const ef::RecordView& r, std::span<const std::byte> area);
+};
+
+void RecordChecks::operator()(const ef::FileHeader& fh, const ef::RecordView& r, std::span<const std::byte> area) {
     const bool v2 = fh.version == 2;
     const bool item_mode = v2 && fh.match_mode != ef::MatchMode::event_id;
     const bool time_slice = v2 && fh.match_mode == ef::MatchMode::time_slice;
@@ -473,112 +482,104 @@ void check_semantics(std::span<const std::byte> img, const ef::ScanResult& s, co
     const std::size_t section_bits = section_bit_count(fh.version);
     const std::uint32_t record_defined = bits_defined(record_bits);
     const std::uint32_t section_defined = bits_defined(section_bits);
-
-    std::unordered_map<std::uint64_t, std::uint64_t> seen;  // event_id -> first offset
-    seen.reserve(s.records.size());
-    std::vector<ef::SectionView> sections;
-    std::string why;
-    for (const auto& r : s.records) {
-        const auto& h = r.header;
-        const std::uint64_t at = r.file_offset;
-        for (std::size_t b = 0; b < record_bits; ++b)
-            if (h.status & kRecordBits[b].first) ++rep.record_bits[b];
-        if (const auto [it, fresh] = seen.emplace(h.event_id, at); !fresh)
-            rep.add_problem(at, fmt::format("event {} appears again (first at offset {})", h.event_id, it->second));
-        if (h.run_number != s.header.run_number)
-            rep.add_problem(at, fmt::format("event {} has run {}, the file is run {}", h.event_id,
-                                            h.run_number, s.header.run_number));
-        if (h.section_count != s.header.expected_sources)
-            rep.add_problem(at, fmt::format("event {} has {} sections, the file expects {} sources",
-                                            h.event_id, h.section_count, s.header.expected_sources));
-        if (h.status & ~record_defined)
-            rep.add_problem(at + 20, fmt::format("event {} has undefined status bits 0x{:x}", h.event_id,
-                                                 h.status & ~record_defined));
-        EventInfo ev;
-        if (o.events) {
-            ev.event_id = h.event_id;
-            ev.offset = at;
-            ev.length = h.record_length;
-            ev.status = h.status;
-            ev.first_fragment_unix_ns = h.first_fragment_unix_ns;
-            ev.built_unix_ns = h.built_unix_ns;
-            ev.timestamp = h.timestamp;
-            ev.content_length = h.content_length;
-        }
-        rep.stored_bytes += h.record_length;
-        rep.content_bytes += v2 ? ef::kRecordHeaderBytesV2 + std::uint64_t{h.content_length} : h.record_length;
-        if (r.compressed) ++rep.compressed;
-        if (!ef::parse_sections(r, sections, &why)) {  // scan() accepted it, so unexpected
-            rep.add_problem(at, fmt::format("event {}: {}", h.event_id, why));
-            continue;
-        }
-        // Offsets of what is inside a record: for a COMPRESSED one, positions in its
-        // decoded sections area counted from where that area would start stored plain.
-        const std::byte* area = sections.empty() ? nullptr : sections[0].payload - ef::kSectionHeaderBytes;
-        const std::uint64_t area_at = at + (v2 ? ef::kRecordHeaderBytesV2 : ef::kRecordHeaderBytes);
-        bool any_missing = false, any_unconfirmed = false;
-        std::optional<std::uint64_t> smallest;  // item timestamp
-        for (const auto& sec : sections) {
-            const std::uint64_t sec_at = area_at + static_cast<std::uint64_t>(sec.payload - area) -
-                                         ef::kSectionHeaderBytes;
-            for (std::size_t b = 0; b < section_bits; ++b)
-                if (sec.status & kSectionBits[b].first) ++rep.section_bits[b];
-            if (!item_mode) rep.payload_bytes += sec.length;
-            const bool missing = sec.status & ef::section_status::missing;
-            const bool empty = sec.status & ef::section_status::empty;
-            const bool unconfirmed = v2 && (sec.status & ef::section_status::unconfirmed);  // v1: an undefined bit
-            any_missing = any_missing || missing;
-            any_unconfirmed = any_unconfirmed || unconfirmed;
-            if (sec.status & ~section_defined)
-                rep.add_problem(sec_at + 4, fmt::format("event {} source {}: undefined section status bits 0x{:x}",
-                                                        h.event_id, sec.source_id, sec.status & ~section_defined));
-            if (unconfirmed && !time_slice)
-                rep.add_problem(sec_at + 4, fmt::format("event {} source {}: UNCONFIRMED outside time_slice mode",
-                                                        h.event_id, sec.source_id));
-            if (missing && empty)
-                rep.add_problem(sec_at + 4, fmt::format("event {} source {}: both MISSING and EMPTY",
-                                                        h.event_id, sec.source_id));
-            if (empty && sec.length != 0 && !item_mode)
-                rep.add_problem(sec_at + 8, fmt::format("event {} source {}: EMPTY with {} bytes",
-                                                        h.event_id, sec.source_id, sec.length));
-            if ((sec.status & ef::section_status::source_error) &&
-                !(h.status & ef::record_status::source_error))
-                rep.add_problem(at + 20, fmt::format("event {}: source {} is flagged SOURCE_ERROR, the event is not",
-                                                     h.event_id, sec.source_id));
-            SectionInfo info{sec.source_id, sec.status, sec.length, sec.item_count, {}};
-            if (item_mode) {
-                const auto low = check_items(r, sec, sec_at, fh, o, rep, o.events ? &info : nullptr);
-                if (low && (!smallest || *low < *smallest)) smallest = low;
-            } else if (o.pattern && sec.length > 0) {
-                const std::size_t bad = mismatch_fn(o.pattern_kind)(h.run_number, sec.source_id, h.event_id, 0,
-                                                                    sec.payload, sec.length);
-                if (bad != sec.length)
-                    rep.add_problem(sec_at + ef::kSectionHeaderBytes + bad,
-                                    fmt::format("event {} source {}: payload byte {} of {} differs from the "
-                                                "{}",
-                                                h.event_id, sec.source_id, bad, sec.length,
-                                                pattern_kind_name(o.pattern_kind)));
-            }
-            if (o.events) ev.sections.push_back(std::move(info));
-        }
-        if (v2) check_record_time(r, fh, smallest, rep);
-        const bool incomplete = h.status & ef::record_status::incomplete;
-        if (time_slice) {  // a slice is never MISSING: a timed-out one has UNCONFIRMED sources
-            if (any_unconfirmed && !incomplete)
-                rep.add_problem(at + 20, fmt::format("slice {} has an UNCONFIRMED section but is not INCOMPLETE",
-                                                     h.event_id));
-            if (!any_unconfirmed && incomplete)
-                rep.add_problem(at + 20, fmt::format("slice {} is INCOMPLETE but no section is UNCONFIRMED",
-                                                     h.event_id));
-        } else {
-            if (any_missing && !incomplete)
-                rep.add_problem(at + 20, fmt::format("event {} has a MISSING section but is not INCOMPLETE",
-                                                     h.event_id));
-            if (!any_missing && incomplete)
-                rep.add_problem(at + 20, fmt::format("event {} is INCOMPLETE but no section is MISSING", h.event_id));
-        }
-        if (o.events) rep.events.push_back(std::move(ev));
+    const auto& h = r.header;
+    const std::uint64_t at = r.file_offset;
+    for (std::size_t b = 0; b < record_bits; ++b)
+        if (h.status & kRecordBits[b].first) ++rep.record_bits[b];
+    if (const auto [it, fresh] = seen.emplace(h.event_id, at); !fresh)
+        rep.add_problem(at, fmt::format("event {} appears again (first at offset {})", h.event_id, it->second));
+    if (h.run_number != fh.run_number)
+        rep.add_problem(at, fmt::format("event {} has run {}, the file is run {}", h.event_id,
+                                        h.run_number, fh.run_number));
+    if (h.section_count != fh.expected_sources)
+        rep.add_problem(at, fmt::format("event {} has {} sections, the file expects {} sources",
+                                        h.event_id, h.section_count, fh.expected_sources));
+    if (h.status & ~record_defined)
+        rep.add_problem(at + 20, fmt::format("event {} has undefined status bits 0x{:x}", h.event_id,
+                                             h.status & ~record_defined));
+    EventInfo ev;
+    if (o.events) {
+        ev.event_id = h.event_id;
+        ev.offset = at;
+        ev.length = h.record_length;
+        ev.status = h.status;
+        ev.first_fragment_unix_ns = h.first_fragment_unix_ns;
+        ev.built_unix_ns = h.built_unix_ns;
+        ev.timestamp = h.timestamp;
+        ev.content_length = h.content_length;
     }
+    rep.stored_bytes += h.record_length;
+    rep.content_bytes += v2 ? ef::kRecordHeaderBytesV2 + std::uint64_t{h.content_length} : h.record_length;
+    if (r.compressed) ++rep.compressed;
+    if (!ef::split_sections(r, area, sections, &why)) {  // scan() accepted it, so unexpected
+        rep.add_problem(at, fmt::format("event {}: {}", h.event_id, why));
+        return;
+    }
+    // Offsets of what is inside a record: for a COMPRESSED one, positions in its
+    // decoded sections area counted from where that area would start stored plain.
+    const std::uint64_t area_at = at + (v2 ? ef::kRecordHeaderBytesV2 : ef::kRecordHeaderBytes);
+    bool any_missing = false, any_unconfirmed = false;
+    std::optional<std::uint64_t> smallest;  // item timestamp
+    for (const auto& sec : sections) {
+        const std::uint64_t sec_at = area_at + static_cast<std::uint64_t>(sec.payload - area.data()) -
+                                     ef::kSectionHeaderBytes;
+        for (std::size_t b = 0; b < section_bits; ++b)
+            if (sec.status & kSectionBits[b].first) ++rep.section_bits[b];
+        if (!item_mode) rep.payload_bytes += sec.length;
+        const bool missing = sec.status & ef::section_status::missing;
+        const bool empty = sec.status & ef::section_status::empty;
+        const bool unconfirmed = v2 && (sec.status & ef::section_status::unconfirmed);  // v1: an undefined bit
+        any_missing = any_missing || missing;
+        any_unconfirmed = any_unconfirmed || unconfirmed;
+        if (sec.status & ~section_defined)
+            rep.add_problem(sec_at + 4, fmt::format("event {} source {}: undefined section status bits 0x{:x}",
+                                                    h.event_id, sec.source_id, sec.status & ~section_defined));
+        if (unconfirmed && !time_slice)
+            rep.add_problem(sec_at + 4, fmt::format("event {} source {}: UNCONFIRMED outside time_slice mode",
+                                                    h.event_id, sec.source_id));
+        if (missing && empty)
+            rep.add_problem(sec_at + 4, fmt::format("event {} source {}: both MISSING and EMPTY",
+                                                    h.event_id, sec.source_id));
+        if (empty && sec.length != 0 && !item_mode)
+            rep.add_problem(sec_at + 8, fmt::format("event {} source {}: EMPTY with {} bytes",
+                                                    h.event_id, sec.source_id, sec.length));
+        if ((sec.status & ef::section_status::source_error) &&
+            !(h.status & ef::record_status::source_error))
+            rep.add_problem(at + 20, fmt::format("event {}: source {} is flagged SOURCE_ERROR, the event is not",
+                                                 h.event_id, sec.source_id));
+        SectionInfo info{sec.source_id, sec.status, sec.length, sec.item_count, {}};
+        if (item_mode) {
+            const auto low = check_items(r, sec, sec_at, fh, o, rep, o.events ? &info : nullptr);
+            if (low && (!smallest || *low < *smallest)) smallest = low;
+        } else if (o.pattern && sec.length > 0) {
+            const std::size_t bad = mismatch_fn(o.pattern_kind)(h.run_number, sec.source_id, h.event_id, 0,
+                                                                sec.payload, sec.length);
+            if (bad != sec.length)
+                rep.add_problem(sec_at + ef::kSectionHeaderBytes + bad,
+                                fmt::format("event {} source {}: payload byte {} of {} differs from the "
+                                            "{}",
+                                            h.event_id, sec.source_id, bad, sec.length,
+                                            pattern_kind_name(o.pattern_kind)));
+        }
+        if (o.events) ev.sections.push_back(std::move(info));
+    }
+    if (v2) check_record_time(r, fh, smallest, rep);
+    const bool incomplete = h.status & ef::record_status::incomplete;
+    if (time_slice) {  // a slice is never MISSING: a timed-out one has UNCONFIRMED sources
+        if (any_unconfirmed && !incomplete)
+            rep.add_problem(at + 20, fmt::format("slice {} has an UNCONFIRMED section but is not INCOMPLETE",
+                                                 h.event_id));
+        if (!any_unconfirmed && incomplete)
+            rep.add_problem(at + 20, fmt::format("slice {} is INCOMPLETE but no section is UNCONFIRMED",
+                                                 h.event_id));
+    } else {
+        if (any_missing && !incomplete)
+            rep.add_problem(at + 20, fmt::format("event {} has a MISSING section but is not INCOMPLETE",
+                                                 h.event_id));
+        if (!any_missing && incomplete)
+            rep.add_problem(at + 20, fmt::format("event {} is INCOMPLETE but no section is MISSING", h.event_id));
+    }
+    if (o.events) rep.events.push_back(std::move(ev));
 }
 
 // ---- MIDAS files (docs/FORMATS.md section 9) ----
@@ -796,7 +797,14 @@ FileReport examine(const std::string& path, const Options& o) {
                              [](const ef::Problem& a, const ef::Problem& b) { return a.offset < b.offset; });
             return rep;
         }
-        const ef::ScanResult s = ef::scan(img);
+        RecordChecks checks{o, rep, {}, {}, {}};
+        const ef::ScanResult s = ef::scan(img, std::ref(checks));
+        // The records' problems are reported after the scan's and the file's own, as
+        // they were found when the checks walked the records after the scan.
+        std::vector<ef::Problem> record_problems = std::move(rep.problems);
+        const std::uint64_t record_problems_dropped = rep.problem_count - record_problems.size();
+        rep.problems.clear();
+        rep.problem_count = 0;
         rep.header_ok = s.header_ok;
         rep.header = s.header;
         rep.has_footer = s.has_footer;
@@ -804,7 +812,9 @@ FileReport examine(const std::string& path, const Options& o) {
         rep.event_count = s.records.size();
         for (const auto& p : s.problems) rep.add_problem(p.offset, p.what);
         rep.cut_tail = s.header_ok && s.cut_record;
-        if (s.header_ok) check_semantics(img, s, o, rep);
+        if (s.header_ok) check_file_fields(img, s, rep);
+        for (auto& p : record_problems) rep.add_problem(p.offset, std::move(p.what));
+        rep.problem_count += record_problems_dropped;
     } catch (const std::exception& e) {
         rep.io_error = e.what();
     }

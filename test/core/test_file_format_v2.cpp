@@ -446,6 +446,23 @@ TEST_CASE("file v2: COMPRESSED records decode with both codecs and a bad stream 
         CHECK_FALSE(r.records[1].compressed);
         CHECK(ef::parse_sections(r.records[1], sections, &why));
 
+        // The scan's visitor sees each good record once, in order, with its sections
+        // area: the decoded bytes of the COMPRESSED one, the plain one's in the image.
+        std::vector<std::pair<std::uint64_t, Bytes>> seen;
+        const auto r2 = ef::scan(img, [&](const ef::FileHeader& fh, const ef::RecordView& rv,
+                                          std::span<const std::byte> a) {
+            CHECK(fh.codec == codec);
+            seen.emplace_back(rv.header.event_id, Bytes(a.begin(), a.end()));
+            std::vector<ef::SectionView> split;
+            CHECK(ef::split_sections(rv, a, split));
+            CHECK(split.size() == rv.header.section_count);
+        });
+        REQUIRE(seen.size() == 2);
+        CHECK(seen[0].first == r.records[0].header.event_id);
+        CHECK(seen[0].second == area);
+        CHECK(seen[1].second == evb::test::build_sections_area(slice_record(2), mode));
+        CHECK(r2.records.size() == 2);
+
         // A stream that does not decode, and one that decodes to other bytes, under
         // a right record CRC (a writer's fault, not the disk's): the scan stops at it.
         const Bytes garbage(61, std::byte{0x33});
