@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/model/event.hpp"
 #include "net/udp.hpp"
 
 namespace evb {
@@ -579,7 +580,11 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                                            c->output.compression_level));
         needs_version_2(fmt::format("output.compression \"{}\"", codec));
     }
-    if (c->building.max_buffer_bytes / (c->input.max_datagram_bytes + 64ull) < 2ull * c->input.batch * c->input.socket_readers())
+    // A receive slot holds the datagram, its 64-byte meta area and, with described
+    // frames, the headroom in front of it (sizing_for counts slots the same way).
+    const std::uint64_t slot_bytes = c->input.max_datagram_bytes + 64ull +
+                                     (c->input.frames && !c->input.frames->empty() ? kFrameHeadroom : 0);
+    if (c->building.max_buffer_bytes / slot_bytes < 2ull * c->input.batch * c->input.socket_readers())
         problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",
                                        c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.socket_readers(), c->input.batch));
     if (c->input.cpus.size() > c->input.socket_readers())

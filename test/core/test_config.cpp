@@ -235,6 +235,14 @@ TEST_CASE("config: input.frames is compiled at load and each refusal names its k
                        "input.frames[0].first_chunk_only: a chunked board whose timestamp is in its first chunk only "
                        "cannot be split among 2 time_slice builders"));
     CHECK(problems_of(R"({"building": {"clock_hz": 1000000000, "match": "time_slice", "slice_ticks": 1000}, "input": {"frames": [)" + pwb + "]}}").empty());
+    // Described frames land after a headroom in their receive slots: the check that
+    // the buffers hold two batches per reader counts it. 1 MiB holds 682 slots of a
+    // 1472-byte datagram and its 64-byte meta area, 661 with the 48 bytes in front.
+    const std::string tight = R"({"building": {"max_buffer_bytes": 1048576}, "input": {"max_datagram_bytes": 1472, "batch": 336)";
+    CHECK(problems_of(tight + "}}").empty());
+    CHECK(problems_of(tight + R"(, "frames": [{"name": "a", "source": {}, "event": {"at": 0, "type": "u8"}}]}})") ==
+          std::vector<std::string>{"building.max_buffer_bytes: 1048576 bytes hold too few 1472-byte datagrams for 1 "
+                                   "reader(s) with input.batch 336"});
     // A change of input.frames takes a restart, like the other input keys.
     const auto other = load_config(R"({"input": {"frames": []}})", "test.json", {});
     const auto restart = evb::restart_keys_changed(*c, *other);
