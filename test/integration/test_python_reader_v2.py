@@ -3,8 +3,9 @@ writes itself: event_id, timestamp and time_slice modes, records stored plain an
 compressed with lz4 and zstd (a record that does not shrink stored plain in the same
 file), items of timestamp and time-slice sections, UNCONFIRMED and empty sections, random
 access by id, a flipped byte in compressed data, a wrong content CRC, and a .part cut
-inside a compressed record. evbd writes no compressed records yet (issue 23), so these
-files are the only compressed ones; test_python_reader_evbd_v2 reads v2 files evbd wrote."""
+inside a compressed record. Written here, so that damage and rare layouts are certain
+to occur; test_compression reads the compressed files evbd writes, and
+test_python_reader_evbd_v2 its other v2 files."""
 import os
 import shutil
 import struct
