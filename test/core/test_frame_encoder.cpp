@@ -25,6 +25,11 @@ using evb::frames::SourceRoute;
 using evb::frames::SourceWraps;
 using frames_rig::Bytes;
 using frames_rig::sender;
+using frames_rig::kAlpha16;
+using frames_rig::kAlphaPwb;
+using frames_rig::kEssReadout;
+using frames_rig::kSrsVmm3a;
+using frames_rig::kWibEth;
 using nlohmann::json;
 
 namespace {
@@ -111,16 +116,7 @@ TEST_CASE("frame encoder: write_field keeps the other bits of a packed word", "[
 }
 
 TEST_CASE("frame encoder: ALPHA-g ADC round trips with its trigger counter wrapping", "[frames][encoder][boards]") {
-    const FrameTable t = board(R"({
-        "name": "alpha16",
-        "require": [{"at": 0, "type": "u8", "equals": 1}, {"at": 1, "type": "u8", "equals": 1},
-                    {"at": 14, "type": "u16be", "equals": 0}],
-        "length": {"at": 28, "type": "u16be", "scale": 2, "adjust": 32},
-        "source": {"field": {"at": 26, "type": "u16be"}},
-        "event": {"at": 2, "type": "u16be"},
-        "timestamp": {"at": 18, "type": "u32be"},
-        "clock_hz": 125000000
-    })");
+    const FrameTable t = board(kAlpha16);
     const FrameEncoder enc(t.descriptions()[0]);
     CHECK(enc.min_payload(true) == 30);
     CHECK(enc.fields_end() == 30);
@@ -139,19 +135,7 @@ TEST_CASE("frame encoder: ALPHA-g ADC round trips with its trigger counter wrapp
 
 TEST_CASE("frame encoder: ALPHA-g PWB round trips by sender with the timestamp in the first chunk only",
           "[frames][encoder][boards]") {
-    const FrameTable t = board(R"({
-        "name": "pwb",
-        "port": 7401,
-        "source": {"sender": {"192.168.1.101": 0, "192.168.1.102": 4},
-                   "field": {"at": 10, "type": "u8", "bits": 2}},
-        "length": {"at": 14, "type": "u16le", "adjust": 24},
-        "event": {"at": 8, "type": "u16le"},
-        "chunk": {"index": {"at": 12, "type": "u16le"}, "first": 0, "last": {"at": 11, "type": "u8", "bits": 1}},
-        "timestamp": {"high": {"at": 36, "type": "u16le"}, "low": {"at": 32, "type": "u32le"}},
-        "clock_hz": 125000000,
-        "first_chunk_only": ["timestamp"],
-        "payload": {"from": 20, "trailer": 4}
-    })");
+    const FrameTable t = board(kAlphaPwb);
     const auto& d = t.descriptions()[0];
     const FrameEncoder enc(d);
     CHECK(enc.min_payload(true) == 14);  // the event header's timestamp ends at byte 38
@@ -178,14 +162,7 @@ TEST_CASE("frame encoder: ALPHA-g PWB round trips by sender with the timestamp i
 }
 
 TEST_CASE("frame encoder: RD51 SRS VMM3a round trips with a base and a shifted id", "[frames][encoder][boards]") {
-    const FrameTable t = board(R"({
-        "name": "srs-vmm3a",
-        "require": [{"at": 4, "type": "u24be", "equals": "0x564D33"}],
-        "source": {"base": 100, "field": {"at": 7, "type": "u8", "shift": 4, "bits": 4}},
-        "event": {"at": 0, "type": "u32be"},
-        "timestamp": {"at": 8, "type": "u32be"},
-        "payload": {"from": 16}
-    })", MatchMode::time_slice);
+    const FrameTable t = board(kSrsVmm3a, MatchMode::time_slice);
     const FrameEncoder enc(t.descriptions()[0]);
     SourceRoute r;
     CHECK_FALSE(enc.route(99, r));
@@ -201,14 +178,7 @@ TEST_CASE("frame encoder: RD51 SRS VMM3a round trips with a base and a shifted i
 
 TEST_CASE("frame encoder: DUNE WIBEth round trips its packed 12-bit counter across the wrap",
           "[frames][encoder][boards]") {
-    const FrameTable t = board(R"({
-        "name": "wibeth",
-        "port": 7410,
-        "source": {"base": 10000, "field": {"at": 0, "type": "u64le", "shift": 22, "bits": 12}},
-        "event": {"at": 0, "type": "u64le", "shift": 40, "bits": 12},
-        "timestamp": {"at": 8, "type": "u64le"},
-        "clock_hz": 62500000
-    })", MatchMode::time_slice);
+    const FrameTable t = board(kWibEth, MatchMode::time_slice);
     SourceWraps w;
     for (std::uint64_t e = 4090; e < 4100; ++e) {
         const FragmentValues f{10000 + 0x3A5, e, 0x0123456789ABCDEFull + e * 2048, false, false};
@@ -219,18 +189,7 @@ TEST_CASE("frame encoder: DUNE WIBEth round trips its packed 12-bit counter acro
 
 TEST_CASE("frame encoder: ESS readout round trips seconds+ticks through the seconds' wrap",
           "[frames][encoder][boards]") {
-    const FrameTable t = board(R"({
-        "name": "ess",
-        "require": [{"at": 0, "type": "u8", "equals": 0}, {"at": 1, "type": "u8", "equals": 0},
-                    {"at": 2, "type": "u24le", "equals": "0x535345"}],
-        "length": {"at": 6, "type": "u16le"},
-        "source": {"field": {"at": 8, "type": "u8"}},
-        "event": {"at": 26, "type": "u32le"},
-        "timestamp": {"seconds": {"at": 10, "type": "u32le"}, "ticks": {"at": 14, "type": "u32le"},
-                      "ticks_hz": 88052500},
-        "clock_hz": 88052500,
-        "payload": {"from": 30}
-    })");
+    const FrameTable t = board(kEssReadout);
     constexpr std::uint64_t R = 88052500;
     SourceWraps w;
     // Seconds 2^32 - 1 then 2^32: the 32-bit seconds wrap and are extended.

@@ -21,6 +21,11 @@ using nlohmann::json;
 using frames_rig::Bytes;
 using frames_rig::put;
 using frames_rig::sender;
+using frames_rig::kAlpha16;
+using frames_rig::kAlphaPwb;
+using frames_rig::kEssReadout;
+using frames_rig::kSrsVmm3a;
+using frames_rig::kWibEth;
 
 namespace {
 
@@ -39,16 +44,7 @@ FrameDecoded run(const FrameTable& t, const Bytes& d, std::uint16_t port, const 
 }  // namespace
 
 TEST_CASE("boards: ALPHA-g ADC (ALPHA16 packet version 1) in event_id mode", "[frames][boards]") {
-    const FrameTable t = board(R"({
-        "name": "alpha16",
-        "require": [{"at": 0, "type": "u8", "equals": 1}, {"at": 1, "type": "u8", "equals": 1},
-                    {"at": 14, "type": "u16be", "equals": 0}],
-        "length": {"at": 28, "type": "u16be", "scale": 2, "adjust": 32},
-        "source": {"field": {"at": 26, "type": "u16be"}},
-        "event": {"at": 2, "type": "u16be"},
-        "timestamp": {"at": 18, "type": "u32be"},
-        "clock_hz": 125000000
-    })", FrameLimits{MatchMode::event_id, 9000, 0});
+    const FrameTable t = board(kAlpha16, FrameLimits{MatchMode::event_id, 9000, 0});
     // Module 7, anode channel 3 (type bit set), 100 samples, trigger 0xFFFF then 0x0001.
     Bytes d(32 + 200);
     d[0] = std::byte{1};
@@ -72,18 +68,7 @@ TEST_CASE("boards: ALPHA-g ADC (ALPHA16 packet version 1) in event_id mode", "[f
 }
 
 TEST_CASE("boards: ALPHA-g PWB packet header (first chunk with the event header)", "[frames][boards]") {
-    const FrameTable t = board(R"({
-        "name": "pwb",
-        "port": 7401,
-        "source": {"sender": {"192.168.1.101": 0, "192.168.1.102": 4}, "field": {"at": 10, "type": "u8", "bits": 2}},
-        "length": {"at": 14, "type": "u16le", "adjust": 24},
-        "event": {"at": 8, "type": "u16le"},
-        "chunk": {"index": {"at": 12, "type": "u16le"}, "first": 0, "last": {"at": 11, "type": "u8", "bits": 1}},
-        "timestamp": {"high": {"at": 36, "type": "u16le"}, "low": {"at": 32, "type": "u32le"}},
-        "clock_hz": 125000000,
-        "first_chunk_only": ["timestamp"],
-        "payload": {"from": 20, "trailer": 4}
-    })", FrameLimits{MatchMode::timestamp, 9000, 1'000'000'000});
+    const FrameTable t = board(kAlphaPwb, FrameLimits{MatchMode::timestamp, 9000, 1'000'000'000});
     // Board 192.168.1.102, SCA 2, chunk 0 of a fragment, 64 payload bytes, trigger time 0x0001_80000000.
     Bytes d(20 + 64 + 4);
     put(d, 8, 0x1234, 2, false);   // CHANNEL_SEQ
@@ -118,14 +103,7 @@ TEST_CASE("boards: ALPHA-g PWB packet header (first chunk with the event header)
 }
 
 TEST_CASE("boards: RD51 SRS VMM3a frame", "[frames][boards]") {
-    const FrameTable t = board(R"({
-        "name": "srs-vmm3a",
-        "require": [{"at": 4, "type": "u24be", "equals": "0x564D33"}],
-        "source": {"base": 100, "field": {"at": 7, "type": "u8", "shift": 4, "bits": 4}},
-        "event": {"at": 0, "type": "u32be"},
-        "timestamp": {"at": 8, "type": "u32be"},
-        "payload": {"from": 16}
-    })", FrameLimits{MatchMode::time_slice, 9000, 0});
+    const FrameTable t = board(kSrsVmm3a, FrameLimits{MatchMode::time_slice, 9000, 0});
     // FEC 5, frame 41, two 6-byte hits.
     Bytes d(16 + 12);
     put(d, 0, 41, 4, true);
@@ -144,14 +122,7 @@ TEST_CASE("boards: RD51 SRS VMM3a frame", "[frames][boards]") {
 }
 
 TEST_CASE("boards: DUNE WIBEth frame (DAQEthHeader)", "[frames][boards]") {
-    const FrameTable t = board(R"({
-        "name": "wibeth",
-        "port": 7410,
-        "source": {"base": 10000, "field": {"at": 0, "type": "u64le", "shift": 22, "bits": 12}},
-        "event": {"at": 0, "type": "u64le", "shift": 40, "bits": 12},
-        "timestamp": {"at": 8, "type": "u64le"},
-        "clock_hz": 62500000
-    })", FrameLimits{MatchMode::time_slice, 9000, 0});
+    const FrameTable t = board(kWibEth, FrameLimits{MatchMode::time_slice, 9000, 0});
     // version 4, det 3, crate 12, slot 2, stream 0x41, seq 4095 then 0.
     auto word = [](std::uint64_t seq) {
         return 4ull | (3ull << 6) | (12ull << 12) | (2ull << 22) | (0x41ull << 26) | (seq << 40) | (0x123ull << 52);
@@ -170,17 +141,7 @@ TEST_CASE("boards: DUNE WIBEth frame (DAQEthHeader)", "[frames][boards]") {
 }
 
 TEST_CASE("boards: ESS readout header version 0", "[frames][boards]") {
-    const FrameTable t = board(R"({
-        "name": "ess",
-        "require": [{"at": 0, "type": "u8", "equals": 0}, {"at": 1, "type": "u8", "equals": 0},
-                    {"at": 2, "type": "u24le", "equals": "0x535345"}],
-        "length": {"at": 6, "type": "u16le"},
-        "source": {"field": {"at": 8, "type": "u8"}},
-        "event": {"at": 26, "type": "u32le"},
-        "timestamp": {"seconds": {"at": 10, "type": "u32le"}, "ticks": {"at": 14, "type": "u32le"}, "ticks_hz": 88052500},
-        "clock_hz": 88052500,
-        "payload": {"from": 30}
-    })", FrameLimits{MatchMode::timestamp, 9000, 1'000'000'000});
+    const FrameTable t = board(kEssReadout, FrameLimits{MatchMode::timestamp, 9000, 1'000'000'000});
     // Output queue 3, pulse at 1700000000 s + 44026250 ticks (half a second), sequence 7, 40 bytes of readouts.
     Bytes d(70);
     d[2] = std::byte{'E'};
