@@ -84,7 +84,6 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         // when this builder started writing the run.
         run_known_ = true;
         file_first_serial_ = continued_run_ == run ? continued_serial_ : 0;
-        continued_run_.reset();
         run_events_ = 0;
         run_status_ = {};
         run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);
@@ -124,6 +123,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     midas_ = midas;
     lz4_file_ = lz4;
     file_run_ = run;
+    continued_run_.reset();  // (kept until an open succeeds: a failed one is retried as the run's first)
     file_set_ = set;
     file_seq_ = seq;
     next_seq_ = seq + 1;

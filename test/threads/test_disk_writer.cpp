@@ -4,9 +4,12 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "allocators/arena.hpp"
@@ -229,6 +232,31 @@ TEST_CASE("DiskWriter writes MIDAS files: BOR and one event per built event with
     for (std::uint64_t e = 0; e < kEvents; ++e) CHECK(ids[e] == 100 + e);
     rig.pool.reclaim();
     CHECK(rig.pool.free_count() == kSlots);
+}
+
+TEST_CASE("DiskWriter goes on with a run's MIDAS serial numbers after a restart, even when its first open fails") {
+    test::TempDir dir;
+    const std::string out = dir / "out";
+    { std::ofstream blocker(out); }  // a file where the directory should be: the first open fails
+    WriterSettings ws = WriterRig::writer_settings(out);
+    ws.format = OutputFormat::midas;
+    ws.config_json = "{}";
+    WriterRig rig(ws);
+    rig.writer.go_on_with_run(kRun, 500);  // what the run's files on disk end at
+    rig.build(100);
+    for (int i = 0; i < 10; ++i) rig.writer.do_work();
+    REQUIRE(rig.writer_counters.write_errors.get() >= 1);
+    CHECK(rig.writer_counters.events_written.get() == 0);
+    fs::remove(out);
+    fs::create_directory(out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // the writer retries an open after 1 s
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 1; ++i) rig.writer.do_work();
+    rig.writer.on_close();
+    REQUIRE(rig.writer_counters.events_written.get() == 1);
+    const file::MappedFile mapped(fs::path(out) / midas::file_name(kRun, 0, 0, false));
+    const midas::ScanResult s = midas::scan(mapped.bytes());
+    REQUIRE(s.events.size() == 1);
+    CHECK(s.events[0].header.serial_number == 500);
 }
 
 TEST_CASE("DiskWriter writes .mid.lz4: one LZ4 frame holding the MIDAS file and every event counted written in order") {
