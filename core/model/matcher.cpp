@@ -272,7 +272,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         return;
     }
     if (match_ == file::MatchMode::time_slice) {
-        add_sliced(c, idx, now_ns, out, false);
+        (void)add_sliced(c, idx, now_ns, out, false);
         return;
     }
     if (match_ == file::MatchMode::timestamp) {
@@ -473,16 +473,15 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
     // Remembered as gathered (a copy of one of its chunks is a duplicate) only once it
     // is in its event or slice: a fragment refused there (no room for its event, the
     // run stopping) is taken when it comes again.
-    bool joined;
+    bool joined = false;
     if (match_ != file::MatchMode::time_slice) {
         joined = join_whole(first, idx, now_ns, out);
     } else {
         for (ChunkMeta* k = first; k != nullptr;) {
             ChunkMeta* next = k->next;
-            add_sliced(k, idx, now_ns, out, true);
+            joined = add_sliced(k, idx, now_ns, out, true) || joined;
             k = next;
         }
-        joined = seen_seq_[i].contains(event);
     }
     if (joined) gathered_[i].insert(event, run);
 }
@@ -911,7 +910,7 @@ Matcher::Gather Matcher::gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, C
     return Gather::complete;
 }
 
-void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept {
+bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept {
     const auto i = static_cast<std::size_t>(idx);
     const std::uint64_t seq = c->event_id;
     const bool crc_bad = (c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c;
@@ -935,14 +934,14 @@ void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
             advance_watermark(i, c->timestamp);
         }
         drop(c);
-        return;
+        return false;
     }
     Event* e = map_.find(map_key(k, run));
     if (e == nullptr) {
         if (!expected_[idx]) {
             counters_.unknown_source.add();
             drop(c);
-            return;
+            return false;
         }
         if (stats::Counter* late = late_counter(k, run)) {  // its slice is written
             late->add();
@@ -950,10 +949,10 @@ void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
             // Still a complete fragment received: the source is past its time.
             if (c->chunk_count == 1 && !crc_bad && current_run) advance_watermark(i, c->timestamp);
             drop(c);
-            return;
+            return false;
         }
         e = open_event(c, idx, k, now_ns);
-        if (e == nullptr) return;
+        if (e == nullptr) return false;
         e->solo_source = -1;  // a slice is nobody's alone
         --solo_events_[i];
         e->timestamp = k * slice_ticks_;
@@ -962,44 +961,44 @@ void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
     if (s.state & SourceState::kRemoved) {
         counters_.unknown_source.add();
         drop(c);
-        return;
+        return false;
     }
     if (crc_bad) {
         e->status |= file::record_status::corrupt_dropped;
         counters_.crc_failures.add();
         drop(c);
-        return;
+        return false;
     }
     c->payload_crc32c = c->received_crc32c;
     if (seen_seq_[i].contains(seq)) {  // its fragment is already in a slice
         e->status |= file::record_status::duplicates;
         counters_.duplicate_chunks.add();
         drop(c);
-        return;
+        return false;
     }
     ChunkMeta* first = c;
     ChunkMeta* last = c;
     if (c->chunk_count == 1 && c->chunk_offset != 0) {  // a whole fragment starts at its first byte
         counters_.inconsistent_chunks.add();
         drop(c);
-        return;
+        return false;
     }
     if (c->chunk_count > 1) {
         const Gather g = gather(s.partial, c, i, first, last, whole);
         if (g == Gather::duplicate) e->status |= file::record_status::duplicates;
-        if (g != Gather::complete) return;
+        if (g != Gather::complete) return false;
     }
     const std::uint64_t bytes = fragment_claim(*e, c->fragment_length);
     if (e->claimed_bytes + bytes > kMaxRecordBytes) {
         counters_.event_too_large.add();
         drop_chain(first);
-        return;
+        return false;
     }
     if (!insert_item(s, first, last)) {
         e->status |= file::record_status::duplicates;
         counters_.duplicate_chunks.add();
         drop_chain(first);
-        return;
+        return false;
     }
     e->claimed_bytes += bytes;
     seen_seq_[i].insert(seq);
@@ -1011,10 +1010,11 @@ void Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         }
     counters_.fragments.add();
     counters_.source_fragments[idx].add();
-    if (!current_run) return;
+    if (!current_run) return true;
     advance_watermark(i, c->timestamp);
     // A slice whose end every watermark had already passed is written at once.
     if (slice_end(*e) < min_watermark_) finish(e, true, now_ns, out);
+    return true;
 }
 
 void Matcher::release_slices(std::uint64_t now_ns, EventList& out) noexcept {

@@ -119,8 +119,8 @@ private:
     void add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // Timestamp mode: chunks of fragments not yet whole, per source (see gather).
     void expire_waiting(std::uint64_t now_ns, bool all) noexcept;
-    // A whole fragment of several chunks (event_id and timestamp modes) joins its
-    // event; false when it had none and was dropped.
+    // A whole fragment (its chunks linked from `first`; event_id and timestamp modes)
+    // joins its event; false when it had none and was dropped.
     bool join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // Described frames: a chunk not gathered yet waits for its fragment's other
     // chunks; the whole fragment then goes on to its event.
@@ -165,8 +165,9 @@ private:
     void bucket_remove(Event* e) noexcept;
     // time_slice mode (docs/FORMATS.md section 5): chunks to slices, fragments to
     // their source's items in (timestamp, sequence) order, watermarks.
+    // True when the chunk completed its fragment and the fragment is in its slice.
     // `whole` as for gather().
-    void add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept;
+    bool add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept;
     // False (nothing linked) when an item of the same (timestamp, sequence) is there.
     bool insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noexcept;
     void drop_chain(ChunkMeta* c) noexcept;

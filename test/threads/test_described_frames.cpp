@@ -165,6 +165,29 @@ std::vector<Bytes> adc_fragment(std::uint8_t module, std::uint16_t trigger, cons
     return out;
 }
 
+// A board of one source byte, an 8-bit sequence, chunks and a 16-bit clock in the
+// first chunk only, for the time modes.
+const json kTimedBoard = json::parse(R"([{
+    "name": "t",
+    "source": {"field": {"at": 0, "type": "u8"}},
+    "event": {"at": 1, "type": "u8"},
+    "chunk": {"index": {"at": 2, "type": "u8"}, "last": {"at": 3, "type": "u8", "bits": 1}},
+    "timestamp": {"at": 4, "type": "u16le"},
+    "first_chunk_only": ["timestamp"],
+    "payload": {"from": 6}
+}])");
+
+// Source 0's chunk `index` of fragment `seq` (ts: the clock, read from chunk 0 only).
+Bytes timed_chunk(std::uint8_t seq, std::uint8_t index, bool last, std::uint16_t ts, const Bytes& p) {
+    Bytes d(6 + p.size());
+    d[1] = std::byte{seq};
+    d[2] = std::byte{index};
+    d[3] = std::byte{static_cast<unsigned char>(last ? 1 : 0)};
+    put(d, 4, ts, 2, false);
+    std::memcpy(d.data() + 6, p.data(), p.size());
+    return d;
+}
+
 MatcherSettings settings(std::vector<std::uint32_t> sources, file::MatchMode match = file::MatchMode::event_id) {
     MatcherSettings ms{std::move(sources), 64, 1024, 1'000'000};
     ms.match = match;
@@ -320,6 +343,37 @@ TEST_CASE("described frames: a fragment refused for want of an event is taken wh
     CHECK(rig.counters.events_complete.get() == 2);
 }
 
+TEST_CASE("described frames: in the time modes too a refused fragment is taken when sent again",
+          "[frames][matcher][described]") {
+    const file::MatchMode mode = GENERATE(file::MatchMode::timestamp, file::MatchMode::time_slice);
+    INFO((mode == file::MatchMode::timestamp ? "timestamp" : "time_slice"));
+    // One source and a pool of one event: fragment 0 takes the pool, fragment 1
+    // (two chunks, ts 1500) is whole but finds no room and is dropped; once event 0
+    // is written and back, fragment 1 is sent again and must build.
+    MatcherSettings ms = settings({0}, mode);
+    ms.max_events = 1;
+    FramesRig rig(kTimedBoard, ms);
+    const Bytes a = payload_bytes(30, 1), b = payload_bytes(20, 2);
+    EventList out = rig.feed({rig.datagram(timed_chunk(0, 0, true, 500, payload_bytes(8, 0)))}, 1);
+    if (mode == file::MatchMode::time_slice) CHECK(out.count == 0);  // slice 0 waits for time to pass it
+    EventList more = rig.feed({rig.datagram(timed_chunk(1, 1, true, 0, b)), rig.datagram(timed_chunk(1, 0, false, 1500, a))}, 2);
+    CHECK(more.count == 0);
+    CHECK(rig.counters.in_flight_limit_drops.get() >= 1);
+    if (mode == file::MatchMode::time_slice) rig.matcher.expire(2 + 1'000'000, out);  // slice 0 timed out
+    REQUIRE(out.count == 1);
+    rig.give_back(out);
+    rig.matcher.reclaim();
+    out = rig.feed({rig.datagram(timed_chunk(1, 1, true, 0, b)), rig.datagram(timed_chunk(1, 0, false, 1500, a))}, 3);
+    CHECK(rig.counters.duplicate_chunks.get() == 0);
+    if (mode == file::MatchMode::time_slice) rig.matcher.flush(4, out);
+    REQUIRE(out.count == 1);
+    CHECK(out.head->timestamp == (mode == file::MatchMode::timestamp ? 1500u : 1000u));
+    const Bytes sec = FramesRig::section(*out.head, 0);
+    REQUIRE(sec.size() == file::kItemHeaderBytes + file::padded8(50));
+    CHECK(Bytes(sec.begin() + 24, sec.begin() + 54) == a);
+    CHECK(Bytes(sec.begin() + 54, sec.begin() + 74) == b);
+}
+
 TEST_CASE("described frames: a missing chunk leaves the event INCOMPLETE and its chunks go stale",
           "[frames][matcher][described]") {
     FramesRig rig(kChunkedBoard, settings({1, 2}));
@@ -337,31 +391,12 @@ TEST_CASE("described frames: a missing chunk leaves the event INCOMPLETE and its
 
 TEST_CASE("described frames: time_slice mode builds gathered chunks into their slice",
           "[frames][matcher][described]") {
-    const json board = json::parse(R"([{
-        "name": "t",
-        "source": {"field": {"at": 0, "type": "u8"}},
-        "event": {"at": 1, "type": "u8"},
-        "chunk": {"index": {"at": 2, "type": "u8"}, "last": {"at": 3, "type": "u8", "bits": 1}},
-        "timestamp": {"at": 4, "type": "u16le"},
-        "first_chunk_only": ["timestamp"],
-        "payload": {"from": 6}
-    }])");
-    FramesRig rig(board, settings({0}, file::MatchMode::time_slice));
-    auto chunk = [](std::uint8_t seq, std::uint8_t index, bool last, std::uint16_t ts, const Bytes& p) {
-        Bytes d(6 + p.size());
-        d[0] = std::byte{0};
-        d[1] = std::byte{seq};
-        d[2] = std::byte{index};
-        d[3] = std::byte{static_cast<unsigned char>(last ? 1 : 0)};
-        put(d, 4, ts, 2, false);
-        std::memcpy(d.data() + 6, p.data(), p.size());
-        return d;
-    };
+    FramesRig rig(kTimedBoard, settings({0}, file::MatchMode::time_slice));
     const Bytes a = payload_bytes(30, 1), b = payload_bytes(20, 2);
-    EventList out = rig.feed({rig.datagram(chunk(0, 1, true, 0xFFFF, b)), rig.datagram(chunk(0, 0, false, 500, a))}, 1);
+    EventList out = rig.feed({rig.datagram(timed_chunk(0, 1, true, 0xFFFF, b)), rig.datagram(timed_chunk(0, 0, false, 500, a))}, 1);
     CHECK(out.count == 0);
     // The next slice's fragment moves the watermark past slice 0: it is written.
-    out = rig.feed({rig.datagram(chunk(1, 0, true, 1500, payload_bytes(8, 3)))}, 2);
+    out = rig.feed({rig.datagram(timed_chunk(1, 0, true, 1500, payload_bytes(8, 3)))}, 2);
     REQUIRE(out.count == 1);
     CHECK(out.head->timestamp == 0);
     const Bytes s = FramesRig::section(*out.head, 0);
