@@ -164,15 +164,14 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     const std::shared_ptr<const Snapshot> snap = make_snapshot(cfg, sizing);
     // A restart within a run: pull mode asks only for what the run's files lack, and
     // MIDAS serial numbers go on.
-    RunOnDisk on_disk = replay ? RunOnDisk{} : continue_run(*cfg, pull);
+    RunContinuation on_disk = replay ? RunContinuation{} : continue_run(*cfg, pull);
 
     // Memory: one arena and receive pool per input. Return ports 0..shards-1 are the
     // matcher shards', port `shards` the writer's.
     // Described frames (input.frames): every input decodes them with the one
     // compiled table, and its slots hold the headroom in front of each datagram.
     const FrameInputSettings frame_input{cfg->input.frames, cfg->sources};
-    const std::size_t slot_bytes =
-        cfg->input.max_datagram_bytes + (cfg->input.frames->empty() ? 0 : kFrameHeadroom);
+    const std::size_t slot_bytes = slot_data_bytes(*cfg);
     std::vector<std::unique_ptr<alloc::Arena>> arenas;
     std::vector<std::unique_ptr<alloc::BufferPool>> pools;
     std::vector<alloc::BufferPool*> pool_ptrs;

@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "core/model/event.hpp"
+#include "core/config/snapshot.hpp"
 #include "net/udp.hpp"
 
 namespace evb {
@@ -580,11 +580,9 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                                            c->output.compression_level));
         needs_version_2(fmt::format("output.compression \"{}\"", codec));
     }
-    // A receive slot holds the datagram, its 64-byte meta area and, with described
-    // frames, the headroom in front of it (sizing_for counts slots the same way).
-    const std::uint64_t slot_bytes = c->input.max_datagram_bytes + 64ull +
-                                     (c->input.frames && !c->input.frames->empty() ? kFrameHeadroom : 0);
-    if (c->building.max_buffer_bytes / slot_bytes < 2ull * c->input.batch * c->input.socket_readers())
+    // Each reader's share of the receive slots (counted as the start will make them,
+    // described frames' headroom included) must hold two of its batches.
+    if (sizing_for(*c, c->input.socket_readers()).slots_per_reader < 2ull * c->input.batch)
         problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",
                                        c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.socket_readers(), c->input.batch));
     if (c->input.cpus.size() > c->input.socket_readers())

@@ -11,12 +11,13 @@ Sizing sizing_for(const Config& c, std::uint32_t inputs) {
     Sizing s;
     s.readers = inputs;
     s.shards = c.shard_count();
-    // A slot holds the meta area, the largest datagram and, when frames are
-    // described, the headroom readers leave in front of it (kFrameHeadroom).
-    const std::size_t headroom = c.input.frames && !c.input.frames->empty() ? kFrameHeadroom : 0;
-    s.slots_per_reader = c.building.max_buffer_bytes / inputs /
-                         (c.input.max_datagram_bytes + headroom + alloc::BufferPool::kMetaBytes);
+    s.slots_per_reader = c.building.max_buffer_bytes / inputs / (slot_data_bytes(c) + alloc::BufferPool::kMetaBytes);
     return s;
+}
+
+std::size_t slot_data_bytes(const Config& c) {
+    const std::size_t headroom = c.input.frames && !c.input.frames->empty() ? kFrameHeadroom : 0;
+    return c.input.max_datagram_bytes + headroom;
 }
 
 std::size_t compression_ring_bytes(const Config& c, const Sizing& z) {

@@ -94,6 +94,10 @@ struct Sizing {
 
 // Sizing for a configuration (`inputs`: socket readers, or 1 for a replay).
 Sizing sizing_for(const Config& c, std::uint32_t inputs);
+// A receive slot's data bytes: the largest datagram and, when frames are
+// described, the headroom readers leave in front of it (kFrameHeadroom). Each slot
+// has BufferPool::kMetaBytes more for its meta area.
+std::size_t slot_data_bytes(const Config& c);
 // Each matcher shard's memory for compressed records (made when a codec is in use).
 std::size_t compression_ring_bytes(const Config& c, const Sizing& z);
 
