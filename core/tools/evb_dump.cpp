@@ -293,6 +293,21 @@ struct FileReport {
         ++problem_count;
         if (problems.size() < kMaxProblemsKept) problems.push_back({offset, std::move(what)});
     }
+    // Problems taken out of the report, to go back in after others found later.
+    struct Aside {
+        std::vector<ef::Problem> kept;
+        std::uint64_t count = 0;
+    };
+    Aside take_problems() {
+        Aside a{std::move(problems), problem_count};
+        problems.clear();
+        problem_count = 0;
+        return a;
+    }
+    void put_back(Aside&& a) {
+        for (auto& p : a.kept) add_problem(p.offset, std::move(p.what));
+        problem_count += a.count - a.kept.size();  // those the cap left out
+    }
 
     std::string state() const {
         if (!io_error.empty()) return "unreadable";
@@ -797,14 +812,11 @@ FileReport examine(const std::string& path, const Options& o) {
                              [](const ef::Problem& a, const ef::Problem& b) { return a.offset < b.offset; });
             return rep;
         }
+        // The record checks run inside the scan (a COMPRESSED record is decoded once);
+        // their problems are reported after the scan's and the file's own.
         RecordChecks checks{o, rep, {}, {}, {}};
         const ef::ScanResult s = ef::scan(img, std::ref(checks));
-        // The records' problems are reported after the scan's and the file's own, as
-        // they were found when the checks walked the records after the scan.
-        std::vector<ef::Problem> record_problems = std::move(rep.problems);
-        const std::uint64_t record_problems_dropped = rep.problem_count - record_problems.size();
-        rep.problems.clear();
-        rep.problem_count = 0;
+        FileReport::Aside record_problems = rep.take_problems();
         rep.header_ok = s.header_ok;
         rep.header = s.header;
         rep.has_footer = s.has_footer;
@@ -813,8 +825,7 @@ FileReport examine(const std::string& path, const Options& o) {
         for (const auto& p : s.problems) rep.add_problem(p.offset, p.what);
         rep.cut_tail = s.header_ok && s.cut_record;
         if (s.header_ok) check_file_fields(img, s, rep);
-        for (auto& p : record_problems) rep.add_problem(p.offset, std::move(p.what));
-        rep.problem_count += record_problems_dropped;
+        rep.put_back(std::move(record_problems));
     } catch (const std::exception& e) {
         rep.io_error = e.what();
     }

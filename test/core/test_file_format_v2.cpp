@@ -483,9 +483,12 @@ TEST_CASE("file v2: COMPRESSED records decode with both codecs and a bad stream 
         };
         for (const auto& b : bad) {
             const Bytes image = evb::test::build_file_image(v2_header(mode, codec), {plain, b.record, plain}, false);
-            const auto s = ef::scan(image);
+            std::size_t visited = 0;  // the visitor sees only the records the scan keeps
+            const auto s = ef::scan(image, [&](const ef::FileHeader&, const ef::RecordView&,
+                                               std::span<const std::byte>) { ++visited; });
             INFO(b.problem << ": " << problems_text(s));
             CHECK(s.records.size() == 1);
+            CHECK(visited == 1);
             CHECK(s.good_bytes == ef::kHeaderBytes + plain.size());
             CHECK(has_problem(s, ef::kHeaderBytes + plain.size(), b.problem));
         }

@@ -169,9 +169,11 @@ TEST_CASE("survey_run leaves alone a .part that a running evbd holds locked", "[
 TEST_CASE("survey_run reads which events of the run MIDAS files hold, .mid and .mid.lz4, and recovers their .part files", "[run_on_disk]") {
     evb::test::TempDir dir;
     write_midas(dir / "run000007_000_00000.mid", 7, {0, 2, 4}, true, false);
-    write_midas(dir / "run000007_000_00001.mid.lz4", 7, {6, 8}, true, true, 0, 3);
+    // Serial numbers go on across the files: 0..2, 3..4, 5..7, 8..9.
+    constexpr std::size_t kNoCut = 0;
+    write_midas(dir / "run000007_000_00001.mid.lz4", 7, {6, 8}, true, true, kNoCut, 3);
     write_midas(dir / "run000007_000_00002.mid.part", 7, {10, 12, 14}, false, false, 10, 5);  // 14 cut
-    write_midas(dir / "run000007_000_00003.mid.lz4.part", 7, {16, 18}, false, true, 0, 8);     // frame not ended
+    write_midas(dir / "run000007_000_00003.mid.lz4.part", 7, {16, 18}, false, true, kNoCut, 8);  // frame not ended
     const ef::RunSurvey s = ef::survey_run(dir.path(), 7, 0, 2, true);
     INFO((s.problems.empty() ? std::string() : s.problems[0]));
     CHECK(s.problems.empty());
@@ -181,4 +183,19 @@ TEST_CASE("survey_run reads which events of the run MIDAS files hold, .mid and .
     CHECK(s.files.size() == 4);
     CHECK(ids_in(s.held) == std::vector<std::uint64_t>{0, 2, 4, 6, 8, 10, 12, 16, 18});
     CHECK(s.next_serial == 10);  // serials 0..9 (7, id 14's, was cut): a restarted writer goes on at 10
+}
+
+TEST_CASE("survey_run in push mode finds where MIDAS serial numbers go on from .part files left as they are",
+          "[run_on_disk]") {
+    evb::test::TempDir dir;
+    constexpr std::size_t kNoCut = 0;
+    constexpr std::uint32_t kFirstSerial0 = 0, kFirstSerial1 = 3, kFirstSerial2 = 5;
+    write_midas(dir / "run000007_000_00000.mid", 7, {0, 2, 4}, true, false, kNoCut, kFirstSerial0);
+    write_midas(dir / "run000007_000_00001.mid.lz4.part", 7, {6, 8}, false, true, kNoCut, kFirstSerial1);
+    write_midas(dir / "run000007_000_00002.mid.part", 7, {10, 12, 14}, false, false, 10, kFirstSerial2);  // 14 cut
+    const ef::RunSurvey s = ef::survey_run(dir.path(), 7, 0, 2, false);  // push: .part files are not recovered
+    CHECK(s.recovered.empty());
+    CHECK(s.left_parts.size() == 2);
+    CHECK(ids_in(s.held) == std::vector<std::uint64_t>{0, 2, 4, 6, 8, 10, 12});
+    CHECK(s.next_serial == 7);  // serials 0..6 are on disk
 }
