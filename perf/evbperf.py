@@ -1,5 +1,6 @@
-"""Helpers shared by the perf scripts (bench_e2e.py, soak.py, efficiency.py), kept
-here so that the scripts need not import one another for them: bench_e2e.py imports
+"""Helpers shared by the perf scripts (bench_e2e.py, soak.py, efficiency.py, and the
+replay of compression.py, midas_output.py and described_frames.py), kept here so that
+the scripts need not import one another for them: bench_e2e.py imports
 soak.py to run the soak, and nothing imports back.
 
 Evbd and Child start, watch and stop evbd and helper processes such as evb-source;

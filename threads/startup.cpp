@@ -232,7 +232,7 @@ bool drop_privileges(const std::string& user, const std::string& output_dir) {
     return true;
 }
 
-RunOnDisk continue_run(const Config& c, bool pull) {
+RunContinuation continue_run(const Config& c, bool pull) {
     // Reading a long run's files takes a while: systemd's start timeout is extended.
     sd_notify_state(fmt::format("EXTEND_TIMEOUT_USEC=300000000\nSTATUS=reading what {} holds of run {}",
                                 c.output.directory, c.run_number));

@@ -44,11 +44,11 @@ bool drop_privileges(const std::string& user, const std::string& output_dir);
 // does not ask for again; push mode leaves the files as they are (the writer opens
 // the next sequence number) and returns no ids. Either way the run's MIDAS serial
 // numbers go on from where its files end.
-struct RunOnDisk {
+struct RunContinuation {
     file::HeldIds held;            // pull mode: the events the run's files hold
     std::uint32_t next_serial = 0;  // the writer's first MIDAS serial number in the run
 };
-RunOnDisk continue_run(const Config& c, bool pull);
+RunContinuation continue_run(const Config& c, bool pull);
 
 // A run of this builder with data files in output.directory and no run summary was
 // ended by a crash: its summary is written now from its files ("recovered": true).

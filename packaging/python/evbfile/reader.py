@@ -411,9 +411,9 @@ class EvbFile:
                 self._bad(pos, f"content CRC mismatch (event {event_id})")
                 return None
             raw, buf, at, area_end = mm, self._buf, pos + 64, pos + length
-        layout = self._check_sections(raw, at, area_end, nsec)
-        if isinstance(layout, str):
-            self._bad(pos, f"event {event_id}: {layout}")
+        layout, why = self._check_sections(raw, at, area_end, nsec)
+        if why is not None:
+            self._bad(pos, f"event {event_id}: {why}")
             return None
         return Record(self, pos, length, event_id, run, status, first_ns, built_ns, timestamp, buf, layout)
 
@@ -445,10 +445,10 @@ class EvbFile:
         return area, np.frombuffer(area, dtype=np.uint8), 0, content_length
 
     def _check_sections(self, raw, at, end, count):
-        """The layout of the `count` sections of the area [at, end) of `raw` (the
-        mapping, or a decompressed area) when they pass the checks of evbd's
-        check_sections() (items included), else what is wrong (a str). The hot loop of
-        a walk: plain ints and a tuple per section, no objects."""
+        """(layout, None) when the `count` sections of the area [at, end) of `raw`
+        (the mapping, or a decompressed area) pass the checks of evbd's
+        check_sections() (items included), the layout a tuple per section; else
+        (None, what is wrong). The hot loop of a walk: plain ints, no objects."""
         mode = self.match_mode
         v1 = self.version == 1
         unpack = _SECTION.unpack_from
@@ -456,36 +456,36 @@ class EvbFile:
         prev = -1
         for i in range(count):
             if end - at < SECTION_HEADER_BYTES:
-                return f"section {i} header runs past the record end"
+                return None, f"section {i} header runs past the record end"
             sid, sstatus, slen, nitems = unpack(raw, at)
             if v1 and nitems:
-                return f"section {i} reserved field is not 0"
+                return None, f"section {i} reserved field is not 0"
             if sid <= prev:
-                return f"section {i} source_id {sid} not ascending"
+                return None, f"section {i} source_id {sid} not ascending"
             prev = sid
             at += SECTION_HEADER_BYTES
             padded = (slen + 7) & ~7
             if padded > end - at:
-                return f"section {i} length {slen} runs past the record end"
+                return None, f"section {i} length {slen} runs past the record end"
             if sstatus & _MISSING and slen:
-                return f"section {i} is MISSING with length {slen}"
+                return None, f"section {i} is MISSING with length {slen}"
             if padded != slen and raw[at + slen:at + padded] != _ZERO8[:padded - slen]:
-                return f"section {i} padding is not zero"
+                return None, f"section {i} padding is not zero"
             if not v1:
                 if mode == 0:
                     if nitems > 1 or (sstatus & _MISSING and nitems):
-                        return f"section {i} item_count {nitems} (event_id mode: 1, or 0 when MISSING)"
+                        return None, f"section {i} item_count {nitems} (event_id mode: 1, or 0 when MISSING)"
                 elif nitems or slen or sstatus & _MISSING:
                     why = _check_items(raw, at, slen, sstatus, nitems, i, mode)
                     if why is not None:
-                        return why
+                        return None, why
             else:
                 nitems = 0 if sstatus & _MISSING else 1
             layout.append((sid, sstatus, slen, nitems, at))
             at += padded
         if at != end:
-            return f"{end - at} bytes after the last section"
-        return layout
+            return None, f"{end - at} bytes after the last section"
+        return layout, None
 
     def __iter__(self):
         if not self.header_ok:
