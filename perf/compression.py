@@ -34,13 +34,11 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbperf import replay  # noqa: E402  (perf/evbperf.py)
+from evbperf import log, make_capture, replay, spread, verify_pattern  # noqa: E402  (perf/evbperf.py)
 
 CODECS = [("none", 1), ("lz4", 1), ("zstd", 1), ("zstd", 3)]
 SOURCES = 8
@@ -49,22 +47,13 @@ FRAGMENT = 4 * CHUNK  # four datagrams per fragment
 CGROUP = "/sys/fs/cgroup/blkio/evb-compression-bench"
 
 
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
 def name(codec, level):
     return codec if codec != "zstd" else f"zstd-{level}"
 
 
-def make_capture(bin_dir, path, payload, events):
-    cmd = [os.path.join(bin_dir, "evb-source"), "--to", "127.0.0.1:7400", "--sources", str(SOURCES), "--events",
-           str(events), "--size", str(FRAGMENT), "--chunk", str(CHUNK), "--payload", payload, "--dry-run",
-           "--pcap-out", path, "--json"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"evb-source failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
-    return json.loads(r.stdout)
+def write_capture(bin_dir, path, payload, events):
+    return make_capture(bin_dir, path, ["--sources", str(SOURCES), "--events", str(events), "--size", str(FRAGMENT),
+                                        "--chunk", str(CHUNK), "--payload", payload])
 
 
 def device_of(path):
@@ -108,14 +97,6 @@ def stored_bytes(bin_dir, out_dir):
     return sum(f["record_bytes_stored"] for f in files), sum(f["record_bytes_content"] for f in files)
 
 
-def verify(bin_dir, out_dir, kind):
-    r = subprocess.run([os.path.join(bin_dir, "evb-dump"), "--verify", "--pattern", "--pattern-kind", kind, out_dir],
-                       capture_output=True, text=True)
-    return r.returncode == 0, (r.stdout + r.stderr).strip().splitlines()[-1]
-
-
-def spread(values):
-    return statistics.median(values), min(values), max(values)
 
 
 def main():
@@ -138,9 +119,9 @@ def main():
     ok_all = True
     for payload, kind in (("waveform", "waveform"), ("pattern", "pattern")):
         capture = os.path.join(a.dir, f"{payload}.pcap")
-        sent = make_capture(a.bin, capture, payload, a.events)
+        sent = write_capture(a.bin, capture, payload, a.events)
         tiny = os.path.join(a.dir, f"{payload}-one-event.pcap")
-        make_capture(a.bin, tiny, payload, 1)
+        write_capture(a.bin, tiny, payload, 1)
         log(f"{payload}: capture of {os.path.getsize(capture) / 1e9:.2f} GB, {sent['events']} events")
         for setting, cg in settings:
             runs = {name(c, l): [] for c, l in CODECS}
@@ -171,7 +152,7 @@ def main():
                 base = runs["none"]
                 rel = [x["payload_gbps"] / y["payload_gbps"] for x, y in zip(rs, base)]
                 lossless = all(x["counts"]["complete"] == sent["events"] and x["counts"]["incomplete"] == 0 for x in rs)
-                good, text = verify(a.bin, last[key], kind)
+                good, text = verify_pattern(a.bin, last[key], kind)
                 ok_all = ok_all and lossless and good
                 table[key] = {"events_per_s": spread([x["events_per_s"] for x in rs]),
                               "payload_gbps": spread([x["payload_gbps"] for x in rs]),

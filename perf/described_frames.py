@@ -28,12 +28,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbperf import replay  # noqa: E402  (perf/evbperf.py)
-from midas_output import log, spread  # noqa: E402
+from evbperf import log, make_capture, replay, spread, verify_pattern  # noqa: E402  (perf/evbperf.py)
 
 SOURCES = 8
 CHUNK = 8932
@@ -49,21 +47,9 @@ BOARD = {
 }
 
 
-def make_capture(bin_dir, path, events, frames_cfg=None):
-    cmd = [os.path.join(bin_dir, "evb-source"), "--to", LISTEN, "--sources", str(SOURCES), "--events", str(events),
-           "--size", str(FRAGMENT), "--chunk", str(CHUNK), "--dry-run", "--pcap-out", path, "--json"]
-    if frames_cfg:
-        cmd += ["--frames", frames_cfg]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"evb-source failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
-    return json.loads(r.stdout)
-
-
-def verify(bin_dir, out_dir):
-    r = subprocess.run([os.path.join(bin_dir, "evb-dump"), "--verify", "--pattern", "--pattern-kind", "pattern",
-                        out_dir], capture_output=True, text=True)
-    return r.returncode == 0, (r.stdout + r.stderr).strip().splitlines()[-1]
+def write_capture(bin_dir, path, events, frames_cfg=None):
+    args = ["--sources", str(SOURCES), "--events", str(events), "--size", str(FRAGMENT), "--chunk", str(CHUNK)]
+    return make_capture(bin_dir, path, args + (["--frames", frames_cfg] if frames_cfg else []), to=LISTEN)
 
 
 def main():
@@ -80,8 +66,8 @@ def main():
     caps = {}
     for name, frames in (("evb", None), ("described", cfg)):
         caps[name] = (os.path.join(a.dir, f"{name}.pcap"), os.path.join(a.dir, f"{name}-one.pcap"))
-        make_capture(a.bin, caps[name][0], a.events, frames)
-        make_capture(a.bin, caps[name][1], 1, frames)
+        write_capture(a.bin, caps[name][0], a.events, frames)
+        write_capture(a.bin, caps[name][1], 1, frames)
     sets = [f"input.listen={LISTEN}"]
     args = {"evb": [], "described": ["--config", cfg]}
     out = os.path.join(a.dir, "out")
@@ -98,7 +84,7 @@ def main():
             log(f"round {rnd + 1} {name:9} {a.events / took:9.0f} events/s {gb / took:6.3f} GB/s "
                 f"cpu {max(cpu - cpu0, 0.0) / gb:6.3f} s/GB")
             if rnd == a.rounds - 1:
-                ok, line = verify(a.bin, out)
+                ok, line = verify_pattern(a.bin, out, "pattern")
                 if not ok:
                     raise SystemExit(f"{name}: evb-dump --verify --pattern failed: {line}")
                 log(f"  {name}: {line}")

@@ -17,6 +17,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -201,6 +202,29 @@ class Evbd:
 
 # ---------------------------------------------------------------------------
 # Replays at full speed (compression.py, midas_output.py, described_frames.py)
+
+
+def make_capture(bin_dir, path, args, to="127.0.0.1:7400"):
+    """evb-source writes a capture instead of sending (--dry-run --pcap-out `path`)
+    with `args` (sources, events, sizes, payload...); returns its --json summary."""
+    cmd = [os.path.join(bin_dir, "evb-source"), "--to", to, *args, "--dry-run", "--pcap-out", path, "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"evb-source failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
+    return json.loads(r.stdout)
+
+
+def verify_pattern(bin_dir, out_dir, kind):
+    """`evb-dump --verify --pattern` of a run's files, the payloads of `kind` (pattern,
+    waveform): (passed, its last line)."""
+    r = subprocess.run([os.path.join(bin_dir, "evb-dump"), "--verify", "--pattern", "--pattern-kind", kind, out_dir],
+                       capture_output=True, text=True)
+    return r.returncode == 0, (r.stdout + r.stderr).strip().splitlines()[-1]
+
+
+def spread(values):
+    """(median, min, max) of a round's measurements."""
+    return statistics.median(values), min(values), max(values)
 
 
 def replay(bin_dir, capture, out_dir, sources, sets=(), args=(), preexec_fn=None, ring_full=False):

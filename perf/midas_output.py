@@ -27,11 +27,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbperf import replay  # noqa: E402  (perf/evbperf.py)
+from evbperf import log, make_capture, replay, spread, verify_pattern  # noqa: E402  (perf/evbperf.py)
 
 SOURCES = 8
 CHUNK = 8932          # payload bytes per datagram: 8972-byte datagrams with the 40-byte header
@@ -40,33 +39,14 @@ FORMATS = [("evb", []), ("mid", ["output.format=midas"]),
            ("mid.lz4", ["output.format=midas", "output.compression=lz4"])]
 
 
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def make_capture(bin_dir, path, events):
-    cmd = [os.path.join(bin_dir, "evb-source"), "--to", "127.0.0.1:7400", "--sources", str(SOURCES), "--events",
-           str(events), "--size", str(FRAGMENT), "--chunk", str(CHUNK), "--payload", "waveform", "--dry-run",
-           "--pcap-out", path, "--json"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"evb-source failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
-    return json.loads(r.stdout)
+def write_capture(bin_dir, path, events):
+    return make_capture(bin_dir, path, ["--sources", str(SOURCES), "--events", str(events), "--size", str(FRAGMENT),
+                                        "--chunk", str(CHUNK), "--payload", "waveform"])
 
 
 def disk_bytes(out_dir):
     return sum(os.path.getsize(os.path.join(out_dir, n)) for n in os.listdir(out_dir)
                if n.endswith((".evb", ".mid", ".mid.lz4")))
-
-
-def verify(bin_dir, out_dir):
-    r = subprocess.run([os.path.join(bin_dir, "evb-dump"), "--verify", "--pattern", "--pattern-kind", "waveform",
-                        out_dir], capture_output=True, text=True)
-    return r.returncode == 0, (r.stdout + r.stderr).strip().splitlines()[-1]
-
-
-def spread(values):
-    return statistics.median(values), min(values), max(values)
 
 
 def main():
@@ -80,8 +60,8 @@ def main():
     os.makedirs(a.dir, exist_ok=True)
     capture = os.path.join(a.dir, "waveform.pcap")
     small = os.path.join(a.dir, "one.pcap")
-    make_capture(a.bin, capture, a.events)
-    make_capture(a.bin, small, 1)
+    write_capture(a.bin, capture, a.events)
+    write_capture(a.bin, small, 1)
     out = os.path.join(a.dir, "out")
     runs = {name: [] for name, _ in FORMATS}
     for rnd in range(a.rounds):
@@ -99,7 +79,7 @@ def main():
             log(f"round {rnd + 1} {name:8} {a.events / took:9.0f} events/s {gb / took:6.3f} GB/s "
                 f"cpu {max(cpu - cpu0, 0.0) / gb:6.3f} s/GB stored {stored / 1e6:8.1f} MB")
             if rnd == a.rounds - 1:
-                ok, line = verify(a.bin, out)
+                ok, line = verify_pattern(a.bin, out, "waveform")
                 if not ok:
                     raise SystemExit(f"{name}: evb-dump --verify --pattern failed: {line}")
                 log(f"  {name}: {line}")
