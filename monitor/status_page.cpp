@@ -11,6 +11,7 @@
 
 #include "core/util/log.hpp"
 #include "core/util/version.hpp"
+#include "monitor/sampler.hpp"
 #include "monitor/sums.hpp"
 
 
@@ -267,6 +268,16 @@ std::string status_page(const Sources& s) {
             if (refused[k] != 0)
                 text += fmt::format(", {}={}", frames::frame_reject_name(static_cast<frames::FrameReject>(k)), refused[k]);
         row(fmt::format("frames \"{}\"", html_escape(s.frame_names[d])), text);
+    }
+    if (s.sampler != nullptr) {
+        const SampleCounters& sc = s.sampler->counters();
+        const std::uint64_t clients = sc.clients.get();
+        const std::uint64_t slow = sc.dropped_full.get(), budget = sc.dropped_budget.get();
+        row("sampling (GET /sample)",
+            fmt::format("{} of {} clients now; {} records ({}) copied{}", clients, Sampler::kClients, sc.records.get(),
+                        bytes_text(static_cast<double>(sc.bytes.get())),
+                        slow + budget == 0 ? std::string()
+                                           : fmt::format("; not sampled: budget={}, slow_client={}", budget, slow)));
     }
     if (s.pull != nullptr)
         row("pull credits", fmt::format("{} in use of {}", s.pull->credits_in_use.get(), s.pull->credits_configured.get()));

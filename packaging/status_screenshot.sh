@@ -13,7 +13,8 @@ seconds=${2:-40}
 out=$(realpath "${3:-.}")
 command -v chromium >/dev/null || { echo "status_screenshot: chromium is not installed (apt-get install chromium)" >&2; exit 2; }
 work=$(mktemp -d)
-trap 'kill $evbd_pid $src_pid 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+sample_pid=
+trap 'kill $evbd_pid $src_pid $sample_pid 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 port=$((20000 + RANDOM % 20000))
 "$bin/evbd" --set sources="$sources" --set input.listen=127.0.0.1:$port --set monitor.listen=127.0.0.1:0 \
   --set output.directory="$work/data" --set building.timeout_ms=500 >"$work/evbd.log" 2>&1 &
@@ -25,6 +26,11 @@ url=${url%/metrics}
 "$bin/evb-source" --to 127.0.0.1:$port --sources $((sources - 2)) --events 100000000 --rate $(( 16000 / sources > 200 ? 16000 / sources : 200 )) \
   --size 200:2000 >/dev/null 2>&1 &
 src_pid=$!
+# An online monitor sampling the built events (shown on the page), when curl is here.
+if command -v curl >/dev/null; then
+  curl -sN "$url/sample?stream" >/dev/null 2>&1 &
+  sample_pid=$!
+fi
 sleep "$seconds"
 for page in "" sources; do
   name=status${page:+-$page}-$sources.png

@@ -14,6 +14,7 @@ Then, while the emulator sends at a steady rate the kernel keeps up with, the te
 Bad parameters get 400 naming the parameter. When the clients have gone,
 evb_sample_clients is back at 0."""
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -122,6 +123,10 @@ def main():
             check(e.code == 503 and "4 clients" in body, f"a fifth client gets 503 naming the limit ({body.strip()})")
         m = d.metrics()
         check(m["evb_sample_clients"] == 4, f"evb_sample_clients is 4 ({m['evb_sample_clients']})")
+        page = urllib.request.urlopen(base(d) + "/", timeout=10).read().decode()
+        row = re.search(r"<th>sampling \(GET /sample\)</th><td>([^<]*)</td>", page)
+        check(row is not None and row.group(1).startswith("4 of 4 clients now"),
+              f"the status page shows the 4 sampling clients ({row and row.group(1)})")
         got = []
         for i, s in enumerate(streams[:3]):
             head, body = read_for(s, 1.0)

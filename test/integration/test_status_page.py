@@ -48,6 +48,8 @@ def one(wd, sources):
         check(f"{sources} expected" in page and "need a look" in page and
               all(f"<tr><td>{i}</td>" in page for i in silent),
               f"{sources} sources: the silent sources {silent} are named")
+        check("<th>sampling (GET /sample)</th><td>0 of 4 clients now" in page,
+              f"{sources} sources: sampling shown, no client yet")
         check("Warnings and errors" in page, f"{sources} sources: the distinct-error log")
         check(len(page) < 64 * 1024, f"{sources} sources: the page is {len(page)} bytes (< 64 KiB)")
         print(f"{sources} sources: / served in {seconds * 1000:.1f} ms, {len(page)} bytes")
