@@ -56,9 +56,12 @@ def main():
     sock = os.path.join(wd, "evbd.sock")
     cfg = os.path.join(wd, "evbd.json")
 
-    def write_config(run):
+    # No source is ever declared absent (source_timeout_ms, start-only): the events
+    # waiting at the stop below wait for timeout_ms, not for half of it.
+    def write_config(run, timeout_ms=300):
         with open(cfg + ".tmp", "w") as f:
-            json.dump({"sources": 4, "run_number": run, "building": {"timeout_ms": 300},
+            json.dump({"sources": 4, "run_number": run,
+                       "building": {"timeout_ms": timeout_ms, "source_timeout_ms": 3_600_000},
                        "control": {"socket": sock}}, f)
         os.replace(cfg + ".tmp", cfg)
 
@@ -96,9 +99,12 @@ def main():
     check(ctl(sock, "start", "--run", "5")[0] == 1, "start while running: exit 1 with a reason")
     rc, st, _ = ctl_json(sock, "status")
     check(st["state"] == "running" and st["run"] == 2, "status: running run 2")
+    received = d.metrics().get("evb_datagrams_received_total", 0)
     main2 = source(d.port, 2, 10_000, 2000, 2000)  # every one of these must be written
     main2.wait(timeout=30)
-    time.sleep(0.5)
+    # Every datagram read before the stop (a fixed sleep is not enough on a slow machine).
+    d.wait_metric("evb_datagrams_received_total", lambda v: v >= received + 2000 * 4, timeout=30)
+    d.wait_metric("evb_events_in_flight", lambda v: v == 0, timeout=30)
     rc, stop2, err = ctl_json(sock, "stop")
     check(rc == 0 and stop2.get("events_complete") == 2000 and stop2.get("events_written") == 2000,
           f"stop run 2: its 2000 events complete and written ({stop2} {err})")
@@ -111,28 +117,38 @@ def main():
     s3 = source(d.port, 3, 0, 2000, 2000)
     s3.wait(timeout=30)
     time.sleep(0.5)
+    wrong_run = 'evb_rejected_datagrams_total{reason="wrong_run"}'
+    refused_before = d.metrics().get(wrong_run, 0)
     s4_early = source(d.port, 4, 0, 4000, 2000)  # run 4's data arrives before the change
     time.sleep(0.5)
-    write_config(4)
+    write_config(4, timeout_ms=2000)  # the stop below takes this long: time to watch it
     rc, rl, err = ctl_json(sock, "reload")
     check(rc == 0 and rl.get("ok"), f"reload: exit 0 ({rl} {err})")
     d.wait_metric("evb_run_number", lambda v: v == 4, timeout=10)
     rc, st, _ = ctl_json(sock, "status")
     check(st["state"] == "running" and st["run"] == 4, f"status after the reload: running run 4 ({st['state']} {st['run']})")
     s4_early.wait(timeout=30)
-    time.sleep(0.5)
     # An event of s4_early whose fragments straddle the run change (the first ones
     # refused as run 4's data while run 3 ran) is written INCOMPLETE after
-    # timeout_ms, before this point: only what the stop adds is counted below.
+    # timeout_ms, before the stop: only what the stop adds is counted below.
+    d.wait_metric("evb_events_in_flight", lambda v: v == 0, timeout=30)
+    # Of s4_early's 4000 events, those refused whole before the change are not run 4's.
+    refused_early = int(d.metrics().get(wrong_run, 0) - refused_before) // 4
     incomplete_before = ctl_json(sock, "status")[1]["run_events_incomplete"]
     # Events from 3 of the 4 sources wait for the fourth until building.timeout_ms:
     # the stop takes that long, evb-ctl gives up first (exit 4), status answers
     # meanwhile ("stopping"), and the stop finishes all the same.
     subprocess.run([os.path.join(BIN, "evb-source"), "--to", f"127.0.0.1:{d.port}", "--sources", "3", "--run", "4",
                     "--first", "50000", "--events", "20", "--size", "512"], stdout=subprocess.DEVNULL, check=True)
-    time.sleep(0.05)
+    d.wait_metric("evb_events_in_flight", lambda v: v >= 20, timeout=10)
     check(ctl(sock, "--timeout", "0.05", "stop")[0] == 4, "evb-ctl exits 4 when the answer does not come in time")
+    # evbd takes a command up at its service loop's next tick (every 50 ms): the
+    # state may still read "running" just after evb-ctl gave up.
     rc, st, _ = ctl_json(sock, "status")
+    deadline = time.time() + 5
+    while rc == 0 and st["state"] == "running" and time.time() < deadline:
+        time.sleep(0.01)
+        rc, st, _ = ctl_json(sock, "status")
     check(rc == 0 and st["state"] in ("stopping", "stopped"), f"status answers during the stop ({st['state']})")
     saw_stopping = st["state"] == "stopping"
     deadline = time.time() + 10
@@ -154,7 +170,9 @@ def main():
     check(all(10_000 + i in run2 for i in range(2000)), "run 2: every event sent after its start is written")
     check(not any(i < 600 for i in run2), "run 2: nothing that arrived before its start was stored")
     check(len(runs.get(3, [])) == 2000, f"run 3: all 2000 events ({len(runs.get(3, []))})")
-    check(len(runs.get(4, [])) >= 2000 + 20, f"run 4: the events sent after the reload ({len(runs.get(4, []))})")
+    check(len(runs.get(4, [])) >= 4000 - refused_early + 20,
+          f"run 4: the events sent after the reload ({len(runs.get(4, []))}; "
+          f"{refused_early} of s4_early's refused before it)")
     check(all((4, 50_000 + i) in incomplete for i in range(20)),
           "run 4: the 20 events waiting at the stop are in its files, INCOMPLETE")
     check(no_part(d.out), "every file closed")
@@ -173,7 +191,10 @@ def main():
     check(d2.metrics().get("evb_events_written_total", 0) == 0, "nothing is built before the start")
     rc, st, _ = ctl_json(sock2, "start")
     check(rc == 0 and st.get("run") == 1, f"the first start builds run_number ({st})")
+    received = d2.metrics().get("evb_datagrams_received_total", 0)
     source(d2.port, 1, 1000, 100, 2000).wait(timeout=30)
+    d2.wait_metric("evb_datagrams_received_total", lambda v: v >= received + 200, timeout=30)
+    d2.wait_metric("evb_events_in_flight", lambda v: v == 0, timeout=30)
     rc, stop, _ = ctl_json(sock2, "stop")
     check(rc == 0 and stop.get("events_written") == 100, f"its 100 events written ({stop.get('events_written')})")
     check(d2.stop() == 0, "evbd exits 0")
