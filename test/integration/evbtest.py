@@ -50,6 +50,14 @@ def free_udp_port():
     return port
 
 
+def free_ports(n):
+    """n distinct free UDP ports (free_udp_port alone may give the same one twice)."""
+    ports = set()
+    while len(ports) < n:
+        ports.add(free_udp_port())
+    return sorted(ports)
+
+
 class Evbd:
     def __init__(self, workdir, sets=(), args=(), port=None):
         self.workdir = workdir
@@ -102,6 +110,24 @@ class Evbd:
                 return v
             time.sleep(0.1)
         fail(f"metric {key} = {v} did not reach the expected value in {timeout} s")
+
+    def wait_settled(self, timeout=60, quiet=0.3):
+        """Waits until evbd has taken in everything sent to it and built and written it:
+        no datagram read for `quiet` seconds, no event in flight, nothing queued for
+        the writer. Returns the metrics then. For a test that counts what a phase
+        added: a fixed sleep is too short on a slow (or sanitized) build."""
+        deadline = time.time() + timeout
+        key = "evb_datagrams_received_total"
+        last = self.metrics()
+        while time.time() < deadline:
+            time.sleep(quiet)
+            m = self.metrics()
+            if (m.get(key) == last.get(key) and m.get("evb_events_in_flight", 0) == 0 and
+                    m.get("evb_writer_queue_depth", 0) == 0):
+                return m
+            last = m
+        fail(f"evbd did not settle in {timeout} s (datagrams {last.get(key)}, in flight "
+             f"{last.get('evb_events_in_flight')}, writer queue {last.get('evb_writer_queue_depth')})")
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
         self.proc.send_signal(sig)

@@ -16,7 +16,7 @@ import struct
 import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, dump, fail, free_udp_port, workdir
+from evbtest import BIN, Evbd, check, dump, fail, free_ports, workdir
 
 EVENTS = 120
 CHUNK = 300
@@ -186,7 +186,7 @@ def pwb_datagrams(seq, t, data):
 
 def timestamp_mode(wd):
     out = os.path.join(wd, "b")
-    port_pwb, port_adc = free_udp_port(), free_udp_port()
+    port_pwb, port_adc = free_ports(2)
     pads = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
     for p in pads:
         p.bind(("127.0.0.1", 0))

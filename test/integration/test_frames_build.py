@@ -29,17 +29,10 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbtest import (BIN, Evbd, check, events_in, fail, free_udp_port, run_source, sanitized_build,  # noqa: E402
+from evbtest import (BIN, Evbd, check, events_in, fail, free_ports, free_udp_port, run_source, sanitized_build,  # noqa: E402
                      verify, workdir, write_text)
 
 SLOW = 5 if sanitized_build() else 1
-
-
-def free_ports(n):
-    ports = set()
-    while len(ports) < n:
-        ports.add(free_udp_port())
-    return sorted(ports)
 
 
 def start_evbd(wd, frames, sets, listen):

@@ -5,7 +5,6 @@ changes nothing) apart from a fragment of an event written INCOMPLETE
 ({event="incomplete"}: the source was slower than the timeout)."""
 import shutil
 import socket
-import time
 
 from evbtest import Evbd, check, events_in, frag, workdir
 
@@ -36,8 +35,8 @@ def main():
         send(1, 1)
         send(2, 1)
         send(2, 1)
-        time.sleep(0.3)
-        m = d.metrics()
+        d.wait_metric("evb_datagrams_received_total", lambda v: v >= 6, timeout=10)
+        m = d.wait_settled()
         late = {k: m.get(f'evb_late_fragments_total{{event="{k}"}}') for k in ("complete", "incomplete", "beyond_window")}
         check(late["complete"] == 1, f"the late copy of the complete event's fragment is counted complete ({late})")
         check(late["incomplete"] == 2, f"the fragments of the INCOMPLETE event are counted incomplete ({late})")

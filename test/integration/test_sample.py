@@ -95,8 +95,7 @@ def main():
               f"the records are 40 distinct events of the run ({min(ids)}..{max(ids)})")
         if full.wait(timeout=120) != 0:
             fail("evb-source (full speed) failed")
-        time.sleep(2.5)  # what the full-speed phase left incomplete is written by now
-        m0 = d.metrics()
+        m0 = d.wait_settled()  # what the full-speed phase left incomplete is written by now
         src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--to", f"127.0.0.1:{d.port}", "--sources", str(SOURCES),
                                 "--events", str(EVENTS), "--first", str(FIRST), "--rate", str(RATE), "--size", "100:2000"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

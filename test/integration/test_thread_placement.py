@@ -32,6 +32,9 @@ def main():
         d = Evbd(wd, sets=["sources=4", f"input.cpus=[{cpu}]"])
         try:
             t = threads(d.proc.pid)
+            deadline = time.time() + 5  # the thread is named a moment before it pins itself
+            while os.sched_getaffinity(t["evb-rx-0"]) != {cpu} and time.time() < deadline:
+                time.sleep(0.05)
             check(os.sched_getaffinity(t["evb-rx-0"]) == {cpu},
                   f"input.cpus=[{cpu}] pins evb-rx-0 to CPU {cpu} (has {sorted(os.sched_getaffinity(t['evb-rx-0']))})")
             check(os.sched_getaffinity(t["evb-writer"]) == set(allowed), "the writer is not pinned")
