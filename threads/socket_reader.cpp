@@ -89,9 +89,12 @@ int admit_described(alloc::BufferPool& pool, std::uint32_t idx, std::size_t leng
     c->event_id = d.event;
     c->source_id = d.source_id;
     c->run_number = rules.run_number;  // a board's datagram names no run: it is of the run being built
-    c->fragment_length = d.payload_bytes;
+    // A heartbeat keeps none of its bytes: an EMPTY fragment has length 0 (a chunked
+    // one is cut to that once gathered, Matcher::gather_described).
+    const std::uint32_t kept = d.empty && !d.chunked ? 0 : d.payload_bytes;
+    c->fragment_length = kept;
     c->chunk_offset = 0;
-    c->payload_length = d.payload_bytes;
+    c->payload_length = kept;
     c->payload_crc32c = 0;  // the board sends none (no has_crc flag)
     c->slot = idx;
     c->chunk_index = static_cast<std::uint16_t>(d.chunk_index);

@@ -466,6 +466,19 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         k->flags = static_cast<std::uint16_t>(k->flags & ~(chunk_flags::ungathered | chunk_flags::last_chunk));
     }
     for (ChunkMeta* k = first; k != nullptr; k = k->next) k->fragment_length = offset;
+    // A heartbeat (its first datagram says EMPTY; docs/FORMATS.md 8.3 `empty`) is one
+    // EMPTY fragment whatever it was sent in, as an EVB one is: length 0, one chunk.
+    // Its other datagrams carry nothing to keep. A fragment that is not one keeps
+    // no EMPTY on a later datagram either (its chunks would each count as a heartbeat).
+    if (first->flags & wire::fragment_flags::empty) {
+        drop_chain(first->next);
+        first->next = nullptr;
+        first->chunk_count = 1;
+        first->fragment_length = first->payload_length = 0;
+    } else {
+        for (ChunkMeta* k = first->next; k != nullptr; k = k->next)
+            k->flags = static_cast<std::uint16_t>(k->flags & ~wire::fragment_flags::empty);
+    }
     // The whole fragment joins its event by the match mode's rules, the steps a whole
     // EVB fragment takes; its share of slots was applied while it waited here. In
     // time_slice mode its chunks go through the slice gathering one by one, marked

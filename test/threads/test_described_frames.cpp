@@ -96,15 +96,19 @@ struct FramesRig {
     }
 
     EventList feed(std::vector<ChunkMeta*> cs, std::uint64_t now = 0) {
+        EventList out;
+        feed_into(out, std::move(cs), now);
+        return out;
+    }
+    // As feed, the events built added to `out`.
+    void feed_into(EventList& out, std::vector<ChunkMeta*> cs, std::uint64_t now) {
         ChunkMeta* head = nullptr;
         for (auto it = cs.rbegin(); it != cs.rend(); ++it) {
             REQUIRE(*it != nullptr);
             (*it)->next = head;
             head = *it;
         }
-        EventList out;
         matcher.add_chunks(head, now, out);
-        return out;
     }
     // Section i's bytes as the writer gathers them (padding included).
     static Bytes section(const Event& e, std::uint32_t i) {
@@ -403,6 +407,83 @@ TEST_CASE("described frames: time_slice mode builds gathered chunks into their s
     REQUIRE(s.size() == file::kItemHeaderBytes + file::padded8(50));  // 30 + 20 bytes
     CHECK(Bytes(s.begin() + 24, s.begin() + 54) == a);
     CHECK(Bytes(s.begin() + 54, s.begin() + 74) == b);
+}
+
+// kTimedBoard with a heartbeat bit (byte 3, bit 1) on every datagram, or, with
+// first_chunk_only "empty", on the first only.
+json timed_board_with_empty(bool first_only) {
+    json d = kTimedBoard;
+    d[0]["empty"] = json::parse(R"({"at": 3, "type": "u8", "shift": 1, "bits": 1})");
+    if (first_only) d[0]["first_chunk_only"].push_back("empty");
+    return d;
+}
+
+Bytes heartbeat_chunk(std::uint8_t seq, std::uint8_t index, bool last, std::uint16_t ts, bool flagged) {
+    Bytes d = timed_chunk(seq, index, last, ts, payload_bytes(16, index));
+    if (flagged) d[3] |= std::byte{2};
+    return d;
+}
+
+TEST_CASE("described frames: a heartbeat sent in several datagrams is one EMPTY fragment, no duplicate",
+          "[frames][matcher][described]") {
+    const bool first_only = GENERATE(false, true);
+    const file::MatchMode mode = GENERATE(file::MatchMode::event_id, file::MatchMode::timestamp,
+                                          file::MatchMode::time_slice);
+    INFO((first_only ? "empty on the first datagram only" : "empty on every datagram"));
+    INFO((mode == file::MatchMode::event_id ? "event_id" : mode == file::MatchMode::timestamp ? "timestamp" : "time_slice"));
+    FramesRig rig(timed_board_with_empty(first_only), settings({0, 1}, mode));
+    // Source 1 sends data (fragment 0 at 500), source 0 a heartbeat of two datagrams
+    // (fragment 0 at 500 too), then both go on at 1500.
+    const Bytes d1 = payload_bytes(40, 7);
+    Bytes data1 = timed_chunk(0, 0, true, 500, d1);
+    data1[0] = std::byte{1};
+    EventList out = rig.feed({rig.datagram(heartbeat_chunk(0, 0, false, 500, true)),
+                              rig.datagram(heartbeat_chunk(0, 1, true, 500, !first_only)), rig.datagram(data1)}, 1);
+    Bytes later0 = timed_chunk(1, 0, true, 1500, payload_bytes(8, 1)), later1 = later0;
+    later1[0] = std::byte{1};
+    rig.feed_into(out, {rig.datagram(later0), rig.datagram(later1)}, 2);
+    CHECK(rig.counters.duplicate_chunks.get() == 0);
+    CHECK(rig.counters.inconsistent_chunks.get() == 0);
+    REQUIRE(out.count >= 1);
+    const Event& e = *out.head;
+    CHECK((e.status & file::record_status::incomplete) == 0);
+    if (mode == file::MatchMode::time_slice) {
+        // The heartbeat moved source 0's watermark past slice 0 and is not stored:
+        // slice 0 holds source 1's fragment alone.
+        CHECK(e.timestamp == 0);
+        CHECK(FramesRig::section(e, 0).empty());
+        CHECK(FramesRig::section(e, 1).size() == file::kItemHeaderBytes + file::padded8(d1.size()));
+    } else {
+        // Source 0's section is EMPTY and holds nothing (fragment_length 0, as an EVB
+        // EMPTY fragment).
+        CHECK((e.src[0].state & SourceState::kEmpty) != 0);
+        CHECK(e.section_present(0));
+        const std::size_t header = mode == file::MatchMode::timestamp ? file::kItemHeaderBytes : 0;
+        CHECK(FramesRig::section(e, 0).size() == header);
+    }
+    rig.give_back(out);
+}
+
+TEST_CASE("described frames: a one-datagram heartbeat with bytes after its header is EMPTY with length 0",
+          "[frames][matcher][described]") {
+    const json board = json::parse(R"([{
+        "name": "h",
+        "source": {"field": {"at": 0, "type": "u8"}},
+        "event": {"at": 1, "type": "u8"},
+        "empty": {"at": 2, "type": "u8", "bits": 1},
+        "payload": {"from": 4}
+    }])");
+    FramesRig rig(board, settings({0, 1}));
+    Bytes beat(4 + 24), data(4 + 16);
+    beat[2] = std::byte{1};
+    data[0] = std::byte{1};
+    EventList out = rig.feed({rig.datagram(beat), rig.datagram(data)}, 1);
+    REQUIRE(out.count == 1);
+    CHECK((out.head->status & file::record_status::incomplete) == 0);
+    CHECK((out.head->src[0].state & SourceState::kEmpty) != 0);
+    CHECK(FramesRig::section(*out.head, 0).empty());
+    CHECK(FramesRig::section(*out.head, 1).size() == 16);
+    rig.give_back(out);
 }
 
 TEST_CASE("described frames: refused datagrams are counted by reason, per description",
