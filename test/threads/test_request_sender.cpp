@@ -213,6 +213,9 @@ TEST_CASE("RequestSender learns a round trip longer than pull.retry_ms when poll
     evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 4);
     std::vector<std::chrono::steady_clock::time_point> first(kEvents);
     std::vector<int> asked(kEvents, 0);
+    // An event this thread wrote well after its 150 ms (a stall of the test on a
+    // loaded machine) may rightly be asked for again: not held against the sender.
+    std::vector<bool> held_up(kEvents, false);
     std::uint64_t written = 0;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (written < kEvents && std::chrono::steady_clock::now() < deadline) {
@@ -223,6 +226,7 @@ TEST_CASE("RequestSender learns a round trip longer than pull.retry_ms when poll
             if (asked[id]++ == 0) first[id] = now;
         }
         if (written < kEvents && asked[written] > 0 && now - first[written] >= std::chrono::milliseconds(150)) {
+            held_up[written] = now - first[written] > std::chrono::milliseconds(250);
             ch.written.push(&written, 1);
             ++written;
         }
@@ -230,10 +234,14 @@ TEST_CASE("RequestSender learns a round trip longer than pull.retry_ms when poll
     }
     REQUIRE(written == kEvents);
     CHECK(asked[0] > 1);  // the first events are asked for again while the period is short
+    int checked = 0;
     for (std::uint64_t id = kEvents / 2; id < kEvents; ++id) {
+        if (held_up[id]) continue;
         INFO("event " << id);
         CHECK(asked[id] == 1);  // learned: the second half is asked for once
+        ++checked;
     }
+    CHECK(checked >= 2);
     CHECK(counters.round_trip_ns.get() >= 150 * kMs);
     CHECK(counters.retry_period_ns.get() >= 150 * kMs);
     close(fd);
