@@ -535,6 +535,14 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                         "input.frames[{}].first_chunk_only: a chunked board whose timestamp is in its first chunk only "
                         "cannot be split among {} time_slice builders (a later chunk names no slice); use one builder",
                         i, c->builders));
+                // Every builder takes every heartbeat, datagram by datagram: the later
+                // chunks of a heartbeat marked in its first chunk only would go to one.
+                else if (d.chunk_index.present() && d.empty.present() && d.first_only_empty)
+                    problems.push_back(fmt::format(
+                        "input.frames[{}].first_chunk_only: a chunked board whose empty bit is in its first chunk only "
+                        "cannot be split among {} time_slice builders (every builder takes every heartbeat, and a "
+                        "later chunk does not say it is one); use one builder",
+                        i, c->builders));
             }
     }
     if (c->mode == Mode::pull &&

@@ -468,9 +468,12 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
     for (ChunkMeta* k = first; k != nullptr; k = k->next) k->fragment_length = offset;
     // A heartbeat (its first datagram says EMPTY; docs/FORMATS.md 8.3 `empty`) is one
     // EMPTY fragment whatever it was sent in, as an EVB one is: length 0, one chunk.
-    // Its other datagrams carry nothing to keep. A fragment that is not one keeps
+    // Its other datagrams carry nothing to keep but their `error` bit. A fragment that is not one keeps
     // no EMPTY on a later datagram either (its chunks would each count as a heartbeat).
     if (first->flags & wire::fragment_flags::empty) {
+        // An `error` bit on any of its datagrams still flags it (unless first_chunk_only).
+        for (const ChunkMeta* k = first->next; k != nullptr; k = k->next)
+            first->flags = static_cast<std::uint16_t>(first->flags | (k->flags & wire::fragment_flags::source_error));
         drop_chain(first->next);
         first->next = nullptr;
         first->chunk_count = 1;

@@ -234,6 +234,15 @@ TEST_CASE("config: input.frames is compiled at load and each refusal names its k
     CHECK(any_contains(problems_of(R"({"builders": 2, "building": {"clock_hz": 1000000000, "match": "time_slice", "slice_ticks": 1000}, "input": {"frames": [)" + pwb + "]}}"),
                        "input.frames[0].first_chunk_only: a chunked board whose timestamp is in its first chunk only "
                        "cannot be split among 2 time_slice builders"));
+    // Nor one whose empty bit is in the first chunk only: every builder takes every
+    // heartbeat, and its later chunks would reach one builder.
+    const std::string empty_first = R"({"name": "h", "source": {"field": {"at": 0, "type": "u8"}}, "event": {"at": 1, "type": "u8"},
+        "chunk": {"index": {"at": 2, "type": "u8"}, "last": {"at": 3, "type": "u8", "bits": 1}},
+        "timestamp": {"at": 4, "type": "u16le"}, "empty": {"at": 3, "type": "u8", "shift": 1, "bits": 1}, "first_chunk_only": ["empty"]})";
+    CHECK(any_contains(problems_of(R"({"builders": 2, "building": {"match": "time_slice", "slice_ticks": 1000}, "input": {"frames": [)" + empty_first + "]}}"),
+                       "input.frames[0].first_chunk_only: a chunked board whose empty bit is in its first chunk only "
+                       "cannot be split among 2 time_slice builders"));
+    CHECK(problems_of(R"({"building": {"match": "time_slice", "slice_ticks": 1000}, "input": {"frames": [)" + empty_first + "]}}").empty());
     CHECK(problems_of(R"({"building": {"clock_hz": 1000000000, "match": "time_slice", "slice_ticks": 1000}, "input": {"frames": [)" + pwb + "]}}").empty());
     // Described frames land after a headroom in their receive slots: the check that
     // the buffers hold two batches per reader counts it. 1 MiB holds 682 slots of a

@@ -117,7 +117,7 @@ class Evbd:
     def wait_settled(self, timeout=60, quiet=0.3):
         """Waits until evbd has taken in everything sent to it and built and written it:
         no datagram read for `quiet` seconds, no event in flight, nothing queued for
-        the writer. Returns the metrics then. For a test that counts what a phase
+        the writer, every event built written. Returns the metrics then. For a test that counts what a phase
         added: a fixed sleep is too short on a slow (or sanitized) build."""
         deadline = time.time() + timeout
         key = "evb_datagrams_received_total"
@@ -125,8 +125,10 @@ class Evbd:
         while time.time() < deadline:
             time.sleep(quiet)
             m = self.metrics()
+            built = (m.get('evb_events_built_total{status="complete"}', 0) +
+                     m.get('evb_events_built_total{status="incomplete"}', 0))
             if (m.get(key) == last.get(key) and m.get("evb_events_in_flight", 0) == 0 and
-                    m.get("evb_writer_queue_depth", 0) == 0):
+                    m.get("evb_writer_queue_depth", 0) == 0 and m.get("evb_events_written_total", 0) == built):
                 return m
             last = m
         fail(f"evbd did not settle in {timeout} s (datagrams {last.get(key)}, in flight "

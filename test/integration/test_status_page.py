@@ -51,7 +51,7 @@ def one(wd, sources):
         check("<th>sampling (GET /sample)</th><td>0 of 4 clients now" in page,
               f"{sources} sources: sampling shown, no client yet")
         check("Warnings and errors" in page, f"{sources} sources: the distinct-error log")
-        check(len(page) < 64 * 1024, f"{sources} sources: the page is {len(page)} bytes (< 64 KiB)")
+        check(len(page) < 8 * 1024, f"{sources} sources: the page is {len(page)} bytes (< 8 KiB)")
         print(f"{sources} sources: / served in {seconds * 1000:.1f} ms, {len(page)} bytes")
         full, seconds = get(base + "/sources")
         check(full.count("<tr><td>") == sources, f"{sources} sources: /sources lists every source")
