@@ -111,6 +111,14 @@ RunCounts run_counts(const Sources& s) noexcept {
     return r;
 }
 
+RunRecords run_records(const Sources& s, std::uint32_t run) noexcept {
+    RunRecords r;
+    if (s.writer == nullptr || s.writer->run_written_plus1.get() != std::uint64_t{run} + 1) return r;
+    r.records = s.writer->run_records.get();
+    r.incomplete = s.writer->run_incomplete.get();
+    return r;
+}
+
 bool source_absent(const std::vector<const stats::MatcherCounters*>& matchers, std::size_t i) noexcept {
     for (const auto* m : matchers)
         if (i < m->sources && m->source_absent[i].get() != 0) return true;

@@ -104,6 +104,14 @@ struct Sources {
     Sampler* sampler = nullptr;  // GET /sample; none: 404
 };
 
+// Run `run`'s records written by this process and those INCOMPLETE, as the disk
+// writer counts them per run (exact across a run change, as the files are); zeros
+// while the writer has not yet written the run.
+struct RunRecords {
+    std::uint64_t records = 0, incomplete = 0;
+};
+RunRecords run_records(const Sources& s, std::uint32_t run) noexcept;
+
 // A metric family to expose, in a form independent of prometheus-cpp's headers.
 struct FamilyOut {
     std::string name, help;

@@ -210,9 +210,13 @@ std::string ControlServer::status_json() const {
     j["state"] = monitor::run_state_name(state_.run_state.load());
     j["run"] = state_.run_number.load();
     j["run_started_unix_ms"] = state_.run_started_unix_ms.load();
-    j["run_events_complete"] = n.complete - at.complete;
-    j["run_events_incomplete"] = n.incomplete - at.incomplete;
-    j["run_events_written"] = n.written - at.written;
+    // The run's events as its files hold them (the writer counts them per run; the
+    // matchers' totals cannot tell runs apart at a run change, where events of both
+    // are built at once).
+    const monitor::RunRecords r = monitor::run_records(counts_, state_.run_number.load());
+    j["run_events_complete"] = r.records - r.incomplete;
+    j["run_events_incomplete"] = r.incomplete;
+    j["run_events_written"] = r.records;
     j["run_files_closed"] = n.files_closed - at.files_closed;
     j["run_payload_bytes"] = n.payload_bytes - at.payload_bytes;
     j["events_written_total"] = n.written;

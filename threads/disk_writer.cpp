@@ -86,6 +86,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         file_first_serial_ = continued_run_ == run ? continued_serial_ : 0;
         run_events_ = 0;
         run_status_ = {};
+        run_records_ = 0;
         run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);
     }
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
@@ -128,6 +129,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     file_seq_ = seq;
     next_seq_ = seq + 1;
     file_status_ = {};
+    publish_run_counts();
     {
         std::lock_guard lock(name_mutex_);
         current_name_ = file_.part_path();
@@ -167,6 +169,14 @@ void DiskWriter::close_file() {
     settle(UINT64_MAX);  // closed: every record is with the kernel
     counters_.files_closed.add();
     report_closed(true, records);
+}
+
+// After each batch written and at each file opened; the counts are set before the
+// run number (a reader that finds another run than its own takes zeros).
+void DiskWriter::publish_run_counts() noexcept {
+    counters_.run_records.set(run_records_);
+    counters_.run_incomplete.set(run_status_.incomplete + file_status_.incomplete);
+    counters_.run_written_plus1.set(std::uint64_t{file_run_} + 1);
 }
 
 void DiskWriter::report_closed(bool clean, std::uint64_t events) {
@@ -420,6 +430,7 @@ void DiskWriter::release_batch(bool lost) {
         if (!lost) {
             unsettled_.push_back({end, e->event_id, event_payload, file_bytes, midas_ ? file_bytes : e->plain_length, now});
             file_status_.add(e->status);
+            ++run_records_;
         }
         counters_.write_latency.observe(now > e->built_unix_ns ? now - e->built_unix_ns : 0);
         done_pending_[e->shard].push_back(e);
@@ -434,6 +445,7 @@ void DiskWriter::release_batch(bool lost) {
         d.clear();
     }
     if (lost) counters_.events_lost_write_error.add(batch_.size());
+    else publish_run_counts();
     batch_.clear();
     batch_file_bytes_.clear();
     // The slots went back already: the bytes are in the file's pages or staging

@@ -112,6 +112,8 @@ private:
     ClosedFiles* closed_;
     file::StatusCounts file_status_;  // records of the open file by status, counted per batch written
     void report_closed(bool clean, std::uint64_t events);
+    // The run's counts for run control's status (WriterCounters::run_records ...).
+    void publish_run_counts() noexcept;
 
     file::OutputFile file_;
     mutable std::mutex name_mutex_;  // guards current_name_: set per file, read per scrape
@@ -161,6 +163,7 @@ private:
     std::uint32_t run_start_unix_s_ = 0;
     std::uint64_t run_events_ = 0;
     file::StatusCounts run_status_;
+    std::uint64_t run_records_ = 0;  // records of the run written by this process (publish_run_counts)
 
     std::vector<Unsettled> unsettled_;  // in file order, from unsettled_head_ on
     std::size_t unsettled_head_ = 0;

@@ -403,11 +403,12 @@ void ServiceLoop::finish_stop(bool closed, const std::string& why) {
         std::lock_guard lock(control_.text_mutex);
         at = control_.at_run_start;
     }
+    const monitor::RunRecords r = monitor::run_records(*t_.counts, run_);  // as its files hold them
     nlohmann::json reply = {{"ok", closed},
                             {"state", "stopped"},
                             {"run", run_},
-                            {"events_complete", now.complete - at.complete},
-                            {"events_incomplete", now.incomplete - at.incomplete},
+                            {"events_complete", r.records - r.incomplete},
+                            {"events_incomplete", r.incomplete},
                             {"events_written", now.written - at.written},
                             {"events_lost", now.lost - at.lost},
                             {"files", now.files_closed - at.files_closed},

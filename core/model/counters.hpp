@@ -161,6 +161,12 @@ struct alignas(kFalseSharingBytes) WriterCounters {
     Counter queue_depth;  // gauge: events handed to the writer, not yet written
     Counter writes;       // pwritev calls
     LatencyHistogram write_latency;  // built -> written
+    // Gauges of the run being written (its files written by this process), exact at
+    // run boundaries as the files are: the run number plus 1 (0: none yet), its
+    // records written and those of them INCOMPLETE.
+    Counter run_written_plus1;
+    Counter run_records;
+    Counter run_incomplete;
 };
 
 // Pull mode's request sender (its only writer).

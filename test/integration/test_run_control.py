@@ -83,6 +83,9 @@ def main():
     check(rc == 0 and stop1.get("ok"), f"stop run 1 under traffic: exit 0 ({stop1} {err})")
     check(stop1.get("state") == "stopped" and stop1.get("events_written", 0) > 0 and stop1.get("files", 0) >= 1,
           f"stop says what was written: {stop1.get('events_written')} events, {stop1.get('files')} file(s)")
+    check(stop1.get("events_complete", -1) + stop1.get("events_incomplete", -1) == stop1.get("events_written") and
+          stop1.get("events_incomplete") == stop1.get("events_by_status", {}).get("incomplete"),
+          "stop: its complete and incomplete counts add up to the events written, as in the files")
     check(no_part(d.out), "no .part left after the stop")
     rc, st, _ = ctl_json(sock, "status")
     check(rc == 0 and st["state"] == "stopped" and st["run"] == 1, f"status: stopped after run 1 ({st['state']})")
@@ -160,6 +163,7 @@ def main():
           f"the stop finished: run 4 stopped, its 20 waiting events written INCOMPLETE "
           f"(incomplete before the stop {incomplete_before}; {st})")
     check(d.stop() == 0, "SIGTERM: evbd exits 0")
+    final = st
 
     incomplete = set()
     runs = ids_by_run(d.out, incomplete)
@@ -173,6 +177,15 @@ def main():
     check(len(runs.get(4, [])) >= 4000 - refused_early + 20,
           f"run 4: the events sent after the reload ({len(runs.get(4, []))}; "
           f"{refused_early} of s4_early's refused before it)")
+    # The status's run counts are the run's files' (a run change builds events of both
+    # runs at once: counts taken from the matchers' totals missed some).
+    in_files = len(runs.get(4, []))
+    incomplete4 = sum(1 for r, _ in incomplete if r == 4)
+    check(final["run_events_written"] == in_files and final["run_events_incomplete"] == incomplete4 and
+          final["run_events_complete"] == in_files - incomplete4,
+          f"status after the stop: run 4's counts are its files' ({in_files} events, {incomplete4} INCOMPLETE; "
+          f"status: {final['run_events_written']} written, {final['run_events_complete']} complete, "
+          f"{final['run_events_incomplete']} incomplete)")
     check(all((4, 50_000 + i) in incomplete for i in range(20)),
           "run 4: the 20 events waiting at the stop are in its files, INCOMPLETE")
     check(no_part(d.out), "every file closed")
