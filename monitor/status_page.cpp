@@ -245,6 +245,8 @@ std::string status_page(const Sources& s) {
         row("written", fmt::format("{} events, {} of payload, {} files closed, {} write errors", n.written,
                                    bytes_text(static_cast<double>(n.payload_bytes)), n.files_closed,
                                    s.writer->write_errors.get()));
+        const RunRecords r = run_records(s, run);
+        row(fmt::format("run {} written", run), fmt::format("{} events, {} of them INCOMPLETE", r.records, r.incomplete));
     }
     row("built", fmt::format("{} complete, {} incomplete", n.complete, n.incomplete));
     // Input.

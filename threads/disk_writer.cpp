@@ -86,7 +86,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         file_first_serial_ = continued_run_ == run ? continued_serial_ : 0;
         run_events_ = 0;
         run_status_ = {};
-        run_records_ = 0;
+        run_records_ = run_incomplete_ = 0;
         run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);
     }
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
@@ -171,11 +171,12 @@ void DiskWriter::close_file() {
     report_closed(true, records);
 }
 
-// After each batch written and at each file opened; the counts are set before the
-// run number (a reader that finds another run than its own takes zeros).
+// As records settle (events_written's moment: the kernel has them) and at each file
+// opened; the counts are set before the run number (a reader that finds another run
+// than its own takes zeros).
 void DiskWriter::publish_run_counts() noexcept {
     counters_.run_records.set(run_records_);
-    counters_.run_incomplete.set(run_status_.incomplete + file_status_.incomplete);
+    counters_.run_incomplete.set(run_incomplete_);
     counters_.run_written_plus1.set(std::uint64_t{file_run_} + 1);
 }
 
@@ -428,9 +429,9 @@ void DiskWriter::release_batch(bool lost) {
         }
         end = lz4_file_ ? blocks_end : end + file_bytes;
         if (!lost) {
-            unsettled_.push_back({end, e->event_id, event_payload, file_bytes, midas_ ? file_bytes : e->plain_length, now});
+            unsettled_.push_back({end, e->event_id, event_payload, file_bytes, midas_ ? file_bytes : e->plain_length, now,
+                                  (e->status & file::record_status::incomplete) != 0});
             file_status_.add(e->status);
-            ++run_records_;
         }
         counters_.write_latency.observe(now > e->built_unix_ns ? now - e->built_unix_ns : 0);
         done_pending_[e->shard].push_back(e);
@@ -445,7 +446,6 @@ void DiskWriter::release_batch(bool lost) {
         d.clear();
     }
     if (lost) counters_.events_lost_write_error.add(batch_.size());
-    else publish_run_counts();
     batch_.clear();
     batch_file_bytes_.clear();
     // The slots went back already: the bytes are in the file's pages or staging
@@ -455,6 +455,7 @@ void DiskWriter::release_batch(bool lost) {
 void DiskWriter::settle(std::uint64_t kernel_offset) {
     std::size_t i = unsettled_head_;
     std::uint64_t payload = 0, records = 0, content = 0;
+    const std::size_t first = i;
     while (i < unsettled_.size() && unsettled_[i].end <= kernel_offset) {
         const std::size_t from = i;
         settled_ids_.clear();
@@ -463,6 +464,7 @@ void DiskWriter::settle(std::uint64_t kernel_offset) {
             payload += unsettled_[i].payload_bytes;
             records += unsettled_[i].record_bytes;
             content += unsettled_[i].plain_bytes;
+            run_incomplete_ += unsettled_[i].incomplete ? 1 : 0;
         }
         if (written_ != nullptr) written_->push(settled_ids_.data(), settled_ids_.size());
         counters_.events_written.add(i - from);
@@ -470,6 +472,10 @@ void DiskWriter::settle(std::uint64_t kernel_offset) {
     counters_.payload_bytes.add(payload);
     counters_.records_bytes.add(records);
     counters_.content_bytes.add(content);
+    if (i != first) {
+        run_records_ += i - first;
+        publish_run_counts();
+    }
     unsettled_head_ = i;
     if (unsettled_head_ == unsettled_.size()) {
         unsettled_.clear();  // capacity kept

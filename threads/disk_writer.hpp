@@ -83,6 +83,7 @@ private:
         std::uint32_t record_bytes;
         std::uint32_t plain_bytes;  // the record's length stored plain
         std::uint64_t written_ns;  // when the writer handed it to the file
+        bool incomplete;           // written INCOMPLETE (the run's counts, publish_run_counts)
     };
     void settle(std::uint64_t kernel_offset);
     // Closes the open file clean: index and footer for `.evb`, the end-of-run event
@@ -163,7 +164,9 @@ private:
     std::uint32_t run_start_unix_s_ = 0;
     std::uint64_t run_events_ = 0;
     file::StatusCounts run_status_;
-    std::uint64_t run_records_ = 0;  // records of the run written by this process (publish_run_counts)
+    // Records of the run written by this process (settled), and those INCOMPLETE
+    // (publish_run_counts).
+    std::uint64_t run_records_ = 0, run_incomplete_ = 0;
 
     std::vector<Unsettled> unsettled_;  // in file order, from unsettled_head_ on
     std::size_t unsettled_head_ = 0;

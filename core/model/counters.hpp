@@ -163,7 +163,7 @@ struct alignas(kFalseSharingBytes) WriterCounters {
     LatencyHistogram write_latency;  // built -> written
     // Gauges of the run being written (its files written by this process), exact at
     // run boundaries as the files are: the run number plus 1 (0: none yet), its
-    // records written and those of them INCOMPLETE.
+    // records written (counted as events_written is) and those of them INCOMPLETE.
     Counter run_written_plus1;
     Counter run_records;
     Counter run_incomplete;

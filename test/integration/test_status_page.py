@@ -40,6 +40,10 @@ def one(wd, sources):
         check(m is not None and int(m.group(1)) > 0, f"{sources} sources: events/s now ({m and m.group(1)})")
         check("var H=[[0," in page and "plot('p_events'" in page, f"{sources} sources: the plots' numbers are on the page")
         check("file being written" in page and ".evb.part" in page, f"{sources} sources: the file being written")
+        m = re.search(r"<th>run 1 written</th><td>(\d+) events, (\d+) of them INCOMPLETE</td>", page)
+        check(m is not None and int(m.group(1)) > 0 and 0 < int(m.group(2)) <= int(m.group(1)),
+              f"{sources} sources: run 1's events written, those INCOMPLETE (two sources silent) "
+              f"({m and m.group(0)})")
         check(re.search(r"disk free</th><td><span class=\"(ok|warn|bad)\">", page) is not None,
               f"{sources} sources: the disk's free space")
         check("<span class=\"ok\">ok</span>" in page, f"{sources} sources: output ok")
