@@ -7,6 +7,7 @@
 #include <sys/statvfs.h>
 #include <time.h>
 
+#include <algorithm>
 #include <charconv>
 #include <fmt/format.h>
 #include <limits>
@@ -113,9 +114,18 @@ RunCounts run_counts(const Sources& s) noexcept {
 
 RunRecords run_records(const Sources& s, std::uint32_t run) noexcept {
     RunRecords r;
-    if (s.writer == nullptr || s.writer->run_written_plus1.get() != std::uint64_t{run} + 1) return r;
-    r.records = s.writer->run_records.get();
-    r.incomplete = s.writer->run_incomplete.get();
+    if (s.writer == nullptr) return r;
+    const stats::WriterCounters& w = *s.writer;
+    // The writer sets the three one after the other: read the run around the counts
+    // (a change between: zeros), and INCOMPLETE before the records, both only growing
+    // within a run, so that there are never more INCOMPLETE than records.
+    const std::uint64_t want = std::uint64_t{run} + 1;
+    if (w.run_written_plus1.get() != want) return r;
+    const std::uint64_t incomplete = w.run_incomplete.get();
+    const std::uint64_t records = w.run_records.get();
+    if (w.run_written_plus1.get() != want) return r;
+    r.records = records;
+    r.incomplete = std::min(incomplete, records);
     return r;
 }
 

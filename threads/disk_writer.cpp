@@ -172,8 +172,8 @@ void DiskWriter::close_file() {
 }
 
 // As records settle (events_written's moment: the kernel has them) and at each file
-// opened; the counts are set before the run number (a reader that finds another run
-// than its own takes zeros).
+// opened. Records before INCOMPLETE, counts before the run number: the order
+// monitor::run_records reads them against (which clamps all the same).
 void DiskWriter::publish_run_counts() noexcept {
     counters_.run_records.set(run_records_);
     counters_.run_incomplete.set(run_incomplete_);

@@ -429,7 +429,7 @@ void ServiceLoop::finish_stop(bool closed, const std::string& why) {
     }
     if (closed)
         log_info("run {} stopped: {} events complete, {} incomplete, {} written in {} file(s), {} payload bytes", run_,
-                 now.complete - at.complete, now.incomplete - at.incomplete, reply["events_written"].get<std::uint64_t>(),
+                 r.records - r.incomplete, r.incomplete, reply["events_written"].get<std::uint64_t>(),
                  reply["files"].get<std::uint64_t>(), now.payload_bytes - at.payload_bytes);
     else
         log_error("run {} stop did not finish: {}", run_, why);

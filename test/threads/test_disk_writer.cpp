@@ -142,6 +142,10 @@ TEST_CASE("DiskWriter reports each file it closes and each run transition it fin
     for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 6; ++i) rig.writer.do_work();
     FileClosed got[8];
     CHECK(rig.closed.pop(got, 8) == 0);  // the file is still open
+    // Run control's counts of the run, as its file holds them.
+    CHECK(rig.writer_counters.run_written_plus1.get() == kRun + 1);
+    CHECK(rig.writer_counters.run_records.get() == 6);
+    CHECK(rig.writer_counters.run_incomplete.get() == 0);
 
     // The run ends: the writer learns of it, then the shard's run-end marker arrives.
     WriterSettings next = WriterRig::writer_settings(dir.path());
@@ -162,6 +166,9 @@ TEST_CASE("DiskWriter reports each file it closes and each run transition it fin
     CHECK(got[0].clean);
     CHECK(got[1].transition_done == 1);  // after the run's last file
     CHECK(rig.closed.dropped() == 0);
+    // Still the ended run's, until the next run's first file opens.
+    CHECK(rig.writer_counters.run_written_plus1.get() == kRun + 1);
+    CHECK(rig.writer_counters.run_records.get() == 6);
     rig.writer.on_close();
 }
 
