@@ -244,9 +244,14 @@ def killed(wd, name, lz4):
         decoded = 0
         import lz4.block
         while at + 4 <= len(data) and struct.unpack_from("<I", data, at)[0]:
-            n = struct.unpack_from("<I", data, at)[0] & 0x7FFFFFFF
+            word = struct.unpack_from("<I", data, at)[0]
+            n = word & 0x7FFFFFFF
+            if at + 4 + n > len(data):
+                break  # the block SIGKILL cut short: the readers stop before it too
             blocks.append((at, decoded))
-            decoded += len(lz4.block.decompress(data[at + 4:at + 4 + n], uncompressed_size=1 << 22))
+            body = data[at + 4:at + 4 + n]
+            # The high bit: a block stored as it is (LZ4 frame format).
+            decoded += n if word & 0x80000000 else len(lz4.block.decompress(body, uncompressed_size=1 << 22))
             at += 4 + n
         at, start = next((a, s) for a, s in reversed(blocks) if s <= victim.offset)
         keep = [r for r in recs if r.offset + r.length <= start]
