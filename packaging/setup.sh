@@ -97,7 +97,7 @@ case "$cmd" in
       CXX=clang++ cmake -S "$root" -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug \
         -DEVB_SANITIZE=ON -DEVB_FUZZ=ON -DEVB_FUZZ_SECONDS=${EVB_FUZZ_SECONDS:-20} >/dev/null
     fi
-    cmake --build build-fuzz -j "$jobs" --target fuzz_wire fuzz_file_reader fuzz_config fuzz_matcher fuzz_decompress fuzz_frames
+    cmake --build build-fuzz -j "$jobs" --target fuzz_wire fuzz_file_reader fuzz_config fuzz_matcher fuzz_decompress fuzz_frames fuzz_control
     echo "setup: running fuzz targets"
     (cd build-fuzz && ctest --output-on-failure -L fuzz --timeout 600)
     # ThreadSanitizer: the concurrency unit tests and the integration tests that

@@ -19,6 +19,7 @@
 #include "core/format/wire.hpp"
 #include "core/util/version.hpp"
 #include "net/udp.hpp"
+#include "core/util/json_text.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -506,7 +507,7 @@ std::shared_ptr<FrameSetup> load_frames(const Options& o) {
         std::string names;
         for (const json& d : list)
             names += fmt::format("{}{}", names.empty() ? "" : ", ",
-                                 d.is_object() && d.contains("name") ? d["name"].dump() : std::string("?"));
+                                 d.is_object() && d.contains("name") ? evb::json_text(d["name"]) : std::string("?"));
         refuse(fmt::format("{} holds {} descriptions ({}): pick one with --frame-name NAME", prefix, list.size(), names));
     }
     const json& desc = list[chosen];
@@ -1972,7 +1973,7 @@ int run_push(const Options& o) {
         if (o.mode == Mode::stream) extra += fmt::format(",\"hits\":{},\"heartbeats\":{}", st.events, st.heartbeats);
         if (!o.silent_sources.empty()) extra += fmt::format(",\"silent_sources\":{}", o.silent_sources.size());
         if (o.frames) extra += fmt::format(",\"frames\":{},\"first_event\":{}",
-                                           nlohmann::json(o.frames->description().name).dump(), o.first_event);
+                                           evb::json_text(nlohmann::json(o.frames->description().name)), o.first_event);
         fmt::print(
             "{{\"mode\":\"{}\",\"dry_run\":{},\"events\":{},\"sources\":{},\"fragments\":{},"
             "\"datagrams_generated\":{},\"datagrams\":{},\"bytes\":{},\"lost\":{},\"duplicated\":{},"

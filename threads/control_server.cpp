@@ -14,6 +14,9 @@
 #include <stdexcept>
 
 #include "core/util/clock.hpp"
+#include "core/util/json_text.hpp"
+#include "core/util/log.hpp"
+#include "threads/control_protocol.hpp"
 
 namespace evb {
 
@@ -114,10 +117,16 @@ std::size_t ControlServer::read_clients() {
             if (const auto nl = c.in.find('\n'); nl != std::string::npos) {
                 const std::string line = c.in.substr(0, nl);
                 c.in.clear();
-                handle(c, line);
+                // Whatever a client sends, it gets an answer and evbd goes on.
+                try {
+                    handle(c, line);
+                } catch (const std::exception& e) {
+                    log_error("control: command failed: {}", e.what());
+                    if (c.fd >= 0 && c.waiting == 0) reply(c, control_refusal(fmt::format("evbd could not answer: {}", e.what())));
+                }
                 drop = c.fd < 0;
             } else if (c.in.size() > kMaxLine) {
-                reply(c, nlohmann::json{{"ok", false}, {"error", "command line too long"}}.dump());
+                reply(c, control_refusal("command line too long"));
                 drop = true;
             }
         }
@@ -148,40 +157,13 @@ std::size_t ControlServer::send_replies() {
 // One command per connection; the answer closes it (a command sent to the service
 // loop is answered when it is done).
 void ControlServer::handle(Client& c, const std::string& line) {
-    std::vector<std::string> words;
-    for (std::size_t at = 0; at < line.size();) {
-        const std::size_t end = line.find(' ', at);
-        const std::string w = line.substr(at, end == std::string::npos ? std::string::npos : end - at);
-        if (!w.empty() && w != "\r") words.push_back(w.back() == '\r' ? w.substr(0, w.size() - 1) : w);
-        if (end == std::string::npos) break;
-        at = end + 1;
-    }
-    auto fail = [&](const std::string& why) { reply(c, nlohmann::json{{"ok", false}, {"error", why}}.dump()); };
-    if (words.empty()) return fail("empty command; commands: status, start [--run N], stop, reload");
-    ControlCommand cmd;
-    const std::string& verb = words[0];
-    if (verb == "status" && words.size() == 1) return reply(c, status_json());
-    if (verb == "start") {
-        cmd.op = ControlCommand::Op::start;
-        if (words.size() == 3 && words[1] == "--run") {
-            char* end = nullptr;
-            const unsigned long long v = std::strtoull(words[2].c_str(), &end, 10);
-            if (words[2].empty() || *end != '\0' || v > 999999) return fail("start --run: N must be a run number, 0 .. 999999");
-            cmd.has_run = true;
-            cmd.run = static_cast<std::uint32_t>(v);
-        } else if (words.size() != 1) {
-            return fail("usage: start [--run N]");
-        }
-    } else if (verb == "stop" && words.size() == 1) {
-        cmd.op = ControlCommand::Op::stop;
-    } else if (verb == "reload" && words.size() == 1) {
-        cmd.op = ControlCommand::Op::reload;
-    } else {
-        return fail(fmt::format("unknown command '{}'; commands: status, start [--run N], stop, reload", line));
-    }
-    cmd.id = next_id_++;
-    if (!mailbox_.submit(cmd)) return fail("another start, stop or reload is under way; try again when it is done");
-    c.waiting = cmd.id;
+    ParsedControlLine p = parse_control_line(line);
+    if (p.kind == ParsedControlLine::Kind::refused) return reply(c, p.refusal);
+    if (p.kind == ParsedControlLine::Kind::status) return reply(c, status_json());
+    p.command.id = next_id_++;
+    if (!mailbox_.submit(p.command))
+        return reply(c, control_refusal("another start, stop or reload is under way; try again when it is done"));
+    c.waiting = p.command.id;
 }
 
 void ControlServer::reply(Client& c, const std::string& json) {
@@ -226,7 +208,7 @@ std::string ControlServer::status_json() const {
     j["output_blocked"] = counts_.writer != nullptr && counts_.writer->output_blocked.get() != 0;
     j["transition"] = transition;
     j["last_reload"] = reload;
-    return j.dump();
+    return json_text(j);
 }
 
 }  // namespace evb

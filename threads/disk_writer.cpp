@@ -13,6 +13,7 @@
 #include "core/util/clock.hpp"
 #include "core/util/log.hpp"
 #include "monitor/sampler.hpp"
+#include "core/util/json_text.hpp"
 
 namespace evb {
 
@@ -205,7 +206,7 @@ int DiskWriter::close_output(bool sync) {
                      {"status", file::to_json(run_status)}};
     const auto eor = midas::encode_run_marker(midas::kEventIdEor, file_run_,
                                               static_cast<std::uint32_t>(realtime_ns() / 1'000'000'000ull),
-                                              counts.dump());
+                                              json_text(counts));
     if (!lz4_file_) return file_.close_with_trailer(eor, sync);
     const auto trailer = lz4_piece(eor, false, true);  // the end-of-run event's block and the frame's end
     return trailer.empty() ? EIO : file_.close_with_trailer(trailer, sync);

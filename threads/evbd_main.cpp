@@ -9,6 +9,7 @@
 #include "threads/daemon.hpp"
 #include "core/util/log.hpp"
 #include "core/util/version.hpp"
+#include "core/util/json_text.hpp"
 
 namespace {
 
@@ -105,7 +106,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     if (print_config) {
-        fmt::print("{}\n", cfg->effective.dump(2));
+        fmt::print("{}\n", evb::json_text(cfg->effective, 2));
         return 0;
     }
     try {

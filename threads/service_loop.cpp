@@ -13,7 +13,9 @@
 #include "core/util/clock.hpp"
 #include "core/util/log.hpp"
 #include "core/util/notify.hpp"
+#include "core/util/json_text.hpp"
 #include "core/util/version.hpp"
+#include "threads/control_protocol.hpp"
 
 namespace evb {
 
@@ -137,6 +139,10 @@ void ServiceLoop::reload(const char* why) {
     } catch (const ConfigError& e) {
         for (const auto& p : e.problems) log_error("reload ({}): {}", why, p);
         reload_failed(why, e.problems.empty() ? "" : e.problems[0]);
+        return;
+    } catch (const std::exception& e) {  // whatever a file holds, the running configuration stays
+        log_error("reload ({}): {}", why, e.what());
+        reload_failed(why, e.what());
         return;
     }
     // Sources may change live only within the set the pools were built for.
@@ -278,7 +284,7 @@ void ServiceLoop::end_run(std::uint32_t next_run) {
 void ServiceLoop::answer(std::uint64_t id, nlohmann::json reply) {
     if (t_.control == nullptr) return;
     const bool ok = reply.value("ok", false);
-    t_.control->answer({id, ok, reply.dump()});
+    t_.control->answer({id, ok, json_text(reply)});
 }
 
 void ServiceLoop::refuse(std::uint64_t id, const char* command, const std::string& why) {
@@ -290,16 +296,26 @@ void ServiceLoop::take_command() {
     if (t_.control == nullptr) return;
     const std::optional<ControlCommand> c = t_.control->take();
     if (!c) return;
-    switch (c->op) {
+    // Every error on the control path becomes an answer; none ends evbd.
+    try {
+        carry_out(*c);
+    } catch (const std::exception& e) {
+        log_error("evb-ctl: the command failed: {}", e.what());
+        t_.control->answer({c->id, false, control_refusal(fmt::format("evbd could not carry it out: {}", e.what()))});
+    }
+}
+
+void ServiceLoop::carry_out(const ControlCommand& c) {
+    switch (c.op) {
         case ControlCommand::Op::start: {
-            std::uint32_t run = c->has_run ? c->run : next_run_.value_or(run_ + 1);
-            if (!running_run_ && stopping_.phase == StopPhase::none && runs_taken_.empty() && !c->has_run &&
+            std::uint32_t run = c.has_run ? c.run : next_run_.value_or(run_ + 1);
+            if (!running_run_ && stopping_.phase == StopPhase::none && runs_taken_.empty() && !c.has_run &&
                 !next_run_)
                 run = run_;  // started stopped: the first start builds run_number
-            start_run(run, c->id);
+            start_run(run, c.id);
             break;
         }
-        case ControlCommand::Op::stop: begin_stop(c->id, true); break;
+        case ControlCommand::Op::stop: begin_stop(c.id, true); break;
         case ControlCommand::Op::reload: {
             const std::uint64_t before = control_.reloads.load();
             reload("evb-ctl");
@@ -308,7 +324,8 @@ void ServiceLoop::take_command() {
                 std::lock_guard lock(control_.text_mutex);
                 message = control_.last_reload_message;
             }
-            answer(c->id, {{"ok", control_.reloads.load() != before}, {"reload", message}});
+            const bool ok = control_.reloads.load() != before;
+            t_.control->answer({c.id, ok, reload_answer(ok, message)});
             break;
         }
     }
@@ -419,7 +436,7 @@ void ServiceLoop::finish_stop(bool closed, const std::string& why) {
         reply["files"] = last_written_.files;
         reply["events_written"] = last_written_.events;
         reply["file_bytes"] = last_written_.bytes;
-        reply["events_by_status"] = nlohmann::json::parse(file::to_json(last_written_.status).dump());
+        reply["events_by_status"] = nlohmann::json::parse(json_text(file::to_json(last_written_.status)));
     }
     if (!closed) reply["error"] = why;
     {

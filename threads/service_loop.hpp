@@ -94,6 +94,7 @@ private:
         bool asked = false;  // by evb-ctl (answer when done)
     };
     void take_command();
+    void carry_out(const ControlCommand& c);
     void start_run(std::uint32_t run, std::uint64_t reply_id);
     void begin_stop(std::uint64_t reply_id, bool asked);
     void advance_stop();

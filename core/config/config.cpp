@@ -17,6 +17,7 @@
 
 #include "core/config/snapshot.hpp"
 #include "net/udp.hpp"
+#include "core/util/json_text.hpp"
 
 namespace evb {
 
@@ -150,7 +151,7 @@ std::optional<std::uint32_t> parse_source_id(const std::string& key) {
 bool is_uint(const json& v) { return v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0); }
 
 std::string show(const json& v) {
-    std::string s = v.dump();
+    std::string s = json_text(v);
     return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
 
@@ -722,7 +723,7 @@ std::string config_reference_markdown() {
         std::string range = "";
         if (k.kind == Kind::uint || k.kind == Kind::uint_or_auto || k.kind == Kind::sources || k.kind == Kind::fsync)
             range = k.max == UINT64_MAX ? fmt::format(">= {}", k.min) : fmt::format("{} .. {}", k.min, k.max);
-        s += fmt::format("| `{}` | {} | `{}` | {} | {} | {} |\n", k.path, kind_name(k.kind), k.def.dump(),
+        s += fmt::format("| `{}` | {} | `{}` | {} | {} | {} |\n", k.path, kind_name(k.kind), json_text(k.def),
                          range, k.live ? "live (reload)" : "restart", k.doc);
     }
     return s;

@@ -4,6 +4,7 @@
 
 #include "allocators/buffer_pool.hpp"
 #include "net/udp.hpp"
+#include "core/util/json_text.hpp"
 
 namespace evb {
 
@@ -96,7 +97,7 @@ WriterSettings writer_settings(const Config& c) {
     if (w.format == OutputFormat::midas) {
         w.midas_event_id = c.output.midas.event_id;
         w.bank_names = std::make_shared<const midas::BankNames>(c.output.midas.bank_names);
-        w.config_json = c.effective.dump();
+        w.config_json = json_text(c.effective);
         w.midas_lz4 = c.output.compression == file::Codec::lz4;
         w.lz4_level = static_cast<int>(c.output.compression_level);
     }

@@ -1,4 +1,5 @@
 #include "core/format/frames.hpp"
+#include "core/util/json_text.hpp"
 
 #include <arpa/inet.h>
 
@@ -42,7 +43,7 @@ bool name_ok(const std::string& s) {
 }
 
 std::string show(const json& v) {
-    std::string s = v.dump();
+    std::string s = json_text(v);
     return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
 

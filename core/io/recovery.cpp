@@ -19,6 +19,7 @@
 #include "core/format/midas_format.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/run_summary.hpp"
+#include "core/util/json_text.hpp"
 
 namespace evb::file {
 
@@ -97,7 +98,7 @@ std::vector<std::byte> recovered_eor(const midas::ScanResult& s) {
     counts["recovered"] = true;
     counts["file"] = {{"events", s.events.size()}, {"status", to_json(status)}, {"bytes", s.good_bytes}};
     const std::uint32_t time = s.events.empty() ? s.bor.time_stamp : s.events.back().header.time_stamp;
-    return midas::encode_run_marker(midas::kEventIdEor, s.bor.serial_number, time, counts.dump());
+    return midas::encode_run_marker(midas::kEventIdEor, s.bor.serial_number, time, json_text(counts));
 }
 
 // `.mid.lz4` (one LZ4 frame): the good blocks decoded, the last one dropped when a

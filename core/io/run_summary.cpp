@@ -17,6 +17,7 @@
 #include "core/format/file_format.hpp"
 #include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
+#include "core/util/json_text.hpp"
 
 namespace evb::file {
 
@@ -71,7 +72,7 @@ std::string write_summary(const std::string& directory, std::uint32_t run_number
                           const nlohmann::ordered_json& doc) {
     const std::string path = directory + "/" + summary_name(run_number, builder_id);
     const std::string tmp = path + ".tmp";
-    const std::string text = doc.dump(2) + "\n";
+    const std::string text = json_text(doc, 2) + "\n";
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return fmt::format("{}: {}", tmp, std::strerror(errno));
     std::size_t done = 0;

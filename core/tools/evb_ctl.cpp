@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/util/version.hpp"
+#include "core/util/json_text.hpp"
 
 namespace {
 
@@ -163,7 +164,7 @@ int main(int argc, char** argv) {
     }
     const bool ok = j.value("ok", false);
     if (json)
-        std::printf("%s\n", j.dump().c_str());
+        std::printf("%s\n", evb::json_text(j).c_str());
     else
         std::fprintf(ok ? stdout : stderr, "%s%s\n", ok ? "" : "evb-ctl: ", human(words[0], j).c_str());
     return ok ? kDone : kRefused;

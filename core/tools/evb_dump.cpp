@@ -38,6 +38,7 @@
 #include "core/format/pattern.hpp"
 #include "core/format/wire.hpp"
 #include "core/util/version.hpp"
+#include "core/util/json_text.hpp"
 
 namespace {
 
@@ -1313,7 +1314,7 @@ int check_summaries(const std::string& dir, bool json) {
         if (bad.empty()) fmt::print("{}: ok, {} file(s) match\n", name, files);
         for (const auto& b : bad) fmt::print("{}: MISMATCH {}\n", name, b);
     }
-    if (json) fmt::print("{}\n", doc.dump(2));
+    if (json) fmt::print("{}\n", evb::json_text(doc, 2));
     return status;
 }
 
@@ -1386,7 +1387,7 @@ int main(int argc, char** argv) {
         doc["pattern_checked"] = o.pattern;
         doc["problem_count"] = total_problems;
         doc["exit_status"] = status;
-        fmt::print("{}\n", doc.dump(2));
+        fmt::print("{}\n", evb::json_text(doc, 2));
         return status;
     }
 
