@@ -79,7 +79,9 @@ void ControlServer::on_close() {
     }
 }
 
-std::size_t ControlServer::do_work() { return accept_clients() + read_clients() + send_replies(); }
+std::size_t ControlServer::do_work() {
+    return accept_clients() + read_clients() + send_replies() + close_idle_clients();
+}
 
 void ControlServer::on_idle() {
     std::vector<pollfd> fds;
@@ -95,10 +97,19 @@ std::size_t ControlServer::accept_clients() {
         const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
         if (clients_.size() >= kMaxClients) {
-            ::close(fd);
-            continue;
+            // Full: the oldest client that has sent no command makes room, so that
+            // clients holding connections open cannot keep a command out.
+            auto victim = clients_.end();
+            for (auto it = clients_.begin(); it != clients_.end(); ++it)
+                if (it->waiting == 0 && (victim == clients_.end() || it->accepted_ns < victim->accepted_ns)) victim = it;
+            if (victim == clients_.end()) {  // every one waits for an answer
+                ::close(fd);
+                continue;
+            }
+            reply(*victim, control_refusal("closed to make room: no command came"));
+            clients_.erase(victim);
         }
-        clients_.push_back({fd, {}, 0});
+        clients_.push_back({fd, monotonic_ns(), {}, 0});
         ++n;
     }
     return n;
@@ -138,6 +149,15 @@ std::size_t ControlServer::read_clients() {
         ++i;
     }
     return n;
+}
+
+std::size_t ControlServer::close_idle_clients() {
+    const std::uint64_t now = monotonic_ns();
+    return std::erase_if(clients_, [&](Client& c) {
+        if (c.waiting != 0 || now - c.accepted_ns < kCommandTimeoutMs * 1'000'000ull) return false;
+        reply(c, control_refusal(fmt::format("no command within {} ms", kCommandTimeoutMs)));
+        return true;
+    });
 }
 
 std::size_t ControlServer::send_replies() {

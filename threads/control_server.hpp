@@ -29,16 +29,23 @@ public:
     void on_idle() override;
     void on_close() override;
 
+    // A client's whole command line must come within this of its connecting; one
+    // that sends none is closed (with an answer saying so), so that idle clients
+    // cannot hold the socket's places.
+    static constexpr std::uint64_t kCommandTimeoutMs = 5000;
+
     // The reply to `status` (exposed for tests).
     std::string status_json() const;
 
 private:
     struct Client {
         int fd;
+        std::uint64_t accepted_ns;  // monotonic
         std::string in;
         std::uint64_t waiting = 0;  // id of the command sent to the service loop
     };
     std::size_t accept_clients();
+    std::size_t close_idle_clients();
     std::size_t read_clients();
     std::size_t send_replies();
     void handle(Client& c, const std::string& line);

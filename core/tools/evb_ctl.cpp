@@ -129,8 +129,11 @@ int main(int argc, char** argv) {
         return kUnreachable;
     }
     line += "\n";
-    if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-        std::fprintf(stderr, "evb-ctl: cannot send to %s: %s\n", socket_path.c_str(), std::strerror(errno));
+    // MSG_NOSIGNAL: an evbd that closed the connection (full, or stopping) is an
+    // answer of its own (exit 3 with a message), not a SIGPIPE.
+    if (::send(fd, line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {
+        std::fprintf(stderr, "evb-ctl: cannot send to %s: %s (evbd closed the connection)\n", socket_path.c_str(),
+                     std::strerror(errno));
         return kUnreachable;
     }
     // The answer is one line; a stop's comes when the run's file is closed.
