@@ -123,8 +123,12 @@ RunRecords run_records(const Sources& s, std::uint32_t run) noexcept {
     if (w.run_written_plus1.get() != want) return r;
     const std::uint64_t incomplete = w.run_incomplete.get();
     const std::uint64_t records = w.run_records.get();
+    const std::uint64_t payload_bytes = w.run_payload_bytes.get();
+    const std::uint64_t record_bytes = w.run_record_bytes.get();
     if (w.run_written_plus1.get() != want) return r;
     r.records = records;
+    r.payload_bytes = payload_bytes;
+    r.record_bytes = record_bytes;
     r.incomplete = std::min(incomplete, records);
     return r;
 }

@@ -109,6 +109,7 @@ struct Sources {
 // while the writer has not yet written the run.
 struct RunRecords {
     std::uint64_t records = 0, incomplete = 0;
+    std::uint64_t payload_bytes = 0, record_bytes = 0;  // of those records
 };
 RunRecords run_records(const Sources& s, std::uint32_t run) noexcept;
 

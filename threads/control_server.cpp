@@ -220,7 +220,7 @@ std::string ControlServer::status_json() const {
     j["run_events_incomplete"] = r.incomplete;
     j["run_events_written"] = r.records;
     j["run_files_closed"] = n.files_closed - at.files_closed;
-    j["run_payload_bytes"] = n.payload_bytes - at.payload_bytes;
+    j["run_payload_bytes"] = r.payload_bytes;
     j["events_written_total"] = n.written;
     std::vector<std::string> files;
     if (counts_.open_files) files = counts_.open_files();

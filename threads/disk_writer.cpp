@@ -87,7 +87,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         file_first_serial_ = continued_run_ == run ? continued_serial_ : 0;
         run_events_ = 0;
         run_status_ = {};
-        run_records_ = run_incomplete_ = 0;
+        run_records_ = run_incomplete_ = run_payload_bytes_ = run_record_bytes_ = 0;
         run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);
     }
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
@@ -176,6 +176,8 @@ void DiskWriter::close_file() {
 // opened. Records before INCOMPLETE, counts before the run number: the order
 // monitor::run_records reads them against (which clamps all the same).
 void DiskWriter::publish_run_counts() noexcept {
+    counters_.run_payload_bytes.set(run_payload_bytes_);
+    counters_.run_record_bytes.set(run_record_bytes_);
     counters_.run_records.set(run_records_);
     counters_.run_incomplete.set(run_incomplete_);
     counters_.run_written_plus1.set(std::uint64_t{file_run_} + 1);
@@ -475,6 +477,8 @@ void DiskWriter::settle(std::uint64_t kernel_offset) {
     counters_.content_bytes.add(content);
     if (i != first) {
         run_records_ += i - first;
+        run_payload_bytes_ += payload;
+        run_record_bytes_ += records;
         publish_run_counts();
     }
     unsettled_head_ = i;

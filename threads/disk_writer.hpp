@@ -166,7 +166,7 @@ private:
     file::StatusCounts run_status_;
     // Records of the run written by this process (settled), and those INCOMPLETE
     // (publish_run_counts).
-    std::uint64_t run_records_ = 0, run_incomplete_ = 0;
+    std::uint64_t run_records_ = 0, run_incomplete_ = 0, run_payload_bytes_ = 0, run_record_bytes_ = 0;
 
     std::vector<Unsettled> unsettled_;  // in file order, from unsettled_head_ on
     std::size_t unsettled_head_ = 0;

@@ -119,6 +119,20 @@ bool ServiceLoop::inputs_apply(const AdmissionRules* rules) const noexcept {
     return true;
 }
 
+namespace {
+
+// A refused reload's reason for its answer: the first problem, naming the file
+// (a key's problem does not), and how many more the log has.
+std::string refusal_reason(const std::vector<std::string>& problems, const std::string& path) {
+    if (problems.empty()) return "the configuration is invalid (no problem named)";
+    std::string s = problems[0];
+    if (!path.empty() && s.rfind(path, 0) != 0) s = path + ": " + s;
+    if (problems.size() > 1) s += fmt::format(" (and {} more problem(s), in the log)", problems.size() - 1);
+    return s;
+}
+
+}  // namespace
+
 void ServiceLoop::reload_failed(const char* why, const std::string& message) {
     log_error("reload ({}): configuration unchanged, still running on the previous one", why);
     control_.last_reload_ok.store(false);
@@ -138,7 +152,7 @@ void ServiceLoop::reload(const char* why) {
                                            : load_config_file(opts_.config_path, opts_.overrides, Names::not_resolved);
     } catch (const ConfigError& e) {
         for (const auto& p : e.problems) log_error("reload ({}): {}", why, p);
-        reload_failed(why, e.problems.empty() ? "" : e.problems[0]);
+        reload_failed(why, refusal_reason(e.problems, opts_.config_path));
         return;
     } catch (const std::exception& e) {  // whatever a file holds, the running configuration stays
         log_error("reload ({}): {}", why, e.what());
@@ -429,8 +443,8 @@ void ServiceLoop::finish_stop(bool closed, const std::string& why) {
                             {"events_written", now.written - at.written},
                             {"events_lost", now.lost - at.lost},
                             {"files", now.files_closed - at.files_closed},
-                            {"payload_bytes", now.payload_bytes - at.payload_bytes},
-                            {"record_bytes", now.record_bytes - at.record_bytes}};
+                            {"payload_bytes", r.payload_bytes},
+                            {"record_bytes", r.record_bytes}};
     if (last_written_.valid && last_written_.run == run_) {
         // The run's own files, as its summary lists them (written by this process).
         reply["files"] = last_written_.files;
@@ -447,7 +461,7 @@ void ServiceLoop::finish_stop(bool closed, const std::string& why) {
     if (closed)
         log_info("run {} stopped: {} events complete, {} incomplete, {} written in {} file(s), {} payload bytes", run_,
                  r.records - r.incomplete, r.incomplete, reply["events_written"].get<std::uint64_t>(),
-                 reply["files"].get<std::uint64_t>(), now.payload_bytes - at.payload_bytes);
+                 reply["files"].get<std::uint64_t>(), r.payload_bytes);
     else
         log_error("run {} stop did not finish: {}", run_, why);
     if (s.asked) answer(s.reply_id, std::move(reply));

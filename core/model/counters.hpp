@@ -163,10 +163,13 @@ struct alignas(kFalseSharingBytes) WriterCounters {
     LatencyHistogram write_latency;  // built -> written
     // Gauges of the run being written (its files written by this process), exact at
     // run boundaries as the files are: the run number plus 1 (0: none yet), its
-    // records written (counted as events_written is) and those of them INCOMPLETE.
+    // records written (counted as events_written is) and those of them INCOMPLETE,
+    // and their payload and record bytes.
     Counter run_written_plus1;
     Counter run_records;
     Counter run_incomplete;
+    Counter run_payload_bytes;
+    Counter run_record_bytes;
 };
 
 // Pull mode's request sender (its only writer).
