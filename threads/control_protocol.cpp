@@ -60,8 +60,9 @@ std::string control_refusal(std::string_view why) {
     return json_text(nlohmann::json{{"ok", false}, {"error", std::string(why)}});
 }
 
-std::string reload_answer(bool ok, std::string_view message) {
-    nlohmann::json j{{"ok", ok}, {"reload", std::string(message)}};
+std::string reload_answer(bool ok, std::string_view message, const std::vector<std::string>& applied,
+                          const std::vector<std::string>& restart_needed) {
+    nlohmann::json j{{"ok", ok}, {"reload", std::string(message)}, {"applied", applied}, {"restart_needed", restart_needed}};
     if (!ok) j["error"] = std::string(message);
     return json_text(j);
 }

@@ -7,6 +7,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "threads/channels.hpp"
 
@@ -24,8 +25,10 @@ ParsedControlLine parse_control_line(std::string_view line);
 // {"ok":false,"error":why}, one line.
 std::string control_refusal(std::string_view why);
 
-// The answer to a reload: {"ok":ok,"reload":message}, with "error" holding the
-// message too when the reload was refused (evb-ctl prints "refused: <error>").
-std::string reload_answer(bool ok, std::string_view message);
+// The answer to a reload: {"ok":ok,"reload":message,"applied":[keys changed live],
+// "restart_needed":[keys changed that wait for a restart]}, with "error" holding
+// the message too when the reload was refused (evb-ctl prints "refused: <error>").
+std::string reload_answer(bool ok, std::string_view message, const std::vector<std::string>& applied = {},
+                          const std::vector<std::string>& restart_needed = {});
 
 }  // namespace evb

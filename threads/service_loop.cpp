@@ -67,7 +67,8 @@ ServiceLoop::ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapsh
       run_(started_->run_number),
       running_run_(!started_->control.start_stopped),
       source_reported_(started_->sources.size(), 0),
-      source_absent_(started_->sources.size(), 0) {
+      source_absent_(started_->sources.size(), 0),
+      absent_last_seen_ns_(started_->sources.size(), 0) {
     post_rules(running_run_);
     if (running_run_) mark_run_start(run_);
     control_.run_number.store(run_);
@@ -131,6 +132,12 @@ std::string refusal_reason(const std::vector<std::string>& problems, const std::
     return s;
 }
 
+std::string key_list(const std::vector<std::string>& keys) {
+    std::string s;
+    for (const auto& k : keys) s += (s.empty() ? "" : ", ") + k;
+    return s.empty() ? "none" : s;
+}
+
 }  // namespace
 
 void ServiceLoop::reload_failed(const char* why, const std::string& message) {
@@ -145,6 +152,8 @@ void ServiceLoop::reload_failed(const char* why, const std::string& message) {
 
 void ServiceLoop::reload(const char* why) {
     sd_notify_reloading();
+    reload_applied_.clear();
+    reload_restart_.clear();
     std::shared_ptr<const Config> loaded;
     try {
         // Address keys take a restart: their names are not resolved here (no wait on DNS).
@@ -173,13 +182,12 @@ void ServiceLoop::reload(const char* why) {
     }
     const Config& running = *running_->config;
     const auto restart = restart_keys_changed(running, *loaded);
-    if (!restart.empty()) {
-        std::string names;
-        for (const auto& k : restart) names += (names.empty() ? "" : ", ") + k;
-        log_warn("reload ({}): {} changed but need a restart; they keep their running values", why, names);
-    }
+    if (!restart.empty())
+        log_warn("reload ({}): {} changed but need a restart; they keep their running values", why, key_list(restart));
     const auto next = make_snapshot(merge_live(running, *loaded), sizing_);
     const Config& c = *next->config;
+    reload_applied_ = live_keys_changed(running, c);
+    reload_restart_ = restart;
     set_log_level(c.log_level);
     if (c.building.timeout_ms != running.building.timeout_ms) t_.pipeline.set_timeout_ns(next->matcher.timeout_ns);
     // The file's run_number changed: the run changes (evb-ctl may have moved the run
@@ -220,7 +228,8 @@ void ServiceLoop::reload(const char* why) {
     control_.reloads.fetch_add(1);
     {
         std::lock_guard lock(control_.text_mutex);
-        control_.last_reload_message = fmt::format("ok ({})", why);
+        control_.last_reload_message = fmt::format("ok ({}); applied: {}; waits for a restart: {}", why,
+                                                   key_list(reload_applied_), key_list(reload_restart_));
     }
     log_info("reload ({}): configuration applied", why);
     sd_notify_state("READY=1\nSTATUS=receiving");
@@ -339,7 +348,7 @@ void ServiceLoop::carry_out(const ControlCommand& c) {
                 message = control_.last_reload_message;
             }
             const bool ok = control_.reloads.load() != before;
-            t_.control->answer({c.id, ok, reload_answer(ok, message)});
+            t_.control->answer({c.id, ok, reload_answer(ok, message, reload_applied_, reload_restart_)});
             break;
         }
     }
@@ -497,14 +506,25 @@ void ServiceLoop::report_source_states() {
         const std::uint8_t absent = monitor::source_absent(matchers, i) ? 1 : 0;
         if (absent == source_absent_[i]) continue;
         source_absent_[i] = absent;
-        (absent ? control_.source_went_absent : control_.source_came_back)[i].fetch_add(1, std::memory_order_relaxed);
-        if (absent)
+        std::uint64_t last_seen_ns = 0;
+        for (const auto* m : matchers)
+            if (i < m->sources) last_seen_ns = std::max(last_seen_ns, m->source_last_seen_ns[i].get());
+        const std::uint32_t id = started_->sources[i];
+        if (absent) {
+            absent_last_seen_ns_[i] = last_seen_ns;
+            control_.source_went_absent[i].fetch_add(1, std::memory_order_relaxed);
             log_warn("source {} is absent: nothing from it while the others went on; events no longer wait for it "
                      "(written INCOMPLETE, its section MISSING) until it sends again",
-                     started_->sources[i]);
-        else
-            log_info("source {} is present again: events wait for it from the first one its data reached",
-                     started_->sources[i]);
+                     id);
+        } else if (last_seen_ns != absent_last_seen_ns_[i]) {
+            control_.source_came_back[i].fetch_add(1, std::memory_order_relaxed);
+            log_info("source {} is present again: events wait for it from the first one its data reached", id);
+        } else if (std::binary_search(running_->config->sources.begin(), running_->config->sources.end(), id)) {
+            // Not back: a new run has every source waited for again (a removal says so itself).
+            log_info("source {} has sent nothing since it was found absent; run {} waits for it again until it is "
+                     "found absent again",
+                     id, run_);
+        }
     }
 }
 

@@ -185,6 +185,12 @@ private:
     std::uint64_t reported_rules_ = 0;  // rules_posted_ when the pins were last reported
     std::uint64_t next_source_check_ns_ = 0;
     std::vector<std::uint8_t> source_absent_;  // over all shards, as last logged
+    // Per source: the time of its last chunk (any shard) when it was found absent;
+    // a source whose absence ends with no chunk since did not come back (a new run
+    // or its removal cleared the mark).
+    std::vector<std::uint64_t> absent_last_seen_ns_;
+    // The last reload's keys: changed and applied live, changed and waiting for a restart.
+    std::vector<std::string> reload_applied_, reload_restart_;
     std::uint64_t next_rate_sample_ns_ = 0;
     struct {
         bool decided = false, on_terminal = false;

@@ -705,6 +705,17 @@ std::vector<std::string> restart_keys_changed(const Config& a, const Config& b) 
     return out;
 }
 
+std::vector<std::string> live_keys_changed(const Config& a, const Config& b) {
+    std::vector<std::string> out;
+    for (const auto& k : schema()) {
+        if (!k.live) continue;
+        const json* x = lookup(const_cast<json&>(a.effective), k.path, false);
+        const json* y = lookup(const_cast<json&>(b.effective), k.path, false);
+        if (x && y && *x != *y) out.emplace_back(k.path);
+    }
+    return out;
+}
+
 std::shared_ptr<const Config> merge_live(const Config& running, const Config& loaded) {
     json doc = loaded.effective;
     for (const auto& k : schema()) {

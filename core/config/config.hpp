@@ -152,6 +152,9 @@ std::shared_ptr<const Config> default_config(const std::vector<std::string>& ove
 
 // Keys whose change needs a restart, among those that differ between a and b.
 std::vector<std::string> restart_keys_changed(const Config& a, const Config& b);
+// Live keys whose value differs between a and b (a reload's: the running
+// configuration and the one it applies, merge_live's).
+std::vector<std::string> live_keys_changed(const Config& a, const Config& b);
 // What a reload runs on: `loaded`'s live keys, `running`'s value for every key that
 // needs a restart.
 std::shared_ptr<const Config> merge_live(const Config& running, const Config& loaded);

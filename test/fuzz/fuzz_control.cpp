@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     // A reload's message can hold a configuration file's bytes: its answer echoes them.
     for (const bool ok : {false, true}) {
-        const nlohmann::json j = one_line(evb::reload_answer(ok, line));
+        const nlohmann::json j = one_line(evb::reload_answer(ok, line, {std::string(line)}, {std::string(line)}));
         if (j["ok"] != ok || (!ok && j.value("error", std::string()) != j.value("reload", std::string("?"))))
             __builtin_trap();
     }

@@ -1,7 +1,8 @@
-"""What evb-ctl's answers say (issue 40 items 6, 7). A reload of an invalid file is
+"""What evb-ctl's answers say (issue 40 items 6, 7, 8). A reload of an invalid file is
 refused with its reason (file:line:column, the key), not "(no reason given)". A stop
 right after a run change by reload counts the new run's payload only: the previous
-run's events still being written at the change are that run's."""
+run's events still being written at the change are that run's. A reload names the
+keys it applied and those that wait for a restart."""
 import json
 import os
 import subprocess
@@ -23,9 +24,9 @@ def main():
 
     # Source 3 never sends: every event of run 1 waits (timeout_ms 60 s) until the run
     # change flushes them, INCOMPLETE, to the writer, just as run 2 begins.
-    def write_config(run, extra=""):
+    def write_config(run, extra="", timeout_ms=60000):
         text = json.dumps({"sources": 4, "run_number": run,
-                           "building": {"timeout_ms": 60000, "source_timeout_ms": 3_600_000,
+                           "building": {"timeout_ms": timeout_ms, "source_timeout_ms": 3_600_000,
                                         "source_timeout_events": 1 << 20},
                            "control": {"socket": sock}})
         with open(cfg + ".tmp", "w") as f:
@@ -61,6 +62,18 @@ def main():
     check(stop.get("events_written") == 0 and stop.get("payload_bytes") == 0 and stop.get("record_bytes") == 0,
           f"run 2's stop counts none of run 1's events, bytes or records (events_written {stop.get('events_written')}, "
           f"payload_bytes {stop.get('payload_bytes')}, record_bytes {stop.get('record_bytes')})")
+
+    # Item 8: a reload names what it applied live and what waits for a restart
+    # (compression with version-1 files).
+    write_config(2, ', "output": {"compression": "lz4"}', timeout_ms=30000)
+    rc, out, err = ctl(sock, "--json", "reload")
+    j = json.loads(out) if out.strip() else {}
+    check(rc == 0 and j.get("applied") == ["building.timeout_ms"] and
+          any(k.startswith("output.compression") for k in j.get("restart_needed", [])),
+          f"reload: building.timeout_ms applied, output.compression waits for a restart ({j})")
+    rc, out, err = ctl(sock, "reload")
+    check(rc == 0 and "restart" in out and "output.compression" in out and out.strip() != "reloaded: ok (evb-ctl)",
+          f"evb-ctl reload prints what waits for a restart ({out.strip()!r})")
     check(d.stop() == 0, "evbd exits 0 at SIGTERM")
 
 
