@@ -27,6 +27,7 @@
 #include "allocators/buffer_pool.hpp"
 #include "core/config/snapshot.hpp"
 #include "core/util/clock.hpp"
+#include "core/util/control_socket.hpp"
 #include "core/util/log.hpp"
 #include "core/util/notify.hpp"
 #include "monitor/exporter.hpp"
@@ -290,9 +291,21 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     std::unique_ptr<ControlServer> control_server;
     std::unique_ptr<AgentRunner> control_thread;
     if (!cfg->control.socket.empty()) {
-        control_server = std::make_unique<ControlServer>(cfg->control.socket, control_mailbox, msrc, control);
-        control_thread = std::make_unique<AgentRunner>("evb-control", *control_server);
-        log_info("run control on {} (evb-ctl --socket {})", cfg->control.socket, cfg->control.socket);
+        // "auto": the path evb-ctl tries first; taken or unusable, evbd runs without
+        // run control (a second evbd started by hand), where a path set is a must.
+        const bool automatic = cfg->control.socket == "auto";
+        const std::string path = automatic ? default_control_socket() : cfg->control.socket;
+        try {
+            if (automatic)
+                if (const std::string why = prepare_control_socket_directory(path); !why.empty())
+                    throw std::runtime_error("control.socket: " + why);
+            control_server = std::make_unique<ControlServer>(path, control_mailbox, msrc, control);
+            control_thread = std::make_unique<AgentRunner>("evb-control", *control_server);
+            log_info("run control on {} (evb-ctl{})", path, path == default_control_socket() ? " finds it by default" : " --socket " + path);
+        } catch (const std::runtime_error& e) {
+            if (!automatic) throw;
+            log_warn("{}: no run control (set control.socket to choose a path)", e.what());
+        }
     }
 
     // Start: consumers before producers.

@@ -3,6 +3,7 @@
 // the exit status says whether it was done (docs/OPERATIONS.md, "Run control").
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/util/control_socket.hpp"
 #include "core/util/version.hpp"
 #include "core/util/json_text.hpp"
 
@@ -27,7 +29,14 @@ constexpr int kUsage = 2;        // evb-ctl was called wrongly
 constexpr int kUnreachable = 3;  // no evbd answers on the socket
 constexpr int kTimeout = 4;      // no answer within --timeout
 
-constexpr const char* kDefaultSocket = "/run/evbd/evbd.sock";
+// With no --socket: evbd's default (control.socket "auto") for this user, else the
+// package's, whichever is there (core/util/control_socket.hpp).
+std::string default_socket() {
+    const std::string mine = evb::default_control_socket();
+    struct stat st {};
+    if (::stat(mine.c_str(), &st) != 0 && ::stat(evb::kPackagedControlSocket, &st) == 0) return evb::kPackagedControlSocket;
+    return mine;
+}
 
 void usage(std::FILE* to) {
     std::fprintf(to,
@@ -38,11 +47,11 @@ void usage(std::FILE* to) {
                  "  stop              end the run: events in flight finish, the file closes; waits\n"
                  "  reload            reload the configuration file (as SIGHUP)\n"
                  "options:\n"
-                 "  --socket PATH     evbd's control.socket (default %s)\n"
+                 "  --socket PATH     evbd's control.socket (default %s, else %s)\n"
                  "  --json            print evbd's answer as JSON\n"
                  "  --timeout S       give up waiting after S seconds (default 300)\n"
                  "exit status: 0 done, 1 refused or not finished, 2 usage, 3 evbd unreachable, 4 timeout\n",
-                 kDefaultSocket);
+                 evb::default_control_socket().c_str(), evb::kPackagedControlSocket);
 }
 
 std::string human(const std::string& command, const nlohmann::json& j) {
@@ -70,7 +79,8 @@ std::string human(const std::string& command, const nlohmann::json& j) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string socket_path = kDefaultSocket;
+    std::string socket_path;
+    bool socket_given = false;
     bool json = false;
     double timeout_s = 300;
     std::vector<std::string> words;
@@ -85,6 +95,7 @@ int main(int argc, char** argv) {
         };
         if (a == "--socket") {
             socket_path = value("--socket");
+            socket_given = true;
         } else if (a == "--json") {
             json = true;
         } else if (a == "--timeout") {
@@ -114,6 +125,7 @@ int main(int argc, char** argv) {
     }
     std::string line;
     for (const auto& w : words) line += (line.empty() ? "" : " ") + w;
+    if (!socket_given) socket_path = default_socket();
 
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
