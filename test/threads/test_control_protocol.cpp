@@ -1,0 +1,43 @@
+// The control protocol's parsing and answers (threads/control_protocol.hpp); the
+// fuzz target fuzz_control drives the same functions with any bytes.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/util/json_text.hpp"
+#include "threads/control_protocol.hpp"
+
+using evb::ParsedControlLine;
+
+TEST_CASE("control lines parse to the documented commands") {
+    CHECK(evb::parse_control_line("status").kind == ParsedControlLine::Kind::status);
+    CHECK(evb::parse_control_line("status\r").kind == ParsedControlLine::Kind::status);
+    const auto start = evb::parse_control_line("start --run 42");
+    REQUIRE(start.kind == ParsedControlLine::Kind::command);
+    CHECK(start.command.op == evb::ControlCommand::Op::start);
+    CHECK(start.command.has_run);
+    CHECK(start.command.run == 42);
+    CHECK(evb::parse_control_line("stop").command.op == evb::ControlCommand::Op::stop);
+    CHECK(evb::parse_control_line("reload").command.op == evb::ControlCommand::Op::reload);
+    for (const char* bad : {"", "start --run", "start --run -1", "start --run 1000000", "start --run +5", "jump", "stop now"})
+        CHECK(evb::parse_control_line(bad).kind == ParsedControlLine::Kind::refused);
+}
+
+TEST_CASE("answers echoing bytes that are not UTF-8 are UTF-8 JSON on one line") {
+    const auto p = evb::parse_control_line("\xff");
+    REQUIRE(p.kind == ParsedControlLine::Kind::refused);
+    CHECK(p.refusal.find('\n') == std::string::npos);
+    const auto j = nlohmann::json::parse(p.refusal);  // throws on bytes that are not UTF-8
+    CHECK(j["ok"] == false);
+    CHECK(j["error"].get<std::string>().find("unknown command '\xef\xbf\xbd'") != std::string::npos);
+    const auto r = nlohmann::json::parse(evb::reload_answer(false, "evbd.json:1:9: caf\xe9"));
+    CHECK(r["error"] == "evbd.json:1:9: caf\xef\xbf\xbd");
+    CHECK(evb::json_text(nlohmann::json("\xc3")) == "\"\xef\xbf\xbd\"");
+}
+
+TEST_CASE("a reload's answer lists the keys applied and those waiting for a restart") {
+    const auto j = nlohmann::json::parse(evb::reload_answer(true, "ok", {"building.timeout_ms"}, {"input.readers"}));
+    CHECK(j["ok"] == true);
+    CHECK(!j.contains("error"));
+    CHECK(j["applied"] == nlohmann::json::array({"building.timeout_ms"}));
+    CHECK(j["restart_needed"] == nlohmann::json::array({"input.readers"}));
+}
