@@ -1,6 +1,7 @@
 """docs/OPERATIONS.md section 4's table of the keys a reload applies live names exactly
-the keys `evbd --config-reference` marks "live (reload)" (issue 40 item 8): the two
-cannot drift apart unnoticed."""
+the keys `evbd --config-reference` marks "live (reload)" (issue 40 item 8), and
+docs/CONFIG.md holds the reference's table as evbd prints it: neither can drift
+from the schema unnoticed."""
 import os
 import re
 import subprocess
@@ -26,6 +27,11 @@ def main():
     check(docs_live == schema_live,
           f"OPERATIONS.md's live keys are the schema's (only in the docs: {sorted(docs_live - schema_live)}; "
           f"only in the schema: {sorted(schema_live - docs_live)})")
+
+    with open(os.path.join(REPO, "docs", "CONFIG.md")) as f:
+        config_md = f.read().splitlines()
+    stale = [line.split("|")[1].strip() for line in ref.splitlines() if line.startswith("| `") and line not in config_md]
+    check(not stale, f"docs/CONFIG.md's table is `evbd --config-reference`'s (rows that differ: {stale})")
 
 
 if __name__ == "__main__":
