@@ -111,6 +111,11 @@ int report_stop(const Pipeline& pipeline, const std::vector<const stats::ReaderC
     // Write errors the writer recovered from lost nothing; built events that could
     // never be written make the exit status say so.
     if (w.events_lost_write_error.get() > 0) exit_code = 1;
+    if (w.files_removed.get() > 0) {
+        log_error("{} output file(s) were removed while evbd was writing them: {} events written to them are lost",
+                  w.files_removed.get(), w.events_lost_file_removed.get());
+        exit_code = 1;
+    }
     return exit_code;
 }
 

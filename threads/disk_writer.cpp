@@ -26,6 +26,8 @@ constexpr std::size_t kMaxEventsPerWork = 1024;
 // writer, out of events, writes the partial stage out (see do_work).
 constexpr std::uint64_t kPushAfterNs = 20'000'000;
 constexpr std::uint64_t kSettlePollNs = 500'000;
+// How often the writer makes sure its open file is still in the file system.
+constexpr std::uint64_t kLinkCheckNs = 100'000'000;
 // MIDAS output: room for the heads and bank headers of a batch (an event of 8
 // sections takes 240 bytes); a batch that fills it is flushed early.
 constexpr std::size_t kMidasArenaBytes = 1u << 20;
@@ -144,10 +146,42 @@ std::string DiskWriter::current_file() const {
     return current_name_;
 }
 
+bool DiskWriter::check_linked(bool now) {
+    if (!file_.is_open()) return false;
+    const std::uint64_t t = realtime_ns();
+    if (!now && t < next_link_check_ns_) return false;
+    next_link_check_ns_ = t + kLinkCheckNs;
+    if (file_.linked()) return false;
+    // Called with no batch open: every record of the file was appended. Those the
+    // kernel had were counted written; they are gone from disk all the same.
+    const std::string path = file_.part_path();
+    const std::uint64_t records = file_.event_count();
+    const std::uint64_t unsettled = unsettled_.size() - unsettled_head_;
+    const std::uint64_t settled = records > unsettled ? records - unsettled : 0;
+    settle_or_lose(0);  // not yet with the kernel: counted lost as at any file given up
+    counters_.files_removed.add();
+    counters_.events_lost_file_removed.add(settled);
+    run_records_ -= std::min(run_records_, settled);
+    run_incomplete_ -= std::min(run_incomplete_, file_status_.incomplete);
+    file_first_serial_ += static_cast<std::uint32_t>(records);  // MIDAS serial numbers skip them
+    file_.forget();
+    file_status_ = {};
+    publish_run_counts();
+    {
+        std::lock_guard lock(name_mutex_);
+        current_name_.clear();
+    }
+    log_error("{} was removed (unlinked, or its directory removed) while evbd was writing it: its {} events are lost "
+              "({} of them already counted written); writing goes on in a new file",
+              path, records, settled);
+    return true;
+}
+
 void DiskWriter::close_file() {
     if (!file_.is_open()) return;
     flush_batch();
     if (!file_.is_open()) return;  // the flush failed and blocked output
+    if (check_linked(true)) return;  // gone: nothing to close, nothing kept
     {
         std::lock_guard lock(name_mutex_);
         current_name_.clear();
@@ -605,6 +639,7 @@ std::size_t DiskWriter::do_work() {
         // Release: every read of *next happens before the poster may free it.
         commands_applied_.fetch_add(1, std::memory_order_release);
     }
+    (void)check_linked();  // no batch is open between passes
     if (blocked_ && !try_resume()) {
         counters_.queue_depth.set(pending() + held_for_retry_.size());
         return 0;  // hold everything while the disk refuses data

@@ -157,6 +157,10 @@ struct alignas(kFalseSharingBytes) WriterCounters {
     Counter files_closed;
     Counter write_errors;
     Counter events_lost_write_error;
+    // Output files found gone while open (unlinked, or their directory removed), and
+    // the events they held: counted written before, not on disk.
+    Counter files_removed;
+    Counter events_lost_file_removed;
     Counter output_blocked;  // gauge: 1 while a write error holds the output
     Counter queue_depth;  // gauge: events handed to the writer, not yet written
     Counter writes;       // pwritev calls
