@@ -209,6 +209,9 @@ std::vector<FamilyOut> collect(const Sources& s) {
     }
     out.push_back(scalar("evb_kernel_receive_drops_total", "Datagrams the kernel dropped because a socket buffer was full (SO_RXQ_OVFL).",
                          T::counter, sum(R, [](auto& b) { return b.kernel_drops.get(); })));
+    out.push_back(scalar("evb_datagrams_unread_at_stop_total",
+                         "Datagrams still queued in the input sockets when intake stopped: counted, never built.",
+                         T::counter, sum(R, [](auto& b) { return b.unread_at_stop.get(); })));
     out.push_back(scalar("evb_receive_batches_total",
                          "recvmmsg calls that returned datagrams; datagrams received over this is the mean batch.",
                          T::counter, sum(R, [](auto& b) { return b.receive_batches.get(); })));

@@ -72,6 +72,10 @@ struct alignas(kFalseSharingBytes) ReaderCounters {
     Counter kernel_drops;      // SO_RXQ_OVFL, cumulative per socket
     Counter buffer_waits;      // times the reader found no free receive slot
     Counter receive_errors;
+    // Datagrams (and their bytes) still queued in the socket when intake stopped:
+    // read at the stop only to be counted, never built.
+    Counter unread_at_stop;
+    Counter unread_bytes_at_stop;
     // Described frames (input.frames, docs/FORMATS.md section 8): datagrams no
     // description took (reason unknown_frame), and per description those decoded
     // and those it refused, by frames::FrameReject. Descriptions past the
