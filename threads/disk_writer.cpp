@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/format/wire.hpp"
+#include "core/io/empty_run.hpp"
 #include "core/util/clock.hpp"
 #include "core/util/log.hpp"
 #include "monitor/sampler.hpp"
@@ -228,15 +229,11 @@ int DiskWriter::close_output(bool sync) {
     // Once per file: the end-of-run event with the file's and the run's counts.
     file::StatusCounts run_status = run_status_;
     run_status += file_status_;
-    nlohmann::ordered_json counts;
-    counts["file"] = {{"sequence", file_seq_},
-                      {"events", file_.event_count()},
-                      {"status", file::to_json(file_status_)},
-                      {"bytes", lz4_file_ ? lz4_content_bytes_ : file_.size()}};  // as MIDAS readers see it
-    if (lz4_file_) counts["file"]["stored_bytes"] = file_.size();  // `.mid.lz4`: the frame so far
-    counts["run"] = {{"run_number", file_run_},
-                     {"events", run_events_ + file_.event_count()},
-                     {"status", file::to_json(run_status)}};
+    // bytes: as MIDAS readers see them; a `.mid.lz4`'s stored bytes: the frame so far.
+    const nlohmann::ordered_json counts = file::midas_end_counts(
+        file_seq_, file_.event_count(), file_status_, lz4_file_ ? lz4_content_bytes_ : file_.size(),
+        lz4_file_ ? std::optional<std::uint64_t>(file_.size()) : std::nullopt, file_run_,
+        run_events_ + file_.event_count(), run_status);
     const auto eor = midas::encode_run_marker(midas::kEventIdEor, file_run_,
                                               static_cast<std::uint32_t>(realtime_ns() / 1'000'000'000ull),
                                               counts.dump());
