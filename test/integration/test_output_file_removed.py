@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 
-from evbtest import Evbd, check, data_files, events_in, run_source, workdir
+from evbtest import Evbd, check, data_files, events_in, midas_files, run_source, workdir
 
 
 def send(d, first, n):
@@ -18,13 +18,15 @@ def send(d, first, n):
 
 def main():
     wd = workdir()
-    for direct in ("false", "true"):
-        out = os.path.join(wd, f"data-{direct}")
+    for direct, fmt in (("false", "evb"), ("true", "evb"), ("false", "midas")):
+        out = os.path.join(wd, f"data-{direct}-{fmt}")
         d = Evbd(wd, sets=["sources=4", "building.timeout_ms=2000", f"output.directory={out}",
-                           "output.max_file_bytes=100000000", f"output.direct_io={direct}"])
+                           "output.max_file_bytes=100000000", f"output.direct_io={direct}", f"output.format={fmt}"])
+        direct = f"{direct}, {fmt}"  # in the messages
         send(d, 0, 300)
         d.wait_settled(timeout=30)
-        parts = [n for n in data_files(out) if n.endswith(".part")]
+        names = midas_files(out) if fmt == "midas" else data_files(out)
+        parts = [n for n in names if n.endswith(".part")]
         check(len(parts) == 1, f"direct_io={direct}: one .part open ({parts})")
         os.remove(os.path.join(out, parts[0]))
         d.wait_metric("evb_output_files_removed_total", lambda v: v == 1, timeout=10)
