@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -143,7 +144,8 @@ Unread drain_unread(int fd, std::uint64_t max) noexcept {
             msgs[i].msg_hdr.msg_iov = &iov[i];
             msgs[i].msg_hdr.msg_iovlen = 1;
         }
-        const int n = ::recvmmsg(fd, msgs.data(), kBatch, MSG_DONTWAIT | MSG_TRUNC, nullptr);
+        const auto want = static_cast<unsigned>(std::min<std::uint64_t>(kBatch, max - u.datagrams));
+        const int n = ::recvmmsg(fd, msgs.data(), want, MSG_DONTWAIT | MSG_TRUNC, nullptr);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
         for (int i = 0; i < n; ++i) u.bytes += msgs[static_cast<std::size_t>(i)].msg_len;
