@@ -1,9 +1,10 @@
 """evbfile decodes one compressed record at a time (issue 41 item 5, the Python
 reader): a small crafted .evb of three zstd records that each decode to AREA bytes is
-read in a child process whose address space is limited (RLIMIT_AS) to what it uses
-after opening the file plus 1.6 areas. Iterating the records and touching every
+read, with a copy of it as the run's next file, as a directory in a child process
+whose address space is limited (RLIMIT_AS) to what it uses after opening the files
+plus 1.6 areas. Iterating the records and touching every
 section (as `for rec in f: rec.sections[0].payload`) must pass under that limit: each
-record's decoded area is released before the next is decoded. Before the fix the
+record's decoded area is released before the next is decoded, across files too. Before the fix the
 reader held two at once (the generator's and the loop's record) and the child died
 of MemoryError. A record still held is decoded again when its sections are asked for
 after the walk moved on, so `list(f)` still gives usable records."""
@@ -40,7 +41,7 @@ seen = []
 for rec in f:
     s = rec.sections[0]
     seen.append((rec.event_id, s.length, int(s.payload[-1])))
-print(seen, [p.message for p in f.problems if "no footer" not in p.message], flush=True)
+print(seen, [p.message for _, p in f.problems if "no footer" not in p.message], flush=True)
 """
 
 
@@ -69,14 +70,16 @@ def main():
         path = os.path.join(wd, "run000007_001_00000.evb.part")
         with open(path, "wb") as f:
             f.write(data)
+        # A second file of the run: the directory's walk releases at the file boundary too.
+        shutil.copyfile(path, os.path.join(wd, "run000007_001_00001.evb.part"))
         check(len(data) < 1 << 20, f"the file is {len(data)} bytes; its 3 records decode to {3 * AREA >> 20} MiB")
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-        p = subprocess.run([sys.executable, "-c", CHILD, path, PACKAGE, str(1.6 * AREA)], capture_output=True,
+        p = subprocess.run([sys.executable, "-c", CHILD, wd, PACKAGE, str(1.6 * AREA)], capture_output=True,
                            text=True, timeout=120, env=env)
         out = (p.stdout + p.stderr).strip()
-        want = f"[(0, {payload_len}, 0), (1, {payload_len}, 0), (2, {payload_len}, 0)] []"
+        want = str([(e, payload_len, 0) for e in (0, 1, 2) * 2]) + " []"
         check(p.returncode == 0 and out == want,
-              f"evbfile reads the 3 records within 1.6 decoded areas of address space (exit {p.returncode}): "
+              f"evbfile reads the 2 files' 3 records each within 1.6 decoded areas of address space (exit {p.returncode}): "
               f"{out[-600:]}")
         # Records kept past the walk are still whole (decoded again on demand).
         f = evbfile.open(path)

@@ -50,7 +50,11 @@ class EvbDirectory:
 
     def __iter__(self):
         for f in self.files:
-            yield from f
+            last = None
+            for last in f:
+                yield last
+            if last is not None:
+                last._release()  # one decoded area at a time across files too
 
     @property
     def problems(self):
