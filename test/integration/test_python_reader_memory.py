@@ -5,8 +5,8 @@ whose address space is limited (RLIMIT_AS) to what it uses after opening the fil
 plus 1.6 areas. Iterating the records and touching every
 section (as `for rec in f: rec.sections[0].payload`) must pass under that limit: each
 record's decoded area is released before the next is decoded, across files too. Before the fix the
-reader held two at once (the generator's and the loop's record) and the child died
-of MemoryError. A record still held is decoded again when its sections are asked for
+reader held two at once (the generator's and the loop's record) and took the
+MemoryError at the second record for damage ("zstd data does not decompress: "). A record still held is decoded again when its sections are asked for
 after the walk moved on, so `list(f)` still gives usable records."""
 import os
 import shutil
