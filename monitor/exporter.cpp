@@ -213,6 +213,9 @@ std::vector<FamilyOut> collect(const Sources& s) {
     }
     out.push_back(scalar("evb_kernel_receive_drops_total", "Datagrams the kernel dropped because a socket buffer was full (SO_RXQ_OVFL).",
                          T::counter, sum(R, [](auto& b) { return b.kernel_drops.get(); })));
+    out.push_back(scalar("evb_datagrams_unread_at_stop_total",
+                         "Datagrams still queued in the input sockets when intake stopped: counted, never built.",
+                         T::counter, sum(R, [](auto& b) { return b.unread_at_stop.get(); })));
     out.push_back(scalar("evb_receive_batches_total",
                          "recvmmsg calls that returned datagrams; datagrams received over this is the mean batch.",
                          T::counter, sum(R, [](auto& b) { return b.receive_batches.get(); })));
@@ -263,6 +266,8 @@ std::vector<FamilyOut> collect(const Sources& s) {
         out.push_back(scalar("evb_files_closed_total", "Output files closed cleanly (index and footer written).", T::counter, static_cast<double>(w->files_closed.get())));
         out.push_back(scalar("evb_write_errors_total", "Failed opens, writes or closes of output files.", T::counter, static_cast<double>(w->write_errors.get())));
         out.push_back(scalar("evb_events_lost_write_error_total", "Built events that could not be written.", T::counter, static_cast<double>(w->events_lost_write_error.get())));
+        out.push_back(scalar("evb_output_files_removed_total", "Output files found removed from the file system while open (unlinked, or their directory removed); a new file is opened.", T::counter, static_cast<double>(w->files_removed.get())));
+        out.push_back(scalar("evb_events_lost_file_removed_total", "Events in output files removed while open: counted in evb_events_written_total, gone from disk.", T::counter, static_cast<double>(w->events_lost_file_removed.get())));
         out.push_back(scalar("evb_output_blocked", "1 while a write error holds the output (events are held and retried).",
                              T::gauge, static_cast<double>(w->output_blocked.get())));
         out.push_back(scalar("evb_writer_queue_depth", "Events handed to the disk writer and not yet written.", T::gauge, static_cast<double>(w->queue_depth.get())));

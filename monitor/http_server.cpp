@@ -22,6 +22,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kRequestTimeout = std::chrono::milliseconds(HttpServer::kRequestTimeoutMs);
+constexpr auto kStreamStall = std::chrono::milliseconds(HttpServer::kStreamStallMs);
 // When accept fails for want of descriptors or memory the listening sockets stay
 // readable: they are left out of poll this long instead of spinning on them.
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
@@ -128,6 +129,13 @@ struct HttpServer::Connection {
     std::size_t sent = 0;
     std::shared_ptr<ResponseStream> stream;  // a body still coming
     bool stream_idle = false;                // more() had nothing last time
+    Clock::time_point progress{};            // the last time send() took a byte (a stream's stall rule)
+
+    // A stream with bytes the client has not taken for kStreamStall: a client that
+    // reads nothing would otherwise hold its sampling slot for ever.
+    bool stalled(Clock::time_point now) const {
+        return stream != nullptr && sent < out.size() && now - progress >= kStreamStall;
+    }
 };
 
 HttpServer::HttpServer(const std::string& listen, Handler handler) : handler_(std::move(handler)) {
@@ -203,6 +211,7 @@ void HttpServer::run() {
                     return errno == EAGAIN || errno == EWOULDBLOCK;
                 }
                 c.sent += static_cast<std::size_t>(w);
+                c.progress = Clock::now();
             }
             if (c.stream == nullptr) break;
             // A streamed body: a client that left ends it (its socket reads as closed).
@@ -247,13 +256,18 @@ void HttpServer::run() {
                 ::close(victim->fd);
                 conns.erase(victim);
             }
-            conns.push_back({fd, Clock::now(), Connection::State::reading, {}, {}, 0, nullptr, false});
+            const auto t = Clock::now();
+            conns.push_back({fd, t, Connection::State::reading, {}, {}, 0, nullptr, false, t});
         }
     };
 
     for (;;) {
         const auto now = Clock::now();
         std::erase_if(conns, [&](const Connection& c) {
+            if (c.stalled(now)) {
+                ::close(c.fd);
+                return true;
+            }
             if (now - c.accepted < kRequestTimeout || c.stream != nullptr) return false;
             ::close(c.fd);
             return true;
@@ -278,6 +292,7 @@ void HttpServer::run() {
             idle_stream = idle_stream || waiting;
             fds.push_back({c.fd, static_cast<short>(c.state == Connection::State::writing && !waiting ? POLLOUT : POLLIN), 0});
             if (c.stream == nullptr) wake_at = std::min(wake_at, c.accepted + kRequestTimeout);
+            else if (c.sent < c.out.size()) wake_at = std::min(wake_at, c.progress + kStreamStall);
         }
         if (idle_stream) wake_at = std::min(wake_at, now + std::chrono::milliseconds(kStreamPollMs));
         int timeout_ms = -1;

@@ -2,7 +2,8 @@
 // polls the listening sockets and every connection, so no client, idle or slow,
 // holds anything another one needs. Each connection carries one request
 // (`Connection: close`) and has kRequestTimeoutMs from accept to its answer sent
-// (a streamed answer, GET /sample, runs until it ends or the client leaves);
+// (a streamed answer, GET /sample, runs until it ends, the client leaves, or the
+// client takes no byte for kStreamStallMs);
 // at most kMaxConnections are open, and a new one displaces the oldest still waiting
 // for its request. GET and HEAD only. IPv4 and IPv6.
 //
@@ -62,6 +63,9 @@ public:
     static constexpr int kRequestTimeoutMs = 5000;
     static constexpr std::size_t kMaxRequestBytes = 16384;  // request line and headers
     static constexpr int kStreamPollMs = 20;
+    // A streamed answer (GET /sample) whose client takes no byte for this long, while
+    // there are bytes to send, is closed: its sampling slot goes to the next client.
+    static constexpr int kStreamStallMs = 5000;
 
 private:
     struct Connection;

@@ -6,6 +6,8 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
@@ -126,6 +128,30 @@ std::uint32_t kernel_drops(int fd) noexcept {
     if (::getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mem, &len) != 0 || len <= SK_MEMINFO_DROPS * sizeof mem[0])
         return 0;
     return mem[SK_MEMINFO_DROPS];
+}
+
+Unread drain_unread(int fd, std::uint64_t max) noexcept {
+    // MSG_TRUNC: each datagram's whole length is returned while one byte is copied.
+    constexpr std::size_t kBatch = 64;
+    std::array<char, kBatch> sink{};
+    std::array<iovec, kBatch> iov{};
+    std::array<mmsghdr, kBatch> msgs{};
+    Unread u;
+    while (u.datagrams < max) {
+        for (std::size_t i = 0; i < kBatch; ++i) {
+            iov[i] = {&sink[i], 1};
+            msgs[i] = {};
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        const auto want = static_cast<unsigned>(std::min<std::uint64_t>(kBatch, max - u.datagrams));
+        const int n = ::recvmmsg(fd, msgs.data(), want, MSG_DONTWAIT | MSG_TRUNC, nullptr);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        for (int i = 0; i < n; ++i) u.bytes += msgs[static_cast<std::size_t>(i)].msg_len;
+        u.datagrams += static_cast<std::uint64_t>(n);
+    }
+    return u;
 }
 
 RecvBatch::RecvBatch(std::size_t n) : msgs_(n), iovs_(n), names_(n) {

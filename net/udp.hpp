@@ -49,6 +49,15 @@ BoundSocket bind_udp(const Endpoint& at, const SocketOptions& opts);
 // it now and then rather than take an SO_RXQ_OVFL control message with every
 // datagram, which cost 14% of a reader's time in a jumbo profile.
 std::uint32_t kernel_drops(int fd) noexcept;
+// Datagrams still queued in a socket, read and thrown away (not built) to be
+// counted: at a stop, so that what never left the socket is reported. Stops at the
+// first empty read, or after `max` datagrams (a sender that goes on sending; a
+// 256 MiB buffer holds fewer than 400,000 datagrams, so the default reads it all).
+struct Unread {
+    std::uint64_t datagrams = 0;
+    std::uint64_t bytes = 0;
+};
+Unread drain_unread(int fd, std::uint64_t max = 1u << 20) noexcept;
 // The local port a bound socket has (0 if the kernel cannot tell).
 std::uint16_t local_port(int fd) noexcept;
 // An unbound UDP socket of the right family for sending to `to`.

@@ -25,7 +25,7 @@ packages=(
   chromium fonts-dejavu-core  # test_status_page renders the status page headless
   python3-numpy libisal2 python3-crc32c  # evbfile, the Python reader (packaging/python): numpy; ISA-L for its CRC-32C at 9 GB/s (ctypes), python3-crc32c where ISA-L is missing
   python3-lz4 python3-zstandard  # evbfile's v2 codecs, which test_python_reader_v2 exercises
-  python3-pip python3-setuptools  # test_python_install: pip install --no-build-isolation ./packaging/python
+  python3-pip python3-setuptools python3-wheel  # test_python_install: pip install --no-build-isolation ./packaging/python (bdist_wheel)
 )
 
 install_missing() {

@@ -101,6 +101,16 @@ int report_stop(const Pipeline& pipeline, const std::vector<const stats::ReaderC
                  compressed, incompressible, no_buffer, w.content_bytes.get(), w.records_bytes.get());
     const monitor::RefusalSummary refused = monitor::summarise_refusals(readers, matchers);
     log_info("datagrams rejected: {}", refused.text.empty() ? "none" : refused.text);
+    std::uint64_t unread = 0, unread_bytes = 0, kernel_drops = 0;
+    for (const auto* r : readers) {
+        unread += r->unread_at_stop.get();
+        unread_bytes += r->unread_bytes_at_stop.get();
+        kernel_drops += r->kernel_drops.get();
+    }
+    if (unread > 0)
+        log_warn("{} datagrams ({} bytes) were still queued in the input sockets at the stop: not read, not built "
+                 "(evb_datagrams_unread_at_stop_total); {} dropped by the kernel before that",
+                 unread, unread_bytes, kernel_drops);
     int exit_code = 0;
     // Every built event is written or counted lost; anything else is a defect that
     // must not pass silently.
@@ -112,6 +122,11 @@ int report_stop(const Pipeline& pipeline, const std::vector<const stats::ReaderC
     // Write errors the writer recovered from lost nothing; built events that could
     // never be written make the exit status say so.
     if (w.events_lost_write_error.get() > 0) exit_code = 1;
+    if (w.files_removed.get() > 0) {
+        log_error("{} output file(s) were removed while evbd was writing them: {} events written to them are lost",
+                  w.files_removed.get(), w.events_lost_file_removed.get());
+        exit_code = 1;
+    }
     return exit_code;
 }
 
@@ -333,6 +348,14 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     if (control_thread) control_thread->stop();  // an unanswered command's client sees the socket close
     if (sender_thread) sender_thread->stop();
     for (auto& t : input_threads) t->stop();
+    // What is still queued in the sockets never becomes an event: it is read only to
+    // be counted, and the stop line says how much.
+    for (std::size_t r = 0; r < sockets.size() && r < reader_counters.size(); ++r) {
+        reader_counters[r]->kernel_drops.set(net::kernel_drops(sockets[r].fd));  // up to date for the stop line
+        const net::Unread u = net::drain_unread(sockets[r].fd);
+        reader_counters[r]->unread_at_stop.add(u.datagrams);
+        reader_counters[r]->unread_bytes_at_stop.add(u.bytes);
+    }
     pipeline.flush(feeder && feeder->finished() ? feeder->last_capture_ns() : realtime_ns());
     pipeline.wait_idle();
     writer_thread.stop();

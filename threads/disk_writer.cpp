@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/format/wire.hpp"
+#include "core/io/empty_run.hpp"
 #include "core/util/clock.hpp"
 #include "core/util/log.hpp"
 #include "monitor/sampler.hpp"
@@ -27,6 +28,8 @@ constexpr std::size_t kMaxEventsPerWork = 1024;
 // writer, out of events, writes the partial stage out (see do_work).
 constexpr std::uint64_t kPushAfterNs = 20'000'000;
 constexpr std::uint64_t kSettlePollNs = 500'000;
+// How often the writer makes sure its open file is still in the file system.
+constexpr std::uint64_t kLinkCheckNs = 100'000'000;
 // MIDAS output: room for the heads and bank headers of a batch (an event of 8
 // sections takes 240 bytes); a batch that fills it is flushed early.
 constexpr std::size_t kMidasArenaBytes = 1u << 20;
@@ -145,10 +148,42 @@ std::string DiskWriter::current_file() const {
     return current_name_;
 }
 
+bool DiskWriter::check_linked(bool now) {
+    if (!file_.is_open()) return false;
+    const std::uint64_t t = realtime_ns();
+    if (!now && t < next_link_check_ns_) return false;
+    next_link_check_ns_ = t + kLinkCheckNs;
+    if (file_.linked()) return false;
+    // Called with no batch open: every record of the file was appended. Those the
+    // kernel had were counted written; they are gone from disk all the same.
+    const std::string path = file_.part_path();
+    const std::uint64_t records = file_.event_count();
+    const std::uint64_t unsettled = unsettled_.size() - unsettled_head_;
+    const std::uint64_t settled = records > unsettled ? records - unsettled : 0;
+    settle_or_lose(0);  // not yet with the kernel: counted lost as at any file given up
+    counters_.files_removed.add();
+    counters_.events_lost_file_removed.add(settled);
+    run_records_ -= std::min(run_records_, settled);
+    run_incomplete_ -= std::min(run_incomplete_, file_status_.incomplete);
+    file_first_serial_ += static_cast<std::uint32_t>(records);  // MIDAS serial numbers skip them
+    file_.forget();
+    file_status_ = {};
+    publish_run_counts();
+    {
+        std::lock_guard lock(name_mutex_);
+        current_name_.clear();
+    }
+    log_error("{} was removed (unlinked, or its directory removed) while evbd was writing it: its {} events are lost "
+              "({} of them already counted written); writing goes on in a new file",
+              path, records, settled);
+    return true;
+}
+
 void DiskWriter::close_file() {
     if (!file_.is_open()) return;
     flush_batch();
     if (!file_.is_open()) return;  // the flush failed and blocked output
+    if (check_linked(true)) return;  // gone: nothing to close, nothing kept
     {
         std::lock_guard lock(name_mutex_);
         current_name_.clear();
@@ -197,15 +232,11 @@ int DiskWriter::close_output(bool sync) {
     // Once per file: the end-of-run event with the file's and the run's counts.
     file::StatusCounts run_status = run_status_;
     run_status += file_status_;
-    nlohmann::ordered_json counts;
-    counts["file"] = {{"sequence", file_seq_},
-                      {"events", file_.event_count()},
-                      {"status", file::to_json(file_status_)},
-                      {"bytes", lz4_file_ ? lz4_content_bytes_ : file_.size()}};  // as MIDAS readers see it
-    if (lz4_file_) counts["file"]["stored_bytes"] = file_.size();  // `.mid.lz4`: the frame so far
-    counts["run"] = {{"run_number", file_run_},
-                     {"events", run_events_ + file_.event_count()},
-                     {"status", file::to_json(run_status)}};
+    // bytes: as MIDAS readers see them; a `.mid.lz4`'s stored bytes: the frame so far.
+    const nlohmann::ordered_json counts = file::midas_end_counts(
+        file_seq_, file_.event_count(), file_status_, lz4_file_ ? lz4_content_bytes_ : file_.size(),
+        lz4_file_ ? std::optional<std::uint64_t>(file_.size()) : std::nullopt, file_run_,
+        run_events_ + file_.event_count(), run_status);
     const auto eor = midas::encode_run_marker(midas::kEventIdEor, file_run_,
                                               static_cast<std::uint32_t>(realtime_ns() / 1'000'000'000ull),
                                               json_text(counts));
@@ -610,6 +641,7 @@ std::size_t DiskWriter::do_work() {
         // Release: every read of *next happens before the poster may free it.
         commands_applied_.fetch_add(1, std::memory_order_release);
     }
+    (void)check_linked();  // no batch is open between passes
     if (blocked_ && !try_resume()) {
         counters_.queue_depth.set(pending() + held_for_retry_.size());
         return 0;  // hold everything while the disk refuses data

@@ -69,6 +69,12 @@ private:
     bool open_file(std::uint32_t run_number, std::uint32_t set_generation, std::uint32_t expected_sources,
                    file::Codec codec);
     void close_file();
+    // An open file removed from the file system (unlinked, or its directory removed)
+    // is noticed at most kLinkCheckNs after (and at each close): its events are
+    // counted lost, it is let go, and the next event opens a new file. `now`: check
+    // whatever the time. Returns true when the file was gone.
+    bool check_linked(bool now = false);
+    std::uint64_t next_link_check_ns_ = 0;
     void flush_batch();
     // Returns the batch's slots and events to their owners; `lost`: they could not
     // be written (counted as lost, no written hook, so no CLEAR in pull mode).

@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <string>
 
+#include "core/io/empty_run.hpp"
+#include "core/io/output_file.hpp"
 #include "core/util/clock.hpp"
 #include "core/util/log.hpp"
 #include "core/util/notify.hpp"
@@ -36,6 +38,37 @@ int take_caught_signal() {
             return sig;
         }
     return 0;
+}
+
+// A run that ended with no event built, and no file of its own on disk, gets an
+// empty one, as MIDAS's logger leaves one: a `.evb` with header, empty index and
+// footer, or a MIDAS file with its begin- and end-of-run events.
+std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const Config& c, std::uint32_t run,
+                                                std::uint64_t started_unix_ms) {
+    if (file::next_file_sequence(w.directory, run, w.builder_id) != 0) return std::nullopt;  // it has files
+    file::EmptyRun e;
+    e.directory = w.directory;
+    e.header = {run, 0, w.builder_id, static_cast<std::uint32_t>(c.sources.size()), realtime_ns()};
+    e.header.version = w.format_version;
+    e.header.match_mode = w.match;
+    e.header.window_ticks = w.window_ticks;
+    e.header.codec = c.output.record_codec();
+    e.kind = w.format != OutputFormat::midas ? file::EmptyRun::Kind::evb
+             : w.midas_lz4                   ? file::EmptyRun::Kind::midas_lz4
+                                             : file::EmptyRun::Kind::midas;
+    e.config_json = w.config_json;
+    e.started_unix_s = static_cast<std::uint32_t>(started_unix_ms / 1000);
+    e.lz4_level = w.lz4_level;
+    e.sync = w.fsync != FsyncPolicy::never;
+    std::string err;
+    const std::string name = file::write_empty_run_file(e, err);
+    if (name.empty()) {
+        log_error("run {}: no event arrived, and the run's empty file could not be written: {}", run, err);
+        return std::nullopt;
+    }
+    log_info("run {}: no event arrived; {} holds the run's {}", run, name,
+             e.kind == file::EmptyRun::Kind::evb ? "header and footer" : "begin- and end-of-run events");
+    return file::SummaryFile{name, 0, 0, true, {}};
 }
 
 }  // namespace
@@ -703,6 +736,13 @@ void ServiceLoop::write_summary(const EndedRun& r) {
         files.push_back({name, f.events, 0, f.clean, f.status});
     }
     closed_files_.swap(others);
+    // No event built in the run (each would count a fragment or a missing section).
+    bool none_built = files.empty() && r.start.config != nullptr;
+    for (std::size_t i = 0; none_built && i < r.at_end.fragments.size() && i < r.start.at_start.fragments.size(); ++i)
+        none_built = r.at_end.fragments[i] == r.start.at_start.fragments[i] &&
+                     r.at_end.missing[i] == r.start.at_start.missing[i];
+    if (none_built)
+        if (auto f = empty_run_file(w, *r.start.config, r.start.run, r.start.started_unix_ms)) files.push_back(*f);
     file::fill_sizes(dir, files);
     last_written_ = {r.start.run, true, files.size(), 0, 0, {}};
     for (const auto& f : files) {

@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -524,6 +525,27 @@ void OutputFile::discard() {
     // Unlinked while still open (and locked), so no recovery run can take it up.
     if (fd_ >= 0) ::unlink(part_path_.c_str());
     abandon();
+}
+
+bool OutputFile::linked() const noexcept {
+    struct stat st {};
+    if (fd_ < 0) return true;
+    if (::fstat(fd_, &st) == 0 && st.st_nlink == 0) return false;
+    return !(dir_fd_ >= 0 && ::fstat(dir_fd_, &st) == 0 && st.st_nlink == 0);
+}
+
+void OutputFile::forget() {
+    if (fd_ >= 0) {
+        if (direct_) (void)reap(true);  // writes in flight still read the stages
+        in_flight_.fill(false);
+        direct_ = false;
+        (void)::ftruncate(fd_, 0);  // an unlinked file's blocks are freed at the last close anyway
+        ::close(fd_);
+    }
+    if (dir_fd_ >= 0) ::close(dir_fd_);
+    fd_ = dir_fd_ = -1;
+    index_.clear();
+    offset_ = 0;
 }
 
 std::uint32_t next_file_sequence(const std::string& directory, std::uint32_t run,

@@ -93,6 +93,13 @@ public:
     // Closes and removes the `.part` (a file that holds no record after a failed
     // write: a header and an empty index are no run file).
     void discard();
+    // False once the open file is no longer in the file system: unlinked (its link
+    // count is 0) or its directory removed. Every byte written to it is gone then.
+    // Two fstat calls: the writer asks every so often, not per record.
+    bool linked() const noexcept;
+    // Closes a file that is gone (linked() false): writes still in flight finish, its
+    // space is freed, and no name is renamed or removed (another file may have it).
+    void forget();
 
     // Room for this many index entries before the index grows; the capacity is kept
     // across files, so a long run stops allocating once its largest file is seen.

@@ -72,6 +72,10 @@ struct alignas(kFalseSharingBytes) ReaderCounters {
     Counter kernel_drops;      // SO_RXQ_OVFL, cumulative per socket
     Counter buffer_waits;      // times the reader found no free receive slot
     Counter receive_errors;
+    // Datagrams (and their bytes) still queued in the socket when intake stopped:
+    // read at the stop only to be counted, never built.
+    Counter unread_at_stop;
+    Counter unread_bytes_at_stop;
     // Described frames (input.frames, docs/FORMATS.md section 8): datagrams no
     // description took (reason unknown_frame), and per description those decoded
     // and those it refused, by frames::FrameReject. Descriptions past the
@@ -157,6 +161,10 @@ struct alignas(kFalseSharingBytes) WriterCounters {
     Counter files_closed;
     Counter write_errors;
     Counter events_lost_write_error;
+    // Output files found gone while open (unlinked, or their directory removed), and
+    // the events they held: counted written before, not on disk.
+    Counter files_removed;
+    Counter events_lost_file_removed;
     Counter output_blocked;  // gauge: 1 while a write error holds the output
     Counter queue_depth;  // gauge: events handed to the writer, not yet written
     Counter writes;       // pwritev calls

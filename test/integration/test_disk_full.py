@@ -133,14 +133,20 @@ def phase_pull(wd, mnt):
     check(sorted(e["event_id"] for e in evs) == list(range(600)), "pull: every event written exactly once")
 
 
-def main():
+def small_disk(mb):
+    """(workdir, mount point of a fresh tmpfs of `mb` MiB in it); the caller unmounts."""
     if os.geteuid() != 0:
         fail("this test needs root to mount a small tmpfs (CI runs as root)")
     wd = workdir()
     mnt = os.path.join(wd, "mnt")
-    ok, err = mount_tmpfs(mnt, 12)
+    ok, err = mount_tmpfs(mnt, mb)
     if not ok:
         fail(f"cannot mount a tmpfs for the disk-full test: {err}")
+    return wd, mnt
+
+
+def main():
+    wd, mnt = small_disk(12)
     try:
         # O_DIRECT (the default) and buffered output: the disk fills in the middle of a
         # file, with records in a stage not yet written (O_DIRECT) or in the page cache.

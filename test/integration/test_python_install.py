@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from test_python_reader import ensure_numpy, pattern  # noqa: E402  (re-runs under a Python with numpy)
 
-ensure_numpy()
+ensure_numpy(also=("wheel",))  # pip install --no-build-isolation builds with bdist_wheel
 
 from evbtest import check, fail, workdir  # noqa: E402
 from test_python_reader_v2 import EVENT_ID, NONE, Writer  # noqa: E402

@@ -17,21 +17,24 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def ensure_numpy():
-    """evbfile needs numpy, which comes from Debian (python3-numpy). An interpreter
-    from elsewhere (pyenv, a venv without system packages) may lack it: run this test
-    under the system interpreter then (the test being run: argv[0])."""
+def ensure_numpy(also=()):
+    """evbfile needs numpy, which comes from Debian (python3-numpy); a test may need
+    more modules (`also`: wheel for a pip build). An interpreter from elsewhere (pyenv,
+    a venv without system packages) may lack them: run this test under the system
+    interpreter then, the one packaging/setup.sh provisions (the test being run:
+    argv[0])."""
+    imports = "; ".join(f"import {m}" for m in ("numpy", *also))
     try:
-        import numpy  # noqa: F401
+        exec(imports, {})
         return
     except ImportError:
         pass
     for cand in ("/usr/bin/python3",):
         if os.path.realpath(cand) != os.path.realpath(sys.executable) and os.access(cand, os.X_OK):
-            if subprocess.run([cand, "-c", "import numpy"], capture_output=True).returncode == 0:
-                print(f"note: numpy missing in {sys.executable}; running under {cand}", flush=True)
+            if subprocess.run([cand, "-c", imports], capture_output=True).returncode == 0:
+                print(f"note: {imports} fails in {sys.executable}; running under {cand}", flush=True)
                 os.execv(cand, [cand, os.path.abspath(sys.argv[0]), *sys.argv[1:]])
-    print("FAIL: numpy is not installed (apt-get install python3-numpy)", flush=True)
+    print(f"FAIL: {imports} fails (packaging/setup.sh installs python3-numpy, python3-wheel ...)", flush=True)
     sys.exit(1)
 
 

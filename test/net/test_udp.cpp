@@ -304,3 +304,30 @@ TEST_CASE("kernel_drops reports the drop counter of a flooded socket", "[net][ud
     CHECK(drops > 0);
     CHECK(drops + received == 4 * kBatch + 1);
 }
+
+TEST_CASE("drain_unread counts the datagrams queued in a socket, their whole lengths, and stops when empty",
+          "[net][udp]") {
+    SocketOptions opts;
+    opts.receive_buffer_bytes = 4u << 20;
+    const BoundSocket rx = evb::net::bind_udp(parse_endpoint("127.0.0.1:0"), opts);
+    Fd rx_guard(rx.fd);
+    const Endpoint to = local_endpoint(rx.fd);
+    Fd tx(evb::net::open_udp_for(to));
+    const std::vector<char> payload(1500, 'x');
+    std::uint64_t bytes = 0;
+    for (std::size_t i = 0; i < 150; ++i) {  // more than one recvmmsg batch
+        const std::size_t n = 100 + i;
+        REQUIRE(::sendto(tx.fd, payload.data(), n, 0, reinterpret_cast<const sockaddr*>(&to.addr), to.len) ==
+                static_cast<ssize_t>(n));
+        bytes += n;
+    }
+    const evb::net::Unread u = evb::net::drain_unread(rx.fd);
+    CHECK(u.datagrams == 150);
+    CHECK(u.bytes == bytes);
+    CHECK(evb::net::drain_unread(rx.fd).datagrams == 0);  // empty now; returns at once
+    // At most `max`: the rest stays queued.
+    for (int i = 0; i < 10; ++i)
+        REQUIRE(::sendto(tx.fd, payload.data(), 10, 0, reinterpret_cast<const sockaddr*>(&to.addr), to.len) == 10);
+    CHECK(evb::net::drain_unread(rx.fd, 3).datagrams == 3);
+    CHECK(evb::net::drain_unread(rx.fd).datagrams == 7);
+}

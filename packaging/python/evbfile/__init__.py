@@ -11,12 +11,12 @@ See docs/PYTHON.md in the evbd repository.
 from ._crc import BACKEND as CRC_BACKEND
 from ._crc import crc32c
 from ._codecs import CodecError
-from .directory import EvbDirectory, open
+from .directory import AmbiguousEventError, EvbDirectory, open
 from .midas import MidasFile, MidasRecord
 from .reader import (CODECS, MATCH_MODES, EvbFile, FormatError, Item, Problem, Record, RecordStatus, Section,
                      SectionStatus)
 
 __all__ = ["open", "EvbFile", "MidasFile", "MidasRecord", "EvbDirectory", "Record", "Section", "Item", "Problem",
-           "FormatError",
+           "FormatError", "AmbiguousEventError",
            "CodecError", "RecordStatus", "SectionStatus", "MATCH_MODES", "CODECS", "crc32c", "CRC_BACKEND"]
 __version__ = "0.1.0"

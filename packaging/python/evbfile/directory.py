@@ -34,6 +34,10 @@ def open_file(path, strict=False, verify_crc=True):
     return EvbFile(path, strict, verify_crc)
 
 
+class AmbiguousEventError(LookupError):
+    """EvbDirectory.event(id) without a run, where more than one run holds the id."""
+
+
 class EvbDirectory:
     """The data files of a directory (.evb, .mid, .mid.lz4 and their .part), in file
     order (run, builder, sequence; see file_order), read as one stream of records."""
@@ -46,17 +50,30 @@ class EvbDirectory:
 
     def __iter__(self):
         for f in self.files:
-            yield from f
+            last = None
+            for last in f:
+                yield last
+            if last is not None:
+                last._release()  # one decoded area at a time across files too
 
     @property
     def problems(self):
         return [(f.path, p) for f in self.files for p in f.problems]
 
-    def event(self, event_id):
-        for f in self.files:
-            if event_id in f:
-                return f.event(event_id)
-        raise KeyError(event_id)
+    def event(self, event_id, run=None):
+        """The record of `event_id`; of run `run` when given. Event ids start again
+        with each run: an id that more than one run of the directory holds raises
+        AmbiguousEventError unless the run is named. KeyError if absent."""
+        files = [f for f in self.files if run is None or f.run_number == run]
+        holding = [f for f in files if event_id in f]
+        if not holding:
+            raise KeyError(event_id if run is None else (event_id, run))
+        runs = sorted({f.run_number for f in holding})
+        if len(runs) > 1:
+            raise AmbiguousEventError(
+                f"{self.path}: event {event_id} is in runs {', '.join(map(str, runs))}: "
+                f"name one, event({event_id}, run={runs[0]})")
+        return holding[0].event(event_id)
 
     def __contains__(self, event_id):
         return any(event_id in f for f in self.files)

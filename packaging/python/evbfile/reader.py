@@ -116,20 +116,24 @@ class Section:
     bytes (without padding); in the timestamp and time_slice modes these bytes are
     items, which `items` splits."""
 
-    __slots__ = ("source_id", "status", "length", "item_count", "_buf", "_at", "_mode")
+    __slots__ = ("source_id", "status", "length", "item_count", "_buf", "_at", "_mode", "_rec")
 
-    def __init__(self, source_id, status, length, item_count, buf, at, mode):
+    def __init__(self, source_id, status, length, item_count, buf, at, mode, rec):
         self.source_id = source_id
         self.status = status
         self.length = length
         self.item_count = item_count
-        self._buf = buf  # numpy uint8 array the payload lives in
+        self._buf = buf  # numpy uint8 array the payload lives in; None once the walk released it
         self._at = at  # payload's first byte in _buf
         self._mode = mode
+        self._rec = rec  # the record, which decodes a released area again
+
+    def _area(self):
+        return self._buf if self._buf is not None else self._rec._area()
 
     @property
     def payload(self):
-        return self._buf[self._at:self._at + self.length]
+        return self._area()[self._at:self._at + self.length]
 
     @property
     def items(self):
@@ -138,7 +142,7 @@ class Section:
         walk that found the record has checked them."""
         if self._mode == 0:
             return []
-        out, pos, buf = [], self._at, self._buf
+        out, pos, buf = [], self._at, self._area()
         unpack = _ITEM.unpack_from
         for _ in range(self.item_count):
             ts, seq, length, flags = unpack(buf, pos)
@@ -218,9 +222,31 @@ class Record:
         """The sections, one per expected source in ascending source_id (checked by
         the walk that found the record)."""
         if self._sections is None:
-            buf, mode = self._buf, self.file.match_mode
-            self._sections = [Section(sid, st, n, items, buf, at, mode) for sid, st, n, items, at in self._layout]
+            buf, mode = self._area(), self.file.match_mode
+            self._sections = [Section(sid, st, n, items, buf, at, mode, self)
+                              for sid, st, n, items, at in self._layout]
         return self._sections
+
+    def _area(self):
+        """The buffer the sections live in; a decoded area the walk released is
+        decoded again (and checked again)."""
+        if self._buf is None:
+            again = self.file._parse(self.offset, self.offset + self.length)
+            if again is None:
+                raise FormatError(self.file.path, self.offset, f"event {self.event_id} no longer reads")
+            self._buf = again._buf
+            for sec in self._sections or ():
+                sec._buf = self._buf
+        return self._buf
+
+    def _release(self):
+        """Drops the record's decoded area (a compressed record's; not the mapping):
+        the walk calls it before decoding the next record, so that one area at a
+        time is held. `sections` decodes it again if asked."""
+        if self._buf is not self.file._buf:
+            self._buf = None
+            for sec in self._sections or ():
+                sec._buf = None
 
     @property
     def flags(self):
@@ -494,7 +520,11 @@ class EvbFile:
         pos, end = HEADER_BYTES, self._records_end
         seen = [] if self.has_footer else None  # (event_id, offset), to hold against the index
         count = 0
+        prev = None
         while pos < end:
+            if prev is not None:
+                prev._release()  # one decoded area at a time, whatever the caller still holds
+                prev = None
             rec = self._parse(pos, end)
             if rec is None:
                 break
@@ -503,6 +533,7 @@ class EvbFile:
             count += 1
             yield rec
             pos += rec.length
+            prev, rec = rec, None
         self.good_bytes = pos
         if self._record_count is None:
             self._record_count = count

@@ -1,0 +1,38 @@
+// A run in which no event arrived still leaves a data file, as MIDAS's own logger
+// leaves one: a `.evb` holding its header, an empty index and the footer, or a MIDAS
+// file (`.mid`, `.mid.lz4`) holding its begin- and end-of-run events. Written when the
+// run's summary finds no file of the run on disk.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/format/file_format.hpp"
+#include "core/io/run_summary.hpp"
+
+namespace evb::file {
+
+// What a MIDAS end-of-run event says (FORMATS.md 9.2): the file's counts and the
+// run's. `stored_bytes`: a `.mid.lz4`'s frame so far.
+nlohmann::ordered_json midas_end_counts(std::uint32_t sequence, std::uint64_t file_events, const StatusCounts& file_status,
+                                        std::uint64_t bytes, std::optional<std::uint64_t> stored_bytes,
+                                        std::uint32_t run, std::uint64_t run_events, const StatusCounts& run_status);
+
+struct EmptyRun {
+    std::string directory;
+    FileHeader header;  // run, builder, expected sources, version, mode, codec, window (sequence: chosen here)
+    enum class Kind { evb, midas, midas_lz4 } kind = Kind::evb;
+    std::string config_json;        // MIDAS: the begin-of-run event's text
+    std::uint32_t started_unix_s = 0;  // MIDAS: the begin-of-run event's time stamp
+    int lz4_level = 1;
+    bool sync = true;
+};
+
+// Writes the run's empty file (sequence: next_file_sequence) and closes it clean.
+// Returns its name, or an empty string with `error` set.
+std::string write_empty_run_file(const EmptyRun& r, std::string& error);
+
+}  // namespace evb::file
