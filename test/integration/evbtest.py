@@ -59,7 +59,7 @@ def free_ports(n):
 
 
 class Evbd:
-    def __init__(self, workdir, sets=(), args=(), port=None):
+    def __init__(self, workdir, sets=(), args=(), port=None, auto_control=False):
         self.workdir = workdir
         self.port = port or free_udp_port()
         self.out = os.path.join(workdir, "data")
@@ -68,6 +68,10 @@ class Evbd:
                "--set", f"output.directory={self.out}", "--set", "monitor.listen=127.0.0.1:0"]
         for s in sets:
             cmd += ["--set", s]
+        # No control socket unless the test sets one (or auto_control): control.socket
+        # "auto" would be one path per user shared by every evbd of the suite.
+        if not auto_control and not any(s.startswith("control.socket=") for s in sets):
+            cmd += ["--set", "control.socket="]
         cmd += list(args)
         self.log = open(self.logpath, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
