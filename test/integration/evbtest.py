@@ -58,6 +58,19 @@ def free_ports(n):
     return sorted(ports)
 
 
+def config_sets_control_socket(args):
+    """Whether a --config file among evbd's arguments sets control.socket."""
+    args = list(args)
+    for i, a in enumerate(args[:-1]):
+        if a == "--config":
+            try:
+                with open(args[i + 1]) as f:
+                    return "socket" in json.load(f).get("control", {})
+            except (OSError, ValueError, AttributeError):
+                return False
+    return False
+
+
 class Evbd:
     def __init__(self, workdir, sets=(), args=(), port=None, auto_control=False):
         self.workdir = workdir
@@ -70,7 +83,8 @@ class Evbd:
             cmd += ["--set", s]
         # No control socket unless the test sets one (or auto_control): control.socket
         # "auto" would be one path per user shared by every evbd of the suite.
-        if not auto_control and not any(s.startswith("control.socket=") for s in sets):
+        if not auto_control and not any(s.startswith("control.socket=") for s in sets) and \
+                not config_sets_control_socket(args):
             cmd += ["--set", "control.socket="]
         cmd += list(args)
         self.log = open(self.logpath, "w")
