@@ -108,6 +108,7 @@ private:
     void mark_run_start(std::uint32_t run);
 
     void reload(const char* why);
+    bool validate_reload(const char* why, const Config& loaded);
     void reload_failed(const char* why, const std::string& message);
     void change_sources(const Config& next, const char* why);
     void change_run(std::uint32_t next_run);
