@@ -83,6 +83,9 @@ public:
     // Once the writer has stopped (every file closed): the summaries of runs still
     // waiting for their files, and of the run that was going on (it ends here).
     void finish_summaries();
+    // Before run(): there is no control server after all (control.socket "auto" was
+    // taken or unusable); no command will come and none is answered.
+    void drop_run_control() { t_.control = nullptr; }
 
 private:
     // Run control. A stop goes through these phases, one service tick at a time.
