@@ -515,12 +515,14 @@ void ServiceLoop::report_source_states() {
     std::vector<const stats::MatcherCounters*> matchers;
     for (const auto& m : t_.pipeline.counters()) matchers.push_back(m.get());
     for (std::size_t i = 0; i < source_absent_.size(); ++i) {
-        const std::uint8_t absent = monitor::source_absent(matchers, i) ? 1 : 0;
-        if (absent == source_absent_[i]) continue;
-        source_absent_[i] = absent;
+        // Last seen before the state: a chunk that lands between the two reads then
+        // makes the source's mark newer than the one kept, and its return counts.
         std::uint64_t last_seen_ns = 0;
         for (const auto* m : matchers)
             if (i < m->sources) last_seen_ns = std::max(last_seen_ns, m->source_last_seen_ns[i].get());
+        const std::uint8_t absent = monitor::source_absent(matchers, i) ? 1 : 0;
+        if (absent == source_absent_[i]) continue;
+        source_absent_[i] = absent;
         const std::uint32_t id = started_->sources[i];
         if (absent) {
             absent_last_seen_ns_[i] = last_seen_ns;
