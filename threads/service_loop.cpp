@@ -11,9 +11,9 @@
 #include <string>
 
 #include "core/util/clock.hpp"
+#include "core/util/json_text.hpp"
 #include "core/util/log.hpp"
 #include "core/util/notify.hpp"
-#include "core/util/json_text.hpp"
 #include "core/util/version.hpp"
 #include "threads/control_protocol.hpp"
 

@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "core/config/snapshot.hpp"
-#include "net/udp.hpp"
 #include "core/util/json_text.hpp"
+#include "net/udp.hpp"
 
 namespace evb {
 
@@ -134,6 +134,21 @@ json* lookup(json& root, const std::string& path, bool create) {
             (*cur)[part] = dot == std::string::npos ? json() : json::object();
         }
         cur = &(*cur)[part];
+        if (dot == std::string::npos) return cur;
+        start = dot + 1;
+    }
+}
+
+const json* lookup(const json& root, const std::string& path) {
+    const json* cur = &root;
+    std::size_t start = 0;
+    while (true) {
+        const auto dot = path.find('.', start);
+        const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        if (!cur->is_object()) return nullptr;
+        const auto it = cur->find(part);
+        if (it == cur->end()) return nullptr;
+        cur = &*it;
         if (dot == std::string::npos) return cur;
         start = dot + 1;
     }
@@ -695,8 +710,8 @@ std::vector<std::string> restart_keys_changed(const Config& a, const Config& b) 
     for (const auto& k : schema()) {
         if (k.live) continue;
         if (version_set_by_codec && std::string_view(k.path) == "output.format_version") continue;
-        const json* x = lookup(const_cast<json&>(a.effective), k.path, false);
-        const json* y = lookup(const_cast<json&>(b.effective), k.path, false);
+        const json* x = lookup(a.effective, k.path);
+        const json* y = lookup(b.effective, k.path);
         if (x && y && *x != *y) out.emplace_back(k.path);
     }
     // Compression is live in version-2 files only; version 1 is kept until a restart.
@@ -709,8 +724,8 @@ std::vector<std::string> live_keys_changed(const Config& a, const Config& b) {
     std::vector<std::string> out;
     for (const auto& k : schema()) {
         if (!k.live) continue;
-        const json* x = lookup(const_cast<json&>(a.effective), k.path, false);
-        const json* y = lookup(const_cast<json&>(b.effective), k.path, false);
+        const json* x = lookup(a.effective, k.path);
+        const json* y = lookup(b.effective, k.path);
         if (x && y && *x != *y) out.emplace_back(k.path);
     }
     return out;
@@ -720,11 +735,11 @@ std::shared_ptr<const Config> merge_live(const Config& running, const Config& lo
     json doc = loaded.effective;
     for (const auto& k : schema()) {
         if (k.live) continue;
-        *lookup(doc, k.path, true) = *lookup(const_cast<json&>(running.effective), k.path, false);
+        *lookup(doc, k.path, true) = *lookup(running.effective, k.path);
     }
     if (running.output.format_version == 1 || running.output.format == OutputFormat::midas)
         for (const char* key : {"output.compression", "output.compression_level"})
-            *lookup(doc, key, true) = *lookup(const_cast<json&>(running.effective), key, false);
+            *lookup(doc, key, true) = *lookup(running.effective, key);
     return build(std::move(doc), {}, Names::not_resolved);  // the running addresses, checked at start
 }
 

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "core/util/control_socket.hpp"
-#include "core/util/version.hpp"
 #include "core/util/json_text.hpp"
+#include "core/util/version.hpp"
 
 namespace {
 
