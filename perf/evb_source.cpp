@@ -17,9 +17,9 @@
 #include "core/format/frames.hpp"
 #include "core/format/pattern.hpp"
 #include "core/format/wire.hpp"
+#include "core/util/json_text.hpp"
 #include "core/util/version.hpp"
 #include "net/udp.hpp"
-#include "core/util/json_text.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

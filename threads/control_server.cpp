@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <utility>
 
 #include "core/util/clock.hpp"
 #include "core/util/json_text.hpp"
@@ -93,21 +94,14 @@ void ControlServer::on_idle() {
 
 std::size_t ControlServer::accept_clients() {
     std::size_t n = 0;
-    while (true) {
+    // At most kMaxClients a round: a burst of connections cannot run through every
+    // place before the clients already there are read.
+    for (std::size_t round = 0; round < kMaxClients; ++round) {
         const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
-        if (clients_.size() >= kMaxClients) {
-            // Full: the oldest client that has sent no command makes room, so that
-            // clients holding connections open cannot keep a command out.
-            auto victim = clients_.end();
-            for (auto it = clients_.begin(); it != clients_.end(); ++it)
-                if (it->waiting == 0 && (victim == clients_.end() || it->accepted_ns < victim->accepted_ns)) victim = it;
-            if (victim == clients_.end()) {  // every one waits for an answer
-                ::close(fd);
-                continue;
-            }
-            reply(*victim, control_refusal("closed to make room: no command came"));
-            clients_.erase(victim);
+        if (!make_room()) {  // every one waits for an answer
+            ::close(fd);
+            continue;
         }
         clients_.push_back({fd, monotonic_ns(), {}, 0});
         ++n;
@@ -115,33 +109,65 @@ std::size_t ControlServer::accept_clients() {
     return n;
 }
 
+// Full: a client that has sent no command makes room, so that clients holding
+// connections open cannot keep a command out. The victim is read first (a command
+// it sent is handled, not lost); one that sent nothing at all goes before one that
+// sent part of a line, the oldest first. False if every client waits for an answer.
+bool ControlServer::make_room() {
+    while (clients_.size() >= kMaxClients) {
+        auto victim = clients_.end();
+        for (auto it = clients_.begin(); it != clients_.end(); ++it) {
+            if (it->waiting != 0) continue;
+            if (victim == clients_.end() || std::pair(!it->in.empty(), it->accepted_ns) <
+                                                std::pair(!victim->in.empty(), victim->accepted_ns))
+                victim = it;
+        }
+        if (victim == clients_.end()) return false;
+        std::size_t read = 0;
+        if (!read_client(*victim, read)) {  // answered or gone: its place is free
+            if (victim->fd >= 0) ::close(victim->fd);
+            clients_.erase(victim);
+            continue;
+        }
+        if (victim->waiting != 0) continue;  // its command went to the service loop: another victim
+        reply(*victim, control_refusal("closed to make room: no command came"));
+        clients_.erase(victim);
+    }
+    return true;
+}
+
+// Reads what `c` sent (non-blocking) and handles a whole line. False when the
+// client is done with (it closed, or was answered and closed); counts a read
+// into `progress`.
+bool ControlServer::read_client(Client& c, std::size_t& progress) {
+    char buf[256];
+    const ssize_t got = c.waiting != 0 ? -1 : ::read(c.fd, buf, sizeof buf);
+    if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && c.waiting == 0)) return false;
+    if (got > 0) {
+        ++progress;
+        c.in.append(buf, static_cast<std::size_t>(got));
+        if (const auto nl = c.in.find('\n'); nl != std::string::npos) {
+            const std::string line = c.in.substr(0, nl);
+            c.in.clear();
+            // Whatever a client sends, it gets an answer and evbd goes on.
+            try {
+                handle(c, line);
+            } catch (const std::exception& e) {
+                log_error("control: command failed: {}", e.what());
+                if (c.fd >= 0 && c.waiting == 0) reply(c, control_refusal(fmt::format("evbd could not answer: {}", e.what())));
+            }
+        } else if (c.in.size() > kMaxLine) {
+            reply(c, control_refusal("command line too long"));
+        }
+    }
+    return c.fd >= 0;
+}
+
 std::size_t ControlServer::read_clients() {
     std::size_t n = 0;
     for (std::size_t i = 0; i < clients_.size();) {
         Client& c = clients_[i];
-        char buf[256];
-        const ssize_t got = c.waiting != 0 ? -1 : ::read(c.fd, buf, sizeof buf);
-        bool drop = got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && c.waiting == 0);
-        if (got > 0) {
-            ++n;
-            c.in.append(buf, static_cast<std::size_t>(got));
-            if (const auto nl = c.in.find('\n'); nl != std::string::npos) {
-                const std::string line = c.in.substr(0, nl);
-                c.in.clear();
-                // Whatever a client sends, it gets an answer and evbd goes on.
-                try {
-                    handle(c, line);
-                } catch (const std::exception& e) {
-                    log_error("control: command failed: {}", e.what());
-                    if (c.fd >= 0 && c.waiting == 0) reply(c, control_refusal(fmt::format("evbd could not answer: {}", e.what())));
-                }
-                drop = c.fd < 0;
-            } else if (c.in.size() > kMaxLine) {
-                reply(c, control_refusal("command line too long"));
-                drop = true;
-            }
-        }
-        if (drop || c.fd < 0) {
+        if (!read_client(c, n)) {
             if (c.fd >= 0) ::close(c.fd);
             clients_.erase(clients_.begin() + static_cast<std::ptrdiff_t>(i));
             continue;

@@ -45,6 +45,8 @@ private:
         std::uint64_t waiting = 0;  // id of the command sent to the service loop
     };
     std::size_t accept_clients();
+    bool make_room();
+    bool read_client(Client& c, std::size_t& progress);
     std::size_t close_idle_clients();
     std::size_t read_clients();
     std::size_t send_replies();

@@ -320,6 +320,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         } catch (const std::runtime_error& e) {
             if (!automatic) throw;
             log_warn("{}: no run control (set control.socket to choose a path)", e.what());
+            service.drop_run_control();
         }
     }
 

@@ -12,9 +12,9 @@
 #include "core/format/wire.hpp"
 #include "core/io/empty_run.hpp"
 #include "core/util/clock.hpp"
+#include "core/util/json_text.hpp"
 #include "core/util/log.hpp"
 #include "monitor/sampler.hpp"
-#include "core/util/json_text.hpp"
 
 namespace evb {
 

@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "core/config/config.hpp"
+#include "core/util/json_text.hpp"
 #include "threads/daemon.hpp"
 #include "core/util/log.hpp"
 #include "core/util/version.hpp"
-#include "core/util/json_text.hpp"
 
 namespace {
 

@@ -13,9 +13,9 @@
 #include "core/io/empty_run.hpp"
 #include "core/io/output_file.hpp"
 #include "core/util/clock.hpp"
+#include "core/util/json_text.hpp"
 #include "core/util/log.hpp"
 #include "core/util/notify.hpp"
-#include "core/util/json_text.hpp"
 #include "core/util/version.hpp"
 #include "threads/control_protocol.hpp"
 
@@ -174,6 +174,8 @@ std::string key_list(const std::vector<std::string>& keys) {
 }  // namespace
 
 void ServiceLoop::reload_failed(const char* why, const std::string& message) {
+    reload_applied_.clear();
+    reload_restart_.clear();
     log_error("reload ({}): configuration unchanged, still running on the previous one", why);
     control_.last_reload_ok.store(false);
     {
@@ -183,27 +185,12 @@ void ServiceLoop::reload_failed(const char* why, const std::string& message) {
     sd_notify_state("READY=1\nSTATUS=receiving (last reload failed)");
 }
 
-void ServiceLoop::reload(const char* why) {
-    sd_notify_reloading();
-    reload_applied_.clear();
-    reload_restart_.clear();
-    std::shared_ptr<const Config> loaded;
-    try {
-        // Address keys take a restart: their names are not resolved here (no wait on DNS).
-        loaded = opts_.config_path.empty() ? default_config(opts_.overrides, Names::not_resolved)
-                                           : load_config_file(opts_.config_path, opts_.overrides, Names::not_resolved);
-    } catch (const ConfigError& e) {
-        for (const auto& p : e.problems) log_error("reload ({}): {}", why, p);
-        reload_failed(why, refusal_reason(e.problems, opts_.config_path));
-        return;
-    } catch (const std::exception& e) {  // whatever a file holds, the running configuration stays
-        log_error("reload ({}): {}", why, e.what());
-        reload_failed(why, e.what());
-        return;
-    }
+// The file's sources must be within the set evbd started with; false (the reload
+// refused, said so) if not.
+bool ServiceLoop::validate_reload(const char* why, const Config& loaded) {
     // Sources may change live only within the set the pools were built for.
     std::vector<std::uint32_t> unknown;
-    for (const auto id : loaded->sources)
+    for (const auto id : loaded.sources)
         if (!std::binary_search(started_->sources.begin(), started_->sources.end(), id)) unknown.push_back(id);
     if (!unknown.empty()) {
         const std::string first = std::to_string(unknown[0]);
@@ -211,15 +198,44 @@ void ServiceLoop::reload(const char* why) {
                   "out and back in is live, adding new ones needs a restart",
                   why, unknown.size(), first);
         reload_failed(why, fmt::format("sources: source {} needs a restart", first));
+        return false;
+    }
+    return true;
+}
+
+void ServiceLoop::reload(const char* why) {
+    sd_notify_reloading();
+    reload_applied_.clear();
+    reload_restart_.clear();
+    // Up to the commit point (loading, validation, the new snapshot) an exception
+    // refuses the reload and changes nothing: whatever a file holds, the running
+    // configuration stays. Past it (generations bumped, the writer told, the snapshot
+    // swapped) one is fatal: it leaves reload() and ends evbd with a logged error,
+    // rather than a half-applied configuration answered as refused.
+    std::shared_ptr<const Snapshot> next;
+    std::vector<std::string> restart;
+    try {
+        // Address keys take a restart: their names are not resolved here (no wait on DNS).
+        const std::shared_ptr<const Config> loaded =
+            opts_.config_path.empty() ? default_config(opts_.overrides, Names::not_resolved)
+                                      : load_config_file(opts_.config_path, opts_.overrides, Names::not_resolved);
+        if (!validate_reload(why, *loaded)) return;
+        restart = restart_keys_changed(*running_->config, *loaded);
+        next = make_snapshot(merge_live(*running_->config, *loaded), sizing_);
+        reload_applied_ = live_keys_changed(*running_->config, *next->config);
+    } catch (const ConfigError& e) {
+        for (const auto& p : e.problems) log_error("reload ({}): {}", why, p);
+        reload_failed(why, refusal_reason(e.problems, opts_.config_path));
+        return;
+    } catch (const std::exception& e) {
+        log_error("reload ({}): {}", why, e.what());
+        reload_failed(why, e.what());
         return;
     }
     const Config& running = *running_->config;
-    const auto restart = restart_keys_changed(running, *loaded);
     if (!restart.empty())
         log_warn("reload ({}): {} changed but need a restart; they keep their running values", why, key_list(restart));
-    const auto next = make_snapshot(merge_live(running, *loaded), sizing_);
     const Config& c = *next->config;
-    reload_applied_ = live_keys_changed(running, c);
     reload_restart_ = restart;
     set_log_level(c.log_level);
     if (c.building.timeout_ms != running.building.timeout_ms) t_.pipeline.set_timeout_ns(next->matcher.timeout_ns);
@@ -352,13 +368,9 @@ void ServiceLoop::take_command() {
     if (t_.control == nullptr) return;
     const std::optional<ControlCommand> c = t_.control->take();
     if (!c) return;
-    // Every error on the control path becomes an answer; none ends evbd.
-    try {
-        carry_out(*c);
-    } catch (const std::exception& e) {
-        log_error("evb-ctl: the command failed: {}", e.what());
-        t_.control->answer({c->id, false, control_refusal(fmt::format("evbd could not carry it out: {}", e.what()))});
-    }
+    // What a command may refuse it answers (a reload refuses what its file holds
+    // before anything changes); an exception past that point is fatal (reload()).
+    carry_out(*c);
 }
 
 void ServiceLoop::carry_out(const ControlCommand& c) {
@@ -536,12 +548,14 @@ void ServiceLoop::report_source_states() {
     std::vector<const stats::MatcherCounters*> matchers;
     for (const auto& m : t_.pipeline.counters()) matchers.push_back(m.get());
     for (std::size_t i = 0; i < source_absent_.size(); ++i) {
-        const std::uint8_t absent = monitor::source_absent(matchers, i) ? 1 : 0;
-        if (absent == source_absent_[i]) continue;
-        source_absent_[i] = absent;
+        // Last seen before the state: a chunk that lands between the two reads then
+        // makes the source's mark newer than the one kept, and its return counts.
         std::uint64_t last_seen_ns = 0;
         for (const auto* m : matchers)
             if (i < m->sources) last_seen_ns = std::max(last_seen_ns, m->source_last_seen_ns[i].get());
+        const std::uint8_t absent = monitor::source_absent(matchers, i) ? 1 : 0;
+        if (absent == source_absent_[i]) continue;
+        source_absent_[i] = absent;
         const std::uint32_t id = started_->sources[i];
         if (absent) {
             absent_last_seen_ns_[i] = last_seen_ns;

@@ -83,6 +83,9 @@ public:
     // Once the writer has stopped (every file closed): the summaries of runs still
     // waiting for their files, and of the run that was going on (it ends here).
     void finish_summaries();
+    // Before run(): there is no control server after all (control.socket "auto" was
+    // taken or unusable); no command will come and none is answered.
+    void drop_run_control() { t_.control = nullptr; }
 
 private:
     // Run control. A stop goes through these phases, one service tick at a time.
@@ -108,6 +111,7 @@ private:
     void mark_run_start(std::uint32_t run);
 
     void reload(const char* why);
+    bool validate_reload(const char* why, const Config& loaded);
     void reload_failed(const char* why, const std::string& message);
     void change_sources(const Config& next, const char* why);
     void change_run(std::uint32_t next_run);

@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "core/config/snapshot.hpp"
-#include "net/udp.hpp"
 #include "core/util/json_text.hpp"
+#include "net/udp.hpp"
 
 namespace evb {
 
@@ -88,7 +88,7 @@ const std::vector<Key>& schema() {
         {"output.midas.bank_names", Kind::bank_names, json::object(), 0, 0, false, "MIDAS output: bank names by source_id, e.g. {\"7\": \"PB07\"}: 4 letters, digits or _ each. A source without one gets `S` and its id in three upper-case hex digits (S000..SFFF); a source above 0xFFF must have one, two sources may not share one, and EVBH and EVBS are taken."},
         {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
         {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
-        {"control.socket", Kind::string, "auto", 0, 0, false, "Unix socket for run control (evb-ctl: status, start, stop, reload); empty: none. \"auto\": where evb-ctl looks by default, $XDG_RUNTIME_DIR/evbd.sock, else /run/evbd/evbd.sock as root or /tmp/evbd-UID/evbd.sock (if another evbd holds it, this one runs without run control, with a warning; a path set here must be free). The package sets /run/evbd/evbd.sock (group evbd, mode 0660)."},
+        {"control.socket", Kind::string, "auto", 0, 0, false, "Unix socket for run control (evb-ctl: status, start, stop, reload); empty: none. \"auto\": where evb-ctl looks by default, $XDG_RUNTIME_DIR/evbd.sock if that directory is the user's own with mode 0700, else /run/evbd-manual/evbd.sock as root (never the package's path) or /tmp/evbd-UID/evbd.sock (a directory of 0700 of the user's own; if another evbd holds it, this one runs without run control, with a warning; a path set here must be free). The package sets /run/evbd/evbd.sock (group evbd, mode 0660)."},
         {"control.start", Kind::choice, "running", 0, 0, false, "\"running\": start building run_number at once; \"stopped\": wait for evb-ctl start (datagrams are refused as not_running until then).", {"running", "stopped"}},
         {"pull.first_event", Kind::uint_or_auto, "auto", 0, UINT64_MAX, false, "The run's first event id in pull mode; \"auto\" is 0. Whatever it is, events that this builder's files of the run already hold are not requested again: a restarted builder first recovers its .part files (as evb-dump --recover does), reads which events of the run they hold, and requests only the rest (with pull.events, the run's first pull.events ids of this builder's share, held ones included). Push mode after a restart opens new files and leaves the old ones as they are; both log what they found."},
         {"pull.events", Kind::uint, 0, 0, UINT64_MAX, false, "Events to request before stopping; 0: no limit."},
@@ -134,6 +134,21 @@ json* lookup(json& root, const std::string& path, bool create) {
             (*cur)[part] = dot == std::string::npos ? json() : json::object();
         }
         cur = &(*cur)[part];
+        if (dot == std::string::npos) return cur;
+        start = dot + 1;
+    }
+}
+
+const json* lookup(const json& root, const std::string& path) {
+    const json* cur = &root;
+    std::size_t start = 0;
+    while (true) {
+        const auto dot = path.find('.', start);
+        const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        if (!cur->is_object()) return nullptr;
+        const auto it = cur->find(part);
+        if (it == cur->end()) return nullptr;
+        cur = &*it;
         if (dot == std::string::npos) return cur;
         start = dot + 1;
     }
@@ -695,8 +710,8 @@ std::vector<std::string> restart_keys_changed(const Config& a, const Config& b) 
     for (const auto& k : schema()) {
         if (k.live) continue;
         if (version_set_by_codec && std::string_view(k.path) == "output.format_version") continue;
-        const json* x = lookup(const_cast<json&>(a.effective), k.path, false);
-        const json* y = lookup(const_cast<json&>(b.effective), k.path, false);
+        const json* x = lookup(a.effective, k.path);
+        const json* y = lookup(b.effective, k.path);
         if (x && y && *x != *y) out.emplace_back(k.path);
     }
     // Compression is live in version-2 files only; version 1 is kept until a restart.
@@ -709,8 +724,8 @@ std::vector<std::string> live_keys_changed(const Config& a, const Config& b) {
     std::vector<std::string> out;
     for (const auto& k : schema()) {
         if (!k.live) continue;
-        const json* x = lookup(const_cast<json&>(a.effective), k.path, false);
-        const json* y = lookup(const_cast<json&>(b.effective), k.path, false);
+        const json* x = lookup(a.effective, k.path);
+        const json* y = lookup(b.effective, k.path);
         if (x && y && *x != *y) out.emplace_back(k.path);
     }
     return out;
@@ -720,11 +735,11 @@ std::shared_ptr<const Config> merge_live(const Config& running, const Config& lo
     json doc = loaded.effective;
     for (const auto& k : schema()) {
         if (k.live) continue;
-        *lookup(doc, k.path, true) = *lookup(const_cast<json&>(running.effective), k.path, false);
+        *lookup(doc, k.path, true) = *lookup(running.effective, k.path);
     }
     if (running.output.format_version == 1 || running.output.format == OutputFormat::midas)
         for (const char* key : {"output.compression", "output.compression_level"})
-            *lookup(doc, key, true) = *lookup(const_cast<json&>(running.effective), key, false);
+            *lookup(doc, key, true) = *lookup(running.effective, key);
     return build(std::move(doc), {}, Names::not_resolved);  // the running addresses, checked at start
 }
 

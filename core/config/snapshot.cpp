@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "allocators/buffer_pool.hpp"
-#include "net/udp.hpp"
 #include "core/util/json_text.hpp"
+#include "net/udp.hpp"
 
 namespace evb {
 

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "core/util/control_socket.hpp"
-#include "core/util/version.hpp"
 #include "core/util/json_text.hpp"
+#include "core/util/version.hpp"
 
 namespace {
 
@@ -29,13 +29,25 @@ constexpr int kUsage = 2;        // evb-ctl was called wrongly
 constexpr int kUnreachable = 3;  // no evbd answers on the socket
 constexpr int kTimeout = 4;      // no answer within --timeout
 
-// With no --socket: evbd's default (control.socket "auto") for this user, else the
-// package's, whichever is there (core/util/control_socket.hpp).
-std::string default_socket() {
-    const std::string mine = evb::default_control_socket();
-    struct stat st {};
-    if (::stat(mine.c_str(), &st) != 0 && ::stat(evb::kPackagedControlSocket, &st) == 0) return evb::kPackagedControlSocket;
-    return mine;
+// Connects to the control socket at `path`: the connected descriptor, or -1 with
+// errno set.
+int connect_to(const std::string& path) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof addr.sun_path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+        const int e = errno;
+        ::close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
 }
 
 void usage(std::FILE* to) {
@@ -47,7 +59,7 @@ void usage(std::FILE* to) {
                  "  stop              end the run: events in flight finish, the file closes; waits\n"
                  "  reload            reload the configuration file (as SIGHUP)\n"
                  "options:\n"
-                 "  --socket PATH     evbd's control.socket (default %s, else %s)\n"
+                 "  --socket PATH     evbd's control.socket (default: the first that answers of %s, %s)\n"
                  "  --json            print evbd's answer as JSON\n"
                  "  --timeout S       give up waiting after S seconds (default 300)\n"
                  "exit status: 0 done, 1 refused or not finished, 2 usage, 3 evbd unreachable, 4 timeout\n",
@@ -125,19 +137,28 @@ int main(int argc, char** argv) {
     }
     std::string line;
     for (const auto& w : words) line += (line.empty() ? "" : " ") + w;
-    if (!socket_given) socket_path = default_socket();
-
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (socket_path.empty() || socket_path.size() >= sizeof addr.sun_path) {
+    // With no --socket: the first candidate that answers (a stale socket a killed
+    // evbd left must not hide the running packaged one), each in a directory that
+    // only this user may write (core/util/control_socket.cpp), then the package's.
+    const std::vector<std::string> candidates =
+        socket_given ? std::vector<std::string>{socket_path} : evb::control_socket_candidates();
+    if (socket_given && (socket_path.empty() || socket_path.size() >= sizeof(sockaddr_un{}.sun_path))) {
         std::fprintf(stderr, "evb-ctl: --socket: '%s' is not a usable socket path\n", socket_path.c_str());
         return kUsage;
     }
-    std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-        std::fprintf(stderr, "evb-ctl: no evbd answers on %s: %s (is evbd running, with control.socket set?)\n",
-                     socket_path.c_str(), std::strerror(errno));
+    int fd = -1;
+    std::string tried;
+    for (const auto& c : candidates) {
+        fd = connect_to(c);
+        if (fd >= 0) {
+            socket_path = c;
+            break;
+        }
+        tried += (tried.empty() ? "" : ", ") + c + " (" + std::strerror(errno) + ")";
+    }
+    if (fd < 0) {
+        std::fprintf(stderr, "evb-ctl: no evbd answers on %s (is evbd running, with control.socket set?)\n",
+                     tried.c_str());
         return kUnreachable;
     }
     line += "\n";

@@ -37,8 +37,8 @@
 #include "core/io/run_summary.hpp"
 #include "core/format/pattern.hpp"
 #include "core/format/wire.hpp"
-#include "core/util/version.hpp"
 #include "core/util/json_text.hpp"
+#include "core/util/version.hpp"
 
 namespace {
 

@@ -1,45 +1,39 @@
 // Where evbd's control socket is when control.socket is "auto" (the default), and
-// where evb-ctl looks first: one rule for both, so that an evbd started by hand and
-// evb-ctl meet without options.
-//   $XDG_RUNTIME_DIR/evbd.sock (a login session's own directory), else
-//   /run/evbd/evbd.sock for root (the package's path), else /tmp/evbd-<uid>/evbd.sock
+// where evb-ctl looks with no --socket: one rule for both, so that an evbd started by
+// hand and evb-ctl meet without options, and neither trusts a directory another
+// user could have made or may write.
+//   $XDG_RUNTIME_DIR/evbd.sock, if that directory is the user's own with mode 0700;
+//   else /run/evbd-manual/evbd.sock for root (never the package's /run/evbd: a
+//     `sudo evbd` by hand must not take, or own, the packaged daemon's socket);
+//   else /tmp/evbd-<uid>/evbd.sock, in a 0700 directory of the user's own.
 #pragma once
 
-#include <sys/stat.h>
-#include <unistd.h>
+#include <sys/types.h>
 
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <string>
+#include <vector>
 
 namespace evb {
 
+// The packaged evbd.service's control.socket (its RuntimeDirectory=evbd).
 inline constexpr const char* kPackagedControlSocket = "/run/evbd/evbd.sock";
+// Root's "auto" directory: beside the package's, never in it.
+inline constexpr const char* kRootManualControlDirectory = "/run/evbd-manual";
 
-inline std::string default_control_socket() {
-    const char* xdg = std::getenv("XDG_RUNTIME_DIR");
-    struct stat st {};
-    if (xdg != nullptr && xdg[0] == '/' && ::stat(xdg, &st) == 0 && S_ISDIR(st.st_mode)) return std::string(xdg) + "/evbd.sock";
-    if (::geteuid() == 0) return kPackagedControlSocket;
-    return "/tmp/evbd-" + std::to_string(::geteuid()) + "/evbd.sock";
-}
+// "" if `dir` is a real directory (not a symlink) owned by `uid` that nobody else
+// may enter or write (no group or other bits), else why it is not.
+std::string private_directory_problem(const std::string& dir, uid_t uid);
 
-// evbd: makes the directory of default_control_socket() where it may be missing
-// (/run/evbd, /tmp/evbd-<uid>), and checks that a /tmp one is this user's own and
-// nobody else's to write (another user could have made it first). Returns "" or
-// why the directory cannot be used.
-inline std::string prepare_control_socket_directory(const std::string& socket_path) {
-    const std::string dir = socket_path.substr(0, socket_path.rfind('/'));
-    const bool in_tmp = dir.rfind("/tmp/", 0) == 0;
-    if (::mkdir(dir.c_str(), in_tmp ? 0700 : 0750) != 0 && errno != EEXIST)
-        return "cannot make " + dir + ": " + std::strerror(errno);
-    struct stat st {};
-    if (::lstat(dir.c_str(), &st) != 0) return "cannot read " + dir + ": " + std::strerror(errno);
-    if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
-    if (in_tmp && (st.st_uid != ::geteuid() || (st.st_mode & 0077) != 0))
-        return dir + " belongs to another user or others may write it";
-    return "";
-}
+// The path "auto" stands for, for the effective user.
+std::string default_control_socket();
+
+// evb-ctl's candidates with no --socket, in the order it tries them: the user's own
+// ("auto"'s, and the /tmp one when XDG_RUNTIME_DIR is also usable), each only if its
+// directory passes private_directory_problem; then the package's.
+std::vector<std::string> control_socket_candidates();
+
+// evbd: makes the directory of an "auto" socket path where it is missing (mode
+// 0700) and checks it (private_directory_problem). Returns "" or why it cannot be used.
+std::string prepare_control_socket_directory(const std::string& socket_path);
 
 }  // namespace evb

@@ -58,8 +58,21 @@ def free_ports(n):
     return sorted(ports)
 
 
+def config_sets_control_socket(args):
+    """Whether a --config file among evbd's arguments sets control.socket."""
+    args = list(args)
+    for i, a in enumerate(args[:-1]):
+        if a == "--config":
+            try:
+                with open(args[i + 1]) as f:
+                    return "socket" in json.load(f).get("control", {})
+            except (OSError, ValueError, AttributeError):
+                return False
+    return False
+
+
 class Evbd:
-    def __init__(self, workdir, sets=(), args=(), port=None):
+    def __init__(self, workdir, sets=(), args=(), port=None, auto_control=False):
         self.workdir = workdir
         self.port = port or free_udp_port()
         self.out = os.path.join(workdir, "data")
@@ -68,6 +81,11 @@ class Evbd:
                "--set", f"output.directory={self.out}", "--set", "monitor.listen=127.0.0.1:0"]
         for s in sets:
             cmd += ["--set", s]
+        # No control socket unless the test sets one (or auto_control): control.socket
+        # "auto" would be one path per user shared by every evbd of the suite.
+        if not auto_control and not any(s.startswith("control.socket=") for s in sets) and \
+                not config_sets_control_socket(args):
+            cmd += ["--set", "control.socket="]
         cmd += list(args)
         self.log = open(self.logpath, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)

@@ -16,7 +16,7 @@ def main():
     os.mkdir(xdg, 0o700)
     os.environ["XDG_RUNTIME_DIR"] = xdg  # evbd and evb-ctl inherit it
     sock = os.path.join(xdg, "evbd.sock")
-    d = Evbd(wd, sets=["sources=4"])
+    d = Evbd(wd, sets=["sources=4"], auto_control=True)
     p = subprocess.run([CTL, "status"], capture_output=True, text=True, timeout=30)
     check(p.returncode == 0 and p.stdout.startswith("running run"),
           f"evb-ctl status with no option reaches an evbd started with no control.socket "
@@ -25,7 +25,7 @@ def main():
 
     wd2 = os.path.join(wd, "second")
     os.mkdir(wd2)
-    d2 = Evbd(wd2, sets=["sources=4"])
+    d2 = Evbd(wd2, sets=["sources=4"], auto_control=True)
     check("no run control" in d2.log_text(), "a second evbd whose default socket is taken starts, without run control")
     check(d2.stop() == 0, "the second evbd exits 0")
     p = subprocess.run([CTL, "status"], capture_output=True, text=True, timeout=30)

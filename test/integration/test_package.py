@@ -297,10 +297,13 @@ def smoke_run_as_service(tmp):
     # The unit's RuntimeDirectory=evbd, made here as systemd would: the packaged
     # control.socket lives in it.
     rundir = os.path.dirname(eff["control"]["socket"])
+    # Owned by evbd also when it is already there (made by an earlier run as root).
     rundir_made = not os.path.isdir(rundir)
     if rundir_made:
         os.makedirs(rundir, mode=0o750)
-        os.chown(rundir, pw.pw_uid, pw.pw_gid)
+    rundir_stat = os.stat(rundir)
+    os.chown(rundir, pw.pw_uid, pw.pw_gid)
+    os.chmod(rundir, 0o750)
     logpath = os.path.join(tmp, "evbd-installed.log")
     with open(logpath, "w") as log:
         proc = subprocess.Popen(cred + ["/usr/bin/evbd", "--config", CONF, "--set", f"input.listen=127.0.0.1:{port}",
@@ -360,6 +363,9 @@ def smoke_run_as_service(tmp):
             proc.wait()
         if rundir_made:
             shutil.rmtree(rundir, ignore_errors=True)
+        else:  # as it was found
+            os.chown(rundir, rundir_stat.st_uid, rundir_stat.st_gid)
+            os.chmod(rundir, rundir_stat.st_mode & 0o7777)
         ours = ours or ([os.path.join(data, n) for n in os.listdir(data) if n.startswith(f"run{run_number:06d}_")]
                         if os.path.isdir(data) else [])
         for p in ours:
