@@ -489,6 +489,18 @@ bool sections_area(const RecordView& r, std::span<const std::byte>& area, std::s
     return true;
 }
 
+bool check_record_at(std::span<const std::byte> image, const FileHeader& header, std::uint64_t offset,
+                     std::uint64_t end, RecordView& out, std::string& why) {
+    if (end > image.size() || offset > end) {
+        why = fmt::format("offset {} is outside the records (they end at {})", offset, end);
+        return false;
+    }
+    out = RecordView{};
+    out.file_offset = offset;
+    std::span<const std::byte> area;
+    return check_record(image.data() + offset, end - offset, header, out, area, why);
+}
+
 bool parse_sections(const RecordView& r, std::vector<SectionView>& out, std::string* why) {
     out.clear();
     std::span<const std::byte> area;

@@ -208,6 +208,12 @@ using RecordVisitor =
     std::function<void(const FileHeader& header, const RecordView& record, std::span<const std::byte> area)>;
 ScanResult scan(std::span<const std::byte> image, const RecordVisitor& visit = {});
 
+// Checks the record at `offset` as scan() does, the file's records ending at `end`
+// (the index, or the file's size): false and why when it is not a good record. For
+// recovery, which looks past a damaged record for the next good one.
+bool check_record_at(std::span<const std::byte> image, const FileHeader& header, std::uint64_t offset,
+                     std::uint64_t end, RecordView& out, std::string& why);
+
 // Splits a good record into its sections. Returns false (and a reason) when the
 // section layout contradicts record_length or section_count, or (v2) content_length,
 // the item rules of the match mode, or when a COMPRESSED record does not decode to

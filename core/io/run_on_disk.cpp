@@ -68,10 +68,16 @@ void recover_part(const std::string& path, RunSurvey& s) {
         else
             s.problems.push_back(fmt::format("{}: holds no event ({}) but cannot be removed: {}", path, *empty_why,
                                              std::strerror(errno)));
-    } else if (const Recovery r = recover(path); r.ok()) {
-        s.recovered.push_back(r.output);
     } else {
-        s.problems.push_back(r.error);
+        const Recovery r = recover(path);
+        if (!r.output.empty()) s.recovered.push_back(r.output);
+        if (r.dropped_damage())
+            s.damaged.push_back(fmt::format(
+                "{}: damaged: dropped at least {} record(s) ({} bytes from offset {}: {}); kept {} events in {}; "
+                "the original is kept as {}",
+                path, r.damaged_records, r.damaged_bytes, r.damaged_at, r.damage, r.events, r.output,
+                r.kept_beside.empty() ? path : r.kept_beside));
+        if (!r.ok()) s.problems.push_back(r.error);
     }
     ::close(fd);
 }

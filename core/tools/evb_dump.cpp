@@ -3,7 +3,7 @@
 // a read-only mapping and may allocate freely.
 //
 // Exit status: 0 ok, 1 verification problems (with --verify/--pattern, or a recovered
-// file that does not verify), 2 usage or I/O errors.
+// file that does not verify or dropped records to damage), 2 usage or I/O errors.
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -79,9 +79,11 @@ one LZ4 frame, offsets given in its decoded bytes). A directory stands for the
   --pattern-kind pattern|waveform
                    only this test payload passes (implies --pattern)
   --recover FILE   rewrite an unclean FILE.evb.part as FILE.evb holding every
-                   good event (may be repeated; FILE.evb.part is removed), or
-                   FILE.mid.part as FILE.mid ending with an end-of-run event
-                   (FILE.mid.lz4.part as a new frame FILE.mid.lz4). A
+                   good event, past a damaged record too (may be repeated;
+                   FILE.evb.part is removed when only a torn tail was dropped,
+                   else kept as FILE.evb.part.damaged and the exit status is
+                   1), or FILE.mid.part as FILE.mid ending with an end-of-run
+                   event (FILE.mid.lz4.part as a new frame FILE.mid.lz4). A
                    .part cut off before its header holds no event: it is
                    removed and reported. A DIR stands for its .part
                    files; one that a running evbd is writing is left alone
@@ -93,7 +95,8 @@ one LZ4 frame, offsets given in its decoded bytes). A directory stands for the
   -h, --help       show this help
   --version        print the version
 
-exit status: 0 ok, 1 verification problems or a summary mismatch, 2 usage or I/O error
+exit status: 0 ok, 1 verification problems, a summary mismatch or records lost
+to damage in a recovery, 2 usage or I/O error
 )";
 
 // The test payload --pattern holds sections (or items) to (docs/FORMATS.md 3 and 7).
@@ -836,6 +839,7 @@ FileReport examine(const std::string& path, const Options& o) {
 
 // Expands directories into their .evb/.evb.part files, sorted by name. Returns false
 // (after reporting) when an input cannot be listed or does not exist.
+
 bool expand_inputs(const std::vector<std::string>& inputs, std::vector<std::string>& files,
                    std::vector<std::string>& errors) {
     bool ok = true;
@@ -884,6 +888,11 @@ struct RecoverReport {
     std::uint64_t dropped_bytes = 0;
     std::string stop_reason;  // why the scan stopped before the end, if it did
     bool output_verified = false;
+    // Records dropped to damage (not a torn tail): at least this many; the original
+    // then stays beside as `kept_beside` and the exit status says so.
+    std::uint64_t damaged_records = 0;
+    std::uint64_t damaged_at = 0;
+    std::string kept_beside;
 };
 
 struct UniqueFd {
@@ -900,6 +909,18 @@ struct UniqueFd {
 std::optional<std::string> why_no_events(const std::string& path, std::span<const std::byte> img) {
     if (!ends_with(path, ".part")) return std::nullopt;
     return ef::why_part_holds_no_events(img);
+}
+
+// What recover() kept and dropped, past damage too.
+void take_recovery(const ef::Recovery& rec, RecoverReport& rr) {
+    rr.kept_events = rec.events;
+    rr.output = rec.output;
+    rr.kept_bytes = rec.kept_bytes;
+    rr.dropped_bytes = rec.damaged_bytes + rec.torn_tail_bytes;
+    rr.damaged_records = rec.damaged_records;
+    rr.kept_beside = rec.kept_beside;
+    if (rec.dropped_damage()) rr.stop_reason = rec.damage;
+    if (rec.dropped_damage()) rr.damaged_at = rec.damaged_at;
 }
 
 // `named`: the file was named on the command line (not found in a directory), so a
@@ -992,8 +1013,7 @@ RecoverReport recover_one(const std::string& path, bool named) {
             rr.error = rec.error;
             return rr;
         }
-        rr.kept_events = rec.events;
-        rr.output = rec.output;
+        take_recovery(rec, rr);
         const ef::MappedFile out(rr.output);
         if (evb::lz4f::is_frame(out.bytes())) {
             const evb::lz4f::FrameRead f = evb::lz4f::read_frame(out.bytes());
@@ -1157,9 +1177,25 @@ Json recover_json(const RecoverReport& r) {
     j["kept_events"] = r.kept_events;
     j["kept_bytes"] = r.kept_bytes;
     j["dropped_bytes"] = r.dropped_bytes;
-    if (!r.stop_reason.empty()) j["stopped_at"] = {{"offset", r.kept_bytes}, {"reason", r.stop_reason}};
+    if (!r.stop_reason.empty())
+        j["stopped_at"] = {{"offset", r.damaged_records > 0 ? r.damaged_at : r.kept_bytes}, {"reason", r.stop_reason}};
+    j["damaged_records"] = r.damaged_records;
+    if (!r.kept_beside.empty()) j["kept_beside"] = r.kept_beside;
     j["output_verified"] = r.output_verified;
     return j;
+}
+
+// What was dropped: a torn tail (nothing written whole), or damage (records lost;
+// the original kept beside).
+void print_recover_damage_text(const RecoverReport& r) {
+    if (r.damaged_records > 0) {
+        fmt::print("  DAMAGED: dropped at least {} record(s), {} of {}, the first at offset {}: {}\n",
+                   r.damaged_records, human_bytes(r.dropped_bytes), human_bytes(r.size), r.damaged_at, r.stop_reason);
+        fmt::print("  the original is kept as {}\n", r.kept_beside);
+    } else if (r.dropped_bytes > 0) {
+        fmt::print("  dropped the torn tail, {} from offset {} (cut short by the crash)\n", human_bytes(r.dropped_bytes),
+                   r.kept_bytes);
+    }
 }
 
 void print_recover_text(const RecoverReport& r) {
@@ -1181,8 +1217,7 @@ void print_recover_text(const RecoverReport& r) {
     }
     fmt::print("recovered {} -> {}\n", r.path, r.output);
     fmt::print("  kept {} events ({} of {})\n", r.kept_events, human_bytes(r.kept_bytes), human_bytes(r.size));
-    if (!r.stop_reason.empty())
-        fmt::print("  dropped {} from offset {}: {}\n", human_bytes(r.dropped_bytes), r.kept_bytes, r.stop_reason);
+    print_recover_damage_text(r);
     if (!r.output_verified) fmt::print("  WARNING: the recovered file does not verify\n");
 }
 
@@ -1346,7 +1381,7 @@ int main(int argc, char** argv) {
         recovered.push_back(recover_one(path, named));
         const auto& r = recovered.back();
         if (!r.error.empty()) raise(kExitUsage);
-        else if (r.note.empty() && !r.output_verified) raise(kExitProblems);
+        else if (r.note.empty() && (!r.output_verified || r.damaged_records > 0)) raise(kExitProblems);
     }
     if (to_recover.empty() && !o.recover.empty() && input_errors.empty() && !o.json)
         fmt::print("no .evb.part files to recover\n");
