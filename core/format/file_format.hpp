@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+struct stat;
+
 namespace evb::file {
 
 inline constexpr std::size_t kHeaderBytes = 64;
@@ -230,7 +232,12 @@ bool split_sections(const RecordView& r, std::span<const std::byte> area, std::v
 // buffer for a COMPRESSED one. The one place a codec plugs in.
 bool sections_area(const RecordView& r, std::span<const std::byte>& area, std::string* why);
 
-// A read-only mapping of a file. Empty span for an empty file.
+// Why a file of this stat is not one to read as data ("not a regular file (a
+// FIFO), skipped"), or "" for a regular file.
+std::string not_regular_file(const struct stat& st);
+
+// A read-only mapping of a file. Empty span for an empty file. Anything but a
+// regular file (a FIFO, a device, a directory) is refused, never waited on.
 class MappedFile {
 public:
     explicit MappedFile(const std::string& path);  // throws std::runtime_error naming path

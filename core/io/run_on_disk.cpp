@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,9 +42,16 @@ std::vector<std::string> list_files(const std::string& directory, const std::str
 // Recovers one `.part` unless a running evbd holds its lock (OutputFile::open takes
 // an exclusive flock): our own lock, held until done, keeps a writer out meanwhile.
 void recover_part(const std::string& path, RunSurvey& s) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO named like a .part must not hold the start (MappedFile).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         s.problems.push_back(fmt::format("{}: {}", path, std::strerror(errno)));
+        return;
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+        s.problems.push_back(fmt::format("{}: {}", path, not_regular_file(st)));
+        ::close(fd);
         return;
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {

@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -837,6 +838,15 @@ FileReport examine(const std::string& path, const Options& o) {
     return rep;
 }
 
+// Whether a directory entry named like a data file is a regular file; if not (a
+// FIFO, a device, a directory), it is skipped and named on stderr: never opened.
+bool regular_or_noted(const fs::directory_entry& e) {
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) != 0 || S_ISREG(st.st_mode)) return true;  // a vanished file: as before
+    std::fprintf(stderr, "evb-dump: %s: %s\n", e.path().c_str(), ef::not_regular_file(st).c_str());
+    return false;
+}
+
 // Expands directories into their .evb/.evb.part files, sorted by name. Returns false
 // (after reporting) when an input cannot be listed or does not exist.
 
@@ -859,7 +869,7 @@ bool expand_inputs(const std::vector<std::string>& inputs, std::vector<std::stri
         fs::directory_iterator it(in, ec), end;
         for (; !ec && it != end; it.increment(ec)) {
             const std::string name = it->path().filename().string();
-            if (is_evb_name(name) && it->is_regular_file(ec)) found.push_back(it->path().string());
+            if (is_evb_name(name) && regular_or_noted(*it)) found.push_back(it->path().string());
         }
         if (ec) {
             errors.push_back(fmt::format("{}: {}", in, ec.message()));
@@ -923,6 +933,19 @@ void take_recovery(const ef::Recovery& rec, RecoverReport& rr) {
     if (rec.dropped_damage()) rr.damaged_at = rec.damaged_at;
 }
 
+// Opens `path` to read, never waiting on it: a FIFO (or anything not a regular
+// file) is refused with a message naming it. Throws.
+int open_regular(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) throw std::runtime_error(fmt::format("{}: {}", path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        throw std::runtime_error(fmt::format("{}: {}", path, ef::not_regular_file(st)));
+    }
+    return fd;
+}
+
 // `named`: the file was named on the command line (not found in a directory), so a
 // file that cannot be touched is an error rather than a note.
 RecoverReport recover_one(const std::string& path, bool named) {
@@ -932,8 +955,7 @@ RecoverReport recover_one(const std::string& path, bool named) {
         // evbd holds an exclusive flock on the file it is writing (OutputFile::open):
         // copying and deleting a file that still grows would lose what follows.
         // Holding the lock ourselves until we are done keeps a writer out meanwhile.
-        const UniqueFd lock{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-        if (lock.fd < 0) throw std::runtime_error(fmt::format("{}: {}", path, std::strerror(errno)));
+        const UniqueFd lock{open_regular(path)};
         if (::flock(lock.fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
             rr.in_use = true;
             if (named)
@@ -1048,7 +1070,7 @@ bool expand_recover_args(const std::vector<std::string>& args, std::vector<std::
         fs::directory_iterator it(a, ec), end;
         for (; !ec && it != end; it.increment(ec)) {
             const std::string name = it->path().filename().string();
-            if (is_part_name(name) && it->is_regular_file(ec)) found.push_back(it->path().string());
+            if (is_part_name(name) && regular_or_noted(*it)) found.push_back(it->path().string());
         }
         if (ec) {
             errors.push_back(fmt::format("{}: {}", a, ec.message()));
