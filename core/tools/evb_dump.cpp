@@ -284,6 +284,11 @@ struct FileReport {
     std::array<std::uint64_t, kSectionBits.size()> section_bits{};  // sections with each kSectionBits bit
     std::vector<ef::Problem> problems;            // the first kMaxProblemsKept
     std::uint64_t problem_count = 0;
+    // A .part a running evbd holds (its lock): being written. Its whole records are
+    // checked; the `open_tail_bytes` after them (space allocated ahead, a record
+    // being written) are not damage, nor is the missing footer.
+    bool open = false;
+    std::uint64_t open_tail_bytes = 0;
     bool cut_tail = false;             // no footer, and the bytes after the last good record
                                        // are the start of a record cut short (a crash mid-write)
     // Records as stored and as they would be stored plain (v2: header + content_length),
@@ -317,7 +322,7 @@ struct FileReport {
         if (!io_error.empty()) return "unreadable";
         if (!header_ok) return "bad header";
         const std::uint64_t damage = problem_count;
-        if (damage == 0) return "clean";
+        if (damage == 0) return open ? "open" : "clean";
         // Not closed: only the footer is missing, or also a last record cut short.
         if (!has_footer && (damage == 1 || (damage == 2 && cut_tail))) return "unclean";
         return "DAMAGED";
@@ -781,6 +786,28 @@ void examine_midas(std::span<const std::byte> img, const Options& o, FileReport&
     }
 }
 
+// Whether a running evbd holds `path`'s lock (OutputFile::open takes an exclusive
+// flock for as long as the file is open): it is being written.
+bool held_by_writer(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return false;
+    const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    ::close(fd);
+    return held;
+}
+
+// A .part being written ends, after its last whole record, in what the writer has
+// not finished: space allocated ahead of its writes (zeros), a record it is
+// writing. That tail, and the missing footer, are the state "open", not damage;
+// a bad record followed by anything else is damage still.
+void take_open_tail(std::span<const std::byte> img, const ef::ScanResult& s, FileReport& rep) {
+    if (!s.header_ok || s.has_footer || !ends_with(rep.path, ".part") || !held_by_writer(rep.path)) return;
+    const std::size_t hb = s.header.version == 1 ? ef::kRecordHeaderBytes : ef::kRecordHeaderBytesV2;
+    if (s.good_bytes < img.size() && !ef::is_torn_tail(img, s.good_bytes, hb)) return;
+    rep.open = true;
+    rep.open_tail_bytes = img.size() - s.good_bytes;
+}
+
 FileReport examine(const std::string& path, const Options& o) {
     FileReport rep;
     rep.path = path;
@@ -826,7 +853,9 @@ FileReport examine(const std::string& path, const Options& o) {
         rep.has_footer = s.has_footer;
         rep.good_bytes = s.good_bytes;
         rep.event_count = s.records.size();
-        for (const auto& p : s.problems) rep.add_problem(p.offset, p.what);
+        take_open_tail(img, s, rep);
+        for (const auto& p : s.problems)
+            if (!rep.open || (p.offset != s.good_bytes && p.offset != img.size())) rep.add_problem(p.offset, p.what);
         rep.cut_tail = s.header_ok && s.cut_record;
         if (s.header_ok) check_file_fields(img, s, rep);
         rep.put_back(std::move(record_problems));
@@ -1160,6 +1189,8 @@ Json file_json(const FileReport& r, const Options& o) {
     for (std::size_t b = 0; b < section_bit_count(r.header.version); ++b)
         sb[kSectionBits[b].second] = r.section_bits[b];
     j["sections_with_status"] = sb;
+    if (r.open)
+        j["open"] = {{"held_by", "a running evbd (it holds the file's lock)"}, {"tail_bytes", r.open_tail_bytes}};
     j["problem_count"] = r.problem_count;
     Json probs = Json::array();
     for (const auto& p : r.problems) probs.push_back({{"offset", p.offset}, {"message", p.what}});
@@ -1341,6 +1372,16 @@ void print_problems_text(const FileReport& r, std::size_t limit) {
 }
 
 // Without --verify: one line per file that is not clean, with its first problem.
+// A file being written: what its state "open" means.
+void print_open_text(const FileReport& r) {
+    if (!r.open) return;
+    const std::string tail = r.open_tail_bytes == 0 ? std::string()
+                                                     : fmt::format("; the {} after them are space being written, not damage",
+                                                                   human_bytes(r.open_tail_bytes));
+    fmt::print("{}: open, being written by a running evbd (it holds the file's lock): {} whole records checked{}\n",
+               r.path, r.event_count, tail);
+}
+
 void print_notes_text(const FileReport& r) {
     if (!r.io_error.empty() || r.problems.empty()) return;
     const auto& p = r.problems.front();
@@ -1453,6 +1494,7 @@ int main(int argc, char** argv) {
     if (o.events)
         for (const auto& r : reports) print_events_text(r);
     print_summary_text(reports);
+    for (const auto& r : reports) print_open_text(r);
 
     if (o.verify) {
         for (const auto& r : reports) print_problems_text(r, kMaxProblemsPrinted);
