@@ -860,7 +860,9 @@ FileReport examine(const std::string& path, const Options& o) {
         if (s.header_ok) check_file_fields(img, s, rep);
         rep.put_back(std::move(record_problems));
     } catch (const std::exception& e) {
-        rep.io_error = e.what();
+        // MappedFile's messages name the file; std::bad_alloc and the like do not.
+        const std::string what = e.what();
+        rep.io_error = what.rfind(path, 0) == 0 ? what : fmt::format("{}: {}", path, what);
     }
     std::stable_sort(rep.problems.begin(), rep.problems.end(),
                      [](const ef::Problem& a, const ef::Problem& b) { return a.offset < b.offset; });
@@ -1391,6 +1393,26 @@ void print_notes_text(const FileReport& r) {
     fmt::print("{}:{}: {}{}\n", r.path, p.offset, p.what, more);
 }
 
+// The last line of --verify. A file that could not be read (out of memory, I/O) or
+// an input that could not be listed fails the verification: never "OK" then.
+void print_verify_verdict(const Options& o, std::uint64_t problems, std::size_t files_with_problems,
+                          std::size_t readable, std::size_t unreadable, std::size_t input_errors,
+                          std::uint64_t events) {
+    const char* pattern = o.pattern ? " (with pattern)" : "";
+    if (problems == 0 && unreadable == 0 && input_errors == 0) {
+        fmt::print("verify{}: OK, {}, {}\n", pattern, plural(readable, "file", "files"), plural(events, "event", "events"));
+        return;
+    }
+    std::vector<std::string> why;
+    if (problems > 0)
+        why.push_back(fmt::format("{} in {} of {}", plural(problems, "problem", "problems"), files_with_problems,
+                                  plural(readable, "file", "files")));
+    if (unreadable > 0) why.push_back(fmt::format("{} could not be read", plural(unreadable, "file", "files")));
+    const std::size_t other = input_errors - std::min(input_errors, unreadable);
+    if (other > 0) why.push_back(plural(other, "input error", "input errors"));
+    fmt::print("verify{}: FAILED, {}\n", pattern, fmt::join(why, "; "));
+}
+
 // ---- run summaries ----
 
 int check_summaries(const std::string& dir, bool json) {
@@ -1502,13 +1524,8 @@ int main(int argc, char** argv) {
             reports.begin(), reports.end(), [](const FileReport& r) { return r.io_error.empty(); }));
         std::uint64_t events = 0;
         for (const auto& r : reports) events += r.event_count;
-        if (total_problems == 0)
-            fmt::print("verify{}: OK, {}, {}\n", o.pattern ? " (with pattern)" : "",
-                       plural(readable, "file", "files"), plural(events, "event", "events"));
-        else
-            fmt::print("verify{}: FAILED, {} in {} of {}\n", o.pattern ? " (with pattern)" : "",
-                       plural(total_problems, "problem", "problems"), files_with_problems,
-                       plural(readable, "file", "files"));
+        print_verify_verdict(o, total_problems, files_with_problems, readable, reports.size() - readable,
+                             input_errors.size(), events);
     } else {
         // Without --verify, one line per file that is not clean says why.
         for (const auto& r : reports) print_notes_text(r);
