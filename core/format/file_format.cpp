@@ -344,8 +344,10 @@ std::vector<std::byte>& decoded_area() {
 // Checks the record at r (`left` bytes to the end of the records) and fills v and
 // `area` (its sections area, decoded when COMPRESSED). Returns false with the
 // reason, to be reported at the record's offset.
+// `decode` false: a COMPRESSED record is checked as stored only (record CRC, stored
+// layout), never decoded, and `area` is left empty.
 bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, RecordView& v,
-                  std::span<const std::byte>& area, std::string& why) {
+                  std::span<const std::byte>& area, std::string& why, bool decode = true) {
     const std::size_t hb = record_header_bytes(fh.version);
     if (left < hb) {
         why = fmt::format("{} trailing bytes, too few for a record header", left);
@@ -394,6 +396,10 @@ bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, 
                 return false;
             }
             if (!check_stored_layout(r, v, fh.codec, why)) return false;
+            if (!decode) {
+                area = {};
+                return true;
+            }
             // Decoded and checked like a plain record's area: a record that does not
             // decode, or decodes to other bytes than were built, is where a reader stops.
             std::vector<std::byte>& decoded = decoded_area();
@@ -514,7 +520,16 @@ bool split_sections(const RecordView& r, std::span<const std::byte> area, std::v
     return check_sections(area.data(), area.size(), r.header.section_count, r.version, r.match_mode, &out, why);
 }
 
-ScanResult scan(std::span<const std::byte> img, const RecordVisitor& visit) {
+namespace {
+ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit, bool decode);
+}  // namespace
+
+ScanResult scan(std::span<const std::byte> img, const RecordVisitor& visit) { return scan_image(img, visit, true); }
+
+ScanResult scan_stored(std::span<const std::byte> img) { return scan_image(img, {}, false); }
+
+namespace {
+ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit, bool decode) {
     ScanResult res;
     const std::byte* base = img.data();
     const std::size_t size = img.size();
@@ -567,7 +582,7 @@ ScanResult scan(std::span<const std::byte> img, const RecordVisitor& visit) {
     while (pos < index_offset) {
         RecordView v;
         v.file_offset = pos;
-        if (!check_record(base + pos, index_offset - pos, res.header, v, area, why)) {
+        if (!check_record(base + pos, index_offset - pos, res.header, v, area, why, decode)) {
             res.problems.push_back({pos, why});
             break;
         }
@@ -597,6 +612,8 @@ ScanResult scan(std::span<const std::byte> img, const RecordVisitor& visit) {
     }
     return res;
 }
+
+}  // namespace
 
 std::string not_regular_file(const struct stat& st) {
     if (S_ISREG(st.st_mode)) return "";

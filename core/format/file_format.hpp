@@ -209,6 +209,11 @@ struct ScanResult {
 using RecordVisitor =
     std::function<void(const FileHeader& header, const RecordView& record, std::span<const std::byte> area)>;
 ScanResult scan(std::span<const std::byte> image, const RecordVisitor& visit = {});
+// The same walk reading what each record stores, not what it holds: a COMPRESSED
+// record is checked as stored (record CRC, stored_length, padding) and never
+// decoded, so memory stays bounded whatever its content_length says. For a reader
+// that needs only the record headers (evbd's start-up survey).
+ScanResult scan_stored(std::span<const std::byte> image);
 
 // Checks the record at `offset` as scan() does, the file's records ending at `end`
 // (the index, or the file's size): false and why when it is not a good record. For

@@ -179,7 +179,8 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                                                      m.problems[0].what));
                 continue;
             }
-            const ScanResult scanned = scan(image.bytes());
+            // Event ids are in the record headers: a COMPRESSED record is not decoded.
+            const ScanResult scanned = scan_stored(image.bytes());
             if (!scanned.header_ok) {
                 if (!part || !why_part_holds_no_events(image.bytes()))
                     s.problems.push_back(fmt::format("{}: {}", path, scanned.problems.empty() ? "bad header"
