@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
@@ -303,6 +304,9 @@ bool check_stored_layout(const std::byte* r, RecordView& v, Codec codec, std::st
     return true;
 }
 
+// set_decoded_bytes_limit's bound; relaxed: set once before any reading starts.
+std::atomic<std::size_t> g_decoded_bytes_limit{~std::size_t{0}};
+
 // A COMPRESSED record's sections area, decoded into `buf` (resized to
 // content_length) and held to the header's content CRC.
 bool decode_area(const std::byte* r, const RecordView& v, Codec codec, std::vector<std::byte>& buf, std::string& why) {
@@ -320,6 +324,11 @@ bool decode_area(const std::byte* r, const RecordView& v, Codec codec, std::vect
     if (h.content_length > bound) {
         why = fmt::format("event {}: {} stream of {} bytes decodes to at most {} bytes, content_length says {}",
                           h.event_id, codec_name(codec), v.stored_length, bound, h.content_length);
+        return false;
+    }
+    if (const std::size_t limit = g_decoded_bytes_limit.load(std::memory_order_relaxed); h.content_length > limit) {
+        why = fmt::format("event {}: content_length {} is more than this reader decodes ({} bytes)", h.event_id,
+                          h.content_length, limit);
         return false;
     }
     buf.resize(h.content_length);
@@ -494,6 +503,8 @@ bool sections_area(const RecordView& r, std::span<const std::byte>& area, std::s
     area = {r.bytes + hb, r.header.record_length - hb};
     return true;
 }
+
+void set_decoded_bytes_limit(std::size_t bytes) noexcept { g_decoded_bytes_limit.store(bytes, std::memory_order_relaxed); }
 
 bool check_record_at(std::span<const std::byte> image, const FileHeader& header, std::uint64_t offset,
                      std::uint64_t end, RecordView& out, std::string& why) {

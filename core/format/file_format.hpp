@@ -215,6 +215,13 @@ ScanResult scan(std::span<const std::byte> image, const RecordVisitor& visit = {
 // that needs only the record headers (evbd's start-up survey).
 ScanResult scan_stored(std::span<const std::byte> image);
 
+// At most this many bytes are decoded for one COMPRESSED record (scan,
+// parse_sections, sections_area): a record whose content_length says more is refused
+// as one that does not decode ("content_length N is more than this reader decodes"),
+// nothing allocated for it. No bound by default (content_length is 32 bits: 4 GiB);
+// the fuzz targets set one. Set before reading starts.
+void set_decoded_bytes_limit(std::size_t bytes) noexcept;
+
 // Checks the record at `offset` as scan() does, the file's records ending at `end`
 // (the index, or the file's size): false and why when it is not a good record. For
 // recovery, which looks past a damaged record for the next good one.

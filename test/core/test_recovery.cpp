@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/format/codec.hpp"
+#include "core/format/crc32c.hpp"
 #include "core/format/file_format.hpp"
 #include "core/format/midas_format.hpp"
 #include "core/io/output_file.hpp"
@@ -196,4 +198,40 @@ TEST_CASE("recover: a MIDAS .part with a bad event that is not its torn end keep
     CHECK(r.damaged_at == at[4]);
     CHECK(r.kept_beside == part + ".damaged");
     CHECK(read_all(part + ".damaged") == img);
+}
+
+TEST_CASE("a reader's decoded-size bound refuses a COMPRESSED record that claims more, allocating nothing",
+          "[file][memory]") {
+    // One zstd record of 1 MiB of zeros (in a section) under a bound of 64 KiB.
+    const std::size_t payload = 1u << 20;
+    Bytes area(ef::kSectionHeaderBytes + payload, std::byte{0});
+    ef::encode_section_header(0, 0, static_cast<std::uint32_t>(payload), area.data(), 1);
+    Bytes stored(evb::codec::bound(ef::Codec::zstd, area.size()));
+    evb::codec::Encoder enc;
+    enc.configure(ef::Codec::zstd, 1);
+    stored.resize(enc.compress(ef::Codec::zstd, area, stored));
+    REQUIRE_FALSE(stored.empty());
+    evb::test::RecordSpecV2 spec;
+    spec.event_id = 5;
+    spec.run_number = 42;
+    spec.sections.resize(1);
+    ef::FileHeader h;
+    h.version = 2;
+    h.run_number = 42;
+    h.expected_sources = 1;
+    h.codec = ef::Codec::zstd;
+    const Bytes img = evb::test::build_file_image(
+        h, {evb::test::build_record_v2_compressed(spec, static_cast<std::uint32_t>(area.size()),
+                                                  evb::crc32c(area.data(), area.size()), stored)},
+        true);
+    REQUIRE(ef::scan(img).records.size() == 1);  // no bound: read as ever
+    ef::set_decoded_bytes_limit(64u << 10);
+    const ef::ScanResult s = ef::scan(img);
+    ef::set_decoded_bytes_limit(~std::size_t{0});
+    CHECK(s.records.empty());
+    REQUIRE_FALSE(s.problems.empty());
+    bool named = false;
+    for (const auto& p : s.problems) named = named || p.what.find("is more than this reader decodes (65536 bytes)") != std::string::npos;
+    CHECK(named);
+    CHECK(ef::scan_stored(img).records.size() == 1);  // its headers and stored CRC are good
 }
