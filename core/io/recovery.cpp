@@ -159,6 +159,19 @@ bool all_zero(std::span<const std::byte> bytes) {
     return std::all_of(bytes.begin(), bytes.end(), [](std::byte b) { return b == std::byte{0}; });
 }
 
+// Whether what was written of `image` stops inside [.., end): the file ends before
+// `end`, or every byte from a 512-byte boundary before `end` to the end of the file
+// is zero. With direct I/O the writer's last stage reaches the disk padded to a
+// block, and space allocated ahead reads as zeros: a record (or MIDAS event) it cut
+// off shows as its first bytes and zeros from a block boundary to the end.
+bool nonzero_ends_within(std::span<const std::byte> image, std::uint64_t end) {
+    if (end > image.size()) return true;
+    std::uint64_t last = image.size();
+    while (last > 0 && image[last - 1] == std::byte{0}) --last;  // one past the last non-zero byte
+    constexpr std::uint64_t kBlock = 512;  // the smallest logical block O_DIRECT writes
+    return (last + kBlock - 1) / kBlock * kBlock < end;
+}
+
 // At least how many records the damaged bytes held: the record markers at the
 // 8-byte steps where records start, and at least one.
 std::uint64_t records_in(std::span<const std::byte> damaged) {
@@ -252,9 +265,7 @@ bool is_torn_tail(std::span<const std::byte> image, std::uint64_t from, std::siz
     if (tail.size() < 8) return std::memcmp(tail.data(), marker, std::min<std::size_t>(tail.size(), 4)) == 0;
     if (std::memcmp(tail.data(), marker, 4) != 0) return false;
     const std::uint64_t length = std::max<std::uint64_t>(wire::load_u32(tail.data() + 4), header_bytes);
-    if (length > tail.size()) return true;
-    const std::uint64_t boundary = (from / OutputFile::kStageBytes + 1) * OutputFile::kStageBytes;
-    return boundary < from + length && all_zero(image.subspan(boundary));
+    return nonzero_ends_within(image, from + length);
 }
 
 Recovery recover(const std::string& part_path) noexcept {
@@ -285,7 +296,12 @@ Recovery recover(const std::string& part_path) noexcept {
                 // No checksum to resynchronise on: what follows the first bad event
                 // is dropped, and is damage unless a crash cut it short.
                 const std::uint64_t stop = ms.good_bytes;
-                const bool torn = drop_torn_stage_tail(image, ms) || ms.cut_event || stop == image.size();
+                // An event whose header fits and after whose start nothing but zeros
+                // follow beyond its extent was being written (see nonzero_ends_within).
+                const bool cut_off = stop + midas::kEventHeaderBytes <= image.size() &&
+                                     nonzero_ends_within(image, stop + midas::kEventHeaderBytes +
+                                                                    midas::decode_event_header(image.data() + stop).data_size);
+                const bool torn = drop_torn_stage_tail(image, ms) || ms.cut_event || stop == image.size() || cut_off;
                 if (!torn) {
                     r.damaged_records = 1;
                     r.damaged_at = stop;

@@ -47,8 +47,9 @@ Recovery recover(const std::string& part_path) noexcept;
 // Whether the bytes from `from` to the end of a `.evb` image are what a crash (or a
 // writer still at work) leaves after the last record written whole, not damage:
 // zeros allocated ahead of the writes; a record the file ends inside; or (direct
-// I/O) a record crossing into a stage not yet on disk, zeros from that stage's
-// boundary (a multiple of OutputFile::kStageBytes) on.
+// I/O) a record whose first bytes reached the disk and nothing but zeros after
+// them to the end of the file (a stage not yet on disk, a block padded). A
+// damaged last record followed only by such zeros is taken as torn too.
 bool is_torn_tail(std::span<const std::byte> image, std::uint64_t from, std::size_t record_header_bytes) noexcept;
 
 }  // namespace evb::file

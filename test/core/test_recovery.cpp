@@ -133,6 +133,14 @@ TEST_CASE("recover: a torn tail alone is dropped and the .part removed, as befor
         im.bytes.resize(im.bytes.size() + 4096);
         write_all(part, im.bytes);
     }
+    SECTION("a record whose first bytes reached the disk, zeros from a block boundary on (a padded last stage)") {
+        Image im = part_image(20, 3000);
+        const std::uint64_t block = (im.offsets[19] / 512 + 2) * 512;  // inside record 19
+        REQUIRE(block < im.bytes.size());
+        std::fill(im.bytes.begin() + static_cast<std::ptrdiff_t>(block), im.bytes.end(), std::byte{0});
+        im.bytes.resize(im.bytes.size() + 8192, std::byte{0});
+        write_all(part, im.bytes);
+    }
     SECTION("a record crossing into a direct-I/O stage that never reached the disk") {
         const std::size_t stage = ef::OutputFile::kStageBytes;
         // A big last record from just before a stage boundary; zeros from the boundary on.
