@@ -239,6 +239,9 @@ RunContinuation continue_run(const Config& c, bool pull) {
     file::RunSurvey s = file::survey_run(c.output.directory, c.run_number, c.builder_id, c.builders, pull);
     for (const auto& f : s.recovered) log_warn("recovered {} (evbd did not stop cleanly)", f);
     for (const auto& f : s.removed) log_warn("removed {}: cut off before its header, it held no event", f);
+    // Records lost to damage, not to the crash's cut: their events were CLEARed, no
+    // source holds them any more; the original stays beside for whoever can read it.
+    for (const auto& d : s.damaged) log_warn("RECORDS LOST in recovery: {}", d);
     for (const auto& p : s.problems) log_error("output.directory: {}", p);
     if (s.files.empty()) return {};
     const std::string dups =

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
@@ -303,6 +304,9 @@ bool check_stored_layout(const std::byte* r, RecordView& v, Codec codec, std::st
     return true;
 }
 
+// set_decoded_bytes_limit's bound; relaxed: set once before any reading starts.
+std::atomic<std::size_t> g_decoded_bytes_limit{~std::size_t{0}};
+
 // A COMPRESSED record's sections area, decoded into `buf` (resized to
 // content_length) and held to the header's content CRC.
 bool decode_area(const std::byte* r, const RecordView& v, Codec codec, std::vector<std::byte>& buf, std::string& why) {
@@ -320,6 +324,11 @@ bool decode_area(const std::byte* r, const RecordView& v, Codec codec, std::vect
     if (h.content_length > bound) {
         why = fmt::format("event {}: {} stream of {} bytes decodes to at most {} bytes, content_length says {}",
                           h.event_id, codec_name(codec), v.stored_length, bound, h.content_length);
+        return false;
+    }
+    if (const std::size_t limit = g_decoded_bytes_limit.load(std::memory_order_relaxed); h.content_length > limit) {
+        why = fmt::format("event {}: content_length {} is more than this reader decodes ({} bytes)", h.event_id,
+                          h.content_length, limit);
         return false;
     }
     buf.resize(h.content_length);
@@ -344,8 +353,10 @@ std::vector<std::byte>& decoded_area() {
 // Checks the record at r (`left` bytes to the end of the records) and fills v and
 // `area` (its sections area, decoded when COMPRESSED). Returns false with the
 // reason, to be reported at the record's offset.
+// `decode` false: a COMPRESSED record is checked as stored only (record CRC, stored
+// layout), never decoded, and `area` is left empty.
 bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, RecordView& v,
-                  std::span<const std::byte>& area, std::string& why) {
+                  std::span<const std::byte>& area, std::string& why, bool decode = true) {
     const std::size_t hb = record_header_bytes(fh.version);
     if (left < hb) {
         why = fmt::format("{} trailing bytes, too few for a record header", left);
@@ -394,6 +405,10 @@ bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, 
                 return false;
             }
             if (!check_stored_layout(r, v, fh.codec, why)) return false;
+            if (!decode) {
+                area = {};
+                return true;
+            }
             // Decoded and checked like a plain record's area: a record that does not
             // decode, or decodes to other bytes than were built, is where a reader stops.
             std::vector<std::byte>& decoded = decoded_area();
@@ -489,6 +504,20 @@ bool sections_area(const RecordView& r, std::span<const std::byte>& area, std::s
     return true;
 }
 
+void set_decoded_bytes_limit(std::size_t bytes) noexcept { g_decoded_bytes_limit.store(bytes, std::memory_order_relaxed); }
+
+bool check_record_at(std::span<const std::byte> image, const FileHeader& header, std::uint64_t offset,
+                     std::uint64_t end, RecordView& out, std::string& why) {
+    if (end > image.size() || offset > end) {
+        why = fmt::format("offset {} is outside the records (they end at {})", offset, end);
+        return false;
+    }
+    out = RecordView{};
+    out.file_offset = offset;
+    std::span<const std::byte> area;
+    return check_record(image.data() + offset, end - offset, header, out, area, why);
+}
+
 bool parse_sections(const RecordView& r, std::vector<SectionView>& out, std::string* why) {
     out.clear();
     std::span<const std::byte> area;
@@ -502,7 +531,16 @@ bool split_sections(const RecordView& r, std::span<const std::byte> area, std::v
     return check_sections(area.data(), area.size(), r.header.section_count, r.version, r.match_mode, &out, why);
 }
 
-ScanResult scan(std::span<const std::byte> img, const RecordVisitor& visit) {
+namespace {
+ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit, bool decode);
+}  // namespace
+
+ScanResult scan(std::span<const std::byte> img, const RecordVisitor& visit) { return scan_image(img, visit, true); }
+
+ScanResult scan_stored(std::span<const std::byte> img) { return scan_image(img, {}, false); }
+
+namespace {
+ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit, bool decode) {
     ScanResult res;
     const std::byte* base = img.data();
     const std::size_t size = img.size();
@@ -555,7 +593,7 @@ ScanResult scan(std::span<const std::byte> img, const RecordVisitor& visit) {
     while (pos < index_offset) {
         RecordView v;
         v.file_offset = pos;
-        if (!check_record(base + pos, index_offset - pos, res.header, v, area, why)) {
+        if (!check_record(base + pos, index_offset - pos, res.header, v, area, why, decode)) {
             res.problems.push_back({pos, why});
             break;
         }
@@ -586,14 +624,30 @@ ScanResult scan(std::span<const std::byte> img, const RecordVisitor& visit) {
     return res;
 }
 
+}  // namespace
+
+std::string not_regular_file(const struct stat& st) {
+    if (S_ISREG(st.st_mode)) return "";
+    const char* kind = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory" : S_ISCHR(st.st_mode) ? "a character device"
+                       : S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "of another kind";
+    return fmt::format("not a regular file ({}), skipped", kind);
+}
+
 MappedFile::MappedFile(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO for reading would wait for a writer (forever, and
+    // deaf to SIGTERM at start); the check below refuses it instead. On a regular
+    // file the flag changes nothing.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) throw std::runtime_error(fmt::format("{}: {}", path, std::strerror(errno)));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
         const int e = errno;
         ::close(fd);
         throw std::runtime_error(fmt::format("{}: {}", path, std::strerror(e)));
+    }
+    if (const std::string why = not_regular_file(st); !why.empty()) {
+        ::close(fd);
+        throw std::runtime_error(fmt::format("{}: {}", path, why));
     }
     size_ = static_cast<std::size_t>(st.st_size);
     if (size_ > 0) {

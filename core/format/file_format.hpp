@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+struct stat;
+
 namespace evb::file {
 
 inline constexpr std::size_t kHeaderBytes = 64;
@@ -207,6 +209,24 @@ struct ScanResult {
 using RecordVisitor =
     std::function<void(const FileHeader& header, const RecordView& record, std::span<const std::byte> area)>;
 ScanResult scan(std::span<const std::byte> image, const RecordVisitor& visit = {});
+// The same walk reading what each record stores, not what it holds: a COMPRESSED
+// record is checked as stored (record CRC, stored_length, padding) and never
+// decoded, so memory stays bounded whatever its content_length says. For a reader
+// that needs only the record headers (evbd's start-up survey).
+ScanResult scan_stored(std::span<const std::byte> image);
+
+// At most this many bytes are decoded for one COMPRESSED record (scan,
+// parse_sections, sections_area): a record whose content_length says more is refused
+// as one that does not decode ("content_length N is more than this reader decodes"),
+// nothing allocated for it. No bound by default (content_length is 32 bits: 4 GiB);
+// the fuzz targets set one. Set before reading starts.
+void set_decoded_bytes_limit(std::size_t bytes) noexcept;
+
+// Checks the record at `offset` as scan() does, the file's records ending at `end`
+// (the index, or the file's size): false and why when it is not a good record. For
+// recovery, which looks past a damaged record for the next good one.
+bool check_record_at(std::span<const std::byte> image, const FileHeader& header, std::uint64_t offset,
+                     std::uint64_t end, RecordView& out, std::string& why);
 
 // Splits a good record into its sections. Returns false (and a reason) when the
 // section layout contradicts record_length or section_count, or (v2) content_length,
@@ -224,7 +244,12 @@ bool split_sections(const RecordView& r, std::span<const std::byte> area, std::v
 // buffer for a COMPRESSED one. The one place a codec plugs in.
 bool sections_area(const RecordView& r, std::span<const std::byte>& area, std::string* why);
 
-// A read-only mapping of a file. Empty span for an empty file.
+// Why a file of this stat is not one to read as data ("not a regular file (a
+// FIFO), skipped"), or "" for a regular file.
+std::string not_regular_file(const struct stat& st);
+
+// A read-only mapping of a file. Empty span for an empty file. Anything but a
+// regular file (a FIFO, a device, a directory) is refused, never waited on.
 class MappedFile {
 public:
     explicit MappedFile(const std::string& path);  // throws std::runtime_error naming path

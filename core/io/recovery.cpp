@@ -1,6 +1,7 @@
 #include "core/io/recovery.hpp"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -25,26 +26,26 @@ namespace evb::file {
 
 namespace {
 
-// Writes both buffers in full (re-slicing after a short write); 0 or an errno.
-int write_both(int fd, struct iovec (&iov)[2]) {
-    const std::size_t total = iov[0].iov_len + iov[1].iov_len;
-    std::size_t done = 0;
-    while (done < total) {
-        struct iovec cur[2];
-        int n = 0;
-        std::size_t off = done;
-        for (auto& v : iov) {
-            if (off >= v.iov_len) {
-                off -= v.iov_len;
-                continue;
-            }
-            cur[n++] = {static_cast<char*>(v.iov_base) + off, v.iov_len - off};
-            off = 0;
+constexpr std::size_t kMaxPieces = 1024;  // Linux's UIO_MAXIOV: at most this many per writev
+
+// Writes the pieces in full, in order (re-slicing after a short write); 0 or an errno.
+int write_pieces(int fd, std::vector<struct iovec> pieces) {
+    std::size_t first = 0;
+    while (first < pieces.size()) {
+        if (pieces[first].iov_len == 0) {
+            ++first;
+            continue;
         }
-        const ssize_t w = ::writev(fd, cur, n);
+        const int n = static_cast<int>(std::min<std::size_t>(pieces.size() - first, kMaxPieces));
+        const ssize_t w = ::writev(fd, pieces.data() + first, n);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) return w < 0 ? errno : EIO;
-        done += static_cast<std::size_t>(w);
+        std::size_t done = static_cast<std::size_t>(w);
+        while (done > 0 && done >= pieces[first].iov_len) done -= pieces[first++].iov_len;
+        if (done > 0) {
+            pieces[first].iov_base = static_cast<char*>(pieces[first].iov_base) + done;
+            pieces[first].iov_len -= done;
+        }
     }
     return 0;
 }
@@ -75,16 +76,17 @@ bool looks_midas(std::span<const std::byte> image) {
 // last event to the end of the file is zero, that event is taken as cut short. (A
 // real event whose bytes after such a boundary are all zero, last before the crash,
 // is dropped with it: the price of a format without a checksum.)
-void drop_torn_stage_tail(std::span<const std::byte> image, midas::ScanResult& s) {
-    if (s.events.empty()) return;
+bool drop_torn_stage_tail(std::span<const std::byte> image, midas::ScanResult& s) {
+    if (s.events.empty()) return false;
     const midas::EventView& last = s.events.back();
     const std::uint64_t end = last.file_offset + midas::kEventHeaderBytes + last.header.data_size;
     const std::uint64_t boundary = (last.file_offset / OutputFile::kStageBytes + 1) * OutputFile::kStageBytes;
-    if (boundary >= end) return;  // inside one stage: written whole or not at all
+    if (boundary >= end) return false;  // inside one stage: written whole or not at all
     const auto after = image.subspan(boundary);
-    if (!std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; })) return;
+    if (!std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; })) return false;
     s.good_bytes = last.file_offset;
     s.events.pop_back();
+    return true;
 }
 
 // The end-of-run event a recovered MIDAS file ends with: the counts of its events
@@ -106,13 +108,16 @@ std::vector<std::byte> recovered_eor(const midas::ScanResult& s) {
 // checksum either), then the MIDAS events in them scanned; the recovered file is
 // a new frame of the good events and an end-of-run event, as mlogger would close it.
 // An empty vector and `why` when nothing can be recovered.
-std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, std::size_t& events, std::string& why) {
+std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, Recovery& r, std::string& why) {
     lz4f::FrameRead f = lz4f::read_frame(image);
+    bool torn_block = false;
     if (!f.complete && f.last_block_at > 0) {
         const std::uint64_t boundary = (f.last_block_at / OutputFile::kStageBytes + 1) * OutputFile::kStageBytes;
         const auto after = boundary < image.size() ? image.subspan(boundary) : std::span<const std::byte>{};
-        if (boundary < f.good_bytes && std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; }))
+        if (boundary < f.good_bytes && std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; })) {
             f = lz4f::read_frame(image.first(f.last_block_at));
+            torn_block = true;
+        }
     }
     if (!f.header_ok) {
         why = f.problem;
@@ -123,6 +128,19 @@ std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, std::
         why = ms.problems.empty() ? "bad begin-of-run event" : ms.problems[0].what;
         return {};
     }
+    // Damage: blocks after one that does not decode (and is not cut short by the
+    // file's end), or an event that is not one inside the decoded bytes.
+    const bool block_damage = !torn_block && !f.complete && !f.cut_short;
+    const bool event_damage = !ms.has_eor && ms.good_bytes < f.content.size() && !ms.cut_event;
+    if (block_damage || event_damage) {
+        r.damaged_records = 1;
+        r.damaged_at = f.good_bytes;
+        r.damaged_bytes = image.size() - f.good_bytes;
+        r.damage = block_damage ? f.problem : fmt::format("{} (in the decoded bytes)", ms.problems.empty() ? "" : ms.problems[0].what);
+    } else {
+        r.torn_tail_bytes = image.size() - f.good_bytes;
+    }
+    r.kept_bytes = f.good_bytes;
     const std::vector<std::byte> eor = ms.has_eor ? std::vector<std::byte>{} : recovered_eor(ms);
     const std::uint64_t keep = ms.has_eor ? f.content.size() : ms.good_bytes;
     lz4f::FrameWriter w;
@@ -134,13 +152,122 @@ std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, std::
     const std::size_t tail = body == 0 ? 0 : w.end(o.subspan(n + body), &why);
     if (tail == 0) return {};
     out.resize(n + body + tail);
-    events = ms.events.size();
+    r.events = ms.events.size();
     return out;
+}
+
+bool all_zero(std::span<const std::byte> bytes) {
+    return std::all_of(bytes.begin(), bytes.end(), [](std::byte b) { return b == std::byte{0}; });
+}
+
+// Whether what was written of `image` stops inside [.., end): the file ends before
+// `end`, or every byte from a 512-byte boundary before `end` to the end of the file
+// is zero. With direct I/O the writer's last stage reaches the disk padded to a
+// block, and space allocated ahead reads as zeros: a record (or MIDAS event) it cut
+// off shows as its first bytes and zeros from a block boundary to the end.
+bool nonzero_ends_within(std::span<const std::byte> image, std::uint64_t end) {
+    if (end > image.size()) return true;
+    std::uint64_t last = image.size();
+    while (last > 0 && image[last - 1] == std::byte{0}) --last;  // one past the last non-zero byte
+    constexpr std::uint64_t kBlock = 512;  // the smallest logical block O_DIRECT writes
+    return (last + kBlock - 1) / kBlock * kBlock < end;
+}
+
+// At least how many records the damaged bytes held: the record markers at the
+// 8-byte steps where records start, and at least one.
+std::uint64_t records_in(std::span<const std::byte> damaged) {
+    std::uint64_t n = 0;
+    for (std::size_t at = 0; at + 4 <= damaged.size(); at += 8)
+        if (wire::load_u32(damaged.data() + at) == kRecordMarker) ++n;
+    return std::max<std::uint64_t>(n, 1);
+}
+
+// A `.evb` image's good records, past damage too: where scan() stops at a bad
+// record, the next 8-aligned offset holding a good record (marker, length, CRCs,
+// sections) starts the records again. Fills `kept` (runs of good records, as
+// offset and length in the image), `index` (their offsets in the recovered file)
+// and the torn tail or damage counts of `r`.
+struct KeptRecords {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;
+    std::vector<IndexEntry> index;
+};
+KeptRecords keep_good_records(std::span<const std::byte> image, const ScanResult& s, Recovery& r) {
+    KeptRecords k;
+    const std::uint64_t end = s.has_footer ? s.index_offset : image.size();
+    const std::size_t hb = s.header.version == 1 ? kRecordHeaderBytes : kRecordHeaderBytesV2;
+    std::uint64_t out_pos = kHeaderBytes;
+    auto keep = [&](std::uint64_t at, const RecordHeader& h) {
+        if (!k.runs.empty() && k.runs.back().first + k.runs.back().second == at)
+            k.runs.back().second += h.record_length;
+        else
+            k.runs.emplace_back(at, h.record_length);
+        k.index.push_back({h.event_id, out_pos});
+        out_pos += h.record_length;
+    };
+    for (const RecordView& v : s.records) keep(v.file_offset, v.header);
+    std::uint64_t pos = s.good_bytes;
+    std::string why;
+    for (const Problem& p : s.problems)
+        if (p.offset == pos) why = p.what;
+    RecordView v;
+    std::string ignored;
+    while (pos < end) {
+        // Damage (or the torn tail) starts at pos: look for the next good record.
+        std::uint64_t next = pos + 8;
+        while (next + hb <= end && !(wire::load_u32(image.data() + next) == kRecordMarker &&
+                                     check_record_at(image, s.header, next, end, v, ignored)))
+            next += 8;
+        if (next + hb > end) {  // no good record after pos
+            // (An index whose footer is damaged holds no record: nothing lost either.)
+            if (!s.has_footer && (is_torn_tail(image, pos, hb) ||
+                                    (image.size() - pos >= 4 && wire::load_u32(image.data() + pos) == kIndexMarker))) {
+                r.torn_tail_bytes = image.size() - pos;
+                break;
+            }
+            next = end;
+        }
+        if (r.damaged_records == 0) {
+            r.damaged_at = pos;
+            r.damage = why;
+        }
+        r.damaged_records += records_in(image.subspan(pos, next - pos));
+        r.damaged_bytes += next - pos;
+        if (next == end) break;
+        for (pos = next; pos < end && check_record_at(image, s.header, pos, end, v, why); pos += v.header.record_length)
+            keep(pos, v.header);
+    }
+    return k;
+}
+
+// Where the original of a file that held damage stays: NAME.damaged (a number
+// added if that exists), never over another file. Empty and `why` on failure.
+std::string keep_beside(const std::string& path, std::string& why) {
+    for (int n = 1; n < 100; ++n) {
+        const std::string to = n == 1 ? path + ".damaged" : fmt::format("{}.damaged.{}", path, n);
+        if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return to;
+        if (errno != EEXIST) {
+            why = fmt::format("{}: cannot rename to {}: {}", path, to, std::strerror(errno));
+            return {};
+        }
+    }
+    why = fmt::format("{}: {}.damaged.1 to .99 exist already", path, path);
+    return {};
 }
 
 bool is_part(const std::string& path) { return path.size() > 5 && path.compare(path.size() - 5, 5, ".part") == 0; }
 
 }  // namespace
+
+bool is_torn_tail(std::span<const std::byte> image, std::uint64_t from, std::size_t header_bytes) noexcept {
+    const auto tail = image.subspan(from);
+    if (all_zero(tail)) return true;
+    std::byte marker[4];
+    wire::store_u32(marker, kRecordMarker);
+    if (tail.size() < 8) return std::memcmp(tail.data(), marker, std::min<std::size_t>(tail.size(), 4)) == 0;
+    if (std::memcmp(tail.data(), marker, 4) != 0) return false;
+    const std::uint64_t length = std::max<std::uint64_t>(wire::load_u32(tail.data() + 4), header_bytes);
+    return nonzero_ends_within(image, from + length);
+}
 
 Recovery recover(const std::string& part_path) noexcept {
     Recovery r;
@@ -150,36 +277,60 @@ Recovery recover(const std::string& part_path) noexcept {
     };
     try {
         const MappedFile in(part_path);
-        const bool is_lz4 = lz4f::is_frame(in.bytes());
-        const bool is_midas = is_lz4 || looks_midas(in.bytes());
-        ScanResult s;
-        midas::ScanResult ms;
+        const auto image = in.bytes();
+        const bool is_lz4 = lz4f::is_frame(image);
+        const bool is_midas = is_lz4 || looks_midas(image);
+        std::vector<struct iovec> pieces;  // the recovered file
         std::vector<std::byte> tail;
-        std::size_t events = 0;
         std::vector<std::byte> rebuilt;  // `.mid.lz4`: the whole recovered file
+        auto piece = [&pieces](const std::byte* p, std::size_t n) { pieces.push_back({const_cast<std::byte*>(p), n}); };
         if (is_lz4) {
             std::string why;
-            rebuilt = recover_midas_lz4(in.bytes(), events, why);
+            rebuilt = recover_midas_lz4(image, r, why);
             if (rebuilt.empty()) return fail(fmt::format("{}: {}", part_path, why));
+            piece(rebuilt.data(), rebuilt.size());
         } else if (is_midas) {
-            ms = midas::scan(in.bytes());
+            midas::ScanResult ms = midas::scan(image);
             if (!ms.bor_ok)
                 return fail(fmt::format("{}: {}", part_path, ms.problems.empty() ? "bad begin-of-run event" : ms.problems[0].what));
             if (!ms.has_eor) {
-                drop_torn_stage_tail(in.bytes(), ms);
+                // No checksum to resynchronise on: what follows the first bad event
+                // is dropped, and is damage unless a crash cut it short.
+                const std::uint64_t stop = ms.good_bytes;
+                // An event whose header fits and after whose start nothing but zeros
+                // follow beyond its extent was being written (see nonzero_ends_within).
+                const bool cut_off = stop + midas::kEventHeaderBytes <= image.size() &&
+                                     nonzero_ends_within(image, stop + midas::kEventHeaderBytes +
+                                                                    midas::decode_event_header(image.data() + stop).data_size);
+                const bool torn = drop_torn_stage_tail(image, ms) || ms.cut_event || stop == image.size() || cut_off;
+                if (!torn) {
+                    r.damaged_records = 1;
+                    r.damaged_at = stop;
+                    r.damaged_bytes = image.size() - stop;
+                    for (const auto& p : ms.problems)
+                        if (p.offset == stop) r.damage = p.what;
+                }
+                r.torn_tail_bytes = image.size() - ms.good_bytes - r.damaged_bytes;
                 tail = recovered_eor(ms);  // a torn file: cut after its last whole event
             }
-            s.good_bytes = ms.good_bytes;
-            events = ms.events.size();
+            r.kept_bytes = ms.good_bytes;
+            r.events = ms.events.size();
+            piece(image.data(), ms.good_bytes);
+            piece(tail.data(), tail.size());
         } else {
-            s = scan(in.bytes());
+            const ScanResult s = scan(image);
             if (!s.header_ok)
                 return fail(fmt::format("{}: {}", part_path, s.problems.empty() ? "bad header" : s.problems[0].what));
-            std::vector<IndexEntry> index;
-            index.reserve(s.records.size());
-            for (const auto& rec : s.records) index.push_back({rec.header.event_id, rec.file_offset});
-            tail = encode_index_and_footer(index, s.good_bytes);
-            events = s.records.size();
+            const KeptRecords k = keep_good_records(image, s, r);
+            piece(image.data(), kHeaderBytes);
+            r.kept_bytes = kHeaderBytes;
+            for (const auto& [at, length] : k.runs) {
+                piece(image.data() + at, length);
+                r.kept_bytes += length;
+            }
+            tail = encode_index_and_footer(k.index, r.kept_bytes);
+            piece(tail.data(), tail.size());
+            r.events = k.index.size();
         }
         const std::string dest = recovered_name(part_path, is_lz4 ? ".mid.lz4" : is_midas ? ".mid" : ".evb");
         // rename() would silently replace an existing file: never trade a good file
@@ -188,10 +339,7 @@ Recovery recover(const std::string& part_path) noexcept {
         const std::string tmp = dest + ".tmp";
         const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0) return fail(fmt::format("{}: {}", tmp, std::strerror(errno)));
-        struct iovec iov[2] = {{const_cast<std::byte*>(in.bytes().data()), s.good_bytes},
-                               {const_cast<std::byte*>(tail.data()), tail.size()}};
-        if (is_lz4) iov[0] = {rebuilt.data(), rebuilt.size()};
-        int e = write_both(fd, iov);
+        int e = write_pieces(fd, std::move(pieces));
         if (e == 0 && ::fsync(fd) != 0) e = errno;
         ::close(fd);
         if (e != 0) {
@@ -203,16 +351,22 @@ Recovery recover(const std::string& part_path) noexcept {
             ::unlink(tmp.c_str());
             return fail(fmt::format("{}: rename failed: {}", dest, std::strerror(re)));
         }
-        // Make the new name durable before the old file goes, so a crash in between
+        r.output = dest;
+        // A `.part` that held damage stays beside the clean file: what was dropped
+        // may be read back from it by hand. A damaged closed file stays as it is.
+        if (r.dropped_damage()) {
+            std::string why;
+            r.kept_beside = is_part(part_path) ? keep_beside(part_path, why) : part_path;
+            if (r.kept_beside.empty()) r.error = why;  // the clean file is there; the original stays as it was
+        }
+        // Make the new names durable before the old file goes, so a crash in between
         // leaves at least one of them.
         const std::string dir = std::filesystem::path(dest).parent_path().string();
         if (const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
             ::fsync(dfd);
             ::close(dfd);
         }
-        if (dest != part_path && is_part(part_path)) ::unlink(part_path.c_str());
-        r.output = dest;
-        r.events = events;
+        if (!r.dropped_damage() && dest != part_path && is_part(part_path)) ::unlink(part_path.c_str());
         return r;
     } catch (const std::exception& ex) {  // MappedFile: the file cannot be opened or mapped
         return fail(ex.what());

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,9 +42,16 @@ std::vector<std::string> list_files(const std::string& directory, const std::str
 // Recovers one `.part` unless a running evbd holds its lock (OutputFile::open takes
 // an exclusive flock): our own lock, held until done, keeps a writer out meanwhile.
 void recover_part(const std::string& path, RunSurvey& s) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO named like a .part must not hold the start (MappedFile).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         s.problems.push_back(fmt::format("{}: {}", path, std::strerror(errno)));
+        return;
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+        s.problems.push_back(fmt::format("{}: {}", path, not_regular_file(st)));
+        ::close(fd);
         return;
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -68,10 +76,16 @@ void recover_part(const std::string& path, RunSurvey& s) {
         else
             s.problems.push_back(fmt::format("{}: holds no event ({}) but cannot be removed: {}", path, *empty_why,
                                              std::strerror(errno)));
-    } else if (const Recovery r = recover(path); r.ok()) {
-        s.recovered.push_back(r.output);
     } else {
-        s.problems.push_back(r.error);
+        const Recovery r = recover(path);
+        if (!r.output.empty()) s.recovered.push_back(r.output);
+        if (r.dropped_damage())
+            s.damaged.push_back(fmt::format(
+                "{}: damaged: dropped at least {} record(s) ({} bytes from offset {}: {}); kept {} events in {}; "
+                "the original is kept as {}",
+                path, r.damaged_records, r.damaged_bytes, r.damaged_at, r.damage, r.events, r.output,
+                r.kept_beside.empty() ? path : r.kept_beside));
+        if (!r.ok()) s.problems.push_back(r.error);
     }
     ::close(fd);
 }
@@ -165,7 +179,8 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                                                      m.problems[0].what));
                 continue;
             }
-            const ScanResult scanned = scan(image.bytes());
+            // Event ids are in the record headers: a COMPRESSED record is not decoded.
+            const ScanResult scanned = scan_stored(image.bytes());
             if (!scanned.header_ok) {
                 if (!part || !why_part_holds_no_events(image.bytes()))
                     s.problems.push_back(fmt::format("{}: {}", path, scanned.problems.empty() ? "bad header"

@@ -50,6 +50,9 @@ struct RunSurvey {
     HeldIds held;                        // their event ids
     std::vector<std::string> recovered;  // .part files of this builder made clean (the new names)
     std::vector<std::string> removed;    // .part files cut off before their header (no event), removed
+    // .part files recovered that held damage, not only a torn tail: what was dropped
+    // and where the original is kept (NAME.part.damaged), one line each
+    std::vector<std::string> damaged;
     std::vector<std::string> left_parts; // .part files left as they are (not recovering, or in use)
     std::vector<std::string> problems;   // what could not be read or recovered, naming the file
 };

@@ -3,10 +3,11 @@
 // a read-only mapping and may allocate freely.
 //
 // Exit status: 0 ok, 1 verification problems (with --verify/--pattern, or a recovered
-// file that does not verify), 2 usage or I/O errors.
+// file that does not verify or dropped records to damage), 2 usage or I/O errors.
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -80,9 +81,11 @@ one LZ4 frame, offsets given in its decoded bytes). A directory stands for the
   --pattern-kind pattern|waveform
                    only this test payload passes (implies --pattern)
   --recover FILE   rewrite an unclean FILE.evb.part as FILE.evb holding every
-                   good event (may be repeated; FILE.evb.part is removed), or
-                   FILE.mid.part as FILE.mid ending with an end-of-run event
-                   (FILE.mid.lz4.part as a new frame FILE.mid.lz4). A
+                   good event, past a damaged record too (may be repeated;
+                   FILE.evb.part is removed when only a torn tail was dropped,
+                   else kept as FILE.evb.part.damaged and the exit status is
+                   1), or FILE.mid.part as FILE.mid ending with an end-of-run
+                   event (FILE.mid.lz4.part as a new frame FILE.mid.lz4). A
                    .part cut off before its header holds no event: it is
                    removed and reported. A DIR stands for its .part
                    files; one that a running evbd is writing is left alone
@@ -94,7 +97,8 @@ one LZ4 frame, offsets given in its decoded bytes). A directory stands for the
   -h, --help       show this help
   --version        print the version
 
-exit status: 0 ok, 1 verification problems or a summary mismatch, 2 usage or I/O error
+exit status: 0 ok, 1 verification problems, a summary mismatch or records lost
+to damage in a recovery, 2 usage or I/O error
 )";
 
 // The test payload --pattern holds sections (or items) to (docs/FORMATS.md 3 and 7).
@@ -281,6 +285,11 @@ struct FileReport {
     std::array<std::uint64_t, kSectionBits.size()> section_bits{};  // sections with each kSectionBits bit
     std::vector<ef::Problem> problems;            // the first kMaxProblemsKept
     std::uint64_t problem_count = 0;
+    // A .part a running evbd holds (its lock): being written. Its whole records are
+    // checked; the `open_tail_bytes` after them (space allocated ahead, a record
+    // being written) are not damage, nor is the missing footer.
+    bool open = false;
+    std::uint64_t open_tail_bytes = 0;
     bool cut_tail = false;             // no footer, and the bytes after the last good record
                                        // are the start of a record cut short (a crash mid-write)
     // Records as stored and as they would be stored plain (v2: header + content_length),
@@ -314,7 +323,7 @@ struct FileReport {
         if (!io_error.empty()) return "unreadable";
         if (!header_ok) return "bad header";
         const std::uint64_t damage = problem_count;
-        if (damage == 0) return "clean";
+        if (damage == 0) return open ? "open" : "clean";
         // Not closed: only the footer is missing, or also a last record cut short.
         if (!has_footer && (damage == 1 || (damage == 2 && cut_tail))) return "unclean";
         return "DAMAGED";
@@ -778,6 +787,28 @@ void examine_midas(std::span<const std::byte> img, const Options& o, FileReport&
     }
 }
 
+// Whether a running evbd holds `path`'s lock (OutputFile::open takes an exclusive
+// flock for as long as the file is open): it is being written.
+bool held_by_writer(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return false;
+    const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    ::close(fd);
+    return held;
+}
+
+// A .part being written ends, after its last whole record, in what the writer has
+// not finished: space allocated ahead of its writes (zeros), a record it is
+// writing. That tail, and the missing footer, are the state "open", not damage;
+// a bad record followed by anything else is damage still.
+void take_open_tail(std::span<const std::byte> img, const ef::ScanResult& s, FileReport& rep) {
+    if (!s.header_ok || s.has_footer || !ends_with(rep.path, ".part") || !held_by_writer(rep.path)) return;
+    const std::size_t hb = s.header.version == 1 ? ef::kRecordHeaderBytes : ef::kRecordHeaderBytesV2;
+    if (s.good_bytes < img.size() && !ef::is_torn_tail(img, s.good_bytes, hb)) return;
+    rep.open = true;
+    rep.open_tail_bytes = img.size() - s.good_bytes;
+}
+
 FileReport examine(const std::string& path, const Options& o) {
     FileReport rep;
     rep.path = path;
@@ -823,20 +854,34 @@ FileReport examine(const std::string& path, const Options& o) {
         rep.has_footer = s.has_footer;
         rep.good_bytes = s.good_bytes;
         rep.event_count = s.records.size();
-        for (const auto& p : s.problems) rep.add_problem(p.offset, p.what);
+        take_open_tail(img, s, rep);
+        for (const auto& p : s.problems)
+            if (!rep.open || (p.offset != s.good_bytes && p.offset != img.size())) rep.add_problem(p.offset, p.what);
         rep.cut_tail = s.header_ok && s.cut_record;
         if (s.header_ok) check_file_fields(img, s, rep);
         rep.put_back(std::move(record_problems));
     } catch (const std::exception& e) {
-        rep.io_error = e.what();
+        // MappedFile's messages name the file; std::bad_alloc and the like do not.
+        const std::string what = e.what();
+        rep.io_error = what.rfind(path, 0) == 0 ? what : fmt::format("{}: {}", path, what);
     }
     std::stable_sort(rep.problems.begin(), rep.problems.end(),
                      [](const ef::Problem& a, const ef::Problem& b) { return a.offset < b.offset; });
     return rep;
 }
 
+// Whether a directory entry named like a data file is a regular file; if not (a
+// FIFO, a device, a directory), it is skipped and named on stderr: never opened.
+bool regular_or_noted(const fs::directory_entry& e) {
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) != 0 || S_ISREG(st.st_mode)) return true;  // a vanished file: as before
+    std::fprintf(stderr, "evb-dump: %s: %s\n", e.path().c_str(), ef::not_regular_file(st).c_str());
+    return false;
+}
+
 // Expands directories into their .evb/.evb.part files, sorted by name. Returns false
 // (after reporting) when an input cannot be listed or does not exist.
+
 bool expand_inputs(const std::vector<std::string>& inputs, std::vector<std::string>& files,
                    std::vector<std::string>& errors) {
     bool ok = true;
@@ -856,7 +901,7 @@ bool expand_inputs(const std::vector<std::string>& inputs, std::vector<std::stri
         fs::directory_iterator it(in, ec), end;
         for (; !ec && it != end; it.increment(ec)) {
             const std::string name = it->path().filename().string();
-            if (is_evb_name(name) && it->is_regular_file(ec)) found.push_back(it->path().string());
+            if (is_evb_name(name) && regular_or_noted(*it)) found.push_back(it->path().string());
         }
         if (ec) {
             errors.push_back(fmt::format("{}: {}", in, ec.message()));
@@ -885,6 +930,11 @@ struct RecoverReport {
     std::uint64_t dropped_bytes = 0;
     std::string stop_reason;  // why the scan stopped before the end, if it did
     bool output_verified = false;
+    // Records dropped to damage (not a torn tail): at least this many; the original
+    // then stays beside as `kept_beside` and the exit status says so.
+    std::uint64_t damaged_records = 0;
+    std::uint64_t damaged_at = 0;
+    std::string kept_beside;
 };
 
 struct UniqueFd {
@@ -903,6 +953,31 @@ std::optional<std::string> why_no_events(const std::string& path, std::span<cons
     return ef::why_part_holds_no_events(img);
 }
 
+// What recover() kept and dropped, past damage too.
+void take_recovery(const ef::Recovery& rec, RecoverReport& rr) {
+    rr.kept_events = rec.events;
+    rr.output = rec.output;
+    rr.kept_bytes = rec.kept_bytes;
+    rr.dropped_bytes = rec.damaged_bytes + rec.torn_tail_bytes;
+    rr.damaged_records = rec.damaged_records;
+    rr.kept_beside = rec.kept_beside;
+    if (rec.dropped_damage()) rr.stop_reason = rec.damage;
+    if (rec.dropped_damage()) rr.damaged_at = rec.damaged_at;
+}
+
+// Opens `path` to read, never waiting on it: a FIFO (or anything not a regular
+// file) is refused with a message naming it. Throws.
+int open_regular(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) throw std::runtime_error(fmt::format("{}: {}", path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        throw std::runtime_error(fmt::format("{}: {}", path, ef::not_regular_file(st)));
+    }
+    return fd;
+}
+
 // `named`: the file was named on the command line (not found in a directory), so a
 // file that cannot be touched is an error rather than a note.
 RecoverReport recover_one(const std::string& path, bool named) {
@@ -912,8 +987,7 @@ RecoverReport recover_one(const std::string& path, bool named) {
         // evbd holds an exclusive flock on the file it is writing (OutputFile::open):
         // copying and deleting a file that still grows would lose what follows.
         // Holding the lock ourselves until we are done keeps a writer out meanwhile.
-        const UniqueFd lock{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-        if (lock.fd < 0) throw std::runtime_error(fmt::format("{}: {}", path, std::strerror(errno)));
+        const UniqueFd lock{open_regular(path)};
         if (::flock(lock.fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
             rr.in_use = true;
             if (named)
@@ -993,8 +1067,7 @@ RecoverReport recover_one(const std::string& path, bool named) {
             rr.error = rec.error;
             return rr;
         }
-        rr.kept_events = rec.events;
-        rr.output = rec.output;
+        take_recovery(rec, rr);
         const ef::MappedFile out(rr.output);
         if (evb::lz4f::is_frame(out.bytes())) {
             const evb::lz4f::FrameRead f = evb::lz4f::read_frame(out.bytes());
@@ -1029,7 +1102,7 @@ bool expand_recover_args(const std::vector<std::string>& args, std::vector<std::
         fs::directory_iterator it(a, ec), end;
         for (; !ec && it != end; it.increment(ec)) {
             const std::string name = it->path().filename().string();
-            if (is_part_name(name) && it->is_regular_file(ec)) found.push_back(it->path().string());
+            if (is_part_name(name) && regular_or_noted(*it)) found.push_back(it->path().string());
         }
         if (ec) {
             errors.push_back(fmt::format("{}: {}", a, ec.message()));
@@ -1119,6 +1192,8 @@ Json file_json(const FileReport& r, const Options& o) {
     for (std::size_t b = 0; b < section_bit_count(r.header.version); ++b)
         sb[kSectionBits[b].second] = r.section_bits[b];
     j["sections_with_status"] = sb;
+    if (r.open)
+        j["open"] = {{"held_by", "a running evbd (it holds the file's lock)"}, {"tail_bytes", r.open_tail_bytes}};
     j["problem_count"] = r.problem_count;
     Json probs = Json::array();
     for (const auto& p : r.problems) probs.push_back({{"offset", p.offset}, {"message", p.what}});
@@ -1158,9 +1233,25 @@ Json recover_json(const RecoverReport& r) {
     j["kept_events"] = r.kept_events;
     j["kept_bytes"] = r.kept_bytes;
     j["dropped_bytes"] = r.dropped_bytes;
-    if (!r.stop_reason.empty()) j["stopped_at"] = {{"offset", r.kept_bytes}, {"reason", r.stop_reason}};
+    if (!r.stop_reason.empty())
+        j["stopped_at"] = {{"offset", r.damaged_records > 0 ? r.damaged_at : r.kept_bytes}, {"reason", r.stop_reason}};
+    j["damaged_records"] = r.damaged_records;
+    if (!r.kept_beside.empty()) j["kept_beside"] = r.kept_beside;
     j["output_verified"] = r.output_verified;
     return j;
+}
+
+// What was dropped: a torn tail (nothing written whole), or damage (records lost;
+// the original kept beside).
+void print_recover_damage_text(const RecoverReport& r) {
+    if (r.damaged_records > 0) {
+        fmt::print("  DAMAGED: dropped at least {} record(s), {} of {}, the first at offset {}: {}\n",
+                   r.damaged_records, human_bytes(r.dropped_bytes), human_bytes(r.size), r.damaged_at, r.stop_reason);
+        fmt::print("  the original is kept as {}\n", r.kept_beside);
+    } else if (r.dropped_bytes > 0) {
+        fmt::print("  dropped the torn tail, {} from offset {} (cut short by the crash)\n", human_bytes(r.dropped_bytes),
+                   r.kept_bytes);
+    }
 }
 
 void print_recover_text(const RecoverReport& r) {
@@ -1182,8 +1273,7 @@ void print_recover_text(const RecoverReport& r) {
     }
     fmt::print("recovered {} -> {}\n", r.path, r.output);
     fmt::print("  kept {} events ({} of {})\n", r.kept_events, human_bytes(r.kept_bytes), human_bytes(r.size));
-    if (!r.stop_reason.empty())
-        fmt::print("  dropped {} from offset {}: {}\n", human_bytes(r.dropped_bytes), r.kept_bytes, r.stop_reason);
+    print_recover_damage_text(r);
     if (!r.output_verified) fmt::print("  WARNING: the recovered file does not verify\n");
 }
 
@@ -1285,6 +1375,16 @@ void print_problems_text(const FileReport& r, std::size_t limit) {
 }
 
 // Without --verify: one line per file that is not clean, with its first problem.
+// A file being written: what its state "open" means.
+void print_open_text(const FileReport& r) {
+    if (!r.open) return;
+    const std::string tail = r.open_tail_bytes == 0 ? std::string()
+                                                     : fmt::format("; the {} after them are space being written, not damage",
+                                                                   human_bytes(r.open_tail_bytes));
+    fmt::print("{}: open, being written by a running evbd (it holds the file's lock): {} whole records checked{}\n",
+               r.path, r.event_count, tail);
+}
+
 void print_notes_text(const FileReport& r) {
     if (!r.io_error.empty() || r.problems.empty()) return;
     const auto& p = r.problems.front();
@@ -1292,6 +1392,26 @@ void print_notes_text(const FileReport& r) {
                                  ? fmt::format(" (+{}; --verify lists all)", plural(r.problem_count - 1, "more", "more"))
                                  : "";
     fmt::print("{}:{}: {}{}\n", r.path, p.offset, p.what, more);
+}
+
+// The last line of --verify. A file that could not be read (out of memory, I/O) or
+// an input that could not be listed fails the verification: never "OK" then.
+void print_verify_verdict(const Options& o, std::uint64_t problems, std::size_t files_with_problems,
+                          std::size_t readable, std::size_t unreadable, std::size_t input_errors,
+                          std::uint64_t events) {
+    const char* pattern = o.pattern ? " (with pattern)" : "";
+    if (problems == 0 && unreadable == 0 && input_errors == 0) {
+        fmt::print("verify{}: OK, {}, {}\n", pattern, plural(readable, "file", "files"), plural(events, "event", "events"));
+        return;
+    }
+    std::vector<std::string> why;
+    if (problems > 0)
+        why.push_back(fmt::format("{} in {} of {}", plural(problems, "problem", "problems"), files_with_problems,
+                                  plural(readable, "file", "files")));
+    if (unreadable > 0) why.push_back(fmt::format("{} could not be read", plural(unreadable, "file", "files")));
+    const std::size_t other = input_errors - std::min(input_errors, unreadable);
+    if (other > 0) why.push_back(plural(other, "input error", "input errors"));
+    fmt::print("verify{}: FAILED, {}\n", pattern, fmt::join(why, "; "));
 }
 
 // ---- run summaries ----
@@ -1347,7 +1467,7 @@ int main(int argc, char** argv) {
         recovered.push_back(recover_one(path, named));
         const auto& r = recovered.back();
         if (!r.error.empty()) raise(kExitUsage);
-        else if (r.note.empty() && !r.output_verified) raise(kExitProblems);
+        else if (r.note.empty() && (!r.output_verified || r.damaged_records > 0)) raise(kExitProblems);
     }
     if (to_recover.empty() && !o.recover.empty() && input_errors.empty() && !o.json)
         fmt::print("no .evb.part files to recover\n");
@@ -1397,6 +1517,7 @@ int main(int argc, char** argv) {
     if (o.events)
         for (const auto& r : reports) print_events_text(r);
     print_summary_text(reports);
+    for (const auto& r : reports) print_open_text(r);
 
     if (o.verify) {
         for (const auto& r : reports) print_problems_text(r, kMaxProblemsPrinted);
@@ -1404,13 +1525,8 @@ int main(int argc, char** argv) {
             reports.begin(), reports.end(), [](const FileReport& r) { return r.io_error.empty(); }));
         std::uint64_t events = 0;
         for (const auto& r : reports) events += r.event_count;
-        if (total_problems == 0)
-            fmt::print("verify{}: OK, {}, {}\n", o.pattern ? " (with pattern)" : "",
-                       plural(readable, "file", "files"), plural(events, "event", "events"));
-        else
-            fmt::print("verify{}: FAILED, {} in {} of {}\n", o.pattern ? " (with pattern)" : "",
-                       plural(total_problems, "problem", "problems"), files_with_problems,
-                       plural(readable, "file", "files"));
+        print_verify_verdict(o, total_problems, files_with_problems, readable, reports.size() - readable,
+                             input_errors.size(), events);
     } else {
         // Without --verify, one line per file that is not clean says why.
         for (const auto& r : reports) print_notes_text(r);

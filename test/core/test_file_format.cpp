@@ -615,7 +615,7 @@ TEST_CASE("file: recover() rewrites a cut .part as a clean file of its good reco
     }
 }
 
-TEST_CASE("file: recover() keeps the records before a damaged one", "[file]") {
+TEST_CASE("file: recover() keeps the records before and after a damaged one", "[file]") {
     TempDir dir;
     const Image im = make_image(6, false);
     Bytes img = im.bytes;
@@ -624,13 +624,18 @@ TEST_CASE("file: recover() keeps the records before a damaged one", "[file]") {
     write_all(part, img);
     const ef::Recovery rec = ef::recover(part);
     REQUIRE(rec.ok());
-    REQUIRE(rec.events == 4);
+    REQUIRE(rec.events == 5);
+    CHECK(rec.damaged_records == 1);
+    CHECK(read_all(part + ".damaged") == img);  // more than a torn tail dropped: the original stays beside
     const Bytes out_img = read_all(rec.output);
     const auto r = ef::scan(out_img);
     INFO(problems_text(r));
     CHECK(r.problems.empty());
-    REQUIRE(r.records.size() == 4);
-    for (std::size_t i = 0; i < 4; ++i) check_record_matches(r.records[i], im.specs[i], im.records[i]);
+    REQUIRE(r.records.size() == 5);
+    for (std::size_t i = 0; i < 5; ++i) {
+        const std::size_t k = i < 4 ? i : i + 1;
+        check_record_matches(r.records[i], im.specs[k], im.records[k]);
+    }
 }
 
 TEST_CASE("file: recover() refuses what it cannot or must not do", "[file]") {

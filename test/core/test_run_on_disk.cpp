@@ -1,12 +1,15 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <sys/resource.h>
+#include <zstd.h>
 #include <sys/file.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
+#include "core/format/crc32c.hpp"
 #include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
 #include "core/io/run_on_disk.hpp"
@@ -198,4 +201,73 @@ TEST_CASE("survey_run in push mode finds where MIDAS serial numbers go on from .
     CHECK(s.left_parts.size() == 2);
     CHECK(ids_in(s.held) == std::vector<std::uint64_t>{0, 2, 4, 6, 8, 10, 12});
     CHECK(s.next_serial == 7);  // serials 0..6 are on disk
+}
+
+namespace {
+// A v2 .evb of run `run`, builder 0, zstd, one COMPRESSED record (event `id`, one
+// source) whose sections area is `payload` zero bytes after its section header:
+// written in 1 MiB pieces, so the test itself never holds the decoded area.
+void write_huge_zstd_record(const std::string& path, std::uint32_t run, std::uint64_t id, std::size_t payload) {
+    Bytes section(ef::kSectionHeaderBytes);
+    ef::encode_section_header(0, 0, static_cast<std::uint32_t>(payload), section.data(), 1);
+    const Bytes zeros(1u << 20, std::byte{0});
+    ZSTD_CCtx* z = ZSTD_createCCtx();
+    REQUIRE(z != nullptr);
+    const std::size_t content = section.size() + payload;
+    ZSTD_CCtx_setPledgedSrcSize(z, content);
+    Bytes stored(4u << 20);  // zeros compress to a few bytes per block: never the content's size here
+    ZSTD_outBuffer out{stored.data(), stored.size(), 0};
+    std::uint32_t crc = evb::crc32c(section.data(), section.size());
+    ZSTD_inBuffer in{section.data(), section.size(), 0};
+    REQUIRE_FALSE(ZSTD_isError(ZSTD_compressStream2(z, &out, &in, ZSTD_e_continue)));
+    for (std::size_t done = 0; done < payload; done += zeros.size()) {
+        const std::size_t n = std::min(zeros.size(), payload - done);
+        crc = evb::crc32c_extend(crc, zeros.data(), n);
+        ZSTD_inBuffer piece{zeros.data(), n, 0};
+        while (piece.pos < piece.size) REQUIRE_FALSE(ZSTD_isError(ZSTD_compressStream2(z, &out, &piece, ZSTD_e_continue)));
+    }
+    ZSTD_inBuffer none{nullptr, 0, 0};
+    std::size_t left = 0;
+    do {
+        left = ZSTD_compressStream2(z, &out, &none, ZSTD_e_end);
+        REQUIRE_FALSE(ZSTD_isError(left));
+    } while (left != 0);
+    ZSTD_freeCCtx(z);
+    stored.resize(out.pos);
+
+    evb::test::RecordSpecV2 spec;
+    spec.event_id = id;
+    spec.run_number = run;
+    spec.sections.resize(1);
+    ef::FileHeader h;
+    h.version = 2;
+    h.run_number = run;
+    h.expected_sources = 1;
+    h.codec = ef::Codec::zstd;
+    const Bytes img = evb::test::build_file_image(
+        h, {evb::test::build_record_v2_compressed(spec, static_cast<std::uint32_t>(content), crc, stored)}, true);
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(img.data()),
+                                                static_cast<std::streamsize>(img.size()));
+}
+
+long max_rss_kib() {
+    struct rusage u {};
+    ::getrusage(RUSAGE_SELF, &u);
+    return u.ru_maxrss;
+}
+}  // namespace
+
+TEST_CASE("survey_run reads a COMPRESSED record's header and stored CRC, never its 512 MiB content",
+          "[run_on_disk][memory]") {
+    evb::test::TempDir dir;
+    const std::string path = dir / "run000003_000_00000.evb";
+    write_huge_zstd_record(path, 3, 42, 512u << 20);
+    REQUIRE(std::filesystem::file_size(path) < (1u << 20));
+    const long before = max_rss_kib();
+    const ef::RunSurvey s = ef::survey_run(dir.path(), 3, 0, 1, false);
+    const long grown_mib = (max_rss_kib() - before) / 1024;
+    INFO("peak RSS grew by " << grown_mib << " MiB");
+    CHECK(s.problems.empty());
+    CHECK(ids_in(s.held) == std::vector<std::uint64_t>{42});
+    CHECK(grown_mib < 64);
 }
