@@ -200,11 +200,13 @@ std::vector<FamilyOut> collect(const Sources& s) {
         FamilyOut f{"evb_late_fragments_total",
                     "Chunks that arrived for an event already written (dropped), by how that event was written: "
                     "complete (a late copy), incomplete (the source was slower than building.timeout_ms), "
-                    "beyond_window (built more than building.late_window events ago).",
+                    "beyond_window (built more than building.late_window events ago), before_start (held by the run's "
+                    "files when evbd started: a restart within the run).",
                     T::counter, {}, {}};
         f.samples.push_back({{{"event", "complete"}}, sum(M, [](auto& b) { return b.late_after_complete.get(); }), {}, 0});
         f.samples.push_back({{{"event", "incomplete"}}, sum(M, [](auto& b) { return b.late_after_incomplete.get(); }), {}, 0});
         f.samples.push_back({{{"event", "beyond_window"}}, sum(M, [](auto& b) { return b.late_beyond_window.get(); }), {}, 0});
+        f.samples.push_back({{{"event", "before_start"}}, sum(M, [](auto& b) { return b.late_before_start.get(); }), {}, 0});
         out.push_back(std::move(f));
     }
     out.push_back(scalar("evb_kernel_receive_drops_total", "Datagrams the kernel dropped because a socket buffer was full (SO_RXQ_OVFL).",

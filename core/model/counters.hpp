@@ -93,9 +93,13 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     Counter late_after_complete;
     Counter late_after_incomplete;
     Counter late_beyond_window;
+    // Chunks of an event the run's files held when this process started (a restart
+    // within the run: the start-up survey's ids count as built, see MatcherSettings).
+    Counter late_before_start;
     Counter stale_chunks;  // timestamp mode: chunks whose fragment was not whole within the timeout
     std::uint64_t late_fragments() const noexcept {
-        return late_after_complete.get() + late_after_incomplete.get() + late_beyond_window.get();
+        return late_after_complete.get() + late_after_incomplete.get() + late_beyond_window.get() +
+               late_before_start.get();
     }
     Counter unknown_source;       // source id not in the configuration
     Counter in_flight_limit_drops;

@@ -34,6 +34,8 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       tolerance_(s.tolerance_ticks),
       slice_ticks_(s.slice_ticks == 0 ? 1 : s.slice_ticks),
       timeout_ns_(s.timeout_ns),
+      built_before_(s.built_before != nullptr && !s.built_before->empty() ? s.built_before : nullptr),
+      built_before_run_(s.built_before_run),
       returns_(slot_returns),
       counters_(counters),
       events_(arena, s.max_events),

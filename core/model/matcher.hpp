@@ -9,6 +9,7 @@
 
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
+#include "core/io/run_on_disk.hpp"
 #include "core/model/event.hpp"
 #include "core/model/flat_map.hpp"
 #include "core/model/source_index.hpp"
@@ -59,6 +60,13 @@ struct MatcherSettings {
     // Some frame description sends fragments in chunks (input.frames, `chunk`): the
     // matcher keeps, per source, the state that gathers them (gather_described).
     bool described_chunks = false;
+    // A restart within a run: the ids of run built_before_run that the run's files
+    // already hold (the start-up survey, shared by every shard). A chunk of one is
+    // late, as a chunk of an event this process built would be, so that a run never
+    // holds an event twice whatever the sources send again. Spans, not ids: a long
+    // run's millions of ids take a few spans.
+    std::shared_ptr<const file::HeldIds> built_before = nullptr;
+    std::uint32_t built_before_run = 0;
 };
 
 class Matcher {
@@ -207,6 +215,8 @@ private:
         const RecentSet& h = history(run);
         if (h.contains(event_id))
             return h.incomplete(event_id) ? &counters_.late_after_incomplete : &counters_.late_after_complete;
+        if (built_before_ != nullptr && run == built_before_run_ && built_before_->contains(event_id))
+            return &counters_.late_before_start;
         return event_id < h.floor() ? &counters_.late_beyond_window : nullptr;
     }
     // Every present source has its fragment (absent ones are not waited for).
@@ -236,6 +246,8 @@ private:
     bool watermark_moved_ = false;
     std::vector<SeqWindow> seen_seq_;       // time_slice, per source
     std::uint64_t timeout_ns_;
+    std::shared_ptr<const file::HeldIds> built_before_;  // see MatcherSettings
+    std::uint32_t built_before_run_;
     alloc::ReturnBatcher& returns_;
     stats::MatcherCounters& counters_;
 
