@@ -9,23 +9,6 @@
 
 namespace evb {
 
-namespace {
-// Events in flight are found by id and run: while a run changes, the readers admit
-// the next run before the old one's events are all built, and both runs may use
-// the same ids. Mixing the run into the key keeps their events apart; a chunk that
-// still meets an event of another run (ids far apart whose keys meet) is counted
-// inconsistent, as it was before runs were told apart.
-std::uint64_t map_key(std::uint64_t event_id, std::uint32_t run) noexcept {
-    return event_id ^ (std::uint64_t{run} * 0x9E3779B97F4A7C15ull);
-}
-
-// Record bytes a fragment of `length` payload bytes adds to its event beyond the
-// section header: the padded payload, and in the time modes its item header.
-std::uint64_t fragment_claim(const Event& e, std::uint32_t length) noexcept {
-    return file::padded8(length) + (e.has_items() ? file::kItemHeaderBytes : 0);
-}
-}
-
 Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& arena,
                  alloc::ReturnBatcher& slot_returns, stats::MatcherCounters& counters)
     : shard_(shard),
@@ -355,155 +338,6 @@ void Matcher::expire_waiting(std::uint64_t now_ns, bool all) noexcept {
     expire_lists(ungathered_, ungathered_chunks_);
 }
 
-// A chunk of a described fragment (docs/FORMATS.md 8.3 `chunk`) carries its
-// (source, event) and index, but neither the fragment's length, its own offset in
-// it, the chunk count, nor (first_chunk_only) the timestamp. Its chunks wait here,
-// per source, by (run, event, index), until chunk 0, the one with the last-packet
-// bit and every one between are in; then those fields are filled in from them and
-// the fragment goes on as a whole EVB fragment would. Nothing is guessed: a later
-// chunk whose first has not come waits for it, and a fragment not whole within
-// building.timeout_ms is dropped (stale_chunks), its event written without it.
-// A copy of a waiting chunk, or of one of a fragment gathered lately, is counted a
-// duplicate and dropped: the first is kept.
-void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
-    const auto i = static_cast<std::size_t>(idx);
-    if (ungathered_.empty()) {  // not set up for chunks (MatcherSettings::described_chunks)
-        counters_.inconsistent_chunks.add();
-        drop(c);
-        return;
-    }
-    const auto same_fragment = [](const ChunkMeta* a, const ChunkMeta* b) {
-        return a->run_number == b->run_number && a->event_id == b->event_id;
-    };
-    const auto before = [](const ChunkMeta* a, const ChunkMeta* b) {
-        if (a->run_number != b->run_number) return a->run_number < b->run_number;
-        if (a->event_id != b->event_id) return a->event_id < b->event_id;
-        return a->chunk_index < b->chunk_index;
-    };
-    if (gathered_[i].contains(c->event_id, c->run_number)) {
-        counters_.duplicate_chunks.add();
-        drop(c);
-        return;
-    }
-    // A chunk of a fragment whose event is written already would wait in vain:
-    // counted as an EVB chunk of it would be (late, or a duplicate) and dropped.
-    if (match_ == file::MatchMode::event_id && map_.find(map_key(c->event_id, c->run_number)) == nullptr) {
-        if (stats::Counter* late = late_counter(c->event_id, c->run_number)) {
-            late->add();
-            counters_.source_late[idx].add();
-            drop(c);
-            return;
-        }
-    } else if (match_ == file::MatchMode::timestamp && timed_history_[i].run == c->run_number) {
-        const SourceHistory& h = timed_history_[i];
-        for (std::uint32_t k = 0; k < h.seq_count; ++k)
-            if (h.written_seq[k] == c->event_id) {
-                counters_.duplicate_chunks.add();
-                drop(c);
-                return;
-            }
-    }
-    ChunkMeta* after = nullptr;  // insert after this chunk (nullptr: at the head)
-    ChunkMeta* p = ungathered_[i];
-    while (p != nullptr && before(p, c)) {
-        after = p;
-        p = p->next;
-    }
-    if (p != nullptr && same_fragment(p, c) && p->chunk_index == c->chunk_index) {
-        counters_.duplicate_chunks.add();
-        drop(c);
-        return;
-    }
-    c->next = p;
-    if (after != nullptr) after->next = c; else ungathered_[i] = c;
-    wire::store_u64(c->spare(), now_ns);  // when it began to wait (expire_waiting)
-    ++held_slots_[i];
-    ++ungathered_chunks_;
-
-    // The fragment's chunks are a run of the list: whole when they are 0..n-1 and
-    // chunk n-1 is the last.
-    ChunkMeta* before_run = nullptr;
-    ChunkMeta* first = ungathered_[i];
-    while (!same_fragment(first, c)) {
-        before_run = first;
-        first = first->next;
-    }
-    std::uint32_t n = 0;
-    ChunkMeta* last = nullptr;
-    for (ChunkMeta* k = first; k != nullptr && same_fragment(k, c) && k->chunk_index == n; k = k->next) {
-        ++n;
-        if (k->flags & chunk_flags::last_chunk) {
-            last = k;
-            break;
-        }
-    }
-    if (last == nullptr) {
-        // The share of receive slots one source's unfinished fragments may hold
-        // (MatcherSettings::max_slots_per_source); a chunk that completes its
-        // fragment is always taken.
-        if (max_slots_ != 0 && held_slots_[i] > max_slots_) {
-            if (after != nullptr) after->next = c->next; else ungathered_[i] = c->next;
-            --held_slots_[i];
-            --ungathered_chunks_;
-            counters_.source_slot_limit_drops.add();
-            counters_.source_slot_limit[i].add();
-            drop(c);
-        }
-        return;
-    }
-    if (before_run != nullptr) before_run->next = last->next; else ungathered_[i] = last->next;
-    last->next = nullptr;
-    held_slots_[i] -= n;
-    ungathered_chunks_ -= n;
-    const std::uint64_t event = c->event_id;  // the chunks may be dropped below
-    const std::uint32_t run = c->run_number;
-    // What an EVB chunk says of its fragment, now known; the first chunk's timestamp
-    // is every chunk's (first_chunk_only), as each EVB chunk carries it.
-    std::uint32_t offset = 0;
-    for (ChunkMeta* k = first; k != nullptr; k = k->next) {
-        k->chunk_offset = offset;
-        offset += k->payload_length;  // at most 65535 chunks of at most 65535 bytes: no overflow
-        k->chunk_count = static_cast<std::uint16_t>(n);
-        k->timestamp = first->timestamp;
-        k->flags = static_cast<std::uint16_t>(k->flags & ~(chunk_flags::ungathered | chunk_flags::last_chunk));
-    }
-    for (ChunkMeta* k = first; k != nullptr; k = k->next) k->fragment_length = offset;
-    // A heartbeat (its first datagram says EMPTY; docs/FORMATS.md 8.3 `empty`) is one
-    // EMPTY fragment whatever it was sent in, as an EVB one is: length 0, one chunk.
-    // Its other datagrams carry nothing to keep but their `error` bit. A fragment that is not one keeps
-    // no EMPTY on a later datagram either (its chunks would each count as a heartbeat).
-    if (first->flags & wire::fragment_flags::empty) {
-        // An `error` bit on any of its datagrams still flags it (unless first_chunk_only).
-        for (const ChunkMeta* k = first->next; k != nullptr; k = k->next)
-            first->flags = static_cast<std::uint16_t>(first->flags | (k->flags & wire::fragment_flags::source_error));
-        drop_chain(first->next);
-        first->next = nullptr;
-        first->chunk_count = 1;
-        first->fragment_length = first->payload_length = 0;
-    } else {
-        for (ChunkMeta* k = first->next; k != nullptr; k = k->next)
-            k->flags = static_cast<std::uint16_t>(k->flags & ~wire::fragment_flags::empty);
-    }
-    // The whole fragment joins its event by the match mode's rules, the steps a whole
-    // EVB fragment takes; its share of slots was applied while it waited here. In
-    // time_slice mode its chunks go through the slice gathering one by one, marked
-    // whole so that the share is not applied there again.
-    // Remembered as gathered (a copy of one of its chunks is a duplicate) only once it
-    // is in its event or slice: a fragment refused there (no room for its event, the
-    // run stopping) is taken when it comes again.
-    bool joined = false;
-    if (match_ != file::MatchMode::time_slice) {
-        joined = join_whole(first, idx, now_ns, out);
-    } else {
-        for (ChunkMeta* k = first; k != nullptr;) {
-            ChunkMeta* next = k->next;
-            joined = add_sliced(k, idx, now_ns, out, true) || joined;
-            k = next;
-        }
-    }
-    if (joined) gathered_[i].insert(event, run);
-}
-
 // A chunk joins event e: checks, duplicate detection, the fragment's chunk list,
 // and the event handed on when it is done. `whole`: the chunk's fragment is whole
 // already (timestamp mode), so no share of receive slots applies.
@@ -519,6 +353,7 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         drop(c);
         return;
     }
+    if (c->flags & chunk_flags::copy_seen) e->status |= file::record_status::duplicates;  // while it was gathered
     // The payload's CRC (computed on admission, admit_datagram) checks the chunk when
     // the source sent one, and is kept in either case so that assembly joins the
     // record CRC from the chunks' CRCs instead of reading the payload again. It is
@@ -981,6 +816,7 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         drop(c);
         return false;
     }
+    if (c->flags & chunk_flags::copy_seen) e->status |= file::record_status::duplicates;  // while it was gathered
     if (crc_bad) {
         e->status |= file::record_status::corrupt_dropped;
         counters_.crc_failures.add();

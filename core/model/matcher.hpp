@@ -135,23 +135,31 @@ private:
     void gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // The (run, event) keys of the fragments a source's chunks completed lately: a
     // copy of one of their chunks is a duplicate, not the start of a new wait.
+    // With each, its chunk count (0: dropped as inconsistent, a false last bit).
     struct RecentlyGathered {
         static constexpr std::size_t kDepth = 8;
         std::uint64_t event[kDepth];
         std::uint32_t run[kDepth];
+        std::uint32_t chunks[kDepth];
         std::uint8_t count, next;
-        bool contains(std::uint64_t e, std::uint32_t r) const noexcept {
-            for (std::size_t k = 0; k < count; ++k)
-                if (event[k] == e && run[k] == r) return true;
-            return false;
-        }
-        void insert(std::uint64_t e, std::uint32_t r) noexcept {
-            event[next] = e;
-            run[next] = r;
-            next = static_cast<std::uint8_t>((next + 1) % kDepth);
-            if (count < kDepth) ++count;
-        }
+        int chunks_of(std::uint64_t e, std::uint32_t r) const noexcept;  // -1: not there
+        void insert(std::uint64_t e, std::uint32_t r, std::uint32_t n) noexcept;
     };
+    void late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexcept;
+    void take_fragment_back(Event& e, std::size_t idx) noexcept;
+    // Events in flight are found by id and run: while a run changes, the readers admit
+    // the next run before the old one's events are all built, and both runs may use
+    // the same ids. Mixing the run into the key keeps their events apart; a chunk that
+    // still meets an event of another run (ids far apart whose keys meet) is counted
+    // inconsistent, as it was before runs were told apart.
+    static std::uint64_t map_key(std::uint64_t event_id, std::uint32_t run) noexcept {
+        return event_id ^ (std::uint64_t{run} * 0x9E3779B97F4A7C15ull);
+    }
+    // Record bytes a fragment of `length` payload bytes adds to its event beyond the
+    // section header: the padded payload, and in the time modes its item header.
+    static std::uint64_t fragment_claim(const Event& e, std::uint32_t length) noexcept {
+        return file::padded8(length) + (e.has_items() ? file::kItemHeaderBytes : 0);
+    }
     // held: waiting for more chunks; complete: first..last is the whole fragment;
     // duplicate, refused: the chunk was dropped; broken: whole but not tiling, every
     // chunk of it dropped. `whole`: the chunk's fragment is known whole already (a
