@@ -281,8 +281,12 @@ std::vector<FamilyOut> collect(const Sources& s) {
         FamilyOut h{"evb_source_held_slots_refused_total",
                     "Chunks refused because the source's incomplete fragments held their share of receive buffers.",
                     T::counter, {}, {}};
+        FamilyOut c{"evb_source_clock_steps_total",
+                    "Timestamp mode: times the source's clock stepped (docs/FORMATS.md section 5; at most once a run: "
+                    "it stays desynchronised, its sections DESYNC, until the run ends).",
+                    T::counter, {}, {}};
         for (std::size_t i = 0; i < s.sources.size(); ++i) {
-            double frag = 0, miss = 0, desync = 0, held = 0, late = 0;
+            double frag = 0, miss = 0, desync = 0, held = 0, late = 0, steps = 0;
             for (const auto* m : M) {
                 if (i >= m->sources) continue;
                 frag += static_cast<double>(m->source_fragments[i].get());
@@ -290,6 +294,7 @@ std::vector<FamilyOut> collect(const Sources& s) {
                 desync += static_cast<double>(m->source_desync[i].get());
                 held += static_cast<double>(m->source_slot_limit[i].get());
                 late += static_cast<double>(m->source_late[i].get());
+                steps += static_cast<double>(m->source_clock_steps[i].get());
             }
             const std::string id = std::to_string(s.sources[i]);
             f.samples.push_back({{{"source", id}}, frag, {}, 0});
@@ -297,12 +302,14 @@ std::vector<FamilyOut> collect(const Sources& s) {
             d.samples.push_back({{{"source", id}}, desync, {}, 0});
             h.samples.push_back({{{"source", id}}, held, {}, 0});
             l.samples.push_back({{{"source", id}}, late, {}, 0});
+            c.samples.push_back({{{"source", id}}, steps, {}, 0});
         }
         out.push_back(std::move(f));
         out.push_back(std::move(g));
         out.push_back(std::move(d));
         out.push_back(std::move(h));
         out.push_back(std::move(l));
+        out.push_back(std::move(c));
         FamilyOut st{"evb_source_state",
                      "1 while the source is present, 0 while it is absent (sent nothing while the others went on; events "
                      "do not wait for it). A source taken out by reload reads 1 (evb_expected_sources counts the set).",

@@ -65,6 +65,7 @@ ServiceLoop::ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapsh
       run_(started_->run_number),
       running_run_(!started_->control.start_stopped),
       source_reported_(started_->sources.size(), 0),
+      clock_steps_logged_(started_->sources.size(), 0),
       source_absent_(started_->sources.size(), 0) {
     post_rules(running_run_);
     if (running_run_) mark_run_start(run_);
@@ -498,11 +499,19 @@ void ServiceLoop::report_sources(bool now_or_never) {
         }
     }
     for (std::size_t i = 0; i < source_reported_.size(); ++i) {
-        std::uint64_t desync = 0, slots = 0;
+        std::uint64_t desync = 0, slots = 0, steps = 0;
         for (const auto& m : t_.pipeline.counters()) {
             if (i >= m->sources) continue;
             desync += m->source_desync[i].get();
             slots += m->source_slot_limit[i].get();
+            steps += m->source_clock_steps[i].get();
+        }
+        if (steps > clock_steps_logged_[i]) {  // at most one a run: logged as it comes
+            clock_steps_logged_[i] = steps;
+            log_warn("source {}: its clock stepped (a board reset or lost clock lock; docs/FORMATS.md section 5): "
+                     "its fragments are no longer matched by time until the run ends, and its sections are written "
+                     "DESYNC (evb_source_clock_steps_total); a run change puts it in step again",
+                     started_->sources[i]);
         }
         if (desync > 0 && !(source_reported_[i] & 1)) {
             source_reported_[i] |= 1;

@@ -138,6 +138,9 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     // Time match modes: the source's largest fragment timestamp + 1 (0: none yet);
     // in time_slice mode, its watermark (heartbeats included).
     std::unique_ptr<Counter[]> source_watermark;
+    // Timestamp mode: clock steps of the source (at most one per run: it stays
+    // desynchronised until the run ends).
+    std::unique_ptr<Counter[]> source_clock_steps;
     std::size_t sources = 0;
     void size_sources(std::size_t n) {
         sources = n;
@@ -149,6 +152,7 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
         source_last_seen_ns = std::make_unique<Counter[]>(n);
         source_late = std::make_unique<Counter[]>(n);
         source_watermark = std::make_unique<Counter[]>(n);
+        source_clock_steps = std::make_unique<Counter[]>(n);
     }
 };
 

@@ -107,6 +107,9 @@ struct SourceState {
                                   kNotAwaited = 32, kRemoved = 64;
     // time_slice: written on timeout before this source's watermark passed the slice's end.
     static constexpr std::uint8_t kUnconfirmed = 128;
+    // timestamp mode (the same bit: the modes never meet): the source's clock stepped
+    // at or before this fragment in this run, or it is MISSING after the step (DESYNC).
+    static constexpr std::uint8_t kDesync = 128;
 };
 
 // How the records of a matcher's events are laid out (docs/FORMATS.md 2.2, 6.2, 6.3).

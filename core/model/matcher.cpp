@@ -15,6 +15,8 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       source_index_(s.sources),
       match_(s.match),
       tolerance_(s.tolerance_ticks),
+      clock_steps_(s.match == file::MatchMode::timestamp ? s.sources.size() : 0,
+                   s.match == file::MatchMode::timestamp ? s.step_ticks : 0, s.timeout_ns),
       slice_ticks_(s.slice_ticks == 0 ? 1 : s.slice_ticks),
       timeout_ns_(s.timeout_ns),
       built_before_(s.built_before != nullptr && !s.built_before->empty() ? s.built_before : nullptr),
@@ -187,6 +189,10 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
                 smallest = e->src[i].head->timestamp;
         e->event_id = smallest == UINT64_MAX ? e->anchor : smallest;
         e->timestamp = e->event_id;
+        if (clock_steps_.any_desync())  // a desynchronised source's MISSING sections say so
+            for (std::uint32_t i = 0; i < e->section_count; ++i)
+                if (clock_steps_.desync(i) && !(e->src[i].state & SourceState::kComplete))
+                    e->src[i].state |= SourceState::kDesync;
         // What a later fragment is checked against (see event_by_time): each
         // fragment written, and for each source missing, the event's anchor.
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
@@ -532,6 +538,23 @@ Event* Matcher::open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_
     return e;
 }
 
+Event* Matcher::own_record(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
+    Event* e = start_event(c->timestamp, c->run_number, now_ns);
+    if (e == nullptr) {
+        counters_.in_flight_limit_drops.add();
+        drop(c);
+        return nullptr;
+    }
+    bucket_remove(e);  // no other fragment finds it
+    for (std::uint32_t k = 0; k < e->section_count; ++k) {
+        if (k == static_cast<std::uint32_t>(idx) || (e->src[k].state & SourceState::kNotAwaited)) continue;
+        e->src[k].state |= SourceState::kNotAwaited;  // written as soon as its fragment is whole
+        ++e->not_awaited;
+    }
+    e->src[idx].state |= SourceState::kDesync;
+    return e;
+}
+
 std::uint64_t Matcher::bucket_key(std::uint64_t ticks, std::uint32_t run) const noexcept {
     const std::uint64_t bucket = tolerance_ == UINT64_MAX ? 0 : ticks / (tolerance_ + 1);
     return map_key(bucket, run);
@@ -571,6 +594,8 @@ void Matcher::bucket_remove(Event* e) noexcept {
 Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
     const std::uint64_t t = c->timestamp;
     const std::uint32_t run = c->run_number;
+    if (clock_steps_.observe(static_cast<std::size_t>(idx), t, now_ns)) counters_.source_clock_steps[idx].add();
+    const bool desync = clock_steps_.desync(static_cast<std::size_t>(idx));
     Event* best = nullptr;
     std::uint64_t best_distance = 0;
     const std::uint64_t b = tolerance_ == UINT64_MAX ? 0 : t / (tolerance_ + 1);
@@ -594,12 +619,16 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
         }
         if (k == UINT64_MAX) break;
     }
-    if (best != nullptr) return best;
+    if (best != nullptr) {
+        if (desync) best->src[idx].state |= SourceState::kDesync;
+        return best;
+    }
     if (!expected_[idx]) {
         counters_.unknown_source.add();
         drop(c);
         return nullptr;
     }
+    if (desync) return own_record(c, idx, now_ns);  // never late, never opens an event
     const SourceHistory& h = timed_history_[idx];
     if (h.run == run) {
         for (std::uint32_t i = 0; i < h.seq_count; ++i)
@@ -1026,6 +1055,7 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     std::fill(watermark_.begin(), watermark_.end(), 0);
     for (std::size_t i = 0; i < watermark_.size(); ++i) counters_.source_watermark[i].set(0);
     std::fill(seen_seq_.begin(), seen_seq_.end(), SeqWindow{});
+    clock_steps_.new_run();  // a reset board is in step again
     min_watermark_ = 0;
     watermark_moved_ = false;
     // Every source starts the new run present; the silence clocks restart with it.

@@ -10,6 +10,7 @@
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
 #include "core/io/run_on_disk.hpp"
+#include "core/model/clock_steps.hpp"
 #include "core/model/event.hpp"
 #include "core/model/flat_map.hpp"
 #include "core/model/source_index.hpp"
@@ -54,6 +55,10 @@ struct MatcherSettings {
     // are laid out: version 1, or 2 (items in the time modes).
     file::MatchMode match = file::MatchMode::event_id;
     std::uint64_t tolerance_ticks = 0;
+    // Timestamp mode: a fragment whose lag differs from its source's usual lag by
+    // more than this is a clock step (ClockSteps; 0: off, ClockSteps::kMeasure: a
+    // quarter of timeout_ns at the measured tick rate).
+    std::uint64_t step_ticks = 0;
     std::uint64_t slice_ticks = 0;
     std::uint32_t record_version = 1;
     file::Codec codec = file::Codec::none;  // of the records of events started from now on
@@ -171,6 +176,9 @@ private:
     // counted and dropped. By event id, or (timestamp mode) by time.
     Event* event_by_id(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
     Event* event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
+    // Timestamp mode, a desynchronised source's fragment that found no open event: a
+    // record of its own, that waits for no other source and that no other joins.
+    Event* own_record(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
     // Starts event `id` for chunk c of source idx, unless the run is stopping, the
     // source has opened its share, or the pool is empty (then c is counted and dropped).
     Event* open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_t now_ns) noexcept;
@@ -241,6 +249,7 @@ private:
     file::MatchMode match_;
     std::uint64_t tolerance_;
     std::vector<SourceHistory> timed_history_;  // timestamp mode, per source
+    ClockSteps clock_steps_;                    // timestamp mode
     std::vector<ChunkMeta*> waiting_;           // timestamp mode, per source: chunks of unfinished fragments
     std::size_t waiting_chunks_ = 0;
     std::vector<ChunkMeta*> ungathered_;  // described chunks, per source: by (run, event, chunk index)
