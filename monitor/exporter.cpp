@@ -285,8 +285,12 @@ std::vector<FamilyOut> collect(const Sources& s) {
                     "Timestamp mode: times the source's clock stepped (docs/FORMATS.md section 5; at most once a run: "
                     "it stays desynchronised, its sections DESYNC, until the run ends).",
                     T::counter, {}, {}};
+        FamilyOut o{"evb_source_disorder_ticks",
+                    "time_slice mode: the largest amount (ticks) by which a fragment or heartbeat of the source arrived "
+                    "older than one before it; building.disorder_ticks at least this loses none of its hits as late.",
+                    T::gauge, {}, {}};
         for (std::size_t i = 0; i < s.sources.size(); ++i) {
-            double frag = 0, miss = 0, desync = 0, held = 0, late = 0, steps = 0;
+            double frag = 0, miss = 0, desync = 0, held = 0, late = 0, steps = 0, disorder = 0;
             for (const auto* m : M) {
                 if (i >= m->sources) continue;
                 frag += static_cast<double>(m->source_fragments[i].get());
@@ -295,6 +299,7 @@ std::vector<FamilyOut> collect(const Sources& s) {
                 held += static_cast<double>(m->source_slot_limit[i].get());
                 late += static_cast<double>(m->source_late[i].get());
                 steps += static_cast<double>(m->source_clock_steps[i].get());
+                disorder = std::max(disorder, static_cast<double>(m->source_disorder_ticks[i].get()));
             }
             const std::string id = std::to_string(s.sources[i]);
             f.samples.push_back({{{"source", id}}, frag, {}, 0});
@@ -303,6 +308,7 @@ std::vector<FamilyOut> collect(const Sources& s) {
             h.samples.push_back({{{"source", id}}, held, {}, 0});
             l.samples.push_back({{{"source", id}}, late, {}, 0});
             c.samples.push_back({{{"source", id}}, steps, {}, 0});
+            o.samples.push_back({{{"source", id}}, disorder, {}, 0});
         }
         out.push_back(std::move(f));
         out.push_back(std::move(g));
@@ -310,6 +316,7 @@ std::vector<FamilyOut> collect(const Sources& s) {
         out.push_back(std::move(h));
         out.push_back(std::move(l));
         out.push_back(std::move(c));
+        out.push_back(std::move(o));
         FamilyOut st{"evb_source_state",
                      "1 while the source is present, 0 while it is absent (sent nothing while the others went on; events "
                      "do not wait for it). A source taken out by reload reads 1 (evb_expected_sources counts the set).",

@@ -41,6 +41,7 @@ MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
     m.match = c.building.match;
     m.tolerance_ticks = c.building.tolerance_ticks;
     m.slice_ticks = c.building.slice_ticks;
+    m.disorder_ticks = c.building.disorder_ticks;
     // A clock step (docs/FORMATS.md section 5): "auto" is a quarter of the timeout,
     // in ticks of building.clock_hz when given, else of the rate the matcher measures.
     const std::uint64_t quarter_ms = std::max<std::uint64_t>(1, c.building.timeout_ms / 4);

@@ -141,6 +141,9 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     // Timestamp mode: clock steps of the source (at most one per run: it stays
     // desynchronised until the run ends).
     std::unique_ptr<Counter[]> source_clock_steps;
+    // time_slice mode, gauge: the largest amount (ticks) by which a fragment or
+    // heartbeat of the source arrived older than one before it (DisorderGauge).
+    std::unique_ptr<Counter[]> source_disorder_ticks;
     std::size_t sources = 0;
     void size_sources(std::size_t n) {
         sources = n;
@@ -153,6 +156,7 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
         source_late = std::make_unique<Counter[]>(n);
         source_watermark = std::make_unique<Counter[]>(n);
         source_clock_steps = std::make_unique<Counter[]>(n);
+        source_disorder_ticks = std::make_unique<Counter[]>(n);
     }
 };
 

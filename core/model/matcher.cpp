@@ -18,6 +18,8 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       clock_steps_(s.match == file::MatchMode::timestamp ? s.sources.size() : 0,
                    s.match == file::MatchMode::timestamp ? s.step_ticks : 0, s.timeout_ns),
       slice_ticks_(s.slice_ticks == 0 ? 1 : s.slice_ticks),
+      disorder_ticks_(s.disorder_ticks),
+      disorder_(s.match == file::MatchMode::time_slice ? s.sources.size() : 0),
       timeout_ns_(s.timeout_ns),
       built_before_(s.built_before != nullptr && !s.built_before->empty() ? s.built_before : nullptr),
       built_before_run_(s.built_before_run),
@@ -677,6 +679,9 @@ void Matcher::drop_chain(ChunkMeta* c) noexcept {
 }
 
 void Matcher::advance_watermark(std::size_t idx, std::uint64_t t) noexcept {
+    counters_.source_disorder_ticks[idx].set(disorder_.observe(idx, t));
+    if (t < disorder_ticks_) return;  // the watermark stays disorder_ticks behind the newest
+    t -= disorder_ticks_;
     const std::uint64_t w = t == UINT64_MAX ? t : t + 1;
     if (w > watermark_[idx]) {
         watermark_[idx] = w;
@@ -1056,6 +1061,7 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     for (std::size_t i = 0; i < watermark_.size(); ++i) counters_.source_watermark[i].set(0);
     std::fill(seen_seq_.begin(), seen_seq_.end(), SeqWindow{});
     clock_steps_.new_run();  // a reset board is in step again
+    disorder_.new_run();
     min_watermark_ = 0;
     watermark_moved_ = false;
     // Every source starts the new run present; the silence clocks restart with it.

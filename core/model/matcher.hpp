@@ -11,6 +11,7 @@
 #include "allocators/buffer_pool.hpp"
 #include "core/io/run_on_disk.hpp"
 #include "core/model/clock_steps.hpp"
+#include "core/model/disorder_gauge.hpp"
 #include "core/model/event.hpp"
 #include "core/model/flat_map.hpp"
 #include "core/model/source_index.hpp"
@@ -60,6 +61,9 @@ struct MatcherSettings {
     // quarter of timeout_ns at the measured tick rate).
     std::uint64_t step_ticks = 0;
     std::uint64_t slice_ticks = 0;
+    // time_slice mode: a fragment or heartbeat stamped t moves its source's watermark
+    // to t - disorder_ticks at most (bounded out-of-orderness, docs/FORMATS.md 5).
+    std::uint64_t disorder_ticks = 0;
     std::uint32_t record_version = 1;
     file::Codec codec = file::Codec::none;  // of the records of events started from now on
     // Some frame description sends fragments in chunks (input.frames, `chunk`): the
@@ -262,6 +266,8 @@ private:
     bool watermark_run_set_ = false;
     bool watermark_moved_ = false;
     std::vector<SeqWindow> seen_seq_;       // time_slice, per source
+    std::uint64_t disorder_ticks_;          // time_slice: how far behind its newest a watermark stays
+    DisorderGauge disorder_;                // time_slice: the disorder each source shows
     std::uint64_t timeout_ns_;
     std::shared_ptr<const file::HeldIds> built_before_;  // see MatcherSettings
     std::uint32_t built_before_run_;

@@ -402,3 +402,13 @@ TEST_CASE("building.step_ticks: auto is a quarter of the timeout at clock_hz, el
     CHECK(step({"building.step_ticks=5000", "building.clock_hz=1000000"}) == 5000);
     CHECK(any_contains(problems_of(R"({"building": {"step_ticks": "often"}})"), "building.step_ticks"));
 }
+
+TEST_CASE("building.disorder_ticks reaches the matcher; 0 by default") {
+    const auto disorder = [](const std::vector<std::string>& sets) {
+        const auto c = load_config(R"({"building": {"match": "time_slice", "slice_ticks": 1000}})", "x", sets);
+        return evb::make_snapshot(c, evb::Sizing{})->matcher.disorder_ticks;
+    };
+    CHECK(disorder({}) == 0);
+    CHECK(disorder({"building.disorder_ticks=1600"}) == 1600);
+    CHECK(any_contains(problems_of(R"({"building": {"disorder_ticks": -1}})"), "building.disorder_ticks"));
+}
