@@ -204,11 +204,13 @@ std::vector<FamilyOut> collect(const Sources& s) {
         FamilyOut f{"evb_late_fragments_total",
                     "Chunks that arrived for an event already written (dropped), by how that event was written: "
                     "complete (a late copy), incomplete (the source was slower than building.timeout_ms), "
-                    "beyond_window (built more than building.late_window events ago).",
+                    "beyond_window (built more than building.late_window events ago), before_start (held by the run's "
+                    "files when evbd started: a restart within the run).",
                     T::counter, {}, {}};
         f.samples.push_back({{{"event", "complete"}}, sum(M, [](auto& b) { return b.late_after_complete.get(); }), {}, 0});
         f.samples.push_back({{{"event", "incomplete"}}, sum(M, [](auto& b) { return b.late_after_incomplete.get(); }), {}, 0});
         f.samples.push_back({{{"event", "beyond_window"}}, sum(M, [](auto& b) { return b.late_beyond_window.get(); }), {}, 0});
+        f.samples.push_back({{{"event", "before_start"}}, sum(M, [](auto& b) { return b.late_before_start.get(); }), {}, 0});
         out.push_back(std::move(f));
     }
     out.push_back(scalar("evb_kernel_receive_drops_total", "Datagrams the kernel dropped because a socket buffer was full (SO_RXQ_OVFL).",
@@ -288,8 +290,16 @@ std::vector<FamilyOut> collect(const Sources& s) {
         FamilyOut h{"evb_source_held_slots_refused_total",
                     "Chunks refused because the source's incomplete fragments held their share of receive buffers.",
                     T::counter, {}, {}};
+        FamilyOut c{"evb_source_clock_steps_total",
+                    "Timestamp mode: times the source's clock stepped (docs/FORMATS.md section 5; at most once a run: "
+                    "it stays desynchronised, its sections DESYNC, until the run ends).",
+                    T::counter, {}, {}};
+        FamilyOut o{"evb_source_disorder_ticks",
+                    "time_slice mode: the largest amount (ticks) by which a fragment or heartbeat of the source arrived "
+                    "older than one before it; building.disorder_ticks at least this loses none of its hits as late.",
+                    T::gauge, {}, {}};
         for (std::size_t i = 0; i < s.sources.size(); ++i) {
-            double frag = 0, miss = 0, desync = 0, held = 0, late = 0;
+            double frag = 0, miss = 0, desync = 0, held = 0, late = 0, steps = 0, disorder = 0;
             for (const auto* m : M) {
                 if (i >= m->sources) continue;
                 frag += static_cast<double>(m->source_fragments[i].get());
@@ -297,6 +307,8 @@ std::vector<FamilyOut> collect(const Sources& s) {
                 desync += static_cast<double>(m->source_desync[i].get());
                 held += static_cast<double>(m->source_slot_limit[i].get());
                 late += static_cast<double>(m->source_late[i].get());
+                steps += static_cast<double>(m->source_clock_steps[i].get());
+                disorder = std::max(disorder, static_cast<double>(m->source_disorder_ticks[i].get()));
             }
             const std::string id = std::to_string(s.sources[i]);
             f.samples.push_back({{{"source", id}}, frag, {}, 0});
@@ -304,12 +316,16 @@ std::vector<FamilyOut> collect(const Sources& s) {
             d.samples.push_back({{{"source", id}}, desync, {}, 0});
             h.samples.push_back({{{"source", id}}, held, {}, 0});
             l.samples.push_back({{{"source", id}}, late, {}, 0});
+            c.samples.push_back({{{"source", id}}, steps, {}, 0});
+            o.samples.push_back({{{"source", id}}, disorder, {}, 0});
         }
         out.push_back(std::move(f));
         out.push_back(std::move(g));
         out.push_back(std::move(d));
         out.push_back(std::move(h));
         out.push_back(std::move(l));
+        out.push_back(std::move(c));
+        out.push_back(std::move(o));
         FamilyOut st{"evb_source_state",
                      "1 while the source is present, 0 while it is absent (sent nothing while the others went on; events "
                      "do not wait for it). A source taken out by reload reads 1 (evb_expected_sources counts the set).",

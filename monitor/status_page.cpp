@@ -72,6 +72,7 @@ const char* const kStyle =
 struct SourceRow {
     std::uint32_t id = 0;
     std::uint64_t fragments = 0, missing = 0, late = 0, last_seen_ns = 0;
+    std::uint64_t disorder_ticks = 0;  // time_slice mode: the disorder measured (DisorderGauge)
     bool absent = false;
 };
 
@@ -84,6 +85,7 @@ std::vector<SourceRow> source_rows(const Sources& s) {
             rows[i].fragments += m->source_fragments[i].get();
             rows[i].missing += m->source_missing[i].get();
             rows[i].late += m->source_late[i].get();
+            rows[i].disorder_ticks = std::max(rows[i].disorder_ticks, m->source_disorder_ticks[i].get());
             rows[i].last_seen_ns = std::max(rows[i].last_seen_ns, m->source_last_seen_ns[i].get());
             rows[i].absent |= m->source_absent[i].get() != 0;
         }
@@ -102,13 +104,13 @@ std::string source_trouble(const SourceRow& r, std::uint64_t newest_ns) {
 
 std::string source_table(const std::vector<const SourceRow*>& rows, std::uint64_t newest_ns, std::uint64_t now_ns) {
     std::string t = "<table class=\"src\"><tr><th>source</th><th>state</th><th>fragments</th><th>events missing it</th>"
-                    "<th>late chunks</th><th>last seen</th></tr>\n";
+                    "<th>late chunks</th><th>disorder (ticks)</th><th>last seen</th></tr>\n";
     for (const SourceRow* r : rows) {
         const std::string trouble = source_trouble(*r, newest_ns);
-        t += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n", r->id,
+        t += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n", r->id,
                          trouble.empty() ? "<span class=\"ok\">sending</span>"
                                          : fmt::format("<span class=\"bad\">{}</span>", trouble),
-                         r->fragments, r->missing, r->late,
+                         r->fragments, r->missing, r->late, r->disorder_ticks,
                          r->last_seen_ns == 0 ? std::string("never") : ago_text(now_ns - std::min(now_ns, r->last_seen_ns)));
     }
     return t + "</table>\n";

@@ -220,6 +220,10 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     PipelineSettings pipeline_settings{cfg->worker_count(), sizing.shards, snap->matcher};
     pipeline_settings.compression_level = cfg->output.compression_level;
     pipeline_settings.compression_ring_bytes = compression_ring_bytes(*cfg, sizing);
+    if (!on_disk.held.empty()) {  // a restart within the run: what its files hold counts as built
+        pipeline_settings.matcher.built_before = std::make_shared<const file::HeldIds>(on_disk.held);
+        pipeline_settings.matcher.built_before_run = cfg->run_number;
+    }
     Pipeline pipeline(pipeline_settings, pool_ptrs, writer_bell, built_ids.get());
     DiskWriter writer(snap->writer, pipeline.writer_rings(), pipeline.done_rings(), pool_ptrs, sizing.shards,
                       writer_counters, writer_bell, written_ids.get(), &closed_files);

@@ -100,6 +100,9 @@ ServiceLoop::ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapsh
       run_(started_->run_number),
       running_run_(!started_->control.start_stopped),
       source_reported_(started_->sources.size(), 0),
+      clock_steps_logged_(started_->sources.size(), 0),
+      late_seen_(started_->sources.size(), 0),
+      disorder_logged_(started_->sources.size(), 0),
       source_absent_(started_->sources.size(), 0),
       absent_last_seen_ns_(started_->sources.size(), 0) {
     post_rules(running_run_);
@@ -596,11 +599,33 @@ void ServiceLoop::report_sources(bool now_or_never) {
         }
     }
     for (std::size_t i = 0; i < source_reported_.size(); ++i) {
-        std::uint64_t desync = 0, slots = 0;
+        std::uint64_t desync = 0, slots = 0, steps = 0, late = 0, disorder = 0;
         for (const auto& m : t_.pipeline.counters()) {
             if (i >= m->sources) continue;
             desync += m->source_desync[i].get();
             slots += m->source_slot_limit[i].get();
+            steps += m->source_clock_steps[i].get();
+            late += m->source_late[i].get();
+            disorder = std::max(disorder, m->source_disorder_ticks[i].get());
+        }
+        // time_slice: hits lost as late to a source's own disorder, logged once per
+        // value of the disorder that building.disorder_ticks would need.
+        const std::uint64_t allowed = started_->building.disorder_ticks;
+        if (started_->building.match == MatchMode::time_slice && late > late_seen_[i] && disorder > allowed &&
+            disorder > disorder_logged_[i]) {
+            disorder_logged_[i] = disorder;
+            log_warn("source {}: {} chunks late, and its fragments arrive up to {} ticks out of time order: set "
+                     "building.disorder_ticks to at least {} (now {}) so that they find their slice unwritten "
+                     "(evb_source_disorder_ticks)",
+                     started_->sources[i], late - late_seen_[i], disorder, disorder, allowed);
+        }
+        late_seen_[i] = late;
+        if (steps > clock_steps_logged_[i]) {  // at most one a run: logged as it comes
+            clock_steps_logged_[i] = steps;
+            log_warn("source {}: its clock stepped (a board reset or lost clock lock; docs/FORMATS.md section 5): "
+                     "its fragments are no longer matched by time until the run ends, and its sections are written "
+                     "DESYNC (evb_source_clock_steps_total); a run change puts it in step again",
+                     started_->sources[i]);
         }
         if (desync > 0 && !(source_reported_[i] & 1)) {
             source_reported_[i] |= 1;

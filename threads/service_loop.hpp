@@ -186,6 +186,9 @@ private:
     struct stat watched_ {};  // --watch-config: the file's identity and mtime
     // Source trouble is logged once per source (bits: 1 desync, 2 held slots, 4 pin).
     std::vector<std::uint8_t> source_reported_;
+    std::vector<std::uint64_t> clock_steps_logged_;  // per source: clock steps counted when last logged
+    std::vector<std::uint64_t> late_seen_;        // per source: late chunks at the last look
+    std::vector<std::uint64_t> disorder_logged_;  // per source: the disorder last logged as needed
     std::uint64_t reported_rules_ = 0;  // rules_posted_ when the pins were last reported
     std::uint64_t next_source_check_ns_ = 0;
     std::vector<std::uint8_t> source_absent_;  // over all shards, as last logged

@@ -257,9 +257,9 @@ RunContinuation continue_run(const Config& c, bool pull) {
         return {std::move(s.held), s.next_serial};
     }
     log_warn("run {} goes on in new files: {} file(s) of this builder ({} left unclean, as they are) hold {} of its "
-             "events{}{}; they are not touched",
+             "events{}{}; they are not touched, and copies of those events sent again count late",
              c.run_number, s.files.size(), s.left_parts.size(), s.held.count(), dups, foreign);
-    return {{}, s.next_serial};
+    return {std::move(s.held), s.next_serial};
 }
 
 void write_recovered_summaries(const WriterSettings& w) {

@@ -40,12 +40,13 @@ bool drop_privileges(const std::string& user, const std::string& output_dir);
 
 // A restart within a run: what output.directory already holds of the current run
 // of this builder, logged. Pull mode first recovers the builder's .part files (any
-// run) and returns the run's event ids that its files hold, which the request sender
-// does not ask for again; push mode leaves the files as they are (the writer opens
-// the next sequence number) and returns no ids. Either way the run's MIDAS serial
-// numbers go on from where its files end.
+// run); push mode leaves the files as they are (the writer opens the next sequence
+// number). Either way it returns the run's event ids that its files hold: the
+// matchers count a copy of one as late (never written twice), and the request
+// sender does not ask for them again; and the run's MIDAS serial numbers go on
+// from where its files end.
 struct RunContinuation {
-    file::HeldIds held;            // pull mode: the events the run's files hold
+    file::HeldIds held;            // the events the run's files hold
     std::uint32_t next_serial = 0;  // the writer's first MIDAS serial number in the run
 };
 RunContinuation continue_run(const Config& c, bool pull);

@@ -77,6 +77,8 @@ const std::vector<Key>& schema() {
         {"building.tolerance_ticks", Kind::uint, 0, 0, 1ull << 62, false, "timestamp mode: how far (detector-clock ticks) a fragment's timestamp may lie from an event's anchor and still join it. Triggers must lie more than twice this apart."},
         {"building.slice_ticks", Kind::uint, 0, 0, 1ull << 62, false, "time_slice mode: the slice length W in ticks (slice k holds timestamps k*W .. (k+1)*W-1); must be set (> 0) in that mode."},
         {"building.clock_hz", Kind::uint, 0, 0, 1ull << 40, false, "The builder's clock rate in ticks per second (the tick of building.tolerance_ticks, building.slice_ticks and the timestamps in files); 0: not given. With a frame description's clock_hz, that board's timestamps are converted to it (docs/FORMATS.md section 8.3)."},
+        {"building.disorder_ticks", Kind::uint, 0, 0, 1ull << 62, false, "time_slice mode: bounded out-of-orderness (docs/FORMATS.md section 5). A fragment or heartbeat stamped t moves its source's watermark to t - disorder_ticks at most, so that a fragment up to this many ticks older than the newest from its source still finds its slice unwritten. Set it to the largest evb_source_disorder_ticks a source shows (evbd logs the value needed when hits are lost to it); each tick of it delays every slice by one tick. 0: watermarks follow the newest timestamp."},
+        {"building.step_ticks", Kind::uint_or_auto, "auto", 0, 1ull << 62, false, "timestamp mode: a fragment whose lag (the run's time when it arrives less its timestamp) differs from its source's usual lag by more than this many ticks is a clock step (docs/FORMATS.md section 5): the source is counted (evb_source_clock_steps_total), logged once and desynchronised until the run ends (its sections DESYNC). \"auto\": the ticks in a quarter of building.timeout_ms, at building.clock_hz when set, else at the tick rate measured from the run's time (off until measured, about a second); 0: off."},
         {"output.directory", Kind::string, "evb-data", 0, 0, false, "Directory for the output files (created if missing)."},
         {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
         {"output.direct_io", Kind::boolean, true, 0, 0, false, "Write through aligned staging buffers with O_DIRECT (Linux AIO), bypassing the page cache: about a third of the CPU per byte of buffered writes and steady throughput; a record counts as written once its write has completed. A file system without O_DIRECT (tmpfs) falls back to buffered writes. false: pwritev through the page cache."},
@@ -487,6 +489,11 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->building.tolerance_ticks = u64("building.tolerance_ticks");
     c->building.slice_ticks = u64("building.slice_ticks");
     c->building.clock_hz = u64("building.clock_hz");
+    c->building.disorder_ticks = u64("building.disorder_ticks");
+    if (const json& step = *lookup(eff, "building.step_ticks", false); step.is_string())
+        c->building.step_ticks.reset();  // "auto"
+    else
+        c->building.step_ticks = step.get<std::uint64_t>();
     c->output.format_version = u32("output.format_version");
     c->output.directory = str("output.directory");
     c->output.max_file_bytes = u64("output.max_file_bytes");

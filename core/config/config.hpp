@@ -75,6 +75,8 @@ struct Config {
         std::uint64_t tolerance_ticks = 0;  // timestamp mode
         std::uint64_t slice_ticks = 0;      // time_slice mode
         std::uint64_t clock_hz = 0;         // the builder's clock rate; 0: not given
+        std::optional<std::uint64_t> step_ticks;  // timestamp mode; nothing: "auto"
+        std::uint64_t disorder_ticks = 0;         // time_slice mode
     } building;
 
     struct Output {

@@ -42,6 +42,13 @@ MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
     m.match = c.building.match;
     m.tolerance_ticks = c.building.tolerance_ticks;
     m.slice_ticks = c.building.slice_ticks;
+    m.disorder_ticks = c.building.disorder_ticks;
+    // A clock step (docs/FORMATS.md section 5): "auto" is a quarter of the timeout,
+    // in ticks of building.clock_hz when given, else of the rate the matcher measures.
+    const std::uint64_t quarter_ms = std::max<std::uint64_t>(1, c.building.timeout_ms / 4);
+    m.step_ticks = c.building.step_ticks ? *c.building.step_ticks
+                   : c.building.clock_hz != 0 ? std::max<std::uint64_t>(1, c.building.clock_hz * quarter_ms / 1000)
+                                              : ClockSteps::kMeasure;
     m.record_version = c.output.format_version;
     m.codec = c.output.record_codec();
     if (c.input.frames)

@@ -45,6 +45,7 @@ inline constexpr std::uint32_t missing = 1u << 0;
 inline constexpr std::uint32_t empty = 1u << 1;
 inline constexpr std::uint32_t source_error = 1u << 2;
 inline constexpr std::uint32_t unconfirmed = 1u << 3;  // v2, time_slice
+inline constexpr std::uint32_t desync = 1u << 4;       // v2, timestamp: the source's clock stepped (section 5)
 }  // namespace section_status
 
 // v2 file header fields (section 6.1).

@@ -97,9 +97,13 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     Counter late_after_complete;
     Counter late_after_incomplete;
     Counter late_beyond_window;
+    // Chunks of an event the run's files held when this process started (a restart
+    // within the run: the start-up survey's ids count as built, see MatcherSettings).
+    Counter late_before_start;
     Counter stale_chunks;  // timestamp mode: chunks whose fragment was not whole within the timeout
     std::uint64_t late_fragments() const noexcept {
-        return late_after_complete.get() + late_after_incomplete.get() + late_beyond_window.get();
+        return late_after_complete.get() + late_after_incomplete.get() + late_beyond_window.get() +
+               late_before_start.get();
     }
     Counter unknown_source;       // source id not in the configuration
     Counter in_flight_limit_drops;
@@ -138,6 +142,12 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     // Time match modes: the source's largest fragment timestamp + 1 (0: none yet);
     // in time_slice mode, its watermark (heartbeats included).
     std::unique_ptr<Counter[]> source_watermark;
+    // Timestamp mode: clock steps of the source (at most one per run: it stays
+    // desynchronised until the run ends).
+    std::unique_ptr<Counter[]> source_clock_steps;
+    // time_slice mode, gauge: the largest amount (ticks) by which a fragment or
+    // heartbeat of the source arrived older than one before it (DisorderGauge).
+    std::unique_ptr<Counter[]> source_disorder_ticks;
     std::size_t sources = 0;
     void size_sources(std::size_t n) {
         sources = n;
@@ -149,6 +159,8 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
         source_last_seen_ns = std::make_unique<Counter[]>(n);
         source_late = std::make_unique<Counter[]>(n);
         source_watermark = std::make_unique<Counter[]>(n);
+        source_clock_steps = std::make_unique<Counter[]>(n);
+        source_disorder_ticks = std::make_unique<Counter[]>(n);
     }
 };
 

@@ -29,6 +29,8 @@ inline constexpr std::uint16_t payload_at_stored_offset = 1u << 14;
 // matcher holds it until the fragment is whole and then fills those in.
 inline constexpr std::uint16_t ungathered = 1u << 13;
 inline constexpr std::uint16_t last_chunk = 1u << 12;  // with `ungathered`: the board's last-packet bit
+// A copy of this chunk came while it waited to be gathered: its event is marked DUPLICATES.
+inline constexpr std::uint16_t copy_seen = 1u << 11;
 }
 
 // Bytes a reader that decodes described frames leaves before every datagram in a
@@ -105,6 +107,9 @@ struct SourceState {
                                   kNotAwaited = 32, kRemoved = 64;
     // time_slice: written on timeout before this source's watermark passed the slice's end.
     static constexpr std::uint8_t kUnconfirmed = 128;
+    // timestamp mode (the same bit: the modes never meet): the source's clock stepped
+    // at or before this fragment in this run, or it is MISSING after the step (DESYNC).
+    static constexpr std::uint8_t kDesync = 128;
 };
 
 // How the records of a matcher's events are laid out (docs/FORMATS.md 2.2, 6.2, 6.3).

@@ -9,31 +9,20 @@
 
 namespace evb {
 
-namespace {
-// Events in flight are found by id and run: while a run changes, the readers admit
-// the next run before the old one's events are all built, and both runs may use
-// the same ids. Mixing the run into the key keeps their events apart; a chunk that
-// still meets an event of another run (ids far apart whose keys meet) is counted
-// inconsistent, as it was before runs were told apart.
-std::uint64_t map_key(std::uint64_t event_id, std::uint32_t run) noexcept {
-    return event_id ^ (std::uint64_t{run} * 0x9E3779B97F4A7C15ull);
-}
-
-// Record bytes a fragment of `length` payload bytes adds to its event beyond the
-// section header: the padded payload, and in the time modes its item header.
-std::uint64_t fragment_claim(const Event& e, std::uint32_t length) noexcept {
-    return file::padded8(length) + (e.has_items() ? file::kItemHeaderBytes : 0);
-}
-}
-
 Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& arena,
                  alloc::ReturnBatcher& slot_returns, stats::MatcherCounters& counters)
     : shard_(shard),
       source_index_(s.sources),
       match_(s.match),
       tolerance_(s.tolerance_ticks),
+      clock_steps_(s.match == file::MatchMode::timestamp ? s.sources.size() : 0,
+                   s.match == file::MatchMode::timestamp ? s.step_ticks : 0, s.timeout_ns),
       slice_ticks_(s.slice_ticks == 0 ? 1 : s.slice_ticks),
+      disorder_ticks_(s.disorder_ticks),
+      disorder_(s.match == file::MatchMode::time_slice ? s.sources.size() : 0),
       timeout_ns_(s.timeout_ns),
+      built_before_(s.built_before != nullptr && !s.built_before->empty() ? s.built_before : nullptr),
+      built_before_run_(s.built_before_run),
       returns_(slot_returns),
       counters_(counters),
       events_(arena, s.max_events),
@@ -202,6 +191,10 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
                 smallest = e->src[i].head->timestamp;
         e->event_id = smallest == UINT64_MAX ? e->anchor : smallest;
         e->timestamp = e->event_id;
+        if (clock_steps_.any_desync())  // a desynchronised source's MISSING sections say so
+            for (std::uint32_t i = 0; i < e->section_count; ++i)
+                if (clock_steps_.desync(i) && !(e->src[i].state & SourceState::kComplete))
+                    e->src[i].state |= SourceState::kDesync;
         // What a later fragment is checked against (see event_by_time): each
         // fragment written, and for each source missing, the event's anchor.
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
@@ -353,155 +346,6 @@ void Matcher::expire_waiting(std::uint64_t now_ns, bool all) noexcept {
     expire_lists(ungathered_, ungathered_chunks_);
 }
 
-// A chunk of a described fragment (docs/FORMATS.md 8.3 `chunk`) carries its
-// (source, event) and index, but neither the fragment's length, its own offset in
-// it, the chunk count, nor (first_chunk_only) the timestamp. Its chunks wait here,
-// per source, by (run, event, index), until chunk 0, the one with the last-packet
-// bit and every one between are in; then those fields are filled in from them and
-// the fragment goes on as a whole EVB fragment would. Nothing is guessed: a later
-// chunk whose first has not come waits for it, and a fragment not whole within
-// building.timeout_ms is dropped (stale_chunks), its event written without it.
-// A copy of a waiting chunk, or of one of a fragment gathered lately, is counted a
-// duplicate and dropped: the first is kept.
-void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
-    const auto i = static_cast<std::size_t>(idx);
-    if (ungathered_.empty()) {  // not set up for chunks (MatcherSettings::described_chunks)
-        counters_.inconsistent_chunks.add();
-        drop(c);
-        return;
-    }
-    const auto same_fragment = [](const ChunkMeta* a, const ChunkMeta* b) {
-        return a->run_number == b->run_number && a->event_id == b->event_id;
-    };
-    const auto before = [](const ChunkMeta* a, const ChunkMeta* b) {
-        if (a->run_number != b->run_number) return a->run_number < b->run_number;
-        if (a->event_id != b->event_id) return a->event_id < b->event_id;
-        return a->chunk_index < b->chunk_index;
-    };
-    if (gathered_[i].contains(c->event_id, c->run_number)) {
-        counters_.duplicate_chunks.add();
-        drop(c);
-        return;
-    }
-    // A chunk of a fragment whose event is written already would wait in vain:
-    // counted as an EVB chunk of it would be (late, or a duplicate) and dropped.
-    if (match_ == file::MatchMode::event_id && map_.find(map_key(c->event_id, c->run_number)) == nullptr) {
-        if (stats::Counter* late = late_counter(c->event_id, c->run_number)) {
-            late->add();
-            counters_.source_late[idx].add();
-            drop(c);
-            return;
-        }
-    } else if (match_ == file::MatchMode::timestamp && timed_history_[i].run == c->run_number) {
-        const SourceHistory& h = timed_history_[i];
-        for (std::uint32_t k = 0; k < h.seq_count; ++k)
-            if (h.written_seq[k] == c->event_id) {
-                counters_.duplicate_chunks.add();
-                drop(c);
-                return;
-            }
-    }
-    ChunkMeta* after = nullptr;  // insert after this chunk (nullptr: at the head)
-    ChunkMeta* p = ungathered_[i];
-    while (p != nullptr && before(p, c)) {
-        after = p;
-        p = p->next;
-    }
-    if (p != nullptr && same_fragment(p, c) && p->chunk_index == c->chunk_index) {
-        counters_.duplicate_chunks.add();
-        drop(c);
-        return;
-    }
-    c->next = p;
-    if (after != nullptr) after->next = c; else ungathered_[i] = c;
-    wire::store_u64(c->spare(), now_ns);  // when it began to wait (expire_waiting)
-    ++held_slots_[i];
-    ++ungathered_chunks_;
-
-    // The fragment's chunks are a run of the list: whole when they are 0..n-1 and
-    // chunk n-1 is the last.
-    ChunkMeta* before_run = nullptr;
-    ChunkMeta* first = ungathered_[i];
-    while (!same_fragment(first, c)) {
-        before_run = first;
-        first = first->next;
-    }
-    std::uint32_t n = 0;
-    ChunkMeta* last = nullptr;
-    for (ChunkMeta* k = first; k != nullptr && same_fragment(k, c) && k->chunk_index == n; k = k->next) {
-        ++n;
-        if (k->flags & chunk_flags::last_chunk) {
-            last = k;
-            break;
-        }
-    }
-    if (last == nullptr) {
-        // The share of receive slots one source's unfinished fragments may hold
-        // (MatcherSettings::max_slots_per_source); a chunk that completes its
-        // fragment is always taken.
-        if (max_slots_ != 0 && held_slots_[i] > max_slots_) {
-            if (after != nullptr) after->next = c->next; else ungathered_[i] = c->next;
-            --held_slots_[i];
-            --ungathered_chunks_;
-            counters_.source_slot_limit_drops.add();
-            counters_.source_slot_limit[i].add();
-            drop(c);
-        }
-        return;
-    }
-    if (before_run != nullptr) before_run->next = last->next; else ungathered_[i] = last->next;
-    last->next = nullptr;
-    held_slots_[i] -= n;
-    ungathered_chunks_ -= n;
-    const std::uint64_t event = c->event_id;  // the chunks may be dropped below
-    const std::uint32_t run = c->run_number;
-    // What an EVB chunk says of its fragment, now known; the first chunk's timestamp
-    // is every chunk's (first_chunk_only), as each EVB chunk carries it.
-    std::uint32_t offset = 0;
-    for (ChunkMeta* k = first; k != nullptr; k = k->next) {
-        k->chunk_offset = offset;
-        offset += k->payload_length;  // at most 65535 chunks of at most 65535 bytes: no overflow
-        k->chunk_count = static_cast<std::uint16_t>(n);
-        k->timestamp = first->timestamp;
-        k->flags = static_cast<std::uint16_t>(k->flags & ~(chunk_flags::ungathered | chunk_flags::last_chunk));
-    }
-    for (ChunkMeta* k = first; k != nullptr; k = k->next) k->fragment_length = offset;
-    // A heartbeat (its first datagram says EMPTY; docs/FORMATS.md 8.3 `empty`) is one
-    // EMPTY fragment whatever it was sent in, as an EVB one is: length 0, one chunk.
-    // Its other datagrams carry nothing to keep but their `error` bit. A fragment that is not one keeps
-    // no EMPTY on a later datagram either (its chunks would each count as a heartbeat).
-    if (first->flags & wire::fragment_flags::empty) {
-        // An `error` bit on any of its datagrams still flags it (unless first_chunk_only).
-        for (const ChunkMeta* k = first->next; k != nullptr; k = k->next)
-            first->flags = static_cast<std::uint16_t>(first->flags | (k->flags & wire::fragment_flags::source_error));
-        drop_chain(first->next);
-        first->next = nullptr;
-        first->chunk_count = 1;
-        first->fragment_length = first->payload_length = 0;
-    } else {
-        for (ChunkMeta* k = first->next; k != nullptr; k = k->next)
-            k->flags = static_cast<std::uint16_t>(k->flags & ~wire::fragment_flags::empty);
-    }
-    // The whole fragment joins its event by the match mode's rules, the steps a whole
-    // EVB fragment takes; its share of slots was applied while it waited here. In
-    // time_slice mode its chunks go through the slice gathering one by one, marked
-    // whole so that the share is not applied there again.
-    // Remembered as gathered (a copy of one of its chunks is a duplicate) only once it
-    // is in its event or slice: a fragment refused there (no room for its event, the
-    // run stopping) is taken when it comes again.
-    bool joined = false;
-    if (match_ != file::MatchMode::time_slice) {
-        joined = join_whole(first, idx, now_ns, out);
-    } else {
-        for (ChunkMeta* k = first; k != nullptr;) {
-            ChunkMeta* next = k->next;
-            joined = add_sliced(k, idx, now_ns, out, true) || joined;
-            k = next;
-        }
-    }
-    if (joined) gathered_[i].insert(event, run);
-}
-
 // A chunk joins event e: checks, duplicate detection, the fragment's chunk list,
 // and the event handed on when it is done. `whole`: the chunk's fragment is whole
 // already (timestamp mode), so no share of receive slots applies.
@@ -517,6 +361,7 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         drop(c);
         return;
     }
+    if (c->flags & chunk_flags::copy_seen) e->status |= file::record_status::duplicates;  // while it was gathered
     // The payload's CRC (computed on admission, admit_datagram) checks the chunk when
     // the source sent one, and is kept in either case so that assembly joins the
     // record CRC from the chunks' CRCs instead of reading the payload again. It is
@@ -695,6 +540,23 @@ Event* Matcher::open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_
     return e;
 }
 
+Event* Matcher::own_record(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
+    Event* e = start_event(c->timestamp, c->run_number, now_ns);
+    if (e == nullptr) {
+        counters_.in_flight_limit_drops.add();
+        drop(c);
+        return nullptr;
+    }
+    bucket_remove(e);  // no other fragment finds it
+    for (std::uint32_t k = 0; k < e->section_count; ++k) {
+        if (k == static_cast<std::uint32_t>(idx) || (e->src[k].state & SourceState::kNotAwaited)) continue;
+        e->src[k].state |= SourceState::kNotAwaited;  // written as soon as its fragment is whole
+        ++e->not_awaited;
+    }
+    e->src[idx].state |= SourceState::kDesync;
+    return e;
+}
+
 std::uint64_t Matcher::bucket_key(std::uint64_t ticks, std::uint32_t run) const noexcept {
     const std::uint64_t bucket = tolerance_ == UINT64_MAX ? 0 : ticks / (tolerance_ + 1);
     return map_key(bucket, run);
@@ -734,6 +596,8 @@ void Matcher::bucket_remove(Event* e) noexcept {
 Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
     const std::uint64_t t = c->timestamp;
     const std::uint32_t run = c->run_number;
+    if (clock_steps_.observe(static_cast<std::size_t>(idx), t, now_ns)) counters_.source_clock_steps[idx].add();
+    const bool desync = clock_steps_.desync(static_cast<std::size_t>(idx));
     Event* best = nullptr;
     std::uint64_t best_distance = 0;
     const std::uint64_t b = tolerance_ == UINT64_MAX ? 0 : t / (tolerance_ + 1);
@@ -757,12 +621,16 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
         }
         if (k == UINT64_MAX) break;
     }
-    if (best != nullptr) return best;
+    if (best != nullptr) {
+        if (desync) best->src[idx].state |= SourceState::kDesync;
+        return best;
+    }
     if (!expected_[idx]) {
         counters_.unknown_source.add();
         drop(c);
         return nullptr;
     }
+    if (desync) return own_record(c, idx, now_ns);  // never late, never opens an event
     const SourceHistory& h = timed_history_[idx];
     if (h.run == run) {
         for (std::uint32_t i = 0; i < h.seq_count; ++i)
@@ -811,6 +679,9 @@ void Matcher::drop_chain(ChunkMeta* c) noexcept {
 }
 
 void Matcher::advance_watermark(std::size_t idx, std::uint64_t t) noexcept {
+    counters_.source_disorder_ticks[idx].set(disorder_.observe(idx, t));
+    if (t < disorder_ticks_) return;  // the watermark stays disorder_ticks behind the newest
+    t -= disorder_ticks_;
     const std::uint64_t w = t == UINT64_MAX ? t : t + 1;
     if (w > watermark_[idx]) {
         watermark_[idx] = w;
@@ -979,6 +850,7 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         drop(c);
         return false;
     }
+    if (c->flags & chunk_flags::copy_seen) e->status |= file::record_status::duplicates;  // while it was gathered
     if (crc_bad) {
         e->status |= file::record_status::corrupt_dropped;
         counters_.crc_failures.add();
@@ -1188,6 +1060,8 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     std::fill(watermark_.begin(), watermark_.end(), 0);
     for (std::size_t i = 0; i < watermark_.size(); ++i) counters_.source_watermark[i].set(0);
     std::fill(seen_seq_.begin(), seen_seq_.end(), SeqWindow{});
+    clock_steps_.new_run();  // a reset board is in step again
+    disorder_.new_run();
     min_watermark_ = 0;
     watermark_moved_ = false;
     // Every source starts the new run present; the silence clocks restart with it.

@@ -9,6 +9,9 @@
 
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
+#include "core/io/run_on_disk.hpp"
+#include "core/model/clock_steps.hpp"
+#include "core/model/disorder_gauge.hpp"
 #include "core/model/event.hpp"
 #include "core/model/flat_map.hpp"
 #include "core/model/source_index.hpp"
@@ -53,12 +56,26 @@ struct MatcherSettings {
     // are laid out: version 1, or 2 (items in the time modes).
     file::MatchMode match = file::MatchMode::event_id;
     std::uint64_t tolerance_ticks = 0;
+    // Timestamp mode: a fragment whose lag differs from its source's usual lag by
+    // more than this is a clock step (ClockSteps; 0: off, ClockSteps::kMeasure: a
+    // quarter of timeout_ns at the measured tick rate).
+    std::uint64_t step_ticks = 0;
     std::uint64_t slice_ticks = 0;
+    // time_slice mode: a fragment or heartbeat stamped t moves its source's watermark
+    // to t - disorder_ticks at most (bounded out-of-orderness, docs/FORMATS.md 5).
+    std::uint64_t disorder_ticks = 0;
     std::uint32_t record_version = 1;
     file::Codec codec = file::Codec::none;  // of the records of events started from now on
     // Some frame description sends fragments in chunks (input.frames, `chunk`): the
     // matcher keeps, per source, the state that gathers them (gather_described).
     bool described_chunks = false;
+    // A restart within a run: the ids of run built_before_run that the run's files
+    // already hold (the start-up survey, shared by every shard). A chunk of one is
+    // late, as a chunk of an event this process built would be, so that a run never
+    // holds an event twice whatever the sources send again. Spans, not ids: a long
+    // run's millions of ids take a few spans.
+    std::shared_ptr<const file::HeldIds> built_before = nullptr;
+    std::uint32_t built_before_run = 0;
 };
 
 class Matcher {
@@ -127,23 +144,31 @@ private:
     void gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // The (run, event) keys of the fragments a source's chunks completed lately: a
     // copy of one of their chunks is a duplicate, not the start of a new wait.
+    // With each, its chunk count (0: dropped as inconsistent, a false last bit).
     struct RecentlyGathered {
         static constexpr std::size_t kDepth = 8;
         std::uint64_t event[kDepth];
         std::uint32_t run[kDepth];
+        std::uint32_t chunks[kDepth];
         std::uint8_t count, next;
-        bool contains(std::uint64_t e, std::uint32_t r) const noexcept {
-            for (std::size_t k = 0; k < count; ++k)
-                if (event[k] == e && run[k] == r) return true;
-            return false;
-        }
-        void insert(std::uint64_t e, std::uint32_t r) noexcept {
-            event[next] = e;
-            run[next] = r;
-            next = static_cast<std::uint8_t>((next + 1) % kDepth);
-            if (count < kDepth) ++count;
-        }
+        int chunks_of(std::uint64_t e, std::uint32_t r) const noexcept;  // -1: not there
+        void insert(std::uint64_t e, std::uint32_t r, std::uint32_t n) noexcept;
     };
+    void late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexcept;
+    void take_fragment_back(Event& e, std::size_t idx) noexcept;
+    // Events in flight are found by id and run: while a run changes, the readers admit
+    // the next run before the old one's events are all built, and both runs may use
+    // the same ids. Mixing the run into the key keeps their events apart; a chunk that
+    // still meets an event of another run (ids far apart whose keys meet) is counted
+    // inconsistent, as it was before runs were told apart.
+    static std::uint64_t map_key(std::uint64_t event_id, std::uint32_t run) noexcept {
+        return event_id ^ (std::uint64_t{run} * 0x9E3779B97F4A7C15ull);
+    }
+    // Record bytes a fragment of `length` payload bytes adds to its event beyond the
+    // section header: the padded payload, and in the time modes its item header.
+    static std::uint64_t fragment_claim(const Event& e, std::uint32_t length) noexcept {
+        return file::padded8(length) + (e.has_items() ? file::kItemHeaderBytes : 0);
+    }
     // held: waiting for more chunks; complete: first..last is the whole fragment;
     // duplicate, refused: the chunk was dropped; broken: whole but not tiling, every
     // chunk of it dropped. `whole`: the chunk's fragment is known whole already (a
@@ -155,6 +180,9 @@ private:
     // counted and dropped. By event id, or (timestamp mode) by time.
     Event* event_by_id(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
     Event* event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
+    // Timestamp mode, a desynchronised source's fragment that found no open event: a
+    // record of its own, that waits for no other source and that no other joins.
+    Event* own_record(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
     // Starts event `id` for chunk c of source idx, unless the run is stopping, the
     // source has opened its share, or the pool is empty (then c is counted and dropped).
     Event* open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_t now_ns) noexcept;
@@ -207,6 +235,8 @@ private:
         const RecentSet& h = history(run);
         if (h.contains(event_id))
             return h.incomplete(event_id) ? &counters_.late_after_incomplete : &counters_.late_after_complete;
+        if (built_before_ != nullptr && run == built_before_run_ && built_before_->contains(event_id))
+            return &counters_.late_before_start;
         return event_id < h.floor() ? &counters_.late_beyond_window : nullptr;
     }
     // Every present source has its fragment (absent ones are not waited for).
@@ -223,6 +253,7 @@ private:
     file::MatchMode match_;
     std::uint64_t tolerance_;
     std::vector<SourceHistory> timed_history_;  // timestamp mode, per source
+    ClockSteps clock_steps_;                    // timestamp mode
     std::vector<ChunkMeta*> waiting_;           // timestamp mode, per source: chunks of unfinished fragments
     std::size_t waiting_chunks_ = 0;
     std::vector<ChunkMeta*> ungathered_;  // described chunks, per source: by (run, event, chunk index)
@@ -235,7 +266,11 @@ private:
     bool watermark_run_set_ = false;
     bool watermark_moved_ = false;
     std::vector<SeqWindow> seen_seq_;       // time_slice, per source
+    std::uint64_t disorder_ticks_;          // time_slice: how far behind its newest a watermark stays
+    DisorderGauge disorder_;                // time_slice: the disorder each source shows
     std::uint64_t timeout_ns_;
+    std::shared_ptr<const file::HeldIds> built_before_;  // see MatcherSettings
+    std::uint32_t built_before_run_;
     alloc::ReturnBatcher& returns_;
     stats::MatcherCounters& counters_;
 

@@ -218,11 +218,12 @@ constexpr std::array<BitName, 5> kRecordBits = {{
     {ef::record_status::compressed, "COMPRESSED"},
 }};
 constexpr std::size_t kRecordBitsV1 = 4;
-constexpr std::array<BitName, 4> kSectionBits = {{
+constexpr std::array<BitName, 5> kSectionBits = {{
     {ef::section_status::missing, "MISSING"},
     {ef::section_status::empty, "EMPTY"},
     {ef::section_status::source_error, "SOURCE_ERROR"},
     {ef::section_status::unconfirmed, "UNCONFIRMED"},
+    {ef::section_status::desync, "DESYNC"},
 }};
 constexpr std::size_t kSectionBitsV1 = 3;
 constexpr std::array<BitName, 1> kItemBits = {{
@@ -561,6 +562,9 @@ void RecordChecks::operator()(const ef::FileHeader& fh, const ef::RecordView& r,
                                                     h.event_id, sec.source_id, sec.status & ~section_defined));
         if (unconfirmed && !time_slice)
             rep.add_problem(sec_at + 4, fmt::format("event {} source {}: UNCONFIRMED outside time_slice mode",
+                                                    h.event_id, sec.source_id));
+        if (v2 && (sec.status & ef::section_status::desync) && fh.match_mode != ef::MatchMode::timestamp)
+            rep.add_problem(sec_at + 4, fmt::format("event {} source {}: DESYNC outside timestamp mode",
                                                     h.event_id, sec.source_id));
         if (missing && empty)
             rep.add_problem(sec_at + 4, fmt::format("event {} source {}: both MISSING and EMPTY",

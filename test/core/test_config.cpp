@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/config/config.hpp"
+#include "core/config/snapshot.hpp"
 
 using evb::ConfigError;
 using evb::load_config;
@@ -387,4 +388,27 @@ TEST_CASE("config: output.compression sets version 2 and its contradictions are 
     const auto live = evb::merge_live(*v2, *wants);
     CHECK(live->output.compression == evb::file::Codec::lz4);
     CHECK(evb::restart_keys_changed(*v2, *wants).empty());
+}
+
+TEST_CASE("building.step_ticks: auto is a quarter of the timeout at clock_hz, else measured; 0 is off") {
+    const auto step = [](const std::vector<std::string>& sets) {
+        const auto c = load_config(R"({"building": {"match": "timestamp", "tolerance_ticks": 100, "timeout_ms": 1000}})",
+                                   "x", sets);
+        return evb::make_snapshot(c, evb::Sizing{})->matcher.step_ticks;
+    };
+    CHECK(step({}) == evb::ClockSteps::kMeasure);
+    CHECK(step({"building.clock_hz=1000000"}) == 250'000);
+    CHECK(step({"building.step_ticks=0"}) == 0);
+    CHECK(step({"building.step_ticks=5000", "building.clock_hz=1000000"}) == 5000);
+    CHECK(any_contains(problems_of(R"({"building": {"step_ticks": "often"}})"), "building.step_ticks"));
+}
+
+TEST_CASE("building.disorder_ticks reaches the matcher; 0 by default") {
+    const auto disorder = [](const std::vector<std::string>& sets) {
+        const auto c = load_config(R"({"building": {"match": "time_slice", "slice_ticks": 1000}})", "x", sets);
+        return evb::make_snapshot(c, evb::Sizing{})->matcher.disorder_ticks;
+    };
+    CHECK(disorder({}) == 0);
+    CHECK(disorder({"building.disorder_ticks=1600"}) == 1600);
+    CHECK(any_contains(problems_of(R"({"building": {"disorder_ticks": -1}})"), "building.disorder_ticks"));
 }

@@ -262,3 +262,41 @@ TEST_CASE("time_slice: heartbeats reach every builder, data only its slice's bui
     CHECK(admit_as_builder(0, 2, 1500, 0, rc) == -1);  // its data goes to builder 1 only
     CHECK(rc.other_builder.get() == 1);
 }
+
+TEST_CASE("time_slice: building.disorder_ticks keeps slices open for hits that arrive out of time order - "
+          "and the disorder each source shows is measured",
+          "[match][time_slice][disorder]") {
+    // Issue 40 item 4 (evb-source --mode stream --jitter-order 16): each source's hits,
+    // 100 ticks apart, are sent in blocks of 16 in reverse order, so a hit arrives up
+    // to 1500 ticks older than one before it from its source.
+    const std::uint64_t disorder = GENERATE(std::uint64_t{0}, std::uint64_t{1500});
+    INFO("building.disorder_ticks = " << disorder);
+    MatcherSettings ms = test::V2Rig::settings(2, file::MatchMode::time_slice, kW);
+    ms.max_events = 256;
+    ms.timeout_ns = UINT64_MAX / 4;
+    ms.disorder_ticks = disorder;
+    test::V2Rig r(ms, 2048);
+    std::uint64_t hits = 0, written_items = 0;
+    auto take = [&](const EventList& out) {
+        for (Event* e : events_of(out))
+            for (std::uint32_t i = 0; i < e->section_count; ++i)
+                for (ChunkMeta* c = e->src[i].head; c != nullptr; c = c->next) ++written_items;
+        r.give_back(out);
+    };
+    for (std::uint64_t block = 0; block < 40; ++block)  // one datagram at a time, as they come
+        for (std::uint64_t k = 16; k-- > 0;)
+            for (std::uint32_t s = 0; s < 2; ++s) {
+                take(r.feed({r.chunk(s, r.next_seq[s]++, (block * 16 + k) * 100 + 1)}, block));
+                ++hits;
+            }
+    take(r.flush());
+    const std::uint64_t late = r.counters.late_fragments();
+    CHECK(r.counters.source_disorder_ticks[0].get() == 1500);
+    CHECK(r.counters.source_disorder_ticks[1].get() == 1500);
+    if (disorder == 0) {
+        CHECK(late > 0);  // what the source's disorder costs without the key
+    } else {
+        CHECK(late == 0);
+        CHECK(written_items == hits);
+    }
+}

@@ -247,3 +247,65 @@ TEST_CASE("timestamp mode: a fragment of several chunks joins when whole - not a
     CHECK(out[0]->event_id == 1000);
     CHECK(r.counters.events_complete.get() == 1);
 }
+
+TEST_CASE("timestamp mode: a board whose clock steps back is counted once, and its sections say DESYNC",
+          "[match][timestamp][clock_step]") {
+    // docs/FORMATS.md section 5, "A source's clock steps" (issue 40 item 3): 4 sources,
+    // tolerance 100, triggers 1000 ticks apart; from trigger 1000 on, source 3 stamps
+    // every fragment 500 triggers earlier (a board reset). Events wait long (no timeout
+    // here), so the others' events of triggers 1000.. are in flight when source 3's
+    // stamps reach them again from trigger 1500 on.
+    MatcherSettings ms = test::V2Rig::settings(4, file::MatchMode::timestamp, 100);
+    ms.max_events = 1024;
+    ms.timeout_ns = UINT64_MAX / 4;
+    ms.step_ticks = 25'000;
+    test::V2Rig r(ms, 4096);
+    constexpr std::uint64_t kStep = 1000, kShift = 500;
+    std::uint64_t seq[4] = {};
+    std::vector<std::vector<std::byte>> records;
+    auto take = [&](const EventList& out) {
+        for (Event* e : events_of(out)) records.push_back(r.record(*e));
+        r.give_back(out);
+    };
+    for (std::uint64_t n = 1; n < 1700; ++n) {
+        std::vector<ChunkMeta*> cs;
+        for (std::uint32_t s = 0; s < 4; ++s) {
+            const std::uint64_t t = (s == 3 && n >= 1000 ? n - kShift : n) * kStep + s;  // a little jitter
+            cs.push_back(r.chunk(s, seq[s]++, t));
+        }
+        take(r.feed(cs, n * 1000));
+    }
+    take(r.flush());
+    CHECK(r.counters.source_clock_steps[3].get() == 1);
+    CHECK(r.counters.source_clock_steps[0].get() + r.counters.source_clock_steps[1].get() +
+              r.counters.source_clock_steps[2].get() == 0);
+    std::size_t desync_items = 0, desync_missing = 0, wrong_pairs_unmarked = 0, marked_before_step = 0;
+    for (const auto& rec : records) {
+        std::uint64_t id = 0;
+        std::uint32_t status = 0;
+        const std::vector<Item> items = read_record(rec, id, status);
+        REQUIRE(items.size() == 4);
+        CHECK((status & ~(file::record_status::incomplete)) == 0);  // DESYNC is never the record's
+        const Item& s3 = items[3];
+        const bool marked = (s3.status & file::section_status::desync) != 0;
+        for (std::uint32_t k = 0; k < 3; ++k) CHECK((items[k].status & file::section_status::desync) == 0);
+        if (s3.items == 1 && s3.sequence < 999) {
+            if (marked) ++marked_before_step;
+            continue;
+        }
+        if (s3.items == 1) {
+            // Source 3's fragment of trigger n >= 1000 (stamped n - 500): wherever it is, DESYNC.
+            if (marked) ++desync_items;
+            for (std::uint32_t k = 0; k < 3; ++k)
+                if (items[k].items == 1 && !marked) ++wrong_pairs_unmarked;
+        } else if (items[0].items == 1 && items[0].sequence >= 999) {
+            // The others' events of triggers 1000.. that source 3 is missing from.
+            CHECK((s3.status & file::section_status::missing) != 0);
+            if (marked) ++desync_missing;
+        }
+    }
+    CHECK(marked_before_step == 0);
+    CHECK(wrong_pairs_unmarked == 0);
+    CHECK(desync_items == 700);  // triggers 1000..1699
+    CHECK(desync_missing > 0);
+}

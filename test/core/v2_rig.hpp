@@ -47,6 +47,31 @@ struct V2Rig {
         if (mode == file::MatchMode::time_slice) rules.slice_ticks = window;
     }
 
+    // Any settings (one of the time modes), and a pool of `slots` receive slots.
+    V2Rig(const MatcherSettings& ms, std::uint32_t slots, std::uint64_t first_seq = 0)
+        : pool{arena, 0, slots, 2048, 2},
+          matcher(0, ms, arena, returns, counters),
+          next_seq(ms.sources.size(), first_seq) {
+        rules.run_number = 1;
+        rules.match = ms.match;
+        if (ms.match == file::MatchMode::time_slice) rules.slice_ticks = ms.slice_ticks;
+    }
+    // The writer is done with the events of `out`: their slots and pool entries come back.
+    void give_back(const EventList& out) {
+        for (Event* e = out.head; e != nullptr;) {
+            Event* next = e->next_out;
+            for (std::uint32_t i = 0; i < e->section_count; ++i)
+                for (ChunkMeta* c = e->src[i].head; c != nullptr;) {
+                    ChunkMeta* n = c->next;
+                    returns.add(c->owner, c->slot);
+                    c = n;
+                }
+            returns.flush();
+            REQUIRE(matcher.done_ring().try_push(e));
+            e = next;
+        }
+    }
+
     // Chunk `index` of `count` of `source`'s fragment number `seq` stamped t, its
     // payload the pattern seeded with seq. nullptr when the reader refuses it.
     ChunkMeta* chunk(std::uint32_t source, std::uint64_t seq, std::uint64_t t, std::uint32_t frag_len = 40,

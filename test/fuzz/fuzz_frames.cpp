@@ -3,7 +3,9 @@
 // input byte picks the sender and local port; the rest is the datagram. A fixed set
 // of descriptions covers every field form: chunks with first_chunk_only fields, a
 // length field, high/low and seconds+ticks timestamps, sources by field, by sender
-// and both, payload from/trailer, empty and error.
+// and both, payload from/trailer, empty and error. The seeds hold chunks with and
+// without the last-packet bit: first and last at once, first of several, a middle
+// one, a last one, and a last bit on an index below `first`.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -78,6 +80,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         // An accepted datagram's payload lies inside it, and its description exists.
         if (std::uint64_t{r.payload_offset} + r.payload_bytes > d.size()) __builtin_trap();
         if (r.description >= table().descriptions().size()) __builtin_trap();
+        // The chunked description's index (bits 0..6 of byte 8, numbered from 1) and
+        // last-packet bit (bit 7): every combination decodes as the bits say, and
+        // an index below `first` never gets this far (docs/FORMATS.md 8.3 `chunk`).
+        if (r.description == 0 && d.size() > 8) {
+            const auto b = static_cast<std::uint32_t>(d[8]);
+            if ((b & 0x7f) == 0) __builtin_trap();
+            if (r.chunk_index != (b & 0x7f) - 1 || r.last_chunk != ((b >> 7) != 0)) __builtin_trap();
+        }
         static std::vector<std::uint32_t> ids = [] {
             std::vector<std::uint32_t> v(256);
             for (std::uint32_t i = 0; i < 256; ++i) v[i] = i;

@@ -152,6 +152,23 @@ class Evbd:
         fail(f"evbd did not settle in {timeout} s (datagrams {last.get(key)}, in flight "
              f"{last.get('evb_events_in_flight')}, writer queue {last.get('evb_writer_queue_depth')})")
 
+    def wait_log(self, text, timeout):
+        """Waits until evbd's log holds `text` (fails if it exits first or the time runs out)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if text in self.log_text():
+                return
+            if self.proc.poll() is not None:
+                fail(f"evbd exited ({self.proc.returncode}) before logging {text!r}:\n{self.log_text()[-2000:]}")
+            time.sleep(0.05)
+        fail(f"evbd did not log {text!r} within {timeout} s:\n{self.log_text()[-2000:]}")
+
+    def kill(self):
+        """SIGKILL, as a crash: nothing is flushed or closed."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
+
     def stop(self, sig=signal.SIGTERM, timeout=60):
         self.proc.send_signal(sig)
         try:

@@ -29,23 +29,6 @@ SLOW = sanitized_build()
 PULL_EVENTS = 60000 if SLOW else 100000  # ASan ran 20000 to the end within three kills (CI)
 
 
-def wait_for_log(d, text, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if text in d.log_text():
-            return
-        if d.proc.poll() is not None:
-            fail(f"evbd exited ({d.proc.returncode}) before logging {text!r}:\n{d.log_text()[-2000:]}")
-        time.sleep(0.05)
-    fail(f"evbd did not log {text!r} within {timeout} s:\n{d.log_text()[-2000:]}")
-
-
-def kill(d):
-    d.proc.send_signal(signal.SIGKILL)
-    d.proc.wait()
-    d.log.close()
-
-
 def event_ids(out):
     """Event ids of every record in out's data files, and evb-dump's report of them."""
     evs, doc = events_in(out)
@@ -85,13 +68,13 @@ def pull_cycles(wd, rng):
                       f"pull restart {cycle} says what the run's files hold: "
                       + next((l for l in text.splitlines() if "goes on" in l), "(no line)")[-120:])
             if cycle == CYCLES:
-                wait_for_log(d, "pull: all", 240)
+                d.wait_log("pull: all", 240)
                 check(d.stop() == 0, "the last evbd stops cleanly (exit 0)")
                 break
             time.sleep(rng.uniform(0.2, 0.8))
             if "pull: all" in d.log_text():
                 fail("the run ended before the kill: raise PULL_EVENTS")
-            kill(d)
+            d.kill()
             ids, _ = event_ids(out)
             held_seen.append(len(ids))
         check(held_seen == sorted(held_seen) and held_seen[-1] > held_seen[0],
@@ -148,7 +131,7 @@ def push_cycles(wd, rng):
                 time.sleep(0.6)  # the last events time out (INCOMPLETE) before the stop
                 check(d.stop() == 0, "the last evbd stops cleanly (exit 0)")
             else:
-                kill(d)
+                d.kill()
             now = digests(out, data_files(out))
             changed = [n for n, h in before.items() if now.get(n) != h]
             check(not changed, f"push cycle {cycle}: the files of earlier processes are untouched ({len(before)})")

@@ -313,6 +313,62 @@ TEST_CASE("described frames: a duplicate chunk is counted and the first kept", "
     CHECK(FramesRig::section(*out.head, 0) == expect);
 }
 
+TEST_CASE("described frames: a false last bit truncates nothing: chunks past it are inconsistent",
+          "[frames][matcher][described]") {
+    // Module 1's fragment of 900 bytes in three chunks, chunk 0 wrongly carrying the
+    // last-packet bit (issue 40 item 12): it is not written as 300 bytes, complete.
+    const Bytes p1 = payload_bytes(900, 1), p2 = payload_bytes(80, 2);
+    auto f1 = adc_fragment(1, 5, p1);
+    REQUIRE(f1.size() == 3);
+    f1[0][7] = std::byte{1};
+    const auto f2 = adc_fragment(2, 5, p2);
+    SECTION("in order: chunk 0 is gathered alone, then a chunk past it and a second last come") {
+        FramesRig rig(kChunkedBoard, settings({1, 2}));
+        EventList out = rig.feed({rig.datagram(f1[0]), rig.datagram(f1[1]), rig.datagram(f1[2]),
+                                  rig.datagram(f2[0])}, 1);
+        CHECK(rig.counters.inconsistent_chunks.get() == 2);
+        CHECK(rig.counters.duplicate_chunks.get() == 0);
+        CHECK(out.count == 0);  // the event waits: source 1's fragment is not whole
+        rig.matcher.expire(1 + 1'000'000, out);
+        REQUIRE(out.count == 1);
+        CHECK((out.head->status & file::record_status::incomplete) != 0);
+        CHECK_FALSE(out.head->section_present(0));
+        CHECK(out.head->section_present(1));
+    }
+    SECTION("out of order: a chunk past the last is waiting when the last's fragment is whole") {
+        FramesRig rig(kChunkedBoard, settings({1, 2}));
+        EventList out = rig.feed({rig.datagram(f1[2]), rig.datagram(f1[0]), rig.datagram(f2[0])}, 1);
+        CHECK(rig.counters.inconsistent_chunks.get() == 1);
+        CHECK(out.count == 0);
+        out = rig.feed({rig.datagram(f1[1])}, 2);  // the rest of it: inconsistent too, nothing waits
+        CHECK(rig.counters.inconsistent_chunks.get() == 2);
+        CHECK(rig.counters.duplicate_chunks.get() == 0);
+        rig.matcher.expire(2 + 1'000'000, out);
+        REQUIRE(out.count == 1);
+        CHECK((out.head->status & file::record_status::incomplete) != 0);
+        CHECK_FALSE(out.head->section_present(0));
+        CHECK(rig.counters.stale_chunks.get() == 0);
+    }
+}
+
+TEST_CASE("described frames: a copy of a waiting chunk sets DUPLICATES as an EVB chunk's does",
+          "[frames][matcher][described]") {
+    FramesRig rig(kChunkedBoard, settings({1, 2}));
+    const auto f1 = adc_fragment(1, 9, payload_bytes(500, 1));
+    const auto f2 = adc_fragment(2, 9, payload_bytes(60, 2));
+    EventList out = rig.feed({rig.datagram(f1[0]), rig.datagram(f1[0]), rig.datagram(f1[1]), rig.datagram(f2[0])}, 1);
+    CHECK(rig.counters.duplicate_chunks.get() == 1);
+    CHECK(rig.counters.inconsistent_chunks.get() == 0);
+    REQUIRE(out.count == 1);
+    CHECK(out.head->status == file::record_status::duplicates);
+    // A copy of a chunk of a gathered fragment whose event is still in flight, too.
+    const auto g1 = adc_fragment(1, 10, payload_bytes(500, 3));
+    out = rig.feed({rig.datagram(g1[0]), rig.datagram(g1[1]), rig.datagram(g1[1]), rig.datagram(adc_fragment(2, 10, payload_bytes(60, 4))[0])}, 2);
+    CHECK(rig.counters.duplicate_chunks.get() == 2);
+    REQUIRE(out.count == 1);
+    CHECK(out.head->status == file::record_status::duplicates);
+}
+
 TEST_CASE("described frames: a fragment refused for want of an event is taken when sent again",
           "[frames][matcher][described]") {
     // A pool of one event: module 1's fragment of trigger 11 is whole while event 10

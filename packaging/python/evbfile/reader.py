@@ -43,6 +43,7 @@ class SectionStatus(IntFlag):
     EMPTY = 2
     SOURCE_ERROR = 4
     UNCONFIRMED = 8  # v2 time_slice mode only
+    DESYNC = 16  # v2 timestamp mode only: the source's clock stepped (docs/FORMATS.md section 5)
 
 
 MATCH_MODES = {0: "event_id", 1: "timestamp", 2: "time_slice"}
