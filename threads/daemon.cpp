@@ -100,16 +100,17 @@ int report_stop(const Pipeline& pipeline, const std::vector<const stats::ReaderC
                  compressed, incompressible, no_buffer, w.content_bytes.get(), w.records_bytes.get());
     const monitor::RefusalSummary refused = monitor::summarise_refusals(readers, matchers);
     log_info("datagrams rejected: {}", refused.text.empty() ? "none" : refused.text);
-    std::uint64_t unread = 0, unread_bytes = 0, kernel_drops = 0;
+    std::uint64_t read = 0, unread = 0, unread_bytes = 0, kernel_drops = 0;
     for (const auto* r : readers) {
+        read += r->datagrams.get();
         unread += r->unread_at_stop.get();
         unread_bytes += r->unread_bytes_at_stop.get();
         kernel_drops += r->kernel_drops.get();
     }
     if (unread > 0)
         log_warn("{} datagrams ({} bytes) were still queued in the input sockets at the stop: not read, not built "
-                 "(evb_datagrams_unread_at_stop_total); {} dropped by the kernel before that",
-                 unread, unread_bytes, kernel_drops);
+                 "(evb_datagrams_unread_at_stop_total); {} dropped by the kernel before that; {} read",
+                 unread, unread_bytes, kernel_drops, read);
     int exit_code = 0;
     // Every built event is written or counted lost; anything else is a defect that
     // must not pass silently.
