@@ -149,7 +149,7 @@ std::string DiskWriter::current_file() const {
 
 bool DiskWriter::check_linked(bool now) {
     if (!file_.is_open()) return false;
-    const std::uint64_t t = realtime_ns();
+    const std::uint64_t t = monotonic_ns();  // a clock step must not delay or hurry the check
     if (!now && t < next_link_check_ns_) return false;
     next_link_check_ns_ = t + kLinkCheckNs;
     const auto where = file_.presence();
