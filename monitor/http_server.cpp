@@ -2,7 +2,9 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <linux/sockios.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -129,12 +131,26 @@ struct HttpServer::Connection {
     std::size_t sent = 0;
     std::shared_ptr<ResponseStream> stream;  // a body still coming
     bool stream_idle = false;                // more() had nothing last time
-    Clock::time_point progress{};            // the last time send() took a byte (a stream's stall rule)
+    Clock::time_point progress{};            // the last time the client took a byte (a stream's stall rule)
+    int queued = -1;                         // SIOCOUTQ at `progress`: bytes the client has not taken
 
     // A stream with bytes the client has not taken for kStreamStall: a client that
-    // reads nothing would otherwise hold its sampling slot for ever.
-    bool stalled(Clock::time_point now) const {
-        return stream != nullptr && sent < out.size() && now - progress >= kStreamStall;
+    // reads nothing would otherwise hold its sampling slot for ever. A slow client
+    // that reads does take bytes even while send() takes none (the kernel wakes a
+    // writer only once a third of the send buffer is free): the socket's queue going
+    // down counts as progress.
+    bool stalled(Clock::time_point now) {
+        if (stream == nullptr || sent >= out.size() || now - progress < kStreamStall) return false;
+        int q = 0;
+        if (::ioctl(fd, SIOCOUTQ, &q) == 0 && (queued < 0 || q < queued)) {
+            const bool moved = queued >= 0;
+            queued = q;
+            if (moved) {
+                progress = now;
+                return false;
+            }
+        }
+        return true;
     }
 };
 
@@ -208,10 +224,13 @@ void HttpServer::run() {
                 const ssize_t w = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
                 if (w < 0) {
                     if (errno == EINTR) continue;
-                    return errno == EAGAIN || errno == EWOULDBLOCK;
+                    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+                    if (c.stream != nullptr && c.queued < 0 && ::ioctl(c.fd, SIOCOUTQ, &c.queued) != 0) c.queued = -1;
+                    return true;
                 }
                 c.sent += static_cast<std::size_t>(w);
                 c.progress = Clock::now();
+                c.queued = -1;  // read again when send() next blocks
             }
             if (c.stream == nullptr) break;
             // A streamed body: a client that left ends it (its socket reads as closed).
@@ -263,7 +282,7 @@ void HttpServer::run() {
 
     for (;;) {
         const auto now = Clock::now();
-        std::erase_if(conns, [&](const Connection& c) {
+        std::erase_if(conns, [&](Connection& c) {
             if (c.stalled(now)) {
                 ::close(c.fd);
                 return true;

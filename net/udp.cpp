@@ -4,6 +4,7 @@
 #include <linux/sock_diag.h>
 #include <netdb.h>
 #include <poll.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -130,7 +131,23 @@ std::uint32_t kernel_drops(int fd) noexcept {
     return mem[SK_MEMINFO_DROPS];
 }
 
-Unread drain_unread(int fd, std::uint64_t max) noexcept {
+namespace {
+std::uint64_t monotonic_now_ns() noexcept {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// Receive buffer memory a socket's queued datagrams hold (0 if the kernel cannot tell).
+std::uint64_t queued_memory(int fd) noexcept {
+    std::array<std::uint32_t, SK_MEMINFO_VARS> mem{};
+    socklen_t len = sizeof mem;
+    if (::getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mem.data(), &len) != 0) return 0;
+    return mem[SK_MEMINFO_RMEM_ALLOC];
+}
+}  // namespace
+
+Unread drain_unread(int fd, std::uint64_t max, std::uint64_t deadline_ns) noexcept {
     // MSG_TRUNC: each datagram's whole length is returned while one byte is copied.
     constexpr std::size_t kBatch = 64;
     std::array<char, kBatch> sink{};
@@ -150,6 +167,11 @@ Unread drain_unread(int fd, std::uint64_t max) noexcept {
         if (n <= 0) break;
         for (int i = 0; i < n; ++i) u.bytes += msgs[static_cast<std::size_t>(i)].msg_len;
         u.datagrams += static_cast<std::uint64_t>(n);
+        if (deadline_ns != UINT64_MAX && monotonic_now_ns() >= deadline_ns) {
+            u.left_bytes = queued_memory(fd);
+            u.cut = u.left_bytes > 0;
+            break;
+        }
     }
     return u;
 }

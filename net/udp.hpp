@@ -52,12 +52,18 @@ std::uint32_t kernel_drops(int fd) noexcept;
 // Datagrams still queued in a socket, read and thrown away (not built) to be
 // counted: at a stop, so that what never left the socket is reported. Stops at the
 // first empty read, or after `max` datagrams (a sender that goes on sending; a
-// 256 MiB buffer holds fewer than 400,000 datagrams, so the default reads it all).
+// 256 MiB buffer holds fewer than 400,000 datagrams, so the default reads it all),
+// or once CLOCK_MONOTONIC passes `deadline_ns` (checked after each batch of 64): a
+// sender that goes on sending must not hold a stop for seconds. Stopped with data
+// still queued, `cut` is set and `left_bytes` is the receive buffer memory the rest
+// still holds (SO_MEMINFO: datagrams plus the kernel's overhead; UDP has no count).
 struct Unread {
     std::uint64_t datagrams = 0;
     std::uint64_t bytes = 0;
+    bool cut = false;
+    std::uint64_t left_bytes = 0;
 };
-Unread drain_unread(int fd, std::uint64_t max = 1u << 20) noexcept;
+Unread drain_unread(int fd, std::uint64_t max = 1u << 20, std::uint64_t deadline_ns = UINT64_MAX) noexcept;
 // The local port a bound socket has (0 if the kernel cannot tell).
 std::uint16_t local_port(int fd) noexcept;
 // An unbound UDP socket of the right family for sending to `to`.

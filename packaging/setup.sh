@@ -104,7 +104,8 @@ case "$cmd" in
     # tolerate TSan's slowdown. test/tsan.supp holds only oneTBB suppressions.
     # dead_source is left out: it pushes 8 kHz for seconds and under TSan evbd wrote
     # 39186 of its 40000 events within the test's 30 s (session 12; not yet
-    # understood: release and ASan pass it).
+    # understood: release and ASan pass it). unread_at_stop is left out as disk_full
+    # is: it fills a tmpfs and floods 23000 datagrams at 3000 events/s.
     if [ ! -f build-tsan/build.ninja ]; then
       cmake -S "$root" -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEVB_TSAN=ON \
         -DEVB_WERROR=$werror >/dev/null
@@ -112,7 +113,7 @@ case "$cmd" in
     cmake --build build-tsan -j "$jobs" --target evbd evb-source evb-dump evb-ctl evb-limits evb_unit_tests
     echo "setup: running tests (ThreadSanitizer)"
     (cd build-tsan && TSAN_OPTIONS="suppressions=$root/test/tsan.supp exitcode=66" \
-      ctest --output-on-failure --timeout 600 -E "perf|fuzz|alloc|package|replay_public|tcpreplay|incast|hostile|disk_full|crash|push_end_to_end|limits_cpus|dead_source")
+      ctest --output-on-failure --timeout 600 -E "perf|fuzz|alloc|package|replay_public|tcpreplay|incast|hostile|disk_full|crash|push_end_to_end|limits_cpus|dead_source|unread_at_stop")
     echo "setup: all test suites passed"
     ;;
   tarball)

@@ -150,10 +150,22 @@ std::string DiskWriter::current_file() const {
 
 bool DiskWriter::check_linked(bool now) {
     if (!file_.is_open()) return false;
-    const std::uint64_t t = realtime_ns();
+    const std::uint64_t t = monotonic_ns();  // a clock step must not delay or hurry the check
     if (!now && t < next_link_check_ns_) return false;
     next_link_check_ns_ = t + kLinkCheckNs;
-    if (file_.linked()) return false;
+    const auto where = file_.presence();
+    if (where == file::OutputFile::Presence::here) return false;
+    if (where == file::OutputFile::Presence::moved) {
+        // Not lost: the file was moved out before its directory went. It is closed
+        // where it now is (evbd cannot know where), under its .part name.
+        log_warn("the output directory of {} was removed while evbd was writing it, but the file still has a link "
+                 "(moved elsewhere): it is closed where it now is with its {} events, under its .part name; "
+                 "writing goes on in a new file",
+                 file_.part_path(), file_.event_count());
+        file_.keep_part_name();
+        finish_close();
+        return true;
+    }
     // Called with no batch open: every record of the file was appended. Those the
     // kernel had were counted written; they are gone from disk all the same.
     const std::string path = file_.part_path();
@@ -183,7 +195,11 @@ void DiskWriter::close_file() {
     if (!file_.is_open()) return;
     flush_batch();
     if (!file_.is_open()) return;  // the flush failed and blocked output
-    if (check_linked(true)) return;  // gone: nothing to close, nothing kept
+    if (check_linked(true)) return;  // gone (nothing to close), or moved and closed
+    finish_close();
+}
+
+void DiskWriter::finish_close() {
     {
         std::lock_guard lock(name_mutex_);
         current_name_.clear();

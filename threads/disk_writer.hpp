@@ -69,6 +69,7 @@ private:
     bool open_file(std::uint32_t run_number, std::uint32_t set_generation, std::uint32_t expected_sources,
                    file::Codec codec);
     void close_file();
+    void finish_close();  // close_file once the batch is flushed and the file is where it was
     // An open file removed from the file system (unlinked, or its directory removed)
     // is noticed at most kLinkCheckNs after (and at each close): its events are
     // counted lost, it is let go, and the next event opens a new file. `now`: check

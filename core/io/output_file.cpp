@@ -136,6 +136,7 @@ int OutputFile::open_named(const std::string& directory, const std::string& name
     final_path_ = directory + "/" + final_name;
     direct_ = false;
     direct_fallback_ = false;
+    keep_name_ = false;
     current_ = 0;
     stage_len_ = 0;
     pushed_len_ = 0;
@@ -475,6 +476,11 @@ int OutputFile::close_with_trailer(std::span<const std::byte> tail, bool sync) {
     if (sync && ::fdatasync(fd_) != 0) return errno;
     ::close(fd_);
     fd_ = -1;
+    if (keep_name_) {
+        ::close(dir_fd_);
+        dir_fd_ = -1;
+        return 0;
+    }
     if (::rename(part_path_.c_str(), final_path_.c_str()) != 0) return errno;
     // The rename is durable only once the directory entry is synced.
     if (sync) ::fsync(dir_fd_);
@@ -527,11 +533,12 @@ void OutputFile::discard() {
     abandon();
 }
 
-bool OutputFile::linked() const noexcept {
+OutputFile::Presence OutputFile::presence() const noexcept {
     struct stat st {};
-    if (fd_ < 0) return true;
-    if (::fstat(fd_, &st) == 0 && st.st_nlink == 0) return false;
-    return !(dir_fd_ >= 0 && ::fstat(dir_fd_, &st) == 0 && st.st_nlink == 0);
+    if (fd_ < 0) return Presence::here;
+    if (::fstat(fd_, &st) == 0 && st.st_nlink == 0) return Presence::unlinked;
+    if (dir_fd_ >= 0 && ::fstat(dir_fd_, &st) == 0 && st.st_nlink == 0) return Presence::moved;
+    return Presence::here;
 }
 
 void OutputFile::forget() {
@@ -539,7 +546,6 @@ void OutputFile::forget() {
         if (direct_) (void)reap(true);  // writes in flight still read the stages
         in_flight_.fill(false);
         direct_ = false;
-        (void)::ftruncate(fd_, 0);  // an unlinked file's blocks are freed at the last close anyway
         ::close(fd_);
     }
     if (dir_fd_ >= 0) ::close(dir_fd_);

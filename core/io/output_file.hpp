@@ -93,13 +93,18 @@ public:
     // Closes and removes the `.part` (a file that holds no record after a failed
     // write: a header and an empty index are no run file).
     void discard();
-    // False once the open file is no longer in the file system: unlinked (its link
-    // count is 0) or its directory removed. Every byte written to it is gone then.
-    // Two fstat calls: the writer asks every so often, not per record.
-    bool linked() const noexcept;
-    // Closes a file that is gone (linked() false): writes still in flight finish, its
-    // space is freed, and no name is renamed or removed (another file may have it).
+    // Where the open file is: `here` (linked in its directory), `unlinked` (its link
+    // count is 0: every byte written to it is gone), or `moved` (its directory was
+    // removed, yet the file still has a link somewhere else: `mv data/* archive/;
+    // rmdir data`). Two fstat calls: the writer asks every so often, not per record.
+    enum class Presence { here, unlinked, moved };
+    Presence presence() const noexcept;
+    // Closes an unlinked file: writes still in flight finish, and no name is renamed
+    // or removed (another file may have it). Its blocks go with the last close.
     void forget();
+    // The next close_clean / close_with_trailer leaves the file under its .part name
+    // where it is (no rename: its directory is gone).
+    void keep_part_name() noexcept { keep_name_ = true; }
 
     // Room for this many index entries before the index grows; the capacity is kept
     // across files, so a long run stops allocating once its largest file is seen.
@@ -144,6 +149,7 @@ private:
     // boundary); every byte before it has been submitted.
     bool direct_ = false;
     bool direct_fallback_ = false;
+    bool keep_name_ = false;
     std::byte* stages_ = nullptr;  // kStages x kStageBytes, block aligned
     std::size_t current_ = 0;
     std::size_t stage_len_ = 0;

@@ -7,7 +7,14 @@ section (as `for rec in f: rec.sections[0].payload`) must pass under that limit:
 record's decoded area is released before the next is decoded, across files too. Before the fix the
 reader held two at once (the generator's and the loop's record) and took the
 MemoryError at the second record for damage ("zstd data does not decompress: "). A record still held is decoded again when its sections are asked for
-after the walk moved on, so `list(f)` still gives usable records."""
+after the walk moved on, so `list(f)` still gives usable records.
+
+Random access: `rec = f.event(i); rec.sections[0].payload; del rec` in a loop, with the
+cycle collector off, under the same limit. Before, each Section held its record and the
+record its Sections (a reference cycle): a dropped record's area went only with the
+cycle collector, and the second lookup died of MemoryError. And a record kept after
+f.close() whose area the walk released raises ValueError naming the closed file when
+asked again (before: TypeError from the closed mapping)."""
 import os
 import shutil
 import struct
@@ -27,21 +34,38 @@ from test_python_reader_v2 import importable  # noqa: E402
 AREA = 384 << 20  # decoded bytes per record
 PACKAGE = os.path.join(HERE, "..", "..", "packaging", "python")
 
-CHILD = r"""
-import resource, sys
+# Opens argv[1] with the package of argv[2]; limit() caps the address space at what
+# the process uses plus argv[3] bytes.
+PRELUDE = r"""
+import gc, resource, sys
 sys.path.insert(0, sys.argv[2])
 import evbfile
 f = evbfile.open(sys.argv[1])
-def vm():
+def limit():
     with open("/proc/self/status") as s:
-        return next(int(l.split()[1]) * 1024 for l in s if l.startswith("VmSize:"))
-limit = vm() + int(float(sys.argv[3]))
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        vm = next(int(l.split()[1]) * 1024 for l in s if l.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (vm + int(float(sys.argv[3])),) * 2)
+"""
+
+CHILD = PRELUDE + r"""
+limit()
 seen = []
 for rec in f:
     s = rec.sections[0]
     seen.append((rec.event_id, s.length, int(s.payload[-1])))
 print(seen, [p.message for _, p in f.problems if "no footer" not in p.message], flush=True)
+"""
+
+CHILD_EVENT = PRELUDE + r"""
+f.event(0)  # builds the id table before the limit
+limit()
+gc.disable()  # a dropped record's area must go with its last reference, not with the cycle collector
+seen = []
+for i in range(8):
+    rec = f.event(i % 3)
+    seen.append(int(rec.sections[0].payload[-1]))
+    del rec
+print(seen, flush=True)
 """
 
 
@@ -86,6 +110,26 @@ def main():
         recs = list(f)
         check([r.event_id for r in recs] == [0, 1, 2] and recs[0].sections[0].length == payload_len,
               "records kept from a walk (list(f)) still give their sections")
+        del recs
+        p = subprocess.run([sys.executable, "-c", CHILD_EVENT, path, PACKAGE, str(1.6 * AREA)],
+                           capture_output=True, text=True, timeout=120, env=env)
+        out = (p.stdout + p.stderr).strip()
+        check(p.returncode == 0 and out == str([0] * 8),
+              f"8 lookups f.event(i % 3), each record dropped, gc off, within 1.6 decoded areas "
+              f"(exit {p.returncode}): {out[-600:]}")
+        kept = [(r, r.sections[0]) for r in f]  # the walk releases each area once past it
+        sec = kept[0][1]
+        f.close()
+        try:
+            sec.payload
+            got = "no error"
+        except ValueError as e:
+            got = f"ValueError: {e}"
+        except Exception as e:  # noqa: BLE001  (the test names what it got)
+            got = f"{type(e).__name__}: {e}"
+        check(got.startswith("ValueError") and "closed" in got,
+              f"a section whose area the walk released, asked after f.close(), raises ValueError naming the "
+              f"closed file: {got}")
     finally:
         shutil.rmtree(wd, ignore_errors=True)
     print("1 passed, 0 failed", flush=True)

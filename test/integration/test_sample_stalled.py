@@ -2,7 +2,12 @@
 Four streams are opened and never read while events are built; each stops taking
 bytes, and within the stall rule (5 s without a byte taken) evbd closes it, so a new
 /sample is served 200 within a bound. Before the fix every new /sample got 503 for as
-long as the four stayed connected."""
+long as the four stayed connected.
+
+A slow client that does read (64 bytes every 0.2 s, far less than the stream offers)
+keeps its slot past the stall time: the bytes leaving evbd's socket queue (SIOCOUTQ
+going down) count as progress, not only send() taking bytes. Before, it was closed
+after 5 s, since send() takes nothing until a third of the send buffer is free."""
 import os
 import shutil
 import socket
@@ -62,6 +67,11 @@ def main():
         check(waited >= STALL_S - 1, f"the stalled clients kept their slots for the stall time first ({waited:.1f} s)")
         m = d.metrics()
         check(m["evb_sample_clients"] < 4, f"stalled clients lost their slots ({m['evb_sample_clients']} left)")
+        for s in streams:
+            s.close()
+        streams = []
+        d.wait_metric("evb_sample_clients", lambda v: v == 0, timeout=10)
+        slow_reader(host, int(port), streams)
         src.kill()
         src.wait()
         check(d.stop() == 0, "evbd exits 0")
@@ -72,6 +82,25 @@ def main():
             src.kill()
         shutil.rmtree(wd, ignore_errors=True)
     print("1 passed, 0 failed")
+
+
+def slow_reader(host, port, streams):
+    """A client reading 64 bytes every 0.2 s for 2.5 stall times is not closed."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(10)
+    s.connect((host, port))
+    streams.append(s)
+    s.sendall(b"GET /sample?stream HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = 0
+    t0 = time.time()
+    while time.time() - t0 < 2.5 * STALL_S:
+        chunk = s.recv(64)
+        if not chunk:
+            fail(f"the slow reader's stream was closed after {time.time() - t0:.1f} s ({got} bytes read)")
+        got += len(chunk)
+        time.sleep(0.2)  # the client's reading pace, not a wait for an event
+    check(got > 0, f"a slow reader kept its stream for {2.5 * STALL_S:.1f} s ({got} bytes read)")
 
 
 if __name__ == "__main__":

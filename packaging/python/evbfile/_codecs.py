@@ -56,6 +56,11 @@ def _zstd(data, size):
     said = zstandard.get_frame_parameters(data).content_size
     if said not in (zstandard.CONTENTSIZE_UNKNOWN, size):
         raise CodecError(f"zstd frame holds {said} bytes, content_length says {size}")
+    if size == 0:
+        # max_output_size=0 means no bound, and a frame without a content size is then
+        # refused: read at most one byte instead (an empty frame gives none).
+        with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as r:
+            return r.read(1)
     return zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
 
 

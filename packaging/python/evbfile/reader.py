@@ -11,6 +11,7 @@ import builtins
 import mmap
 import os
 import struct
+import weakref
 from enum import IntFlag
 
 import numpy as np
@@ -117,9 +118,9 @@ class Section:
     bytes (without padding); in the timestamp and time_slice modes these bytes are
     items, which `items` splits."""
 
-    __slots__ = ("source_id", "status", "length", "item_count", "_buf", "_at", "_mode", "_rec")
+    __slots__ = ("source_id", "status", "length", "item_count", "_buf", "_at", "_mode", "_rec", "_where")
 
-    def __init__(self, source_id, status, length, item_count, buf, at, mode, rec):
+    def __init__(self, source_id, status, length, item_count, buf, at, mode, rec, where):
         self.source_id = source_id
         self.status = status
         self.length = length
@@ -127,10 +128,17 @@ class Section:
         self._buf = buf  # numpy uint8 array the payload lives in; None once the walk released it
         self._at = at  # payload's first byte in _buf
         self._mode = mode
-        self._rec = rec  # the record, which decodes a released area again
+        # A weak reference to the record (a strong one would make a cycle with the
+        # record's list of sections, and the decoded area would go only with the cycle
+        # collector); `where` decodes again once the record is gone.
+        self._rec = rec
+        self._where = where  # (file, offset, length, event_id) of the record
 
     def _area(self):
-        return self._buf if self._buf is not None else self._rec._area()
+        if self._buf is None:
+            rec = self._rec()
+            self._buf = rec._area() if rec is not None else _decode_again(*self._where)
+        return self._buf
 
     @property
     def payload(self):
@@ -200,7 +208,7 @@ class Record:
     made on first use: a walk that looks only at the headers makes no Section."""
 
     __slots__ = ("file", "offset", "length", "event_id", "run_number", "status", "first_fragment_unix_ns",
-                 "built_unix_ns", "timestamp", "section_count", "_buf", "_layout", "_sections")
+                 "built_unix_ns", "timestamp", "section_count", "_buf", "_layout", "_sections", "__weakref__")
 
     def __init__(self, file, offset, length, event_id, run_number, status, first_ns, built_ns, timestamp, buf,
                  layout):
@@ -224,7 +232,8 @@ class Record:
         the walk that found the record)."""
         if self._sections is None:
             buf, mode = self._area(), self.file.match_mode
-            self._sections = [Section(sid, st, n, items, buf, at, mode, self)
+            rec, where = weakref.ref(self), (self.file, self.offset, self.length, self.event_id)
+            self._sections = [Section(sid, st, n, items, buf, at, mode, rec, where)
                               for sid, st, n, items, at in self._layout]
         return self._sections
 
@@ -232,10 +241,7 @@ class Record:
         """The buffer the sections live in; a decoded area the walk released is
         decoded again (and checked again)."""
         if self._buf is None:
-            again = self.file._parse(self.offset, self.offset + self.length)
-            if again is None:
-                raise FormatError(self.file.path, self.offset, f"event {self.event_id} no longer reads")
-            self._buf = again._buf
+            self._buf = _decode_again(self.file, self.offset, self.length, self.event_id)
             for sec in self._sections or ():
                 sec._buf = self._buf
         return self._buf
@@ -260,6 +266,18 @@ class Record:
     def __repr__(self):
         return (f"Record(event_id={self.event_id}, status={self.flags!r}, {self.section_count} sections, "
                 f"offset={self.offset})")
+
+
+def _decode_again(file, offset, length, event_id):
+    """The sections area of the record at `offset`, which the walk released: decoded
+    (and checked) again from the file, which must still be open."""
+    if file._mm is None:
+        raise ValueError(f"{file.path}: the file is closed: event {event_id}'s decoded area was released by the "
+                         f"walk and cannot be decoded again (keep the file open, or copy the payload)")
+    again = file._parse(offset, offset + length)
+    if again is None:
+        raise FormatError(file.path, offset, f"event {event_id} no longer reads")
+    return again._buf
 
 
 class EvbFile:
