@@ -390,7 +390,7 @@ TEST_CASE("config: output.compression sets version 2 and its contradictions are 
     CHECK(evb::restart_keys_changed(*v2, *wants).empty());
 }
 
-TEST_CASE("building.step_ticks: auto is a quarter of the timeout at clock_hz, else measured; 0 is off") {
+TEST_CASE("building.step_ticks: auto is a quarter of the timeout at clock_hz, else measured, 0 is off") {
     const auto step = [](const std::vector<std::string>& sets) {
         const auto c = load_config(R"({"building": {"match": "timestamp", "tolerance_ticks": 100, "timeout_ms": 1000}})",
                                    "x", sets);
@@ -403,7 +403,7 @@ TEST_CASE("building.step_ticks: auto is a quarter of the timeout at clock_hz, el
     CHECK(any_contains(problems_of(R"({"building": {"step_ticks": "often"}})"), "building.step_ticks"));
 }
 
-TEST_CASE("building.disorder_ticks reaches the matcher; 0 by default") {
+TEST_CASE("building.disorder_ticks reaches the matcher, 0 by default") {
     const auto disorder = [](const std::vector<std::string>& sets) {
         const auto c = load_config(R"({"building": {"match": "time_slice", "slice_ticks": 1000}})", "x", sets);
         return evb::make_snapshot(c, evb::Sizing{})->matcher.disorder_ticks;

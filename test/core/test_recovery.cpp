@@ -68,7 +68,7 @@ std::vector<std::uint64_t> ids_of(const ef::ScanResult& s) {
 
 }  // namespace
 
-TEST_CASE("recover: one flipped byte in record 10 of 2000 costs that record only; the original stays beside",
+TEST_CASE("recover: one flipped byte in record 10 of 2000 costs that record only and the original stays beside",
           "[file][recovery]") {
     evb::test::TempDir dir;
     Image im = part_image(2000);
