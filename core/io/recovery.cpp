@@ -88,6 +88,28 @@ bool drop_torn_stage_tail(std::span<const std::byte> image, midas::ScanResult& s
     return true;
 }
 
+// Whether the header of an event that could follow the last good one starts at an
+// 8-byte step after `stop` (MIDAS events are 8-byte multiples): the same event id
+// and trigger mask and a serial number a little past the last good one's, or the
+// end-of-run event. Then what is at `stop` is not an event a crash cut short (its
+// data_size may be damaged to reach past the file's end) but damage.
+bool later_event_header(std::span<const std::byte> content, std::uint64_t stop, const midas::ScanResult& ms) {
+    constexpr std::uint32_t kSerialWindow = 64;
+    const bool any = !ms.events.empty();
+    const midas::EventHeader last = any ? ms.events.back().header : midas::EventHeader{};
+    const std::uint32_t lo = any ? last.serial_number + 1 : 0;
+    for (std::uint64_t at = stop + 8; at + midas::kEventHeaderBytes <= content.size(); at += 8) {
+        const midas::EventHeader h = midas::decode_event_header(content.data() + at);
+        if (h.event_id == midas::kEventIdEor && h.trigger_mask == midas::kMidasMagic && h.serial_number == ms.bor.serial_number)
+            return true;
+        if (h.event_id == 0 && h.trigger_mask == 0 && h.serial_number == 0) continue;  // zeros allocated ahead
+        const bool same_kind = any ? h.event_id == last.event_id && h.trigger_mask == last.trigger_mask
+                                   : h.event_id != midas::kEventIdBor && h.event_id != midas::kEventIdEor;
+        if (same_kind && h.serial_number - lo < kSerialWindow) return true;
+    }
+    return false;
+}
+
 // The end-of-run event a recovered MIDAS file ends with: the counts of its events
 // and that it was recovered (the run's counts are not known from one file).
 std::vector<std::byte> recovered_eor(const midas::ScanResult& s) {
@@ -130,7 +152,8 @@ std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, Recov
     // Damage: blocks after one that does not decode (and is not cut short by the
     // file's end), or an event that is not one inside the decoded bytes.
     const bool block_damage = !torn_block && !f.complete && !f.cut_short;
-    const bool event_damage = !ms.has_eor && ms.good_bytes < f.content.size() && !ms.cut_event;
+    const bool event_damage = !ms.has_eor && ms.good_bytes < f.content.size() &&
+                              (!ms.cut_event || later_event_header(f.content, ms.good_bytes, ms));
     if (block_damage || event_damage) {
         r.damaged_records = 1;
         r.damaged_at = f.good_bytes;
@@ -238,12 +261,22 @@ KeptRecords keep_good_records(std::span<const std::byte> image, const ScanResult
     return k;
 }
 
+// rename() that never replaces `to`: renameat2(RENAME_NOREPLACE), or where the file
+// system or kernel does not offer it (EINVAL, ENOSYS), link() (EEXIST when `to`
+// exists) then unlink(). 0, or -1 and errno.
+int rename_noreplace(const std::string& path, const std::string& to) {
+    if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
+    if (errno != EINVAL && errno != ENOSYS) return -1;
+    if (::link(path.c_str(), to.c_str()) != 0) return -1;
+    return ::unlink(path.c_str());
+}
+
 // Where the original of a file that held damage stays: NAME.damaged (a number
 // added if that exists), never over another file. Empty and `why` on failure.
 std::string keep_beside(const std::string& path, std::string& why) {
     for (int n = 1; n < 100; ++n) {
         const std::string to = n == 1 ? path + ".damaged" : fmt::format("{}.damaged.{}", path, n);
-        if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return to;
+        if (rename_noreplace(path, to) == 0) return to;
         if (errno != EEXIST) {
             why = fmt::format("{}: cannot rename to {}: {}", path, to, std::strerror(errno));
             return {};
@@ -301,7 +334,8 @@ Recovery recover(const std::string& part_path) noexcept {
                 const bool cut_off = stop + midas::kEventHeaderBytes <= image.size() &&
                                      nonzero_ends_within(image, stop + midas::kEventHeaderBytes +
                                                                     midas::decode_event_header(image.data() + stop).data_size);
-                const bool torn = drop_torn_stage_tail(image, ms) || ms.cut_event || stop == image.size() || cut_off;
+                const bool torn = drop_torn_stage_tail(image, ms) || stop == image.size() ||
+                                  ((ms.cut_event || cut_off) && !later_event_header(image, stop, ms));
                 if (!torn) {
                     r.damaged_records = 1;
                     r.damaged_at = stop;
@@ -345,7 +379,7 @@ Recovery recover(const std::string& part_path) noexcept {
             ::unlink(tmp.c_str());
             return fail(fmt::format("{}: write failed: {}", tmp, std::strerror(e)));
         }
-        if (::rename(tmp.c_str(), dest.c_str()) != 0) {
+        if (rename_noreplace(tmp, dest) != 0) {
             const int re = errno;
             ::unlink(tmp.c_str());
             return fail(fmt::format("{}: rename failed: {}", dest, std::strerror(re)));

@@ -179,13 +179,12 @@ TEST_CASE("recover: a damaged closed .evb stays where it is beside its recovered
     CHECK(read_all(evb) == im.bytes);
 }
 
-TEST_CASE("recover: a MIDAS .part with a bad event that is not its torn end keeps its original beside",
-          "[file][recovery]") {
+// A MIDAS file image: begin-of-run, then ten events of one 8-byte bank, serials 0..9;
+// `at` gets each event's offset.
+Bytes midas_image(std::vector<std::size_t>& at) {
     namespace em = evb::midas;
-    evb::test::TempDir dir;
     Bytes img = em::encode_run_marker(em::kEventIdBor, 42, 1700000000, "{}");
     const std::vector<em::SectionInfo> sections = {{0, 0, 8}};
-    std::vector<std::size_t> at;
     for (std::uint32_t serial = 0; serial < 10; ++serial) {
         em::BuiltEvent b;
         b.serial_number = serial;
@@ -196,6 +195,14 @@ TEST_CASE("recover: a MIDAS .part with a bad event that is not its torn end keep
         at.push_back(img.size());
         img.insert(img.end(), ev.begin(), ev.end());
     }
+    return img;
+}
+
+TEST_CASE("recover: a MIDAS .part with a bad event that is not its torn end keeps its original beside",
+          "[file][recovery]") {
+    evb::test::TempDir dir;
+    std::vector<std::size_t> at;
+    Bytes img = midas_image(at);
     img[at[4] + 4] ^= std::byte{0x40};  // event 4's serial number
     const std::string part = dir / "run000042_001_00003.mid.part";
     write_all(part, img);
@@ -206,6 +213,23 @@ TEST_CASE("recover: a MIDAS .part with a bad event that is not its torn end keep
     CHECK(r.damaged_at == at[4]);
     CHECK(r.kept_beside == part + ".damaged");
     CHECK(read_all(part + ".damaged") == img);
+}
+
+TEST_CASE("recover: a MIDAS event whose data_size is damaged to reach past the end is damage, not a torn tail",
+          "[file][recovery]") {
+    evb::test::TempDir dir;
+    std::vector<std::size_t> at;
+    Bytes img = midas_image(at);
+    img[at[4] + 15] ^= std::byte{0x10};  // event 4's data_size, high byte: ends far past the file
+    const std::string part = dir / "run000042_001_00003.mid.part";
+    write_all(part, img);
+    const ef::Recovery r = ef::recover(part);
+    REQUIRE(r.ok());
+    CHECK(r.events == 4);
+    CHECK(r.damaged_records >= 1);
+    CHECK(r.damaged_at == at[4]);
+    CHECK(r.kept_beside == part + ".damaged");
+    CHECK(fs::exists(part + ".damaged"));
 }
 
 TEST_CASE("a reader's decoded-size bound refuses a COMPRESSED record that claims more, allocating nothing",
