@@ -187,10 +187,16 @@ bool all_zero(std::span<const std::byte> bytes) {
 // is zero. With direct I/O the writer's last stage reaches the disk padded to a
 // block, and space allocated ahead reads as zeros: a record (or MIDAS event) it cut
 // off shows as its first bytes and zeros from a block boundary to the end.
+// One past the last non-zero byte of `bytes` (0 when all are zero).
+std::uint64_t nonzero_end(std::span<const std::byte> bytes) {
+    std::uint64_t last = bytes.size();
+    while (last > 0 && bytes[last - 1] == std::byte{0}) --last;
+    return last;
+}
+
 bool nonzero_ends_within(std::span<const std::byte> image, std::uint64_t end) {
     if (end > image.size()) return true;
-    std::uint64_t last = image.size();
-    while (last > 0 && image[last - 1] == std::byte{0}) --last;  // one past the last non-zero byte
+    const std::uint64_t last = nonzero_end(image);
     constexpr std::uint64_t kBlock = 512;  // the smallest logical block O_DIRECT writes
     return (last + kBlock - 1) / kBlock * kBlock < end;
 }
@@ -297,6 +303,8 @@ bool is_torn_tail(std::span<const std::byte> image, std::uint64_t from, std::siz
     wire::store_u32(marker, kRecordMarker);
     if (tail.size() < 8) return std::memcmp(tail.data(), marker, std::min<std::size_t>(tail.size(), 4)) == 0;
     if (std::memcmp(tail.data(), marker, 4) != 0) return false;
+    // A crash leaves at most the stage being written after the last whole record.
+    if (nonzero_end(tail) > OutputFile::kStageBytes) return false;
     const std::uint64_t length = std::max<std::uint64_t>(wire::load_u32(tail.data() + 4), header_bytes);
     return nonzero_ends_within(image, from + length);
 }

@@ -165,6 +165,29 @@ TEST_CASE("recover: a torn tail alone is dropped and the .part removed, as befor
     CHECK_FALSE(fs::exists(part + ".damaged"));
 }
 
+TEST_CASE("recover: more than one stage of non-zero bytes after the last good record is damage, not a torn tail",
+          "[file][recovery]") {
+    // A record marker whose length reaches past the file's end, then 3 MiB of junk: a
+    // crash leaves at most one stage (the one being written) after the last whole record.
+    evb::test::TempDir dir;
+    const std::string part = dir / "run000042_001_00003.evb.part";
+    Image im = part_image(10);
+    const std::size_t from = im.bytes.size();
+    im.bytes.insert(im.bytes.end(), im.bytes.begin() + static_cast<std::ptrdiff_t>(im.offsets[0]),
+                    im.bytes.begin() + static_cast<std::ptrdiff_t>(im.offsets[0]) + 4);  // a record marker
+    const Bytes length = {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0xF0}};
+    im.bytes.insert(im.bytes.end(), length.begin(), length.end());
+    im.bytes.resize(from + ef::OutputFile::kStageBytes + (1u << 20), std::byte{0xA5});
+    write_all(part, im.bytes);
+    CHECK_FALSE(ef::is_torn_tail(im.bytes, from, ef::kRecordHeaderBytes));
+    const ef::Recovery r = ef::recover(part);
+    REQUIRE(r.ok());
+    CHECK(r.events == 10);
+    CHECK(r.damaged_records >= 1);
+    CHECK(r.damaged_at == from);
+    CHECK(r.kept_beside == part + ".damaged");
+}
+
 TEST_CASE("recover: a damaged closed .evb stays where it is beside its recovered copy", "[file][recovery]") {
     evb::test::TempDir dir;
     Image im = part_image(30);
