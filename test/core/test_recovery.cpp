@@ -60,6 +60,15 @@ Bytes read_all(const std::string& path) {
     return out;
 }
 
+// The reader's decoded-size bound for one scope; no bound again when it ends
+// (the bound is process-wide: a failed REQUIRE must not leave it for later tests).
+struct DecodedBytesLimit {
+    explicit DecodedBytesLimit(std::size_t bytes) { ef::set_decoded_bytes_limit(bytes); }
+    ~DecodedBytesLimit() { ef::set_decoded_bytes_limit(~std::size_t{0}); }
+    DecodedBytesLimit(const DecodedBytesLimit&) = delete;
+    DecodedBytesLimit& operator=(const DecodedBytesLimit&) = delete;
+};
+
 std::vector<std::uint64_t> ids_of(const ef::ScanResult& s) {
     std::vector<std::uint64_t> ids;
     for (const auto& r : s.records) ids.push_back(r.header.event_id);
@@ -268,9 +277,8 @@ TEST_CASE("a reader's decoded-size bound refuses a COMPRESSED record that claims
                                                   evb::crc32c(area.data(), area.size()), stored)},
         true);
     REQUIRE(ef::scan(img).records.size() == 1);  // no bound: read as ever
-    ef::set_decoded_bytes_limit(64u << 10);
+    const DecodedBytesLimit bound(64u << 10);  // lifted again however the test ends
     const ef::ScanResult s = ef::scan(img);
-    ef::set_decoded_bytes_limit(~std::size_t{0});
     CHECK(s.records.empty());
     REQUIRE_FALSE(s.problems.empty());
     bool named = false;
