@@ -11,6 +11,7 @@
 #include "core/format/codec.hpp"
 #include "core/format/crc32c.hpp"
 #include "core/format/file_format.hpp"
+#include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/recovery.hpp"
@@ -68,6 +69,25 @@ struct DecodedBytesLimit {
     DecodedBytesLimit(const DecodedBytesLimit&) = delete;
     DecodedBytesLimit& operator=(const DecodedBytesLimit&) = delete;
 };
+
+// A MIDAS file image: begin-of-run, then ten events of one 8-byte bank, serials 0..9;
+// `at` gets each event's offset.
+Bytes midas_image(std::vector<std::size_t>& at) {
+    namespace em = evb::midas;
+    Bytes img = em::encode_run_marker(em::kEventIdBor, 42, 1700000000, "{}");
+    const std::vector<em::SectionInfo> sections = {{0, 0, 8}};
+    for (std::uint32_t serial = 0; serial < 10; ++serial) {
+        em::BuiltEvent b;
+        b.serial_number = serial;
+        b.evb_event_id = serial;
+        Bytes ev(em::event_bytes(sections));
+        em::encode_head(b, sections, ev.data());
+        em::encode_section_bank(em::default_bank_name(0), 8, ev.data() + em::head_bytes(1));
+        at.push_back(img.size());
+        img.insert(img.end(), ev.begin(), ev.end());
+    }
+    return img;
+}
 
 std::vector<std::uint64_t> ids_of(const ef::ScanResult& s) {
     std::vector<std::uint64_t> ids;
@@ -174,6 +194,31 @@ TEST_CASE("recover: a torn tail alone is dropped and the .part removed, as befor
     CHECK_FALSE(fs::exists(part + ".damaged"));
 }
 
+TEST_CASE("recover: a .mid.lz4 event whose data_size reaches past the end is damage, not a torn tail",
+          "[file][recovery]") {
+    evb::test::TempDir dir;
+    std::vector<std::size_t> at;
+    Bytes img = midas_image(at);
+    img[at[4] + 15] ^= std::byte{0x10};  // event 4's data_size, high byte
+    evb::lz4f::FrameWriter w;
+    Bytes frame(w.bound(img.size()) + 64);
+    std::string why;
+    std::size_t n = w.begin(1, frame, &why);
+    const struct iovec piece = {img.data(), img.size()};
+    n += w.write(&piece, 1, std::span<std::byte>(frame).subspan(n), &why);
+    n += w.end(std::span<std::byte>(frame).subspan(n), &why);
+    INFO(why);
+    frame.resize(n);
+    const std::string part = dir / "run000042_001_00003.mid.lz4.part";
+    write_all(part, frame);
+    const ef::Recovery r = ef::recover(part);
+    INFO(r.error);
+    REQUIRE(r.ok());
+    CHECK(r.events == 4);
+    CHECK(r.damaged_records >= 1);
+    CHECK(r.kept_beside == part + ".damaged");
+}
+
 TEST_CASE("recover: more than one stage of non-zero bytes after the last good record is damage, not a torn tail",
           "[file][recovery]") {
     // A record marker whose length reaches past the file's end, then 3 MiB of junk: a
@@ -209,25 +254,6 @@ TEST_CASE("recover: a damaged closed .evb stays where it is beside its recovered
     CHECK(r.output == evb.substr(0, evb.size() - 4) + ".evb.recovered.evb");
     CHECK(r.kept_beside == evb);
     CHECK(read_all(evb) == im.bytes);
-}
-
-// A MIDAS file image: begin-of-run, then ten events of one 8-byte bank, serials 0..9;
-// `at` gets each event's offset.
-Bytes midas_image(std::vector<std::size_t>& at) {
-    namespace em = evb::midas;
-    Bytes img = em::encode_run_marker(em::kEventIdBor, 42, 1700000000, "{}");
-    const std::vector<em::SectionInfo> sections = {{0, 0, 8}};
-    for (std::uint32_t serial = 0; serial < 10; ++serial) {
-        em::BuiltEvent b;
-        b.serial_number = serial;
-        b.evb_event_id = serial;
-        Bytes ev(em::event_bytes(sections));
-        em::encode_head(b, sections, ev.data());
-        em::encode_section_bank(em::default_bank_name(0), 8, ev.data() + em::head_bytes(1));
-        at.push_back(img.size());
-        img.insert(img.end(), ev.begin(), ev.end());
-    }
-    return img;
 }
 
 TEST_CASE("recover: a MIDAS .part with a bad event that is not its torn end keeps its original beside",
