@@ -4,9 +4,14 @@
 // checksum to resynchronise on, keeps its original beside as well.
 #include <catch2/catch.hpp>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "core/format/codec.hpp"
 #include "core/format/crc32c.hpp"
@@ -17,6 +22,20 @@
 #include "core/io/recovery.hpp"
 #include "test/core/record_builder.hpp"
 #include "test/temp_dir.hpp"
+
+// renameat2 as a file system without RENAME_NOREPLACE answers it (EINVAL) while
+// `g_no_renameat2` is set; the real call otherwise. Defined in the test executable,
+// it takes the place of libc's for the recovery code linked into it.
+namespace {
+bool g_no_renameat2 = false;
+}
+extern "C" int renameat2(int olddirfd, const char* oldpath, int newdirfd, const char* newpath, unsigned int flags) {
+    if (g_no_renameat2) {
+        errno = EINVAL;
+        return -1;
+    }
+    return static_cast<int>(::syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags));
+}
 
 namespace ef = evb::file;
 namespace fs = std::filesystem;
@@ -240,6 +259,26 @@ TEST_CASE("recover: more than one stage of non-zero bytes after the last good re
     CHECK(r.damaged_records >= 1);
     CHECK(r.damaged_at == from);
     CHECK(r.kept_beside == part + ".damaged");
+}
+
+TEST_CASE("recover: where renameat2 has no RENAME_NOREPLACE, the original is kept beside all the same, never over a file",
+          "[file][recovery]") {
+    evb::test::TempDir dir;
+    const std::string part = dir / "run000042_001_00003.evb.part";
+    Image im = part_image(30);
+    im.bytes[im.offsets[10] + 60] ^= std::byte{0x01};
+    write_all(part, im.bytes);
+    write_all(part + ".damaged", {std::byte{7}});  // an earlier one: must stay
+    g_no_renameat2 = true;
+    const ef::Recovery r = ef::recover(part);
+    g_no_renameat2 = false;
+    INFO(r.error);
+    REQUIRE(r.ok());
+    CHECK(r.events == 29);
+    CHECK(r.kept_beside == part + ".damaged.2");
+    CHECK(read_all(part + ".damaged.2") == im.bytes);
+    CHECK(read_all(part + ".damaged") == Bytes{std::byte{7}});
+    CHECK_FALSE(fs::exists(part));
 }
 
 TEST_CASE("recover: a damaged closed .evb stays where it is beside its recovered copy", "[file][recovery]") {
