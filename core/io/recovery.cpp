@@ -89,6 +89,28 @@ bool drop_torn_stage_tail(std::span<const std::byte> image, midas::ScanResult& s
     return true;
 }
 
+// Whether the header of an event that could follow the last good one starts at an
+// 8-byte step after `stop` (MIDAS events are 8-byte multiples): the same event id
+// and trigger mask and a serial number a little past the last good one's, or the
+// end-of-run event. Then what is at `stop` is not an event a crash cut short (its
+// data_size may be damaged to reach past the file's end) but damage.
+bool later_event_header(std::span<const std::byte> content, std::uint64_t stop, const midas::ScanResult& ms) {
+    constexpr std::uint32_t kSerialWindow = 64;
+    const bool any = !ms.events.empty();
+    const midas::EventHeader last = any ? ms.events.back().header : midas::EventHeader{};
+    const std::uint32_t lo = any ? last.serial_number + 1 : 0;
+    for (std::uint64_t at = stop + 8; at + midas::kEventHeaderBytes <= content.size(); at += 8) {
+        const midas::EventHeader h = midas::decode_event_header(content.data() + at);
+        if (h.event_id == midas::kEventIdEor && h.trigger_mask == midas::kMidasMagic && h.serial_number == ms.bor.serial_number)
+            return true;
+        if (h.event_id == 0 && h.trigger_mask == 0 && h.serial_number == 0) continue;  // zeros allocated ahead
+        const bool same_kind = any ? h.event_id == last.event_id && h.trigger_mask == last.trigger_mask
+                                   : h.event_id != midas::kEventIdBor && h.event_id != midas::kEventIdEor;
+        if (same_kind && h.serial_number - lo < kSerialWindow) return true;
+    }
+    return false;
+}
+
 // The end-of-run event a recovered MIDAS file ends with: the counts of its events
 // and that it was recovered (the run's counts are not known from one file).
 std::vector<std::byte> recovered_eor(const midas::ScanResult& s) {
@@ -131,7 +153,8 @@ std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, Recov
     // Damage: blocks after one that does not decode (and is not cut short by the
     // file's end), or an event that is not one inside the decoded bytes.
     const bool block_damage = !torn_block && !f.complete && !f.cut_short;
-    const bool event_damage = !ms.has_eor && ms.good_bytes < f.content.size() && !ms.cut_event;
+    const bool event_damage = !ms.has_eor && ms.good_bytes < f.content.size() &&
+                              (!ms.cut_event || later_event_header(f.content, ms.good_bytes, ms));
     if (block_damage || event_damage) {
         r.damaged_records = 1;
         r.damaged_at = f.good_bytes;
@@ -165,10 +188,16 @@ bool all_zero(std::span<const std::byte> bytes) {
 // is zero. With direct I/O the writer's last stage reaches the disk padded to a
 // block, and space allocated ahead reads as zeros: a record (or MIDAS event) it cut
 // off shows as its first bytes and zeros from a block boundary to the end.
+// One past the last non-zero byte of `bytes` (0 when all are zero).
+std::uint64_t nonzero_end(std::span<const std::byte> bytes) {
+    std::uint64_t last = bytes.size();
+    while (last > 0 && bytes[last - 1] == std::byte{0}) --last;
+    return last;
+}
+
 bool nonzero_ends_within(std::span<const std::byte> image, std::uint64_t end) {
     if (end > image.size()) return true;
-    std::uint64_t last = image.size();
-    while (last > 0 && image[last - 1] == std::byte{0}) --last;  // one past the last non-zero byte
+    const std::uint64_t last = nonzero_end(image);
     constexpr std::uint64_t kBlock = 512;  // the smallest logical block O_DIRECT writes
     return (last + kBlock - 1) / kBlock * kBlock < end;
 }
@@ -180,6 +209,22 @@ std::uint64_t records_in(std::span<const std::byte> damaged) {
     for (std::size_t at = 0; at + 4 <= damaged.size(); at += 8)
         if (wire::load_u32(damaged.data() + at) == kRecordMarker) ++n;
     return std::max<std::uint64_t>(n, 1);
+}
+
+// The fields of a record header at `at` that cost nothing to check, before the CRC
+// over its whole length is: the marker, the file's run number, a length that fits
+// before `end`, and no more sections than the record (or its decoded content) has
+// room for. Keeps the search past damage from computing a CRC at every 8-byte step
+// of a region full of record markers.
+bool plausible_record_at(std::span<const std::byte> image, const FileHeader& fh, std::uint64_t at, std::uint64_t end,
+                         std::size_t hb) {
+    const std::byte* r = image.data() + at;
+    if (wire::load_u32(r) != kRecordMarker || wire::load_u32(r + 16) != fh.run_number) return false;
+    const std::uint64_t length = wire::load_u32(r + 4);
+    if (length < hb || length % 8 != 0 || length > end - at) return false;
+    const bool compressed = fh.version != 1 && (wire::load_u32(r + 20) & record_status::compressed);
+    const std::uint64_t room = compressed ? wire::load_u32(r + 28) : length - hb;
+    return std::uint64_t{wire::load_u32(r + 24)} * kSectionHeaderBytes <= room;
 }
 
 // A `.evb` image's good records, past damage too: where scan() stops at a bad
@@ -214,7 +259,7 @@ KeptRecords keep_good_records(std::span<const std::byte> image, const ScanResult
     while (pos < end) {
         // Damage (or the torn tail) starts at pos: look for the next good record.
         std::uint64_t next = pos + 8;
-        while (next + hb <= end && !(wire::load_u32(image.data() + next) == kRecordMarker &&
+        while (next + hb <= end && !(plausible_record_at(image, s.header, next, end, hb) &&
                                      check_record_at(image, s.header, next, end, v, ignored)))
             next += 8;
         if (next + hb > end) {  // no good record after pos
@@ -239,12 +284,22 @@ KeptRecords keep_good_records(std::span<const std::byte> image, const ScanResult
     return k;
 }
 
+// rename() that never replaces `to`: renameat2(RENAME_NOREPLACE), or where the file
+// system or kernel does not offer it (EINVAL, ENOSYS), link() (EEXIST when `to`
+// exists) then unlink(). 0, or -1 and errno.
+int rename_noreplace(const std::string& path, const std::string& to) {
+    if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
+    if (errno != EINVAL && errno != ENOSYS) return -1;
+    if (::link(path.c_str(), to.c_str()) != 0) return -1;
+    return ::unlink(path.c_str());
+}
+
 // Where the original of a file that held damage stays: NAME.damaged (a number
 // added if that exists), never over another file. Empty and `why` on failure.
 std::string keep_beside(const std::string& path, std::string& why) {
     for (int n = 1; n < 100; ++n) {
         const std::string to = n == 1 ? path + ".damaged" : fmt::format("{}.damaged.{}", path, n);
-        if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return to;
+        if (rename_noreplace(path, to) == 0) return to;
         if (errno != EEXIST) {
             why = fmt::format("{}: cannot rename to {}: {}", path, to, std::strerror(errno));
             return {};
@@ -265,6 +320,8 @@ bool is_torn_tail(std::span<const std::byte> image, std::uint64_t from, std::siz
     wire::store_u32(marker, kRecordMarker);
     if (tail.size() < 8) return std::memcmp(tail.data(), marker, std::min<std::size_t>(tail.size(), 4)) == 0;
     if (std::memcmp(tail.data(), marker, 4) != 0) return false;
+    // A crash leaves at most the stage being written after the last whole record.
+    if (nonzero_end(tail) > OutputFile::kStageBytes) return false;
     const std::uint64_t length = std::max<std::uint64_t>(wire::load_u32(tail.data() + 4), header_bytes);
     return nonzero_ends_within(image, from + length);
 }
@@ -302,7 +359,8 @@ Recovery recover(const std::string& part_path) noexcept {
                 const bool cut_off = stop + midas::kEventHeaderBytes <= image.size() &&
                                      nonzero_ends_within(image, stop + midas::kEventHeaderBytes +
                                                                     midas::decode_event_header(image.data() + stop).data_size);
-                const bool torn = drop_torn_stage_tail(image, ms) || ms.cut_event || stop == image.size() || cut_off;
+                const bool torn = drop_torn_stage_tail(image, ms) || stop == image.size() ||
+                                  ((ms.cut_event || cut_off) && !later_event_header(image, stop, ms));
                 if (!torn) {
                     r.damaged_records = 1;
                     r.damaged_at = stop;
@@ -346,7 +404,7 @@ Recovery recover(const std::string& part_path) noexcept {
             ::unlink(tmp.c_str());
             return fail(fmt::format("{}: write failed: {}", tmp, std::strerror(e)));
         }
-        if (::rename(tmp.c_str(), dest.c_str()) != 0) {
+        if (rename_noreplace(tmp, dest) != 0) {
             const int re = errno;
             ::unlink(tmp.c_str());
             return fail(fmt::format("{}: rename failed: {}", dest, std::strerror(re)));

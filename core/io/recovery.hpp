@@ -49,7 +49,8 @@ Recovery recover(const std::string& part_path) noexcept;
 // zeros allocated ahead of the writes; a record the file ends inside; or (direct
 // I/O) a record whose first bytes reached the disk and nothing but zeros after
 // them to the end of the file (a stage not yet on disk, a block padded). A
-// damaged last record followed only by such zeros is taken as torn too.
+// damaged last record followed only by such zeros is taken as torn too. More than
+// one output stage (OutputFile::kStageBytes) of non-zero bytes is never torn.
 bool is_torn_tail(std::span<const std::byte> image, std::uint64_t from, std::size_t record_header_bytes) noexcept;
 
 }  // namespace evb::file

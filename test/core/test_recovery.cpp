@@ -4,18 +4,38 @@
 // checksum to resynchronise on, keeps its original beside as well.
 #include <catch2/catch.hpp>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "core/format/codec.hpp"
 #include "core/format/crc32c.hpp"
 #include "core/format/file_format.hpp"
+#include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/recovery.hpp"
 #include "test/core/record_builder.hpp"
 #include "test/temp_dir.hpp"
+
+// renameat2 as a file system without RENAME_NOREPLACE answers it (EINVAL) while
+// `g_no_renameat2` is set; the real call otherwise. Defined in the test executable,
+// it takes the place of libc's for the recovery code linked into it.
+namespace {
+bool g_no_renameat2 = false;
+}
+extern "C" int renameat2(int olddirfd, const char* oldpath, int newdirfd, const char* newpath, unsigned int flags) {
+    if (g_no_renameat2) {
+        errno = EINVAL;
+        return -1;
+    }
+    return static_cast<int>(::syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags));
+}
 
 namespace ef = evb::file;
 namespace fs = std::filesystem;
@@ -58,6 +78,34 @@ Bytes read_all(const std::string& path) {
     Bytes out(s.size());
     std::memcpy(out.data(), s.data(), s.size());
     return out;
+}
+
+// The reader's decoded-size bound for one scope; no bound again when it ends
+// (the bound is process-wide: a failed REQUIRE must not leave it for later tests).
+struct DecodedBytesLimit {
+    explicit DecodedBytesLimit(std::size_t bytes) { ef::set_decoded_bytes_limit(bytes); }
+    ~DecodedBytesLimit() { ef::set_decoded_bytes_limit(~std::size_t{0}); }
+    DecodedBytesLimit(const DecodedBytesLimit&) = delete;
+    DecodedBytesLimit& operator=(const DecodedBytesLimit&) = delete;
+};
+
+// A MIDAS file image: begin-of-run, then ten events of one 8-byte bank, serials 0..9;
+// `at` gets each event's offset.
+Bytes midas_image(std::vector<std::size_t>& at) {
+    namespace em = evb::midas;
+    Bytes img = em::encode_run_marker(em::kEventIdBor, 42, 1700000000, "{}");
+    const std::vector<em::SectionInfo> sections = {{0, 0, 8}};
+    for (std::uint32_t serial = 0; serial < 10; ++serial) {
+        em::BuiltEvent b;
+        b.serial_number = serial;
+        b.evb_event_id = serial;
+        Bytes ev(em::event_bytes(sections));
+        em::encode_head(b, sections, ev.data());
+        em::encode_section_bank(em::default_bank_name(0), 8, ev.data() + em::head_bytes(1));
+        at.push_back(img.size());
+        img.insert(img.end(), ev.begin(), ev.end());
+    }
+    return img;
 }
 
 std::vector<std::uint64_t> ids_of(const ef::ScanResult& s) {
@@ -165,6 +213,74 @@ TEST_CASE("recover: a torn tail alone is dropped and the .part removed, as befor
     CHECK_FALSE(fs::exists(part + ".damaged"));
 }
 
+TEST_CASE("recover: a .mid.lz4 event whose data_size reaches past the end is damage, not a torn tail",
+          "[file][recovery]") {
+    evb::test::TempDir dir;
+    std::vector<std::size_t> at;
+    Bytes img = midas_image(at);
+    img[at[4] + 15] ^= std::byte{0x10};  // event 4's data_size, high byte
+    evb::lz4f::FrameWriter w;
+    Bytes frame(w.bound(img.size()) + 64);
+    std::string why;
+    std::size_t n = w.begin(1, frame, &why);
+    const struct iovec piece = {img.data(), img.size()};
+    n += w.write(&piece, 1, std::span<std::byte>(frame).subspan(n), &why);
+    n += w.end(std::span<std::byte>(frame).subspan(n), &why);
+    INFO(why);
+    frame.resize(n);
+    const std::string part = dir / "run000042_001_00003.mid.lz4.part";
+    write_all(part, frame);
+    const ef::Recovery r = ef::recover(part);
+    INFO(r.error);
+    REQUIRE(r.ok());
+    CHECK(r.events == 4);
+    CHECK(r.damaged_records >= 1);
+    CHECK(r.kept_beside == part + ".damaged");
+}
+
+TEST_CASE("recover: more than one stage of non-zero bytes after the last good record is damage, not a torn tail",
+          "[file][recovery]") {
+    // A record marker whose length reaches past the file's end, then 3 MiB of junk: a
+    // crash leaves at most one stage (the one being written) after the last whole record.
+    evb::test::TempDir dir;
+    const std::string part = dir / "run000042_001_00003.evb.part";
+    Image im = part_image(10);
+    const std::size_t from = im.bytes.size();
+    im.bytes.insert(im.bytes.end(), im.bytes.begin() + static_cast<std::ptrdiff_t>(im.offsets[0]),
+                    im.bytes.begin() + static_cast<std::ptrdiff_t>(im.offsets[0]) + 4);  // a record marker
+    const Bytes length = {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0xF0}};
+    im.bytes.insert(im.bytes.end(), length.begin(), length.end());
+    im.bytes.resize(from + ef::OutputFile::kStageBytes + (1u << 20), std::byte{0xA5});
+    write_all(part, im.bytes);
+    CHECK_FALSE(ef::is_torn_tail(im.bytes, from, ef::kRecordHeaderBytes));
+    const ef::Recovery r = ef::recover(part);
+    REQUIRE(r.ok());
+    CHECK(r.events == 10);
+    CHECK(r.damaged_records >= 1);
+    CHECK(r.damaged_at == from);
+    CHECK(r.kept_beside == part + ".damaged");
+}
+
+TEST_CASE("recover: where renameat2 has no RENAME_NOREPLACE, the original is kept beside all the same, never over a file",
+          "[file][recovery]") {
+    evb::test::TempDir dir;
+    const std::string part = dir / "run000042_001_00003.evb.part";
+    Image im = part_image(30);
+    im.bytes[im.offsets[10] + 60] ^= std::byte{0x01};
+    write_all(part, im.bytes);
+    write_all(part + ".damaged", {std::byte{7}});  // an earlier one: must stay
+    g_no_renameat2 = true;
+    const ef::Recovery r = ef::recover(part);
+    g_no_renameat2 = false;
+    INFO(r.error);
+    REQUIRE(r.ok());
+    CHECK(r.events == 29);
+    CHECK(r.kept_beside == part + ".damaged.2");
+    CHECK(read_all(part + ".damaged.2") == im.bytes);
+    CHECK(read_all(part + ".damaged") == Bytes{std::byte{7}});
+    CHECK_FALSE(fs::exists(part));
+}
+
 TEST_CASE("recover: a damaged closed .evb stays where it is beside its recovered copy", "[file][recovery]") {
     evb::test::TempDir dir;
     Image im = part_image(30);
@@ -181,25 +297,18 @@ TEST_CASE("recover: a damaged closed .evb stays where it is beside its recovered
 
 TEST_CASE("recover: a MIDAS .part with a bad event that is not its torn end keeps its original beside",
           "[file][recovery]") {
-    namespace em = evb::midas;
+    // Event 4's serial number; or its data_size's high byte, so that it ends far past
+    // the file's end: damage all the same, not an event a crash cut short.
+    const auto [offset, flip] = GENERATE(std::pair<std::size_t, std::byte>{4, std::byte{0x40}},
+                                         std::pair<std::size_t, std::byte>{15, std::byte{0x10}});
     evb::test::TempDir dir;
-    Bytes img = em::encode_run_marker(em::kEventIdBor, 42, 1700000000, "{}");
-    const std::vector<em::SectionInfo> sections = {{0, 0, 8}};
     std::vector<std::size_t> at;
-    for (std::uint32_t serial = 0; serial < 10; ++serial) {
-        em::BuiltEvent b;
-        b.serial_number = serial;
-        b.evb_event_id = serial;
-        Bytes ev(em::event_bytes(sections));
-        em::encode_head(b, sections, ev.data());
-        em::encode_section_bank(em::default_bank_name(0), 8, ev.data() + em::head_bytes(1));
-        at.push_back(img.size());
-        img.insert(img.end(), ev.begin(), ev.end());
-    }
-    img[at[4] + 4] ^= std::byte{0x40};  // event 4's serial number
+    Bytes img = midas_image(at);
+    img[at[4] + offset] ^= flip;
     const std::string part = dir / "run000042_001_00003.mid.part";
     write_all(part, img);
     const ef::Recovery r = ef::recover(part);
+    INFO("byte " << offset << " of event 4 flipped");
     REQUIRE(r.ok());
     CHECK(r.events == 4);
     CHECK(r.damaged_records >= 1);
@@ -233,9 +342,8 @@ TEST_CASE("a reader's decoded-size bound refuses a COMPRESSED record that claims
                                                   evb::crc32c(area.data(), area.size()), stored)},
         true);
     REQUIRE(ef::scan(img).records.size() == 1);  // no bound: read as ever
-    ef::set_decoded_bytes_limit(64u << 10);
+    const DecodedBytesLimit bound(64u << 10);  // lifted again however the test ends
     const ef::ScanResult s = ef::scan(img);
-    ef::set_decoded_bytes_limit(~std::size_t{0});
     CHECK(s.records.empty());
     REQUIRE_FALSE(s.problems.empty());
     bool named = false;

@@ -250,6 +250,20 @@ void write_huge_zstd_record(const std::string& path, std::uint32_t run, std::uin
                                                 static_cast<std::streamsize>(img.size()));
 }
 
+// ASan's shadow memory and quarantine make RSS say little about what the code itself
+// allocated: the memory bound is checked in the plain build only.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssMeaningful = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kRssMeaningful = false;
+#else
+constexpr bool kRssMeaningful = true;
+#endif
+#else
+constexpr bool kRssMeaningful = true;
+#endif
+
 long max_rss_kib() {
     struct rusage u {};
     ::getrusage(RUSAGE_SELF, &u);
@@ -269,5 +283,9 @@ TEST_CASE("survey_run reads a COMPRESSED record's header and stored CRC, never i
     INFO("peak RSS grew by " << grown_mib << " MiB");
     CHECK(s.problems.empty());
     CHECK(ids_in(s.held) == std::vector<std::uint64_t>{42});
-    CHECK(grown_mib < 64);
+    if (kRssMeaningful) {
+        CHECK(grown_mib < 64);
+    } else {
+        WARN("RSS bound not checked: AddressSanitizer build");
+    }
 }
