@@ -193,7 +193,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
         e->timestamp = e->event_id;
         if (clock_steps_.any_desync())  // a desynchronised source's MISSING sections say so
             for (std::uint32_t i = 0; i < e->section_count; ++i)
-                if (clock_steps_.desync(i) && !(e->src[i].state & SourceState::kComplete))
+                if (clock_steps_.desync(i, e->run_number) && !(e->src[i].state & SourceState::kComplete))
                     e->src[i].state |= SourceState::kDesync;
         // What a later fragment is checked against (see event_by_time): each
         // fragment written, and for each source missing, the event's anchor.
@@ -596,8 +596,8 @@ void Matcher::bucket_remove(Event* e) noexcept {
 Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
     const std::uint64_t t = c->timestamp;
     const std::uint32_t run = c->run_number;
-    if (clock_steps_.observe(static_cast<std::size_t>(idx), t, now_ns)) counters_.source_clock_steps[idx].add();
-    const bool desync = clock_steps_.desync(static_cast<std::size_t>(idx));
+    if (clock_steps_.observe(static_cast<std::size_t>(idx), run, t, now_ns)) counters_.source_clock_steps[idx].add();
+    const bool desync = clock_steps_.desync(static_cast<std::size_t>(idx), run);
     Event* best = nullptr;
     std::uint64_t best_distance = 0;
     const std::uint64_t b = tolerance_ == UINT64_MAX ? 0 : t / (tolerance_ + 1);
@@ -1060,7 +1060,7 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     std::fill(watermark_.begin(), watermark_.end(), 0);
     for (std::size_t i = 0; i < watermark_.size(); ++i) counters_.source_watermark[i].set(0);
     std::fill(seen_seq_.begin(), seen_seq_.end(), SeqWindow{});
-    clock_steps_.new_run();  // a reset board is in step again
+    clock_steps_.new_run(next_run);  // a reset board is in step again
     disorder_.new_run();
     min_watermark_ = 0;
     watermark_moved_ = false;

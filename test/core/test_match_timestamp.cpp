@@ -309,3 +309,52 @@ TEST_CASE("timestamp mode: a board whose clock steps back is counted once, and i
     CHECK(desync_items == 700);  // triggers 1000..1699
     CHECK(desync_missing > 0);
 }
+
+TEST_CASE("timestamp mode: at a run change the next run's fragments are no clock step", "[match][timestamp][clock_step]") {
+    // The readers admit the next run's fragments (clocks near 0 again) before end_run
+    // reaches the shard: they are not compared with the old run's timestamps.
+    MatcherSettings ms = test::V2Rig::settings(4, file::MatchMode::timestamp, 100);
+    ms.max_events = 1024;
+    ms.timeout_ns = UINT64_MAX / 4;
+    ms.step_ticks = 25'000;
+    test::V2Rig r(ms, 4096);
+    constexpr std::uint64_t kStep = 1000, kRun1Start = 1'000'000'000;
+    std::uint64_t seq[4] = {};
+    std::size_t records = 0;
+    auto take = [&](const EventList& out) {
+        records += events_of(out).size();
+        r.give_back(out);
+    };
+    for (std::uint64_t n = 1; n < 200; ++n) {
+        std::vector<ChunkMeta*> cs;
+        for (std::uint32_t s = 0; s < 4; ++s) cs.push_back(r.chunk(s, seq[s]++, kRun1Start + n * kStep + s));
+        take(r.feed(cs, n * 1000));
+    }
+    std::uint64_t seq2[4] = {};
+    for (std::uint64_t n = 1; n < 100; ++n) {  // run 2 arrives; run 1 not ended yet
+        std::vector<ChunkMeta*> cs;
+        for (std::uint32_t s = 0; s < 4; ++s) {
+            ChunkMeta* c = r.chunk(s, seq2[s]++, n * kStep + s);
+            REQUIRE(c != nullptr);
+            c->run_number = 2;
+            cs.push_back(c);
+        }
+        take(r.feed(cs, (200 + n) * 1000));
+    }
+    EventList out;
+    r.matcher.end_run(2, 400'000, out);
+    take(out);
+    for (std::uint64_t n = 100; n < 200; ++n) {
+        std::vector<ChunkMeta*> cs;
+        for (std::uint32_t s = 0; s < 4; ++s) {
+            ChunkMeta* c = r.chunk(s, seq2[s]++, n * kStep + s);
+            REQUIRE(c != nullptr);
+            c->run_number = 2;
+            cs.push_back(c);
+        }
+        take(r.feed(cs, (300 + n) * 1000));
+    }
+    take(r.flush());
+    for (std::uint32_t s = 0; s < 4; ++s) CHECK(r.counters.source_clock_steps[s].get() == 0);
+    CHECK(records == 199 + 199);
+}
