@@ -331,29 +331,23 @@ TEST_CASE("timestamp mode: at a run change the next run's fragments are no clock
         take(r.feed(cs, n * 1000));
     }
     std::uint64_t seq2[4] = {};
-    for (std::uint64_t n = 1; n < 100; ++n) {  // run 2 arrives; run 1 not ended yet
-        std::vector<ChunkMeta*> cs;
-        for (std::uint32_t s = 0; s < 4; ++s) {
-            ChunkMeta* c = r.chunk(s, seq2[s]++, n * kStep + s);
-            REQUIRE(c != nullptr);
-            c->run_number = 2;
-            cs.push_back(c);
+    auto run2 = [&](std::uint64_t from, std::uint64_t to) {
+        for (std::uint64_t n = from; n < to; ++n) {
+            std::vector<ChunkMeta*> cs;
+            for (std::uint32_t s = 0; s < 4; ++s) {
+                ChunkMeta* c = r.chunk(s, seq2[s]++, n * kStep + s);
+                REQUIRE(c != nullptr);
+                c->run_number = 2;  // as the reader admits it once the run changed
+                cs.push_back(c);
+            }
+            take(r.feed(cs, (300 + n) * 1000));
         }
-        take(r.feed(cs, (200 + n) * 1000));
-    }
+    };
+    run2(1, 100);  // run 2 arrives; run 1 not ended in this shard yet
     EventList out;
     r.matcher.end_run(2, 400'000, out);
     take(out);
-    for (std::uint64_t n = 100; n < 200; ++n) {
-        std::vector<ChunkMeta*> cs;
-        for (std::uint32_t s = 0; s < 4; ++s) {
-            ChunkMeta* c = r.chunk(s, seq2[s]++, n * kStep + s);
-            REQUIRE(c != nullptr);
-            c->run_number = 2;
-            cs.push_back(c);
-        }
-        take(r.feed(cs, (300 + n) * 1000));
-    }
+    run2(100, 200);
     take(r.flush());
     for (std::uint32_t s = 0; s < 4; ++s) CHECK(r.counters.source_clock_steps[s].get() == 0);
     CHECK(records == 199 + 199);
