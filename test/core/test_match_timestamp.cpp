@@ -308,6 +308,26 @@ TEST_CASE("timestamp mode: a board whose clock steps back is counted once, and i
     CHECK(wrong_pairs_unmarked == 0);
     CHECK(desync_items == 700);  // triggers 1000..1699
     CHECK(desync_missing > 0);
+    // Source 3's records of its own are INCOMPLETE, and the healthy sources lose
+    // nothing to them: each of their 1699 fragments is written, none counted late.
+    std::size_t own = 0, own_not_incomplete = 0, healthy[3] = {};
+    for (const auto& rec : records) {
+        std::uint64_t id = 0;
+        std::uint32_t status = 0;
+        const std::vector<Item> items = read_record(rec, id, status);
+        if (items[3].items == 1 && items[0].items == 0 && items[1].items == 0 && items[2].items == 0) {
+            ++own;
+            if (!(status & file::record_status::incomplete)) ++own_not_incomplete;
+        }
+        for (std::uint32_t k = 0; k < 3; ++k) healthy[k] += items[k].items;
+    }
+    CHECK(own > 0);
+    CHECK(own_not_incomplete == 0);
+    for (std::uint32_t k = 0; k < 3; ++k) {
+        CHECK(healthy[k] == 1699);
+        CHECK(r.counters.source_late[k].get() == 0);
+    }
+    CHECK(r.counters.late_after_incomplete.get() == 0);
 }
 
 TEST_CASE("timestamp mode: at a run change the next run's fragments are no clock step", "[match][timestamp][clock_step]") {
@@ -351,4 +371,51 @@ TEST_CASE("timestamp mode: at a run change the next run's fragments are no clock
     take(r.flush());
     for (std::uint32_t s = 0; s < 4; ++s) CHECK(r.counters.source_clock_steps[s].get() == 0);
     CHECK(records == 199 + 199);
+}
+
+TEST_CASE("timestamp mode: a board whose clock steps forward costs the healthy sources nothing",
+          "[match][timestamp][clock_step]") {
+    // Source 3 stamps 50 triggers ahead from trigger 1000 on: its records of its own
+    // come before the others' fragments of those triggers, which must still be written.
+    MatcherSettings ms = test::V2Rig::settings(4, file::MatchMode::timestamp, 100);
+    ms.max_events = 1024;
+    ms.timeout_ns = UINT64_MAX / 4;
+    ms.step_ticks = 25'000;
+    test::V2Rig r(ms, 4096);
+    constexpr std::uint64_t kStep = 1000, kShift = 50;
+    std::uint64_t seq[4] = {};
+    std::vector<std::vector<std::byte>> records;
+    auto take = [&](const EventList& out) {
+        for (Event* e : events_of(out)) records.push_back(r.record(*e));
+        r.give_back(out);
+    };
+    for (std::uint64_t n = 1; n < 1300; ++n) {
+        std::vector<ChunkMeta*> cs;
+        for (std::uint32_t s = 0; s < 4; ++s) {
+            const std::uint64_t t = (s == 3 && n >= 1000 ? n + kShift : n) * kStep + s;
+            cs.push_back(r.chunk(s, seq[s]++, t));
+        }
+        take(r.feed(cs, n * 1000));
+    }
+    take(r.flush());
+    CHECK(r.counters.source_clock_steps[3].get() == 1);
+    std::size_t own = 0, own_not_incomplete = 0, healthy[3] = {};
+    for (const auto& rec : records) {
+        std::uint64_t id = 0;
+        std::uint32_t status = 0;
+        const std::vector<Item> items = read_record(rec, id, status);
+        REQUIRE(items.size() == 4);
+        if (items[3].items == 1 && items[0].items == 0 && items[1].items == 0 && items[2].items == 0) {
+            ++own;
+            if (!(status & file::record_status::incomplete)) ++own_not_incomplete;
+        }
+        for (std::uint32_t k = 0; k < 3; ++k) healthy[k] += items[k].items;
+    }
+    CHECK(own > 0);
+    CHECK(own_not_incomplete == 0);
+    for (std::uint32_t k = 0; k < 3; ++k) {
+        CHECK(healthy[k] == 1299);
+        CHECK(r.counters.source_late[k].get() == 0);
+    }
+    CHECK(r.counters.late_after_incomplete.get() == 0);
 }
