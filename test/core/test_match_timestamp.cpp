@@ -67,6 +67,34 @@ std::vector<Item> read_record(const std::vector<std::byte>& r, std::uint64_t& ev
     return out;
 }
 
+// The clock-step cases: 4 sources, tolerance 100, step_ticks 25000; events wait long
+// (no timeout). Triggers 1..n-1, 1000 ticks apart: stamp(n, s) is source s's stamp of
+// trigger n. The records written, in order.
+MatcherSettings step_settings() {
+    MatcherSettings ms = test::V2Rig::settings(4, file::MatchMode::timestamp, 100);
+    ms.max_events = 1024;
+    ms.timeout_ns = UINT64_MAX / 4;
+    ms.step_ticks = 25'000;
+    return ms;
+}
+
+template <class Stamp>
+std::vector<std::vector<std::byte>> feed_triggers(test::V2Rig& r, std::uint64_t n_end, Stamp stamp) {
+    std::uint64_t seq[4] = {};
+    std::vector<std::vector<std::byte>> records;
+    auto take = [&](const EventList& out) {
+        for (Event* e : events_of(out)) records.push_back(r.record(*e));
+        r.give_back(out);
+    };
+    for (std::uint64_t n = 1; n < n_end; ++n) {
+        std::vector<ChunkMeta*> cs;
+        for (std::uint32_t s = 0; s < 4; ++s) cs.push_back(r.chunk(s, seq[s]++, stamp(n, s)));
+        take(r.feed(cs, n * 1000));
+    }
+    take(r.flush());
+    return records;
+}
+
 }  // namespace
 
 TEST_CASE("timestamp mode: a fragment joins within tolerance (inclusive) and one tick beyond opens another event",
@@ -255,27 +283,11 @@ TEST_CASE("timestamp mode: a board whose clock steps back is counted once, and i
     // every fragment 500 triggers earlier (a board reset). Events wait long (no timeout
     // here), so the others' events of triggers 1000.. are in flight when source 3's
     // stamps reach them again from trigger 1500 on.
-    MatcherSettings ms = test::V2Rig::settings(4, file::MatchMode::timestamp, 100);
-    ms.max_events = 1024;
-    ms.timeout_ns = UINT64_MAX / 4;
-    ms.step_ticks = 25'000;
-    test::V2Rig r(ms, 4096);
+    test::V2Rig r(step_settings(), 4096);
     constexpr std::uint64_t kStep = 1000, kShift = 500;
-    std::uint64_t seq[4] = {};
-    std::vector<std::vector<std::byte>> records;
-    auto take = [&](const EventList& out) {
-        for (Event* e : events_of(out)) records.push_back(r.record(*e));
-        r.give_back(out);
-    };
-    for (std::uint64_t n = 1; n < 1700; ++n) {
-        std::vector<ChunkMeta*> cs;
-        for (std::uint32_t s = 0; s < 4; ++s) {
-            const std::uint64_t t = (s == 3 && n >= 1000 ? n - kShift : n) * kStep + s;  // a little jitter
-            cs.push_back(r.chunk(s, seq[s]++, t));
-        }
-        take(r.feed(cs, n * 1000));
-    }
-    take(r.flush());
+    const auto records = feed_triggers(r, 1700, [](std::uint64_t n, std::uint32_t s) {
+        return (s == 3 && n >= 1000 ? n - kShift : n) * kStep + s;  // a little jitter
+    });
     CHECK(r.counters.source_clock_steps[3].get() == 1);
     CHECK(r.counters.source_clock_steps[0].get() + r.counters.source_clock_steps[1].get() +
               r.counters.source_clock_steps[2].get() == 0);
@@ -377,27 +389,11 @@ TEST_CASE("timestamp mode: a board whose clock steps forward costs the healthy s
           "[match][timestamp][clock_step]") {
     // Source 3 stamps 50 triggers ahead from trigger 1000 on: its records of its own
     // come before the others' fragments of those triggers, which must still be written.
-    MatcherSettings ms = test::V2Rig::settings(4, file::MatchMode::timestamp, 100);
-    ms.max_events = 1024;
-    ms.timeout_ns = UINT64_MAX / 4;
-    ms.step_ticks = 25'000;
-    test::V2Rig r(ms, 4096);
+    test::V2Rig r(step_settings(), 4096);
     constexpr std::uint64_t kStep = 1000, kShift = 50;
-    std::uint64_t seq[4] = {};
-    std::vector<std::vector<std::byte>> records;
-    auto take = [&](const EventList& out) {
-        for (Event* e : events_of(out)) records.push_back(r.record(*e));
-        r.give_back(out);
-    };
-    for (std::uint64_t n = 1; n < 1300; ++n) {
-        std::vector<ChunkMeta*> cs;
-        for (std::uint32_t s = 0; s < 4; ++s) {
-            const std::uint64_t t = (s == 3 && n >= 1000 ? n + kShift : n) * kStep + s;
-            cs.push_back(r.chunk(s, seq[s]++, t));
-        }
-        take(r.feed(cs, n * 1000));
-    }
-    take(r.flush());
+    const auto records = feed_triggers(r, 1300, [](std::uint64_t n, std::uint32_t s) {
+        return (s == 3 && n >= 1000 ? n + kShift : n) * kStep + s;
+    });
     CHECK(r.counters.source_clock_steps[3].get() == 1);
     std::size_t own = 0, own_not_incomplete = 0, healthy[3] = {};
     for (const auto& rec : records) {
