@@ -68,7 +68,7 @@ bool ClockSteps::observe(std::size_t i, std::uint32_t run, std::uint64_t t, std:
         if (measuring_ && step_ticks_ == 0) measure_rate(r, now_ns);
         // Differences of u64 ticks as signed: a lag beyond 2^63 ticks is no clock.
         const auto lag = static_cast<std::int64_t>(r - t);
-        if (s.lag_count > 0 && step_ticks_ != 0) {
+        if (s.lag_count >= kMinLags && step_ticks_ != 0) {  // a usual lag of fewer lags is no usual
             lag_scratch_.assign(s.lags, s.lags + s.lag_count);
             const auto mid = lag_scratch_.begin() + static_cast<std::ptrdiff_t>((lag_scratch_.size() - 1) / 2);
             std::nth_element(lag_scratch_.begin(), mid, lag_scratch_.end());

@@ -3,8 +3,9 @@
 // trigger's time. The run's time is the median, over the sources that have sent in
 // the run, of the largest timestamp each has sent (off with fewer than 3 of them).
 // A fragment's lag is the run's time at its arrival less its timestamp; a source's
-// usual lag is the median of its last 64 lags. A fragment whose lag differs from its
-// source's usual lag by more than step_ticks is a step, and its source is
+// usual lag is the median of its last 64 lags (nothing is judged before it has 16).
+// A fragment whose lag differs from its source's usual lag by more than step_ticks is
+// a step, and its source is
 // desynchronised from then until the run ends. Only the current run's fragments are
 // observed: at a run change the next run's (clocks near 0 again) may reach the shard
 // before the run's end does, and they are in step. One matcher shard owns one (no locks).
@@ -38,6 +39,7 @@ public:
 
 private:
     static constexpr std::size_t kLags = 64;
+    static constexpr std::size_t kMinLags = 16;  // judged only once a source has this many
     struct Source {
         std::uint64_t largest = 0;
         bool sent = false;

@@ -415,3 +415,22 @@ TEST_CASE("timestamp mode: a board whose clock steps forward costs the healthy s
     }
     CHECK(r.counters.late_after_incomplete.get() == 0);
 }
+
+TEST_CASE("timestamp mode: a source whose first fragment comes late is no clock step", "[match][timestamp][clock_step]") {
+    // Source 3 joins at trigger 150 with one old fragment (stamped trigger 100, a lag of
+    // 50 triggers), then sends in step: its usual lag is judged over 16 lags, not one.
+    test::V2Rig r(step_settings(), 4096);
+    std::uint64_t seq[4] = {};
+    std::size_t written = 0;
+    for (std::uint64_t n = 1; n < 400; ++n) {
+        std::vector<ChunkMeta*> cs;
+        for (std::uint32_t s = 0; s < 3; ++s) cs.push_back(r.chunk(s, seq[s]++, n * 1000 + s));
+        if (n == 150) cs.push_back(r.chunk(3, seq[3]++, 100 * 1000 + 3));
+        if (n > 150) cs.push_back(r.chunk(3, seq[3]++, n * 1000 + 3));
+        const EventList out = r.feed(cs, n * 1000);
+        written += events_of(out).size();
+        r.give_back(out);
+    }
+    CHECK(r.counters.source_clock_steps[3].get() == 0);
+    CHECK(written > 0);
+}
