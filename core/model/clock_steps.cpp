@@ -16,8 +16,10 @@ ClockSteps::ClockSteps(std::size_t sources, std::uint64_t step_ticks, std::uint6
     lag_scratch_.reserve(kLags);
 }
 
-void ClockSteps::new_run() noexcept {
+void ClockSteps::new_run(std::uint32_t run) noexcept {
     if (off_) return;
+    run_set_ = true;
+    run_ = run;
     std::fill(sources_.begin(), sources_.end(), Source{});
     std::fill(desync_.begin(), desync_.end(), 0);
     any_desync_ = false;
@@ -52,8 +54,13 @@ void ClockSteps::measure_rate(std::uint64_t r, std::uint64_t now_ns) noexcept {
     step_ticks_ = ticks >= 1.8e19 ? UINT64_MAX - 1 : std::max<std::uint64_t>(1, static_cast<std::uint64_t>(ticks));
 }
 
-bool ClockSteps::observe(std::size_t i, std::uint64_t t, std::uint64_t now_ns) noexcept {
-    if (off_ || desync_[i]) return false;
+bool ClockSteps::observe(std::size_t i, std::uint32_t run, std::uint64_t t, std::uint64_t now_ns) noexcept {
+    if (off_) return false;
+    if (!run_set_) {
+        run_set_ = true;
+        run_ = run;
+    }
+    if (run != run_ || desync_[i]) return false;  // another run's fragment is in step
     Source& s = sources_[i];
     std::uint64_t r = 0;
     bool stepped = false;
@@ -61,7 +68,7 @@ bool ClockSteps::observe(std::size_t i, std::uint64_t t, std::uint64_t now_ns) n
         if (measuring_ && step_ticks_ == 0) measure_rate(r, now_ns);
         // Differences of u64 ticks as signed: a lag beyond 2^63 ticks is no clock.
         const auto lag = static_cast<std::int64_t>(r - t);
-        if (s.lag_count > 0 && step_ticks_ != 0) {
+        if (s.lag_count >= kMinLags && step_ticks_ != 0) {  // a usual lag of fewer lags is no usual
             lag_scratch_.assign(s.lags, s.lags + s.lag_count);
             const auto mid = lag_scratch_.begin() + static_cast<std::ptrdiff_t>((lag_scratch_.size() - 1) / 2);
             std::nth_element(lag_scratch_.begin(), mid, lag_scratch_.end());

@@ -140,6 +140,7 @@ struct Event {
     std::uint64_t timestamp;      // v2 record's timestamp field (assembly fills event_id mode's)
     std::uint64_t anchor;         // timestamp mode: the first fragment's timestamp
     Event* same_bucket;           // timestamp mode: next event in flight in this anchor bucket
+    bool own_record;              // timestamp mode: a desynchronised source's fragment alone
     std::uint64_t started;        // events this shard started before it (the older of two is smaller)
     std::uint16_t shard;
     RecordLayout layout;          // fixed per pool

@@ -106,6 +106,7 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     e->timestamp = 0;
     e->anchor = event_id;  // timestamp mode: the opening fragment's time
     e->same_bucket = nullptr;
+    e->own_record = false;
     std::memset(e->src, 0, sizeof(SourceState) * e->section_count);
     // Sources absent now are not waited for by this event, even if they return
     // before it is done: their fragments for it were most likely never sent.
@@ -162,6 +163,11 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
         } else {
             counters_.events_complete.add();
         }
+    } else if (e->own_record) {
+        // A desynchronised source's record of its own (docs/FORMATS.md section 5):
+        // INCOMPLETE; the other sources are not missing from it.
+        e->status |= file::record_status::incomplete;
+        counters_.events_incomplete.add();
     } else if (!complete) {
         e->status |= file::record_status::incomplete;
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
@@ -193,11 +199,12 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
         e->timestamp = e->event_id;
         if (clock_steps_.any_desync())  // a desynchronised source's MISSING sections say so
             for (std::uint32_t i = 0; i < e->section_count; ++i)
-                if (clock_steps_.desync(i) && !(e->src[i].state & SourceState::kComplete))
+                if (clock_steps_.desync(i, e->run_number) && !(e->src[i].state & SourceState::kComplete))
                     e->src[i].state |= SourceState::kDesync;
         // What a later fragment is checked against (see event_by_time): each
-        // fragment written, and for each source missing, the event's anchor.
-        for (std::uint32_t i = 0; i < e->section_count; ++i) {
+        // fragment written, and for each source missing, the event's anchor. A
+        // record of a desynchronised source's own is no trigger the others missed.
+        for (std::uint32_t i = 0; i < e->section_count && !e->own_record; ++i) {
             if (!e->section_in_record(i)) continue;
             SourceHistory& h = timed_history_[i];
             if (h.run != e->run_number) h = SourceHistory{{}, {}, e->run_number, 0, 0, 0, 0};
@@ -548,6 +555,7 @@ Event* Matcher::own_record(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept
         return nullptr;
     }
     bucket_remove(e);  // no other fragment finds it
+    e->own_record = true;
     for (std::uint32_t k = 0; k < e->section_count; ++k) {
         if (k == static_cast<std::uint32_t>(idx) || (e->src[k].state & SourceState::kNotAwaited)) continue;
         e->src[k].state |= SourceState::kNotAwaited;  // written as soon as its fragment is whole
@@ -596,8 +604,8 @@ void Matcher::bucket_remove(Event* e) noexcept {
 Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
     const std::uint64_t t = c->timestamp;
     const std::uint32_t run = c->run_number;
-    if (clock_steps_.observe(static_cast<std::size_t>(idx), t, now_ns)) counters_.source_clock_steps[idx].add();
-    const bool desync = clock_steps_.desync(static_cast<std::size_t>(idx));
+    if (clock_steps_.observe(static_cast<std::size_t>(idx), run, t, now_ns)) counters_.source_clock_steps[idx].add();
+    const bool desync = clock_steps_.desync(static_cast<std::size_t>(idx), run);
     Event* best = nullptr;
     std::uint64_t best_distance = 0;
     const std::uint64_t b = tolerance_ == UINT64_MAX ? 0 : t / (tolerance_ + 1);
@@ -1060,7 +1068,7 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     std::fill(watermark_.begin(), watermark_.end(), 0);
     for (std::size_t i = 0; i < watermark_.size(); ++i) counters_.source_watermark[i].set(0);
     std::fill(seen_seq_.begin(), seen_seq_.end(), SeqWindow{});
-    clock_steps_.new_run();  // a reset board is in step again
+    clock_steps_.new_run(next_run);  // a reset board is in step again
     disorder_.new_run();
     min_watermark_ = 0;
     watermark_moved_ = false;

@@ -67,6 +67,34 @@ std::vector<Item> read_record(const std::vector<std::byte>& r, std::uint64_t& ev
     return out;
 }
 
+// The clock-step cases: 4 sources, tolerance 100, step_ticks 25000; events wait long
+// (no timeout). Triggers 1..n-1, 1000 ticks apart: stamp(n, s) is source s's stamp of
+// trigger n. The records written, in order.
+MatcherSettings step_settings() {
+    MatcherSettings ms = test::V2Rig::settings(4, file::MatchMode::timestamp, 100);
+    ms.max_events = 1024;
+    ms.timeout_ns = UINT64_MAX / 4;
+    ms.step_ticks = 25'000;
+    return ms;
+}
+
+template <class Stamp>
+std::vector<std::vector<std::byte>> feed_triggers(test::V2Rig& r, std::uint64_t n_end, Stamp stamp) {
+    std::uint64_t seq[4] = {};
+    std::vector<std::vector<std::byte>> records;
+    auto take = [&](const EventList& out) {
+        for (Event* e : events_of(out)) records.push_back(r.record(*e));
+        r.give_back(out);
+    };
+    for (std::uint64_t n = 1; n < n_end; ++n) {
+        std::vector<ChunkMeta*> cs;
+        for (std::uint32_t s = 0; s < 4; ++s) cs.push_back(r.chunk(s, seq[s]++, stamp(n, s)));
+        take(r.feed(cs, n * 1000));
+    }
+    take(r.flush());
+    return records;
+}
+
 }  // namespace
 
 TEST_CASE("timestamp mode: a fragment joins within tolerance (inclusive) and one tick beyond opens another event",
@@ -255,27 +283,11 @@ TEST_CASE("timestamp mode: a board whose clock steps back is counted once, and i
     // every fragment 500 triggers earlier (a board reset). Events wait long (no timeout
     // here), so the others' events of triggers 1000.. are in flight when source 3's
     // stamps reach them again from trigger 1500 on.
-    MatcherSettings ms = test::V2Rig::settings(4, file::MatchMode::timestamp, 100);
-    ms.max_events = 1024;
-    ms.timeout_ns = UINT64_MAX / 4;
-    ms.step_ticks = 25'000;
-    test::V2Rig r(ms, 4096);
+    test::V2Rig r(step_settings(), 4096);
     constexpr std::uint64_t kStep = 1000, kShift = 500;
-    std::uint64_t seq[4] = {};
-    std::vector<std::vector<std::byte>> records;
-    auto take = [&](const EventList& out) {
-        for (Event* e : events_of(out)) records.push_back(r.record(*e));
-        r.give_back(out);
-    };
-    for (std::uint64_t n = 1; n < 1700; ++n) {
-        std::vector<ChunkMeta*> cs;
-        for (std::uint32_t s = 0; s < 4; ++s) {
-            const std::uint64_t t = (s == 3 && n >= 1000 ? n - kShift : n) * kStep + s;  // a little jitter
-            cs.push_back(r.chunk(s, seq[s]++, t));
-        }
-        take(r.feed(cs, n * 1000));
-    }
-    take(r.flush());
+    const auto records = feed_triggers(r, 1700, [](std::uint64_t n, std::uint32_t s) {
+        return (s == 3 && n >= 1000 ? n - kShift : n) * kStep + s;  // a little jitter
+    });
     CHECK(r.counters.source_clock_steps[3].get() == 1);
     CHECK(r.counters.source_clock_steps[0].get() + r.counters.source_clock_steps[1].get() +
               r.counters.source_clock_steps[2].get() == 0);
@@ -308,4 +320,117 @@ TEST_CASE("timestamp mode: a board whose clock steps back is counted once, and i
     CHECK(wrong_pairs_unmarked == 0);
     CHECK(desync_items == 700);  // triggers 1000..1699
     CHECK(desync_missing > 0);
+    // Source 3's records of its own are INCOMPLETE, and the healthy sources lose
+    // nothing to them: each of their 1699 fragments is written, none counted late.
+    std::size_t own = 0, own_not_incomplete = 0, healthy[3] = {};
+    for (const auto& rec : records) {
+        std::uint64_t id = 0;
+        std::uint32_t status = 0;
+        const std::vector<Item> items = read_record(rec, id, status);
+        if (items[3].items == 1 && items[0].items == 0 && items[1].items == 0 && items[2].items == 0) {
+            ++own;
+            if (!(status & file::record_status::incomplete)) ++own_not_incomplete;
+        }
+        for (std::uint32_t k = 0; k < 3; ++k) healthy[k] += items[k].items;
+    }
+    CHECK(own > 0);
+    CHECK(own_not_incomplete == 0);
+    for (std::uint32_t k = 0; k < 3; ++k) {
+        CHECK(healthy[k] == 1699);
+        CHECK(r.counters.source_late[k].get() == 0);
+    }
+    CHECK(r.counters.late_after_incomplete.get() == 0);
+}
+
+TEST_CASE("timestamp mode: at a run change the next run's fragments are no clock step", "[match][timestamp][clock_step]") {
+    // The readers admit the next run's fragments (clocks near 0 again) before end_run
+    // reaches the shard: they are not compared with the old run's timestamps.
+    MatcherSettings ms = test::V2Rig::settings(4, file::MatchMode::timestamp, 100);
+    ms.max_events = 1024;
+    ms.timeout_ns = UINT64_MAX / 4;
+    ms.step_ticks = 25'000;
+    test::V2Rig r(ms, 4096);
+    constexpr std::uint64_t kStep = 1000, kRun1Start = 1'000'000'000;
+    std::uint64_t seq[4] = {};
+    std::size_t records = 0;
+    auto take = [&](const EventList& out) {
+        records += events_of(out).size();
+        r.give_back(out);
+    };
+    for (std::uint64_t n = 1; n < 200; ++n) {
+        std::vector<ChunkMeta*> cs;
+        for (std::uint32_t s = 0; s < 4; ++s) cs.push_back(r.chunk(s, seq[s]++, kRun1Start + n * kStep + s));
+        take(r.feed(cs, n * 1000));
+    }
+    std::uint64_t seq2[4] = {};
+    auto run2 = [&](std::uint64_t from, std::uint64_t to) {
+        for (std::uint64_t n = from; n < to; ++n) {
+            std::vector<ChunkMeta*> cs;
+            for (std::uint32_t s = 0; s < 4; ++s) {
+                ChunkMeta* c = r.chunk(s, seq2[s]++, n * kStep + s);
+                REQUIRE(c != nullptr);
+                c->run_number = 2;  // as the reader admits it once the run changed
+                cs.push_back(c);
+            }
+            take(r.feed(cs, (300 + n) * 1000));
+        }
+    };
+    run2(1, 100);  // run 2 arrives; run 1 not ended in this shard yet
+    EventList out;
+    r.matcher.end_run(2, 400'000, out);
+    take(out);
+    run2(100, 200);
+    take(r.flush());
+    for (std::uint32_t s = 0; s < 4; ++s) CHECK(r.counters.source_clock_steps[s].get() == 0);
+    CHECK(records == 199 + 199);
+}
+
+TEST_CASE("timestamp mode: a board whose clock steps forward costs the healthy sources nothing",
+          "[match][timestamp][clock_step]") {
+    // Source 3 stamps 50 triggers ahead from trigger 1000 on: its records of its own
+    // come before the others' fragments of those triggers, which must still be written.
+    test::V2Rig r(step_settings(), 4096);
+    constexpr std::uint64_t kStep = 1000, kShift = 50;
+    const auto records = feed_triggers(r, 1300, [](std::uint64_t n, std::uint32_t s) {
+        return (s == 3 && n >= 1000 ? n + kShift : n) * kStep + s;
+    });
+    CHECK(r.counters.source_clock_steps[3].get() == 1);
+    std::size_t own = 0, own_not_incomplete = 0, healthy[3] = {};
+    for (const auto& rec : records) {
+        std::uint64_t id = 0;
+        std::uint32_t status = 0;
+        const std::vector<Item> items = read_record(rec, id, status);
+        REQUIRE(items.size() == 4);
+        if (items[3].items == 1 && items[0].items == 0 && items[1].items == 0 && items[2].items == 0) {
+            ++own;
+            if (!(status & file::record_status::incomplete)) ++own_not_incomplete;
+        }
+        for (std::uint32_t k = 0; k < 3; ++k) healthy[k] += items[k].items;
+    }
+    CHECK(own > 0);
+    CHECK(own_not_incomplete == 0);
+    for (std::uint32_t k = 0; k < 3; ++k) {
+        CHECK(healthy[k] == 1299);
+        CHECK(r.counters.source_late[k].get() == 0);
+    }
+    CHECK(r.counters.late_after_incomplete.get() == 0);
+}
+
+TEST_CASE("timestamp mode: a source whose first fragment comes late is no clock step", "[match][timestamp][clock_step]") {
+    // Source 3 joins at trigger 150 with one old fragment (stamped trigger 100, a lag of
+    // 50 triggers), then sends in step: its usual lag is judged over 16 lags, not one.
+    test::V2Rig r(step_settings(), 4096);
+    std::uint64_t seq[4] = {};
+    std::size_t written = 0;
+    for (std::uint64_t n = 1; n < 400; ++n) {
+        std::vector<ChunkMeta*> cs;
+        for (std::uint32_t s = 0; s < 3; ++s) cs.push_back(r.chunk(s, seq[s]++, n * 1000 + s));
+        if (n == 150) cs.push_back(r.chunk(3, seq[3]++, 100 * 1000 + 3));
+        if (n > 150) cs.push_back(r.chunk(3, seq[3]++, n * 1000 + 3));
+        const EventList out = r.feed(cs, n * 1000);
+        written += events_of(out).size();
+        r.give_back(out);
+    }
+    CHECK(r.counters.source_clock_steps[3].get() == 0);
+    CHECK(written > 0);
 }

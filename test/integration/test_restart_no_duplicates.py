@@ -32,6 +32,28 @@ def late_chunks(m):
     return metric_sum(m, "evb_late_fragments_total")
 
 
+def check_late(m, sent, what):
+    """Every copy that reached evbd is counted late. Over UDP on a loaded machine the
+    kernel may drop a datagram (counted by evb_kernel_receive_drops_total); the real
+    promise, each event once on disk, is check_once's."""
+    late = late_chunks(m)
+    drops = metric_sum(m, "evb_kernel_receive_drops_total")
+    check(max(1, sent - drops) <= late <= sent,
+          f"{what}: every chunk sent again that arrived is counted late ({late:.0f} of {sent}, {drops:.0f} dropped by the kernel)")
+
+
+def wait_stderr(path, text, proc, timeout=20):
+    """Wait until the process writing stderr to path says text (e.g. that it is bound)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with open(path) as f:
+            if text in f.read():
+                return
+        check(proc.poll() is None, f"evb-source --serve exited ({proc.returncode}) before saying '{text}'")
+        time.sleep(0.02)
+    check(False, f"evb-source --serve did not say '{text}' within {timeout} s")
+
+
 def push(wd):
     out = os.path.join(wd, "push-data")
     port = free_udp_port()
@@ -49,20 +71,21 @@ def push(wd):
           + next((l for l in text.splitlines() if "goes on" in l), "(no line)")[-160:])
     run_source(send)
     m = d.wait_settled()
-    late = late_chunks(m)
     check(d.stop() == 0, "push: the restarted evbd stops cleanly")
     check_once(out, 1000, "push, the same 1000 events sent again after the restart")
-    check(late == 4000, f"push: every chunk sent again is counted late ({late:.0f} of 4000)")
+    check_late(m, 4000, "push")
 
 
 def pull(wd):
     out = os.path.join(wd, "pull-data")
     sport = free_udp_port()
+    serve_err_path = os.path.join(wd, "serve.stderr")
+    serve_err = open(serve_err_path, "w")
     serve = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{sport}", "--sources", "4",
                               "--size", "100:400", "--seed", "9", "--idle-exit", "60"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=serve_err)
     try:
-        time.sleep(0.3)
+        wait_stderr(serve_err_path, "evb-source: serving", serve)
         port = free_udp_port()
 
         def start(events):
@@ -86,13 +109,13 @@ def pull(wd):
                     "--size", "100:400", "--seed", 9])
         d.wait_log("pull: all", 60)
         m = d.wait_settled()
-        late = late_chunks(m)
         check(d.stop() == 0, "pull: the restarted evbd stops cleanly")
         check_once(out, 800, "pull, copies of held events after the restart included")
-        check(late == 400, f"pull: every copy of a held event's chunk is counted late ({late:.0f} of 400)")
+        check_late(m, 400, "pull")
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=20)
+        serve_err.close()
 
 
 def main():
