@@ -24,18 +24,25 @@ void ClockSteps::new_run(std::uint32_t run) noexcept {
     std::fill(desync_.begin(), desync_.end(), 0);
     any_desync_ = false;
     senders_ = 0;
+    since_run_time_ = 0;
     rate_started_ = false;
     if (measuring_) step_ticks_ = 0;
 }
 
 bool ClockSteps::run_time(std::uint64_t& r) noexcept {
     if (senders_ < 3) return false;
+    if (since_run_time_ != 0 && since_run_time_ <= senders_ / 16) {
+        ++since_run_time_;
+        r = run_time_;
+        return true;
+    }
+    since_run_time_ = 1;
     scratch_.clear();
     for (const Source& s : sources_)
         if (s.sent) scratch_.push_back(s.largest);
     const auto mid = scratch_.begin() + static_cast<std::ptrdiff_t>((scratch_.size() - 1) / 2);
     std::nth_element(scratch_.begin(), mid, scratch_.end());
-    r = *mid;
+    r = run_time_ = *mid;
     return true;
 }
 
@@ -69,10 +76,14 @@ bool ClockSteps::observe(std::size_t i, std::uint32_t run, std::uint64_t t, std:
         // Differences of u64 ticks as signed: a lag beyond 2^63 ticks is no clock.
         const auto lag = static_cast<std::int64_t>(r - t);
         if (s.lag_count >= kMinLags && step_ticks_ != 0) {  // a usual lag of fewer lags is no usual
-            lag_scratch_.assign(s.lags, s.lags + s.lag_count);
-            const auto mid = lag_scratch_.begin() + static_cast<std::ptrdiff_t>((lag_scratch_.size() - 1) / 2);
-            std::nth_element(lag_scratch_.begin(), mid, lag_scratch_.end());
-            const std::int64_t usual = *mid;
+            if (s.lags_since_usual >= kLagsPerUsual) {
+                lag_scratch_.assign(s.lags, s.lags + s.lag_count);
+                const auto mid = lag_scratch_.begin() + static_cast<std::ptrdiff_t>((lag_scratch_.size() - 1) / 2);
+                std::nth_element(lag_scratch_.begin(), mid, lag_scratch_.end());
+                s.usual = *mid;
+                s.lags_since_usual = 0;
+            }
+            const std::int64_t usual = s.usual;
             const std::uint64_t off_by = lag > usual ? static_cast<std::uint64_t>(lag) - static_cast<std::uint64_t>(usual)
                                                      : static_cast<std::uint64_t>(usual) - static_cast<std::uint64_t>(lag);
             stepped = off_by > step_ticks_;
@@ -81,6 +92,7 @@ bool ClockSteps::observe(std::size_t i, std::uint32_t run, std::uint64_t t, std:
             s.lags[s.lag_next] = lag;
             s.lag_next = static_cast<std::uint8_t>((s.lag_next + 1) % kLags);
             if (s.lag_count < kLags) ++s.lag_count;
+            if (s.lags_since_usual < kLagsPerUsual) ++s.lags_since_usual;
         }
     }
     if (stepped) {
