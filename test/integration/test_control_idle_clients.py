@@ -92,7 +92,7 @@ def main():
     # Not the idle-timeout refusal, and loosely bounded: a sanitized build on a loaded
     # runner is slow.
     check("no command within" not in p.stdout + p.stderr, "... answered, not timed out as idle")
-    check(took < 4.5, f"... within 4.5 s ({took:.2f} s)")
+    check(took < 15, f"... within 15 s ({took:.2f} s)")
 
     # An idle client is closed after a few seconds (the last one opened, never made room for).
     last = idle[-1]

@@ -13,7 +13,18 @@ from evbtest import Evbd, check, fail, run_source
 from test_disk_full import fill, small_disk
 
 
+def softnet_dropped():
+    """Datagrams the kernel dropped before any socket (the per-CPU input backlog,
+    /proc/net/softnet_stat's second column): no socket's drop counter sees them."""
+    try:
+        with open("/proc/net/softnet_stat") as f:
+            return sum(int(line.split()[1], 16) for line in f if line.strip())
+    except OSError:
+        return 0
+
+
 def main():
+    backlog_before = softnet_dropped()
     wd, mnt = small_disk(8)
     try:
         d = Evbd(wd, sets=["sources=4", "building.timeout_ms=2000", f"output.directory={mnt}/data",
@@ -44,9 +55,13 @@ def main():
         # The final count of datagrams read: a reader may take more after the metric read above.
         unread, unread_bytes, drops, received = map(int, m.groups())
         check(unread > 0 and unread_bytes > unread, f"{unread} datagrams ({unread_bytes} bytes) counted unread at the stop")
-        check(received + unread + drops == sent,
-              f"read {received:.0f} + unread {unread} + kernel drops {drops} = {received + unread + drops:.0f}, "
-              f"the {sent} datagrams sent")
+        # Exact unless the kernel dropped datagrams before they reached a socket (its
+        # input backlog, on a loaded machine): those are counted by no socket.
+        backlog = softnet_dropped() - backlog_before
+        total = received + unread + drops
+        check(sent - backlog <= total <= sent,
+              f"read {received:.0f} + unread {unread} + kernel drops {drops} = {total:.0f}, "
+              f"the {sent} datagrams sent (less {backlog} dropped by the kernel's input backlog)")
         check(rc != 0, f"evbd exits non-zero (events it built were lost to the full disk) ({rc})")
     finally:
         subprocess.run(["umount", "-l", mnt])
