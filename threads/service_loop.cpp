@@ -10,7 +10,6 @@
 #include <fmt/format.h>
 #include <string>
 
-#include "core/io/empty_run.hpp"
 #include "core/io/output_file.hpp"
 #include "core/util/clock.hpp"
 #include "core/util/json_text.hpp"
@@ -38,37 +37,6 @@ int take_caught_signal() {
             return sig;
         }
     return 0;
-}
-
-// A run that ended with no event built, and no file of its own on disk, gets an
-// empty one, as MIDAS's logger leaves one: a `.evb` with header, empty index and
-// footer, or a MIDAS file with its begin- and end-of-run events.
-std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const Config& c, std::uint32_t run,
-                                                std::uint64_t started_unix_ms) {
-    if (file::next_file_sequence(w.directory, run, w.builder_id) != 0) return std::nullopt;  // it has files
-    file::EmptyRun e;
-    e.directory = w.directory;
-    e.header = {run, 0, w.builder_id, static_cast<std::uint32_t>(c.sources.size()), realtime_ns()};
-    e.header.version = w.format_version;
-    e.header.match_mode = w.match;
-    e.header.window_ticks = w.window_ticks;
-    e.header.codec = c.output.record_codec();
-    e.kind = w.format != OutputFormat::midas ? file::EmptyRun::Kind::evb
-             : w.midas_lz4                   ? file::EmptyRun::Kind::midas_lz4
-                                             : file::EmptyRun::Kind::midas;
-    e.config_json = w.config_json;
-    e.started_unix_s = static_cast<std::uint32_t>(started_unix_ms / 1000);
-    e.lz4_level = w.lz4_level;
-    e.sync = w.fsync != FsyncPolicy::never;
-    std::string err;
-    const std::string name = file::write_empty_run_file(e, err);
-    if (name.empty()) {
-        log_error("run {}: no event arrived, and the run's empty file could not be written: {}", run, err);
-        return std::nullopt;
-    }
-    log_info("run {}: no event arrived; {} holds the run's {}", run, name,
-             e.kind == file::EmptyRun::Kind::evb ? "header and footer" : "begin- and end-of-run events");
-    return file::SummaryFile{name, 0, 0, true, {}};
 }
 
 }  // namespace
@@ -99,12 +67,8 @@ ServiceLoop::ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapsh
       pin_senders_(started_->input.pin_senders && t_.feeder == nullptr),
       run_(started_->run_number),
       running_run_(!started_->control.start_stopped),
-      source_reported_(started_->sources.size(), 0),
-      clock_steps_logged_(started_->sources.size(), 0),
-      late_seen_(started_->sources.size(), 0),
-      disorder_logged_(started_->sources.size(), 0),
-      source_absent_(started_->sources.size(), 0),
-      absent_last_seen_ns_(started_->sources.size(), 0) {
+      health_(started_, t_.pipeline.counters(), control),
+      summaries_(started_->sources, t_.pipeline.counters(), t_.closed) {
     post_rules(running_run_);
     if (running_run_) mark_run_start(run_);
     control_.run_number.store(run_);
@@ -116,7 +80,7 @@ ServiceLoop::ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapsh
 void ServiceLoop::mark_run_start(std::uint32_t run) {
     runs_taken_.push_back(run);
     control_.run_started_unix_ms.store(realtime_ns() / 1'000'000ull);
-    current_ = {run, realtime_ns() / 1'000'000ull, running_->config, match_totals()};
+    summaries_.begin(run, running_->config);
     if (t_.counts != nullptr) {
         std::lock_guard lock(control_.text_mutex);
         control_.at_run_start = monitor::run_counts(*t_.counts);
@@ -339,9 +303,8 @@ void ServiceLoop::change_sources(const Config& next, const char* why) {
 // A reload's run change and a stop both come here. kNoRun: no next run (stop).
 void ServiceLoop::end_run(std::uint32_t next_run) {
     ++run_generation_;
-    // Its summary is written once the writer has closed its files (collect_closed_files).
-    ended_.push_back({current_, match_totals(), realtime_ns() / 1'000'000ull, run_generation_,
-                      next_run != kNoRun ? "run change" : "stop"});
+    // Its summary is written once the writer has closed its files (RunSummaries::collect).
+    summaries_.end(next_run != kNoRun ? "run change" : "stop", run_generation_);
     post_writer_settings(running_->writer, next_run);
     const bool next = next_run != kNoRun;
     if (next) run_ = next_run;
@@ -467,9 +430,7 @@ void ServiceLoop::advance_stop() {
     const monitor::RunCounts n = monitor::run_counts(*t_.counts);
     const bool written = n.written + n.lost == n.complete + n.incomplete;
     // Closed once the writer has reported the run's files (its summary is written).
-    const bool summarised = t_.closed == nullptr || std::none_of(ended_.begin(), ended_.end(), [this](const EndedRun& e) {
-                                return e.start.run == run_;
-                            });
+    const bool summarised = !summaries_.waiting_for(run_);
     const bool closed = written && t_.writer.current_file().empty() && summarised;
     if (closed) return finish_stop(true, "");
     if (now >= stopping_.deadline_ns)
@@ -502,12 +463,12 @@ void ServiceLoop::finish_stop(bool closed, const std::string& why) {
                             {"files", now.files_closed - at.files_closed},
                             {"payload_bytes", r.payload_bytes},
                             {"record_bytes", r.record_bytes}};
-    if (last_written_.valid && last_written_.run == run_) {
+    if (const RunSummaries::RunWritten& w = summaries_.last_written(); w.valid && w.run == run_) {
         // The run's own files, as its summary lists them (written by this process).
-        reply["files"] = last_written_.files;
-        reply["events_written"] = last_written_.events;
-        reply["file_bytes"] = last_written_.bytes;
-        reply["events_by_status"] = nlohmann::json::parse(json_text(file::to_json(last_written_.status)));
+        reply["files"] = w.files;
+        reply["events_written"] = w.events;
+        reply["file_bytes"] = w.bytes;
+        reply["events_by_status"] = nlohmann::json::parse(json_text(file::to_json(w.status)));
     }
     if (!closed) reply["error"] = why;
     {
@@ -545,104 +506,6 @@ bool ServiceLoop::config_file_changed() {
     return true;
 }
 
-// Present/absent per source over all shards (absent while any shard holds it so),
-// one log line and one count per transition.
-void ServiceLoop::report_source_states() {
-    std::vector<const stats::MatcherCounters*> matchers;
-    for (const auto& m : t_.pipeline.counters()) matchers.push_back(m.get());
-    for (std::size_t i = 0; i < source_absent_.size(); ++i) {
-        // Last seen before the state: a chunk that lands between the two reads then
-        // makes the source's mark newer than the one kept, and its return counts.
-        std::uint64_t last_seen_ns = 0;
-        for (const auto* m : matchers)
-            if (i < m->sources) last_seen_ns = std::max(last_seen_ns, m->source_last_seen_ns[i].get());
-        const std::uint8_t absent = monitor::source_absent(matchers, i) ? 1 : 0;
-        if (absent == source_absent_[i]) continue;
-        source_absent_[i] = absent;
-        const std::uint32_t id = started_->sources[i];
-        if (absent) {
-            absent_last_seen_ns_[i] = last_seen_ns;
-            control_.source_went_absent[i].fetch_add(1, std::memory_order_relaxed);
-            log_warn("source {} is absent: nothing from it while the others went on; events no longer wait for it "
-                     "(written INCOMPLETE, its section MISSING) until it sends again",
-                     id);
-        } else if (last_seen_ns != absent_last_seen_ns_[i]) {
-            control_.source_came_back[i].fetch_add(1, std::memory_order_relaxed);
-            log_info("source {} is present again: events wait for it from the first one its data reached", id);
-        } else if (std::binary_search(running_->config->sources.begin(), running_->config->sources.end(), id)) {
-            // Not back: a new run has every source waited for again (a removal says so itself).
-            log_info("source {} has sent nothing since it was found absent; run {} waits for it again until it is "
-                     "found absent again",
-                     id, run_);
-        }
-    }
-}
-
-// A source refused for running ahead of the others (desynchronised), for holding
-// too many receive slots, or for sending from a second address is logged once per
-// source; the counters say how much since.
-void ServiceLoop::report_sources(bool now_or_never) {
-    const std::uint64_t now = monotonic_ns();
-    if (now < next_source_check_ns_ && !now_or_never) return;
-    next_source_check_ns_ = now + 1'000'000'000ull;
-    if (const SenderPins* pins = rules_.back()->pins.get()) {
-        if (rules_posted_ != reported_rules_) {  // a new run: report its sources afresh
-            reported_rules_ = rules_posted_;
-            for (auto& r : source_reported_) r &= ~std::uint8_t{4};
-        }
-        for (std::size_t i = 0; i < pins->size() && i < source_reported_.size(); ++i) {
-            if (pins->mismatches(i) == 0 || (source_reported_[i] & 4)) continue;
-            source_reported_[i] |= 4;
-            log_warn("source {}: datagrams from {} refused, the source is pinned to {} since its first datagram "
-                     "of this run (input.pin_senders; evb_rejected_datagrams_total{{reason=\"sender_mismatch\"}})",
-                     pins->source(i), sender_key_text(pins->last_stranger(i)), sender_key_text(pins->pinned(i)));
-        }
-    }
-    for (std::size_t i = 0; i < source_reported_.size(); ++i) {
-        std::uint64_t desync = 0, slots = 0, steps = 0, late = 0, disorder = 0;
-        for (const auto& m : t_.pipeline.counters()) {
-            if (i >= m->sources) continue;
-            desync += m->source_desync[i].get();
-            slots += m->source_slot_limit[i].get();
-            steps += m->source_clock_steps[i].get();
-            late += m->source_late[i].get();
-            disorder = std::max(disorder, m->source_disorder_ticks[i].get());
-        }
-        // time_slice: hits lost as late to a source's own disorder, logged once per
-        // value of the disorder that building.disorder_ticks would need.
-        const std::uint64_t allowed = started_->building.disorder_ticks;
-        if (started_->building.match == MatchMode::time_slice && late > late_seen_[i] && disorder > allowed &&
-            disorder > disorder_logged_[i]) {
-            disorder_logged_[i] = disorder;
-            log_warn("source {}: {} chunks late, and its fragments arrive up to {} ticks out of time order: set "
-                     "building.disorder_ticks to at least {} (now {}) so that they find their slice unwritten "
-                     "(evb_source_disorder_ticks)",
-                     started_->sources[i], late - late_seen_[i], disorder, disorder, allowed);
-        }
-        late_seen_[i] = late;
-        if (steps > clock_steps_logged_[i]) {  // at most one a run: logged as it comes
-            clock_steps_logged_[i] = steps;
-            log_warn("source {}: its clock stepped (a board reset or lost clock lock; docs/FORMATS.md section 5): "
-                     "its fragments are no longer matched by time until the run ends, and its sections are written "
-                     "DESYNC (evb_source_clock_steps_total); a run change puts it in step again",
-                     started_->sources[i]);
-        }
-        if (desync > 0 && !(source_reported_[i] & 1)) {
-            source_reported_[i] |= 1;
-            log_warn("source {} is desynchronised: it opens event ids the other sources do not send (reset board, "
-                     "lost trigger sync, or a stranger using its id); beyond its share of events in flight its "
-                     "datagrams are refused (evb_source_desync_datagrams_total); see docs/OPERATIONS.md",
-                     started_->sources[i]);
-        }
-        if (slots > 0 && !(source_reported_[i] & 2)) {
-            source_reported_[i] |= 2;
-            log_warn("source {}: its incomplete fragments hold their share of receive buffers; further chunks are "
-                     "refused (evb_source_held_slots_refused_total)",
-                     started_->sources[i]);
-        }
-    }
-}
-
 void ServiceLoop::run() {
     started_inputs_ = true;
     sd_notify_state("READY=1\nSTATUS=receiving");
@@ -668,13 +531,13 @@ void ServiceLoop::run() {
         } else {
             t_.pipeline.tick(realtime_ns());
         }
-        report_sources(false);
-        report_source_states();
+        health_.report(false, rules_.back()->pins.get(), rules_posted_);
+        health_.report_states(*running_->config, run_);
         sample_rates();
-        collect_closed_files();
+        summaries_.collect(running_->writer);
     }
     if (t_.feeder != nullptr) show_replay_progress(true);
-    report_sources(true);  // what the last second saw
+    health_.report(true, rules_.back()->pins.get(), rules_posted_);  // what the last second saw
 }
 
 // A replay on a terminal shows how far it is, twice a second, on one line that it
@@ -707,158 +570,9 @@ void ServiceLoop::show_replay_progress(bool last) {
     std::fflush(stderr);
 }
 
-// ---- run summaries ----
-
-ServiceLoop::MatchTotals ServiceLoop::match_totals() const {
-    MatchTotals t;
-    t.fragments.assign(started_->sources.size(), 0);
-    t.missing.assign(started_->sources.size(), 0);
-    t.late.assign(started_->sources.size(), 0);
-    for (const auto& m : t_.pipeline.counters()) {
-        for (std::size_t i = 0; i < t.fragments.size() && i < m->sources; ++i) {
-            t.fragments[i] += m->source_fragments[i].get();
-            t.missing[i] += m->source_missing[i].get();
-            t.late[i] += m->source_late[i].get();
-        }
-        t.duplicate_chunks += m->duplicate_chunks.get();
-        t.crc_failures += m->crc_failures.get();
-        t.late_after_complete += m->late_after_complete.get();
-        t.late_after_incomplete += m->late_after_incomplete.get();
-        t.late_beyond_window += m->late_beyond_window.get();
-    }
-    return t;
-}
-
-// Each tick: the files the writer closed; a run whose transition the writer has
-// finished has all its files closed, and its summary is written.
-void ServiceLoop::collect_closed_files() {
-    if (t_.closed == nullptr) return;
-    FileClosed got[64];
-    std::size_t n = 0;
-    while ((n = t_.closed->pop(got, std::size(got))) > 0) {
-        for (std::size_t i = 0; i < n; ++i) {
-            if (got[i].transition_done == 0) {
-                closed_files_.push_back(got[i]);
-                continue;
-            }
-            while (!ended_.empty() && ended_.front().writer_generation <= got[i].transition_done) {
-                write_summary(ended_.front());
-                ended_.pop_front();
-            }
-        }
-    }
-}
-
 void ServiceLoop::finish_summaries() {
-    collect_closed_files();
-    for (const auto& r : ended_) write_summary(r);  // the writer closed everything as it stopped
-    ended_.clear();
     // The run going on (or still draining for a stop) ends with the process.
-    if (running_run_ && stopping_.phase != StopPhase::closing)
-        write_summary({current_, match_totals(), realtime_ns() / 1'000'000ull, 0, "shutdown"});
-}
-
-void ServiceLoop::write_summary(const EndedRun& r) {
-    const WriterSettings& w = running_->writer;  // directory and builder_id take a restart to change
-    const std::string& dir = w.directory;
-    // This run's files, in the order they closed; the rest wait for their run's end.
-    std::vector<file::SummaryFile> files;
-    std::vector<FileClosed> others;
-    for (const auto& f : closed_files_) {
-        if (f.run_number != r.start.run) {
-            others.push_back(f);
-            continue;
-        }
-        const std::string name = w.format == OutputFormat::midas
-                                     ? midas::file_name(f.run_number, w.builder_id, f.file_sequence, !f.clean, w.midas_lz4)
-                                     : file::file_name(f.run_number, w.builder_id, f.file_sequence, !f.clean);
-        files.push_back({name, f.events, 0, f.clean, f.status});
-    }
-    closed_files_.swap(others);
-    // No event built in the run (each would count a fragment or a missing section).
-    bool none_built = files.empty() && r.start.config != nullptr;
-    for (std::size_t i = 0; none_built && i < r.at_end.fragments.size() && i < r.start.at_start.fragments.size(); ++i)
-        none_built = r.at_end.fragments[i] == r.start.at_start.fragments[i] &&
-                     r.at_end.missing[i] == r.start.at_start.missing[i];
-    if (none_built)
-        if (auto f = empty_run_file(w, *r.start.config, r.start.run, r.start.started_unix_ms)) files.push_back(*f);
-    file::fill_sizes(dir, files);
-    last_written_ = {r.start.run, true, files.size(), 0, 0, {}};
-    for (const auto& f : files) {
-        last_written_.events += f.events;
-        last_written_.bytes += f.bytes;
-        last_written_.status += f.status;
-    }
-    nlohmann::ordered_json earlier = nlohmann::ordered_json::array();
-    // The run was built before (a restart with the same run number, or the files a
-    // crashed evbd left, summarised at start-up): its summary lists those files too.
-    const nlohmann::ordered_json before = file::read_summary(dir, r.start.run, w.builder_id);
-    std::uint64_t started_ms = r.start.started_unix_ms;
-    if (before.is_object() && before.contains("files") && before["files"].is_array()) {
-        std::vector<file::SummaryFile> kept;
-        for (const auto& j : before["files"]) {
-            const std::string name = j.value("name", "");
-            if (std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.name == name; })) continue;
-            file::SummaryFile f{name, j.value("events", std::uint64_t{0}), j.value("bytes", std::uint64_t{0}),
-                                j.value("clean", false), {}};
-            const nlohmann::ordered_json st = j.value("events_by_status", nlohmann::ordered_json::object());
-            f.status = {st.value("complete", std::uint64_t{0}), st.value("incomplete", std::uint64_t{0}),
-                        st.value("duplicates", std::uint64_t{0}), st.value("source_error", std::uint64_t{0}),
-                        st.value("corrupt_dropped", std::uint64_t{0})};
-            kept.push_back(std::move(f));
-        }
-        files.insert(files.begin(), kept.begin(), kept.end());
-        if (before.contains("earlier_sessions") && before["earlier_sessions"].is_array()) earlier = before["earlier_sessions"];
-        earlier.push_back({{"started_unix_ms", before.value("started_unix_ms", nlohmann::ordered_json())},
-                           {"stopped_unix_ms", before.value("stopped_unix_ms", nlohmann::ordered_json())},
-                           {"recovered", before.value("recovered", false)},
-                           {"end", before.value("end", "")}});
-        if (before.value("started_unix_ms", nlohmann::ordered_json()).is_number())
-            started_ms = std::min(started_ms, before["started_unix_ms"].get<std::uint64_t>());
-    }
-    file::StatusCounts total;
-    std::uint64_t events = 0;
-    for (const auto& f : files) {
-        total += f.status;
-        events += f.events;
-    }
-    const MatchTotals& a = r.start.at_start;
-    const MatchTotals& b = r.at_end;
-    nlohmann::ordered_json sources = nlohmann::ordered_json::array();
-    for (std::size_t i = 0; i < started_->sources.size() && i < b.fragments.size() && i < a.fragments.size(); ++i) {
-        // A source with nothing to report in this run (no fragment, never missing,
-        // nothing late) is left out: a run with no events lists none of 30000.
-        const std::uint64_t frag = b.fragments[i] - a.fragments[i], miss = b.missing[i] - a.missing[i],
-                            late = b.late[i] - a.late[i];
-        if (frag == 0 && miss == 0 && late == 0) continue;
-        sources.push_back({{"source_id", started_->sources[i]}, {"fragments", frag}, {"missing", miss}, {"late_chunks", late}});
-    }
-    nlohmann::ordered_json doc = {
-        {"run_number", r.start.run},
-        {"builder_id", w.builder_id},
-        {"evbd_version", EVB_VERSION},
-        {"recovered", false},
-        {"end", r.end},
-        {"started_unix_ms", started_ms},
-        {"stopped_unix_ms", r.stopped_unix_ms},
-        {"configuration", r.start.config != nullptr ? nlohmann::ordered_json(r.start.config->effective) : nlohmann::ordered_json()},
-        {"events", events},
-        {"events_by_status", file::to_json(total)},
-        // Counted by the matchers between the run's start and end (all sources together):
-        {"fragments", {{"duplicate_chunks", b.duplicate_chunks - a.duplicate_chunks},
-                       {"crc_failures", b.crc_failures - a.crc_failures},
-                       {"late_after_complete", b.late_after_complete - a.late_after_complete},
-                       {"late_after_incomplete", b.late_after_incomplete - a.late_after_incomplete},
-                       {"late_beyond_window", b.late_beyond_window - a.late_beyond_window}}},
-        {"sources", std::move(sources)},
-        {"files_complete", t_.closed == nullptr || t_.closed->dropped() == 0},
-        {"files", file::to_json(files)}};
-    if (!earlier.empty()) doc["earlier_sessions"] = std::move(earlier);
-    if (const std::string err = file::write_summary(dir, r.start.run, w.builder_id, doc); !err.empty())
-        log_error("run {}: the run summary was not written: {}", r.start.run, err);
-    else
-        log_info("run {}: summary {} written ({} file(s), {} events)", r.start.run,
-                 file::summary_name(r.start.run, w.builder_id), files.size(), events);
+    summaries_.finish(running_->writer, running_run_ && stopping_.phase != StopPhase::closing);
 }
 
 }  // namespace evb

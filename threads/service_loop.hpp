@@ -28,7 +28,9 @@
 #include "threads/pipeline.hpp"
 #include "threads/replay_feeder.hpp"
 #include "threads/request_sender.hpp"
+#include "threads/run_summaries.hpp"
 #include "threads/socket_reader.hpp"
+#include "threads/source_health.hpp"
 
 namespace evb {
 
@@ -116,8 +118,6 @@ private:
     void change_sources(const Config& next, const char* why);
     void change_run(std::uint32_t next_run);
     bool config_file_changed();
-    void report_sources(bool now_or_never);
-    void report_source_states();
     void sample_rates();
     void show_replay_progress(bool last);
     bool inputs_apply(const AdmissionRules* rules) const noexcept;
@@ -125,39 +125,6 @@ private:
     // waits (bounded) until every input has them in force.
     const AdmissionRules* post_rules(bool running);
 
-    // Run summaries (docs/FORMATS.md, "Run summary"): a run's counters at its start
-    // and end; its files come from the writer (t_.closed) once it has closed them.
-    struct MatchTotals {
-        std::vector<std::uint64_t> fragments, missing, late;  // per source, summed over shards
-        std::uint64_t duplicate_chunks = 0, crc_failures = 0, late_after_complete = 0, late_after_incomplete = 0,
-                      late_beyond_window = 0;
-    };
-    struct RunStart {
-        std::uint32_t run = 0;
-        std::uint64_t started_unix_ms = 0;
-        std::shared_ptr<const Config> config;
-        MatchTotals at_start;
-    };
-    struct EndedRun {
-        RunStart start;
-        MatchTotals at_end;
-        std::uint64_t stopped_unix_ms = 0;
-        std::uint64_t writer_generation = 0;  // done once the writer reports this transition
-        const char* end = "";                 // "stop", "run change", "shutdown"
-    };
-    MatchTotals match_totals() const;
-    void collect_closed_files();
-    // What the last summary written counted of its run in this process's files: the
-    // stop's answer reports these (exact per run, unlike counter differences, which
-    // a run change blurs: the old run's last file closes after the new run began).
-    struct RunWritten {
-        std::uint32_t run = 0;
-        bool valid = false;
-        std::uint64_t files = 0, events = 0, bytes = 0;
-        file::StatusCounts status;
-    };
-    RunWritten last_written_;
-    void write_summary(const EndedRun& r);
 
     const DaemonOptions& opts_;
     const Sizing sizing_;
@@ -184,18 +151,6 @@ private:
     bool started_inputs_ = false;             // run() has begun: the inputs take rules
     std::vector<std::uint32_t> runs_taken_;  // runs this process has built (not started twice)
     struct stat watched_ {};  // --watch-config: the file's identity and mtime
-    // Source trouble is logged once per source (bits: 1 desync, 2 held slots, 4 pin).
-    std::vector<std::uint8_t> source_reported_;
-    std::vector<std::uint64_t> clock_steps_logged_;  // per source: clock steps counted when last logged
-    std::vector<std::uint64_t> late_seen_;        // per source: late chunks at the last look
-    std::vector<std::uint64_t> disorder_logged_;  // per source: the disorder last logged as needed
-    std::uint64_t reported_rules_ = 0;  // rules_posted_ when the pins were last reported
-    std::uint64_t next_source_check_ns_ = 0;
-    std::vector<std::uint8_t> source_absent_;  // over all shards, as last logged
-    // Per source: the time of its last chunk (any shard) when it was found absent;
-    // a source whose absence ends with no chunk since did not come back (a new run
-    // or its removal cleared the mark).
-    std::vector<std::uint64_t> absent_last_seen_ns_;
     // The last reload's keys: changed and applied live, changed and waiting for a restart.
     std::vector<std::string> reload_applied_, reload_restart_;
     std::uint64_t next_rate_sample_ns_ = 0;
@@ -203,9 +158,8 @@ private:
         bool decided = false, on_terminal = false;
         std::uint64_t started_ns = 0, next_ns = 0;
     } progress_;  // replay progress on a terminal
-    RunStart current_;
-    std::deque<EndedRun> ended_;             // waiting for the writer to close their files
-    std::vector<FileClosed> closed_files_;   // from the writer, not yet in a summary
+    SourceHealth health_;     // source trouble, logged from the counters
+    RunSummaries summaries_;  // written as the writer closes each run's files
 };
 
 }  // namespace evb

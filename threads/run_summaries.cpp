@@ -1,0 +1,218 @@
+#include "threads/run_summaries.hpp"
+
+#include <algorithm>
+#include <fmt/format.h>
+#include <optional>
+#include <string>
+
+#include "core/io/empty_run.hpp"
+#include "core/io/output_file.hpp"
+#include "core/util/clock.hpp"
+#include "core/util/json_text.hpp"
+#include "core/util/log.hpp"
+#include "core/util/version.hpp"
+
+namespace evb {
+
+namespace {
+
+// A run that ended with no event built, and no file of its own on disk, gets an
+// empty one, as MIDAS's logger leaves one: a `.evb` with header, empty index and
+// footer, or a MIDAS file with its begin- and end-of-run events.
+std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const Config& c, std::uint32_t run,
+                                                std::uint64_t started_unix_ms) {
+    if (file::next_file_sequence(w.directory, run, w.builder_id) != 0) return std::nullopt;  // it has files
+    file::EmptyRun e;
+    e.directory = w.directory;
+    e.header = {run, 0, w.builder_id, static_cast<std::uint32_t>(c.sources.size()), realtime_ns()};
+    e.header.version = w.format_version;
+    e.header.match_mode = w.match;
+    e.header.window_ticks = w.window_ticks;
+    e.header.codec = c.output.record_codec();
+    e.kind = w.format != OutputFormat::midas ? file::EmptyRun::Kind::evb
+             : w.midas_lz4                   ? file::EmptyRun::Kind::midas_lz4
+                                             : file::EmptyRun::Kind::midas;
+    e.config_json = w.config_json;
+    e.started_unix_s = static_cast<std::uint32_t>(started_unix_ms / 1000);
+    e.lz4_level = w.lz4_level;
+    e.sync = w.fsync != FsyncPolicy::never;
+    std::string err;
+    const std::string name = file::write_empty_run_file(e, err);
+    if (name.empty()) {
+        log_error("run {}: no event arrived, and the run's empty file could not be written: {}", run, err);
+        return std::nullopt;
+    }
+    log_info("run {}: no event arrived; {} holds the run's {}", run, name,
+             e.kind == file::EmptyRun::Kind::evb ? "header and footer" : "begin- and end-of-run events");
+    return file::SummaryFile{name, 0, 0, true, {}};
+}
+
+}  // namespace
+
+RunSummaries::RunSummaries(std::vector<std::uint32_t> sources, const Matchers& matchers, ClosedFiles* closed)
+    : sources_(std::move(sources)), matchers_(matchers), closed_(closed) {}
+
+void RunSummaries::begin(std::uint32_t run, std::shared_ptr<const Config> config) {
+    current_ = {run, realtime_ns() / 1'000'000ull, std::move(config), match_totals()};
+}
+
+void RunSummaries::end(const char* end, std::uint64_t writer_generation) {
+    ended_.push_back({current_, match_totals(), realtime_ns() / 1'000'000ull, writer_generation, end});
+}
+
+bool RunSummaries::waiting_for(std::uint32_t run) const {
+    return closed_ != nullptr &&
+           std::any_of(ended_.begin(), ended_.end(), [run](const EndedRun& e) { return e.start.run == run; });
+}
+
+RunSummaries::MatchTotals RunSummaries::match_totals() const {
+    MatchTotals t;
+    t.fragments.assign(sources_.size(), 0);
+    t.missing.assign(sources_.size(), 0);
+    t.late.assign(sources_.size(), 0);
+    for (const auto& m : matchers_) {
+        for (std::size_t i = 0; i < t.fragments.size() && i < m->sources; ++i) {
+            t.fragments[i] += m->source_fragments[i].get();
+            t.missing[i] += m->source_missing[i].get();
+            t.late[i] += m->source_late[i].get();
+        }
+        t.duplicate_chunks += m->duplicate_chunks.get();
+        t.crc_failures += m->crc_failures.get();
+        t.late_after_complete += m->late_after_complete.get();
+        t.late_after_incomplete += m->late_after_incomplete.get();
+        t.late_beyond_window += m->late_beyond_window.get();
+    }
+    return t;
+}
+
+// Each tick: the files the writer closed; a run whose transition the writer has
+// finished has all its files closed, and its summary is written.
+void RunSummaries::collect(const WriterSettings& w) {
+    if (closed_ == nullptr) return;
+    FileClosed got[64];
+    std::size_t n = 0;
+    while ((n = closed_->pop(got, std::size(got))) > 0) {
+        for (std::size_t i = 0; i < n; ++i) {
+            if (got[i].transition_done == 0) {
+                closed_files_.push_back(got[i]);
+                continue;
+            }
+            while (!ended_.empty() && ended_.front().writer_generation <= got[i].transition_done) {
+                write(w, ended_.front());
+                ended_.pop_front();
+            }
+        }
+    }
+}
+
+void RunSummaries::finish(const WriterSettings& w, bool run_going) {
+    collect(w);
+    for (const auto& r : ended_) write(w, r);  // the writer closed everything as it stopped
+    ended_.clear();
+    if (run_going) write(w, {current_, match_totals(), realtime_ns() / 1'000'000ull, 0, "shutdown"});
+}
+
+// w: the running snapshot's (directory and builder_id take a restart to change).
+void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
+    const std::string& dir = w.directory;
+    // This run's files, in the order they closed; the rest wait for their run's end.
+    std::vector<file::SummaryFile> files;
+    std::vector<FileClosed> others;
+    for (const auto& f : closed_files_) {
+        if (f.run_number != r.start.run) {
+            others.push_back(f);
+            continue;
+        }
+        const std::string name = w.format == OutputFormat::midas
+                                     ? midas::file_name(f.run_number, w.builder_id, f.file_sequence, !f.clean, w.midas_lz4)
+                                     : file::file_name(f.run_number, w.builder_id, f.file_sequence, !f.clean);
+        files.push_back({name, f.events, 0, f.clean, f.status});
+    }
+    closed_files_.swap(others);
+    // No event built in the run (each would count a fragment or a missing section).
+    bool none_built = files.empty() && r.start.config != nullptr;
+    for (std::size_t i = 0; none_built && i < r.at_end.fragments.size() && i < r.start.at_start.fragments.size(); ++i)
+        none_built = r.at_end.fragments[i] == r.start.at_start.fragments[i] &&
+                     r.at_end.missing[i] == r.start.at_start.missing[i];
+    if (none_built)
+        if (auto f = empty_run_file(w, *r.start.config, r.start.run, r.start.started_unix_ms)) files.push_back(*f);
+    file::fill_sizes(dir, files);
+    last_written_ = {r.start.run, true, files.size(), 0, 0, {}};
+    for (const auto& f : files) {
+        last_written_.events += f.events;
+        last_written_.bytes += f.bytes;
+        last_written_.status += f.status;
+    }
+    nlohmann::ordered_json earlier = nlohmann::ordered_json::array();
+    // The run was built before (a restart with the same run number, or the files a
+    // crashed evbd left, summarised at start-up): its summary lists those files too.
+    const nlohmann::ordered_json before = file::read_summary(dir, r.start.run, w.builder_id);
+    std::uint64_t started_ms = r.start.started_unix_ms;
+    if (before.is_object() && before.contains("files") && before["files"].is_array()) {
+        std::vector<file::SummaryFile> kept;
+        for (const auto& j : before["files"]) {
+            const std::string name = j.value("name", "");
+            if (std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.name == name; })) continue;
+            file::SummaryFile f{name, j.value("events", std::uint64_t{0}), j.value("bytes", std::uint64_t{0}),
+                                j.value("clean", false), {}};
+            const nlohmann::ordered_json st = j.value("events_by_status", nlohmann::ordered_json::object());
+            f.status = {st.value("complete", std::uint64_t{0}), st.value("incomplete", std::uint64_t{0}),
+                        st.value("duplicates", std::uint64_t{0}), st.value("source_error", std::uint64_t{0}),
+                        st.value("corrupt_dropped", std::uint64_t{0})};
+            kept.push_back(std::move(f));
+        }
+        files.insert(files.begin(), kept.begin(), kept.end());
+        if (before.contains("earlier_sessions") && before["earlier_sessions"].is_array()) earlier = before["earlier_sessions"];
+        earlier.push_back({{"started_unix_ms", before.value("started_unix_ms", nlohmann::ordered_json())},
+                           {"stopped_unix_ms", before.value("stopped_unix_ms", nlohmann::ordered_json())},
+                           {"recovered", before.value("recovered", false)},
+                           {"end", before.value("end", "")}});
+        if (before.value("started_unix_ms", nlohmann::ordered_json()).is_number())
+            started_ms = std::min(started_ms, before["started_unix_ms"].get<std::uint64_t>());
+    }
+    file::StatusCounts total;
+    std::uint64_t events = 0;
+    for (const auto& f : files) {
+        total += f.status;
+        events += f.events;
+    }
+    const MatchTotals& a = r.start.at_start;
+    const MatchTotals& b = r.at_end;
+    nlohmann::ordered_json sources = nlohmann::ordered_json::array();
+    for (std::size_t i = 0; i < sources_.size() && i < b.fragments.size() && i < a.fragments.size(); ++i) {
+        // A source with nothing to report in this run (no fragment, never missing,
+        // nothing late) is left out: a run with no events lists none of 30000.
+        const std::uint64_t frag = b.fragments[i] - a.fragments[i], miss = b.missing[i] - a.missing[i],
+                            late = b.late[i] - a.late[i];
+        if (frag == 0 && miss == 0 && late == 0) continue;
+        sources.push_back({{"source_id", sources_[i]}, {"fragments", frag}, {"missing", miss}, {"late_chunks", late}});
+    }
+    nlohmann::ordered_json doc = {
+        {"run_number", r.start.run},
+        {"builder_id", w.builder_id},
+        {"evbd_version", EVB_VERSION},
+        {"recovered", false},
+        {"end", r.end},
+        {"started_unix_ms", started_ms},
+        {"stopped_unix_ms", r.stopped_unix_ms},
+        {"configuration", r.start.config != nullptr ? nlohmann::ordered_json(r.start.config->effective) : nlohmann::ordered_json()},
+        {"events", events},
+        {"events_by_status", file::to_json(total)},
+        // Counted by the matchers between the run's start and end (all sources together):
+        {"fragments", {{"duplicate_chunks", b.duplicate_chunks - a.duplicate_chunks},
+                       {"crc_failures", b.crc_failures - a.crc_failures},
+                       {"late_after_complete", b.late_after_complete - a.late_after_complete},
+                       {"late_after_incomplete", b.late_after_incomplete - a.late_after_incomplete},
+                       {"late_beyond_window", b.late_beyond_window - a.late_beyond_window}}},
+        {"sources", std::move(sources)},
+        {"files_complete", closed_ == nullptr || closed_->dropped() == 0},
+        {"files", file::to_json(files)}};
+    if (!earlier.empty()) doc["earlier_sessions"] = std::move(earlier);
+    if (const std::string err = file::write_summary(dir, r.start.run, w.builder_id, doc); !err.empty())
+        log_error("run {}: the run summary was not written: {}", r.start.run, err);
+    else
+        log_info("run {}: summary {} written ({} file(s), {} events)", r.start.run,
+                 file::summary_name(r.start.run, w.builder_id), files.size(), events);
+}
+
+}  // namespace evb
