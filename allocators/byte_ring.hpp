@@ -2,10 +2,13 @@
 // a matcher shard's compressed records. Blocks are handed out at the head and
 // released in any order; the space of the oldest blocks comes back once they are
 // released (a block released early waits for the ones before it). No allocation
-// after construction, no synchronisation: reserve, shrink and release all run on
-// the owning thread.
+// after construction. reserve, shrink and unreserve run on the owning thread;
+// release may come from another thread (a graph worker that compressed into the
+// block and found it did not shrink): it is one atomic store the owner's next
+// reserve sees.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -56,10 +59,12 @@ public:
     void unreserve_last() noexcept { head_ = last_; }
 
     // Hands a block back (p as reserve returned it).
-    static void release(std::byte* p) noexcept { reinterpret_cast<Header*>(p - kHeader)->released = 1; }
+    static void release(std::byte* p) noexcept {
+        std::atomic_ref<std::uint64_t>(reinterpret_cast<Header*>(p - kHeader)->released).store(1, std::memory_order_release);
+    }
 
 private:
-    struct Header {
+    struct alignas(std::atomic_ref<std::uint64_t>::required_alignment) Header {
         std::uint64_t size;  // bytes of the block, header included
         std::uint64_t released;
     };
@@ -73,8 +78,8 @@ private:
     // Moves the tail over released blocks.
     void reclaim() noexcept {
         while (tail_ != head_) {
-            const Header& h = header(pos(tail_));
-            if (!h.released) break;
+            Header& h = header(pos(tail_));
+            if (std::atomic_ref<std::uint64_t>(h.released).load(std::memory_order_acquire) == 0) break;
             tail_ += h.size;
         }
     }

@@ -66,8 +66,27 @@ struct ShardInput {
     file::Codec codec = file::Codec::none;  // set_sources
     std::uint32_t level = 1;                // set_sources
 };
-using MatchNode = flow::multifunction_node<ShardInput, std::tuple<Event*>>;
-using AssembleNode = flow::function_node<Event*, flow::continue_msg>;
+// What a shard's matcher hands on: built events (and run or source-set markers)
+// linked through next_out. With one worker for the shard the list goes whole to
+// the serial assembler. With more, the matcher's body assembles the records and
+// prepares their compression in order, and cuts the list into batches that the
+// compress node takes concurrently; `seq` restores their order before the writer.
+struct Batch {
+    std::uint64_t seq = 0;
+    Event* head = nullptr;
+    std::uint32_t level = 1;          // the compression level of its records
+    RecordCompressor::Tally tally;  // what prepare() and finish() did to them
+};
+using MatchNode = flow::multifunction_node<ShardInput, std::tuple<Batch>>;
+using AssembleNode = flow::function_node<Batch, flow::continue_msg>;  // one worker
+using CompressNode = flow::function_node<Batch, Batch>;               // several workers
+using OrderNode = flow::sequencer_node<Batch>;
+using PushNode = flow::function_node<Batch, flow::continue_msg>;
+// A batch is cut once it holds this much to compress, or this many events: small
+// enough that a second worker finds work in one matcher body's output, large
+// enough that a task costs nothing beside compressing it.
+constexpr std::size_t kBatchBytes = 1u << 20;
+constexpr std::size_t kBatchEvents = 64;
 }  // namespace
 
 namespace {
@@ -99,8 +118,15 @@ void run_in_arena(oneapi::tbb::task_arena& arena, F&& f) {
 // does not spin in the scheduler between hand-offs (a oneTBB worker that runs out
 // of work spins and yields for a while before sleeping, which took a fifth of a
 // core from the sender and the readers on a 2-core builder).
+//
+// With more workers than shards (building.workers above the shard count), the
+// rest are helpers: a driver's arena gets a slot for each of its helpers, and
+// the concurrent compress stage of its shards runs on them too.
 struct Pipeline::Driver final : Agent {
-    Driver() : arena(1, 1) {}
+    explicit Driver(int helper_count)
+        : arena(1 + helper_count, 1 + helper_count),
+          context(oneapi::tbb::task_group_context::bound,
+                  oneapi::tbb::task_group_context::default_traits | oneapi::tbb::task_group_context::concurrent_wait) {}
     std::size_t do_work() override;
     void on_idle() override {
         bell.park(std::chrono::milliseconds(100), [this] { return puts.load(std::memory_order_acquire) != done_puts; });
@@ -115,14 +141,46 @@ struct Pipeline::Driver final : Agent {
         bell.ring();
         return n;
     }
+    // Rings the helpers: batches to compress were put.
+    void wake_helpers() noexcept;
     oneapi::tbb::task_arena arena;
+    // Concurrent waits: the driver and its helpers each wait for the graph in turn.
+    oneapi::tbb::task_group_context context;
     std::unique_ptr<flow::graph> graph;
     std::vector<Shard*> shards;
+    std::vector<Helper*> helpers;
+    alignas(kFalseSharingBytes) std::atomic<std::uint64_t> helper_calls{0};
     Doorbell bell;
     alignas(kFalseSharingBytes) std::atomic<std::uint64_t> puts{0};
     std::uint64_t done_puts = 0;  // driver thread only
     alignas(kFalseSharingBytes) std::atomic<std::uint64_t> completed{0};  // puts fully processed
 };
+
+// A worker beyond the drivers: woken when its driver's shards have batches to
+// compress, it joins the driver's arena and takes tasks until the graph is idle.
+struct Pipeline::Helper final : Agent {
+    explicit Helper(Driver& d) : driver(d) {}
+    std::size_t do_work() override {
+        const std::uint64_t calls = driver.helper_calls.load(std::memory_order_acquire);
+        if (calls == seen) return 0;
+        seen = calls;
+        driver.graph->wait_for_all();  // in the driver's arena, on a slot of its own
+        return 1;
+    }
+    void on_idle() override {
+        bell.park(std::chrono::milliseconds(100),
+                  [this] { return driver.helper_calls.load(std::memory_order_acquire) != seen; });
+    }
+    Driver& driver;
+    Doorbell bell;
+    std::uint64_t seen = 0;
+};
+
+void Pipeline::Driver::wake_helpers() noexcept {
+    if (helpers.empty()) return;
+    helper_calls.fetch_add(1, std::memory_order_acq_rel);
+    for (Helper* h : helpers) h->bell.ring();
+}
 
 struct Pipeline::Shard {
     Shard(std::uint16_t id, const PipelineSettings& ps, std::vector<alloc::BufferPool*> pools,
@@ -162,8 +220,62 @@ struct Pipeline::Shard {
     // Any thread: queues m for this shard's matcher and wakes its driver.
     std::uint64_t put(const ShardInput& m) noexcept;
     std::unique_ptr<MatchNode> match;
-    std::unique_ptr<AssembleNode> assemble;
+    std::unique_ptr<AssembleNode> assemble;  // one worker
+    // Several workers: match -> compress (concurrent) -> order -> push.
+    std::unique_ptr<CompressNode> compress;
+    std::unique_ptr<OrderNode> order;
+    std::unique_ptr<PushNode> push;
+    std::uint64_t next_seq = 0;  // the match body's
+    // The match body, several workers: assembles each record, prepares its
+    // compression, and puts the list as batches; true when any has bytes to compress.
+    bool put_batches(Event* e, MatchNode::output_ports_type& out);
+    // The last serial step: events and markers into the writer's ring, in order.
+    void to_writer_ring(Event* e) noexcept;
 };
+
+bool Pipeline::Shard::put_batches(Event* e, MatchNode::output_ports_type& out) {
+    bool work = false;
+    Batch b{next_seq, e, compressor.level(), {}};
+    std::size_t bytes = 0, events = 0;
+    while (e != nullptr) {
+        Event* next = e->next_out;
+        if (!is_marker(e)) {
+            evb::assemble(*e, joiner);
+            compressor.prepare(*e, b.tally, [this] { matcher.reclaim(); });
+            if (e->stored != nullptr) bytes += e->plain_length;
+        }
+        if (next == nullptr || bytes >= kBatchBytes || ++events >= kBatchEvents) {
+            e->next_out = nullptr;  // the batch ends here
+            work = work || bytes != 0;
+            handoff_release(b.head);
+            std::get<0>(out).try_put(b);
+            b = Batch{++next_seq, next, b.level, {}};
+            bytes = events = 0;
+        }
+        e = next;
+    }
+    return work;
+}
+
+void Pipeline::Shard::to_writer_ring(Event* e) noexcept {
+    Event* batch[64];
+    std::size_t n = 0;
+    while (e != nullptr) {
+        Event* next = e->next_out;
+        const std::uint32_t copies = is_marker(e) ? e->record_length : 1;
+        for (std::uint32_t k = 0; k < copies; ++k) {
+            batch[n++] = is_marker(e) ? nullptr : e;  // the writer counts markers per shard
+            if (n == 64) {
+                // Cannot fail: the ring holds the shard's whole event pool and
+                // kMarkerRoom markers.
+                (void)to_writer.try_push_n(batch, n);
+                n = 0;
+            }
+        }
+        e = next;
+    }
+    if (n > 0) (void)to_writer.try_push_n(batch, n);
+}
 
 Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> pools, Doorbell& writer_doorbell,
                    BuiltIds* built)
@@ -180,7 +292,15 @@ Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> po
                                                   inbox_capacity));
     }
     const std::uint32_t drivers = std::max<std::uint32_t>(1, std::min<std::uint32_t>(s.workers, s.shards));
-    for (std::uint32_t d = 0; d < drivers; ++d) drivers_.push_back(std::make_unique<Driver>());
+    const std::uint32_t helpers = std::max<std::uint32_t>(s.workers, drivers) - drivers;
+    for (std::uint32_t d = 0; d < drivers; ++d)
+        drivers_.push_back(std::make_unique<Driver>(static_cast<int>(helpers / drivers + (d < helpers % drivers))));
+    for (std::uint32_t h = 0; h < helpers; ++h) {
+        Driver& d = *drivers_[h % drivers];
+        helpers_.push_back(std::make_unique<Helper>(d));
+        d.helpers.push_back(helpers_.back().get());
+    }
+    for (auto& sh : shards_) sh->compressor.set_workers(1 + helpers);
     try {
         build_graphs(writer_doorbell);
     } catch (...) {
@@ -199,10 +319,12 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
     // A graph belongs to the arena it is built in.
     for (auto& dp : drivers_) {
         run_in_arena(dp->arena, [&] {
-            dp->graph = std::make_unique<flow::graph>();
+            dp->graph = std::make_unique<flow::graph>(dp->context);
+            const bool several = !dp->helpers.empty();
+            const std::size_t concurrency = 1 + dp->helpers.size();
             for (Shard* sh : dp->shards) {
                 sh->match = std::make_unique<MatchNode>(
-                    *dp->graph, flow::serial, [this, sh](const ShardInput& msg, MatchNode::output_ports_type& out) {
+                    *dp->graph, flow::serial, [this, sh, several, d = dp.get()](const ShardInput& msg, MatchNode::output_ports_type& out) {
                         const ShardInput in = handoff_take(msg);
                         handoff_acquire(&sh->match);
                         // A serial node's bodies run one after the other on the driver's
@@ -241,45 +363,66 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                             m.record_length = markers;
                             built.push(&m);
                         }
-                        handoff_release(&sh->matcher);
-                        if (built.head) {
-                            if (built_ != nullptr)
-                                for (const Event* e = built.head; e != nullptr; e = e->next_out)
-                                    if (!sh->is_marker(e)) built_->mark(e->event_id);
+                        if (built.head && built_ != nullptr)
+                            for (const Event* e = built.head; e != nullptr; e = e->next_out)
+                                if (!sh->is_marker(e)) built_->mark(e->event_id);
+                        if (built.head && several) {
+                            if (sh->put_batches(built.head, out)) d->wake_helpers();
+                        } else if (built.head) {
                             handoff_release(&sh->assemble);
-                            std::get<0>(out).try_put(built.head);
+                            std::get<0>(out).try_put(Batch{0, built.head, 1, {}});
                         }
+                        handoff_release(&sh->matcher);
                     });
+                if (several) {
+                    sh->compress = std::make_unique<CompressNode>(
+                        *dp->graph, concurrency, [sh](const Batch& msg) {
+                            Batch b = handoff_take(msg);
+                            handoff_acquire(b.head);
+                            codec::Encoder& enc = sh->compressor.encoder(
+                                static_cast<std::size_t>(oneapi::tbb::this_task_arena::current_thread_index()));
+                            bool configured = false;
+                            for (Event* e = b.head; e != nullptr; e = e->next_out) {
+                                if (sh->is_marker(e) || e->stored == nullptr) continue;
+                                if (!configured) configured = RecordCompressor::configure(enc, e->codec, b.level);
+                                if (configured) RecordCompressor::finish(*e, enc, b.tally);
+                                else RecordCompressor::give_back(*e, b.tally);
+                            }
+                            handoff_release(b.head);
+                            return b;
+                        });
+                    sh->order = std::make_unique<OrderNode>(*dp->graph, [](const Batch& b) { return b.seq; });
+                    sh->push = std::make_unique<PushNode>(
+                        *dp->graph, flow::serial, [sh, &writer_doorbell](const Batch& msg) {
+                            const Batch b = handoff_take(msg);
+                            handoff_acquire(b.head);
+                            handoff_acquire(&sh->to_writer);  // previous run of this serial body
+                            sh->compressor.count(b.tally);
+                            sh->to_writer_ring(b.head);
+                            handoff_release(&sh->to_writer);
+                            writer_doorbell.ring();
+                            return flow::continue_msg();
+                        });
+                    flow::make_edge(flow::output_port<0>(*sh->match), *sh->compress);
+                    flow::make_edge(*sh->compress, *sh->order);
+                    flow::make_edge(*sh->order, *sh->push);
+                    continue;
+                }
                 sh->assemble = std::make_unique<AssembleNode>(
-                    *dp->graph, flow::serial, [sh, &writer_doorbell](Event* const& msg) {
-                        Event* e = handoff_take(msg);
+                    *dp->graph, flow::serial, [sh, &writer_doorbell](const Batch& msg) {
+                        Event* const head = handoff_take(msg).head;
                         handoff_acquire(&sh->assemble);
                         handoff_acquire(&sh->to_writer);  // previous run of this serial body
-                        Event* batch[64];
-                        std::size_t n = 0;
-                        while (e != nullptr) {
-                            Event* next = e->next_out;
-                            const std::uint32_t copies = sh->is_marker(e) ? e->record_length : 1;
-                            if (!sh->is_marker(e)) {
-                                assemble(*e, sh->joiner);
-                                sh->compressor.compress(*e, [sh] {
-                                    handoff_acquire(&sh->matcher);
-                                    sh->matcher.reclaim();
-                                    handoff_release(&sh->matcher);
-                                });
-                            }
-                            for (std::uint32_t k = 0; k < copies; ++k) {
-                                batch[n++] = sh->is_marker(e) ? nullptr : e;  // the writer counts markers per shard
-                                if (n == 64) {
-                                    // Cannot fail: the ring holds the shard's whole event pool
-                                    // and kMarkerRoom markers.
-                                    (void)sh->to_writer.try_push_n(batch, n);
-                                    n = 0;
-                                }
-                            }
-                            e = next;
+                        for (Event* e = head; e != nullptr; e = e->next_out) {
+                            if (sh->is_marker(e)) continue;
+                            assemble(*e, sh->joiner);
+                            sh->compressor.compress(*e, [sh] {
+                                handoff_acquire(&sh->matcher);
+                                sh->matcher.reclaim();
+                                handoff_release(&sh->matcher);
+                            });
                         }
-                        if (n > 0) (void)sh->to_writer.try_push_n(batch, n);
+                        sh->to_writer_ring(head);
                         handoff_release(&sh->to_writer);
                         writer_doorbell.ring();
                         return flow::continue_msg();
@@ -293,11 +436,13 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
 std::vector<Agent*> Pipeline::workers() noexcept {
     std::vector<Agent*> v;
     for (auto& d : drivers_) v.push_back(d.get());
+    for (auto& h : helpers_) v.push_back(h.get());
     return v;
 }
 
 void Pipeline::wake_workers() noexcept {
     for (auto& d : drivers_) d->bell.ring();
+    for (auto& h : helpers_) h->bell.ring();
 }
 
 void Pipeline::release_graphs() noexcept {
@@ -306,6 +451,9 @@ void Pipeline::release_graphs() noexcept {
     for (auto& d : drivers_) {
         run_in_arena(d->arena, [&] {
             for (Shard* s : d->shards) {
+                s->push.reset();
+                s->order.reset();
+                s->compress.reset();
                 s->assemble.reset();
                 s->match.reset();
             }

@@ -5,9 +5,20 @@
 //
 // Shard k's matcher and assembler each run as one task at a time, so shard state
 // needs no locks. A driver (an Agent: threads/graph_workers.hpp runs each on a
-// thread "evb-worker-N") runs the graph of its shards in a one-slot task arena of
-// its own; with several drivers, shards run in parallel. The pipeline starts no
-// thread itself.
+// thread "evb-worker-N") runs the graph of its shards in a task arena of its own;
+// with several drivers, shards run in parallel. The pipeline starts no thread
+// itself.
+//
+// With more workers than shards (building.workers above the shard count, as in
+// the time modes, which build in one shard), the workers beyond the drivers are
+// helpers and a shard's graph becomes
+//
+//   matcher[k] (serial: matches, assembles, prepares compression, cuts batches)
+//       --> compress (concurrent: one task per batch, on the driver or a helper)
+//       --> sequencer (the matcher's order again) --> push (serial) --ring k-->
+//
+// so that compression, the work that needs cores, grows with them even for one
+// shard.
 #pragma once
 
 #include <atomic>
@@ -88,10 +99,12 @@ public:
 private:
     struct Shard;
     struct Driver;
+    struct Helper;
     void build_graphs(Doorbell& writer_doorbell);
     void release_graphs() noexcept;
     std::vector<std::unique_ptr<Shard>> shards_;
     std::vector<std::unique_ptr<Driver>> drivers_;
+    std::vector<std::unique_ptr<Helper>> helpers_;  // workers beyond one per driver
     std::vector<std::unique_ptr<stats::MatcherCounters>> counters_;
     BuiltIds* built_;
 };

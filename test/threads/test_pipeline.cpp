@@ -241,3 +241,70 @@ TEST_CASE("Pipeline: one reload that changes both the run and the expected sourc
     CHECK(rig.writer_counters.events_written.get() == 5);
     CHECK(rig.writer_counters.files_closed.get() == 2);
 }
+
+TEST_CASE("Pipeline: with more workers than shards, records are compressed concurrently and written in the matcher's order") {
+    test::TempDir dir;
+    PipelineSettings ps = two_sources(1, 512);
+    ps.workers = 3;  // one driver and two helpers for the one shard
+    ps.matcher.record_version = 2;
+    ps.matcher.codec = file::Codec::lz4;
+    ps.matcher.timeout_ns = 1'000'000'000ull;
+    ps.compression_ring_bytes = 4u << 20;  // small: blocks must come back, out of order too
+    WriterSettings ws = writer_into(dir.path());
+    ws.format_version = 2;
+    test::PipelineRig rig(ps, ws, 4096, 4096, 16u << 20);
+    rig.start();
+    const int out = net::open_udp_for(rig.to, 8u << 20);
+    // Every third event's fragments are random (incompressible: stored plain, the
+    // block given back by whichever worker found it so); the rest compress.
+    constexpr std::uint64_t kEvents = 3000;
+    std::uint32_t rng = 12345;
+    std::vector<std::byte> d(wire::kFragmentHeaderBytes + 3000);
+    for (std::uint64_t e = 0; e < kEvents; ++e) {
+        for (std::uint32_t s = 0; s < 2; ++s) {
+            for (std::size_t i = wire::kFragmentHeaderBytes; i < d.size(); ++i) {
+                rng = rng * 1103515245u + 12345u;
+                d[i] = e % 3 == 2 ? std::byte(rng >> 24) : std::byte(i / 64);
+            }
+            test::write_fragment_header(d.data(), 1, s, e, 3000);
+            while (::sendto(out, d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&rig.to.addr), rig.to.len) < 0)
+                std::this_thread::yield();
+        }
+        // Paced a little: the socket buffer holds about a thousand events.
+        if (e % 500 == 499) {
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+            while (rig.writer_counters.events_written.get() + 600 < e && std::chrono::steady_clock::now() < deadline)
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (rig.writer_counters.events_written.get() < kEvents && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    rig.stop();
+    ::close(out);
+    REQUIRE(rig.writer_counters.events_written.get() == kEvents);
+    const stats::MatcherCounters& c = *rig.pipeline.counters()[0];
+    INFO("compressed " << c.records_compressed.get() << ", incompressible " << c.records_raw_incompressible.get()
+                       << ", no buffer " << c.records_raw_no_buffer.get());
+    CHECK(c.records_compressed.get() + c.records_raw_incompressible.get() + c.records_raw_no_buffer.get() == kEvents);
+    CHECK(c.records_raw_incompressible.get() >= kEvents / 3 - c.records_raw_no_buffer.get());
+    CHECK(c.records_compressed.get() > 0);
+
+    // The file: every record good (record and content CRCs, decoded), in id order.
+    std::vector<std::string> files;
+    for (const auto& f : std::filesystem::directory_iterator(dir.path())) files.push_back(f.path());
+    REQUIRE(files.size() == 1);
+    std::ifstream in(files[0], std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const file::ScanResult r = file::scan({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
+    for (const auto& p : r.problems) INFO(p.what);
+    CHECK(r.problems.empty());
+    if (!r.problems.empty()) FAIL_CHECK(r.problems[0].what);
+    REQUIRE(r.records.size() == kEvents);
+    std::uint64_t compressed = 0;
+    for (std::uint64_t i = 0; i < kEvents; ++i) {
+        CHECK(r.records[i].header.event_id == i);
+        compressed += r.records[i].compressed ? 1 : 0;
+    }
+    CHECK(compressed == c.records_compressed.get());
+}
