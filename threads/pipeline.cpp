@@ -6,6 +6,7 @@
 #include <array>
 #include <bit>
 #include <thread>
+#include <variant>
 
 #include <fmt/format.h>
 
@@ -55,16 +56,45 @@ inline T handoff_take(const T& in) noexcept {
 }  // namespace
 
 namespace {
-struct ShardInput {
-    enum class Kind : std::uint8_t { chunks, tick, flush, end_run, set_timeout, give_up, set_sources, set_opening };
-    Kind kind = Kind::chunks;
-    ChunkMeta* head = nullptr;
-    std::uint64_t now_ns = 0;  // or the new timeout, for set_timeout
-    std::uint64_t event_id = 0;  // give_up
-    std::uint32_t run_number = 0;  // give_up; end_run: the run that goes on; set_sources: the generation
-    const std::vector<std::uint8_t>* expected = nullptr;  // set_sources (kept alive by the poster until idle)
-    file::Codec codec = file::Codec::none;  // set_sources
-    std::uint32_t level = 1;                // set_sources
+// What a shard's inbox carries: one of these messages, each with its own fields.
+namespace in {
+struct Chunks {  // a reader's batch for this shard
+    ChunkMeta* head;
+    std::uint64_t now_ns;
+};
+struct Tick {  // timeouts
+    std::uint64_t now_ns;
+};
+struct Flush {  // every event in flight handed on
+    std::uint64_t now_ns;
+};
+struct EndRun {  // the run ends; next_run goes on (kNoRun in Matcher: none)
+    std::uint64_t now_ns;
+    std::uint32_t next_run;
+};
+struct SetTimeout {
+    std::uint64_t timeout_ns;
+};
+struct GiveUp {  // pull mode: the request sender gave up on an event
+    std::uint64_t event_id;
+    std::uint32_t run_number;
+    std::uint64_t now_ns;
+};
+struct SetSources {  // a new expected-source set (kept alive by the poster until idle)
+    const std::vector<std::uint8_t>* expected;
+    std::uint32_t generation;
+    file::Codec codec;
+    std::uint32_t level;
+};
+struct SetOpening {  // run control: whether chunks may open events
+    bool opening;
+};
+}  // namespace in
+using ShardInput =
+    std::variant<in::Chunks, in::Tick, in::Flush, in::EndRun, in::SetTimeout, in::GiveUp, in::SetSources, in::SetOpening>;
+template <typename... F>
+struct Overloaded : F... {
+    using F::operator()...;
 };
 // What a shard's matcher hands on: built events (and run or source-set markers)
 // linked through next_out. With one worker for the shard the list goes whole to
@@ -325,43 +355,44 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
             for (Shard* sh : dp->shards) {
                 sh->match = std::make_unique<MatchNode>(
                     *dp->graph, flow::serial, [this, sh, several, d = dp.get()](const ShardInput& msg, MatchNode::output_ports_type& out) {
-                        const ShardInput in = handoff_take(msg);
+                        const ShardInput input = handoff_take(msg);
                         handoff_acquire(&sh->match);
                         // A serial node's bodies run one after the other on the driver's
                         // thread, dispatched inside libtbb, out of TSan's view.
                         handoff_acquire(&sh->matcher);
                         EventList built;
                         std::uint32_t markers = 0;  // to follow the events built here
-                        switch (in.kind) {
-                            case ShardInput::Kind::chunks: sh->matcher.add_chunks(in.head, in.now_ns, built); break;
-                            case ShardInput::Kind::tick:
-                                sh->tick_queued.store(false, std::memory_order_relaxed);
-                                sh->matcher.expire(in.now_ns, built);
-                                break;
-                            case ShardInput::Kind::flush: sh->matcher.flush(in.now_ns, built); break;
-                            case ShardInput::Kind::end_run:
-                                sh->matcher.end_run(in.run_number, in.now_ns, built);
-                                ++markers;
-                                break;
-                            case ShardInput::Kind::set_timeout: sh->matcher.set_timeout_ns(in.now_ns); break;
-                            case ShardInput::Kind::set_opening: sh->matcher.set_opening(in.run_number != 0); break;
-                            case ShardInput::Kind::give_up:
-                                sh->matcher.give_up(in.event_id, in.run_number, in.now_ns, built);
-                                break;
-                            case ShardInput::Kind::set_sources:
-                                sh->matcher.set_expected(*in.expected, in.run_number, in.codec);
-                                // Not on the hot path: a zstd level above any before sizes
-                                // its working memory here, and the ring is made on first use.
-                                sh->compressor.configure(in.codec, in.level);
-                                break;
-                        }
+                        Matcher& m = sh->matcher;
+                        std::visit(
+                            Overloaded{
+                                [&](const in::Chunks& c) { m.add_chunks(c.head, c.now_ns, built); },
+                                [&](const in::Tick& t) {
+                                    sh->tick_queued.store(false, std::memory_order_relaxed);
+                                    m.expire(t.now_ns, built);
+                                },
+                                [&](const in::Flush& f) { m.flush(f.now_ns, built); },
+                                [&](const in::EndRun& r) {
+                                    m.end_run(r.next_run, r.now_ns, built);
+                                    ++markers;
+                                },
+                                [&](const in::SetTimeout& t) { m.set_timeout_ns(t.timeout_ns); },
+                                [&](const in::SetOpening& o) { m.set_opening(o.opening); },
+                                [&](const in::GiveUp& g) { m.give_up(g.event_id, g.run_number, g.now_ns, built); },
+                                [&](const in::SetSources& ss) {
+                                    m.set_expected(*ss.expected, ss.generation, ss.codec);
+                                    // Not on the hot path: a zstd level above any before sizes
+                                    // its working memory here, and the ring is made on first use.
+                                    sh->compressor.configure(ss.codec, ss.level);
+                                },
+                            },
+                            input);
                         // An expected-source set ends once none of its events is in flight
                         // here: its marker follows them to the writer (as a run's does).
                         markers += sh->matcher.take_set_markers();
                         if (markers > 0) {
-                            Event& m = sh->markers[sh->next_marker++ % sh->markers.size()];
-                            m.record_length = markers;
-                            built.push(&m);
+                            Event& marker = sh->markers[sh->next_marker++ % sh->markers.size()];
+                            marker.record_length = markers;
+                            built.push(&marker);
                         }
                         if (built.head && built_ != nullptr)
                             for (const Event* e = built.head; e != nullptr; e = e->next_out)
@@ -493,50 +524,44 @@ std::uint64_t Pipeline::Shard::put(const ShardInput& m) noexcept {
 Pipeline::~Pipeline() { release_graphs(); }
 
 void Pipeline::submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept {
-    shards_[shard]->put(ShardInput{ShardInput::Kind::chunks, head, now_ns});
+    shards_[shard]->put(in::Chunks{head, now_ns});
 }
 
 void Pipeline::tick(std::uint64_t now_ns) noexcept {
     for (auto& s : shards_) {
         // One queued tick per shard at most: a busy shard does not pile them up.
         if (s->tick_queued.exchange(true, std::memory_order_relaxed)) continue;
-        s->put(ShardInput{ShardInput::Kind::tick, nullptr, now_ns});
+        s->put(in::Tick{now_ns});
     }
 }
 
 void Pipeline::flush(std::uint64_t now_ns) noexcept {
-    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::flush, nullptr, now_ns});
+    for (auto& s : shards_) s->put(in::Flush{now_ns});
 }
 
 void Pipeline::end_run(std::uint64_t now_ns, std::uint32_t next_run) noexcept {
-    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::end_run, nullptr, now_ns, 0, next_run});
+    for (auto& s : shards_) s->put(in::EndRun{now_ns, next_run});
 }
 
 void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
                        std::uint64_t now_ns) noexcept {
     // The same routing as the readers' (admit_datagram).
     const auto shard = shard_of(event_id, builders, static_cast<std::uint32_t>(shards_.size()));
-    shards_[shard]->put(ShardInput{ShardInput::Kind::give_up, nullptr, now_ns, event_id, run_number});
+    shards_[shard]->put(in::GiveUp{event_id, run_number, now_ns});
 }
 
 void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation,
                                     file::Codec codec, std::uint32_t level) {
-    for (auto& s : shards_) {
-        ShardInput m{ShardInput::Kind::set_sources, nullptr, 0, 0, generation};
-        m.expected = &expected;
-        m.codec = codec;
-        m.level = level;
-        s->put(m);
-    }
+    for (auto& s : shards_) s->put(in::SetSources{&expected, generation, codec, level});
     wait_idle();  // every shard has copied `expected`
 }
 
 void Pipeline::set_opening(bool opening) noexcept {
-    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::set_opening, nullptr, 0, 0, opening ? 1u : 0u});
+    for (auto& s : shards_) s->put(in::SetOpening{opening});
 }
 
 void Pipeline::set_timeout_ns(std::uint64_t ns) noexcept {
-    for (auto& s : shards_) s->put(ShardInput{ShardInput::Kind::set_timeout, nullptr, ns});
+    for (auto& s : shards_) s->put(in::SetTimeout{ns});
 }
 
 ShardSink::Room Pipeline::settled_room(std::uint32_t shard) {

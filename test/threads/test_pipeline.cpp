@@ -252,7 +252,7 @@ TEST_CASE("Pipeline: with more workers than shards, records are compressed concu
     ps.compression_ring_bytes = 4u << 20;  // small: blocks must come back, out of order too
     WriterSettings ws = writer_into(dir.path());
     ws.format_version = 2;
-    test::PipelineRig rig(ps, ws, 4096, 4096, 16u << 20);
+    test::PipelineRig rig(ps, ws, 4096, 4096, 32u << 20);
     rig.start();
     const int out = net::open_udp_for(rig.to, 8u << 20);
     // Every third event's fragments are random (incompressible: stored plain, the
@@ -270,10 +270,11 @@ TEST_CASE("Pipeline: with more workers than shards, records are compressed concu
             while (::sendto(out, d.data(), d.size(), 0, reinterpret_cast<const sockaddr*>(&rig.to.addr), rig.to.len) < 0)
                 std::this_thread::yield();
         }
-        // Paced a little: the socket buffer holds about a thousand events.
-        if (e % 500 == 499) {
+        // Paced: at most 200 events ahead of the writer, a fraction of what the
+        // socket buffer holds (a datagram costs the kernel about twice its size).
+        if (e % 50 == 49) {
             const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-            while (rig.writer_counters.events_written.get() + 600 < e && std::chrono::steady_clock::now() < deadline)
+            while (rig.writer_counters.events_written.get() + 200 < e && std::chrono::steady_clock::now() < deadline)
                 std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
     }
