@@ -23,7 +23,7 @@
 #include "allocators/handoff/wait.hpp"
 #include "core/config/snapshot.hpp"
 #include "monitor/exporter.hpp"
-#include "threads/daemon.hpp"
+#include "threads/options.hpp"
 #include "threads/disk_writer.hpp"
 #include "threads/pipeline.hpp"
 #include "threads/replay_feeder.hpp"

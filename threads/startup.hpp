@@ -11,7 +11,7 @@
 #include "core/config/snapshot.hpp"
 #include "core/io/run_on_disk.hpp"
 #include "net/udp.hpp"
-#include "threads/daemon.hpp"
+#include "threads/options.hpp"
 #include "threads/replay_feeder.hpp"
 
 namespace evb {
