@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/io/open_files.hpp"
 #include "core/model/counters.hpp"
 
 namespace evb::monitor {
@@ -100,7 +101,7 @@ struct Sources {
     ControlState* control = nullptr;
     const stats::PullCounters* pull = nullptr;  // pull mode only
     // Files open for writing now (status page).
-    std::function<std::vector<std::string>()> open_files;
+    const file::OpenFiles* open_files = nullptr;  // the writer's open file
     Sampler* sampler = nullptr;  // GET /sample; none: 404
 };
 

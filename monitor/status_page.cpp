@@ -225,7 +225,7 @@ std::string status_page(const Sources& s) {
 
     // Output.
     std::vector<std::string> files;
-    if (s.open_files) files = s.open_files();
+    if (s.open_files != nullptr) files = s.open_files->list();
     std::string fl;
     for (auto& f : files) fl += html_escape(f) + "<br>";
     row("file being written", fl.empty() ? "none" : fl);

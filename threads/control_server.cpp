@@ -249,7 +249,7 @@ std::string ControlServer::status_json() const {
     j["run_payload_bytes"] = r.payload_bytes;
     j["events_written_total"] = n.written;
     std::vector<std::string> files;
-    if (counts_.open_files) files = counts_.open_files();
+    if (counts_.open_files != nullptr) files = counts_.open_files->list();
     j["files_open"] = files;
     j["output_blocked"] = counts_.writer != nullptr && counts_.writer->output_blocked.get() != 0;
     j["transition"] = transition;

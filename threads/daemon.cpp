@@ -226,8 +226,9 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         pipeline_settings.matcher.built_before_run = cfg->run_number;
     }
     Pipeline pipeline(pipeline_settings, pool_ptrs, writer_bell, built_ids.get());
+    file::OpenFiles open_files;  // writer -> status page, evb-ctl status
     DiskWriter writer(snap->writer, pipeline.writer_rings(), pipeline.done_rings(), pool_ptrs, sizing.shards,
-                      writer_counters, writer_bell, written_ids.get(), &closed_files);
+                      writer_counters, writer_bell, written_ids.get(), &closed_files, &open_files);
     writer.go_on_with_run(cfg->run_number, on_disk.next_serial);
     std::vector<std::unique_ptr<SocketReader>> readers;
     for (std::uint32_t r = 0; r < (replay ? 0 : inputs); ++r) {
@@ -284,11 +285,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     monitor::Sampler sampler;  // GET /sample: the writer copies records to listening clients
     writer.set_sampler(&sampler);
     msrc.sampler = &sampler;
-    msrc.open_files = [&writer] {
-        std::vector<std::string> v;
-        if (auto f = writer.current_file(); !f.empty()) v.push_back(std::move(f));
-        return v;
-    };
+    msrc.open_files = &open_files;
     std::vector<RulesInbox*> input_rules;
     for (auto& r : readers) input_rules.push_back(&r->rules());
     if (feeder) input_rules.push_back(&feeder->rules());

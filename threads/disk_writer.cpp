@@ -39,7 +39,7 @@ constexpr std::size_t kMidasArenaBytes = 1u << 20;
 DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,
                        std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
                        std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell,
-                       WrittenIds* written, ClosedFiles* closed)
+                       WrittenIds* written, ClosedFiles* closed, file::OpenFiles* open)
     : s_(s),
       inputs_(std::move(inputs)),
       done_rings_(std::move(done_rings)),
@@ -48,6 +48,7 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
       doorbell_(doorbell),
       written_(written),
       closed_(closed),
+      open_(open != nullptr ? *open : own_open_),
       done_pending_(done_rings_.size()),
       markers_(inputs_.size(), 0),
       held_(inputs_.size()) {
@@ -134,19 +135,13 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     next_seq_ = seq + 1;
     file_status_ = {};
     publish_run_counts();
-    {
-        std::lock_guard lock(name_mutex_);
-        current_name_ = file_.part_path();
-    }
+    open_.set(file_.part_path());
     last_sync_ns_ = now;
     counters_.files_opened.add();
     return true;
 }
 
-std::string DiskWriter::current_file() const {
-    std::lock_guard lock(name_mutex_);
-    return current_name_;
-}
+std::string DiskWriter::current_file() const { return open_.current(); }
 
 bool DiskWriter::check_linked(bool now) {
     if (!file_.is_open()) return false;
@@ -181,10 +176,7 @@ bool DiskWriter::check_linked(bool now) {
     file_.forget();
     file_status_ = {};
     publish_run_counts();
-    {
-        std::lock_guard lock(name_mutex_);
-        current_name_.clear();
-    }
+    open_.clear();
     log_error("{} was removed (unlinked, or its directory removed) while evbd was writing it: its {} events are lost "
               "({} of them already counted written); writing goes on in a new file",
               path, records, settled);
@@ -200,10 +192,7 @@ void DiskWriter::close_file() {
 }
 
 void DiskWriter::finish_close() {
-    {
-        std::lock_guard lock(name_mutex_);
-        current_name_.clear();
-    }
+    open_.clear();
     const bool sync = s_.fsync != FsyncPolicy::never;
     const std::uint64_t records_end = file_.size();
     const std::size_t records = file_.event_count();
@@ -395,10 +384,7 @@ void DiskWriter::block_output(int err, const char* what) {
                   "retry; output resumes when the disk takes data again",
                   what, path, std::strerror(err), batch_.size());
     }
-    {
-        std::lock_guard lock(name_mutex_);
-        current_name_.clear();
-    }
+    open_.clear();
     held_for_retry_.insert(held_for_retry_.begin(), batch_.begin(), batch_.end());
     batch_.clear();
     batch_file_bytes_.clear();

@@ -23,6 +23,7 @@
 #include "core/io/output_file.hpp"
 #include "core/format/lz4_frame.hpp"
 #include "core/model/counters.hpp"
+#include "core/io/open_files.hpp"
 #include "threads/channels.hpp"
 #include "threads/runner.hpp"
 #include "allocators/handoff/spsc_ring.hpp"
@@ -38,7 +39,7 @@ public:
     DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,
                std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
                std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell,
-               WrittenIds* written = nullptr, ClosedFiles* closed = nullptr);
+               WrittenIds* written = nullptr, ClosedFiles* closed = nullptr, file::OpenFiles* open = nullptr);
 
     std::size_t do_work() override;
     void on_idle() override;
@@ -124,8 +125,8 @@ private:
     void publish_run_counts() noexcept;
 
     file::OutputFile file_;
-    mutable std::mutex name_mutex_;  // guards current_name_: set per file, read per scrape
-    std::string current_name_;
+    file::OpenFiles own_open_;  // when the wiring names none
+    file::OpenFiles& open_;      // the file open now: set per file, read per scrape
     std::uint32_t file_run_ = 0;
     std::uint32_t file_set_ = 0;
     std::uint32_t transition_set_ = 0;
