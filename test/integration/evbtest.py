@@ -152,16 +152,10 @@ class Evbd:
         fail(f"evbd did not settle in {timeout} s (datagrams {last.get(key)}, in flight "
              f"{last.get('evb_events_in_flight')}, writer queue {last.get('evb_writer_queue_depth')})")
 
-    def wait_log(self, text, timeout):
-        """Waits until evbd's log holds `text` (fails if it exits first or the time runs out)."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if text in self.log_text():
-                return
-            if self.proc.poll() is not None:
-                fail(f"evbd exited ({self.proc.returncode}) before logging {text!r}:\n{self.log_text()[-2000:]}")
-            time.sleep(0.05)
-        fail(f"evbd did not log {text!r} within {timeout} s:\n{self.log_text()[-2000:]}")
+    def wait_log(self, text, timeout, count=1):
+        """Waits until evbd's log holds `text` (`count` times; fails if evbd exits first
+        or the time runs out)."""
+        wait_text(self.logpath, text, self.proc, timeout, count=count, who="evbd")
 
     def kill(self):
         """SIGKILL, as a crash: nothing is flushed or closed."""
@@ -181,6 +175,80 @@ class Evbd:
             lines = self.log_text().splitlines()
             print(f"evbd exited {rc}; last lines of its log:", *lines[-80:], sep="\n", flush=True)
         return rc
+
+
+def wait_until(pred, timeout, what, interval=0.05):
+    """Polls pred() until it returns something true, and returns that; fails saying
+    `what` (still the case) after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.time() > deadline:
+            fail(f"{what} after {timeout} s")
+        time.sleep(interval)
+
+
+def wait_text(path, text, proc=None, timeout=20, count=1, who=None):
+    """Waits until the file at `path` (a process's log or stderr) holds `text` `count`
+    times; fails if `proc` exits first or the time runs out."""
+    who = who or os.path.basename(path)
+
+    def read():
+        try:
+            with open(path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def seen():
+        if read().count(text) >= count:
+            return True
+        if proc is not None and proc.poll() is not None:
+            fail(f"{who} exited ({proc.returncode}) before writing {text!r}:\n{read()[-2000:]}")
+        return False
+    deadline = time.time() + timeout
+    while not seen():
+        if time.time() > deadline:
+            fail(f"{who} did not write {text!r} ({count} time(s)) within {timeout} s:\n{read()[-2000:]}")
+        time.sleep(0.02)
+
+
+def serve_source(args, wd, timeout=20):
+    """Starts `evb-source --serve ADDRESS args...` (args begin with the address) and
+    returns the process once it says it is serving: its socket is bound, so a pull
+    request sent from now on reaches it. Its stderr goes to a file in `wd`."""
+    path = os.path.join(wd, f"serve-{os.getpid()}-{time.monotonic_ns()}.stderr")
+    with open(path, "w") as err:
+        proc = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve"] + [str(a) for a in args],
+                                stdout=subprocess.DEVNULL, stderr=err)
+    atexit.register(lambda p=proc: p.poll() is None and p.kill())
+    wait_text(path, "evb-source: serving", proc, timeout, who="evb-source --serve")
+    return proc
+
+
+def accept_backlog(port):
+    """Connections to the TCP port `port` on this host that its listener has not yet
+    accepted (the listening socket's queue in /proc/net/tcp and tcp6), or None when
+    nothing listens there."""
+    found = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                found = (found or 0) + int(cols[4].split(":")[1], 16)
+    return found
+
+
+def wait_accepted(port, timeout=20):
+    """Waits until the listener on TCP `port` has accepted every connection made to it."""
+    wait_until(lambda: accept_backlog(port) == 0, timeout, f"connections to port {port} were still not accepted")
 
 
 def metric_sum(metrics, name):

@@ -14,11 +14,10 @@ Bounded in time: a few seconds of traffic per case."""
 import json
 import os
 import signal
-import subprocess
-import time
 import urllib.request
 
-from evbtest import BIN, Evbd, check, events_in, free_udp_port, rss_kib, run_source, sanitized_build, verify, workdir
+from evbtest import (Evbd, check, events_in, free_udp_port, rss_kib, run_source, sanitized_build, serve_source,
+                    verify, workdir)
 
 # The push cases send 8000 events/s ("push8k"); a sanitizer build on a busy machine
 # can fall behind that and lose a burst at the socket, which is not what is tested.
@@ -76,9 +75,8 @@ def case_push(wd):
 def case_pull(wd):
     sub = os.path.join(wd, "pull")
     sport = free_udp_port()
-    src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{sport}", "--sources", "8",
-                            "--idle-exit", "20"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.3)
+    src = serve_source([f"127.0.0.1:{sport}", "--sources", "8",
+                        "--idle-exit", "20"], wd)
     cfg = os.path.join(sub, "evbd.json")
     events = 20000
     with open(cfg, "w") as f:
