@@ -350,6 +350,72 @@ def read_records(out_dir):
     return masked, parsed
 
 
+# Bit names evb-dump --json gives (docs/FORMATS.md): the record's, a section's, an item's.
+RECORD_BITS = {"INCOMPLETE": 1, "DUPLICATES": 2, "SOURCE_ERROR": 4, "CORRUPT_DROPPED": 8, "COMPRESSED": 16}
+SECTION_BITS = {"MISSING": 1, "EMPTY": 2, "SOURCE_ERROR": 4, "UNCONFIRMED": 8}
+ITEM_BITS = {"SOURCE_ERROR": 4}
+
+
+def bits(names, table):
+    """evb-dump's list of bit names as a number; it names a bit it does not know 0x..."""
+    return sum(table[n] if n in table else int(n, 16) for n in names)
+
+
+def reader_tuple(rec, item_counts=False):
+    """What evbfile says of one record, to compare with dump_tuple: ids, place, status,
+    times, run, and per section its status, length ([item_counts] its item count)
+    and items. A v1 record has timestamp 0 and no items."""
+    return (rec.event_id, rec.offset, rec.length, rec.status, rec.timestamp, rec.first_fragment_unix_ns,
+            rec.built_unix_ns, rec.run_number,
+            [(s.source_id, s.status, s.length, *((s.item_count,) if item_counts else ()),
+              [(i.timestamp, i.sequence, len(i.payload), i.flags) for i in s.items]) for s in rec.sections])
+
+
+def dump_tuple(ev, run, item_counts=False):
+    """The same as reader_tuple for an event of evb-dump --json --events in a file of run `run`."""
+    return (ev["event_id"], ev["offset"], ev["length"], bits(ev["status"], RECORD_BITS), ev.get("timestamp", 0),
+            ev["first_fragment_unix_ns"], ev["built_unix_ns"], run,
+            [(s["source_id"], bits(s["status"], SECTION_BITS), s["length"],
+              *((s["item_count"],) if item_counts else ()),
+              [(i["timestamp"], i["sequence"], i["length"], bits(i["flags"], ITEM_BITS)) for i in s.get("items", [])])
+             for s in ev["sections"]])
+
+
+def agree(path, label, check_file=None):
+    """The Python reader (evbfile, packaging/python; needs numpy) and evb-dump --json
+    --events list the same records in `path` (a file or a directory), file by file:
+    reader_tuple of each equals dump_tuple, item counts included where evb-dump gives
+    them (v2), and both say the same of footer, event count and good bytes.
+    check_file(evbfile's file, evb-dump's file object), if given, checks more per file.
+    Returns [(evbfile's file, its records)]."""
+    import evbfile  # packaging/python, on sys.path in the tests that read with it
+    _, doc, err = dump([path], "--events")
+    if not doc:
+        fail(f"{label}: evb-dump --json failed: {err}")
+    reader = evbfile.open(path)
+    files = reader.files if isinstance(reader, evbfile.EvbDirectory) else [reader]
+    if [f.path for f in files] != [f["path"] for f in doc["files"]]:
+        fail(f"{label}: the files differ: {[f.path for f in files]} vs {[f['path'] for f in doc['files']]}")
+    out = []
+    for f, jf in zip(files, doc["files"]):
+        if check_file:
+            check_file(f, jf)
+        recs = list(f)
+        counts = any("item_count" in s for e in jf["events"] for s in e["sections"])
+        mine = [reader_tuple(r, counts) for r in recs]
+        theirs = [dump_tuple(e, jf["header"]["run_number"], counts) for e in jf["events"]]
+        if mine != theirs:
+            diff = next(i for i in range(min(len(mine), len(theirs)) + 1)
+                        if i >= len(mine) or i >= len(theirs) or mine[i] != theirs[i])
+            fail(f"{label}: {f.path}: event {diff} differs: evbfile "
+                 f"{mine[diff] if diff < len(mine) else None} evb-dump {theirs[diff] if diff < len(theirs) else None}")
+        if f.has_footer != jf["has_footer"] or len(f) != jf["event_count"] or f.good_bytes != jf["good_bytes"]:
+            fail(f"{label}: {f.path}: footer {f.has_footer}/{jf['has_footer']}, events {len(f)}/{jf['event_count']}, "
+                 f"good bytes {f.good_bytes}/{jf['good_bytes']}")
+        out.append((f, recs))
+    return out
+
+
 MAGIC = 0x31425645
 
 
