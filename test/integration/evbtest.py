@@ -152,16 +152,10 @@ class Evbd:
         fail(f"evbd did not settle in {timeout} s (datagrams {last.get(key)}, in flight "
              f"{last.get('evb_events_in_flight')}, writer queue {last.get('evb_writer_queue_depth')})")
 
-    def wait_log(self, text, timeout):
-        """Waits until evbd's log holds `text` (fails if it exits first or the time runs out)."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if text in self.log_text():
-                return
-            if self.proc.poll() is not None:
-                fail(f"evbd exited ({self.proc.returncode}) before logging {text!r}:\n{self.log_text()[-2000:]}")
-            time.sleep(0.05)
-        fail(f"evbd did not log {text!r} within {timeout} s:\n{self.log_text()[-2000:]}")
+    def wait_log(self, text, timeout, count=1):
+        """Waits until evbd's log holds `text` (`count` times; fails if evbd exits first
+        or the time runs out)."""
+        wait_text(self.logpath, text, self.proc, timeout, count=count, who="evbd")
 
     def kill(self):
         """SIGKILL, as a crash: nothing is flushed or closed."""
@@ -181,6 +175,80 @@ class Evbd:
             lines = self.log_text().splitlines()
             print(f"evbd exited {rc}; last lines of its log:", *lines[-80:], sep="\n", flush=True)
         return rc
+
+
+def wait_until(pred, timeout, what, interval=0.05):
+    """Polls pred() until it returns something true, and returns that; fails saying
+    `what` (still the case) after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.time() > deadline:
+            fail(f"{what} after {timeout} s")
+        time.sleep(interval)
+
+
+def wait_text(path, text, proc=None, timeout=20, count=1, who=None):
+    """Waits until the file at `path` (a process's log or stderr) holds `text` `count`
+    times; fails if `proc` exits first or the time runs out."""
+    who = who or os.path.basename(path)
+
+    def read():
+        try:
+            with open(path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def seen():
+        if read().count(text) >= count:
+            return True
+        if proc is not None and proc.poll() is not None:
+            fail(f"{who} exited ({proc.returncode}) before writing {text!r}:\n{read()[-2000:]}")
+        return False
+    deadline = time.time() + timeout
+    while not seen():
+        if time.time() > deadline:
+            fail(f"{who} did not write {text!r} ({count} time(s)) within {timeout} s:\n{read()[-2000:]}")
+        time.sleep(0.02)
+
+
+def serve_source(args, wd, timeout=20):
+    """Starts `evb-source --serve ADDRESS args...` (args begin with the address) and
+    returns the process once it says it is serving: its socket is bound, so a pull
+    request sent from now on reaches it. Its stderr goes to a file in `wd`."""
+    path = os.path.join(wd, f"serve-{os.getpid()}-{time.monotonic_ns()}.stderr")
+    with open(path, "w") as err:
+        proc = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve"] + [str(a) for a in args],
+                                stdout=subprocess.DEVNULL, stderr=err)
+    atexit.register(lambda p=proc: p.poll() is None and p.kill())
+    wait_text(path, "evb-source: serving", proc, timeout, who="evb-source --serve")
+    return proc
+
+
+def accept_backlog(port):
+    """Connections to the TCP port `port` on this host that its listener has not yet
+    accepted (the listening socket's queue in /proc/net/tcp and tcp6), or None when
+    nothing listens there."""
+    found = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                found = (found or 0) + int(cols[4].split(":")[1], 16)
+    return found
+
+
+def wait_accepted(port, timeout=20):
+    """Waits until the listener on TCP `port` has accepted every connection made to it."""
+    wait_until(lambda: accept_backlog(port) == 0, timeout, f"connections to port {port} were still not accepted")
 
 
 def metric_sum(metrics, name):
@@ -280,6 +348,72 @@ def read_records(out_dir):
             parsed[event_id] = (status, sections)
             at += length
     return masked, parsed
+
+
+# Bit names evb-dump --json gives (docs/FORMATS.md): the record's, a section's, an item's.
+RECORD_BITS = {"INCOMPLETE": 1, "DUPLICATES": 2, "SOURCE_ERROR": 4, "CORRUPT_DROPPED": 8, "COMPRESSED": 16}
+SECTION_BITS = {"MISSING": 1, "EMPTY": 2, "SOURCE_ERROR": 4, "UNCONFIRMED": 8}
+ITEM_BITS = {"SOURCE_ERROR": 4}
+
+
+def bits(names, table):
+    """evb-dump's list of bit names as a number; it names a bit it does not know 0x..."""
+    return sum(table[n] if n in table else int(n, 16) for n in names)
+
+
+def reader_tuple(rec, item_counts=False):
+    """What evbfile says of one record, to compare with dump_tuple: ids, place, status,
+    times, run, and per section its status, length ([item_counts] its item count)
+    and items. A v1 record has timestamp 0 and no items."""
+    return (rec.event_id, rec.offset, rec.length, rec.status, rec.timestamp, rec.first_fragment_unix_ns,
+            rec.built_unix_ns, rec.run_number,
+            [(s.source_id, s.status, s.length, *((s.item_count,) if item_counts else ()),
+              [(i.timestamp, i.sequence, len(i.payload), i.flags) for i in s.items]) for s in rec.sections])
+
+
+def dump_tuple(ev, run, item_counts=False):
+    """The same as reader_tuple for an event of evb-dump --json --events in a file of run `run`."""
+    return (ev["event_id"], ev["offset"], ev["length"], bits(ev["status"], RECORD_BITS), ev.get("timestamp", 0),
+            ev["first_fragment_unix_ns"], ev["built_unix_ns"], run,
+            [(s["source_id"], bits(s["status"], SECTION_BITS), s["length"],
+              *((s["item_count"],) if item_counts else ()),
+              [(i["timestamp"], i["sequence"], i["length"], bits(i["flags"], ITEM_BITS)) for i in s.get("items", [])])
+             for s in ev["sections"]])
+
+
+def agree(path, label, check_file=None):
+    """The Python reader (evbfile, packaging/python; needs numpy) and evb-dump --json
+    --events list the same records in `path` (a file or a directory), file by file:
+    reader_tuple of each equals dump_tuple, item counts included where evb-dump gives
+    them (v2), and both say the same of footer, event count and good bytes.
+    check_file(evbfile's file, evb-dump's file object), if given, checks more per file.
+    Returns [(evbfile's file, its records)]."""
+    import evbfile  # packaging/python, on sys.path in the tests that read with it
+    _, doc, err = dump([path], "--events")
+    if not doc:
+        fail(f"{label}: evb-dump --json failed: {err}")
+    reader = evbfile.open(path)
+    files = reader.files if isinstance(reader, evbfile.EvbDirectory) else [reader]
+    if [f.path for f in files] != [f["path"] for f in doc["files"]]:
+        fail(f"{label}: the files differ: {[f.path for f in files]} vs {[f['path'] for f in doc['files']]}")
+    out = []
+    for f, jf in zip(files, doc["files"]):
+        if check_file:
+            check_file(f, jf)
+        recs = list(f)
+        counts = any("item_count" in s for e in jf["events"] for s in e["sections"])
+        mine = [reader_tuple(r, counts) for r in recs]
+        theirs = [dump_tuple(e, jf["header"]["run_number"], counts) for e in jf["events"]]
+        if mine != theirs:
+            diff = next(i for i in range(min(len(mine), len(theirs)) + 1)
+                        if i >= len(mine) or i >= len(theirs) or mine[i] != theirs[i])
+            fail(f"{label}: {f.path}: event {diff} differs: evbfile "
+                 f"{mine[diff] if diff < len(mine) else None} evb-dump {theirs[diff] if diff < len(theirs) else None}")
+        if f.has_footer != jf["has_footer"] or len(f) != jf["event_count"] or f.good_bytes != jf["good_bytes"]:
+            fail(f"{label}: {f.path}: footer {f.has_footer}/{jf['has_footer']}, events {len(f)}/{jf['event_count']}, "
+                 f"good bytes {f.good_bytes}/{jf['good_bytes']}")
+        out.append((f, recs))
+    return out
 
 
 MAGIC = 0x31425645

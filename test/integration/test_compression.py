@@ -30,7 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_python_reader import ensure_numpy  # noqa: E402  (re-runs under Debian's Python: numpy, lz4, zstandard)
 from evbtest import (BIN, Evbd, check, data_files, dump, fail, free_udp_port, metric_sum, run_source,  # noqa: E402
-                     sanitized_build, workdir)
+                    sanitized_build, serve_source, workdir)
 
 SMALL = sanitized_build()
 PER_PHASE = 150 if SMALL else 600
@@ -164,11 +164,10 @@ def phase_b(wd):
 def phase_c(wd):
     n = PER_PHASE
     sport = free_udp_port()
-    src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{sport}", "--sources", "5",
-                            "--size", "1000:16000", "--payload", "waveform", "--loss", "0.02", "--seed", "9",
-                            "--idle-exit", "20"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    src = serve_source([f"127.0.0.1:{sport}", "--sources", "5",
+                        "--size", "1000:16000", "--payload", "waveform", "--loss", "0.02", "--seed", "9",
+                        "--idle-exit", "20"], wd)
     try:
-        time.sleep(0.3)
         cfg = os.path.join(wd, "pull.json")
         write_conf(cfg, {"mode": "pull", "sources": 5, "building": {"timeout_ms": 10000},
                          "output": {"compression": "zstd", "direct_io": False},

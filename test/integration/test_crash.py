@@ -32,6 +32,7 @@ def main():
             src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--to", f"127.0.0.1:{d.port}", "--sources", "8",
                                     "--events", "10000000", "--run", str(rnd + 1), "--size", "500:8000"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # Fixed on purpose: the crash lands at a random moment of the run (no event is meant).
             time.sleep(rng.uniform(0.3, 1.5))
             d.proc.send_signal(signal.SIGKILL)
             d.proc.wait()

@@ -10,9 +10,8 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
-from evbtest import BIN, Evbd, check, data_files, events_in, fail, free_udp_port, run_source, workdir
+from evbtest import BIN, Evbd, check, data_files, events_in, fail, free_udp_port, run_source, serve_source, workdir
 
 
 def mount_tmpfs(path, mb):
@@ -46,7 +45,8 @@ def phase_push(wd, mnt, direct, fmt=()):
     m = d.metrics()
     check(m["evb_write_errors_total"] >= 1, "push: the write error is counted")
     check("No space left on device" in d.log_text(), "push: the log names the error")
-    time.sleep(1.5)
+    # A retry (1 s after the error) failed too: the files must be intact after that as well.
+    d.wait_metric("evb_write_errors_total", lambda v: v > m["evb_write_errors_total"], timeout=20)
     # Every file on disk verifies while blocked: cut back to whole records.
     r = subprocess.run([os.path.join(BIN, "evb-dump"), "--json", f"{mnt}/data"], capture_output=True, text=True)
     doc = json.loads(r.stdout)
@@ -106,17 +106,16 @@ def phase_twice(wd, mnt):
 def phase_pull(wd, mnt):
     sport = free_udp_port()
     stats = os.path.join(wd, "serve.json")
-    src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{sport}", "--sources", "4",
-                            "--size", "2000:4000", "--stats-out", stats, "--idle-exit", "30"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.3)
+    src = serve_source([f"127.0.0.1:{sport}", "--sources", "4",
+                        "--size", "2000:4000", "--stats-out", stats, "--idle-exit", "30"], wd)
     fill(mnt, 2000)
     d = Evbd(wd, sets=["sources=4", "mode=pull", f'pull.source_addresses=["127.0.0.1:{sport}"]', "pull.credits=16",
                        "pull.events=600", "building.timeout_ms=5000", f"output.directory={mnt}/pdata",
                        "output.max_file_bytes=1000000"])
     d.wait_metric("evb_output_blocked", lambda v: v == 1, timeout=30)
     m1 = d.metrics()
-    time.sleep(1.0)
+    # A whole retry period (1 s) while blocked: the next retry fails and counts a write error.
+    d.wait_metric("evb_write_errors_total", lambda v: v > m1["evb_write_errors_total"], timeout=20)
     m2 = d.metrics()
     check(m2["evb_pull_events_requested_total"] == m1["evb_pull_events_requested_total"],
           "pull: requesting stopped while the output is blocked")

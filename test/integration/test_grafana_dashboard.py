@@ -15,10 +15,9 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.request
 
-from evbtest import BIN, Evbd, check, fail, frag_v2, free_udp_port, run_source, workdir
+from evbtest import Evbd, check, fail, frag_v2, free_udp_port, run_source, serve_source, workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DASHBOARD = os.path.join(REPO, "packaging", "grafana", "evbd-dashboard.json")
@@ -165,9 +164,8 @@ def live_families():
         d.stop()
 
         sport = free_udp_port()
-        src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{sport}", "--sources", "4",
-                                "--loss", "0.05", "--idle-exit", "20"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.3)
+        src = serve_source([f"127.0.0.1:{sport}", "--sources", "4",
+                            "--loss", "0.05", "--idle-exit", "20"], wd)
         # A directory of its own: run 1's events 0.. are in the push run's files, and a
         # pull builder does not request again what its run's files hold.
         os.makedirs(os.path.join(wd, "pull"))

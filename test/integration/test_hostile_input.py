@@ -47,7 +47,7 @@ def main():
             for i in range(100):
                 s.sendto(frag(7, 1000 + i, 8, 0, 0, 1, b"w" * 8), dest)
                 sent["unknown_source"] += 1
-            time.sleep(0.02)
+            time.sleep(0.02)  # fixed on purpose: the flood's pace between rounds, no event
         # Poll until the reader has caught up with the flood (read or counted as kernel
         # drops), instead of a fixed sleep that a loaded machine can outlast.
         deadline = time.time() + 30

@@ -3,13 +3,12 @@ the metrics port that send nothing, or half a request line, /metrics and the sta
 page still answer within 3 s, and evbd closes the idle connections itself within a
 few seconds (its request timeout) instead of holding a worker for them. With more
 idle connections than the server keeps open, a scrape still answers at once."""
-import os
 import shutil
 import socket
 import time
 import urllib.request
 
-from evbtest import Evbd, check, fail, workdir
+from evbtest import Evbd, check, fail, wait_accepted, workdir
 
 IDLE = 6  # more than the two server threads evbd used to have
 MANY = 80  # more than the 64 connections the server keeps open
@@ -42,7 +41,7 @@ def main():
             if i % 2:
                 s.sendall(b"GET /metr")  # a slow client: half a request line, then nothing
             socks.append(s)
-        time.sleep(0.5)  # let the server take them up
+        wait_accepted(int(port))  # the server has taken them up
         for path in ("/metrics", "/"):
             url = d.metrics_url.rsplit("/", 1)[0] + path
             status, body, dt = timed_get(url)
@@ -72,7 +71,7 @@ def main():
         # make room, and a scrape still gets in at once.
         for _ in range(MANY):
             socks.append(socket.create_connection((host, int(port)), timeout=5))
-        time.sleep(0.5)
+        wait_accepted(int(port))
         status, _, dt = timed_get(d.metrics_url)
         check(status == 200 and dt < ANSWER_S,
               f"GET /metrics with {MANY} idle connections open answers in {dt:.2f} s (< {ANSWER_S} s)")

@@ -25,12 +25,11 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_python_reader import ensure_numpy  # noqa: E402,F401  (re-runs under Debian's Python: python3-lz4)
 from evbtest import (BIN, Evbd, check, fail, free_udp_port, midas_built, midas_files, midas_items, pattern_bytes, read_midas,  # noqa: E402
-                     run_source, sanitized_build, verify, workdir)
+                     run_source, sanitized_build, serve_source, verify, wait_until, workdir)
 
 SLOW = 5 if sanitized_build() else 1
 RUN = 3
@@ -319,30 +318,22 @@ def pull_restart(wd):
     out = os.path.join(wd, "pull-restart")
     sport = free_udp_port()
     sources, events = 4, 20000
-    src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{sport}", "--sources",
-                            str(sources), "--run", str(RUN), "--size", "100:2000", "--idle-exit", "60"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    src = serve_source([f"127.0.0.1:{sport}", "--sources", sources, "--run", RUN, "--size", "100:2000",
+                        "--idle-exit", "60"], wd)
     sets = [f"sources={sources}", f"run_number={RUN}", f"output.directory={out}", "output.format=midas",
             "output.compression=lz4", "output.direct_io=true", "output.max_file_bytes=4000000", "mode=pull",
             f"pull.source_addresses=[\"127.0.0.1:{sport}\"]", f"pull.events={events}", "building.timeout_ms=5000"]
     try:
         d = Evbd(wd, sets=sets)
-        deadline = time.time() + 60
-        while d.metrics().get("evb_events_written_total", 0) < 3000:
-            if time.time() > deadline:
-                fail("pull (.mid.lz4): 3000 events not written within 60 s")
-            time.sleep(0.005)
+        wait_until(lambda: d.metrics().get("evb_events_written_total", 0) >= 3000, 60,
+                   "pull (.mid.lz4): 3000 events were not written", interval=0.005)
         if "pull: all" in d.log_text():
             fail("pull (.mid.lz4): the run ended before the kill")
         d.proc.send_signal(signal.SIGKILL)
         d.proc.wait()
         d.log.close()
         d = Evbd(wd, sets=sets, port=d.port)
-        deadline = time.time() + 120
-        while "pull: all" not in d.log_text():
-            if time.time() > deadline:
-                fail("pull (.mid.lz4): the restarted evbd did not finish within 120 s")
-            time.sleep(0.2)
+        d.wait_log("pull: all", 120)
         check("run 3 goes on:" in d.log_text(), "pull (.mid.lz4): the restarted evbd goes on with run 3")
         check(d.stop() == 0, "evbd exits 0 (pull, restarted)")
     finally:

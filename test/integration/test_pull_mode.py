@@ -6,10 +6,9 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, events_in, free_udp_port, verify, workdir
+from evbtest import Evbd, check, events_in, free_udp_port, serve_source, verify, workdir
 
 EVENTS = 3000
 CREDITS = 24
@@ -20,10 +19,9 @@ def main():
     try:
         sport = free_udp_port()
         stats = os.path.join(wd, "serve.json")
-        src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{sport}", "--sources", "12",
-                                "--size", "300:6000", "--loss", "0.03", "--seed", "5", "--stats-out", stats,
-                                "--idle-exit", "20"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(0.3)
+        src = serve_source([f"127.0.0.1:{sport}", "--sources", "12",
+                            "--size", "300:6000", "--loss", "0.03", "--seed", "5", "--stats-out", stats,
+                            "--idle-exit", "20"], wd)
         cfg = os.path.join(wd, "evbd.json")
         # timeout_ms 10000: the learned retry period is capped at timeout / (max_retries + 1)
         # = 476 ms, room for a stall on a loaded machine; pull.retry_ms 50 stays the floor,

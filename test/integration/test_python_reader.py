@@ -44,16 +44,10 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "packaging", "python"))  # CI 
 import numpy as np  # noqa: E402
 
 import evbfile  # noqa: E402
-from evbtest import (BIN, Evbd, check, dump, fail, frag, read_records, run_source,  # noqa: E402
+from evbtest import (BIN, Evbd, agree, check, fail, frag, read_records, reader_tuple, run_source,  # noqa: E402
                      sanitized_build, workdir)
 
-RECORD_BITS = {"INCOMPLETE": 1, "DUPLICATES": 2, "SOURCE_ERROR": 4, "CORRUPT_DROPPED": 8}
-SECTION_BITS = {"MISSING": 1, "EMPTY": 2, "SOURCE_ERROR": 4}
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def bits(names, table):
-    return sum(table[n] for n in names)
 
 
 def pattern(run, source, event, length):
@@ -66,48 +60,6 @@ def pattern(run, source, event, length):
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z = z ^ (z >> np.uint64(31))
     return z.astype("<u8").view(np.uint8)[:length]
-
-
-def as_tuple(rec):
-    return (rec.event_id, rec.offset, rec.length, rec.status, rec.first_fragment_unix_ns, rec.built_unix_ns,
-            [(s.source_id, s.status, s.length) for s in rec.sections])
-
-
-def dump_tuple(ev):
-    return (ev["event_id"], ev["offset"], ev["length"], bits(ev["status"], RECORD_BITS),
-            ev["first_fragment_unix_ns"], ev["built_unix_ns"],
-            [(s["source_id"], bits(s["status"], SECTION_BITS), s["length"]) for s in ev["sections"]])
-
-
-def agree(path, label, mine_of=as_tuple, theirs_of=dump_tuple, check_file=None):
-    """evbfile and evb-dump --json --events list the same events in `path`, file by
-    file: each record as mine_of(evbfile's record) equals theirs_of(evb-dump's event);
-    check_file(EvbFile, evb-dump's file object), if given, checks more per file.
-    Returns evbfile's records by file."""
-    _, doc, err = dump([path], "--events")
-    if not doc:
-        fail(f"{label}: evb-dump --json failed: {err}")
-    reader = evbfile.open(path)
-    files = reader.files if isinstance(reader, evbfile.EvbDirectory) else [reader]
-    if [f.path for f in files] != [f["path"] for f in doc["files"]]:
-        fail(f"{label}: the files differ: {[f.path for f in files]} vs {[f['path'] for f in doc['files']]}")
-    out = []
-    for f, jf in zip(files, doc["files"]):
-        if check_file:
-            check_file(f, jf)
-        recs = list(f)
-        mine = [mine_of(r) for r in recs]
-        theirs = [theirs_of(e) for e in jf["events"]]
-        if mine != theirs:
-            diff = next(i for i in range(min(len(mine), len(theirs)) + 1)
-                        if i >= len(mine) or i >= len(theirs) or mine[i] != theirs[i])
-            fail(f"{label}: {f.path}: event {diff} differs: evbfile "
-                 f"{mine[diff] if diff < len(mine) else None} evb-dump {theirs[diff] if diff < len(theirs) else None}")
-        if f.has_footer != jf["has_footer"] or len(f) != jf["event_count"] or f.good_bytes != jf["good_bytes"]:
-            fail(f"{label}: {f.path}: footer {f.has_footer}/{jf['has_footer']}, events {len(f)}/{jf['event_count']}, "
-                 f"good bytes {f.good_bytes}/{jf['good_bytes']}")
-        out.append((f, recs))
-    return out
 
 
 def send_special_events(port):
@@ -217,8 +169,8 @@ def check_random_access(out_dir, files):
     picks = [all_recs[i] for i in rng.choice(len(all_recs), 50, replace=False)]
     for want in picks:
         got = d.event(want.event_id)
-        if as_tuple(got) != as_tuple(want) or got.file.path != want.file.path:
-            fail(f"event({want.event_id}) found {as_tuple(got)}, the walk has {as_tuple(want)}")
+        if reader_tuple(got) != reader_tuple(want) or got.file.path != want.file.path:
+            fail(f"event({want.event_id}) found {reader_tuple(got)}, the walk has {reader_tuple(want)}")
         if not np.array_equal(got.sections[-1].payload, want.sections[-1].payload):
             fail(f"event({want.event_id}): payload differs")
     try:

@@ -25,7 +25,6 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_python_reader import agree as agree_v1  # noqa: E402
 from test_python_reader import ensure_numpy, pattern  # noqa: E402  (re-runs under a Python with numpy)
 
 ensure_numpy()
@@ -33,33 +32,11 @@ import numpy as np  # noqa: E402
 
 import evbfile  # noqa: E402
 from evbtest import Evbd, check, fail, run_source, verify, workdir  # noqa: E402
+from evbtest import agree as agree_files  # noqa: E402
 from test_python_reader_v2 import waveform  # noqa: E402
 from test_time_building import datagrams  # noqa: E402
 
-RECORD_BITS = {"INCOMPLETE": 1, "DUPLICATES": 2, "SOURCE_ERROR": 4, "CORRUPT_DROPPED": 8, "COMPRESSED": 16}
-SECTION_BITS = {"MISSING": 1, "EMPTY": 2, "SOURCE_ERROR": 4, "UNCONFIRMED": 8}
-ITEM_BITS = {"SOURCE_ERROR": 4}
 INCOMPLETE, MISSING, UNCONFIRMED = 1, 1, 8
-
-
-def bits(names, table):
-    """evb-dump's list of bit names as a number; it names a bit it does not know 0x..."""
-    return sum(table[n] if n in table else int(n, 16) for n in names)
-
-
-def reader_tuple(rec):
-    return (rec.event_id, rec.offset, rec.length, rec.status, rec.timestamp, rec.first_fragment_unix_ns,
-            rec.built_unix_ns,
-            [(s.source_id, s.status, s.length, s.item_count,
-              [(i.timestamp, i.sequence, len(i.payload), i.flags) for i in s.items]) for s in rec.sections])
-
-
-def dump_tuple(ev):
-    return (ev["event_id"], ev["offset"], ev["length"], bits(ev["status"], RECORD_BITS), ev["timestamp"],
-            ev["first_fragment_unix_ns"], ev["built_unix_ns"],
-            [(s["source_id"], bits(s["status"], SECTION_BITS), s["length"], s["item_count"],
-              [(i["timestamp"], i["sequence"], i["length"], bits(i["flags"], ITEM_BITS)) for i in s.get("items", [])])
-             for s in ev["sections"]])
 
 
 def agree(path, label, mode):
@@ -72,7 +49,7 @@ def agree(path, label, mode):
                 or h["match_mode"] != mode or evbfile.CODECS[f.codec] != h["codec"] or f.window_ticks != h["window_ticks"]:
             fail(f"{label}: {f.path}: header v{f.version} {f.match_mode} {f.codec} {f.window_ticks} vs evb-dump {h}")
 
-    return [r for _, recs in agree_v1(path, label, reader_tuple, dump_tuple, same_header) for r in recs]
+    return [r for _, recs in agree_files(path, label, same_header) for r in recs]
 
 
 def check_payloads(recs, label, expected):

@@ -35,7 +35,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_python_reader import agree, ensure_numpy, pattern  # noqa: E402  (re-runs under a Python with numpy)
+from test_python_reader import ensure_numpy, pattern  # noqa: E402  (re-runs under a Python with numpy)
 
 ensure_numpy()
 try:
@@ -50,33 +50,12 @@ except ImportError:
 import numpy as np  # noqa: E402
 
 import evbfile  # noqa: E402
-from evbtest import BIN, Evbd, check, fail, midas_built, read_midas, run_source, workdir  # noqa: E402
+from evbtest import (BIN, Evbd, agree, check, fail, midas_built, read_midas, reader_tuple, run_source,  # noqa: E402
+                     workdir)
 
-RECORD_BITS = {"INCOMPLETE": 1, "DUPLICATES": 2, "SOURCE_ERROR": 4, "CORRUPT_DROPPED": 8, "COMPRESSED": 16}
-SECTION_BITS = {"MISSING": 1, "EMPTY": 2, "SOURCE_ERROR": 4, "UNCONFIRMED": 8}
-ITEM_BITS = {"SOURCE_ERROR": 4}
 MISSING = 1
 RUN = 7
 MODES = {0: "event_id", 1: "timestamp", 2: "time_slice"}
-
-
-def bits(names, table):
-    return sum(table[n] for n in names)
-
-
-def reader_tuple(rec):
-    return (rec.event_id, rec.offset, rec.length, rec.status, rec.timestamp, rec.first_fragment_unix_ns,
-            rec.built_unix_ns, rec.run_number,
-            [(s.source_id, s.status, s.length, [(i.timestamp, i.sequence, len(i.payload), i.flags) for i in s.items])
-             for s in rec.sections])
-
-
-def dump_tuple(ev):
-    return (ev["event_id"], ev["offset"], ev["length"], bits(ev["status"], RECORD_BITS), ev.get("timestamp", 0),
-            ev["first_fragment_unix_ns"], ev["built_unix_ns"], RUN,
-            [(s["source_id"], bits(s["status"], SECTION_BITS), s["length"],
-              [(i["timestamp"], i["sequence"], i["length"], bits(i["flags"], ITEM_BITS)) for i in s.get("items", [])])
-             for s in ev["sections"]])
 
 
 def same_file(f, jf):
@@ -92,7 +71,7 @@ def same_file(f, jf):
 def check_files(path, label, mode, fmt, closed=True):
     """evbfile and evb-dump agree on `path`; every payload is the pattern, the bank
     read_midas finds and a read-only view of the file's bytes. Returns the records."""
-    by_file = agree(path, label, reader_tuple, dump_tuple, same_file)
+    by_file = agree(path, label, same_file)
     recs, views = [], 0
     for f, frecs in by_file:
         if f.format != fmt or (closed and not f.has_footer):
@@ -148,7 +127,7 @@ def run_evbd(wd, name, mode, lz4, events, sources=4):
     d.wait_metric('evb_events_built_total{status="complete"}',
                   lambda v: v + d.metrics().get('evb_events_built_total{status="incomplete"}', 0) >= events - 2,
                   timeout=30)
-    time.sleep(0.5)  # the last timed-out events
+    d.wait_settled()  # the last timed-out events are written
     check(d.stop() == 0, f"{name}: evbd exits 0 (lost {st.get('lost')} datagrams)")
     return d.out
 
@@ -325,7 +304,7 @@ def mixed(wd, mid, lz):
         for n in os.listdir(src):
             if n.endswith((".evb", ".mid", ".mid.lz4")):
                 shutil.copy(os.path.join(src, n), os.path.join(both, n.replace("_000_", builder)))
-    by_file = agree(both, "mixed directory", reader_tuple, dump_tuple)
+    by_file = agree(both, "mixed directory")
     formats = [f.format for f, _ in by_file]
     check(formats == sorted(formats, key=["midas", "midas-lz4", "evb"].index) and len(set(formats)) == 3,
           f"a directory of .evb, .mid and .mid.lz4 files: evbfile and evb-dump agree on {len(by_file)} files, "

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -83,6 +84,7 @@ class Tcpdump:
     """tcpdump -i lo writing FILE, started and stopped around a live run."""
 
     def __init__(self, path, port):
+        self.path = path
         self.errpath = path + ".stderr"
         self.err = open(self.errpath, "w")
         # --immediate-mode: hand each packet over at once, so nothing is left in the
@@ -107,8 +109,22 @@ class Tcpdump:
         with open(self.errpath) as f:
             return f.read()
 
-    def stop(self):
-        time.sleep(0.5)
+    def packets_written(self):
+        """Whole packet records in the capture file so far (-U writes each as it comes)."""
+        with open(self.path, "rb") as f:
+            data = f.read()
+        at, n = 24, 0
+        while at + 16 <= len(data):
+            at += 16 + struct.unpack_from("<I", data, at + 8)[0]
+            n += 1 if at <= len(data) else 0
+        return n
+
+    def stop(self, expected):
+        """Stops tcpdump once its file holds the `expected` packets sent (or after 10 s:
+        the counts it prints then say what is missing)."""
+        deadline = time.time() + 10
+        while self.packets_written() < expected and time.time() < deadline:
+            time.sleep(0.05)
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(timeout=20)
@@ -136,7 +152,7 @@ def live_run(wd, name, source_args, sets=(), tcpdump_path=None):
                   lambda v: v + d.metrics().get('evb_events_built_total{status="incomplete"}', 0) >= EVENTS,
                   timeout=30)
     m = d.metrics()
-    counts = td.stop() if td else None
+    counts = td.stop(src["datagrams"]) if td else None
     rc = d.stop()
     check(rc == 0, f"{name}: live evbd exits 0 after SIGTERM (got {rc})")
     check(m["evb_kernel_receive_drops_total"] == 0, f"{name}: no kernel receive drops in the live run")

@@ -13,10 +13,8 @@ events 0-799 are each written once."""
 import json
 import os
 import signal
-import subprocess
-import time
 
-from evbtest import BIN, Evbd, check, events_in, free_udp_port, metric_sum, run_source, workdir
+from evbtest import Evbd, check, events_in, free_udp_port, metric_sum, run_source, serve_source, workdir
 
 
 def check_once(out, n, what):
@@ -40,18 +38,6 @@ def check_late(m, sent, what):
     drops = metric_sum(m, "evb_kernel_receive_drops_total")
     check(max(1, sent - drops) <= late <= sent,
           f"{what}: every chunk sent again that arrived is counted late ({late:.0f} of {sent}, {drops:.0f} dropped by the kernel)")
-
-
-def wait_stderr(path, text, proc, timeout=20):
-    """Wait until the process writing stderr to path says text (e.g. that it is bound)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        with open(path) as f:
-            if text in f.read():
-                return
-        check(proc.poll() is None, f"evb-source --serve exited ({proc.returncode}) before saying '{text}'")
-        time.sleep(0.02)
-    check(False, f"evb-source --serve did not say '{text}' within {timeout} s")
 
 
 def push(wd):
@@ -79,13 +65,9 @@ def push(wd):
 def pull(wd):
     out = os.path.join(wd, "pull-data")
     sport = free_udp_port()
-    serve_err_path = os.path.join(wd, "serve.stderr")
-    serve_err = open(serve_err_path, "w")
-    serve = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{sport}", "--sources", "4",
-                              "--size", "100:400", "--seed", "9", "--idle-exit", "60"],
-                             stdout=subprocess.DEVNULL, stderr=serve_err)
+    serve = serve_source([f"127.0.0.1:{sport}", "--sources", "4", "--size", "100:400", "--seed", "9",
+                          "--idle-exit", "60"], wd)
     try:
-        wait_stderr(serve_err_path, "evb-source: serving", serve)
         port = free_udp_port()
 
         def start(events):
@@ -115,7 +97,6 @@ def pull(wd):
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=20)
-        serve_err.close()
 
 
 def main():

@@ -21,8 +21,8 @@ import signal
 import subprocess
 import time
 
-from evbtest import (BIN, Evbd, check, data_files, dump, events_in, fail, free_udp_port, sanitized_build,
-                     settled_serve_stats, verify, workdir)
+from evbtest import (BIN, Evbd, check, data_files, dump, events_in, fail, free_udp_port, sanitized_build, serve_source,
+                    settled_serve_stats, verify, workdir)
 
 CYCLES = 3
 SLOW = sanitized_build()
@@ -45,12 +45,11 @@ def check_summary(out, mode):
 def pull_cycles(wd, rng):
     sport = free_udp_port()
     stats = os.path.join(wd, "serve.json")
-    src = subprocess.Popen([os.path.join(BIN, "evb-source"), "--serve", f"127.0.0.1:{sport}", "--sources", "4",
-                            "--size", "100:800", "--loss", "0.01", "--seed", "7", "--stats-out", stats,
-                            "--idle-exit", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    src = serve_source([f"127.0.0.1:{sport}", "--sources", "4",
+                        "--size", "100:800", "--loss", "0.01", "--seed", "7", "--stats-out", stats,
+                        "--idle-exit", "60"], wd)
     out = os.path.join(wd, "pull-data")
     try:
-        time.sleep(0.3)
         cfg = os.path.join(wd, "pull.json")
         conf = {"mode": "pull", "sources": 4, "building": {"timeout_ms": 10000},
                 "output": {"max_file_bytes": 2_000_000},
@@ -71,6 +70,7 @@ def pull_cycles(wd, rng):
                 d.wait_log("pull: all", 240)
                 check(d.stop() == 0, "the last evbd stops cleanly (exit 0)")
                 break
+            # Fixed on purpose: the kill lands at a random moment of the run (no event is meant).
             time.sleep(rng.uniform(0.2, 0.8))
             if "pull: all" in d.log_text():
                 fail("the run ended before the kill: raise PULL_EVENTS")
@@ -124,11 +124,12 @@ def push_cycles(wd, rng):
                 check("run 1 goes on in new files" in text,
                       f"push restart {cycle} says what it found: "
                       + next((l for l in text.splitlines() if "goes on" in l), "(no line)")[-140:])
+            # Fixed on purpose: the kill (or stop) lands at a random moment of the run.
             time.sleep(rng.uniform(0.2, 0.8))
             if cycle == CYCLES:
                 src.kill()
                 src.wait()
-                time.sleep(0.6)  # the last events time out (INCOMPLETE) before the stop
+                d.wait_settled()  # the last events time out (INCOMPLETE) before the stop
                 check(d.stop() == 0, "the last evbd stops cleanly (exit 0)")
             else:
                 d.kill()

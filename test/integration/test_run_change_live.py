@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 from evbtest import BIN, Evbd, check, events_in, verify, workdir
 
@@ -38,15 +37,15 @@ def main():
     for run, first in ((2, 0), (1, 100000), (2, 200000)):
         refused_before = d.metrics().get(wrong_run, 0)
         send(run, first, 6000)  # 3 s of traffic of the next run, already arriving
-        time.sleep(0.7)
+        # The next run's traffic is arriving (and refused) before the change.
+        d.wait_metric(wrong_run, lambda v, b=refused_before: v > b, timeout=20)
         set_run(run)
         d.proc.send_signal(signal.SIGHUP)
         reloads += 1
         d.wait_metric("evb_run_number", lambda v, r=run: v == r, timeout=10)
         # Intake goes on: received datagrams keep rising after the change.
         before = d.metrics().get("evb_datagrams_received_total", 0)
-        time.sleep(0.5)
-        after = d.metrics().get("evb_datagrams_received_total", 0)
+        after = d.wait_metric("evb_datagrams_received_total", lambda v, b=before: v > b, timeout=10)
         check(after > before, f"reload {reloads} to run {run}: intake goes on ({before:.0f} -> {after:.0f})")
         sources[-1].wait(timeout=30)
         m = d.wait_settled()  # the last events time out or complete

@@ -78,7 +78,7 @@ def main():
 
     # Run 1 under traffic, then stopped while its traffic goes on.
     s1 = source(d.port, 1, 0, 6000, 2000)  # 3 s
-    time.sleep(1.0)
+    d.wait_metric("evb_events_written_total", lambda v: v > 0, timeout=20)  # run 1 is being written
     rc, stop1, err = ctl_json(sock, "stop")
     check(rc == 0 and stop1.get("ok"), f"stop run 1 under traffic: exit 0 ({stop1} {err})")
     check(stop1.get("state") == "stopped" and stop1.get("events_written", 0) > 0 and stop1.get("files", 0) >= 1,
@@ -119,11 +119,11 @@ def main():
     check(rc == 0 and start3.get("run") == 3, f"start: the next run is 3 ({start3})")
     s3 = source(d.port, 3, 0, 2000, 2000)
     s3.wait(timeout=30)
-    time.sleep(0.5)
+    d.wait_settled()  # run 3 built and written before run 4's data comes
     wrong_run = 'evb_rejected_datagrams_total{reason="wrong_run"}'
     refused_before = d.metrics().get(wrong_run, 0)
     s4_early = source(d.port, 4, 0, 4000, 2000)  # run 4's data arrives before the change
-    time.sleep(0.5)
+    d.wait_metric(wrong_run, lambda v: v > refused_before, timeout=20)  # ... and is refused
     write_config(4, timeout_ms=2000)  # the stop below takes this long: time to watch it
     rc, rl, err = ctl_json(sock, "reload")
     check(rc == 0 and rl.get("ok"), f"reload: exit 0 ({rl} {err})")
@@ -200,7 +200,7 @@ def main():
     rc, st, _ = ctl_json(sock2, "status")
     check(rc == 0 and st["state"] == "stopped", "control.start=stopped: evbd starts stopped")
     source(d2.port, 1, 0, 100, 2000).wait(timeout=30)
-    time.sleep(0.3)
+    d2.wait_metric("evb_datagrams_received_total", lambda v: v >= 100 * 4, timeout=30)  # every datagram read
     check(d2.metrics().get("evb_events_written_total", 0) == 0, "nothing is built before the start")
     rc, st, _ = ctl_json(sock2, "start")
     check(rc == 0 and st.get("run") == 1, f"the first start builds run_number ({st})")

@@ -113,7 +113,7 @@ def main():
 
         # (ii) four streams, a fifth refused
         streams = [open_stream(d) for _ in range(4)]
-        time.sleep(0.3)
+        d.wait_metric("evb_sample_clients", lambda v: v == 4, timeout=20)  # all four taken up
         try:
             urllib.request.urlopen(base(d) + "/sample?events=1", timeout=10)
             fail("a fifth sampling client was served")

@@ -5,9 +5,8 @@ and source 3 is found absent again in the new run; at no point does the log say
 import json
 import os
 import signal
-import time
 
-from evbtest import Evbd, check, fail, run_source, workdir
+from evbtest import Evbd, check, run_source, workdir
 
 NEEDLE_ABSENT = "source 3 is absent"
 
@@ -23,11 +22,7 @@ def main():
         os.replace(cfg + ".tmp", cfg)
 
     def wait_log(needle, count, timeout=30):
-        deadline = time.time() + timeout
-        while d.log_text().count(needle) < count:
-            if time.time() > deadline or d.proc.poll() is not None:
-                fail(f"'{needle}' not logged {count} time(s) within {timeout} s:\n" + d.log_text()[-2000:])
-            time.sleep(0.05)
+        d.wait_log(needle, timeout, count=count)
 
     write_config(1)
     d = Evbd(wd, args=["--config", cfg])

@@ -13,7 +13,7 @@ import subprocess
 import time
 import urllib.request
 
-from evbtest import BIN, Evbd, check, workdir
+from evbtest import BIN, Evbd, check, wait_until, workdir
 
 
 def get(url):
@@ -33,8 +33,16 @@ def one(wd, sources):
     subprocess.run([os.path.join(BIN, "evb-source"), "--to", f"127.0.0.1:{d.port}", "--sources", "1", "--events", "3",
                     "--run", "9"], stdout=subprocess.DEVNULL, check=True)
     try:
-        time.sleep(4)  # a few rate samples
-        page, seconds = get(base + "/")
+        def ready():
+            """The page once it has rate samples, INCOMPLETE events written and the silent sources."""
+            page, seconds = get(base + "/")
+            rate = re.search(r"events/s now<div class=\"big\">(\d+)</div>", page)
+            written = re.search(r"<th>run 1 written</th><td>(\d+) events, (\d+) of them INCOMPLETE</td>", page)
+            ok = (rate and int(rate.group(1)) > 0 and written and int(written.group(2)) > 0 and
+                  "need a look" in page and ".evb.part" in page)
+            return (page, seconds) if ok else None
+        page, seconds = wait_until(ready, 30, f"{sources} sources: the status page did not show rates, "
+                                   "INCOMPLETE events and the silent sources", interval=0.2)
         check("run 1" in page and 'class="badge running"' in page, f"{sources} sources: the run and its state")
         m = re.search(r"events/s now<div class=\"big\">(\d+)</div>", page)
         check(m is not None and int(m.group(1)) > 0, f"{sources} sources: events/s now ({m and m.group(1)})")
