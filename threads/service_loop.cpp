@@ -341,7 +341,7 @@ void ServiceLoop::end_run(std::uint32_t next_run) {
     ++run_generation_;
     // Its summary is written once the writer has closed its files (collect_closed_files).
     ended_.push_back({current_, match_totals(), realtime_ns() / 1'000'000ull, run_generation_,
-                      next_run != kNoRun ? "run change" : "stop"});
+                      next_run != kNoRun ? "run change" : "stop", control_.busy.run_busy_ns.load()});
     post_writer_settings(running_->writer, next_run);
     const bool next = next_run != kNoRun;
     if (next) run_ = next_run;
@@ -755,7 +755,8 @@ void ServiceLoop::finish_summaries() {
     ended_.clear();
     // The run going on (or still draining for a stop) ends with the process.
     if (running_run_ && stopping_.phase != StopPhase::closing)
-        write_summary({current_, match_totals(), realtime_ns() / 1'000'000ull, 0, "shutdown"});
+        write_summary({current_, match_totals(), realtime_ns() / 1'000'000ull, 0, "shutdown",
+                       control_.busy.run_busy_ns.load()});
 }
 
 void ServiceLoop::write_summary(const EndedRun& r) {
@@ -841,6 +842,7 @@ void ServiceLoop::write_summary(const EndedRun& r) {
         {"end", r.end},
         {"started_unix_ms", started_ms},
         {"stopped_unix_ms", r.stopped_unix_ms},
+        {"dead_time_s", static_cast<double>(r.dead_time_ns) / 1e9},  // BUSY: what a trigger honouring it lost
         {"configuration", r.start.config != nullptr ? nlohmann::ordered_json(r.start.config->effective) : nlohmann::ordered_json()},
         {"events", events},
         {"events_by_status", file::to_json(total)},

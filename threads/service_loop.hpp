@@ -144,6 +144,7 @@ private:
         std::uint64_t stopped_unix_ms = 0;
         std::uint64_t writer_generation = 0;  // done once the writer reports this transition
         const char* end = "";                 // "stop", "run change", "shutdown"
+        std::uint64_t dead_time_ns = 0;       // busy in the run (BUSY: the busy sender's count at its end)
     };
     MatchTotals match_totals() const;
     void collect_closed_files();

@@ -21,6 +21,12 @@ inline constexpr std::uint32_t output = 1u << 2;
 inline constexpr std::uint32_t socket_buffer = 1u << 3;
 inline constexpr std::uint32_t not_running = 1u << 4;
 inline constexpr std::uint32_t defined = 0x1F;
+inline constexpr std::size_t kCount = 5;
+// The name of reason bit `bit` (metrics, status page): "events_in_flight", ...
+inline constexpr const char* name(std::size_t bit) noexcept {
+    constexpr const char* names[kCount] = {"events_in_flight", "receive_slots", "output", "socket_buffer", "not_running"};
+    return bit < kCount ? names[bit] : "?";
+}
 }  // namespace busy_reasons
 
 struct BusyMessage {
