@@ -37,9 +37,16 @@ BusySender::BusySender(const Config& c, BusyWatch watch)
 
 BusyFills BusySender::sample(std::uint64_t now_ns) {
     BusyFills f{};
-    // Events in flight: being built, and built but not yet taken by the writer
-    // (both hold an entry of a shard's pool of building.max_events_in_flight).
-    f[0] = permille(w_.pipeline.events_in_flight() + w_.writer.pending(), w_.max_events_in_flight);
+    // Events in flight: being built, and built but not yet written (each holds an
+    // entry of a shard's pool of building.max_events_in_flight until written).
+    // Counted from the matchers' and the writer's counters: started events (in
+    // flight, or finished) less those written or lost, so that events waiting for
+    // compression or assembly between the two count too.
+    std::uint64_t started = 0;
+    for (const auto& c : w_.pipeline.counters())
+        started += c->events_in_flight.get() + c->events_complete.get() + c->events_incomplete.get();
+    const std::uint64_t done = w_.writer_counters.events_written.get() + w_.writer_counters.events_lost_write_error.get();
+    f[0] = permille(started > done ? started - done : 0, w_.max_events_in_flight);
     // Receive slots: each reader publishes its free slots once a batch.
     std::uint16_t slots = 0;
     for (const auto* r : w_.readers) {

@@ -26,6 +26,7 @@ class DiskWriter;
 struct BusyWatch {
     const Pipeline& pipeline;   // events being built (per-shard gauges)
     const DiskWriter& writer;   // events queued for the writer
+    const stats::WriterCounters& writer_counters;  // events written
     std::vector<const stats::ReaderCounters*> readers;  // receive slots free (per reader)
     std::vector<int> sockets;   // the input sockets (their receive buffers)
     std::size_t slots_per_reader = 0;

@@ -311,7 +311,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         for (const auto& s : sockets) fds.push_back(s.fd);
         for (auto& c : reader_counters) c->slots_free.set(sizing.slots_per_reader);
         busy = std::make_unique<BusySender>(
-            *cfg, BusyWatch{pipeline, writer, msrc.readers, std::move(fds), sizing.slots_per_reader,
+            *cfg, BusyWatch{pipeline, writer, writer_counters, msrc.readers, std::move(fds), sizing.slots_per_reader,
                             cfg->building.max_events_in_flight, control});
         busy_thread = std::make_unique<AgentRunner>("evb-busy", *busy, -1, WaitStrategy{0, 0});
     }
