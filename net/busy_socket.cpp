@@ -4,7 +4,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 
 namespace evb::net {
 
@@ -33,14 +32,12 @@ std::size_t BusySocket::send(std::span<const std::byte> datagram) noexcept {
     return sent;
 }
 
-std::uint16_t receive_buffer_fill_permille(int fd) noexcept {
+ReceiveQueue receive_queue(int fd) noexcept {
     std::uint32_t mem[SK_MEMINFO_VARS] = {};
     socklen_t len = sizeof mem;
-    if (::getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mem, &len) != 0 || len <= SK_MEMINFO_RCVBUF * sizeof mem[0] ||
-        mem[SK_MEMINFO_RCVBUF] == 0)
-        return 0;
-    const std::uint64_t fill = std::uint64_t{mem[SK_MEMINFO_RMEM_ALLOC]} * 1000 / mem[SK_MEMINFO_RCVBUF];
-    return static_cast<std::uint16_t>(std::min<std::uint64_t>(fill, 1000));
+    if (::getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mem, &len) != 0 || len <= SK_MEMINFO_RCVBUF * sizeof mem[0])
+        return {};
+    return {mem[SK_MEMINFO_RMEM_ALLOC], mem[SK_MEMINFO_RCVBUF]};
 }
 
 }  // namespace evb::net

@@ -29,8 +29,13 @@ private:
     std::vector<int> fds_;  // one per target
 };
 
-// How full a socket's receive buffer is, in thousandths (SO_MEMINFO: memory the
-// queued datagrams hold against the buffer's size); 0 if the kernel cannot tell.
-std::uint16_t receive_buffer_fill_permille(int fd) noexcept;
+// A socket's receive buffer (SO_MEMINFO): the memory its queued datagrams hold
+// (their kernel truesize, a little more than their bytes) and the buffer's size;
+// zeros if the kernel cannot tell.
+struct ReceiveQueue {
+    std::uint64_t queued_bytes = 0;
+    std::uint64_t buffer_bytes = 0;
+};
+ReceiveQueue receive_queue(int fd) noexcept;
 
 }  // namespace evb::net

@@ -35,34 +35,47 @@ BusySender::BusySender(const Config& c, BusyWatch watch)
     w_.control.busy.targets.store(socket_.targets(), std::memory_order_relaxed);
 }
 
-BusyFills BusySender::sample(std::uint64_t now_ns) {
+BusyFills BusySender::sample() {
     BusyFills f{};
-    // Events in flight: being built, and built but not yet written (each holds an
-    // entry of a shard's pool of building.max_events_in_flight until written).
-    // Counted from the matchers' and the writer's counters: started events (in
-    // flight, or finished) less those written or lost, so that events waiting for
-    // compression or assembly between the two count too.
+    // Receive slots: each reader publishes its free slots once a batch.
+    std::uint64_t slots_used = 0, bytes_read = 0, datagrams_read = 0;
+    std::uint16_t slots = 0;
+    for (const auto* r : w_.readers) {
+        const std::uint64_t used = w_.slots_per_reader - std::min<std::uint64_t>(r->slots_free.get(), w_.slots_per_reader);
+        slots_used += used;
+        slots = std::max(slots, permille(used, w_.slots_per_reader));
+        bytes_read += r->bytes.get();
+        datagrams_read += r->datagrams.get();
+    }
+    f[1] = slots;
+    // The kernel's socket buffers: one getsockopt a socket.
+    std::uint64_t queued_bytes = 0;
+    for (const int fd : w_.sockets) {
+        const net::ReceiveQueue q = net::receive_queue(fd);
+        queued_bytes += q.queued_bytes;
+        f[3] = std::max(f[3], permille(q.queued_bytes, q.buffer_bytes));
+    }
+    // Events in flight: started (being built, or finished) less written or lost,
+    // from the matchers' and the writer's counters: each holds an entry of a
+    // shard's pool of building.max_events_in_flight until written, waiting for
+    // compression and assembly included. Data queued before the matchers (socket
+    // buffers, receive slots) will start events too, so it counts as the events it
+    // holds at the run's mean bytes per event: a trigger that reacts to BUSY then
+    // has the room the high mark leaves, however deep those queues are.
     std::uint64_t started = 0;
     for (const auto& c : w_.pipeline.counters())
         started += c->events_in_flight.get() + c->events_complete.get() + c->events_incomplete.get();
     const std::uint64_t done = w_.writer_counters.events_written.get() + w_.writer_counters.events_lost_write_error.get();
-    f[0] = permille(started > done ? started - done : 0, w_.max_events_in_flight);
-    // Receive slots: each reader publishes its free slots once a batch.
-    std::uint16_t slots = 0;
-    for (const auto* r : w_.readers) {
-        const std::uint64_t free = std::min<std::uint64_t>(r->slots_free.get(), w_.slots_per_reader);
-        slots = std::max(slots, permille(w_.slots_per_reader - free, w_.slots_per_reader));
+    std::uint64_t held = started > done ? started - done : 0;
+    if (started > 0 && bytes_read > 0) {
+        const std::uint64_t event_bytes = std::max<std::uint64_t>(bytes_read / started, 1);
+        const std::uint64_t datagram_bytes = bytes_read / std::max<std::uint64_t>(datagrams_read, 1);
+        held += (queued_bytes + slots_used * datagram_bytes) / event_bytes;
     }
-    f[1] = slots;
+    f[0] = permille(held, w_.max_events_in_flight);
     // Output: the writer's rings hold what it has not written yet (a slow or full
     // disk fills them).
     f[2] = permille(w_.writer.pending(), w_.max_events_in_flight);
-    if (now_ns >= next_socket_look_ns_) {
-        socket_fill_ = 0;
-        for (const int fd : w_.sockets) socket_fill_ = std::max(socket_fill_, net::receive_buffer_fill_permille(fd));
-        next_socket_look_ns_ = now_ns + interval_ns_;
-    }
-    f[3] = socket_fill_;
     return f;
 }
 
@@ -78,7 +91,7 @@ std::size_t BusySender::do_work() {
     if (running && (!was_running_ || run != run_)) state_.start_run(now);
     was_running_ = running;
     run_ = run;
-    const bool changed = state_.update(sample(now), running, now);
+    const bool changed = state_.update(sample(), running, now);
     monitor::BusyGauges& g = w_.control.busy;
     g.busy.store(state_.busy(), std::memory_order_relaxed);
     g.reasons.store(state_.reasons(), std::memory_order_relaxed);

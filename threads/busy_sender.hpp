@@ -46,7 +46,7 @@ public:
     static constexpr std::uint64_t kSampleNs = 2'000'000;
 
 private:
-    BusyFills sample(std::uint64_t now_ns);
+    BusyFills sample();
     void send(std::uint64_t now_ns);
 
     BusyWatch w_;
@@ -55,8 +55,7 @@ private:
     const std::uint32_t builder_id_;
     const std::uint64_t interval_ns_;
     std::uint64_t sequence_;  // section 10: from the process's start time in ns, +1 a datagram
-    std::uint64_t next_sample_ns_ = 0, next_send_ns_ = 0, next_socket_look_ns_ = 0;
-    std::uint16_t socket_fill_ = 0;  // looked at once an interval (one system call a socket)
+    std::uint64_t next_sample_ns_ = 0, next_send_ns_ = 0;
     std::uint32_t run_ = 0;
     bool was_running_ = false;
 };
