@@ -1,5 +1,7 @@
 #include "monitor/exporter.hpp"
 
+#include "core/format/busy.hpp"
+
 #include "core/format/frames.hpp"
 
 #include <prometheus/metric_family.h>
@@ -407,6 +409,24 @@ std::vector<FamilyOut> collect(const Sources& s) {
                              static_cast<double>(c->reloads.load())));
         out.push_back(scalar("evb_socket_receive_buffer_bytes", "Receive buffer the kernel granted per input socket.", T::gauge,
                              static_cast<double>(c->socket_buffer_bytes.load())));
+        const BusyGauges& b = c->busy;
+        out.push_back(scalar("evb_busy", "1 while this builder says BUSY (docs/FORMATS.md section 10), 0 ready.", T::gauge,
+                             b.busy.load() ? 1 : 0));
+        {
+            FamilyOut f{"evb_busy_reason", "While busy: 1 for each reason it is busy for (what is full, or not_running).",
+                        T::gauge, {}, {}};
+            for (std::size_t i = 0; i < wire::busy_reasons::kCount; ++i)
+                f.samples.push_back({{{"reason", wire::busy_reasons::name(i)}}, (b.reasons.load() >> i) & 1u ? 1.0 : 0.0, {}, 0});
+            out.push_back(std::move(f));
+        }
+        out.push_back(scalar("evb_busy_fill_ratio", "The fullest resource BUSY watches, as a fraction of its capacity.",
+                             T::gauge, b.fill_permille.load() / 1000.0));
+        out.push_back(scalar("evb_busy_run_seconds", "Time busy in the current run: the dead time it caused a trigger that honours BUSY.",
+                             T::gauge, static_cast<double>(b.run_busy_ns.load()) / 1e9));
+        out.push_back(scalar("evb_busy_transitions_total", "Changes between busy and ready.", T::counter,
+                             static_cast<double>(b.transitions.load())));
+        out.push_back(scalar("evb_busy_datagrams_sent_total", "BUSY datagrams sent (one per busy.targets address).",
+                             T::counter, static_cast<double>(b.datagrams_sent.load())));
         out.push_back(scalar("evb_socket_receive_buffer_capped", "1 if the kernel granted less receive buffer than configured.",
                              T::gauge, c->socket_buffer_capped.load() ? 1 : 0));
     }

@@ -56,8 +56,21 @@ private:
     std::size_t head_ = 0, n_ = 0;
 };
 
+// BUSY (docs/FORMATS.md section 10): written by the busy sender thread alone, read
+// by the exporter, the status page and the service loop (the run summary's dead time).
+struct BusyGauges {
+    std::atomic<bool> busy{false};
+    std::atomic<std::uint32_t> reasons{0};        // section-10 reason bits while busy
+    std::atomic<std::uint32_t> fill_permille{0};  // the fullest watched resource
+    std::atomic<std::uint64_t> run_busy_ns{0};    // busy time in the current run (dead time)
+    std::atomic<std::uint64_t> transitions{0};
+    std::atomic<std::uint64_t> datagrams_sent{0};  // one per target reached
+    std::atomic<std::uint64_t> targets{0};
+};
+
 struct ControlState {
     std::atomic<std::uint32_t> run_number{0};
+    BusyGauges busy;
     RateHistory history;
     std::atomic<int> run_state{static_cast<int>(RunState::running)};
     std::atomic<std::uint64_t> run_started_unix_ms{0};

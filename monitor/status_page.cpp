@@ -1,5 +1,6 @@
 #include "monitor/status_page.hpp"
 
+#include "core/format/busy.hpp"
 #include "core/format/frames.hpp"
 
 #include <sys/statvfs.h>
@@ -173,6 +174,24 @@ std::string html_escape(std::string_view in) {
     return out;
 }
 
+namespace {
+// The BUSY row: the state, why, the fullest fill, the run's dead time, the targets.
+std::string busy_text(const BusyGauges& b) {
+    std::string why;
+    const std::uint32_t reasons = b.reasons.load();
+    for (std::size_t i = 0; i < wire::busy_reasons::kCount; ++i)
+        if ((reasons >> i) & 1u) why += std::string(why.empty() ? "" : ", ") + wire::busy_reasons::name(i);
+    const std::uint64_t targets = b.targets.load();
+    return fmt::format("{} (fullest {:.1f}%); {:.3f} s busy in this run, {} transitions; {}",
+                       b.busy.load() ? fmt::format("<span class=\"warn\">busy: {}</span>", why)
+                                     : std::string("<span class=\"ok\">ready</span>"),
+                       b.fill_permille.load() / 10.0, static_cast<double>(b.run_busy_ns.load()) / 1e9,
+                       b.transitions.load(),
+                       targets == 0 ? std::string("sent nowhere (busy.targets empty)")
+                                    : fmt::format("{} datagrams sent to {} target(s)", b.datagrams_sent.load(), targets));
+}
+}  // namespace
+
 std::string status_page(const Sources& s) {
     const std::uint64_t now_ns = now_unix_ns();
     const RunCounts n = run_counts(s);
@@ -251,6 +270,7 @@ std::string status_page(const Sources& s) {
         row(fmt::format("run {} written", run), fmt::format("{} events, {} of them INCOMPLETE", r.records, r.incomplete));
     }
     row("built", fmt::format("{} complete, {} incomplete", n.complete, n.incomplete));
+    if (c != nullptr) row("BUSY", busy_text(c->busy));
     // Input.
     row("datagrams received", fmt::format("{}{}", dgrams,
                                           drops > 0 ? fmt::format(", <span class=\"bad\">{} dropped by the kernel</span>", drops)

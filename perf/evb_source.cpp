@@ -20,6 +20,7 @@
 #include "core/util/json_text.hpp"
 #include "core/util/version.hpp"
 #include "net/udp.hpp"
+#include "perf/busy_gate.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -39,6 +40,7 @@
 #include <ctime>
 #include <fmt/format.h>
 #include <fstream>
+#include <optional>
 #include <limits>
 #include <memory>
 #include <new>
@@ -90,6 +92,14 @@ pattern unless --payload says otherwise. Defaults: --first 0, --first-source 0, 
 With several builders, --to A,B,C (in builder_id order, evbd's builders = N), the
 datagrams of event E go to the (E mod N)-th address.
   --rate R        at most R events per second (default: as fast as possible)
+  --busy-listen HOST:PORT
+                  honour BUSY (docs/FORMATS.md section 10): listen here for BUSY
+                  datagrams (evbd's busy.targets) and issue no event, trigger or
+                  hit while any builder waited for is busy, or not heard from for
+                  three of its intervals; the time held is reported as dead time,
+                  and --rate does not catch up after it (triggers are not issued)
+  --busy-builders N
+                  with --busy-listen: wait for builders 0..N-1 (default 1)
   --loss P        drop each datagram with probability P (not sent, counted)
   --dup P         send each datagram twice with probability P
   --reorder W     shuffle the datagrams generated in each window of W (with
@@ -245,6 +255,9 @@ struct Options {
     std::uint32_t batch = 64;
     std::size_t sndbuf_bytes = 0;
     std::string pcap_out;
+    // --busy-listen: honour BUSY from --busy-builders builders (0..N-1).
+    std::optional<net::Endpoint> busy_listen;
+    std::uint32_t busy_builders = 1;
     std::uint32_t pcap_mtu = 0;
     double idle_exit_s = 0;
     std::string stats_out;
@@ -777,6 +790,17 @@ Options parse_options(int argc, char** argv) {
             o.batch = parse_u32(flag, take(), 1, 1024);  // UIO_MAXIOV caps one sendmmsg
         } else if (flag == "--sndbuf") {
             o.sndbuf_bytes = parse_u64(flag, take(), 1, 1ull << 30, true);
+        } else if (flag == "--busy-listen") {
+            const std::string v = take();
+            try {
+                o.busy_listen = net::parse_endpoint(v);
+            } catch (const std::invalid_argument& e) {
+                bad_value(flag, v, e.what());
+            }
+            push_only.push_back(flag);
+        } else if (flag == "--busy-builders") {
+            o.busy_builders = parse_u32(flag, take(), 1, 999);
+            push_only.push_back(flag);
         } else if (flag == "--pcap-out") {
             o.pcap_out = take();
             if (o.pcap_out.empty()) bad_value(flag, o.pcap_out, "expected a file name");
@@ -1559,6 +1583,16 @@ public:
     explicit Pacer(double events_per_s) noexcept : rate_(events_per_s) {}
     bool active() const noexcept { return rate_ > 0; }
     void start() noexcept { ::clock_gettime(CLOCK_MONOTONIC, &start_); }
+    // Held back for `ns` (BUSY): the triggers of that time are not issued later.
+    void delay(std::uint64_t ns) noexcept {
+        start_.tv_sec += static_cast<time_t>(ns / 1'000'000'000ull);
+        start_.tv_nsec += static_cast<long>(ns % 1'000'000'000ull);
+        if (start_.tv_nsec >= 1'000'000'000) {
+            start_.tv_sec += 1;
+            start_.tv_nsec -= 1'000'000'000;
+        }
+        allowed_ = 0;
+    }
 
     // True when event index n may start now.
     bool may_start(std::uint64_t n) noexcept {
@@ -1735,6 +1769,8 @@ struct PushStats {
     std::uint64_t duplicated = 0;
     std::uint64_t refused = 0;
     double seconds = 0;
+    double dead_seconds = 0;     // --busy-listen: held back by BUSY
+    std::uint64_t busy_holds = 0;
 };
 
 // Where push, trigger and stream mode send their datagrams: the socket (none with
@@ -1761,12 +1797,21 @@ void send_stream(const Options& o, Stream& stream, const PushOutputs& out, Termi
     Rng reorder(o.seed, kReorderStream);
     Pacer pacer(o.rate_events_per_s);
 
+    std::unique_ptr<BusyGate> gate =
+        o.busy_listen ? std::make_unique<BusyGate>(*o.busy_listen, o.busy_builders) : nullptr;
     const auto t0 = Clock::now();
     pacer.start();
     while (!stream.done() && !g_stop.load(std::memory_order_relaxed)) {
         progress.show(stream.events_done(), st.bytes_sent, seconds_since(t0));
         std::size_t generated = 0, used = 0, n = 0;
         while (generated < window && !stream.done()) {
+            // BUSY: no trigger while a builder is busy; what this window holds goes first.
+            if (gate && stream.at_event_start() && !gate->ready()) {
+                if (generated > 0) break;
+                pacer.delay(gate->hold(g_stop));
+                if (g_stop.load(std::memory_order_relaxed)) break;
+                continue;
+            }
             if (pacer.active() && stream.at_event_start() && !pacer.may_start(stream.events_done())) {
                 if (generated > 0) break;  // send what this window holds before sleeping
                 pacer.wait_for(stream.events_done());
@@ -1820,6 +1865,10 @@ void send_stream(const Options& o, Stream& stream, const PushOutputs& out, Termi
         }
     }
     st.seconds = seconds_since(t0);
+    if (gate) {
+        st.dead_seconds = static_cast<double>(gate->dead_ns()) / 1e9;
+        st.busy_holds = gate->holds();
+    }
     progress.finish(stream.events_done(), st.bytes_sent, st.seconds);
     st.events = stream.events_done();
     st.fragments = stream.fragments_done();
@@ -1972,6 +2021,7 @@ int run_push(const Options& o) {
         if (o.wire_version != 1 && !o.frames) extra += fmt::format(",\"wire_version\":{}", o.wire_version);
         if (o.mode == Mode::stream) extra += fmt::format(",\"hits\":{},\"heartbeats\":{}", st.events, st.heartbeats);
         if (!o.silent_sources.empty()) extra += fmt::format(",\"silent_sources\":{}", o.silent_sources.size());
+        if (o.busy_listen) extra += fmt::format(",\"dead_time_s\":{},\"busy_holds\":{}", json_double(st.dead_seconds), st.busy_holds);
         if (o.frames) extra += fmt::format(",\"frames\":{},\"first_event\":{}",
                                            evb::json_text(nlohmann::json(o.frames->description().name)), o.first_event);
         fmt::print(
@@ -1992,6 +2042,9 @@ int run_push(const Options& o) {
                    what, st.datagrams_sent, st.bytes_sent, st.lost, st.duplicated, st.seconds,
                    mb_per_s, dgram_per_s, o.dry_run ? " (dry run)" : "",
                    g_stop.load() ? " (interrupted)" : "");
+        if (o.busy_listen)
+            fmt::print(stderr, "evb-source: BUSY: {} issued, {:.3f} s dead time (held {} times)\n", what,
+                       st.dead_seconds, st.busy_holds);
     }
     return 0;
 }

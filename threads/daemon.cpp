@@ -16,6 +16,8 @@
 //                                  control commands,       control answers, run
 //                                  closed files            summaries
 //   evb-control     ControlServer  control.socket          commands to the service loop
+//   evb-busy        BusySender     fill gauges, run state  BUSY datagrams (busy.targets);
+//                                                          busy gauges (metrics, dead time)
 //   (exporter)      Exporter       HTTP scrapes            reads the counters only
 #include "threads/daemon.hpp"
 
@@ -33,6 +35,7 @@
 #include "monitor/exporter.hpp"
 #include "monitor/sampler.hpp"
 #include "monitor/sums.hpp"
+#include "threads/busy_sender.hpp"
 #include "threads/channels.hpp"
 #include "threads/control_server.hpp"
 #include "threads/disk_writer.hpp"
@@ -296,6 +299,20 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
                          cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc, &closed_files},
                         control, signals);
 
+    // BUSY: reads the fill gauges above and the run state the service loop keeps in
+    // `control`; writes the busy gauges there. Not for a replay (nobody to hold back).
+    std::unique_ptr<BusySender> busy;
+    std::unique_ptr<AgentRunner> busy_thread;
+    if (!replay) {
+        std::vector<int> fds;
+        for (const auto& s : sockets) fds.push_back(s.fd);
+        for (auto& c : reader_counters) c->slots_free.set(sizing.slots_per_reader);
+        busy = std::make_unique<BusySender>(
+            *cfg, BusyWatch{pipeline, writer, writer_counters, msrc.readers, std::move(fds), sizing.slots_per_reader,
+                            cfg->building.max_events_in_flight, control});
+        busy_thread = std::make_unique<AgentRunner>("evb-busy", *busy, -1, WaitStrategy{0, 0});
+    }
+
     // The exporter reads the counters and the control state; it writes nothing.
     std::unique_ptr<monitor::Exporter> exporter;
     if (!cfg->monitor.listen.empty()) {
@@ -333,6 +350,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     for (auto& t : input_threads) t->start();
     if (sender_thread) sender_thread->start();
     if (control_thread) control_thread->start();
+    if (busy_thread) busy_thread->start();
     if (replay)
         log_info("building run {} from {} sources, replaying {} capture file(s) (filter: {}); writing to {}",
                  cfg->run_number, cfg->sources.size(), opts.replay_files.size(), cfg->replay_filter, cfg->output.directory);
@@ -348,6 +366,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // does not depend on when it ran), the graph drains, the writer writes it all
     // and closes.
     sd_notify_state("STOPPING=1");
+    if (busy_thread) busy_thread->stop();
     if (control_thread) control_thread->stop();  // an unanswered command's client sees the socket close
     if (sender_thread) sender_thread->stop();
     for (auto& t : input_threads) t->stop();

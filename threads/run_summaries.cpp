@@ -56,8 +56,8 @@ void RunSummaries::begin(std::uint32_t run, std::shared_ptr<const Config> config
     current_ = {run, realtime_ns() / 1'000'000ull, std::move(config), match_totals()};
 }
 
-void RunSummaries::end(const char* end, std::uint64_t writer_generation) {
-    ended_.push_back({current_, match_totals(), realtime_ns() / 1'000'000ull, writer_generation, end});
+void RunSummaries::end(const char* end, std::uint64_t writer_generation, std::uint64_t dead_time_ns) {
+    ended_.push_back({current_, match_totals(), realtime_ns() / 1'000'000ull, writer_generation, end, dead_time_ns});
 }
 
 bool RunSummaries::waiting_for(std::uint32_t run) const {
@@ -105,11 +105,11 @@ void RunSummaries::collect(const WriterSettings& w) {
     }
 }
 
-void RunSummaries::finish(const WriterSettings& w, bool run_going) {
+void RunSummaries::finish(const WriterSettings& w, bool run_going, std::uint64_t dead_time_ns) {
     collect(w);
     for (const auto& r : ended_) write(w, r);  // the writer closed everything as it stopped
     ended_.clear();
-    if (run_going) write(w, {current_, match_totals(), realtime_ns() / 1'000'000ull, 0, "shutdown"});
+    if (run_going) write(w, {current_, match_totals(), realtime_ns() / 1'000'000ull, 0, "shutdown", dead_time_ns});
 }
 
 // w: the running snapshot's (directory and builder_id take a restart to change).
@@ -195,6 +195,7 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         {"end", r.end},
         {"started_unix_ms", started_ms},
         {"stopped_unix_ms", r.stopped_unix_ms},
+        {"dead_time_s", static_cast<double>(r.dead_time_ns) / 1e9},  // BUSY: what a trigger honouring it lost
         {"configuration", r.start.config != nullptr ? nlohmann::ordered_json(r.start.config->effective) : nlohmann::ordered_json()},
         {"events", events},
         {"events_by_status", file::to_json(total)},

@@ -28,12 +28,13 @@ public:
     void begin(std::uint32_t run, std::shared_ptr<const Config> config);
     // The run begun last ends now (`end`: "stop", "run change"); its summary is
     // written once the writer reports transition `writer_generation` done.
-    void end(const char* end, std::uint64_t writer_generation);
+    // `dead_time_ns`: the time the builder was busy in the run (BUSY).
+    void end(const char* end, std::uint64_t writer_generation, std::uint64_t dead_time_ns = 0);
     // Each tick: the files the writer closed; summaries of runs whose files are all closed.
     void collect(const WriterSettings& w);
     // After the writer stopped: every summary still due, and the run going on
     // (`run_going`), which ends with the process.
-    void finish(const WriterSettings& w, bool run_going);
+    void finish(const WriterSettings& w, bool run_going, std::uint64_t dead_time_ns = 0);
     // A summary of `run` is still waiting for the writer.
     bool waiting_for(std::uint32_t run) const;
 
@@ -66,6 +67,7 @@ private:
         std::uint64_t stopped_unix_ms = 0;
         std::uint64_t writer_generation = 0;  // done once the writer reports this transition
         const char* end = "";                 // "stop", "run change", "shutdown"
+        std::uint64_t dead_time_ns = 0;       // busy in the run (BUSY: the busy sender's count at its end)
     };
     MatchTotals match_totals() const;
     void write(const WriterSettings& w, const EndedRun& r);

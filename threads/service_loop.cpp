@@ -304,7 +304,7 @@ void ServiceLoop::change_sources(const Config& next, const char* why) {
 void ServiceLoop::end_run(std::uint32_t next_run) {
     ++run_generation_;
     // Its summary is written once the writer has closed its files (RunSummaries::collect).
-    summaries_.end(next_run != kNoRun ? "run change" : "stop", run_generation_);
+    summaries_.end(next_run != kNoRun ? "run change" : "stop", run_generation_, control_.busy.run_busy_ns.load());
     post_writer_settings(running_->writer, next_run);
     const bool next = next_run != kNoRun;
     if (next) run_ = next_run;
@@ -572,7 +572,8 @@ void ServiceLoop::show_replay_progress(bool last) {
 
 void ServiceLoop::finish_summaries() {
     // The run going on (or still draining for a stop) ends with the process.
-    summaries_.finish(running_->writer, running_run_ && stopping_.phase != StopPhase::closing);
+    summaries_.finish(running_->writer, running_run_ && stopping_.phase != StopPhase::closing,
+                      control_.busy.run_busy_ns.load());
 }
 
 }  // namespace evb

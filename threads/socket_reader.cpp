@@ -228,6 +228,8 @@ std::size_t SocketReader::do_work() {
         }
         ++n;
     }
+    // Once a batch, for BUSY (threads/busy_sender.cpp): slots armed are as good as free.
+    counters_.slots_free.set(pool_.free_count() + n);
     if (n == 0) {
         counters_.buffer_waits.add();
         return 0;

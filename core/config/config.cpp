@@ -99,6 +99,10 @@ const std::vector<Key>& schema() {
         {"pull.source_addresses", Kind::string_list, json::array(), 0, 0, false, "Addresses (HOST:PORT) that REQUEST and CLEAR datagrams go to."},
         {"pull.retry_ms", Kind::uint, 100, 1, 600000, true, "Shortest retry period: an event not written this long after its request is requested again (longer when events take longer; see OPERATIONS.md)."},
         {"pull.max_retries", Kind::uint, 5, 0, 1000, true, "Re-requests before the event is written INCOMPLETE."},
+        {"busy.targets", Kind::string_list, json::array(), 0, 0, false, "Addresses (HOST:PORT) BUSY datagrams go to (docs/FORMATS.md section 10): the trigger supervisor, a throttle. None by default: the trigger's address is the experiment's. With none, evbd still decides and exports busy and dead time (evb_busy, the run summary's dead_time_s)."},
+        {"busy.interval_ms", Kind::uint, 100, 10, 1000, false, "BUSY: the current state is sent again this often (a change of state is sent at once); a trigger takes a builder it has not heard from for three of these as busy. Also the shortest time a busy state lasts: at least this and 250 ms, so that a steady overload gives a few transitions a second."},
+        {"busy.high_permille", Kind::uint, 800, 1, 1000, false, "BUSY: the builder is busy once any watched fill reaches this many thousandths of its capacity: events in flight (building.max_events_in_flight), receive slots (building.max_buffer_bytes), the writer's queue, the kernel's socket buffer. The rest is room for what arrives while the trigger reacts: 20% of the default 4096 events in flight is 800 events, 8 ms at 100 kHz."},
+        {"busy.low_permille", Kind::uint, 500, 0, 999, false, "BUSY: ready again once every watched fill is below this many thousandths (must be below busy.high_permille)."},
         {"replay.filter", Kind::string, "port", 0, 0, false, "--replay: which captured UDP datagrams are fed in: \"port\" (destination port of input.listen), \"udp\" (all), or a libpcap filter expression."},
         {"log.level", Kind::choice, "info", 0, 0, true, "Log level.", {"debug", "info", "warn", "error"}},
         {"user", Kind::string, "", 0, 0, false, "When started as root: the user to switch to after binding sockets."},
@@ -530,6 +534,10 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->pull.source_addresses = lookup(eff, "pull.source_addresses", false)->get<std::vector<std::string>>();
     c->pull.retry_ms = u32("pull.retry_ms");
     c->pull.max_retries = u32("pull.max_retries");
+    c->busy.targets = lookup(eff, "busy.targets", false)->get<std::vector<std::string>>();
+    c->busy.interval_ms = u32("busy.interval_ms");
+    c->busy.high_permille = u32("busy.high_permille");
+    c->busy.low_permille = u32("busy.low_permille");
     c->log_level = str("log.level");
     c->replay_filter = str("replay.filter");
     c->user = str("user");
@@ -537,6 +545,9 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     // Contradictions between keys.
     if (c->builder_id >= c->builders)
         problems.push_back(fmt::format("builder_id: {} must be less than builders ({})", c->builder_id, c->builders));
+    if (c->busy.low_permille >= c->busy.high_permille)
+        problems.push_back(fmt::format("busy.low_permille: {} must be below busy.high_permille ({})", c->busy.low_permille,
+                                       c->busy.high_permille));
     if (c->mode == Mode::pull && c->pull.source_addresses.empty())
         problems.push_back("pull.source_addresses: pull mode needs at least one source address");
     for (std::size_t i = 0; i < c->input.listen_addresses.size(); ++i)
@@ -644,6 +655,8 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     }
     for (std::size_t i = 0; i < c->pull.source_addresses.size(); ++i)
         check_address(fmt::format("pull.source_addresses[{}]", i), c->pull.source_addresses[i], net::parse_endpoint);
+    for (std::size_t i = 0; i < c->busy.targets.size(); ++i)
+        check_address(fmt::format("busy.targets[{}]", i), c->busy.targets[i], net::parse_endpoint);
     for (std::size_t i = 0; i < c->input.allowed_senders.size(); ++i)
         check_address(fmt::format("input.allowed_senders[{}]", i), c->input.allowed_senders[i],
                       net::parse_sender_address);

@@ -120,6 +120,14 @@ struct Config {
         std::uint32_t max_retries = 0;
     } pull;
 
+    // BUSY (docs/FORMATS.md section 10).
+    struct Busy {
+        std::vector<std::string> targets;
+        std::uint32_t interval_ms = 100;
+        std::uint32_t high_permille = 800;
+        std::uint32_t low_permille = 500;
+    } busy;
+
     std::string log_level;
     std::string user;
     std::string replay_filter;

@@ -71,6 +71,7 @@ struct alignas(kFalseSharingBytes) ReaderCounters {
     Counter not_running;       // arrived while evbd was stopped (run control)
     Counter kernel_drops;      // SO_RXQ_OVFL, cumulative per socket
     Counter buffer_waits;      // times the reader found no free receive slot
+    Counter slots_free;        // gauge, once a batch: receive slots free or armed (BUSY's fill)
     Counter receive_errors;
     // Datagrams (and their bytes) still queued in the socket when intake stopped:
     // read at the stop only to be counted, never built.
