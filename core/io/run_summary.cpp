@@ -155,12 +155,14 @@ SummaryFile scan_file(const std::string& directory, const std::string& name, std
         const bool lz4 = ends_with(name, ".mid.lz4") || ends_with(name, ".mid.lz4.part");
         if (lz4 || ends_with(name, ".mid") || ends_with(name, ".mid.part")) {
             // `.mid.lz4`: the MIDAS file inside the frame, as far as its blocks decode.
-            const lz4f::FrameRead frame = lz4 ? lz4f::read_frame(m.bytes()) : lz4f::FrameRead{};
-            const midas::ScanResult s = midas::scan(lz4 ? std::span<const std::byte>(frame.content) : m.bytes());
-            f.events = s.events.size();
+            // Block by block, the status bits counted as the events come.
             midas::DecodedEvent d;
-            for (const auto& e : s.events)
+            midas::Scanner scanner([&](const midas::EventView& e) {
                 if (midas::decode_built(e, d)) f.status.add(d.status);
+            });
+            const lz4f::FrameRead frame = midas::feed_file(m.bytes(), scanner);
+            const midas::ScanResult s = scanner.finish();
+            f.events = s.event_count;
             f.clean = !ends_with(name, ".part") && s.bor_ok && s.has_eor && s.problems.empty() && (!lz4 || frame.complete);
             if (created_ns != nullptr && s.bor_ok) *created_ns = std::uint64_t{s.bor.time_stamp} * 1'000'000'000ull;
             return f;
