@@ -106,10 +106,24 @@ std::string write_summary(const std::string& directory, std::uint32_t run_number
     return "";
 }
 
-nlohmann::ordered_json read_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id) {
-    std::ifstream in(directory + "/" + summary_name(run_number, builder_id));
-    if (!in) return nullptr;
-    return nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);
+nlohmann::ordered_json read_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id,
+                                    std::string* why) {
+    const std::string path = directory + "/" + summary_name(run_number, builder_id);
+    // O_NONBLOCK: a FIFO is refused below instead of waiting for a writer in open().
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return nullptr;
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (why != nullptr) *why = fmt::format("{}: {}", path, not_regular_file(st));
+        ::close(fd);
+        return nullptr;
+    }
+    std::string text;
+    char buf[65536];
+    ssize_t n = 0;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+    ::close(fd);
+    return nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 
 namespace {
