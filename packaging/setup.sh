@@ -18,6 +18,7 @@ packages=(
   libtbb-dev libjemalloc-dev libfmt-dev nlohmann-json3-dev catch2
   prometheus-cpp-dev libpcap-dev
   liblz4-dev libzstd-dev  # record compression (output.compression)
+  lz4  # the lz4 command: test_lz4_bounded_memory writes its .mid.lz4 with it
   python3 prometheus
   clang libclang-rt-14-dev
   dpkg-dev adduser systemd

@@ -146,7 +146,9 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
     nlohmann::ordered_json earlier = nlohmann::ordered_json::array();
     // The run was built before (a restart with the same run number, or the files a
     // crashed evbd left, summarised at start-up): its summary lists those files too.
-    const nlohmann::ordered_json before = file::read_summary(dir, r.start.run, w.builder_id);
+    std::string not_read;
+    const nlohmann::ordered_json before = file::read_summary(dir, r.start.run, w.builder_id, &not_read);
+    if (!not_read.empty()) log_warn("run summary: {}", not_read);
     std::uint64_t started_ms = r.start.started_unix_ms;
     if (before.is_object() && before.contains("files") && before["files"].is_array()) {
         std::vector<file::SummaryFile> kept;

@@ -97,6 +97,13 @@ std::size_t FrameWriter::end(std::span<std::byte> out, std::string* why) {
 }
 
 FrameRead read_frame(std::span<const std::byte> image) {
+    std::vector<std::byte> content;
+    FrameRead r = read_frame(image, [&content](std::span<const std::byte> b) { content.insert(content.end(), b.begin(), b.end()); });
+    r.content = std::move(content);
+    return r;
+}
+
+FrameRead read_frame(std::span<const std::byte> image, const BlockSink& sink) {
     FrameRead r;
     if (!is_frame(image)) {
         r.problem = "not an LZ4 frame (no magic number)";
@@ -131,29 +138,30 @@ FrameRead read_frame(std::span<const std::byte> image) {
     const std::unique_ptr<LZ4F_dctx, decltype(&LZ4F_freeDecompressionContext)> owner(raw, &LZ4F_freeDecompressionContext);
     LZ4F_dctx* d = raw;
     // Feeds `n` bytes at `pos` (all of them: a header, one whole block or the end)
-    // and appends what they decode to.
+    // and hands what they decode to to the sink once all of them decoded.
+    std::vector<std::byte> out(max_block);
     auto feed = [&](std::size_t pos, std::size_t n) -> bool {
         std::size_t src_left = n;
+        std::size_t produced = 0;
         const std::byte* src = image.data() + pos;
-        while (true) {
-            const std::size_t at = r.content.size();
-            r.content.resize(at + max_block);
-            std::size_t dst_n = max_block;
+        while (src_left > 0) {
+            std::size_t dst_n = out.size() - produced;
             std::size_t src_n = src_left;
-            const std::size_t hint = LZ4F_decompress(d, r.content.data() + at, &dst_n, src, &src_n, nullptr);
-            r.content.resize(at + dst_n);
+            const std::size_t hint = LZ4F_decompress(d, out.data() + produced, &dst_n, src, &src_n, nullptr);
             if (LZ4F_isError(hint)) {
                 r.problem = fmt::format("LZ4 block at byte {}: {}", pos, LZ4F_getErrorName(hint));
                 return false;
             }
+            produced += dst_n;
             src += src_n;
             src_left -= src_n;
-            if (src_left == 0) return true;
-            if (src_n == 0 && dst_n == 0) {
+            if (src_left > 0 && src_n == 0 && dst_n == 0) {
                 r.problem = fmt::format("LZ4 block at byte {}: the decoder made no progress", pos);
                 return false;
             }
         }
+        if (produced > 0 && sink) sink({out.data(), produced});
+        return true;
     };
     if (feed(0, header)) {
         r.header_ok = true;
@@ -202,9 +210,7 @@ FrameRead read_frame(std::span<const std::byte> image) {
                 r.cut_short = true;
                 break;
             }
-            const std::size_t before = r.content.size();
             if (!feed(pos, whole)) {
-                r.content.resize(before);
                 // A block whose tail is the zeros the file ends with: a write cut
                 // short (O_DIRECT: a stage lost in a crash, its space allocated ahead).
                 std::size_t last = image.size();
@@ -217,8 +223,6 @@ FrameRead read_frame(std::span<const std::byte> image) {
             r.good_bytes = pos;
             ++r.blocks;
         }
-    } else {
-        r.content.clear();
     }
     return r;
 }

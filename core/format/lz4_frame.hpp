@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -66,5 +67,10 @@ struct FrameRead {
     bool cut_short = false;          // stopped at a block the file ends inside (or zeros after it)
 };
 FrameRead read_frame(std::span<const std::byte> image);
+// The same, block by block: each good block's decoded bytes go to `sink` as it is
+// decoded (valid during the call only) and `content` stays empty. Memory: one
+// block, whatever the frame decodes to.
+using BlockSink = std::function<void(std::span<const std::byte>)>;
+FrameRead read_frame(std::span<const std::byte> image, const BlockSink& sink);
 
 }  // namespace evb::lz4f

@@ -223,84 +223,149 @@ bool all_zero(std::span<const std::byte> b) {
 }  // namespace
 
 ScanResult scan(std::span<const std::byte> image) {
-    ScanResult r;
-    auto problem = [&r](std::uint64_t offset, std::string what) { r.problems.push_back({offset, std::move(what)}); };
-    if (image.size() < kEventHeaderBytes) {
-        problem(0, fmt::format("file of {} bytes has no begin-of-run event", image.size()));
-        return r;
+    std::vector<EventView> events;
+    Scanner scanner([&events](const EventView& e) { events.push_back(e); });
+    scanner.feed(image);  // one piece: every event's view points into the image
+    ScanResult r = scanner.finish();
+    r.events = std::move(events);
+    return r;
+}
+
+void Scanner::feed(std::span<const std::byte> piece) {
+    const std::uint64_t at = total_;
+    total_ += piece.size();
+    if (state_ == State::zeros) {
+        tail_zero_ = tail_zero_ && all_zero(piece);
+        return;
     }
-    r.bor = decode_event_header(image.data());
-    if (r.bor.event_id != kEventIdBor || r.bor.trigger_mask != kMidasMagic) {
-        problem(0, fmt::format("first event is not a begin-of-run event (event_id 0x{:04x}, trigger_mask 0x{:04x})",
-                               r.bor.event_id, r.bor.trigger_mask));
-        return r;
+    if (state_ != State::bor && state_ != State::events) return;
+    if (pending_.empty()) {
+        const std::size_t n = parse(piece, at);
+        pending_.assign(piece.begin() + static_cast<std::ptrdiff_t>(n), piece.end());
+        return;
     }
-    if (r.bor.data_size > image.size() - kEventHeaderBytes) {
-        problem(0, fmt::format("begin-of-run event of {} data bytes cut short", r.bor.data_size));
-        return r;
-    }
-    r.bor_ok = true;
-    r.bor_text = {reinterpret_cast<const char*>(image.data()) + kEventHeaderBytes, r.bor.data_size};
-    std::uint64_t pos = kEventHeaderBytes + r.bor.data_size;
-    r.good_bytes = pos;
-    DecodedEvent decoded;
-    std::string why;
-    while (pos < image.size()) {
-        const std::size_t left = image.size() - pos;
-        if (left < kEventHeaderBytes) {
-            r.cut_event = true;  // a header cut short
-            problem(pos, fmt::format("{} bytes after the last event, not an event header", left));
-            break;
-        }
-        if (all_zero(image.subspan(pos, kEventHeaderBytes))) {
-            // Space a crash left allocated ahead of the writes, or damage.
-            r.cut_event = all_zero(image.subspan(pos));
-            problem(pos, r.cut_event ? fmt::format("{} zero bytes after the last event", left)
-                                     : std::string("zero event header followed by data"));
-            break;
-        }
-        EventView e{pos, decode_event_header(image.data() + pos), image.data() + pos};
-        if (e.header.data_size > left - kEventHeaderBytes) {
-            r.cut_event = true;
-            problem(pos, fmt::format("event of {} data bytes cut short at {} bytes", e.header.data_size,
-                                     left - kEventHeaderBytes));
-            break;
-        }
-        if (e.header.event_id == kEventIdEor) {
-            if (e.header.trigger_mask != kMidasMagic || e.header.serial_number != r.bor.serial_number) {
-                problem(pos, fmt::format("end-of-run event: trigger_mask 0x{:04x} serial {}, expected 0x{:04x} and run {}",
-                                         e.header.trigger_mask, e.header.serial_number, kMidasMagic,
-                                         r.bor.serial_number));
-                return r;
+    const std::uint64_t pending_at = at - pending_.size();
+    pending_.insert(pending_.end(), piece.begin(), piece.end());
+    const std::size_t n = parse(pending_, pending_at);
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+std::size_t Scanner::parse(std::span<const std::byte> bytes, std::uint64_t at) {
+    std::size_t pos = 0;
+    while (state_ == State::bor || state_ == State::events) {
+        const std::size_t left = bytes.size() - pos;
+        if (left < kEventHeaderBytes) return pos;
+        const std::byte* h = bytes.data() + pos;
+        if (state_ == State::bor) {
+            r_.bor = decode_event_header(h);
+            if (r_.bor.event_id != kEventIdBor || r_.bor.trigger_mask != kMidasMagic) {
+                problem(0, fmt::format("first event is not a begin-of-run event (event_id 0x{:04x}, trigger_mask 0x{:04x})",
+                                       r_.bor.event_id, r_.bor.trigger_mask));
+                state_ = State::done;
+                break;
             }
-            r.has_eor = true;
-            r.eor = e.header;
-            r.eor_text = {reinterpret_cast<const char*>(e.bytes) + kEventHeaderBytes, e.header.data_size};
+            if (r_.bor.data_size > left - kEventHeaderBytes) return pos;
+            r_.bor_ok = true;
+            r_.bor_text.assign(reinterpret_cast<const char*>(h) + kEventHeaderBytes, r_.bor.data_size);
+            pos += kEventHeaderBytes + r_.bor.data_size;
+            r_.good_bytes = at + pos;
+            state_ = State::events;
+            continue;
+        }
+        if (all_zero({h, kEventHeaderBytes})) {
+            // Space a crash left allocated ahead of the writes, or damage.
+            state_ = State::zeros;
+            tail_at_ = at + pos;
+            tail_zero_ = all_zero(bytes.subspan(pos));
+            break;
+        }
+        const EventView e{at + pos, decode_event_header(h), h};
+        if (e.header.data_size > left - kEventHeaderBytes) return pos;  // the rest is still to come
+        if (e.header.event_id == kEventIdEor) {
+            if (e.header.trigger_mask != kMidasMagic || e.header.serial_number != r_.bor.serial_number) {
+                problem(e.file_offset,
+                        fmt::format("end-of-run event: trigger_mask 0x{:04x} serial {}, expected 0x{:04x} and run {}",
+                                    e.header.trigger_mask, e.header.serial_number, kMidasMagic, r_.bor.serial_number));
+                state_ = State::done;
+                break;
+            }
+            r_.has_eor = true;
+            r_.eor = e.header;
+            r_.eor_text.assign(reinterpret_cast<const char*>(h) + kEventHeaderBytes, e.header.data_size);
             pos += kEventHeaderBytes + e.header.data_size;
-            r.good_bytes = pos;
-            if (pos != image.size()) problem(pos, fmt::format("{} bytes after the end-of-run event", image.size() - pos));
-            return r;  // closed cleanly
+            r_.good_bytes = at + pos;
+            tail_at_ = r_.good_bytes;
+            state_ = State::after_eor;  // closed cleanly
+            break;
         }
         if (e.header.event_id >= kEventIdBor || e.header.trigger_mask != 0) {
-            problem(pos, fmt::format("event_id 0x{:04x} trigger_mask 0x{:04x}: not a built event", e.header.event_id,
-                                     e.header.trigger_mask));
+            problem(e.file_offset, fmt::format("event_id 0x{:04x} trigger_mask 0x{:04x}: not a built event",
+                                               e.header.event_id, e.header.trigger_mask));
+            state_ = State::stopped;
             break;
         }
-        if (!r.events.empty() && e.header.serial_number != r.events.back().header.serial_number + 1) {
-            problem(pos, fmt::format("serial number {} after {}", e.header.serial_number,
-                                     r.events.back().header.serial_number));
+        if (r_.event_count > 0 && e.header.serial_number != r_.last_event.serial_number + 1) {
+            problem(e.file_offset,
+                    fmt::format("serial number {} after {}", e.header.serial_number, r_.last_event.serial_number));
+            state_ = State::stopped;
             break;
         }
-        if (!decode_built(e, decoded, &why)) {
-            problem(pos, fmt::format("event serial {}: {}", e.header.serial_number, why));
+        if (!decode_built(e, decoded_, &why_)) {
+            problem(e.file_offset, fmt::format("event serial {}: {}", e.header.serial_number, why_));
+            state_ = State::stopped;
             break;
         }
-        r.events.push_back(e);
+        ++r_.event_count;
+        r_.last_event = e.header;
+        if (visit_) visit_(e);
         pos += kEventHeaderBytes + e.header.data_size;
-        r.good_bytes = pos;
+        r_.good_bytes = at + pos;
     }
-    problem(image.size(), "no end-of-run event: the file was not closed cleanly");
-    return r;
+    return bytes.size();  // the scan has stopped: nothing more is parsed
+}
+
+ScanResult Scanner::finish() {
+    const std::uint64_t pending_at = total_ - pending_.size();
+    switch (state_) {
+        case State::bor:
+            if (total_ < kEventHeaderBytes)
+                problem(0, fmt::format("file of {} bytes has no begin-of-run event", total_));
+            else
+                problem(0, fmt::format("begin-of-run event of {} data bytes cut short", r_.bor.data_size));
+            return std::move(r_);
+        case State::done: return std::move(r_);
+        case State::after_eor:
+            if (total_ != tail_at_) problem(tail_at_, fmt::format("{} bytes after the end-of-run event", total_ - tail_at_));
+            return std::move(r_);
+        case State::zeros:
+            r_.cut_event = tail_zero_;
+            problem(tail_at_, tail_zero_ ? fmt::format("{} zero bytes after the last event", total_ - tail_at_)
+                                         : std::string("zero event header followed by data"));
+            break;
+        case State::events:
+            if (pending_.size() >= kEventHeaderBytes) {
+                r_.cut_event = true;
+                problem(pending_at, fmt::format("event of {} data bytes cut short at {} bytes",
+                                                decode_event_header(pending_.data()).data_size,
+                                                pending_.size() - kEventHeaderBytes));
+            } else if (!pending_.empty()) {
+                r_.cut_event = true;  // a header cut short
+                problem(pending_at, fmt::format("{} bytes after the last event, not an event header", pending_.size()));
+            }
+            break;
+        case State::stopped: break;
+    }
+    pending_.clear();
+    problem(total_, "no end-of-run event: the file was not closed cleanly");
+    return std::move(r_);
+}
+
+lz4f::FrameRead feed_file(std::span<const std::byte> file, Scanner& scanner) {
+    if (!lz4f::is_frame(file)) {
+        scanner.feed(file);
+        return {};
+    }
+    return lz4f::read_frame(file, [&scanner](std::span<const std::byte> block) { scanner.feed(block); });
 }
 
 std::string file_name(std::uint32_t run, std::uint32_t builder, std::uint32_t seq, bool part, bool lz4) {

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "core/format/file_format.hpp"
+#include "core/format/lz4_frame.hpp"
 
 namespace evb::midas {
 
@@ -154,11 +156,13 @@ bool decode_built(const EventView& e, DecodedEvent& out, std::string* why = null
 struct ScanResult {
     bool bor_ok = false;
     EventHeader bor;
-    std::string_view bor_text;   // the configuration JSON (with its padding)
-    std::vector<EventView> events;  // the built events, in file order
+    std::string bor_text;        // the configuration JSON (with its padding)
+    std::vector<EventView> events;  // the built events, in file order (scan() only)
+    std::uint64_t event_count = 0;  // the built events
+    EventHeader last_event;         // the last built event's header (when event_count > 0)
     bool has_eor = false;
     EventHeader eor;
-    std::string_view eor_text;
+    std::string eor_text;
     std::uint64_t good_bytes = 0;  // BOR and whole good events: where recovery cuts
     // No EOR, and the bytes after good_bytes are an event the file ends inside (or
     // zeros a crash left after it): a write cut short, not damage.
@@ -170,6 +174,44 @@ struct ScanResult {
 // numbers one after another, and an EOR (a file not closed cleanly has none). The
 // scan stops at the first bad event; everything before it is good.
 ScanResult scan(std::span<const std::byte> image);
+
+// The same scan over a file's bytes as they come, piece by piece (a `.mid.lz4`
+// frame's blocks as they decode): memory is the largest event plus a piece,
+// whatever the file. Each good built event is handed to `visit` as it is found;
+// its bytes are valid during the call only (an event that lies whole inside a
+// piece points into it, others into the scanner's buffer). result() is what is
+// known so far (the begin-of-run event once it is read); finish() ends the bytes
+// and returns the result, with `events` empty.
+class Scanner {
+public:
+    using Visit = std::function<void(const EventView&)>;
+    explicit Scanner(Visit visit = {}) : visit_(std::move(visit)) {}
+    void feed(std::span<const std::byte> piece);
+    const ScanResult& result() const noexcept { return r_; }
+    ScanResult finish();
+
+private:
+    enum class State { bor, events, zeros, after_eor, stopped, done };
+    // Parses what it can of `bytes` (starting at file offset `at`); returns the
+    // bytes it consumed (all of them once the scan has stopped).
+    std::size_t parse(std::span<const std::byte> bytes, std::uint64_t at);
+    void problem(std::uint64_t offset, std::string what) { r_.problems.push_back({offset, std::move(what)}); }
+
+    Visit visit_;
+    ScanResult r_;
+    State state_ = State::bor;
+    std::vector<std::byte> pending_;  // bytes [total_ - pending_.size(), total_) not yet parsed
+    std::uint64_t total_ = 0;         // bytes fed
+    std::uint64_t tail_at_ = 0;       // zeros / after_eor: where that tail starts
+    bool tail_zero_ = true;           // zeros: every byte from tail_at_ on is 0
+    DecodedEvent decoded_;
+    std::string why_;
+};
+
+// Feeds a stored MIDAS file to `scanner`: a `.mid.lz4` frame block by block (and
+// returns what reading the frame found), any other image whole (and returns an
+// empty FrameRead).
+lz4f::FrameRead feed_file(std::span<const std::byte> file, Scanner& scanner);
 
 // `run000042_001_00003.mid`, with `.part` appended while the file is open.
 std::string file_name(std::uint32_t run_number, std::uint32_t builder_id, std::uint32_t file_sequence, bool part,

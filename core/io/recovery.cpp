@@ -86,6 +86,8 @@ bool drop_torn_stage_tail(std::span<const std::byte> image, midas::ScanResult& s
     if (!std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; })) return false;
     s.good_bytes = last.file_offset;
     s.events.pop_back();
+    s.event_count = s.events.size();
+    s.last_event = s.events.empty() ? midas::EventHeader{} : s.events.back().header;
     return true;
 }
 
@@ -93,51 +95,111 @@ bool drop_torn_stage_tail(std::span<const std::byte> image, midas::ScanResult& s
 // 8-byte step after `stop` (MIDAS events are 8-byte multiples): the same event id
 // and trigger mask and a serial number a little past the last good one's, or the
 // end-of-run event. Then what is at `stop` is not an event a crash cut short (its
-// data_size may be damaged to reach past the file's end) but damage.
-bool later_event_header(std::span<const std::byte> content, std::uint64_t stop, const midas::ScanResult& ms) {
-    constexpr std::uint32_t kSerialWindow = 64;
-    const bool any = !ms.events.empty();
-    const midas::EventHeader last = any ? ms.events.back().header : midas::EventHeader{};
-    const std::uint32_t lo = any ? last.serial_number + 1 : 0;
-    for (std::uint64_t at = stop + 8; at + midas::kEventHeaderBytes <= content.size(); at += 8) {
-        const midas::EventHeader h = midas::decode_event_header(content.data() + at);
-        if (h.event_id == midas::kEventIdEor && h.trigger_mask == midas::kMidasMagic && h.serial_number == ms.bor.serial_number)
-            return true;
-        if (h.event_id == 0 && h.trigger_mask == 0 && h.serial_number == 0) continue;  // zeros allocated ahead
-        const bool same_kind = any ? h.event_id == last.event_id && h.trigger_mask == last.trigger_mask
-                                   : h.event_id != midas::kEventIdBor && h.event_id != midas::kEventIdEor;
-        if (same_kind && h.serial_number - lo < kSerialWindow) return true;
+// data_size may be damaged to reach past the file's end) but damage. The bytes
+// come piece by piece (a `.mid.lz4` frame's blocks), a header across two pieces
+// included; what is held is a piece and 15 bytes.
+class LaterEventHeader {
+public:
+    LaterEventHeader(std::uint64_t stop, const midas::ScanResult& ms)
+        : next_(stop + 8), any_(ms.event_count > 0), last_(ms.last_event), run_(ms.bor.serial_number) {}
+    // `piece` starts at decoded offset `at`; pieces come in order, without gaps.
+    void feed(std::span<const std::byte> piece, std::uint64_t at) {
+        if (found_) return;
+        std::span<const std::byte> bytes = piece;
+        if (!held_.empty()) {  // a header's first bytes ended the last piece
+            held_.insert(held_.end(), piece.begin(), piece.end());
+            bytes = held_;
+            at = held_at_;
+        }
+        for (; next_ + midas::kEventHeaderBytes <= at + bytes.size() && !found_; next_ += 8)
+            if (next_ >= at) found_ = later(midas::decode_event_header(bytes.data() + (next_ - at)));
+        // Keep what is left from the next step on: less than a header.
+        const std::uint64_t from = std::min<std::uint64_t>(std::max(next_, at) - at, bytes.size());
+        std::vector<std::byte> rest(bytes.begin() + static_cast<std::ptrdiff_t>(from), bytes.end());
+        held_ = std::move(rest);
+        held_at_ = at + from;
     }
-    return false;
+    bool found() const noexcept { return found_; }
+
+private:
+    bool later(const midas::EventHeader& h) const noexcept {
+        constexpr std::uint32_t kSerialWindow = 64;
+        if (h.event_id == midas::kEventIdEor && h.trigger_mask == midas::kMidasMagic && h.serial_number == run_)
+            return true;
+        if (h.event_id == 0 && h.trigger_mask == 0 && h.serial_number == 0) return false;  // zeros allocated ahead
+        const bool same_kind = any_ ? h.event_id == last_.event_id && h.trigger_mask == last_.trigger_mask
+                                    : h.event_id != midas::kEventIdBor && h.event_id != midas::kEventIdEor;
+        const std::uint32_t lo = any_ ? last_.serial_number + 1 : 0;
+        return same_kind && h.serial_number - lo < kSerialWindow;
+    }
+    std::uint64_t next_;
+    bool any_;
+    midas::EventHeader last_;
+    std::uint32_t run_;
+    std::vector<std::byte> held_;
+    std::uint64_t held_at_ = 0;
+    bool found_ = false;
+};
+
+bool later_event_header(std::span<const std::byte> content, std::uint64_t stop, const midas::ScanResult& ms) {
+    LaterEventHeader search(stop, ms);
+    search.feed(content, 0);
+    return search.found();
 }
 
 // The end-of-run event a recovered MIDAS file ends with: the counts of its events
 // and that it was recovered (the run's counts are not known from one file).
-std::vector<std::byte> recovered_eor(const midas::ScanResult& s) {
+std::vector<std::byte> recovered_eor(const midas::ScanResult& s, const StatusCounts& status) {
+    nlohmann::ordered_json counts;
+    counts["recovered"] = true;
+    counts["file"] = {{"events", s.event_count}, {"status", to_json(status)}, {"bytes", s.good_bytes}};
+    const std::uint32_t time = s.event_count == 0 ? s.bor.time_stamp : s.last_event.time_stamp;
+    return midas::encode_run_marker(midas::kEventIdEor, s.bor.serial_number, time, json_text(counts));
+}
+
+// The status counts of a scanned image's events.
+StatusCounts status_of(const midas::ScanResult& s) {
     StatusCounts status;
     midas::DecodedEvent d;
     for (const auto& e : s.events)
         if (midas::decode_built(e, d)) status.add(d.status);
-    nlohmann::ordered_json counts;
-    counts["recovered"] = true;
-    counts["file"] = {{"events", s.events.size()}, {"status", to_json(status)}, {"bytes", s.good_bytes}};
-    const std::uint32_t time = s.events.empty() ? s.bor.time_stamp : s.events.back().header.time_stamp;
-    return midas::encode_run_marker(midas::kEventIdEor, s.bor.serial_number, time, json_text(counts));
+    return status;
 }
 
-// `.mid.lz4` (one LZ4 frame): the good blocks decoded, the last one dropped when a
-// crash may have torn it as drop_torn_stage_tail says (an LZ4 block has no
-// checksum either), then the MIDAS events in them scanned; the recovered file is
-// a new frame of the good events and an end-of-run event, as mlogger would close it.
+// `.mid.lz4` (one LZ4 frame): the good blocks read one by one, the last one dropped
+// when a crash may have torn it as drop_torn_stage_tail says (an LZ4 block has no
+// checksum either), the MIDAS events in them scanned as they decode; then, read
+// again, the good events and an end-of-run event go into a new frame, as mlogger
+// would close it. The frame is never decoded whole: memory is a few blocks and the
+// largest event (and the recovered frame, about as large as the file).
 // An empty vector and `why` when nothing can be recovered.
 std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, Recovery& r, std::string& why) {
-    lz4f::FrameRead f = lz4f::read_frame(image);
+    StatusCounts status;
+    midas::DecodedEvent d;
+    auto scan_frame = [&](std::span<const std::byte> frame, midas::ScanResult& ms, std::uint64_t& content) {
+        status = {};
+        content = 0;
+        midas::Scanner scanner([&](const midas::EventView& e) {
+            if (midas::decode_built(e, d)) status.add(d.status);
+        });
+        const lz4f::FrameRead f = lz4f::read_frame(frame, [&](std::span<const std::byte> block) {
+            content += block.size();
+            scanner.feed(block);
+        });
+        ms = scanner.finish();
+        return f;
+    };
+    midas::ScanResult ms;
+    std::uint64_t content = 0;
+    lz4f::FrameRead f = scan_frame(image, ms, content);
+    std::span<const std::byte> frame = image;
     bool torn_block = false;
     if (!f.complete && f.last_block_at > 0) {
         const std::uint64_t boundary = (f.last_block_at / OutputFile::kStageBytes + 1) * OutputFile::kStageBytes;
         const auto after = boundary < image.size() ? image.subspan(boundary) : std::span<const std::byte>{};
         if (boundary < f.good_bytes && std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; })) {
-            f = lz4f::read_frame(image.first(f.last_block_at));
+            frame = image.first(f.last_block_at);
+            f = scan_frame(frame, ms, content);
             torn_block = true;
         }
     }
@@ -145,7 +207,6 @@ std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, Recov
         why = f.problem;
         return {};
     }
-    midas::ScanResult ms = midas::scan(f.content);
     if (!ms.bor_ok) {
         why = ms.problems.empty() ? "bad begin-of-run event" : ms.problems[0].what;
         return {};
@@ -153,8 +214,16 @@ std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, Recov
     // Damage: blocks after one that does not decode (and is not cut short by the
     // file's end), or an event that is not one inside the decoded bytes.
     const bool block_damage = !torn_block && !f.complete && !f.cut_short;
-    const bool event_damage = !ms.has_eor && ms.good_bytes < f.content.size() &&
-                              (!ms.cut_event || later_event_header(f.content, ms.good_bytes, ms));
+    bool event_damage = !ms.has_eor && ms.good_bytes < content && !ms.cut_event;
+    if (!ms.has_eor && ms.good_bytes < content && ms.cut_event) {
+        LaterEventHeader search(ms.good_bytes, ms);
+        std::uint64_t at = 0;
+        lz4f::read_frame(frame, [&](std::span<const std::byte> block) {
+            search.feed(block, at);
+            at += block.size();
+        });
+        event_damage = search.found();
+    }
     if (block_damage || event_damage) {
         r.damaged_records = 1;
         r.damaged_at = f.good_bytes;
@@ -164,18 +233,32 @@ std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, Recov
         r.torn_tail_bytes = image.size() - f.good_bytes;
     }
     r.kept_bytes = f.good_bytes;
-    const std::vector<std::byte> eor = ms.has_eor ? std::vector<std::byte>{} : recovered_eor(ms);
-    const std::uint64_t keep = ms.has_eor ? f.content.size() : ms.good_bytes;
+    const std::vector<std::byte> eor = ms.has_eor ? std::vector<std::byte>{} : recovered_eor(ms, status);
+    const std::uint64_t keep = ms.has_eor ? content : ms.good_bytes;
     lz4f::FrameWriter w;
-    std::vector<std::byte> out(w.bound(keep + eor.size()) + 64);
-    const std::span<std::byte> o(out);
-    std::size_t n = w.begin(1, o, &why);
-    const struct iovec pieces[2] = {{f.content.data(), keep}, {const_cast<std::byte*>(eor.data()), eor.size()}};
-    const std::size_t body = n == 0 ? 0 : w.write(pieces, 2, o.subspan(n), &why);
-    const std::size_t tail = body == 0 ? 0 : w.end(o.subspan(n + body), &why);
+    std::vector<std::byte> out(w.bound(0) + 64);
+    std::size_t used = w.begin(1, out, &why);
+    bool ok = used > 0;
+    auto put = [&](const std::byte* p, std::size_t n) {
+        if (!ok || n == 0) return;
+        out.resize(used + w.bound(n));
+        const struct iovec piece{const_cast<std::byte*>(p), n};
+        const std::size_t written = w.write(&piece, 1, std::span<std::byte>(out).subspan(used), &why);
+        ok = written > 0;
+        used += written;
+    };
+    std::uint64_t at = 0;
+    lz4f::read_frame(frame, [&](std::span<const std::byte> block) {
+        if (at < keep) put(block.data(), static_cast<std::size_t>(std::min<std::uint64_t>(block.size(), keep - at)));
+        at += block.size();
+    });
+    put(eor.data(), eor.size());
+    if (!ok) return {};
+    out.resize(used + w.bound(0) + 64);
+    const std::size_t tail = w.end(std::span<std::byte>(out).subspan(used), &why);
     if (tail == 0) return {};
-    out.resize(n + body + tail);
-    r.events = ms.events.size();
+    out.resize(used + tail);
+    r.events = ms.event_count;
     return out;
 }
 
@@ -369,7 +452,7 @@ Recovery recover(const std::string& part_path) noexcept {
                         if (p.offset == stop) r.damage = p.what;
                 }
                 r.torn_tail_bytes = image.size() - ms.good_bytes - r.damaged_bytes;
-                tail = recovered_eor(ms);  // a torn file: cut after its last whole event
+                tail = recovered_eor(ms, status_of(ms));  // a torn file: cut after its last whole event
             }
             r.kept_bytes = ms.good_bytes;
             r.events = ms.events.size();

@@ -156,21 +156,27 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
             if (midas) {
                 // A MIDAS file (`.mid.lz4`: its frame decoded): the built events' ids
                 // are in their EVBH banks; the begin-of-run event names the run.
+                // Read block by block, the event ids taken as the events come: the
+                // frame is never decoded whole.
                 const bool lz4 = lz4f::is_frame(image.bytes());
-                const lz4f::FrameRead frame = lz4 ? lz4f::read_frame(image.bytes()) : lz4f::FrameRead{};
-                const midas::ScanResult m = midas::scan(lz4 ? std::span<const std::byte>(frame.content) : image.bytes());
+                std::vector<std::uint64_t> file_ids;
+                midas::DecodedEvent d;
+                midas::Scanner scanner([&](const midas::EventView& e) {
+                    if (scanner.result().bor.serial_number == run && midas::decode_built(e, d))
+                        file_ids.push_back(d.evb_event_id);
+                });
+                const lz4f::FrameRead frame = midas::feed_file(image.bytes(), scanner);
+                const midas::ScanResult m = scanner.finish();
                 if (!m.bor_ok) {
                     s.problems.push_back(fmt::format("{}: {}", path, m.problems.empty() ? "bad begin-of-run event"
                                                                                       : m.problems[0].what));
                     continue;
                 }
                 s.files.push_back(path);
-                s.records += m.events.size();
-                if (m.bor.serial_number == run && !m.events.empty())
-                    s.next_serial = std::max(s.next_serial, m.events.back().header.serial_number + 1);
-                midas::DecodedEvent d;
-                for (const midas::EventView& e : m.events)
-                    if (m.bor.serial_number == run && midas::decode_built(e, d)) ids.push_back(d.evb_event_id);
+                s.records += m.event_count;
+                if (m.bor.serial_number == run && m.event_count > 0)
+                    s.next_serial = std::max(s.next_serial, m.last_event.serial_number + 1);
+                ids.insert(ids.end(), file_ids.begin(), file_ids.end());
                 if (!part && lz4 && !frame.complete)
                     s.problems.push_back(fmt::format("{}: LZ4 frame: {} (its events before that are counted)", path,
                                                      frame.problem));

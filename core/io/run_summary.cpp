@@ -106,10 +106,24 @@ std::string write_summary(const std::string& directory, std::uint32_t run_number
     return "";
 }
 
-nlohmann::ordered_json read_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id) {
-    std::ifstream in(directory + "/" + summary_name(run_number, builder_id));
-    if (!in) return nullptr;
-    return nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);
+nlohmann::ordered_json read_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id,
+                                    std::string* why) {
+    const std::string path = directory + "/" + summary_name(run_number, builder_id);
+    // O_NONBLOCK: a FIFO is refused below instead of waiting for a writer in open().
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return nullptr;
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (why != nullptr) *why = fmt::format("{}: {}", path, not_regular_file(st));
+        ::close(fd);
+        return nullptr;
+    }
+    std::string text;
+    char buf[65536];
+    ssize_t n = 0;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+    ::close(fd);
+    return nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 
 namespace {
@@ -155,12 +169,14 @@ SummaryFile scan_file(const std::string& directory, const std::string& name, std
         const bool lz4 = ends_with(name, ".mid.lz4") || ends_with(name, ".mid.lz4.part");
         if (lz4 || ends_with(name, ".mid") || ends_with(name, ".mid.part")) {
             // `.mid.lz4`: the MIDAS file inside the frame, as far as its blocks decode.
-            const lz4f::FrameRead frame = lz4 ? lz4f::read_frame(m.bytes()) : lz4f::FrameRead{};
-            const midas::ScanResult s = midas::scan(lz4 ? std::span<const std::byte>(frame.content) : m.bytes());
-            f.events = s.events.size();
+            // Block by block, the status bits counted as the events come.
             midas::DecodedEvent d;
-            for (const auto& e : s.events)
+            midas::Scanner scanner([&](const midas::EventView& e) {
                 if (midas::decode_built(e, d)) f.status.add(d.status);
+            });
+            const lz4f::FrameRead frame = midas::feed_file(m.bytes(), scanner);
+            const midas::ScanResult s = scanner.finish();
+            f.events = s.event_count;
             f.clean = !ends_with(name, ".part") && s.bor_ok && s.has_eor && s.problems.empty() && (!lz4 || frame.complete);
             if (created_ns != nullptr && s.bor_ok) *created_ns = std::uint64_t{s.bor.time_stamp} * 1'000'000'000ull;
             return f;

@@ -41,8 +41,11 @@ void fill_sizes(const std::string& directory, std::vector<SummaryFile>& files);
 std::string write_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id,
                           const nlohmann::ordered_json& doc);
 
-// The run's summary, if there is one that parses (else null).
-nlohmann::ordered_json read_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id);
+// The run's summary, if there is one that parses (else null). Anything there that
+// is not a regular file (a FIFO would block the open) is not read: null, and `why`
+// (when given) names it.
+nlohmann::ordered_json read_summary(const std::string& directory, std::uint32_t run_number, std::uint32_t builder_id,
+                                    std::string* why = nullptr);
 
 // Every data file of the run in `directory` (.evb and .evb.part, .mid and .mid.part), in name order,
 // scanned: records, status counts, clean or not.

@@ -678,19 +678,12 @@ bool midas_items(const evb::midas::DecodedSection& sec, std::vector<ef::ItemView
     return true;
 }
 
-void examine_midas(std::span<const std::byte> img, const Options& o, FileReport& rep) {
+// One built event of a MIDAS file: its status bits, sections and banks against the
+// run's configuration (and the payload pattern with --pattern).
+void check_midas_event(const evb::midas::EventView& ev, const MidasRun& run, const Options& o, FileReport& rep,
+                       evb::midas::DecodedEvent& d, std::vector<ef::ItemView>& items,
+                       std::unordered_map<std::uint64_t, std::uint64_t>& seen, bool& first) {
     namespace em = evb::midas;
-    rep.midas = true;
-    const em::ScanResult s = em::scan(img);
-    rep.header_ok = s.bor_ok;
-    rep.has_footer = s.has_eor;  // a clean close: the end-of-run event
-    rep.good_bytes = s.good_bytes;
-    rep.event_count = s.events.size();
-    rep.cut_tail = s.cut_event;
-    for (const auto& p : s.problems) rep.add_problem(p.offset, p.what);
-    if (!s.bor_ok) return;
-    const MidasRun run = midas_run(s, rep.path, rep);
-    rep.header = run.header;
     const ef::FileHeader& fh = rep.header;
     const bool item_mode = fh.match_mode != ef::MatchMode::event_id;
     const bool time_slice = fh.match_mode == ef::MatchMode::time_slice;
@@ -698,97 +691,122 @@ void examine_midas(std::span<const std::byte> img, const Options& o, FileReport&
     const std::size_t section_bits = section_bit_count(fh.version);
     const std::uint32_t record_defined = bits_defined(record_bits);
     const std::uint32_t section_defined = bits_defined(section_bits);
+    const std::uint64_t at = ev.file_offset;
+    if (!em::decode_built(ev, d)) return;  // the scanner decoded it already
+    if (first) rep.header.expected_sources = static_cast<std::uint32_t>(d.sections.size());
+    first = false;
+    for (std::size_t b = 0; b < record_bits; ++b)
+        if (d.status & kRecordBits[b].first) ++rep.record_bits[b];
+    if (const auto [it, fresh] = seen.emplace(d.evb_event_id, at); !fresh)
+        rep.add_problem(at, fmt::format("event {} appears again (first at offset {})", d.evb_event_id, it->second));
+    if (d.sections.size() != rep.header.expected_sources)
+        rep.add_problem(at, fmt::format("event {} has {} sections, the file's first event {}", d.evb_event_id,
+                                        d.sections.size(), rep.header.expected_sources));
+    if (d.status & ~record_defined)
+        rep.add_problem(at, fmt::format("event {} has undefined status bits 0x{:x}", d.evb_event_id,
+                                        d.status & ~record_defined));
+    EventInfo info;
+    if (o.events) {
+        info.event_id = d.evb_event_id;
+        info.offset = at;
+        info.length = static_cast<std::uint32_t>(em::kEventHeaderBytes + ev.header.data_size);
+        info.status = d.status;
+        info.built_unix_ns = std::uint64_t{ev.header.time_stamp} * 1'000'000'000ull;
+        info.timestamp = d.timestamp;
+    }
+    bool any_missing = false, any_unconfirmed = false;
+    for (const auto& sec : d.sections) {
+        const std::uint64_t sec_at = sec.bytes ? at + static_cast<std::uint64_t>(sec.bytes - ev.bytes) : at;
+        for (std::size_t b = 0; b < section_bits; ++b)
+            if (sec.info.status & kSectionBits[b].first) ++rep.section_bits[b];
+        any_missing = any_missing || (sec.info.status & ef::section_status::missing);
+        any_unconfirmed = any_unconfirmed || (fh.version == 2 && (sec.info.status & ef::section_status::unconfirmed));
+        if (sec.info.status & ~section_defined)
+            rep.add_problem(at, fmt::format("event {} source {}: undefined section status bits 0x{:x}",
+                                            d.evb_event_id, sec.info.source_id, sec.info.status & ~section_defined));
+        if ((sec.info.status & ef::section_status::source_error) && !(d.status & ef::record_status::source_error))
+            rep.add_problem(at, fmt::format("event {}: source {} is flagged SOURCE_ERROR, the event is not",
+                                            d.evb_event_id, sec.info.source_id));
+        em::BankName want;
+        if (sec.bytes != nullptr && run.names.of(sec.info.source_id, want) && want != sec.bank_name)
+            rep.add_problem(sec_at - em::kBankBytes,
+                            fmt::format("event {} source {}: bank {}, the configuration names it {}", d.evb_event_id,
+                                        sec.info.source_id, std::string_view(sec.bank_name.data(), 4),
+                                        std::string_view(want.data(), 4)));
+        SectionInfo si{sec.info.source_id, sec.info.status, sec.info.length, 0, {}};
+        if (item_mode && sec.bytes != nullptr) {
+            if (!midas_items(sec, items)) {
+                rep.add_problem(sec_at, fmt::format("event {} source {}: the items do not fill the bank's {} bytes",
+                                                    d.evb_event_id, sec.info.source_id, sec.info.length));
+                items.clear();
+            }
+            si.item_count = static_cast<std::uint32_t>(items.size());
+            for (std::size_t j = 0; j < items.size(); ++j) {
+                const ef::ItemView& it = items[j];
+                rep.payload_bytes += it.length;
+                if (!o.pattern || it.length == 0) continue;
+                const std::size_t bad = mismatch_fn(o.pattern_kind)(fh.run_number, sec.info.source_id,
+                                                                    it.sequence, 0, it.payload, it.length);
+                if (bad != it.length)
+                    rep.add_problem(at + static_cast<std::uint64_t>(it.payload - ev.bytes) + bad,
+                                    fmt::format("event {} source {} item {} (sequence {}): payload byte {} of {} "
+                                                "differs from the {}",
+                                                d.evb_event_id, sec.info.source_id, j, it.sequence, bad, it.length,
+                                                pattern_kind_name(o.pattern_kind)));
+            }
+            if (o.events) si.items = items;
+        } else if (sec.bytes != nullptr) {
+            rep.payload_bytes += sec.info.length;
+            if (o.pattern && sec.info.length > 0) {
+                const std::size_t bad = mismatch_fn(o.pattern_kind)(fh.run_number, sec.info.source_id,
+                                                                    d.evb_event_id, 0, sec.bytes, sec.info.length);
+                if (bad != sec.info.length)
+                    rep.add_problem(sec_at + bad, fmt::format("event {} source {}: payload byte {} of {} differs "
+                                                              "from the {}",
+                                                              d.evb_event_id, sec.info.source_id, bad,
+                                                              sec.info.length, pattern_kind_name(o.pattern_kind)));
+            }
+        }
+        if (o.events) info.sections.push_back(std::move(si));
+    }
+    const bool incomplete = d.status & ef::record_status::incomplete;
+    const bool marked = time_slice ? any_unconfirmed : any_missing;
+    if (marked != incomplete)
+        rep.add_problem(at, fmt::format("event {} is {}INCOMPLETE but {} section is {}", d.evb_event_id,
+                                        incomplete ? "" : "not ", marked ? "a" : "no",
+                                        time_slice ? "UNCONFIRMED" : "MISSING"));
+    if (o.events) rep.events.push_back(std::move(info));
+}
+
+// Feeds a MIDAS file's bytes to a scanner: the mapped image, or a frame's blocks.
+using MidasFeed = std::function<void(evb::midas::Scanner&)>;
+
+// Checks a MIDAS file event by event as its bytes come (a `.mid.lz4` block by
+// block): memory is a block and the largest event, not the file's decoded size.
+void examine_midas(const MidasFeed& feed, const Options& o, FileReport& rep) {
+    namespace em = evb::midas;
+    rep.midas = true;
+    std::optional<MidasRun> run;
     em::DecodedEvent d;
     std::vector<ef::ItemView> items;
     std::unordered_map<std::uint64_t, std::uint64_t> seen;
     bool first = true;
-    for (const em::EventView& ev : s.events) {
-        const std::uint64_t at = ev.file_offset;
-        if (!em::decode_built(ev, d)) continue;  // scan() decoded it already
-        if (first) rep.header.expected_sources = static_cast<std::uint32_t>(d.sections.size());
-        first = false;
-        for (std::size_t b = 0; b < record_bits; ++b)
-            if (d.status & kRecordBits[b].first) ++rep.record_bits[b];
-        if (const auto [it, fresh] = seen.emplace(d.evb_event_id, at); !fresh)
-            rep.add_problem(at, fmt::format("event {} appears again (first at offset {})", d.evb_event_id, it->second));
-        if (d.sections.size() != rep.header.expected_sources)
-            rep.add_problem(at, fmt::format("event {} has {} sections, the file's first event {}", d.evb_event_id,
-                                            d.sections.size(), rep.header.expected_sources));
-        if (d.status & ~record_defined)
-            rep.add_problem(at, fmt::format("event {} has undefined status bits 0x{:x}", d.evb_event_id,
-                                            d.status & ~record_defined));
-        EventInfo info;
-        if (o.events) {
-            info.event_id = d.evb_event_id;
-            info.offset = at;
-            info.length = static_cast<std::uint32_t>(em::kEventHeaderBytes + ev.header.data_size);
-            info.status = d.status;
-            info.built_unix_ns = std::uint64_t{ev.header.time_stamp} * 1'000'000'000ull;
-            info.timestamp = d.timestamp;
+    em::Scanner scanner([&](const em::EventView& ev) {
+        if (!run) {
+            run = midas_run(scanner.result(), rep.path, rep);  // the begin-of-run event is read
+            rep.header = run->header;
         }
-        bool any_missing = false, any_unconfirmed = false;
-        for (const auto& sec : d.sections) {
-            const std::uint64_t sec_at = sec.bytes ? at + static_cast<std::uint64_t>(sec.bytes - ev.bytes) : at;
-            for (std::size_t b = 0; b < section_bits; ++b)
-                if (sec.info.status & kSectionBits[b].first) ++rep.section_bits[b];
-            any_missing = any_missing || (sec.info.status & ef::section_status::missing);
-            any_unconfirmed = any_unconfirmed || (fh.version == 2 && (sec.info.status & ef::section_status::unconfirmed));
-            if (sec.info.status & ~section_defined)
-                rep.add_problem(at, fmt::format("event {} source {}: undefined section status bits 0x{:x}",
-                                                d.evb_event_id, sec.info.source_id, sec.info.status & ~section_defined));
-            if ((sec.info.status & ef::section_status::source_error) && !(d.status & ef::record_status::source_error))
-                rep.add_problem(at, fmt::format("event {}: source {} is flagged SOURCE_ERROR, the event is not",
-                                                d.evb_event_id, sec.info.source_id));
-            em::BankName want;
-            if (sec.bytes != nullptr && run.names.of(sec.info.source_id, want) && want != sec.bank_name)
-                rep.add_problem(sec_at - em::kBankBytes,
-                                fmt::format("event {} source {}: bank {}, the configuration names it {}", d.evb_event_id,
-                                            sec.info.source_id, std::string_view(sec.bank_name.data(), 4),
-                                            std::string_view(want.data(), 4)));
-            SectionInfo si{sec.info.source_id, sec.info.status, sec.info.length, 0, {}};
-            if (item_mode && sec.bytes != nullptr) {
-                if (!midas_items(sec, items)) {
-                    rep.add_problem(sec_at, fmt::format("event {} source {}: the items do not fill the bank's {} bytes",
-                                                        d.evb_event_id, sec.info.source_id, sec.info.length));
-                    items.clear();
-                }
-                si.item_count = static_cast<std::uint32_t>(items.size());
-                for (std::size_t j = 0; j < items.size(); ++j) {
-                    const ef::ItemView& it = items[j];
-                    rep.payload_bytes += it.length;
-                    if (!o.pattern || it.length == 0) continue;
-                    const std::size_t bad = mismatch_fn(o.pattern_kind)(fh.run_number, sec.info.source_id,
-                                                                        it.sequence, 0, it.payload, it.length);
-                    if (bad != it.length)
-                        rep.add_problem(at + static_cast<std::uint64_t>(it.payload - ev.bytes) + bad,
-                                        fmt::format("event {} source {} item {} (sequence {}): payload byte {} of {} "
-                                                    "differs from the {}",
-                                                    d.evb_event_id, sec.info.source_id, j, it.sequence, bad, it.length,
-                                                    pattern_kind_name(o.pattern_kind)));
-                }
-                if (o.events) si.items = items;
-            } else if (sec.bytes != nullptr) {
-                rep.payload_bytes += sec.info.length;
-                if (o.pattern && sec.info.length > 0) {
-                    const std::size_t bad = mismatch_fn(o.pattern_kind)(fh.run_number, sec.info.source_id,
-                                                                        d.evb_event_id, 0, sec.bytes, sec.info.length);
-                    if (bad != sec.info.length)
-                        rep.add_problem(sec_at + bad, fmt::format("event {} source {}: payload byte {} of {} differs "
-                                                                  "from the {}",
-                                                                  d.evb_event_id, sec.info.source_id, bad,
-                                                                  sec.info.length, pattern_kind_name(o.pattern_kind)));
-                }
-            }
-            if (o.events) info.sections.push_back(std::move(si));
-        }
-        const bool incomplete = d.status & ef::record_status::incomplete;
-        const bool marked = time_slice ? any_unconfirmed : any_missing;
-        if (marked != incomplete)
-            rep.add_problem(at, fmt::format("event {} is {}INCOMPLETE but {} section is {}", d.evb_event_id,
-                                            incomplete ? "" : "not ", marked ? "a" : "no",
-                                            time_slice ? "UNCONFIRMED" : "MISSING"));
-        if (o.events) rep.events.push_back(std::move(info));
-    }
+        check_midas_event(ev, *run, o, rep, d, items, seen, first);
+    });
+    feed(scanner);
+    const em::ScanResult s = scanner.finish();
+    rep.header_ok = s.bor_ok;
+    rep.has_footer = s.has_eor;  // a clean close: the end-of-run event
+    rep.good_bytes = s.good_bytes;
+    rep.event_count = s.event_count;
+    rep.cut_tail = s.cut_event;
+    for (const auto& p : s.problems) rep.add_problem(p.offset, p.what);
+    if (s.bor_ok && !run) rep.header = midas_run(s, rep.path, rep).header;
 }
 
 // Whether a running evbd holds `path`'s lock (OutputFile::open takes an exclusive
@@ -823,19 +841,34 @@ FileReport examine(const std::string& path, const Options& o) {
         if (evb::lz4f::is_frame(img)) {
             // `.mid.lz4`: the MIDAS file inside the frame, read as far as its blocks
             // decode; stored and content sizes give the ratio.
-            const evb::lz4f::FrameRead f = evb::lz4f::read_frame(img);
+            // Block by block: the frame is never decoded whole.
             rep.midas = rep.midas_lz4 = true;
-            if (!looks_midas(f.content)) {
+            evb::lz4f::FrameRead f;
+            std::uint64_t content_bytes = 0;
+            bool midas = true;
+            examine_midas(
+                [&](evb::midas::Scanner& scanner) {
+                    f = evb::lz4f::read_frame(img, [&](std::span<const std::byte> block) {
+                        if (content_bytes == 0) midas = looks_midas(block);
+                        content_bytes += block.size();
+                        if (midas) scanner.feed(block);
+                    });
+                    midas = midas && content_bytes > 0;
+                },
+                o, rep);
+            if (!midas) {
+                rep = FileReport{};
+                rep.path = path;
+                rep.size = img.size();
+                rep.midas = rep.midas_lz4 = true;
                 rep.add_problem(f.good_bytes, f.header_ok ? "an LZ4 frame that does not hold a MIDAS file" : f.problem);
             } else {
-                examine_midas(f.content, o, rep);
-                rep.midas_lz4 = true;
                 rep.stored_bytes = f.good_bytes;
-                rep.content_bytes = f.content.size();
+                rep.content_bytes = content_bytes;
                 if (!f.complete && rep.has_footer)
-                    rep.add_problem(f.content.size(), fmt::format("LZ4 frame: {}", f.problem));
+                    rep.add_problem(content_bytes, fmt::format("LZ4 frame: {}", f.problem));
                 else if (!f.complete && !f.cut_short)
-                    rep.add_problem(f.content.size(), fmt::format("LZ4 frame (stored byte {}): {}", f.good_bytes, f.problem));
+                    rep.add_problem(content_bytes, fmt::format("LZ4 frame (stored byte {}): {}", f.good_bytes, f.problem));
                 rep.cut_tail = rep.cut_tail || f.cut_short;
             }
             std::stable_sort(rep.problems.begin(), rep.problems.end(),
@@ -843,7 +876,7 @@ FileReport examine(const std::string& path, const Options& o) {
             return rep;
         }
         if (looks_midas(img)) {
-            examine_midas(img, o, rep);
+            examine_midas([img](evb::midas::Scanner& scanner) { scanner.feed(img); }, o, rep);
             std::stable_sort(rep.problems.begin(), rep.problems.end(),
                              [](const ef::Problem& a, const ef::Problem& b) { return a.offset < b.offset; });
             return rep;
@@ -1009,11 +1042,12 @@ RecoverReport recover_one(const std::string& path, bool named) {
             if (lz4) {
                 // `.mid.lz4`: kept and dropped are counted in stored bytes, up to the
                 // last whole block; the recovered file is a new frame.
-                const evb::lz4f::FrameRead f = evb::lz4f::read_frame(file.bytes());
-                const evb::midas::ScanResult s = evb::midas::scan(f.content);
+                evb::midas::Scanner scanner;  // block by block: never decoded whole
+                const evb::lz4f::FrameRead f = evb::midas::feed_file(file.bytes(), scanner);
+                const evb::midas::ScanResult s = scanner.finish();
                 if (f.complete && s.has_eor && s.problems.empty() && !ends_with(path, ".part")) {
                     rr.note = "already clean, nothing to do";
-                    rr.kept_events = s.events.size();
+                    rr.kept_events = s.event_count;
                     return rr;
                 }
                 rr.kept_bytes = f.good_bytes;
@@ -1074,9 +1108,10 @@ RecoverReport recover_one(const std::string& path, bool named) {
         take_recovery(rec, rr);
         const ef::MappedFile out(rr.output);
         if (evb::lz4f::is_frame(out.bytes())) {
-            const evb::lz4f::FrameRead f = evb::lz4f::read_frame(out.bytes());
-            const evb::midas::ScanResult check = evb::midas::scan(f.content);
-            rr.output_verified = f.complete && check.problems.empty() && check.has_eor && check.events.size() == rr.kept_events;
+            evb::midas::Scanner scanner;
+            const evb::lz4f::FrameRead f = evb::midas::feed_file(out.bytes(), scanner);
+            const evb::midas::ScanResult check = scanner.finish();
+            rr.output_verified = f.complete && check.problems.empty() && check.has_eor && check.event_count == rr.kept_events;
         } else if (midas) {
             const evb::midas::ScanResult check = evb::midas::scan(out.bytes());
             rr.output_verified = check.problems.empty() && check.has_eor && check.events.size() == rr.kept_events;

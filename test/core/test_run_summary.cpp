@@ -1,10 +1,14 @@
 // The run summary's pieces (core/io/run_summary): its name, the atomic write, the
 // summary rebuilt from a run's files, and the check of a directory against it.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <fstream>
 
 #include "core/format/file_format.hpp"
@@ -93,4 +97,22 @@ TEST_CASE("run summary: a file cut short no longer matches", "[run_summary]") {
     const auto bad = ef::check_summary(dir.path(), doc);
     CHECK(bad.size() >= 3);  // events, bytes, clean (and events by status)
     for (const auto& b : bad) CHECK(b.rfind("run000007_002_00000.evb: ", 0) == 0);
+}
+
+TEST_CASE("read_summary skips a FIFO named like a summary and says why", "[run_summary]") {
+    TempDir dir;
+    const std::string fifo = dir / "run000007_002.summary.json";
+    REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+    std::string why;
+    auto reading = std::async(std::launch::async, [&] { return ef::read_summary(dir.path(), 7, 2, &why); });
+    const bool returned = reading.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    if (!returned) {
+        // It waits in open() for a writer: be one, so that the test ends.
+        const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+        if (fd >= 0) ::close(fd);
+    }
+    REQUIRE(returned);
+    CHECK(reading.get().is_null());
+    CHECK(why.find("not a regular file") != std::string::npos);
+    CHECK(why.find(fifo) != std::string::npos);
 }

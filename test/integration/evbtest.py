@@ -317,6 +317,20 @@ def sanitized_build():
         return False
 
 
+def address_space_limit(limit):
+    """A preexec_fn that limits the child's address space to `limit` bytes, or None
+    (after saying so) on a sanitizer build: ASan reserves terabytes of shadow address
+    space at start and would die before main(), so such a check means nothing there."""
+    if sanitized_build():
+        print("skipped: sanitizer build (ASan cannot reserve its shadow memory under RLIMIT_AS)")
+        return None
+    import resource
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return limited
+
+
 def read_records(out_dir):
     """Reads out_dir's .evb files (docs/FORMATS.md section 2) independently of evb-dump:
     {event_id: record bytes with the timestamps and the record CRC zeroed}, plus
