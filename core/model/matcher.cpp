@@ -23,6 +23,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       timeout_ns_(s.timeout_ns),
       built_before_(s.built_before != nullptr && !s.built_before->empty() ? s.built_before : nullptr),
       built_before_run_(s.built_before_run),
+      restart_copies_(s.match == file::MatchMode::timestamp ? s.held_sequences : nullptr, source_index_, s.built_before_run),
       returns_(slot_returns),
       counters_(counters),
       events_(arena, s.max_events),
@@ -604,6 +605,12 @@ void Matcher::bucket_remove(Event* e) noexcept {
 Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
     const std::uint64_t t = c->timestamp;
     const std::uint32_t run = c->run_number;
+    if (restart_copies_.held(static_cast<std::size_t>(idx), run, c->event_id)) {  // before any clock is read
+        counters_.late_before_start.add();
+        counters_.source_late[idx].add();
+        drop(c);
+        return nullptr;
+    }
     if (clock_steps_.observe(static_cast<std::size_t>(idx), run, t, now_ns)) counters_.source_clock_steps[idx].add();
     const bool desync = clock_steps_.desync(static_cast<std::size_t>(idx), run);
     Event* best = nullptr;

@@ -14,6 +14,7 @@
 #include "core/model/disorder_gauge.hpp"
 #include "core/model/event.hpp"
 #include "core/model/flat_map.hpp"
+#include "core/model/restart_copies.hpp"
 #include "core/model/source_index.hpp"
 #include "core/model/counters.hpp"
 #include "allocators/handoff/spsc_ring.hpp"
@@ -76,6 +77,9 @@ struct MatcherSettings {
     // run's millions of ids take a few spans.
     std::shared_ptr<const file::HeldIds> built_before = nullptr;
     std::uint32_t built_before_run = 0;
+    // Timestamp mode: per source, the sequences of the fragments those files hold
+    // (RestartCopies); a copy of one is late before_start.
+    std::shared_ptr<const file::HeldSequences> held_sequences = nullptr;
 };
 
 class Matcher {
@@ -271,6 +275,7 @@ private:
     std::uint64_t timeout_ns_;
     std::shared_ptr<const file::HeldIds> built_before_;  // see MatcherSettings
     std::uint32_t built_before_run_;
+    RestartCopies restart_copies_;  // timestamp mode
     alloc::ReturnBatcher& returns_;
     stats::MatcherCounters& counters_;
 
