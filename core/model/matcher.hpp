@@ -132,7 +132,8 @@ public:
     void reclaim() noexcept;
 
 private:
-    Event* start_event(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns) noexcept;
+    // `own`: a desynchronised source's record of its own (timestamp mode), in no bucket.
+    Event* start_event(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, bool own = false) noexcept;
     void finish(Event* ev, bool complete, std::uint64_t now_ns, EventList& out) noexcept;
     void drop(ChunkMeta* c) noexcept { returns_.add(c->owner, c->slot); }
     void add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexcept;
@@ -189,7 +190,8 @@ private:
     Event* own_record(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
     // Starts event `id` for chunk c of source idx, unless the run is stopping, the
     // source has opened its share, or the pool is empty (then c is counted and dropped).
-    Event* open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_t now_ns) noexcept;
+    // `own`: as start_event's.
+    Event* open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_t now_ns, bool own = false) noexcept;
     // Timestamp mode: events in flight are found through buckets of tolerance + 1
     // ticks of their anchor (a chain per bucket, through Event::same_bucket).
     std::uint64_t bucket_key(std::uint64_t ticks, std::uint32_t run) const noexcept;
