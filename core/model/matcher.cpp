@@ -159,7 +159,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
             }
         }
         if (empty_slice) {
-        } else if (!complete) {
+        } else if (!complete || (e->status & file::record_status::incomplete)) {  // or an item taken back
             e->status |= file::record_status::incomplete;
             counters_.events_incomplete.add();
         } else {

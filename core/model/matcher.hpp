@@ -161,6 +161,9 @@ private:
     };
     void late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexcept;
     void take_fragment_back(Event& e, std::size_t idx) noexcept;
+    // The time modes: the event in flight that holds source i's fragment `seq`.
+    Event* in_flight_with(std::size_t i, std::uint64_t seq, std::uint32_t run) noexcept;
+    void take_item_back(Event& e, std::size_t i, std::uint64_t seq) noexcept;
     // Events in flight are found by id and run: while a run changes, the readers admit
     // the next run before the old one's events are all built, and both runs may use
     // the same ids. Mixing the run into the key keeps their events apart; a chunk that
