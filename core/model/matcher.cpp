@@ -202,7 +202,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
         if (clock_steps_.any_desync())  // a desynchronised source's MISSING sections say so
             for (std::uint32_t i = 0; i < e->section_count; ++i)
                 if (clock_steps_.desync(i, e->run_number) && !(e->src[i].state & SourceState::kComplete))
-                    e->src[i].state |= SourceState::kDesync;
+                    e->src[i].marks |= SourceState::kDesync;
         // What a later fragment is checked against (see event_by_time): each
         // fragment written, and for each source missing, the event's anchor. A
         // record of a desynchronised source's own is no trigger the others missed.
@@ -557,7 +557,7 @@ Event* Matcher::own_record(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept
         e->src[k].state |= SourceState::kNotAwaited;  // written as soon as its fragment is whole
         ++e->not_awaited;
     }
-    e->src[idx].state |= SourceState::kDesync;
+    e->src[idx].marks |= SourceState::kDesync;
     return e;
 }
 
@@ -632,7 +632,7 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
         if (k == UINT64_MAX) break;
     }
     if (best != nullptr) {
-        if (desync) best->src[idx].state |= SourceState::kDesync;
+        if (desync) best->src[idx].marks |= SourceState::kDesync;
         return best;
     }
     if (!expected_[idx]) {
@@ -691,7 +691,7 @@ void Matcher::drop_chain(ChunkMeta* c) noexcept {
 }
 
 void Matcher::advance_watermark(std::size_t idx, std::uint64_t t) noexcept {
-    counters_.source_disorder_ticks[idx].set(disorder_.observe(idx, t));
+    if (disorder_.observe(idx, t)) counters_.source_disorder_ticks[idx].set(disorder_.largest(idx));
     if (t < disorder_ticks_) return;  // the watermark stays disorder_ticks behind the newest
     t -= disorder_ticks_;
     const std::uint64_t w = t == UINT64_MAX ? t : t + 1;
@@ -1070,7 +1070,10 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     watermark_run_ = next_run;
     watermark_run_set_ = true;
     std::fill(watermark_.begin(), watermark_.end(), 0);
-    for (std::size_t i = 0; i < watermark_.size(); ++i) counters_.source_watermark[i].set(0);
+    for (std::size_t i = 0; i < watermark_.size(); ++i) {
+        counters_.source_watermark[i].set(0);
+        counters_.source_disorder_ticks[i].set(0);
+    }
     std::fill(seen_seq_.begin(), seen_seq_.end(), SeqWindow{});
     clock_steps_.new_run(next_run);  // a reset board is in step again
     disorder_.new_run();
