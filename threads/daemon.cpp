@@ -227,6 +227,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     if (!on_disk.held.empty()) {  // a restart within the run: what its files hold counts as built
         pipeline_settings.matcher.built_before = std::make_shared<const file::HeldIds>(on_disk.held);
         pipeline_settings.matcher.built_before_run = cfg->run_number;
+        if (!on_disk.sequences.empty())
+            pipeline_settings.matcher.held_sequences = std::make_shared<const file::HeldSequences>(std::move(on_disk.sequences));
     }
     Pipeline pipeline(pipeline_settings, pool_ptrs, writer_bell, built_ids.get());
     file::OpenFiles open_files;  // writer -> status page, evb-ctl status

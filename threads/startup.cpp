@@ -236,7 +236,8 @@ RunContinuation continue_run(const Config& c, bool pull) {
     // Reading a long run's files takes a while: systemd's start timeout is extended.
     sd_notify_state(fmt::format("EXTEND_TIMEOUT_USEC=300000000\nSTATUS=reading what {} holds of run {}",
                                 c.output.directory, c.run_number));
-    file::RunSurvey s = file::survey_run(c.output.directory, c.run_number, c.builder_id, c.builders, pull);
+    file::RunSurvey s = file::survey_run(c.output.directory, c.run_number, c.builder_id, c.builders, pull,
+                                           c.building.match);
     for (const auto& f : s.recovered) log_warn("recovered {} (evbd did not stop cleanly)", f);
     for (const auto& f : s.removed) log_warn("removed {}: cut off before its header, it held no event", f);
     // Records lost to damage, not to the crash's cut: their events were CLEARed, no
@@ -254,12 +255,15 @@ RunContinuation continue_run(const Config& c, bool pull) {
         log_warn("run {} goes on: {} file(s) of this builder hold {} of its events{}{}; pull mode requests only "
                  "the others",
                  c.run_number, s.files.size(), s.held.count(), dups, foreign);
-        return {std::move(s.held), s.next_serial};
+        return {std::move(s.held), s.next_serial, std::move(s.sequences)};
     }
     log_warn("run {} goes on in new files: {} file(s) of this builder ({} left unclean, as they are) hold {} of its "
              "events{}{}; they are not touched, and copies of those events sent again count late",
              c.run_number, s.files.size(), s.left_parts.size(), s.held.count(), dups, foreign);
-    return {std::move(s.held), s.next_serial};
+    if (c.building.match == MatchMode::timestamp)
+        log_warn("run {}: its files hold {} fragments of {} sources by sequence number; copies of them count late",
+                 c.run_number, s.sequences.count(), c.sources.size());
+    return {std::move(s.held), s.next_serial, std::move(s.sequences)};
 }
 
 void write_recovered_summaries(const WriterSettings& w) {

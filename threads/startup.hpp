@@ -48,6 +48,7 @@ bool drop_privileges(const std::string& user, const std::string& output_dir);
 struct RunContinuation {
     file::HeldIds held;            // the events the run's files hold
     std::uint32_t next_serial = 0;  // the writer's first MIDAS serial number in the run
+    file::HeldSequences sequences;  // timestamp mode: per source, the fragments they hold
 };
 RunContinuation continue_run(const Config& c, bool pull);
 

@@ -9,11 +9,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <fmt/format.h>
 
 #include "core/format/file_format.hpp"
 #include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
+#include "core/format/wire.hpp"
 #include "core/io/recovery.hpp"
 
 namespace evb::file {
@@ -90,6 +92,17 @@ void recover_part(const std::string& path, RunSurvey& s) {
     ::close(fd);
 }
 
+// The sequence numbers of the items in a section's `length` bytes (timestamp mode,
+// docs/FORMATS.md 6.3), walked within them whatever the bytes say.
+void add_item_sequences(std::uint32_t source_id, const std::byte* bytes, std::uint32_t length,
+                        std::map<std::uint32_t, std::vector<std::uint64_t>>& seqs) {
+    std::size_t pos = 0;
+    while (bytes != nullptr && pos + kItemHeaderBytes <= length) {
+        seqs[source_id].push_back(wire::load_u64(bytes + pos + 8));
+        pos += kItemHeaderBytes + padded8(wire::load_u32(bytes + pos + 16));
+    }
+}
+
 }  // namespace
 
 HeldIds::HeldIds(std::vector<std::uint64_t> ids, std::uint32_t builder_id, std::uint32_t builders)
@@ -113,6 +126,22 @@ HeldIds::HeldIds(std::vector<std::uint64_t> ids, std::uint32_t builder_id, std::
     }
 }
 
+HeldSequences::HeldSequences(std::vector<std::pair<std::uint32_t, std::vector<std::uint64_t>>> by_source) {
+    std::sort(by_source.begin(), by_source.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [source, seqs] : by_source) {
+        HeldIds h(std::move(seqs), 0, 1);
+        if (h.empty()) continue;
+        count_ += h.count();
+        sources_.push_back(source);
+        held_.push_back(std::move(h));
+    }
+}
+
+const HeldIds* HeldSequences::of(std::uint32_t source_id) const noexcept {
+    const auto it = std::lower_bound(sources_.begin(), sources_.end(), source_id);
+    return it != sources_.end() && *it == source_id ? &held_[static_cast<std::size_t>(it - sources_.begin())] : nullptr;
+}
+
 bool HeldIds::contains(std::uint64_t id) const noexcept {
     const auto it = std::upper_bound(spans_.begin(), spans_.end(), id,
                                      [](std::uint64_t v, const Span& sp) { return v < sp.first; });
@@ -130,8 +159,10 @@ std::optional<std::string> why_part_holds_no_events(std::span<const std::byte> i
 }
 
 RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint32_t builder_id,
-                     std::uint32_t builders, bool recover_parts) {
+                     std::uint32_t builders, bool recover_parts, MatchMode match) {
     RunSurvey s;
+    const bool items = match == MatchMode::timestamp;
+    std::map<std::uint32_t, std::vector<std::uint64_t>> seqs;  // timestamp mode: by source
     const std::string builder_prefix = "run";  // every run: the builder is checked below
     const std::string builder_tag = fmt::format("_{:03}_", builder_id);
     if (recover_parts) {
@@ -162,8 +193,11 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 std::vector<std::uint64_t> file_ids;
                 midas::DecodedEvent d;
                 midas::Scanner scanner([&](const midas::EventView& e) {
-                    if (scanner.result().bor.serial_number == run && midas::decode_built(e, d))
-                        file_ids.push_back(d.evb_event_id);
+                    if (scanner.result().bor.serial_number != run || !midas::decode_built(e, d)) return;
+                    file_ids.push_back(d.evb_event_id);
+                    if (items)  // timestamp mode: the sequences each source's items hold
+                        for (const midas::DecodedSection& sec : d.sections)
+                            if (sec.info.has_bank()) add_item_sequences(sec.info.source_id, sec.bytes, sec.info.length, seqs);
                 });
                 const lz4f::FrameRead frame = midas::feed_file(image.bytes(), scanner);
                 const midas::ScanResult m = scanner.finish();
@@ -195,8 +229,20 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
             }
             s.files.push_back(path);
             s.records += scanned.records.size();
-            for (const RecordView& r : scanned.records)
-                if (r.header.run_number == run) ids.push_back(r.header.event_id);
+            std::vector<SectionView> sections;
+            for (const RecordView& r : scanned.records) {
+                if (r.header.run_number != run) continue;
+                ids.push_back(r.header.event_id);
+                if (!items || scanned.header.match_mode != MatchMode::timestamp) continue;
+                std::string why;
+                if (!parse_sections(r, sections, &why)) {
+                    s.problems.push_back(fmt::format("{}: record at {}: {} (its fragments are not known held)", path,
+                                                     r.file_offset, why));
+                    continue;
+                }
+                for (const SectionView& sec : sections)
+                    add_item_sequences(sec.source_id, sec.payload, sec.length, seqs);
+            }
             if (!part && !scanned.problems.empty())
                 s.problems.push_back(fmt::format("{}: {} (its records before that are counted)", path,
                                                  scanned.problems[0].what));
@@ -205,6 +251,7 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
         }
     }
     s.held = HeldIds(std::move(ids), builder_id, builders);
+    s.sequences = HeldSequences({std::make_move_iterator(seqs.begin()), std::make_move_iterator(seqs.end())});
     return s;
 }
 

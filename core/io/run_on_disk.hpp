@@ -9,7 +9,10 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "core/format/file_format.hpp"
 
 namespace evb::file {
 
@@ -43,11 +46,33 @@ private:
     std::uint64_t foreign_ = 0;
 };
 
+// Timestamp mode, where a FRAGMENT's event_id is its source's sequence number
+// (docs/FORMATS.md section 4): per source, the sequences of the fragments a run's
+// files hold, as spans (a source's sequences run mostly consecutive). A copy of one
+// that arrives after a restart is late, as a copy of a fragment written by this
+// process would be.
+class HeldSequences {
+public:
+    HeldSequences() = default;
+    // Sequences by source id, in any order (an item held twice is counted once).
+    explicit HeldSequences(std::vector<std::pair<std::uint32_t, std::vector<std::uint64_t>>> by_source);
+    // The source's held sequences, or nullptr when the files hold none of it.
+    const HeldIds* of(std::uint32_t source_id) const noexcept;
+    std::uint64_t count() const noexcept { return count_; }
+    bool empty() const noexcept { return count_ == 0; }
+
+private:
+    std::vector<std::uint32_t> sources_;  // ascending
+    std::vector<HeldIds> held_;           // of each
+    std::uint64_t count_ = 0;
+};
+
 struct RunSurvey {
     std::vector<std::string> files;      // the run's data files read (.evb, .mid, .mid.lz4, and .part files left as they are)
     std::uint64_t records = 0;           // good records in them
     std::uint32_t next_serial = 0;       // MIDAS: one past the last built event's serial number (0: none)
     HeldIds held;                        // their event ids
+    HeldSequences sequences;             // timestamp mode: per source, the sequences of their items
     std::vector<std::string> recovered;  // .part files of this builder made clean (the new names)
     std::vector<std::string> removed;    // .part files cut off before their header (no event), removed
     // .part files recovered that held damage, not only a torn tail: what was dropped
@@ -60,8 +85,10 @@ struct RunSurvey {
 // Surveys `directory` for files of `builder_id`: with `recover_parts`, every
 // `.part` (.evb, .mid, .mid.lz4) of the builder (any run) not locked by a running evbd is recovered
 // first; then every data file of `run` is read and its records' event ids collected.
+// In timestamp mode (`match`) the records' items are read too (COMPRESSED ones
+// decoded, one at a time), for `sequences`.
 RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint32_t builder_id,
-                     std::uint32_t builders, bool recover_parts);
+                     std::uint32_t builders, bool recover_parts, MatchMode match = MatchMode::event_id);
 
 // Why a `.part` file image holds no event at all: a crash before its header reached
 // the disk leaves it empty, cut inside the header, or (direct I/O) as space

@@ -14,21 +14,27 @@ namespace evb {
 class DisorderGauge {
 public:
     explicit DisorderGauge(std::size_t sources = 0) : newest_(sources, 0), seen_(sources, 0), largest_(sources, 0) {}
-    // Source i's complete fragment or heartbeat stamped t; returns the source's
-    // largest disorder so far, in ticks.
-    std::uint64_t observe(std::size_t i, std::uint64_t t) noexcept {
+    // Source i's complete fragment or heartbeat stamped t; true when the source's
+    // largest disorder so far (largest(i), in ticks) grew, so that its gauge is
+    // stored only then.
+    bool observe(std::size_t i, std::uint64_t t) noexcept {
         if (!seen_[i]) {
             seen_[i] = 1;
             newest_[i] = t;
         } else if (t > newest_[i]) {
             newest_[i] = t;
-        } else {
-            largest_[i] = std::max(largest_[i], newest_[i] - t);
+        } else if (newest_[i] - t > largest_[i]) {
+            largest_[i] = newest_[i] - t;
+            return true;
         }
-        return largest_[i];
+        return false;
     }
-    // A new run: its clock may start again. The largest disorder seen stays.
-    void new_run() noexcept { std::fill(seen_.begin(), seen_.end(), 0); }
+    std::uint64_t largest(std::size_t i) const noexcept { return largest_[i]; }
+    // A new run: its clock may start again, and its disorder is measured afresh.
+    void new_run() noexcept {
+        std::fill(seen_.begin(), seen_.end(), 0);
+        std::fill(largest_.begin(), largest_.end(), 0);
+    }
 
 private:
     std::vector<std::uint64_t> newest_;

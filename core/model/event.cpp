@@ -29,9 +29,8 @@ void assemble(Event& ev, Crc32cJoiner& joiner) noexcept {
                 len += static_cast<std::uint32_t>(file::kItemHeaderBytes + file::padded8(c->fragment_length));
             }
             if (s.state & SourceState::kEmpty) status |= file::section_status::empty;
-            if (s.state & SourceState::kUnconfirmed)  // kDesync in timestamp mode
-                status |= ev.layout == RecordLayout::v2_slices ? file::section_status::unconfirmed
-                                                               : file::section_status::desync;
+            if (s.state & SourceState::kUnconfirmed) status |= file::section_status::unconfirmed;
+            if (s.marks & SourceState::kDesync) status |= file::section_status::desync;
             // A slice's section is never MISSING: having nothing in it is its content.
             if (item_count == 0 && ev.layout != RecordLayout::v2_slices) status |= file::section_status::missing;
         } else if (s.state & SourceState::kComplete) {

@@ -107,9 +107,10 @@ struct SourceState {
                                   kNotAwaited = 32, kRemoved = 64;
     // time_slice: written on timeout before this source's watermark passed the slice's end.
     static constexpr std::uint8_t kUnconfirmed = 128;
-    // timestamp mode (the same bit: the modes never meet): the source's clock stepped
-    // at or before this fragment in this run, or it is MISSING after the step (DESYNC).
-    static constexpr std::uint8_t kDesync = 128;
+    std::uint8_t marks;  // kDesync (in the padding after `state`: no larger)
+    // timestamp mode: the source's clock stepped at or before this fragment in this
+    // run, or it is MISSING after the step (DESYNC).
+    static constexpr std::uint8_t kDesync = 1;
 };
 
 // How the records of a matcher's events are laid out (docs/FORMATS.md 2.2, 6.2, 6.3).

@@ -23,6 +23,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       timeout_ns_(s.timeout_ns),
       built_before_(s.built_before != nullptr && !s.built_before->empty() ? s.built_before : nullptr),
       built_before_run_(s.built_before_run),
+      restart_copies_(s.match == file::MatchMode::timestamp ? s.held_sequences : nullptr, source_index_, s.built_before_run),
       returns_(slot_returns),
       counters_(counters),
       events_(arena, s.max_events),
@@ -88,7 +89,7 @@ void Matcher::reclaim() noexcept {
     }
 }
 
-Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns) noexcept {
+Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, bool own) noexcept {
     if (free_.empty()) reclaim();
     if (free_.empty()) return nullptr;
     Event* e = free_.back();
@@ -106,7 +107,7 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     e->timestamp = 0;
     e->anchor = event_id;  // timestamp mode: the opening fragment's time
     e->same_bucket = nullptr;
-    e->own_record = false;
+    e->own_record = own;
     std::memset(e->src, 0, sizeof(SourceState) * e->section_count);
     // Sources absent now are not waited for by this event, even if they return
     // before it is done: their fragments for it were most likely never sent.
@@ -123,8 +124,9 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     e->newer = nullptr;
     if (newest_) newest_->newer = e; else oldest_ = e;
     newest_ = e;
-    if (match_ == file::MatchMode::timestamp)
-        bucket_insert(e);  // the map holds buckets, not events
+    if (match_ == file::MatchMode::timestamp) {
+        if (!own) bucket_insert(e);  // the map holds buckets, not events; no other fragment finds a record of its own
+    }
     else
         map_.insert(map_key(e->event_id, e->run_number), e);
     counters_.events_in_flight.set(++in_flight_);
@@ -157,7 +159,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
             }
         }
         if (empty_slice) {
-        } else if (!complete) {
+        } else if (!complete || (e->status & file::record_status::incomplete)) {  // or an item taken back
             e->status |= file::record_status::incomplete;
             counters_.events_incomplete.add();
         } else {
@@ -188,7 +190,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
     if (e->solo_source >= 0) --solo_events_[static_cast<std::size_t>(e->solo_source)];
     if (e->set_generation != set_generation_ && older_in_flight_ > 0) --older_in_flight_;
     if (match_ == file::MatchMode::timestamp) {
-        bucket_remove(e);
+        if (!e->own_record) bucket_remove(e);
         // The record's event id (and timestamp) is the smallest timestamp of the
         // fragments it holds; with none, the anchor.
         std::uint64_t smallest = UINT64_MAX;
@@ -200,12 +202,12 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
         if (clock_steps_.any_desync())  // a desynchronised source's MISSING sections say so
             for (std::uint32_t i = 0; i < e->section_count; ++i)
                 if (clock_steps_.desync(i, e->run_number) && !(e->src[i].state & SourceState::kComplete))
-                    e->src[i].state |= SourceState::kDesync;
+                    e->src[i].marks |= SourceState::kDesync;
         // What a later fragment is checked against (see event_by_time): each
         // fragment written, and for each source missing, the event's anchor. A
         // record of a desynchronised source's own is no trigger the others missed.
-        for (std::uint32_t i = 0; i < e->section_count && !e->own_record; ++i) {
-            if (!e->section_in_record(i)) continue;
+        for (std::uint32_t i = 0; i < e->section_count; ++i) {
+            if (!e->section_in_record(i) || (e->own_record && !(e->src[i].state & SourceState::kComplete))) continue;
             SourceHistory& h = timed_history_[i];
             if (h.run != e->run_number) h = SourceHistory{{}, {}, e->run_number, 0, 0, 0, 0};
             if (e->src[i].state & SourceState::kComplete) {
@@ -498,7 +500,7 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         if (++e->complete_sources + e->removed_count == e->section_count) {
             finish(e, true, now_ns, out);  // every section of its record is in
         } else if ((e->not_awaited != 0 || !absent_list_.empty()) && done(*e)) {
-            counters_.events_released_absent.add();
+            if (!e->own_record) counters_.events_released_absent.add();
             finish(e, false, now_ns, out);
         }
     }
@@ -521,7 +523,7 @@ Event* Matcher::event_by_id(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcep
     return open_event(c, idx, c->event_id, now_ns);
 }
 
-Event* Matcher::open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_t now_ns) noexcept {
+Event* Matcher::open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_t now_ns, bool own) noexcept {
     if (!opening_) {  // the run is stopping: events in flight finish, none starts
         counters_.not_running_drops.add();
         drop(c);
@@ -535,7 +537,7 @@ Event* Matcher::open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_
         drop(c);
         return nullptr;
     }
-    Event* e = start_event(id, c->run_number, now_ns);
+    Event* e = start_event(id, c->run_number, now_ns, own);
     if (e == nullptr) {
         counters_.in_flight_limit_drops.add();
         drop(c);
@@ -548,20 +550,14 @@ Event* Matcher::open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_
 }
 
 Event* Matcher::own_record(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
-    Event* e = start_event(c->timestamp, c->run_number, now_ns);
-    if (e == nullptr) {
-        counters_.in_flight_limit_drops.add();
-        drop(c);
-        return nullptr;
-    }
-    bucket_remove(e);  // no other fragment finds it
-    e->own_record = true;
+    Event* e = open_event(c, idx, c->timestamp, now_ns, true);  // the run may be stopping, the share used
+    if (e == nullptr) return nullptr;
     for (std::uint32_t k = 0; k < e->section_count; ++k) {
         if (k == static_cast<std::uint32_t>(idx) || (e->src[k].state & SourceState::kNotAwaited)) continue;
         e->src[k].state |= SourceState::kNotAwaited;  // written as soon as its fragment is whole
         ++e->not_awaited;
     }
-    e->src[idx].state |= SourceState::kDesync;
+    e->src[idx].marks |= SourceState::kDesync;
     return e;
 }
 
@@ -604,6 +600,12 @@ void Matcher::bucket_remove(Event* e) noexcept {
 Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
     const std::uint64_t t = c->timestamp;
     const std::uint32_t run = c->run_number;
+    if (restart_copies_.held(static_cast<std::size_t>(idx), run, c->event_id)) {  // before any clock is read
+        counters_.late_before_start.add();
+        counters_.source_late[idx].add();
+        drop(c);
+        return nullptr;
+    }
     if (clock_steps_.observe(static_cast<std::size_t>(idx), run, t, now_ns)) counters_.source_clock_steps[idx].add();
     const bool desync = clock_steps_.desync(static_cast<std::size_t>(idx), run);
     Event* best = nullptr;
@@ -630,7 +632,7 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
         if (k == UINT64_MAX) break;
     }
     if (best != nullptr) {
-        if (desync) best->src[idx].state |= SourceState::kDesync;
+        if (desync) best->src[idx].marks |= SourceState::kDesync;
         return best;
     }
     if (!expected_[idx]) {
@@ -638,7 +640,6 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
         drop(c);
         return nullptr;
     }
-    if (desync) return own_record(c, idx, now_ns);  // never late, never opens an event
     const SourceHistory& h = timed_history_[idx];
     if (h.run == run) {
         for (std::uint32_t i = 0; i < h.seq_count; ++i)
@@ -647,6 +648,9 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
                 drop(c);
                 return nullptr;
             }
+    }
+    if (desync) return own_record(c, idx, now_ns);  // never late, never opens an event
+    if (h.run == run) {
         for (std::uint32_t i = 0; i < h.missing_count; ++i) {
             const std::uint64_t a = h.missing_anchor[i];
             if ((t > a ? t - a : a - t) <= tolerance_) {  // its event was written without it
@@ -687,7 +691,7 @@ void Matcher::drop_chain(ChunkMeta* c) noexcept {
 }
 
 void Matcher::advance_watermark(std::size_t idx, std::uint64_t t) noexcept {
-    counters_.source_disorder_ticks[idx].set(disorder_.observe(idx, t));
+    if (disorder_.observe(idx, t)) counters_.source_disorder_ticks[idx].set(disorder_.largest(idx));
     if (t < disorder_ticks_) return;  // the watermark stays disorder_ticks behind the newest
     t -= disorder_ticks_;
     const std::uint64_t w = t == UINT64_MAX ? t : t + 1;
@@ -1066,7 +1070,10 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     watermark_run_ = next_run;
     watermark_run_set_ = true;
     std::fill(watermark_.begin(), watermark_.end(), 0);
-    for (std::size_t i = 0; i < watermark_.size(); ++i) counters_.source_watermark[i].set(0);
+    for (std::size_t i = 0; i < watermark_.size(); ++i) {
+        counters_.source_watermark[i].set(0);
+        counters_.source_disorder_ticks[i].set(0);
+    }
     std::fill(seen_seq_.begin(), seen_seq_.end(), SeqWindow{});
     clock_steps_.new_run(next_run);  // a reset board is in step again
     disorder_.new_run();

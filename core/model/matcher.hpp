@@ -14,6 +14,7 @@
 #include "core/model/disorder_gauge.hpp"
 #include "core/model/event.hpp"
 #include "core/model/flat_map.hpp"
+#include "core/model/restart_copies.hpp"
 #include "core/model/source_index.hpp"
 #include "core/model/counters.hpp"
 #include "allocators/handoff/spsc_ring.hpp"
@@ -76,6 +77,9 @@ struct MatcherSettings {
     // run's millions of ids take a few spans.
     std::shared_ptr<const file::HeldIds> built_before = nullptr;
     std::uint32_t built_before_run = 0;
+    // Timestamp mode: per source, the sequences of the fragments those files hold
+    // (RestartCopies); a copy of one is late before_start.
+    std::shared_ptr<const file::HeldSequences> held_sequences = nullptr;
 };
 
 class Matcher {
@@ -128,7 +132,8 @@ public:
     void reclaim() noexcept;
 
 private:
-    Event* start_event(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns) noexcept;
+    // `own`: a desynchronised source's record of its own (timestamp mode), in no bucket.
+    Event* start_event(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, bool own = false) noexcept;
     void finish(Event* ev, bool complete, std::uint64_t now_ns, EventList& out) noexcept;
     void drop(ChunkMeta* c) noexcept { returns_.add(c->owner, c->slot); }
     void add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexcept;
@@ -156,6 +161,9 @@ private:
     };
     void late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexcept;
     void take_fragment_back(Event& e, std::size_t idx) noexcept;
+    // The time modes: the event in flight that holds source i's fragment `seq`.
+    Event* in_flight_with(std::size_t i, std::uint64_t seq, std::uint32_t run) noexcept;
+    void take_item_back(Event& e, std::size_t i, std::uint64_t seq) noexcept;
     // Events in flight are found by id and run: while a run changes, the readers admit
     // the next run before the old one's events are all built, and both runs may use
     // the same ids. Mixing the run into the key keeps their events apart; a chunk that
@@ -185,7 +193,8 @@ private:
     Event* own_record(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
     // Starts event `id` for chunk c of source idx, unless the run is stopping, the
     // source has opened its share, or the pool is empty (then c is counted and dropped).
-    Event* open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_t now_ns) noexcept;
+    // `own`: as start_event's.
+    Event* open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_t now_ns, bool own = false) noexcept;
     // Timestamp mode: events in flight are found through buckets of tolerance + 1
     // ticks of their anchor (a chain per bucket, through Event::same_bucket).
     std::uint64_t bucket_key(std::uint64_t ticks, std::uint32_t run) const noexcept;
@@ -271,6 +280,7 @@ private:
     std::uint64_t timeout_ns_;
     std::shared_ptr<const file::HeldIds> built_before_;  // see MatcherSettings
     std::uint32_t built_before_run_;
+    RestartCopies restart_copies_;  // timestamp mode
     alloc::ReturnBatcher& returns_;
     stats::MatcherCounters& counters_;
 

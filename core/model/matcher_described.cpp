@@ -203,7 +203,9 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
 // the last bit where the fragment had none) shows the fragment's last bit was false.
 void Matcher::late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexcept {
     const auto i = static_cast<std::size_t>(idx);
-    // Only event_id mode finds the fragment's event again by the chunk alone.
+    // event_id mode finds the fragment's event by the chunk alone; the time modes
+    // look through the events in flight for the source's fragment of that sequence
+    // (only for a chunk that is no copy, which is rare).
     Event* e = match_ == file::MatchMode::event_id ? map_.find(map_key(c->event_id, c->run_number)) : nullptr;
     const std::uint32_t index = c->chunk_index;
     const bool copy = index < n && says_last(c) == (index + 1 == n);
@@ -213,9 +215,45 @@ void Matcher::late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexc
     } else {
         counters_.inconsistent_chunks.add();
         gathered_[i].insert(c->event_id, c->run_number, 0);
-        if (e != nullptr) take_fragment_back(*e, i);
+        if (match_ != file::MatchMode::event_id) e = in_flight_with(i, c->event_id, c->run_number);
+        if (e != nullptr && match_ == file::MatchMode::time_slice) {
+            take_item_back(*e, i, c->event_id);
+        } else if (e != nullptr) {
+            take_fragment_back(*e, i);
+        }
     }
     drop(c);
+}
+
+Event* Matcher::in_flight_with(std::size_t i, std::uint64_t seq, std::uint32_t run) noexcept {
+    for (Event* e = oldest_; e != nullptr; e = e->newer) {
+        if (e->run_number != run) continue;
+        for (const ChunkMeta* k = e->src[i].head; k != nullptr; k = k->next)
+            if (k->event_id == seq) return e;
+    }
+    return nullptr;
+}
+
+// Slice e, still in flight, gives back source i's item of sequence `seq`: the slice
+// is written without it, INCOMPLETE.
+void Matcher::take_item_back(Event& e, std::size_t i, std::uint64_t seq) noexcept {
+    SourceState& s = e.src[i];
+    ChunkMeta** link = &s.head;
+    ChunkMeta* prev = nullptr;
+    while (*link != nullptr) {
+        ChunkMeta* k = *link;
+        if (k->event_id != seq) {
+            prev = k;
+            link = &k->next;
+            continue;
+        }
+        if (k->chunk_index == 0) e.claimed_bytes -= fragment_claim(e, k->fragment_length);
+        *link = k->next;
+        drop(k);
+    }
+    s.tail = prev;
+    if (s.head == nullptr) s.state &= static_cast<std::uint8_t>(~SourceState::kComplete);
+    e.status |= file::record_status::incomplete;
 }
 
 // Event e, still in flight, gives back source i's fragment: its section is MISSING

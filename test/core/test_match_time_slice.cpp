@@ -299,4 +299,10 @@ TEST_CASE("time_slice: building.disorder_ticks keeps slices open for hits that a
         CHECK(late == 0);
         CHECK(written_items == hits);
     }
+    // A new run measures its own disorder: the gauge starts again at 0.
+    EventList out;
+    r.matcher.end_run(2, 50, out);
+    take(out);
+    CHECK(r.counters.source_disorder_ticks[0].get() == 0);
+    CHECK(r.counters.source_disorder_ticks[1].get() == 0);
 }

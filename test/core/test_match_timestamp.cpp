@@ -434,3 +434,40 @@ TEST_CASE("timestamp mode: a source whose first fragment comes late is no clock 
     CHECK(r.counters.source_clock_steps[3].get() == 0);
     CHECK(written > 0);
 }
+
+TEST_CASE("timestamp mode: a stepped board's copies are duplicates, and its records of its own open as any event",
+          "[match][timestamp][clock_step]") {
+    // Source 3 stamps 50 triggers ahead from trigger 1000 on (desynchronised): its
+    // fragments are written as records of their own. A copy of one of them is a
+    // duplicate, as for any fragment written (issue 40: it became a second record);
+    // a record of its own is counted as such, not as released for an absent source;
+    // and while the run is stopping it opens nothing either.
+    test::V2Rig r(step_settings(), 4096);
+    constexpr std::uint64_t kStep = 1000, kShift = 50;
+    auto stamp = [](std::uint64_t n, std::uint32_t s) { return (s == 3 && n >= 1000 ? n + kShift : n) * kStep + s; };
+    const auto records = feed_triggers(r, 1300, stamp);
+    REQUIRE(r.counters.source_clock_steps[3].get() == 1);
+    const std::uint64_t incomplete = r.counters.events_incomplete.get();
+    CHECK(r.counters.events_released_absent.get() == 0);
+    // Copies of 32 of source 3's last fragments (triggers 1267..1298, sequences 1266..1297).
+    std::vector<ChunkMeta*> cs;
+    for (std::uint64_t n = 1267; n < 1299; ++n) cs.push_back(r.chunk(3, n - 1, stamp(n, 3)));
+    EventList out = r.feed(cs, 1300 * kStep);
+    CHECK(events_of(out).size() == 0);
+    r.give_back(out);
+    out = r.flush();
+    CHECK(events_of(out).size() == 0);
+    r.give_back(out);
+    CHECK(r.counters.duplicate_chunks.get() == 32);
+    CHECK(r.counters.events_incomplete.get() == incomplete);
+    // The run is stopping: a new fragment of source 3 opens no record of its own.
+    r.matcher.set_opening(false);
+    out = r.feed({r.chunk(3, 1299, stamp(1300, 3))}, 1301 * kStep);
+    CHECK(events_of(out).size() == 0);
+    r.give_back(out);
+    out = r.flush();
+    CHECK(events_of(out).size() == 0);
+    r.give_back(out);
+    CHECK(r.counters.not_running_drops.get() == 1);
+    (void)records;
+}

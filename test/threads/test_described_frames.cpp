@@ -634,3 +634,42 @@ TEST_CASE("described frames: wrap extension starts afresh with each run", "[fram
     CHECK(c->event_id == 2);
     CHECK(c->run_number == 2);
 }
+
+TEST_CASE("described frames: in the time modes too a chunk past a false last takes the fragment back",
+          "[frames][matcher][described]") {
+    // Source 0's fragment 1 (ts 1500) in two chunks, chunk 0 wrongly carrying the last
+    // bit (issue 40 item 12): chunk 1 comes once it went into its event or slice; the
+    // fragment is taken out again and its record is INCOMPLETE, not written with the
+    // fragment cut to its first chunk.
+    auto from = [](std::uint8_t source, Bytes d) {
+        d[0] = std::byte{source};
+        return d;
+    };
+    const Bytes a = payload_bytes(30, 1), b = payload_bytes(20, 2), c = payload_bytes(16, 3);
+    SECTION("timestamp: the event waits for the fragment again, then is written without it") {
+        FramesRig rig(kTimedBoard, settings({0, 1}, file::MatchMode::timestamp));
+        EventList out = rig.feed({rig.datagram(timed_chunk(1, 0, true, 1500, a))}, 1);
+        CHECK(out.count == 0);
+        out = rig.feed({rig.datagram(timed_chunk(1, 1, true, 0, b)), rig.datagram(from(1, timed_chunk(1, 0, true, 1502, c)))}, 2);
+        CHECK(rig.counters.inconsistent_chunks.get() == 1);
+        CHECK(out.count == 0);  // source 0's fragment is out of it again
+        rig.matcher.expire(2 + 1'000'000, out);
+        REQUIRE(out.count == 1);
+        CHECK((out.head->status & file::record_status::incomplete) != 0);
+        CHECK_FALSE(out.head->section_present(0));
+        CHECK(out.head->section_present(1));
+    }
+    SECTION("time_slice: the slice is written without the fragment, INCOMPLETE") {
+        FramesRig rig(kTimedBoard, settings({0, 1}, file::MatchMode::time_slice));
+        EventList out = rig.feed({rig.datagram(timed_chunk(0, 0, true, 1100, c)), rig.datagram(timed_chunk(1, 0, true, 1500, a))}, 1);
+        out = rig.feed({rig.datagram(timed_chunk(1, 1, true, 0, b))}, 2);
+        CHECK(rig.counters.inconsistent_chunks.get() == 1);
+        // Both watermarks pass slice 1.
+        out = rig.feed({rig.datagram(timed_chunk(2, 0, true, 2600, c)), rig.datagram(from(1, timed_chunk(0, 0, true, 2500, c)))}, 3);
+        REQUIRE(out.count == 1);
+        CHECK(out.head->timestamp == 1000u);
+        CHECK((out.head->status & file::record_status::incomplete) != 0);
+        const Bytes sec = FramesRig::section(*out.head, 0);
+        CHECK(sec.size() == file::kItemHeaderBytes + file::padded8(16));  // fragment 0 only
+    }
+}
