@@ -1,0 +1,312 @@
+// Matcher, the time modes (docs/FORMATS.md section 5): timestamp mode finds a
+// fragment's event by time (anchor buckets, tolerance, clock steps), time_slice mode
+// puts fragments into slices as items and releases a slice once every source's
+// watermark has passed it. Kept apart from matcher.cpp (the shared core and event_id
+// mode) and matcher_described.cpp (described chunks).
+#include "core/model/matcher.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/model/record_compressor.hpp"
+
+namespace evb {
+
+std::uint64_t Matcher::bucket_key(std::uint64_t ticks, std::uint32_t run) const noexcept {
+    const std::uint64_t bucket = tolerance_ == UINT64_MAX ? 0 : ticks / (tolerance_ + 1);
+    return map_key(bucket, run);
+}
+
+void Matcher::bucket_insert(Event* e) noexcept {
+    const std::uint64_t key = bucket_key(e->anchor, e->run_number);
+    Event* head = map_.find(key);
+    if (head != nullptr) map_.erase(key);
+    e->same_bucket = head;
+    map_.insert(key, e);
+}
+
+void Matcher::bucket_remove(Event* e) noexcept {
+    const std::uint64_t key = bucket_key(e->anchor, e->run_number);
+    Event* head = map_.find(key);
+    if (head == e) {
+        map_.erase(key);
+        if (e->same_bucket != nullptr) map_.insert(key, e->same_bucket);
+    } else {
+        for (Event* p = head; p != nullptr; p = p->same_bucket)
+            if (p->same_bucket == e) {
+                p->same_bucket = e->same_bucket;
+                break;
+            }
+    }
+    e->same_bucket = nullptr;
+}
+
+// Timestamp mode (docs/FORMATS.md section 5). Every chunk of a fragment carries the
+// fragment's timestamp, so a chunk finds its fragment's event by time: an event in
+// flight within tolerance that holds this source's fragment of the same sequence
+// number; else the fragment joins the event within tolerance whose anchor is
+// nearest (the older on a tie) and that has nothing from this source yet; else it
+// opens an event, unless it is a repeat of a fragment already written or falls
+// within tolerance of a written event this source is missing from (late).
+Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
+    const std::uint64_t t = c->timestamp;
+    const std::uint32_t run = c->run_number;
+    if (restart_copies_.held(static_cast<std::size_t>(idx), run, c->event_id)) {  // before any clock is read
+        counters_.late_before_start.add();
+        counters_.source_late[idx].add();
+        drop(c);
+        return nullptr;
+    }
+    if (clock_steps_.observe(static_cast<std::size_t>(idx), run, t, now_ns)) counters_.source_clock_steps[idx].add();
+    const bool desync = clock_steps_.desync(static_cast<std::size_t>(idx), run);
+    Event* best = nullptr;
+    std::uint64_t best_distance = 0;
+    const std::uint64_t b = tolerance_ == UINT64_MAX ? 0 : t / (tolerance_ + 1);
+    const std::uint64_t last_bucket = b == UINT64_MAX ? b : b + 1;
+    for (std::uint64_t k = b == 0 ? 0 : b - 1; k <= last_bucket; ++k) {
+        const std::uint64_t key = map_key(k, run);
+        for (Event* e = map_.find(key); e != nullptr; e = e->same_bucket) {
+            if (e->run_number != run) continue;
+            const std::uint64_t d = t > e->anchor ? t - e->anchor : e->anchor - t;
+            if (d > tolerance_) continue;
+            const SourceState& s = e->src[idx];
+            if (s.state & SourceState::kSeen) {
+                if (s.head != nullptr && s.head->event_id == c->event_id) return e;  // its fragment
+                continue;
+            }
+            if (s.state & (SourceState::kComplete | SourceState::kRemoved | SourceState::kRefused)) continue;
+            if (best == nullptr || d < best_distance || (d == best_distance && e->started < best->started)) {
+                best = e;
+                best_distance = d;
+            }
+        }
+        if (k == UINT64_MAX) break;
+    }
+    if (best != nullptr) {
+        if (desync) best->src[idx].marks |= SourceState::kDesync;
+        return best;
+    }
+    if (!expected_[idx]) {
+        counters_.unknown_source.add();
+        drop(c);
+        return nullptr;
+    }
+    const SourceHistory& h = timed_history_[idx];
+    if (h.run == run) {
+        for (std::uint32_t i = 0; i < h.seq_count; ++i)
+            if (h.written_seq[i] == c->event_id) {  // a copy of a fragment already written
+                counters_.duplicate_chunks.add();
+                drop(c);
+                return nullptr;
+            }
+    }
+    if (desync) return own_record(c, idx, now_ns);  // never late, never opens an event
+    if (h.run == run) {
+        for (std::uint32_t i = 0; i < h.missing_count; ++i) {
+            const std::uint64_t a = h.missing_anchor[i];
+            if ((t > a ? t - a : a - t) <= tolerance_) {  // its event was written without it
+                counters_.late_after_incomplete.add();
+                counters_.source_late[idx].add();
+                drop(c);
+                return nullptr;
+            }
+        }
+    }
+    return open_event(c, idx, t, now_ns);
+}
+
+void Matcher::SeqWindow::insert(std::uint64_t seq) noexcept {
+    if (!any) {
+        any = true;
+        base = seq >= kSpan / 2 ? seq - kSpan / 2 : 0;  // room for fragments that come a little out of order
+    }
+    if (seq < base) return;  // older than the window: not remembered
+    if (seq - base >= kSpan) {
+        const std::uint64_t new_base = seq - kSpan + 1;
+        if (new_base - base >= kSpan) {
+            std::fill(std::begin(bits), std::end(bits), 0);
+        } else {
+            for (std::uint64_t q = base; q < new_base; ++q) bits[(q % kSpan) / 64] &= ~(std::uint64_t{1} << (q % 64));
+        }
+        base = new_base;
+    }
+    bits[(seq % kSpan) / 64] |= std::uint64_t{1} << (seq % 64);
+}
+
+void Matcher::drop_chain(ChunkMeta* c) noexcept {
+    while (c != nullptr) {
+        ChunkMeta* next = c->next;
+        drop(c);
+        c = next;
+    }
+}
+
+void Matcher::advance_watermark(std::size_t idx, std::uint64_t t) noexcept {
+    if (disorder_.observe(idx, t)) counters_.source_disorder_ticks[idx].set(disorder_.largest(idx));
+    if (t < disorder_ticks_) return;  // the watermark stays disorder_ticks behind the newest
+    t -= disorder_ticks_;
+    const std::uint64_t w = t == UINT64_MAX ? t : t + 1;
+    if (w > watermark_[idx]) {
+        watermark_[idx] = w;
+        watermark_moved_ = true;
+        counters_.source_watermark[idx].set(w);
+    }
+}
+
+// A fragment's chunks first..last (by chunk_index) go into the source's items in
+// ascending (timestamp, sequence): mostly after the last one.
+bool Matcher::insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noexcept {
+    auto before = [](const ChunkMeta* a, const ChunkMeta* b) {
+        return a->timestamp < b->timestamp || (a->timestamp == b->timestamp && a->event_id < b->event_id);
+    };
+    // Every chunk of an item carries its (timestamp, sequence): an item equal to the
+    // one it would follow is a copy the sequence window no longer remembered.
+    auto same = [](const ChunkMeta* a, const ChunkMeta* b) {
+        return b != nullptr && a->timestamp == b->timestamp && a->event_id == b->event_id;
+    };
+    if (s.tail == nullptr || !before(first, s.tail)) {
+        if (same(first, s.tail)) return false;
+        if (s.tail != nullptr) s.tail->next = first; else s.head = first;
+        last->next = nullptr;
+        s.tail = last;
+        return true;
+    }
+    ChunkMeta* prev_last = nullptr;  // last chunk of the item it goes after
+    ChunkMeta* p = s.head;
+    while (p != nullptr && !before(first, p)) {
+        while (p->chunk_index + 1 != p->chunk_count) p = p->next;  // to the item's last chunk
+        prev_last = p;
+        p = p->next;
+    }
+    if (same(first, prev_last)) return false;
+    if (prev_last != nullptr) prev_last->next = first; else s.head = first;
+    last->next = p;
+    return true;
+}
+
+bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept {
+    const auto i = static_cast<std::size_t>(idx);
+    const std::uint64_t seq = c->event_id;
+    const bool crc_bad = (c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c;
+    const std::uint64_t k = c->timestamp / slice_ticks_;
+    const std::uint32_t run = c->run_number;
+    if (!watermark_run_set_) {
+        watermark_run_set_ = true;
+        watermark_run_ = run;
+    }
+    // The readers take the next run's datagrams before its run-end marker reaches
+    // this shard; its clock may have started again, so its fragments move no
+    // watermark until end_run makes it the current run.
+    const bool current_run = run == watermark_run_;
+    if (c->flags & wire::fragment_flags::empty) {  // a heartbeat: moves the watermark, is not stored
+        if (crc_bad) {
+            counters_.crc_failures.add();
+        } else if (seen_seq_[i].contains(seq)) {
+            counters_.duplicate_chunks.add();
+        } else if (current_run) {
+            seen_seq_[i].insert(seq);
+            advance_watermark(i, c->timestamp);
+        }
+        drop(c);
+        return false;
+    }
+    Event* e = map_.find(map_key(k, run));
+    if (e == nullptr) {
+        if (!expected_[idx]) {
+            counters_.unknown_source.add();
+            drop(c);
+            return false;
+        }
+        if (stats::Counter* late = late_counter(k, run)) {  // its slice is written
+            late->add();
+            counters_.source_late[idx].add();
+            // Still a complete fragment received: the source is past its time.
+            if (c->chunk_count == 1 && !crc_bad && current_run) advance_watermark(i, c->timestamp);
+            drop(c);
+            return false;
+        }
+        e = open_event(c, idx, k, now_ns);
+        if (e == nullptr) return false;
+        e->solo_source = -1;  // a slice is nobody's alone
+        --solo_events_[i];
+        e->timestamp = k * slice_ticks_;
+    }
+    SourceState& s = e->src[idx];
+    if (s.state & SourceState::kRemoved) {
+        counters_.unknown_source.add();
+        drop(c);
+        return false;
+    }
+    if (c->flags & chunk_flags::copy_seen) e->status |= file::record_status::duplicates;  // while it was gathered
+    if (crc_bad) {
+        e->status |= file::record_status::corrupt_dropped;
+        counters_.crc_failures.add();
+        drop(c);
+        return false;
+    }
+    c->payload_crc32c = c->received_crc32c;
+    if (seen_seq_[i].contains(seq)) {  // its fragment is already in a slice
+        e->status |= file::record_status::duplicates;
+        counters_.duplicate_chunks.add();
+        drop(c);
+        return false;
+    }
+    ChunkMeta* first = c;
+    ChunkMeta* last = c;
+    if (c->chunk_count == 1 && c->chunk_offset != 0) {  // a whole fragment starts at its first byte
+        counters_.inconsistent_chunks.add();
+        drop(c);
+        return false;
+    }
+    if (c->chunk_count > 1) {
+        const Gather g = gather(s.partial, c, i, first, last, whole);
+        if (g == Gather::duplicate) e->status |= file::record_status::duplicates;
+        if (g != Gather::complete) return false;
+    }
+    const std::uint64_t bytes = fragment_claim(*e, c->fragment_length);
+    if (e->claimed_bytes + bytes > kMaxRecordBytes) {
+        counters_.event_too_large.add();
+        drop_chain(first);
+        return false;
+    }
+    if (!insert_item(s, first, last)) {
+        e->status |= file::record_status::duplicates;
+        counters_.duplicate_chunks.add();
+        drop_chain(first);
+        return false;
+    }
+    e->claimed_bytes += bytes;
+    seen_seq_[i].insert(seq);
+    s.state |= SourceState::kComplete;
+    for (const ChunkMeta* q = first; q != nullptr; q = q->next)
+        if (q->flags & wire::fragment_flags::source_error) {
+            s.state |= SourceState::kSourceError;
+            e->status |= file::record_status::source_error;
+        }
+    counters_.fragments.add();
+    counters_.source_fragments[idx].add();
+    if (!current_run) return true;
+    advance_watermark(i, c->timestamp);
+    // A slice whose end every watermark had already passed is written at once.
+    if (slice_end(*e) < min_watermark_) finish(e, true, now_ns, out);
+    return true;
+}
+
+void Matcher::release_slices(std::uint64_t now_ns, EventList& out) noexcept {
+    if (!watermark_moved_) return;
+    watermark_moved_ = false;
+    std::uint64_t w = UINT64_MAX;
+    for (std::size_t i = 0; i < watermark_.size(); ++i)
+        if (expected_[i]) w = std::min(w, watermark_[i]);
+    const bool rose = w > min_watermark_;
+    min_watermark_ = w;  // may fall: a source the operator brought back has its own
+    if (!rose) return;
+    // Slice k is complete once every watermark (largest timestamp) is >= (k+1) x W.
+    for (Event* e = oldest_; e != nullptr;) {
+        Event* newer = e->newer;
+        if (slice_end(*e) < w) finish(e, true, now_ns, out);
+        e = newer;
+    }
+}
+
+}  // namespace evb
