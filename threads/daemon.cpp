@@ -228,7 +228,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     Pipeline pipeline(pipeline_settings, pool_ptrs, writer_bell, built_ids.get());
     DiskWriter writer(snap->writer, pipeline.writer_rings(), pipeline.done_rings(), pool_ptrs, sizing.shards,
                       writer_counters, writer_bell, written_ids.get(), &closed_files);
-    writer.go_on_with_run(cfg->run_number, on_disk.next_serial);
+    writer.go_on_with_run(cfg->run_number, on_disk.next_serial, on_disk.found_files);
     std::vector<std::unique_ptr<SocketReader>> readers;
     for (std::uint32_t r = 0; r < (replay ? 0 : inputs); ++r) {
         readers.push_back(std::make_unique<SocketReader>(static_cast<std::uint16_t>(r), sockets[r].fd, *pools[r],

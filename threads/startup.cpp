@@ -254,12 +254,12 @@ RunContinuation continue_run(const Config& c, bool pull) {
         log_warn("run {} goes on: {} file(s) of this builder hold {} of its events{}{}; pull mode requests only "
                  "the others",
                  c.run_number, s.files.size(), s.held.count(), dups, foreign);
-        return {std::move(s.held), s.next_serial};
+        return {std::move(s.held), s.next_serial, true};
     }
     log_warn("run {} goes on in new files: {} file(s) of this builder ({} left unclean, as they are) hold {} of its "
              "events{}{}; they are not touched, and copies of those events sent again count late",
              c.run_number, s.files.size(), s.left_parts.size(), s.held.count(), dups, foreign);
-    return {std::move(s.held), s.next_serial};
+    return {std::move(s.held), s.next_serial, true};
 }
 
 void write_recovered_summaries(const WriterSettings& w) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 
+#include "core/format/run_record.hpp"
 #include "core/format/file_format.hpp"
 #include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
@@ -188,9 +189,11 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 continue;
             }
             s.files.push_back(path);
-            s.records += scanned.records.size();
-            for (const RecordView& r : scanned.records)
+            for (const RecordView& r : scanned.records) {
+                if (is_run_record(r)) continue;  // not an event (FORMATS.md 12)
+                ++s.records;
                 if (r.header.run_number == run) ids.push_back(r.header.event_id);
+            }
             if (!part && !scanned.problems.empty())
                 s.problems.push_back(fmt::format("{}: {} (its records before that are counted)", path,
                                                  scanned.problems[0].what));
