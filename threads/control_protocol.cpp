@@ -11,7 +11,7 @@ namespace evb {
 
 namespace {
 
-constexpr const char* kCommands = "commands: status, start [--run N], stop, reload";
+constexpr const char* kCommands = "commands: status, start [--run N], stop, reload, comment TEXT";
 
 ParsedControlLine refused(std::string_view why) { return {ParsedControlLine::Kind::refused, {}, control_refusal(why)}; }
 
@@ -46,6 +46,14 @@ ParsedControlLine parse_control_line(std::string_view line) {
         } else if (words.size() != 1) {
             return refused("usage: start [--run N]");
         }
+    } else if (verb == "comment") {
+        // The rest of the line after "comment " is the text, as typed (spaces kept).
+        const std::size_t at = line.find("comment") + 7;
+        std::string_view text = line.substr(std::min(line.size(), at + 1));
+        while (!text.empty() && (text.back() == '\r' || text.back() == '\n')) text.remove_suffix(1);
+        if (words.size() < 2 || text.empty()) return refused("usage: comment TEXT");
+        p.command.op = ControlCommand::Op::comment;
+        p.command.text = std::string(text);
     } else if (verb == "stop" && words.size() == 1) {
         p.command.op = ControlCommand::Op::stop;
     } else if (verb == "reload" && words.size() == 1) {

@@ -206,7 +206,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     Doorbell writer_bell;    // assemblers -> writer: events in its rings
     Doorbell rules_applied;  // inputs -> service loop: new admission rules in force
     ControlMailbox control_mailbox;  // control socket thread <-> service loop
-    ClosedFiles closed_files;        // writer -> service loop: files closed, runs done (run summaries)
+    ClosedFiles closed_files;
+    RunNotes run_notes;              // service loop -> writer: run records posted (evb-ctl comment)        // writer -> service loop: files closed, runs done (run summaries)
     std::unique_ptr<WrittenIds> written_ids = pull ? std::make_unique<WrittenIds>(max_credits) : nullptr;
     std::unique_ptr<BuiltIds> built_ids = pull ? std::make_unique<BuiltIds>(max_credits, cfg->builders) : nullptr;
 
@@ -228,6 +229,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     Pipeline pipeline(pipeline_settings, pool_ptrs, writer_bell, built_ids.get());
     DiskWriter writer(snap->writer, pipeline.writer_rings(), pipeline.done_rings(), pool_ptrs, sizing.shards,
                       writer_counters, writer_bell, written_ids.get(), &closed_files);
+    writer.set_run_notes(&run_notes);
     writer.go_on_with_run(cfg->run_number, on_disk.next_serial, on_disk.found_files);
     std::vector<std::unique_ptr<SocketReader>> readers;
     for (std::uint32_t r = 0; r < (replay ? 0 : inputs); ++r) {
@@ -296,7 +298,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // The service loop posts the first admission rules to the inputs now.
     ServiceLoop service(opts, snap, sizing,
                         {pipeline, writer, sender.get(), input_rules, feeder.get(), rules_applied,
-                         cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc, &closed_files},
+                         cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc, &closed_files, &run_notes},
                         control, signals);
 
     // The exporter reads the counters and the control state; it writes nothing.

@@ -151,6 +151,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     }
     last_sync_ns_ = now;
     counters_.files_opened.add();
+    if (!waiting_notes_.empty() && !midas) write_waiting_notes();  // comments posted before the run's first event
     return true;
 }
 
@@ -166,6 +167,41 @@ int DiskWriter::append_run_record(std::uint32_t run, std::uint32_t kind, const s
     std::vector<std::byte> rec = file::encode_run_record(f);
     const iovec v{rec.data(), rec.size()};
     return file_.append(&v, 1);
+}
+
+void DiskWriter::take_notes() {
+    if (notes_ == nullptr) return;
+    RunNote n;
+    for (int i = 0; i < 16 && notes_->try_pop(n); ++i) {
+        if (n.run_number != s_.run_number && n.run_number != file_run_) {
+            log_warn("a {} for run {} came after the run ended; not written", file::run_record_kind_name(n.kind), n.run_number);
+            continue;
+        }
+        waiting_notes_.push_back(std::move(n));
+    }
+    if (!waiting_notes_.empty() && file_.is_open() && !blocked_) write_waiting_notes();
+}
+
+void DiskWriter::write_waiting_notes() {
+    if (midas_ || !s_.run_records) {
+        waiting_notes_.clear();
+        return;
+    }
+    flush_batch();  // between events: after every record gathered so far
+    if (blocked_ || !file_.is_open()) return;
+    std::size_t kept = 0;
+    for (RunNote& n : waiting_notes_) {
+        if (n.run_number != file_run_) {
+            waiting_notes_[kept++] = std::move(n);  // a later run's: its file is not open yet
+            continue;
+        }
+        if (const int e = append_run_record(file_run_, n.kind, n.body); e != 0) {
+            counters_.write_errors.add();
+            log_error("writing a {} run record to {}: {}; it is not written", file::run_record_kind_name(n.kind),
+                      file_.part_path(), std::strerror(e));
+        }
+    }
+    waiting_notes_.resize(kept);
 }
 
 void DiskWriter::close_run_file() {
@@ -710,6 +746,7 @@ std::size_t DiskWriter::do_work() {
         // Release: every read of *next happens before the poster may free it.
         commands_applied_.fetch_add(1, std::memory_order_release);
     }
+    take_notes();
     (void)check_linked();  // no batch is open between passes
     if (blocked_ && !try_resume()) {
         counters_.queue_depth.set(pending() + held_for_retry_.size());

@@ -54,6 +54,8 @@ public:
     std::string current_file() const;
     // GET /sample: records written are offered to `s` while clients listen. Before start.
     void set_sampler(monitor::Sampler* s) noexcept { sampler_ = s; }
+    // Run records posted for the running run (evb-ctl comment). Before start.
+    void set_run_notes(RunNotes* n) noexcept { notes_ = n; }
     // A restart within `run`: its first MIDAS serial number here is `next_serial`,
     // where the run's files on disk end (FORMATS.md 9.2). Before start.
     // `found_files`: the run's files were on disk (its BEGIN_OF_RUN records say "restart").
@@ -178,6 +180,12 @@ private:
     std::uint64_t file_last_event_id_ = 0;
     file::Codec file_codec_ = file::Codec::none;
     bool closing_run_end_ = false;
+    RunNotes* notes_ = nullptr;
+    std::vector<RunNote> waiting_notes_;  // for a run whose file is not open yet
+    // Takes the posted notes: each goes into its run's open file now (between
+    // batches), or waits for that file's opening (write_waiting_notes).
+    void take_notes();
+    void write_waiting_notes();
     // Appends a run record of `kind` with `body` to the open file (no batch open).
     // Returns 0 or an errno value.
     int append_run_record(std::uint32_t run, std::uint32_t kind, const std::string& body);

@@ -392,6 +392,7 @@ void ServiceLoop::carry_out(const ControlCommand& c) {
             break;
         }
         case ControlCommand::Op::stop: begin_stop(c.id, true); break;
+        case ControlCommand::Op::comment: add_comment(c); break;
         case ControlCommand::Op::reload: {
             const std::uint64_t before = control_.reloads.load();
             reload("evb-ctl");
@@ -405,6 +406,20 @@ void ServiceLoop::carry_out(const ControlCommand& c) {
             break;
         }
     }
+}
+
+// evb-ctl comment: a COMMENT run record in the running run's file, where the writer is.
+void ServiceLoop::add_comment(const ControlCommand& c) {
+    if (!running_run_ || stopping_.phase != StopPhase::none)
+        return refuse(c.id, "comment", "no run is running: a comment goes into a running run's file");
+    if (!running_->writer.run_records || t_.notes == nullptr)
+        return refuse(c.id, "comment", "run records are off (output.run_records, or output.format \"midas\")");
+    RunNote n{run_, static_cast<std::uint32_t>(file::RunRecordKind::comment),
+              json_text(nlohmann::ordered_json{{"text", c.text}})};
+    if (!t_.notes->try_push(std::move(n)))
+        return refuse(c.id, "comment", fmt::format("{} run records wait for the writer already; try again",
+                                                   RunNotes::kCapacity));
+    t_.control->answer({c.id, true, json_text(nlohmann::json{{"ok", true}, {"comment", fmt::format("added to run {}", run_)}})});
 }
 
 void ServiceLoop::start_run(std::uint32_t run, std::uint64_t reply_id) {

@@ -69,6 +69,7 @@ struct ServiceTargets {
     ControlMailbox* control = nullptr;  // the control socket's commands, if any
     const monitor::Sources* counts = nullptr;  // summed counters (run summaries)
     ClosedFiles* closed = nullptr;  // the writer's closed files (run summaries)
+    RunNotes* notes = nullptr;      // run records for the writer (evb-ctl comment)
 };
 
 class ServiceLoop {
@@ -99,6 +100,7 @@ private:
     void take_command();
     void carry_out(const ControlCommand& c);
     void start_run(std::uint32_t run, std::uint64_t reply_id);
+    void add_comment(const ControlCommand& c);
     void begin_stop(std::uint64_t reply_id, bool asked);
     void advance_stop();
     void finish_stop(bool closed, const std::string& why);

@@ -58,6 +58,8 @@ void usage(std::FILE* to) {
                  "  start [--run N]   start run N (default: the next run) in new files\n"
                  "  stop              end the run: events in flight finish, the file closes; waits\n"
                  "  reload            reload the configuration file (as SIGHUP)\n"
+                 "  comment TEXT      a COMMENT run record in the running run's file (the control line\n"
+                 "                    holds 256 bytes: about 240 of text)\n"
                  "options:\n"
                  "  --socket PATH     evbd's control.socket (default: the first that answers of %s, %s)\n"
                  "  --json            print evbd's answer as JSON\n"
@@ -85,6 +87,7 @@ std::string human(const std::string& command, const nlohmann::json& j) {
                            j.value("run", 0), j.value("events_complete", 0ull), j.value("events_incomplete", 0ull),
                            j.value("events_written", 0ull), j.value("files", 0ull), j.value("payload_bytes", 0ull));
     if (command == "start") return fmt::format("run {} started", j.value("run", 0));
+    if (command == "comment") return "comment " + j.value("comment", std::string());
     return "reloaded: " + j.value("reload", std::string());
 }
 
@@ -130,11 +133,17 @@ int main(int argc, char** argv) {
     }
     const bool valid = (words.size() == 1 && (words[0] == "status" || words[0] == "start" || words[0] == "stop" ||
                                              words[0] == "reload")) ||
-                       (words.size() == 3 && words[0] == "start" && words[1] == "--run");
+                       (words.size() == 3 && words[0] == "start" && words[1] == "--run") ||
+                       (words.size() >= 2 && words[0] == "comment");
     if (!valid) {
         usage(stderr);
         return kUsage;
     }
+    for (const auto& w : words)
+        if (w.find('\n') != std::string::npos) {
+            std::fprintf(stderr, "evb-ctl: a command is one line: no newline in '%s'\n", w.c_str());
+            return kUsage;
+        }
     std::string line;
     for (const auto& w : words) line += (line.empty() ? "" : " ") + w;
     // With no --socket: the first candidate that answers (a stale socket a killed

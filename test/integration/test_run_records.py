@@ -9,11 +9,15 @@ small) and ended by SIGTERM.
   --pattern passes on them, counting events only;
 - evb-dump --json and the Python reader (evbfile: run_records(), bor) list the same
   run records (kind, body, event_id, offset) and the same number of events;
+- comments posted with evb-ctl comment (one before the first event, two after the
+  first 150 events were written) are COMMENT records in place: the first before every
+  event, the other two after event 149 (the last written when they came), in order;
 - an empty run (no event arrives) still leaves one file holding BEGIN_OF_RUN and
   END_OF_RUN."""
 import os
 import signal
 import struct
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -24,7 +28,7 @@ ensure_numpy()
 sys.path.insert(0, os.path.join(HERE, "..", "..", "packaging", "python"))
 
 import evbfile  # noqa: E402
-from evbtest import Evbd, check, data_files, dump, fail, run_source, verify, workdir  # noqa: E402
+from evbtest import BIN, Evbd, check, data_files, dump, fail, run_source, verify, workdir  # noqa: E402
 
 RUN_RECORD = 32
 
@@ -47,11 +51,25 @@ def raw_run_records(path):
 
 def main():
     wd = workdir()
-    d = Evbd(wd, sets=["sources=4", "output.max_file_bytes=65536", "input.pin_senders=false"])
-    run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", 300, "--size", "100:800",
+    sock = os.path.join(wd, "ctl.sock")
+    d = Evbd(wd, sets=["sources=4", "output.max_file_bytes=65536", "input.pin_senders=false",
+                       f"control.socket={sock}"])
+    ctl = os.path.join(BIN, "evb-ctl")
+    p = subprocess.run([ctl, "--socket", sock, "comment", "nothing", "yet"], capture_output=True, text=True, timeout=30)
+    check(p.returncode == 0, f"a comment before the first event is taken: {p.stdout}{p.stderr}")
+    run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", 150, "--size", "100:800",
                 "--rate", 5000, "--seed", 5])
+    d.wait_metric("evb_events_written_total", lambda v: v >= 150, timeout=60)
+    for text in ("beam off at 12:03", "HV trip, sector 4 \u00e9"):
+        p = subprocess.run([ctl, "--socket", sock, "comment", *text.split(" ")], capture_output=True, text=True,
+                           timeout=30)
+        check(p.returncode == 0 and "added to run 1" in p.stdout, f"evb-ctl comment {text!r}: {p.stdout}{p.stderr}")
+    run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", 150, "--first", 150, "--size", "100:800",
+                "--rate", 5000, "--seed", 6])
     d.wait_metric("evb_events_written_total", lambda v: v >= 300, timeout=60)
     check(d.stop(signal.SIGTERM) == 0, "evbd exits 0")
+    p = subprocess.run([ctl, "--socket", sock, "comment", "late"], capture_output=True, text=True, timeout=30)
+    check(p.returncode != 0, "a comment with no evbd is refused")
     names = data_files(d.out)
     paths = [os.path.join(d.out, n) for n in names]
     check(len(paths) >= 3 and all(n.endswith(".evb") for n in names), f"the run rotated over {len(paths)} files")
@@ -82,6 +100,12 @@ def main():
                   and isinstance(bor["start_unix_ns"], int), f"{p}: evbfile's BOR {str(bor)[:200]}")
     check(dump_events == py_events == 300, f"evb-dump and evbfile count 300 events ({dump_events}, {py_events})")
     check(dump_rr == py_rr, "evb-dump and evbfile list the same run records")
+    comments = [r for r in py_rr if r[1] == "COMMENT"]
+    check([c[2]["text"] for c in comments] == ["nothing yet", "beam off at 12:03", "HV trip, sector 4 \u00e9"],
+          f"the three comments are in the files in order: {[c[2] for c in comments]}")
+    check(comments[0][3] == 0 and 149 <= comments[1][3] < 150 + 1 and comments[2][3] == comments[1][3],
+          f"the first comment stands before every event, the next two after event 149 "
+          f"(the last written when they were posted): {[c[3] for c in comments]}")
     eor = [r for r in py_rr if r[1] == "END_OF_RUN"]
     check(len(eor) == 1 and eor[0][2]["events"] == 300 and eor[0][3] == max(
         e for e in [r[3] for r in py_rr]), f"END_OF_RUN counts the run's 300 events: {eor}")

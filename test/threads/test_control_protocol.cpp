@@ -41,3 +41,12 @@ TEST_CASE("a reload's answer lists the keys applied and those waiting for a rest
     CHECK(j["applied"] == nlohmann::json::array({"building.timeout_ms"}));
     CHECK(j["restart_needed"] == nlohmann::json::array({"input.readers"}));
 }
+
+TEST_CASE("comment TEXT parses to a comment with the rest of the line, spaces kept", "[run_records]") {
+    const auto c = evb::parse_control_line("comment beam off  at 12:03\r");
+    REQUIRE(c.kind == ParsedControlLine::Kind::command);
+    CHECK(c.command.op == evb::ControlCommand::Op::comment);
+    CHECK(c.command.text == "beam off  at 12:03");
+    for (const char* bad : {"comment", "comment ", "comment \r"})
+        CHECK(evb::parse_control_line(bad).kind == ParsedControlLine::Kind::refused);
+}
