@@ -12,6 +12,7 @@ small) and ended by SIGTERM.
 - comments posted with evb-ctl comment (one before the first event, two after the
   first 150 events were written) are COMMENT records in place: the first before every
   event, the other two after event 149 (the last written when they came), in order;
+- a crash (SIGKILL) leaves a .part whose run records evb-dump --recover keeps;
 - an empty run (no event arrives) still leaves one file holding BEGIN_OF_RUN and
   END_OF_RUN."""
 import os
@@ -19,6 +20,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -109,6 +111,33 @@ def main():
     eor = [r for r in py_rr if r[1] == "END_OF_RUN"]
     check(len(eor) == 1 and eor[0][2]["events"] == 300 and eor[0][3] == max(
         e for e in [r[3] for r in py_rr]), f"END_OF_RUN counts the run's 300 events: {eor}")
+
+    # A crash leaves a .part; evb-dump --recover keeps its run records (out of the index).
+    wd3 = os.path.join(wd, "crash")
+    os.makedirs(wd3)
+    sock3 = os.path.join(wd3, "ctl.sock")
+    c = Evbd(wd3, sets=["sources=4", "output.direct_io=false", f"control.socket={sock3}"])
+    run_source(["--to", f"127.0.0.1:{c.port}", "--sources", 4, "--events", 40, "--size", "100:800", "--seed", 7])
+    c.wait_metric("evb_events_written_total", lambda v: v >= 40, timeout=60)
+    p = subprocess.run([ctl, "--socket", sock3, "comment", "before", "the", "crash"], capture_output=True, text=True,
+                       timeout=30)
+    check(p.returncode == 0, f"comment before the crash: {p.stdout}{p.stderr}")
+    # The comment is written between batches: wait until the .part holds it.
+    part = [os.path.join(c.out, n) for n in data_files(c.out)]
+    check(len(part) == 1 and part[0].endswith(".part"), f"one .part being written: {part}")
+    deadline = time.time() + 10
+    while time.time() < deadline and not any(r[1] == 3 for r in raw_run_records(part[0])):
+        time.sleep(0.05)
+    c.kill()
+    rc, out_doc, err = dump([], "--recover", part[0])
+    check(rc == 0, f"evb-dump --recover: {err}")
+    recovered = part[0][:-len(".part")]
+    with evbfile.EvbFile(recovered) as f:
+        kinds = [r["kind"] for r in f.run_records()]
+        check(f.has_footer and sum(1 for _ in f) == 40 and kinds == ["BEGIN_OF_RUN", "COMMENT"],
+              f"the recovered file keeps BEGIN_OF_RUN and the comment, 40 events, an index of events: {kinds}")
+    rc, out = verify([recovered])
+    check(rc == 0, f"the recovered file verifies:\n{out[-800:]}")
 
     # An empty run: one file, BEGIN_OF_RUN then END_OF_RUN and an empty index.
     wd2 = os.path.join(wd, "empty")
