@@ -172,10 +172,15 @@ int DiskWriter::append_run_record(std::uint32_t run, std::uint32_t kind, const s
 void DiskWriter::take_notes() {
     if (notes_ == nullptr) return;
     RunNote n;
+    // A note is for the run that was running when it was posted: the open file's, or
+    // the next file's (a run started by evb-ctl has no file until its first event;
+    // the writer learns of that run only from its events). At most kCapacity wait.
     for (int i = 0; i < 16 && notes_->try_pop(n); ++i) {
-        if (n.run_number != s_.run_number && n.run_number != file_run_) {
-            log_warn("a {} for run {} came after the run ended; not written", file::run_record_kind_name(n.kind), n.run_number);
-            continue;
+        if (waiting_notes_.size() >= RunNotes::kCapacity) {
+            log_warn("a {} for run {} is not written: {} run records wait for their run's file already",
+                     file::run_record_kind_name(waiting_notes_.front().kind), waiting_notes_.front().run_number,
+                     waiting_notes_.size());
+            waiting_notes_.erase(waiting_notes_.begin());
         }
         waiting_notes_.push_back(std::move(n));
     }

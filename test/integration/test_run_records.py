@@ -139,6 +139,26 @@ def main():
     rc, out = verify([recovered])
     check(rc == 0, f"the recovered file verifies:\n{out[-800:]}")
 
+    # A run started by evb-ctl after a stop takes comments too, and ends with END_OF_RUN.
+    wd4 = os.path.join(wd, "restart-run")
+    os.makedirs(wd4)
+    sock4 = os.path.join(wd4, "ctl.sock")
+    r = Evbd(wd4, sets=["sources=4", f"control.socket={sock4}"])
+    for args in (["stop"], ["start", "--run", "2"], ["comment", "run", "two"]):
+        p = subprocess.run([ctl, "--socket", sock4, *args], capture_output=True, text=True, timeout=60)
+        check(p.returncode == 0, f"evb-ctl {' '.join(args)}: {p.stdout}{p.stderr}")
+    run_source(["--to", f"127.0.0.1:{r.port}", "--sources", 4, "--events", 20, "--run", 2, "--seed", 8])
+    r.wait_metric("evb_events_written_total", lambda v: v >= 20, timeout=60)
+    p = subprocess.run([ctl, "--socket", sock4, "stop"], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0, f"evb-ctl stop: {p.stdout}{p.stderr}")
+    run2 = [n for n in data_files(r.out) if n.startswith("run000002")]
+    check(len(run2) == 1, f"run 2 has one file: {data_files(r.out)}")
+    with evbfile.EvbFile(os.path.join(r.out, run2[0])) as f:
+        kinds = [x["kind"] for x in f.run_records()]
+        check(kinds == ["BEGIN_OF_RUN", "COMMENT", "END_OF_RUN"] and f.bor["run_number"] == 2,
+              f"run 2 (started by evb-ctl): BEGIN_OF_RUN, the comment, END_OF_RUN: {kinds}")
+    check(r.stop() == 0, "evbd exits 0")
+
     # An empty run: one file, BEGIN_OF_RUN then END_OF_RUN and an empty index.
     wd2 = os.path.join(wd, "empty")
     os.makedirs(wd2)
