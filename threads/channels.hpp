@@ -84,7 +84,7 @@ private:
 // refused to the asker, never waited for.
 struct RunNote {
     std::uint32_t run_number = 0;
-    std::uint32_t kind = 0;  // file::RunRecordKind
+    std::uint32_t kind = 0;  // file::RunRecordKind; 0: the run's metadata (for its BEGIN_OF_RUN)
     std::string body;        // JSON object text
 };
 class RunNotes {

@@ -94,7 +94,9 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         run_records_ = run_incomplete_ = run_payload_bytes_ = run_record_bytes_ = 0;
         run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);
         if (s_.run_records && s_.format != OutputFormat::midas)
-            bor_body_ = file::begin_of_run_body(run, now, s_.config_json, s_.run_metadata_json,
+            bor_body_ = file::begin_of_run_body(run, now, s_.config_json,
+                                                next_metadata_ && next_metadata_->run_number == run ? next_metadata_->body
+                                                                                                    : s_.run_metadata_json,
                                                 continued_run_ == run && restarted_in_run_);
     }
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));

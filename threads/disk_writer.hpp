@@ -182,6 +182,7 @@ private:
     bool closing_run_end_ = false;
     RunNotes* notes_ = nullptr;
     std::vector<RunNote> waiting_notes_;  // for a run whose file is not open yet
+    std::optional<RunNote> next_metadata_;  // evb-ctl start --meta: for that run's BEGIN_OF_RUN
     // Takes the posted notes: each goes into its run's open file now (between
     // batches), or waits for that file's opening (write_waiting_notes).
     void take_notes();

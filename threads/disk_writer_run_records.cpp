@@ -34,6 +34,10 @@ void DiskWriter::take_notes() {
     // the next file's (a run started by evb-ctl has no file until its first event;
     // the writer learns of that run only from its events). At most kCapacity wait.
     for (int i = 0; i < 16 && notes_->try_pop(n); ++i) {
+        if (n.kind == 0) {  // a run's metadata: used when its first file opens
+            next_metadata_ = std::move(n);
+            continue;
+        }
         if (waiting_notes_.size() >= RunNotes::kCapacity) {
             log_warn("a {} for run {} is not written: {} run records wait for their run's file already",
                      file::run_record_kind_name(waiting_notes_.front().kind), waiting_notes_.front().run_number,

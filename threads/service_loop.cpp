@@ -388,7 +388,7 @@ void ServiceLoop::carry_out(const ControlCommand& c) {
             if (!running_run_ && stopping_.phase == StopPhase::none && runs_taken_.empty() && !c.has_run &&
                 !next_run_)
                 run = run_;  // started stopped: the first start builds run_number
-            start_run(run, c.id);
+            start_run(run, c.id, c.text);
             break;
         }
         case ControlCommand::Op::stop: begin_stop(c.id, true); break;
@@ -422,7 +422,7 @@ void ServiceLoop::add_comment(const ControlCommand& c) {
     t_.control->answer({c.id, true, json_text(nlohmann::json{{"ok", true}, {"comment", fmt::format("added to run {}", run_)}})});
 }
 
-void ServiceLoop::start_run(std::uint32_t run, std::uint64_t reply_id) {
+void ServiceLoop::start_run(std::uint32_t run, std::uint64_t reply_id, const std::string& metadata) {
     if (stopping_.phase != StopPhase::none)
         return refuse(reply_id, "start", fmt::format("run {} is still stopping; try again when it has", run_));
     if (running_run_) return refuse(reply_id, "start", fmt::format("run {} is running; stop it first", run_));
@@ -430,6 +430,11 @@ void ServiceLoop::start_run(std::uint32_t run, std::uint64_t reply_id) {
     if (std::find(runs_taken_.begin(), runs_taken_.end(), run) != runs_taken_.end())
         return refuse(reply_id, "start",
                       fmt::format("run {} was already built by this evbd; start another run number", run));
+    // The run's metadata reaches the writer before any event of the run can: the
+    // inputs admit the run only below (post_rules).
+    if (!metadata.empty() && (!running_->writer.run_records || t_.notes == nullptr ||
+                              !t_.notes->try_push(RunNote{run, 0, metadata})))
+        return refuse(reply_id, "start", "the run's metadata cannot be handed to the writer (run records off, or its queue is full)");
     run_ = run;
     next_run_.reset();
     running_run_ = true;

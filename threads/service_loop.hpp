@@ -99,7 +99,7 @@ private:
     };
     void take_command();
     void carry_out(const ControlCommand& c);
-    void start_run(std::uint32_t run, std::uint64_t reply_id);
+    void start_run(std::uint32_t run, std::uint64_t reply_id, const std::string& metadata = {});
     void add_comment(const ControlCommand& c);
     void begin_stop(std::uint64_t reply_id, bool asked);
     void advance_stop();

@@ -12,6 +12,9 @@ small) and ended by SIGTERM.
 - comments posted with evb-ctl comment (one before the first event, two after the
   first 150 events were written) are COMMENT records in place: the first before every
   event, the other two after event 149 (the last written when they came), in order;
+- a run started by evb-ctl start --run 2 --meta FILE.json after a stop: its
+  BEGIN_OF_RUN holds the metadata object (integers exact), a comment goes into it,
+  and metadata too large for the control line is refused by evb-ctl;
 - a crash (SIGKILL) leaves a .part whose run records evb-dump --recover keeps;
 - an empty run (no event arrives) still leaves one file holding BEGIN_OF_RUN and
   END_OF_RUN."""
@@ -144,7 +147,16 @@ def main():
     os.makedirs(wd4)
     sock4 = os.path.join(wd4, "ctl.sock")
     r = Evbd(wd4, sets=["sources=4", f"control.socket={sock4}"])
-    for args in (["stop"], ["start", "--run", "2"], ["comment", "run", "two"]):
+    meta = os.path.join(wd4, "meta.json")
+    with open(meta, "w") as f:
+        f.write('{"target": "Pb 208", "beam_energy_mev": 5500, "shifter": "A. N. Other", "big": 18446744073709551615}')
+    big = os.path.join(wd4, "big.json")
+    with open(big, "w") as f:
+        f.write('{"text": "%s"}' % ("x" * 300))
+    p = subprocess.run([ctl, "--socket", sock4, "start", "--run", "2", "--meta", big], capture_output=True, text=True,
+                       timeout=60)
+    check(p.returncode == 2 and "256" in p.stderr, f"evb-ctl refuses metadata too large for the line: {p.stderr}")
+    for args in (["stop"], ["start", "--run", "2", "--meta", meta], ["comment", "run", "two"]):
         p = subprocess.run([ctl, "--socket", sock4, *args], capture_output=True, text=True, timeout=60)
         check(p.returncode == 0, f"evb-ctl {' '.join(args)}: {p.stdout}{p.stderr}")
     run_source(["--to", f"127.0.0.1:{r.port}", "--sources", 4, "--events", 20, "--run", 2, "--seed", 8])
@@ -157,6 +169,9 @@ def main():
         kinds = [x["kind"] for x in f.run_records()]
         check(kinds == ["BEGIN_OF_RUN", "COMMENT", "END_OF_RUN"] and f.bor["run_number"] == 2,
               f"run 2 (started by evb-ctl): BEGIN_OF_RUN, the comment, END_OF_RUN: {kinds}")
+        check(f.bor["metadata"] == {"target": "Pb 208", "beam_energy_mev": 5500, "shifter": "A. N. Other",
+                                    "big": 18446744073709551615},
+              f"run 2's BEGIN_OF_RUN holds the --meta object, integers exact: {f.bor['metadata']}")
     check(r.stop() == 0, "evbd exits 0")
 
     # An empty run: one file, BEGIN_OF_RUN then END_OF_RUN and an empty index.
