@@ -77,6 +77,39 @@ private:
     std::atomic<std::uint64_t> dropped_{0};
 };
 
+// Service loop -> disk writer: run records for the running run (FORMATS.md 12): a
+// COMMENT from evb-ctl. The writer takes them between batches and writes each into
+// the open file of its run (after the file's BEGIN_OF_RUN when it opens). Control
+// plane, a few per second at most: a bounded ring; a note it cannot take is
+// refused to the asker, never waited for.
+struct RunNote {
+    std::uint32_t run_number = 0;
+    std::uint32_t kind = 0;  // file::RunRecordKind; 0: the run's metadata (for its BEGIN_OF_RUN)
+    std::string body;        // JSON object text
+};
+class RunNotes {
+public:
+    static constexpr std::size_t kCapacity = 64;
+    // False when kCapacity notes wait already (the writer is behind, or stalled).
+    [[nodiscard]] bool try_push(RunNote n) {
+        std::lock_guard lock(mutex_);
+        if (notes_.size() >= kCapacity) return false;
+        notes_.push_back(std::move(n));
+        return true;
+    }
+    [[nodiscard]] bool try_pop(RunNote& out) {
+        std::lock_guard lock(mutex_);
+        if (notes_.empty()) return false;
+        out = std::move(notes_.front());
+        notes_.pop_front();
+        return true;
+    }
+
+private:
+    std::mutex mutex_;
+    std::deque<RunNote> notes_;
+};
+
 // Service loop -> an input (a socket reader or the replay feeder): admission rule
 // sets, newest last; and back, which set is in force. The input takes them between
 // batches; the poster keeps each set alive until no input has it in force.
@@ -169,7 +202,8 @@ private:
 // time goes to the loop, which answers when the command is done (a stop: once the
 // run's file is closed). Control plane only: a mutex is fine here.
 struct ControlCommand {
-    enum class Op : std::uint8_t { start, stop, reload } op = Op::start;
+    enum class Op : std::uint8_t { start, stop, reload, comment } op = Op::start;
+    std::string text;      // comment: the text
     bool has_run = false;  // start --run N
     std::uint32_t run = 0;
     std::uint64_t id = 0;  // the asker's, returned with the reply

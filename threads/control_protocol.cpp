@@ -11,7 +11,7 @@ namespace evb {
 
 namespace {
 
-constexpr const char* kCommands = "commands: status, start [--run N], stop, reload";
+constexpr const char* kCommands = "commands: status, start [--run N], stop, reload, comment TEXT";
 
 ParsedControlLine refused(std::string_view why) { return {ParsedControlLine::Kind::refused, {}, control_refusal(why)}; }
 
@@ -35,6 +35,16 @@ ParsedControlLine parse_control_line(std::string_view line) {
         p.kind = ParsedControlLine::Kind::status;
     } else if (verb == "start") {
         p.command.op = ControlCommand::Op::start;
+        // start [--run N] --meta JSON: the rest of the line after --meta is the metadata object.
+        if (const std::size_t m = line.find(" --meta "); m != std::string_view::npos) {
+            std::string_view meta = line.substr(m + 8);
+            while (!meta.empty() && (meta.back() == '\r' || meta.back() == '\n')) meta.remove_suffix(1);
+            const nlohmann::json j = nlohmann::json::parse(meta, nullptr, /*allow_exceptions=*/false);
+            if (j.is_discarded() || !j.is_object()) return refused("start --meta: the metadata must be a JSON object");
+            p.command.text = std::string(meta);
+            while (!words.empty() && words.back() != "--meta") words.pop_back();
+            if (!words.empty()) words.pop_back();
+        }
         if (words.size() == 3 && words[1] == "--run") {
             const std::string n(words[2]);
             char* end = nullptr;
@@ -44,8 +54,16 @@ ParsedControlLine parse_control_line(std::string_view line) {
             p.command.has_run = true;
             p.command.run = static_cast<std::uint32_t>(v);
         } else if (words.size() != 1) {
-            return refused("usage: start [--run N]");
+            return refused("usage: start [--run N] [--meta JSON]");
         }
+    } else if (verb == "comment") {
+        // The rest of the line after "comment " is the text, as typed (spaces kept).
+        const std::size_t at = line.find("comment") + 7;
+        std::string_view text = line.substr(std::min(line.size(), at + 1));
+        while (!text.empty() && (text.back() == '\r' || text.back() == '\n')) text.remove_suffix(1);
+        if (words.size() < 2 || text.empty()) return refused("usage: comment TEXT");
+        p.command.op = ControlCommand::Op::comment;
+        p.command.text = std::string(text);
     } else if (verb == "stop" && words.size() == 1) {
         p.command.op = ControlCommand::Op::stop;
     } else if (verb == "reload" && words.size() == 1) {

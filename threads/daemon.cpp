@@ -209,7 +209,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     Doorbell writer_bell;    // assemblers -> writer: events in its rings
     Doorbell rules_applied;  // inputs -> service loop: new admission rules in force
     ControlMailbox control_mailbox;  // control socket thread <-> service loop
-    ClosedFiles closed_files;        // writer -> service loop: files closed, runs done (run summaries)
+    ClosedFiles closed_files;
+    RunNotes run_notes;              // service loop -> writer: run records posted (evb-ctl comment)        // writer -> service loop: files closed, runs done (run summaries)
     std::unique_ptr<WrittenIds> written_ids = pull ? std::make_unique<WrittenIds>(max_credits) : nullptr;
     std::unique_ptr<BuiltIds> built_ids = pull ? std::make_unique<BuiltIds>(max_credits, cfg->builders) : nullptr;
 
@@ -234,7 +235,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     file::OpenFiles open_files;  // writer -> status page, evb-ctl status
     DiskWriter writer(snap->writer, pipeline.writer_rings(), pipeline.done_rings(), pool_ptrs, sizing.shards,
                       writer_counters, writer_bell, written_ids.get(), &closed_files, &open_files);
-    writer.go_on_with_run(cfg->run_number, on_disk.next_serial);
+    writer.set_run_notes(&run_notes);
+    writer.go_on_with_run(cfg->run_number, on_disk.next_serial, on_disk.found_files);
     std::vector<std::unique_ptr<SocketReader>> readers;
     for (std::uint32_t r = 0; r < (replay ? 0 : inputs); ++r) {
         readers.push_back(std::make_unique<SocketReader>(static_cast<std::uint16_t>(r), sockets[r].fd, *pools[r],
@@ -298,7 +300,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // The service loop posts the first admission rules to the inputs now.
     ServiceLoop service(opts, snap, sizing,
                         {pipeline, writer, sender.get(), input_rules, feeder.get(), rules_applied,
-                         cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc, &closed_files},
+                         cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc, &closed_files, &run_notes},
                         control, signals);
 
     // BUSY: reads the fill gauges above and the run state the service loop keeps in

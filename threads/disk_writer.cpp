@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/format/run_record.hpp"
 #include "core/format/wire.hpp"
 #include "core/io/empty_run.hpp"
 #include "core/util/clock.hpp"
@@ -93,6 +94,11 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         run_status_ = {};
         run_records_ = run_incomplete_ = run_payload_bytes_ = run_record_bytes_ = 0;
         run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);
+        if (s_.run_records && s_.format != OutputFormat::midas)
+            bor_body_ = file::begin_of_run_body(run, now, s_.config_json,
+                                                next_metadata_ && next_metadata_->run_number == run ? next_metadata_->body
+                                                                                                    : s_.run_metadata_json,
+                                                continued_run_ == run && restarted_in_run_);
     }
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
     // The header states what the file's records hold: one section per source
@@ -113,6 +119,13 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         e = head.empty() ? EIO : file_.open_midas(s_.directory, h, head, s_.direct_io, lz4);
     } else {
         e = file_.open(s_.directory, h, s_.direct_io);
+        file_codec_ = codec;
+        file_last_event_id_ = 0;
+        // Every file of the run stands alone: it begins with the run's BEGIN_OF_RUN.
+        if (e == 0 && s_.run_records) {
+            e = append_run_record(run, static_cast<std::uint32_t>(file::RunRecordKind::begin_of_run), bor_body_);
+            if (e != 0) file_.discard();
+        }
     }
     if (e != 0) {
         counters_.write_errors.add();
@@ -138,6 +151,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     open_.set(file_.part_path());
     last_sync_ns_ = now;
     counters_.files_opened.add();
+    if (!waiting_notes_.empty() && !midas) write_waiting_notes();  // comments posted before the run's first event
     return true;
 }
 
@@ -233,7 +247,20 @@ void DiskWriter::report_closed(bool clean, std::uint64_t events) {
 }
 
 int DiskWriter::close_output(bool sync) {
-    if (!midas_) return file_.close_clean(sync);
+    if (!midas_) {
+        // The file closed at the run's end ends with END_OF_RUN: the end time and the
+        // run's counts as this builder wrote them (its run summary's).
+        if (s_.run_records && closing_run_end_) {
+            file::StatusCounts status = run_status_;
+            status += file_status_;
+            const std::string body =
+                file::end_of_run_body(realtime_ns(), file_run_, run_events_ + file_.event_count(), status);
+            if (const int e = append_run_record(file_run_, static_cast<std::uint32_t>(file::RunRecordKind::end_of_run), body);
+                e != 0)
+                return e;
+        }
+        return file_.close_clean(sync);
+    }
     // Once per file: the end-of-run event with the file's and the run's counts.
     file::StatusCounts run_status = run_status_;
     run_status += file_status_;
@@ -566,6 +593,7 @@ void DiskWriter::write_event(Event* e) {
     }
     const std::uint64_t offset = file_.size() + batch_bytes_;
     file_.note_record(e->event_id, offset);
+    file_last_event_id_ = e->event_id;
     if (midas_) {
         batch_bytes_ += gather_midas(*e);
     } else {
@@ -596,7 +624,10 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
         const std::uint64_t done = transition_generation_;
         transition_generation_ = 0;
         flush_batch();
-        if (file_.is_open() && (file_run_ != transition_run_ || file_set_ != transition_set_)) close_file();
+        if (file_.is_open() && file_run_ != transition_run_)
+            close_run_file();  // the run ended: its last file
+        else if (file_.is_open() && file_set_ != transition_set_)
+            close_file();
         if (closed_ != nullptr) closed_->push({0, 0, 0, {}, false, done});  // after the old run's last file
         for (auto& h : held_) {
             for (Event* e : h) write_event(e);
@@ -634,6 +665,11 @@ std::size_t DiskWriter::do_work() {
         s_.fsync = next->fsync;
         s_.fsync_period_ms = next->fsync_period_ms;
         if (next->run_generation > s_.run_generation) {
+            if (next->run_number != s_.run_number) {
+                // A new run: its BEGIN_OF_RUN holds the configuration and metadata it starts with.
+                s_.config_json = next->config_json;
+                s_.run_metadata_json = next->run_metadata_json;
+            }
             s_.run_generation = next->run_generation;
             s_.run_number = next->run_number;
             transition_generation_ = next->run_generation;
@@ -643,6 +679,7 @@ std::size_t DiskWriter::do_work() {
         // Release: every read of *next happens before the poster may free it.
         commands_applied_.fetch_add(1, std::memory_order_release);
     }
+    take_notes();
     (void)check_linked();  // no batch is open between passes
     if (blocked_ && !try_resume()) {
         counters_.queue_depth.set(pending() + held_for_retry_.size());
@@ -717,7 +754,7 @@ void DiskWriter::on_close() {
         for (Event* e : h) write_event(e);
         h.clear();
     }
-    close_file();
+    close_run_file();  // evbd stops: the run ends here
 }
 
 }  // namespace evb

@@ -55,11 +55,15 @@ public:
     std::string current_file() const;
     // GET /sample: records written are offered to `s` while clients listen. Before start.
     void set_sampler(monitor::Sampler* s) noexcept { sampler_ = s; }
+    // Run records posted for the running run (evb-ctl comment). Before start.
+    void set_run_notes(RunNotes* n) noexcept { notes_ = n; }
     // A restart within `run`: its first MIDAS serial number here is `next_serial`,
     // where the run's files on disk end (FORMATS.md 9.2). Before start.
-    void go_on_with_run(std::uint32_t run, std::uint32_t next_serial) noexcept {
+    // `found_files`: the run's files were on disk (its BEGIN_OF_RUN records say "restart").
+    void go_on_with_run(std::uint32_t run, std::uint32_t next_serial, bool found_files = false) noexcept {
         continued_run_ = run;
         continued_serial_ = next_serial;
+        restarted_in_run_ = found_files;
     }
 
 private:
@@ -169,6 +173,26 @@ private:
     bool run_known_ = false;
     std::optional<std::uint32_t> continued_run_;  // go_on_with_run, until that run's first file
     std::uint32_t continued_serial_ = 0;
+    // .evb run records (FORMATS.md 12): the run's BEGIN_OF_RUN body (made once per run,
+    // the same bytes in each of its files), the last event record's id in the open
+    // file, and whether the file being closed is the run's last (END_OF_RUN).
+    bool restarted_in_run_ = false;
+    std::string bor_body_;
+    std::uint64_t file_last_event_id_ = 0;
+    file::Codec file_codec_ = file::Codec::none;
+    bool closing_run_end_ = false;
+    RunNotes* notes_ = nullptr;
+    std::vector<RunNote> waiting_notes_;  // for a run whose file is not open yet
+    std::optional<RunNote> next_metadata_;  // evb-ctl start --meta: for that run's BEGIN_OF_RUN
+    // Takes the posted notes: each goes into its run's open file now (between
+    // batches), or waits for that file's opening (write_waiting_notes).
+    void take_notes();
+    void write_waiting_notes();
+    // Appends a run record of `kind` with `body` to the open file (no batch open).
+    // Returns 0 or an errno value.
+    int append_run_record(std::uint32_t run, std::uint32_t kind, const std::string& body);
+    // close_file at the run's end: END_OF_RUN goes in first.
+    void close_run_file();
     std::uint32_t run_start_unix_s_ = 0;
     std::uint64_t run_events_ = 0;
     file::StatusCounts run_status_;

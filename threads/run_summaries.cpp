@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "core/format/run_record.hpp"
 #include "core/io/empty_run.hpp"
 #include "core/io/output_file.hpp"
 #include "core/util/clock.hpp"
@@ -36,6 +37,10 @@ std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const C
     e.started_unix_s = static_cast<std::uint32_t>(started_unix_ms / 1000);
     e.lz4_level = w.lz4_level;
     e.sync = w.fsync != FsyncPolicy::never;
+    e.run_records = w.run_records && w.format != OutputFormat::midas;
+    if (e.run_records)
+        e.bor_body = file::begin_of_run_body(run, started_unix_ms * 1'000'000ull, w.config_json, w.run_metadata_json, false);
+    e.record_level = w.record_level;
     std::string err;
     const std::string name = file::write_empty_run_file(e, err);
     if (name.empty()) {

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <string>
 
+#include "core/format/run_record.hpp"
 #include "core/io/output_file.hpp"
 #include "core/util/clock.hpp"
 #include "core/util/json_text.hpp"
@@ -346,10 +347,11 @@ void ServiceLoop::carry_out(const ControlCommand& c) {
             if (!running_run_ && stopping_.phase == StopPhase::none && runs_taken_.empty() && !c.has_run &&
                 !next_run_)
                 run = run_;  // started stopped: the first start builds run_number
-            start_run(run, c.id);
+            start_run(run, c.id, c.text);
             break;
         }
         case ControlCommand::Op::stop: begin_stop(c.id, true); break;
+        case ControlCommand::Op::comment: add_comment(c); break;
         case ControlCommand::Op::reload: {
             const std::uint64_t before = control_.reloads.load();
             reload("evb-ctl");
@@ -365,7 +367,21 @@ void ServiceLoop::carry_out(const ControlCommand& c) {
     }
 }
 
-void ServiceLoop::start_run(std::uint32_t run, std::uint64_t reply_id) {
+// evb-ctl comment: a COMMENT run record in the running run's file, where the writer is.
+void ServiceLoop::add_comment(const ControlCommand& c) {
+    if (!running_run_ || stopping_.phase != StopPhase::none)
+        return refuse(c.id, "comment", "no run is running: a comment goes into a running run's file");
+    if (!running_->writer.run_records || t_.notes == nullptr)
+        return refuse(c.id, "comment", "run records are off (output.run_records, or output.format \"midas\")");
+    RunNote n{run_, static_cast<std::uint32_t>(file::RunRecordKind::comment),
+              json_text(nlohmann::ordered_json{{"text", c.text}})};
+    if (!t_.notes->try_push(std::move(n)))
+        return refuse(c.id, "comment", fmt::format("{} run records wait for the writer already; try again",
+                                                   RunNotes::kCapacity));
+    t_.control->answer({c.id, true, json_text(nlohmann::json{{"ok", true}, {"comment", fmt::format("added to run {}", run_)}})});
+}
+
+void ServiceLoop::start_run(std::uint32_t run, std::uint64_t reply_id, const std::string& metadata) {
     if (stopping_.phase != StopPhase::none)
         return refuse(reply_id, "start", fmt::format("run {} is still stopping; try again when it has", run_));
     if (running_run_) return refuse(reply_id, "start", fmt::format("run {} is running; stop it first", run_));
@@ -373,6 +389,11 @@ void ServiceLoop::start_run(std::uint32_t run, std::uint64_t reply_id) {
     if (std::find(runs_taken_.begin(), runs_taken_.end(), run) != runs_taken_.end())
         return refuse(reply_id, "start",
                       fmt::format("run {} was already built by this evbd; start another run number", run));
+    // The run's metadata reaches the writer before any event of the run can: the
+    // inputs admit the run only below (post_rules).
+    if (!metadata.empty() && (!running_->writer.run_records || t_.notes == nullptr ||
+                              !t_.notes->try_push(RunNote{run, 0, metadata})))
+        return refuse(reply_id, "start", "the run's metadata cannot be handed to the writer (run records off, or its queue is full)");
     run_ = run;
     next_run_.reset();
     running_run_ = true;

@@ -71,6 +71,7 @@ struct ServiceTargets {
     ControlMailbox* control = nullptr;  // the control socket's commands, if any
     const monitor::Sources* counts = nullptr;  // summed counters (run summaries)
     ClosedFiles* closed = nullptr;  // the writer's closed files (run summaries)
+    RunNotes* notes = nullptr;      // run records for the writer (evb-ctl comment)
 };
 
 class ServiceLoop {
@@ -100,7 +101,8 @@ private:
     };
     void take_command();
     void carry_out(const ControlCommand& c);
-    void start_run(std::uint32_t run, std::uint64_t reply_id);
+    void start_run(std::uint32_t run, std::uint64_t reply_id, const std::string& metadata = {});
+    void add_comment(const ControlCommand& c);
     void begin_stop(std::uint64_t reply_id, bool asked);
     void advance_stop();
     void finish_stop(bool closed, const std::string& why);

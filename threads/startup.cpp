@@ -255,7 +255,7 @@ RunContinuation continue_run(const Config& c, bool pull) {
         log_warn("run {} goes on: {} file(s) of this builder hold {} of its events{}{}; pull mode requests only "
                  "the others",
                  c.run_number, s.files.size(), s.held.count(), dups, foreign);
-        return {std::move(s.held), s.next_serial, std::move(s.sequences)};
+        return {std::move(s.held), s.next_serial, std::move(s.sequences), true};
     }
     log_warn("run {} goes on in new files: {} file(s) of this builder ({} left unclean, as they are) hold {} of its "
              "events{}{}; they are not touched, and copies of those events sent again count late",
@@ -263,7 +263,7 @@ RunContinuation continue_run(const Config& c, bool pull) {
     if (c.building.match == MatchMode::timestamp)
         log_warn("run {}: its files hold {} fragments of {} sources by sequence number; copies of them count late",
                  c.run_number, s.sequences.count(), c.sources.size());
-    return {std::move(s.held), s.next_serial, std::move(s.sequences)};
+    return {std::move(s.held), s.next_serial, std::move(s.sequences), true};
 }
 
 void write_recovered_summaries(const WriterSettings& w) {

@@ -49,6 +49,7 @@ struct RunContinuation {
     file::HeldIds held;            // the events the run's files hold
     std::uint32_t next_serial = 0;  // the writer's first MIDAS serial number in the run
     file::HeldSequences sequences;  // timestamp mode: per source, the fragments they hold
+    bool found_files = false;       // the run has files here: this start is a restart into it
 };
 RunContinuation continue_run(const Config& c, bool pull);
 

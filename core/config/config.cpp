@@ -83,6 +83,7 @@ const std::vector<Key>& schema() {
         {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
         {"output.direct_io", Kind::boolean, true, 0, 0, false, "Write through aligned staging buffers with O_DIRECT (Linux AIO), bypassing the page cache: about a third of the CPU per byte of buffered writes and steady throughput; a record counts as written once its write has completed. A file system without O_DIRECT (tmpfs) falls back to buffered writes. false: pwritev through the page cache."},
         {"output.format_version", Kind::uint, 1, 1, 2, false, "File format version: 1, or 2 (64-byte record headers with a content CRC and the events' smallest fragment timestamp). A time match mode needs and sets 2."},
+        {"output.run_records", Kind::boolean, true, 0, 0, false, "Run records in `.evb` files (docs/FORMATS.md section 12): every file of a run begins with a BEGIN_OF_RUN record (run number, start time, this whole configuration, the run's metadata), the file closed at the run's end ends with END_OF_RUN (end time and the run's counts), and comments (evb-ctl comment) and USER records (POST /runrecord) go between the events. They need version-2 files, so by default .evb files are version 2. A configuration that sets output.format_version 1 and leaves this key out gets version-1 files without run records (as before run records existed); setting both this key true and version 1 is refused. Not used with output.format \"midas\"."},
         {"output.compression", Kind::choice, "none", 0, 0, true, "Record compression (docs/FORMATS.md 6.2): \"none\", \"lz4\" (one LZ4 block per record) or \"zstd\" (one zstd frame per record). Records are compressed by the graph workers beside assembly, never by the disk writer; a record that would not shrink is stored raw. Needs version-2 files (sets output.format_version 2). A reload applies it from the next file (the file header names the codec), unless evbd started with version-1 files. With output.format \"midas\", \"lz4\" writes `.mid.lz4` files instead: each file one LZ4 frame, as MIDAS's mlogger writes them (docs/FORMATS.md 9.5), compressed by the disk writer; fixed until a restart.", {"none", "lz4", "zstd"}},
         {"output.compression_level", Kind::uint, 1, 1, 22, true, "Codec level: lz4 1 is LZ4's fast mode, 2..12 LZ4 HC; zstd 1..22 (1 and 3 are the line-rate levels). Live on reload."},
         {"output.format", Kind::choice, "evb", 0, 0, false, "\"evb\": evbd's own files (`.evb`); \"midas\": MIDAS files (`.mid`, docs/FORMATS.md section 9) that MIDAS analysis reads unchanged: a begin-of-run event holding this configuration, one MIDAS event per built event (banks EVBH, EVBS and one per section), an end-of-run event with the counts when a file closes cleanly. Rotation, O_DIRECT, back-pressure and recovery as for `.evb`.", {"evb", "midas"}},
@@ -607,6 +608,14 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                                            c->building.shards));
         needs_version_2(fmt::format("building.match \"{}\"", match));
     }
+    // Run records need version 2. An explicit version 1 without an explicit
+    // output.run_records turns them off: a version-1 configuration keeps its files.
+    c->output.run_records = lookup(eff, "output.run_records", false)->get<bool>() && c->output.format == OutputFormat::evb;
+    if (c->output.run_records && lookup(doc, "output.run_records", false) == nullptr &&
+        lookup(doc, "output.format_version", false) != nullptr && c->output.format_version == 1)
+        c->output.run_records = false;
+    if (c->output.run_records) needs_version_2("output.run_records true");
+    *lookup(eff, "output.run_records", true) = c->output.run_records;
     if (c->output.format == OutputFormat::midas) check_bank_names(*c, problems);
     if (c->output.format == OutputFormat::midas) {
         // MIDAS files compress whole, as mlogger writes them: `.mid.lz4`, one LZ4 frame.

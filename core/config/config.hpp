@@ -89,6 +89,7 @@ struct Config {
         file::Codec compression = file::Codec::none;  // version 2 only
         std::uint32_t compression_level = 1;
         OutputFormat format = OutputFormat::evb;
+        bool run_records = true;  // .evb only; version 2 (docs/FORMATS.md section 12)
         struct Midas {
             std::uint16_t event_id = 1;
             // output.midas.bank_names: (source_id, name), ascending source_id.

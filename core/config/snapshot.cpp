@@ -101,6 +101,9 @@ WriterSettings writer_settings(const Config& c) {
                                                                  : 0;
     w.run_number = c.run_number;
     w.format = c.output.format;
+    w.run_records = c.output.run_records;
+    w.record_level = static_cast<int>(c.output.compression_level);
+    if (w.run_records) w.config_json = json_text(c.effective);
     if (w.format == OutputFormat::midas) {
         w.midas_event_id = c.output.midas.event_id;
         w.bank_names = std::make_shared<const midas::BankNames>(c.output.midas.bank_names);

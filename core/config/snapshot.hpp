@@ -69,6 +69,12 @@ struct WriterSettings {
     // (`.mid.lz4`) at this level, compressed in the writer's thread.
     bool midas_lz4 = false;
     int lz4_level = 1;
+    // .evb run records (FORMATS.md 12): on (version 2), the codec level they are
+    // compressed at, and the run's metadata object (JSON text; "{}": none). The
+    // configuration text (config_json) goes into each BEGIN_OF_RUN.
+    bool run_records = false;
+    int record_level = 1;
+    std::string run_metadata_json = "{}";
 };
 
 struct PullSettings {

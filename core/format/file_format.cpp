@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "core/format/crc32c.hpp"
+#include "core/format/run_record.hpp"
 #include "core/format/wire.hpp"
 
 namespace evb::file {
@@ -434,7 +435,10 @@ bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, 
         }
     }
     std::string sections_why;
-    if (!check_sections(stored, stored_bytes, h.section_count, fh.version, fh.match_mode, nullptr, &sections_why)) {
+    if (fh.version == 2 && is_run_record(h)) {
+        // A run record (section 12): one entry, no sections.
+        if (!check_run_record_area(h, {stored, stored_bytes}, &why)) return false;
+    } else if (!check_sections(stored, stored_bytes, h.section_count, fh.version, fh.match_mode, nullptr, &sections_why)) {
         why = fmt::format("event {}: {}", h.event_id, sections_why);
         return false;
     }
@@ -615,10 +619,16 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
         }
     }
     if (res.has_footer && pos == index_offset) {
-        bool match = res.index.size() == res.records.size();
-        for (std::size_t i = 0; match && i < res.records.size(); ++i)
-            match = res.index[i].event_id == res.records[i].header.event_id &&
-                    res.index[i].file_offset == res.records[i].file_offset;
+        // Run records (section 12) are not in the index.
+        bool match = true;
+        std::size_t k = 0;
+        for (std::size_t i = 0; match && i < res.records.size(); ++i) {
+            if (is_run_record(res.records[i])) continue;
+            match = k < res.index.size() && res.index[k].event_id == res.records[i].header.event_id &&
+                    res.index[k].file_offset == res.records[i].file_offset;
+            ++k;
+        }
+        match = match && k == res.index.size();
         if (!match) res.problems.push_back({index_offset, "index does not match the records"});
     }
     return res;

@@ -39,6 +39,7 @@ inline constexpr std::uint32_t duplicates = 1u << 1;
 inline constexpr std::uint32_t source_error = 1u << 2;
 inline constexpr std::uint32_t corrupt_dropped = 1u << 3;
 inline constexpr std::uint32_t compressed = 1u << 4;  // v2
+inline constexpr std::uint32_t run_record = 1u << 5;  // v2: a run record (section 12, core/format/run_record.hpp)
 }  // namespace record_status
 namespace section_status {
 inline constexpr std::uint32_t missing = 1u << 0;

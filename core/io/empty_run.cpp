@@ -9,7 +9,9 @@
 
 #include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
+#include "core/format/run_record.hpp"
 #include "core/io/output_file.hpp"
+#include "core/util/json_text.hpp"
 
 namespace evb::file {
 
@@ -21,6 +23,15 @@ nlohmann::ordered_json midas_end_counts(std::uint32_t sequence, std::uint64_t fi
     if (stored_bytes) counts["file"]["stored_bytes"] = *stored_bytes;
     counts["run"] = {{"run_number", run}, {"events", run_events}, {"status", to_json(run_status)}};
     return counts;
+}
+
+std::string end_of_run_body(std::uint64_t end_unix_ns, std::uint32_t run, std::uint64_t events, const StatusCounts& status) {
+    nlohmann::ordered_json b;
+    b["end_unix_ns"] = end_unix_ns;
+    b["run_number"] = run;
+    b["events"] = events;
+    b["status"] = to_json(status);
+    return json_text(b);
 }
 
 namespace {
@@ -57,6 +68,27 @@ int write_midas_lz4(OutputFile& f, const EmptyRun& r, const FileHeader& h, std::
     return f.close_with_trailer(std::span<const std::byte>(tail).first(m + end), r.sync);
 }
 
+// BEGIN_OF_RUN then END_OF_RUN, both after no event (event_id 0).
+int append_empty_run_records(OutputFile& f, const EmptyRun& r, const FileHeader& h) {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    const std::uint64_t now = std::uint64_t(ts.tv_sec) * 1'000'000'000ull + std::uint64_t(ts.tv_nsec);
+    RunRecordFields rec;
+    rec.run_number = h.run_number;
+    rec.made_unix_ns = now;
+    rec.codec = h.codec;
+    rec.level = r.record_level;
+    rec.kind = RunRecordKind::begin_of_run;
+    rec.body = r.bor_body;
+    const std::vector<std::byte> bor = encode_run_record(rec);
+    const std::string eor_body = end_of_run_body(now, h.run_number, 0, {});
+    rec.kind = RunRecordKind::end_of_run;
+    rec.body = eor_body;
+    const std::vector<std::byte> eor = encode_run_record(rec);
+    const iovec v[2] = {{const_cast<std::byte*>(bor.data()), bor.size()}, {const_cast<std::byte*>(eor.data()), eor.size()}};
+    return f.append(v, 2);
+}
+
 }  // namespace
 
 std::string write_empty_run_file(const EmptyRun& r, std::string& error) {
@@ -68,6 +100,7 @@ std::string write_empty_run_file(const EmptyRun& r, std::string& error) {
     if (r.kind == EmptyRun::Kind::evb) {
         name = file_name(h.run_number, h.builder_id, h.file_sequence, false);
         e = f.open(r.directory, h);
+        if (e == 0 && r.run_records) e = append_empty_run_records(f, r, h);
         if (e == 0) e = f.close_clean(r.sync);
     } else if (r.kind == EmptyRun::Kind::midas) {
         name = midas::file_name(h.run_number, h.builder_id, h.file_sequence, false, false);

@@ -21,6 +21,10 @@ nlohmann::ordered_json midas_end_counts(std::uint32_t sequence, std::uint64_t fi
                                         std::uint64_t bytes, std::optional<std::uint64_t> stored_bytes,
                                         std::uint32_t run, std::uint64_t run_events, const StatusCounts& run_status);
 
+// END_OF_RUN's body (FORMATS.md 12): end_unix_ns and the run's counts as its run
+// summary gives them (events, and events by status).
+std::string end_of_run_body(std::uint64_t end_unix_ns, std::uint32_t run, std::uint64_t events, const StatusCounts& status);
+
 struct EmptyRun {
     std::string directory;
     FileHeader header;  // run, builder, expected sources, version, mode, codec, window (sequence: chosen here)
@@ -29,6 +33,10 @@ struct EmptyRun {
     std::uint32_t started_unix_s = 0;  // MIDAS: the begin-of-run event's time stamp
     int lz4_level = 1;
     bool sync = true;
+    // .evb with run records: the file holds BEGIN_OF_RUN (this body) and END_OF_RUN.
+    bool run_records = false;
+    std::string bor_body;
+    int record_level = 1;
 };
 
 // Writes the run's empty file (sequence: next_file_sequence) and closes it clean.

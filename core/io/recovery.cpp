@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "core/format/run_record.hpp"
 #include "core/format/file_format.hpp"
 #include "core/format/wire.hpp"
 #include "core/format/lz4_frame.hpp"
@@ -329,7 +330,7 @@ KeptRecords keep_good_records(std::span<const std::byte> image, const ScanResult
             k.runs.back().second += h.record_length;
         else
             k.runs.emplace_back(at, h.record_length);
-        k.index.push_back({h.event_id, out_pos});
+        if (!is_run_record(h)) k.index.push_back({h.event_id, out_pos});  // run records are in no index
         out_pos += h.record_length;
     };
     for (const RecordView& v : s.records) keep(v.file_offset, v.header);

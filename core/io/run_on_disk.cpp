@@ -12,6 +12,7 @@
 #include <map>
 #include <fmt/format.h>
 
+#include "core/format/run_record.hpp"
 #include "core/format/file_format.hpp"
 #include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
@@ -228,9 +229,10 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 continue;
             }
             s.files.push_back(path);
-            s.records += scanned.records.size();
             std::vector<SectionView> sections;
             for (const RecordView& r : scanned.records) {
+                if (is_run_record(r)) continue;  // not an event (FORMATS.md 12)
+                ++s.records;
                 if (r.header.run_number != run) continue;
                 ids.push_back(r.header.event_id);
                 if (!items || scanned.header.match_mode != MatchMode::timestamp) continue;

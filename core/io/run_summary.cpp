@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 
+#include "core/format/run_record.hpp"
 #include "core/format/file_format.hpp"
 #include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
@@ -183,8 +184,12 @@ SummaryFile scan_file(const std::string& directory, const std::string& name, std
         }
         // Counts and status bits are in the record headers: nothing is decoded.
         const ScanResult s = scan_stored(m.bytes());
-        f.events = s.records.size();
-        for (const auto& r : s.records) f.status.add(r.header.status);
+        f.events = 0;
+        for (const auto& r : s.records) {
+            if (is_run_record(r)) continue;  // run records are not events
+            ++f.events;
+            f.status.add(r.header.status);
+        }
         f.clean = !ends_with(name, ".part") && s.header_ok && s.has_footer && s.problems.empty();
         if (created_ns != nullptr && s.header_ok) *created_ns = s.header.created_unix_ns;
     } catch (const std::exception&) {

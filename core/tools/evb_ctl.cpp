@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -55,9 +56,13 @@ void usage(std::FILE* to) {
                  "usage: evb-ctl [--socket PATH] [--json] [--timeout SECONDS] COMMAND\n"
                  "commands:\n"
                  "  status            state (running, stopping, stopped), run, this run's counts\n"
-                 "  start [--run N]   start run N (default: the next run) in new files\n"
+                 "  start [--run N] [--meta FILE.json]\n"
+                 "                    start run N (default: the next run) in new files; --meta: a JSON\n"
+                 "                    object for its BEGIN_OF_RUN records (with the command, 256 bytes at most)\n"
                  "  stop              end the run: events in flight finish, the file closes; waits\n"
                  "  reload            reload the configuration file (as SIGHUP)\n"
+                 "  comment TEXT      a COMMENT run record in the running run's file (the control line\n"
+                 "                    holds 256 bytes: about 240 of text)\n"
                  "options:\n"
                  "  --socket PATH     evbd's control.socket (default: the first that answers of %s, %s)\n"
                  "  --json            print evbd's answer as JSON\n"
@@ -85,6 +90,7 @@ std::string human(const std::string& command, const nlohmann::json& j) {
                            j.value("run", 0), j.value("events_complete", 0ull), j.value("events_incomplete", 0ull),
                            j.value("events_written", 0ull), j.value("files", 0ull), j.value("payload_bytes", 0ull));
     if (command == "start") return fmt::format("run {} started", j.value("run", 0));
+    if (command == "comment") return "comment " + j.value("comment", std::string());
     return "reloaded: " + j.value("reload", std::string());
 }
 
@@ -128,13 +134,42 @@ int main(int argc, char** argv) {
             words.push_back(a);  // the command and its own arguments (start --run N)
         }
     }
-    const bool valid = (words.size() == 1 && (words[0] == "status" || words[0] == "start" || words[0] == "stop" ||
+    // start ... --meta FILE.json: the file's JSON object goes on the line, compact.
+    if (!words.empty() && words[0] == "start" && words.size() >= 3 && words[words.size() - 2] == "--meta") {
+        const std::string path = words.back();
+        std::ifstream in(path);
+        nlohmann::json meta = in ? nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
+        if (!in || meta.is_discarded() || !meta.is_object()) {
+            std::fprintf(stderr, "evb-ctl: --meta %s: %s\n", path.c_str(),
+                         !in ? "cannot read it" : "not a JSON object");
+            return kUsage;
+        }
+        words.back() = evb::json_text(meta);
+    }
+    const bool meta_given = words.size() >= 3 && words[0] == "start" && words[words.size() - 2] == "--meta";
+    if (meta_given) {
+        std::size_t bytes = 0;
+        for (const auto& w : words) bytes += w.size() + 1;
+        if (bytes > 255) {
+            std::fprintf(stderr, "evb-ctl: --meta: the command with its metadata is %zu bytes; the control line holds 256\n",
+                         bytes);
+            return kUsage;
+        }
+    }
+    const bool valid = meta_given ||
+                       (words.size() == 1 && (words[0] == "status" || words[0] == "start" || words[0] == "stop" ||
                                              words[0] == "reload")) ||
-                       (words.size() == 3 && words[0] == "start" && words[1] == "--run");
+                       (words.size() == 3 && words[0] == "start" && words[1] == "--run") ||
+                       (words.size() >= 2 && words[0] == "comment");
     if (!valid) {
         usage(stderr);
         return kUsage;
     }
+    for (const auto& w : words)
+        if (w.find('\n') != std::string::npos) {
+            std::fprintf(stderr, "evb-ctl: a command is one line: no newline in '%s'\n", w.c_str());
+            return kUsage;
+        }
     std::string line;
     for (const auto& w : words) line += (line.empty() ? "" : " ") + w;
     // With no --socket: the first candidate that answers (a stale socket a killed

@@ -32,6 +32,7 @@
 #include "core/format/file_format.hpp"
 #include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
+#include "core/format/run_record.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/recovery.hpp"
 #include "core/io/run_on_disk.hpp"
@@ -69,7 +70,10 @@ one LZ4 frame, offsets given in its decoded bytes). A directory stands for the
   (no option)      one summary line per file
   --events         also list every event: id, offset, length, status and the
                    sections that are missing, empty or flagged by their source
-  --json           print one JSON document instead of text
+  --json           print one JSON document instead of text (each file's run
+                   records under "run_records": kind, offset, event_id, body)
+  --run-records    list each file's run records (BEGIN_OF_RUN, END_OF_RUN,
+                   COMMENT, USER: docs/FORMATS.md section 12); --events too
   --verify         check every structure and CRC; report each problem as
                    FILE:OFFSET: message and exit 1 if there is any
   --pattern        as --verify, and also check every payload byte against the
@@ -106,6 +110,7 @@ enum class PatternKind { either, pattern, waveform };
 
 struct Options {
     bool events = false;
+    bool run_records = false;  // --run-records
     bool json = false;
     bool verify = false;
     bool pattern = false;
@@ -128,6 +133,8 @@ std::optional<std::string> parse_args(int argc, char** argv, Options& o) {
             options_done = true;
         } else if (a == "--events") {
             o.events = true;
+        } else if (a == "--run-records") {
+            o.run_records = true;
         } else if (a == "--json") {
             o.json = true;
         } else if (a == "--verify") {
@@ -270,6 +277,16 @@ struct EventInfo {
     std::vector<SectionInfo> sections;
 };
 
+// A run record (FORMATS.md 12): not an event; listed, never counted or verified as one.
+struct RunRecordInfo {
+    std::uint64_t offset = 0;
+    std::uint32_t kind = 0;
+    std::uint64_t event_id = 0;  // the last event record's before it in the file
+    std::uint64_t made_unix_ns = 0;
+    bool compressed = false;
+    std::string body;
+};
+
 struct FileReport {
     std::string path;
     bool midas = false;    // a MIDAS file: header from its begin-of-run event and name
@@ -299,6 +316,7 @@ struct FileReport {
     std::uint64_t content_bytes = 0;
     std::uint64_t compressed = 0;
     std::vector<EventInfo> events;     // with --events
+    std::vector<RunRecordInfo> run_records;  // in file order
 
     void add_problem(std::uint64_t offset, std::string what) {
         ++problem_count;
@@ -510,6 +528,13 @@ void RecordChecks::operator()(const ef::FileHeader& fh, const ef::RecordView& r,
     const std::uint32_t section_defined = bits_defined(section_bits);
     const auto& h = r.header;
     const std::uint64_t at = r.file_offset;
+    if (v2 && ef::is_run_record(r)) {  // scan() checked its entry
+        const ef::RunRecordView rr = ef::read_run_record(area);
+        rep.run_records.push_back({at, rr.kind, h.event_id, h.built_unix_ns, r.compressed, std::string(rr.body)});
+        if (h.run_number != fh.run_number)
+            rep.add_problem(at, fmt::format("run record has run {}, the file is run {}", h.run_number, fh.run_number));
+        return;
+    }
     for (std::size_t b = 0; b < record_bits; ++b)
         if (h.status & kRecordBits[b].first) ++rep.record_bits[b];
     if (const auto [it, fresh] = seen.emplace(h.event_id, at); !fresh)
@@ -890,7 +915,7 @@ FileReport examine(const std::string& path, const Options& o) {
         rep.header = s.header;
         rep.has_footer = s.has_footer;
         rep.good_bytes = s.good_bytes;
-        rep.event_count = s.records.size();
+        rep.event_count = s.records.size() - rep.run_records.size();
         take_open_tail(img, s, rep);
         for (const auto& p : s.problems)
             if (!rep.open || (p.offset != s.good_bytes && p.offset != img.size())) rep.add_problem(p.offset, p.what);
@@ -1017,6 +1042,12 @@ int open_regular(const std::string& path) {
 
 // `named`: the file was named on the command line (not found in a directory), so a
 // file that cannot be touched is an error rather than a note.
+// Records that are events (run records are not).
+std::uint64_t event_records(const ef::ScanResult& s) {
+    return static_cast<std::uint64_t>(
+        std::count_if(s.records.begin(), s.records.end(), [](const ef::RecordView& r) { return !ef::is_run_record(r); }));
+}
+
 RecoverReport recover_one(const std::string& path, bool named) {
     RecoverReport rr;
     rr.path = path;
@@ -1087,7 +1118,7 @@ RecoverReport recover_one(const std::string& path, bool named) {
             }
             if (s.has_footer && s.problems.empty() && !ends_with(path, ".part")) {
                 rr.note = "already clean, nothing to do";
-                rr.kept_events = s.records.size();
+                rr.kept_events = event_records(s);
                 return rr;
             }
             rr.kept_bytes = s.good_bytes;
@@ -1117,7 +1148,7 @@ RecoverReport recover_one(const std::string& path, bool named) {
             rr.output_verified = check.problems.empty() && check.has_eor && check.events.size() == rr.kept_events;
         } else {
             const ef::ScanResult check = ef::scan(out.bytes());
-            rr.output_verified = check.problems.empty() && check.has_footer && check.records.size() == rr.kept_events;
+            rr.output_verified = check.problems.empty() && check.has_footer && event_records(check) == rr.kept_events;
         }
     } catch (const std::exception& e) {
         rr.error = e.what();
@@ -1237,6 +1268,16 @@ Json file_json(const FileReport& r, const Options& o) {
     Json probs = Json::array();
     for (const auto& p : r.problems) probs.push_back({{"offset", p.offset}, {"message", p.what}});
     j["problems"] = probs;
+    Json rrs = Json::array();
+    for (const auto& rr : r.run_records) {
+        // The body as JSON (integers exact: nlohmann keeps 64-bit integers); text
+        // that does not parse is given as a string.
+        Json body = Json::parse(rr.body, nullptr, /*allow_exceptions=*/false);
+        if (body.is_discarded()) body = rr.body;
+        rrs.push_back({{"kind", ef::run_record_kind_name(rr.kind)}, {"offset", rr.offset}, {"event_id", rr.event_id},
+                       {"made_unix_ns", rr.made_unix_ns}, {"compressed", rr.compressed}, {"body", body}});
+    }
+    j["run_records"] = rrs;
     if (o.events) {
         Json evs = Json::array();
         for (const auto& e : r.events) evs.push_back(event_json(e, r.header));
@@ -1333,6 +1374,15 @@ std::string section_notes(const EventInfo& e, const ef::FileHeader& fh) {
     if (!flagged.empty()) out += "  source_error:" + join(flagged, ",");
     if (!unconfirmed.empty()) out += "  unconfirmed:" + join(unconfirmed, ",");
     return out;
+}
+
+void print_run_records_text(const FileReport& r) {
+    if (r.run_records.empty()) return;
+    fmt::print("{}: {} run records\n", r.path, r.run_records.size());
+    fmt::print("  {:<13} {:>12} {:>20}  {}\n", "kind", "offset", "after event", "body");
+    for (const auto& rr : r.run_records)
+        fmt::print("  {:<13} {:>12} {:>20}  {}\n", ef::run_record_kind_name(rr.kind), rr.offset, rr.event_id, rr.body);
+    fmt::print("\n");
 }
 
 void print_events_text(const FileReport& r) {
@@ -1555,6 +1605,8 @@ int main(int argc, char** argv) {
     if (!recovered.empty() && !reports.empty()) fmt::print("\n");
     if (o.events)
         for (const auto& r : reports) print_events_text(r);
+    if (o.events || o.run_records)
+        for (const auto& r : reports) print_run_records_text(r);
     print_summary_text(reports);
     for (const auto& r : reports) print_open_text(r);
 

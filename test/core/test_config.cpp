@@ -181,10 +181,10 @@ TEST_CASE("config: JSON nested deeper than 64 levels is refused before it is par
 
 TEST_CASE("config: the match modes and what contradicts them") {
     using evb::MatchMode;
-    // Default: event_id, version-1 files.
+    // Default: event_id, version-2 files (run records are on: FORMATS.md 12).
     auto c = evb::load_config("{}", "test", {});
     CHECK(c->building.match == MatchMode::event_id);
-    CHECK(c->output.format_version == 1);
+    CHECK(c->output.format_version == 2);
     CHECK(c->shard_count() >= 1);
     // Timestamp mode sets version 2 and builds in one shard.
     c = evb::load_config("{}", "test", {"building.match=timestamp", "building.tolerance_ticks=8", "building.workers=3"});
@@ -358,7 +358,7 @@ TEST_CASE("config: output.compression sets version 2 and its contradictions are 
     CHECK(c->output.format_version == 2);
     CHECK(c->effective["output"]["format_version"] == 2);
     CHECK(evb::default_config({})->output.compression == evb::file::Codec::none);
-    CHECK(evb::default_config({})->output.format_version == 1);
+    CHECK(evb::default_config({})->output.format_version == 2);  // run records
     CHECK(any_contains(problems_of(R"({"output": {"compression": "lz4", "compression_level": 13}})"),
                        "output.compression_level: lz4 has levels 1 (fast) to 12 (HC), got 13"));
     CHECK(any_contains(problems_of(R"({"output": {"compression": "lz4", "format_version": 1}})"),
@@ -377,7 +377,7 @@ TEST_CASE("config: output.compression sets version 2 and its contradictions are 
         CHECK(m->output.record_codec() == evb::file::Codec::none);
     }
     // Live in version-2 files; a builder that started with version 1 keeps none until a restart.
-    const auto v1 = evb::default_config({});
+    const auto v1 = load_config(R"({"output": {"format_version": 1}})", "test.json", {});
     const auto wants = load_config(R"({"output": {"compression": "lz4"}})", "test.json", {});
     const auto merged = evb::merge_live(*v1, *wants);
     CHECK(merged->output.compression == evb::file::Codec::none);

@@ -332,9 +332,10 @@ def address_space_limit(limit):
 
 
 def read_records(out_dir):
-    """Reads out_dir's .evb files (docs/FORMATS.md section 2) independently of evb-dump:
-    {event_id: record bytes with the timestamps and the record CRC zeroed}, plus
-    {event_id: (status, [(source_id, section status, payload bytes)])}."""
+    """Reads out_dir's .evb files (docs/FORMATS.md sections 2 and 6, records stored
+    plain) independently of evb-dump: {event_id: record bytes with the timestamps and
+    the record CRC zeroed}, plus {event_id: (status, [(source_id, section status,
+    payload bytes)])}. Run records (version 2, section 12) are skipped: not events."""
     masked, parsed = {}, {}
     names = sorted(n for n in os.listdir(out_dir) if n.endswith(".evb") or n.endswith(".evb.part"))
     if not names:
@@ -344,17 +345,23 @@ def read_records(out_dir):
             data = f.read()
         if data[:8] != b"EVBFILE1":
             fail(f"{name}: bad file magic")
+        hb = 64 if struct.unpack_from("<I", data, 8)[0] == 2 else 56  # the record header's size
         at = 64
-        while at + 56 <= len(data) and data[at:at + 4] == b"EVBR":
+        while at + hb <= len(data) and data[at:at + 4] == b"EVBR":
             length = struct.unpack_from("<I", data, at + 4)[0]
             rec = data[at:at + length]
-            if length < 56 or len(rec) != length:
+            if length < hb or len(rec) != length:
                 fail(f"{name}: record at {at} has a bad length {length}")
             event_id, _run, status, nsec = struct.unpack_from("<QIII", rec, 8)
+            if hb == 64 and status & 32:  # RUN_RECORD
+                at += length
+                continue
+            if hb == 64 and status & 16:
+                fail(f"{name}: record at {at} is COMPRESSED; read_records reads plain records")
             if event_id in masked:
                 fail(f"{out_dir}: event {event_id} written twice")
             masked[event_id] = rec[:32] + b"\0" * 16 + rec[48:52] + b"\0" * 4 + rec[56:]
-            sections, pos = [], 56
+            sections, pos = [], hb
             for _ in range(nsec):
                 sid, sstatus, slen, _res = struct.unpack_from("<IIII", rec, pos)
                 sections.append((sid, sstatus, rec[pos + 16:pos + 16 + slen]))

@@ -28,7 +28,11 @@ def main():
         text = json.dumps({"sources": 4, "run_number": run,
                            "building": {"timeout_ms": timeout_ms, "source_timeout_ms": 3_600_000,
                                         "source_timeout_events": 1 << 20},
-                           "control": {"socket": sock}})
+                           "control": {"socket": sock},
+                           # Version-1 files (the default before run records made it 2):
+                           # item 8 needs compression to wait for a restart. Its config's own
+                           # "output" object replaces this one, as before.
+                           "output": {"format_version": 1}})
         with open(cfg + ".tmp", "w") as f:
             f.write(text[:-1] + extra + "}")
         os.replace(cfg + ".tmp", cfg)

@@ -134,7 +134,8 @@ def check_damage(wd, files):
           ".part without an index: event() finds a record by id all the same")
 
     # A flipped payload byte: a clean file raises naming the record; a .part stops there.
-    flip_at = victim.offset + 56 + 16 + 1
+    # (the record header is 56 bytes in v1 files, 64 in v2: evbd's default since run records)
+    flip_at = victim.offset + (64 if first.version == 2 else 56) + 16 + 1
     bad = bytearray(data)
     bad[flip_at] ^= 0x04
     bad_dir = os.path.join(wd, "flipped")

@@ -41,3 +41,26 @@ TEST_CASE("a reload's answer lists the keys applied and those waiting for a rest
     CHECK(j["applied"] == nlohmann::json::array({"building.timeout_ms"}));
     CHECK(j["restart_needed"] == nlohmann::json::array({"input.readers"}));
 }
+
+TEST_CASE("comment TEXT parses to a comment with the rest of the line, spaces kept", "[run_records]") {
+    const auto c = evb::parse_control_line("comment beam off  at 12:03\r");
+    REQUIRE(c.kind == ParsedControlLine::Kind::command);
+    CHECK(c.command.op == evb::ControlCommand::Op::comment);
+    CHECK(c.command.text == "beam off  at 12:03");
+    for (const char* bad : {"comment", "comment ", "comment \r"})
+        CHECK(evb::parse_control_line(bad).kind == ParsedControlLine::Kind::refused);
+}
+
+TEST_CASE("start --meta JSON carries the metadata object; anything else is refused", "[run_records]") {
+    const auto s = evb::parse_control_line(R"(start --run 7 --meta {"target":"Pb 208","n":1})");
+    REQUIRE(s.kind == ParsedControlLine::Kind::command);
+    CHECK(s.command.has_run);
+    CHECK(s.command.run == 7);
+    CHECK(s.command.text == R"({"target":"Pb 208","n":1})");
+    const auto t = evb::parse_control_line(R"(start --meta {"a":1})");
+    REQUIRE(t.kind == ParsedControlLine::Kind::command);
+    CHECK(!t.command.has_run);
+    CHECK(t.command.text == R"({"a":1})");
+    for (const char* bad : {"start --run 7 --meta [1]", "start --meta {oops", "start --run 7 --meta \"x\""})
+        CHECK(evb::parse_control_line(bad).kind == ParsedControlLine::Kind::refused);
+}

@@ -13,10 +13,10 @@ from ._crc import crc32c
 from ._codecs import CodecError
 from .directory import AmbiguousEventError, EvbDirectory, open
 from .midas import MidasFile, MidasRecord
-from .reader import (CODECS, MATCH_MODES, EvbFile, FormatError, Item, Problem, Record, RecordStatus, Section,
+from .reader import (CODECS, MATCH_MODES, EvbFile, FormatError, Item, Problem, Record, RecordStatus, RunRecord, Section,
                      SectionStatus)
 
 __all__ = ["open", "EvbFile", "MidasFile", "MidasRecord", "EvbDirectory", "Record", "Section", "Item", "Problem",
-           "FormatError", "AmbiguousEventError",
+           "FormatError", "AmbiguousEventError", "RunRecord",
            "CodecError", "RecordStatus", "SectionStatus", "MATCH_MODES", "CODECS", "crc32c", "CRC_BACKEND"]
 __version__ = "0.1.0"

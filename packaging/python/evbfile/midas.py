@@ -319,6 +319,14 @@ class MidasFile(EvbFile):
             return f"{len(banks) - next_bank} banks after the sections EVBS lists"
         return lo | hi << 32, tlo | thi << 32, status, layout
 
+    def run_records(self):
+        """MIDAS files hold no .evb run records (their begin- and end-of-run events are MIDAS's own)."""
+        return []
+
+    @property
+    def bor(self):
+        return None
+
     def __iter__(self):
         if not self.header_ok:
             self._record_count = 0

@@ -8,6 +8,7 @@ area), never a copy. The walk over the records applies the checks of evbd's own
 source_id that fit the record exactly, zero padding, MISSING sections empty.
 """
 import builtins
+import json
 import mmap
 import os
 import struct
@@ -37,6 +38,7 @@ class RecordStatus(IntFlag):
     SOURCE_ERROR = 4
     CORRUPT_DROPPED = 8
     COMPRESSED = 16  # v2 only: the sections area is stored compressed
+    RUN_RECORD = 32  # v2 only: a run record (docs/FORMATS.md section 12), not an event
 
 
 class SectionStatus(IntFlag):
@@ -67,6 +69,8 @@ _ZERO8 = bytes(8)
 _MISSING = int(SectionStatus.MISSING)
 _ITEM_SOURCE_ERROR = 4  # an item's only defined flag
 _COMPRESSED = int(RecordStatus.COMPRESSED)
+_RUN_RECORD = int(RecordStatus.RUN_RECORD)
+RUN_RECORD_KINDS = {1: "BEGIN_OF_RUN", 2: "END_OF_RUN", 3: "COMMENT", 4: "USER"}
 
 
 def _padded8(n):
@@ -268,6 +272,61 @@ class Record:
                 f"offset={self.offset})")
 
 
+class RunRecord:
+    """A run record (docs/FORMATS.md section 12): what happened in the run besides
+    events. `kind` is its name (BEGIN_OF_RUN, END_OF_RUN, COMMENT, USER), `body` its
+    JSON object (integers exact: Python's json reads them as int), `event_id` the last
+    event record's before it in the file (0 if none)."""
+
+    __slots__ = ("file", "offset", "length", "event_id", "run_number", "kind", "body_text", "built_unix_ns")
+
+    def __init__(self, file, offset, length, event_id, run_number, kind, body_text, built_ns):
+        self.file = file
+        self.offset = offset
+        self.length = length
+        self.event_id = event_id
+        self.run_number = run_number
+        self.kind = RUN_RECORD_KINDS[kind]
+        self.body_text = body_text
+        self.built_unix_ns = built_ns
+
+    @property
+    def body(self):
+        return json.loads(self.body_text)
+
+    def as_dict(self):
+        return {"kind": self.kind, "body": self.body, "file": self.file.path, "event_id": self.event_id,
+                "offset": self.offset, "made_unix_ns": self.built_unix_ns}
+
+    def _release(self):
+        pass
+
+    def __repr__(self):
+        return f"RunRecord({self.kind}, after event {self.event_id}, offset={self.offset})"
+
+
+def _check_run_record(raw, at, end, nsec, status, timestamp):
+    """(kind, body bytes, None) of a run record's area [at, end) of `raw`, or
+    (None, None, what is wrong): the checks of evbd's check_run_record_area()."""
+    if status & ~(_RUN_RECORD | _COMPRESSED):
+        return None, None, f"status {status:#x} has bits besides RUN_RECORD and COMPRESSED"
+    if nsec:
+        return None, None, f"section_count {nsec} (must be 0)"
+    if timestamp:
+        return None, None, "timestamp is not 0"
+    if end - at < 8:
+        return None, None, f"area of {end - at} bytes holds no entry"
+    kind, blen = struct.unpack_from("<II", raw, at)
+    if kind not in RUN_RECORD_KINDS:
+        return None, None, f"unknown kind {kind}"
+    if _padded8(blen) != end - at - 8:
+        return None, None, f"body length {blen} does not fill the area of {end - at} bytes"
+    body = bytes(raw[at + 8:at + 8 + blen])
+    if bytes(raw[at + 8 + blen:end]).strip(b"\0"):
+        return None, None, "padding after the body is not zero"
+    return kind, body, None
+
+
 def _decode_again(file, offset, length, event_id):
     """The sections area of the record at `offset`, which the walk released: decoded
     (and checked) again from the file, which must still be open."""
@@ -456,6 +515,12 @@ class EvbFile:
                 self._bad(pos, f"content CRC mismatch (event {event_id})")
                 return None
             raw, buf, at, area_end = mm, self._buf, pos + 64, pos + length
+        if not v1 and status & _RUN_RECORD:
+            kind, body, why = _check_run_record(raw, at, area_end, nsec, status, timestamp)
+            if why is not None:
+                self._bad(pos, f"run record after event {event_id}: {why}")
+                return None
+            return RunRecord(self, pos, length, event_id, run, kind, body.decode("utf-8", "replace"), built_ns)
         layout, why = self._check_sections(raw, at, area_end, nsec)
         if why is not None:
             self._bad(pos, f"event {event_id}: {why}")
@@ -533,6 +598,28 @@ class EvbFile:
         return layout, None
 
     def __iter__(self):
+        """The event records, in file order (run records are skipped: run_records())."""
+        for rec in self._walk():
+            if type(rec) is not RunRecord:
+                yield rec
+
+    def run_records(self):
+        """The file's run records (docs/FORMATS.md section 12) in file order, each a
+        dict: kind, body (the JSON object, integers exact), file, event_id (the last
+        event record's before it), offset, made_unix_ns."""
+        return [r.as_dict() for r in self._walk() if type(r) is RunRecord]
+
+    @property
+    def bor(self):
+        """The BEGIN_OF_RUN record's body as a dict (every file of a run begins with
+        it), or None in a file without one (version 1, or run records off)."""
+        for r in self.run_records():
+            if r["kind"] == "BEGIN_OF_RUN":
+                return r["body"]
+        return None
+
+    def _walk(self):
+        """Every good record in file order: events (Record) and run records (RunRecord)."""
         if not self.header_ok:
             self._record_count = 0
             return
@@ -547,9 +634,10 @@ class EvbFile:
             rec = self._parse(pos, end)
             if rec is None:
                 break
-            if seen is not None:
-                seen.append((rec.event_id, pos))
-            count += 1
+            if type(rec) is not RunRecord:  # run records are in no index, and not events
+                if seen is not None:
+                    seen.append((rec.event_id, pos))
+                count += 1
             yield rec
             pos += rec.length
             prev, rec = rec, None

@@ -1,0 +1,80 @@
+// The disk writer's run records (docs/FORMATS.md section 12): BEGIN_OF_RUN at each
+// file's start, END_OF_RUN at the run's end, and the notes posted for the running run
+// (evb-ctl comment), written between batches. Split from disk_writer.cpp.
+#include <sys/uio.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/format/run_record.hpp"
+#include "core/util/clock.hpp"
+#include "core/util/log.hpp"
+#include "threads/disk_writer.hpp"
+
+namespace evb {
+
+int DiskWriter::append_run_record(std::uint32_t run, std::uint32_t kind, const std::string& body) {
+    file::RunRecordFields f;
+    f.kind = static_cast<file::RunRecordKind>(kind);
+    f.body = body;
+    f.event_id = file_last_event_id_;
+    f.run_number = run;
+    f.made_unix_ns = realtime_ns();
+    f.codec = file_codec_;
+    f.level = s_.record_level;
+    std::vector<std::byte> rec = file::encode_run_record(f);
+    const iovec v{rec.data(), rec.size()};
+    return file_.append(&v, 1);
+}
+
+void DiskWriter::take_notes() {
+    if (notes_ == nullptr) return;
+    RunNote n;
+    // A note is for the run that was running when it was posted: the open file's, or
+    // the next file's (a run started by evb-ctl has no file until its first event;
+    // the writer learns of that run only from its events). At most kCapacity wait.
+    for (int i = 0; i < 16 && notes_->try_pop(n); ++i) {
+        if (n.kind == 0) {  // a run's metadata: used when its first file opens
+            next_metadata_ = std::move(n);
+            continue;
+        }
+        if (waiting_notes_.size() >= RunNotes::kCapacity) {
+            log_warn("a {} for run {} is not written: {} run records wait for their run's file already",
+                     file::run_record_kind_name(waiting_notes_.front().kind), waiting_notes_.front().run_number,
+                     waiting_notes_.size());
+            waiting_notes_.erase(waiting_notes_.begin());
+        }
+        waiting_notes_.push_back(std::move(n));
+    }
+    if (!waiting_notes_.empty() && file_.is_open() && !blocked_) write_waiting_notes();
+}
+
+void DiskWriter::write_waiting_notes() {
+    if (midas_ || !s_.run_records) {
+        waiting_notes_.clear();
+        return;
+    }
+    flush_batch();  // between events: after every record gathered so far
+    if (blocked_ || !file_.is_open()) return;
+    std::size_t kept = 0;
+    for (RunNote& n : waiting_notes_) {
+        if (n.run_number != file_run_) {
+            waiting_notes_[kept++] = std::move(n);  // a later run's: its file is not open yet
+            continue;
+        }
+        if (const int e = append_run_record(file_run_, n.kind, n.body); e != 0) {
+            counters_.write_errors.add();
+            log_error("writing a {} run record to {}: {}; it is not written", file::run_record_kind_name(n.kind),
+                      file_.part_path(), std::strerror(e));
+        }
+    }
+    waiting_notes_.resize(kept);
+}
+
+void DiskWriter::close_run_file() {
+    closing_run_end_ = true;
+    close_file();
+    closing_run_end_ = false;
+}
+
+}  // namespace evb
