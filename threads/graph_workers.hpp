@@ -1,7 +1,9 @@
 // The flow graph's threads: one "evb-worker-N" per driver of the pipeline, each
-// running its shards' graph in a task arena of one slot (threads/pipeline.hpp).
-// oneTBB starts no threads of its own: the process-wide limit is set here, once,
-// before the first arena is made.
+// running its shards' graph in a task arena of its own, and the helpers beyond
+// them (building.workers above the shard count), which join a driver's arena on
+// slots reserved for them to compress (threads/pipeline.hpp). oneTBB starts no
+// threads of its own: the process-wide limit is set here, once, before the first
+// arena is made.
 #pragma once
 
 #include <oneapi/tbb/global_control.h>

@@ -226,9 +226,12 @@ struct Pipeline::Shard {
     alloc::Arena arena;
     alloc::ReturnBatcher returns;
     Matcher matcher;
-    // Compresses in the assemble body and is configured in the match body: both run
-    // on the shard's driver thread (its arena has one slot and no workers), as does
-    // the matcher.reclaim() the assemble body calls when the ring is full.
+    // One worker per shard: compresses in the assemble body, configured in the match
+    // body; both serial nodes of the driver's arena, one at a time, as is the
+    // matcher.reclaim() the assemble body calls when the ring is full. Several
+    // workers: the match body prepares each record's block (and reclaims), the
+    // compress node's tasks fill the blocks with their own encoders, the push node
+    // counts (RecordCompressor::prepare, finish, count).
     RecordCompressor compressor;
     SpscRing<Event*> to_writer;
     Crc32cJoiner joiner;  // used by the serial assemble body only
