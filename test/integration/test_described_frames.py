@@ -44,6 +44,9 @@ def records(out_dir):
         at = 64
         while at + head <= len(data) and data[at:at + 4] == b"EVBR":
             length, event_id, _run, status, nsec = struct.unpack_from("<IQIII", data, at + 4)
+            if status & 0x20:  # a run record (FORMATS.md 12): no event
+                at += length
+                continue
             ts = struct.unpack_from("<Q", data, at + 56)[0] if version >= 2 else 0
             pos, sections = at + head, []
             for _ in range(nsec):

@@ -51,7 +51,7 @@ TEST_CASE("comment TEXT parses to a comment with the rest of the line, spaces ke
         CHECK(evb::parse_control_line(bad).kind == ParsedControlLine::Kind::refused);
 }
 
-TEST_CASE("start --meta JSON carries the metadata object; anything else is refused", "[run_records]") {
+TEST_CASE("start --meta JSON carries the metadata object, anything else is refused", "[run_records]") {
     const auto s = evb::parse_control_line(R"(start --run 7 --meta {"target":"Pb 208","n":1})");
     REQUIRE(s.kind == ParsedControlLine::Kind::command);
     CHECK(s.command.has_run);
