@@ -206,7 +206,9 @@ def replay_twice(wd, caps, cfg, ports, sets, live):
         out = os.path.join(wd, f"replay{k}")
         cmd = [os.path.join(BIN, "evbd"), "--replay", cap, "--config", cfg, "--set", f"output.directory={out}",
                "--set", "monitor.listen=", "--set", "replay.filter=udp",
-               "--set", "input.listen=" + json.dumps([f"127.0.0.1:{p}" for p in ports])]
+               "--set", "input.listen=" + json.dumps([f"127.0.0.1:{p}" for p in ports]),
+               # Events only: run records carry each replay's own times and output directory.
+               "--set", "output.run_records=false"]
         for s in sets:
             cmd += ["--set", s]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
