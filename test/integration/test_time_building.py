@@ -132,7 +132,9 @@ def replay_twice(wd, cap, sources, live):
         out = os.path.join(wd, f"replay{k}")
         cmd = [os.path.join(BIN, "evbd"), "--replay", cap, "--set", f"sources={sources}", "--set", f"output.directory={out}",
                "--set", "monitor.listen=", "--set", "building.match=timestamp", "--set", "building.tolerance_ticks=24",
-               "--set", "input.listen=127.0.0.1:7400", "--set", "replay.filter=udp"]
+               "--set", "input.listen=127.0.0.1:7400", "--set", "replay.filter=udp",
+               # Events only: run records carry each replay's own times and output directory.
+               "--set", "output.run_records=false"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         check(p.returncode == 0, f"replay {k} exits 0" + ("" if p.returncode == 0 else f": {p.stderr[-600:]}"))
         outs.append(out)
