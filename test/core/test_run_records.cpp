@@ -115,7 +115,8 @@ TEST_CASE("run records: compressed with the file's codec when that is smaller", 
         CHECK(rec.size() < body.size());
         const Bytes small = run_record(ef::RunRecordKind::comment, R"({"text":"x"})", 0, c);
         CHECK((evb::wire::load_u32(small.data() + 20) & ef::record_status::compressed) == 0);  // would not shrink
-        const ef::ScanResult s = ef::scan(file_of(header(c), {rec, event(7), small}));
+        const Bytes img = file_of(header(c), {rec, event(7), small});  // the scan's views point into it
+        const ef::ScanResult s = ef::scan(img);
         REQUIRE(s.problems.empty());
         REQUIRE(s.records.size() == 3);
         CHECK(body_of(s.records[0]) == body);
@@ -136,7 +137,8 @@ TEST_CASE("run records: a broken one stops the scan with a reason", "[file][run_
     // Sealed again (content and record CRC): only the rule broken is wrong.
     evb::wire::store_u32(bad.data() + 48, evb::crc32c(bad.data() + 64, bad.size() - 64));
     evb::test::reseal_record_v2(bad);
-    const ef::ScanResult s = ef::scan(file_of(header(ef::Codec::none), {event(1), bad}, false));
+    const Bytes img = file_of(header(ef::Codec::none), {event(1), bad}, false);  // the scan's views point into it
+    const ef::ScanResult s = ef::scan(img);
     REQUIRE(s.records.size() == 1);
     REQUIRE(s.problems.size() >= 1);
     bool named = false;
