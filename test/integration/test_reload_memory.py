@@ -47,6 +47,14 @@ def main():
     rc = d.stop()
     check(rc == 0, "evbd stops cleanly after the reloads")
     grown = after - before
+    if sanitized_build():
+        # ASan holds freed blocks in its quarantine (256 MB by default) instead of
+        # reusing them, so resident memory grows with what reloads allocate and free:
+        # since run records (issue 45) each run change writes the 200 KB configuration
+        # into the next file's BEGIN_OF_RUN, 40 MB over 30 reloads. What leaks is
+        # LeakSanitizer's to find, at the exit checked above; the bound is release's.
+        print(f"not checked here: {reloads} reloads grew resident memory by {grown} KiB under ASan's quarantine")
+        return
     check(grown < 8 * 1024, f"{reloads} reloads of a 200 KB configuration grew resident memory by {grown} KiB (< 8 MiB)")
 
 
