@@ -96,6 +96,8 @@ template <typename... F>
 struct Overloaded : F... {
     using F::operator()...;
 };
+template <typename... F>
+Overloaded(F...) -> Overloaded<F...>;  // clang 14 deduces no aggregate's arguments without it
 // What a shard's matcher hands on: built events (and run or source-set markers)
 // linked through next_out. With one worker for the shard the list goes whole to
 // the serial assembler. With more, the matcher's body assembles the records and
