@@ -309,7 +309,10 @@ def lz4_files(wd):
           f"the recovered .mid.lz4 is a closed frame keeping the torn file's whole events byte for byte ({kept} of {whole})")
     check(rec["eor"] is not None and json.loads(rec["eor"][1])["recovered"] is True,
           "it ends with an end-of-run event marked recovered")
-    check(rec["stored"] < rec["size"] / 2, f"waveform payload compresses: {rec['stored']} bytes for {rec['size']}")
+    # Recovery keeps the torn frame's compressed blocks (issue 41: block by block, not
+    # decoded and compressed anew), so the ratio is the writer's: on a slow builder
+    # (TSan) it flushed smaller blocks, 0.58 of the content; a raw copy would be 1.
+    check(rec["stored"] < rec["size"] * 3 / 4, f"waveform payload compresses: {rec['stored']} bytes for {rec['size']}")
     rc, text = verify([out])
     check(rc == 0, f"evb-dump --verify --pattern passes after recovery: {text.strip().splitlines()[-1]}")
 
