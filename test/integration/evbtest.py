@@ -177,15 +177,19 @@ class Evbd:
         return rc
 
 
-def wait_until(pred, timeout, what, interval=0.05):
+def wait_until(pred, timeout, what, interval=0.05, required=True):
     """Polls pred() until it returns something true, and returns that; fails saying
-    `what` (still the case) after `timeout` seconds."""
+    `what` (still the case) after `timeout` seconds. With required=False it returns
+    pred()'s last value instead of failing, for a caller whose own checks then say
+    what is missing (their message names the counts)."""
     deadline = time.time() + timeout
     while True:
         v = pred()
         if v:
             return v
         if time.time() > deadline:
+            if not required:
+                return v
             fail(f"{what} after {timeout} s")
         time.sleep(interval)
 

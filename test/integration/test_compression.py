@@ -72,11 +72,7 @@ def phase_a(wd):
             conf["output"]["compression_level"] = level
             write_conf(cfg, conf)
             d.proc.send_signal(signal.SIGHUP)
-            deadline = time.time() + 20
-            while f"output.compression {codec} (level {level}) from the next file on" not in d.log_text():
-                if time.time() > deadline:
-                    fail(f"the reload to {codec} was not logged:\n{d.log_text()[-2000:]}")
-                time.sleep(0.05)
+            d.wait_log(f"output.compression {codec} (level {level}) from the next file on", 20)
         run_source(send + ["--events", PER_PHASE, "--first", k * PER_PHASE, "--seed", k + 1])
         d.wait_metric("evb_events_written_total", lambda v, n=(k + 1) * PER_PHASE: v >= n, timeout=60)
     m = d.metrics()

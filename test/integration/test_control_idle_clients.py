@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 
-from evbtest import BIN, Evbd, check, fail, workdir
+from evbtest import BIN, Evbd, check, fail, wait_until, workdir
 
 CTL = os.path.join(BIN, "evb-ctl")
 IDLE = 70
@@ -19,13 +19,8 @@ IDLE = 70
 
 def wait_fds(pid, n, timeout=20):
     """Waits until process `pid` has `n` open descriptors (its accepted clients)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        have = len(os.listdir(f"/proc/{pid}/fd"))
-        if have == n:
-            return
-        time.sleep(0.02)
-    fail(f"evbd has {have} descriptors, not {n}, after {timeout} s")
+    have = lambda: len(os.listdir(f"/proc/{pid}/fd"))  # noqa: E731
+    wait_until(lambda: have() == n, timeout, f"evbd has {have()} descriptors, not {n},", interval=0.02)
 
 
 def burst_keeps_command(d, sock, base):

@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 
-from evbtest import Evbd, check, fail, frag, rss_kib, run_source, verify, workdir
+from evbtest import Evbd, check, fail, frag, rss_kib, run_source, verify, wait_until, workdir
 
 def main():
     wd = workdir()
@@ -50,12 +50,12 @@ def main():
             time.sleep(0.02)  # fixed on purpose: the flood's pace between rounds, no event
         # Poll until the reader has caught up with the flood (read or counted as kernel
         # drops), instead of a fixed sleep that a loaded machine can outlast.
-        deadline = time.time() + 30
-        while time.time() < deadline and d.proc.poll() is None:
+        def caught_up():
+            if d.proc.poll() is not None:
+                return True  # the check below says so
             m = d.metrics()
-            if m["evb_datagrams_received_total"] + m["evb_kernel_receive_drops_total"] >= sum(sent.values()) - 10:
-                break
-            time.sleep(0.1)
+            return m["evb_datagrams_received_total"] + m["evb_kernel_receive_drops_total"] >= sum(sent.values()) - 10
+        wait_until(caught_up, 30, "evbd's reader has not read (or counted dropped) the flood", interval=0.1)
         check(d.proc.poll() is None, "evbd survives the flood")
         rss1 = rss_kib(d.proc.pid)
         m = d.metrics()

@@ -7,7 +7,7 @@ import shutil
 import socket
 import time
 
-from evbtest import Evbd, check, events_in, frag, workdir
+from evbtest import Evbd, check, events_in, frag, wait_until, workdir
 
 TIMEOUT_MS = 200
 
@@ -36,12 +36,10 @@ def main():
         send(1, 1)
         send(2, 1)
         send(2, 1)
-        deadline = time.time() + 10
-        while True:  # the three late fragments counted (and nothing more, checked below)
-            m = d.metrics()
-            if sum(v for k, v in m.items() if k.startswith("evb_late_fragments_total")) >= 3 or time.time() > deadline:
-                break
-            time.sleep(0.05)
+        # The three late fragments counted (and nothing more, checked below).
+        late_total = lambda: sum(v for k, v in d.metrics().items() if k.startswith("evb_late_fragments_total"))  # noqa: E731
+        wait_until(lambda: late_total() >= 3, 10, "fewer than 3 late fragments counted")
+        m = d.metrics()
         late = {k: m.get(f'evb_late_fragments_total{{event="{k}"}}') for k in ("complete", "incomplete", "beyond_window")}
         check(late["complete"] == 1, f"the late copy of the complete event's fragment is counted complete ({late})")
         check(late["incomplete"] == 2, f"the fragments of the INCOMPLETE event are counted incomplete ({late})")

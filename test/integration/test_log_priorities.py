@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, workdir
+from evbtest import BIN, Evbd, check, wait_text, workdir
 
 PRIORITY = re.compile(r"^<(\d)>")
 
@@ -63,9 +63,7 @@ def main():
                                   "--set", f"output.directory={os.path.join(wd, 'data')}"],
                                  stdout=subprocess.DEVNULL, stderr=err, env=env)
             try:
-                deadline = time.time() + 20
-                while time.time() < deadline and "building run" not in open(path).read():
-                    time.sleep(0.05)
+                wait_text(path, "building run", p, 20, who="evbd")
             finally:
                 p.terminate()
                 p.wait(timeout=60)

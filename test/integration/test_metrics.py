@@ -10,7 +10,7 @@ import urllib.parse
 import urllib.request
 import json
 
-from evbtest import Evbd, check, fail, metric_sum, run_source, sanitized_build, workdir
+from evbtest import Evbd, check, fail, metric_sum, run_source, sanitized_build, wait_until, workdir
 
 EVENTS = 500
 
@@ -89,18 +89,19 @@ def main():
                                  f"--storage.tsdb.path={ppath}/data", f"--web.listen-address=127.0.0.1:{pport}"],
                                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(ppath, "log"), "w"))
         q = urllib.parse.quote('evb_events_built_total{status="incomplete"}')
-        value = None
-        deadline = time.time() + 60
-        while time.time() < deadline:
+
+        def scraped():
             try:
                 r = json.load(urllib.request.urlopen(f"http://127.0.0.1:{pport}/api/v1/query?query={q}", timeout=5))
                 res = r["data"]["result"]
-                if res:
-                    value = float(res[0]["value"][1])
-                    break
+                return float(res[0]["value"][1]) if res else None
             except Exception:
-                pass
-            time.sleep(0.5)
+                return None  # Prometheus not up yet, or not scraped yet
+        # The events were all built before Prometheus started: its first value is final.
+        seen = []
+        wait_until(lambda: seen.append(scraped()) or seen[-1] is not None, 60,
+                   "Prometheus has no value for the query", interval=0.5, required=False)
+        value = seen[-1]
         check(value == EVENTS, f"Prometheus scraped evbd and answers the query: {value}")
         check(d.stop() == 0, "evbd exits 0")
     finally:

@@ -23,7 +23,7 @@ import tempfile
 import time
 import urllib.request
 
-from evbtest import BIN, check, fail
+from evbtest import BIN, check, fail, wait_text, wait_until
 
 BUILD = os.path.dirname(os.path.abspath(BIN))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -311,14 +311,9 @@ def smoke_run_as_service(tmp):
                                 stdout=log, stderr=subprocess.STDOUT)
     ours = []
     try:
-        deadline = time.time() + 30
-        text = ""
-        while time.time() < deadline:
-            with open(logpath) as f:
-                text = f.read()
-            if "building run" in text or proc.poll() is not None:
-                break
-            time.sleep(0.05)
+        wait_text(logpath, "building run", proc, 30, who="installed evbd")
+        with open(logpath) as f:
+            text = f.read()
         check("building run" in text, f"installed evbd starts as user evbd on {CONF}:\n{text}")
         url = re.search(r"metrics on (http://\S+/metrics)", text).group(1)
         sock = eff["control"]["socket"]
@@ -342,12 +337,11 @@ def smoke_run_as_service(tmp):
         r = run(["/usr/bin/evb-source", "--to", f"127.0.0.1:{port}", "--sources", str(eff["sources"]),
                  "--run", str(run_number), "--events", str(events), "--size", "100:3000", "--rate", "5000", "--json"])
         sent = json.loads(r.stdout)
-        deadline = time.time() + 30
-        while time.time() < deadline:
+
+        def all_built():
             m = scrape(url)
-            if m.get('evb_events_built_total{status="complete"}', 0) >= events:
-                break
-            time.sleep(0.1)
+            return m if m.get('evb_events_built_total{status="complete"}', 0) >= events else None
+        m = wait_until(all_built, 30, "", interval=0.1, required=False) or scrape(url)
         check(m.get('evb_events_built_total{status="complete"}', 0) == events,
               f"installed evbd built the {events} events the installed evb-source sent ({sent['datagrams']} datagrams)")
         proc.send_signal(signal.SIGTERM)

@@ -25,7 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbtest import BIN, Evbd, check, events_in, fail, read_records, run_source, verify, workdir  # noqa: E402
+from evbtest import BIN, Evbd, check, events_in, fail, read_records, run_source, verify, wait_text, wait_until, workdir  # noqa: E402
 
 SOURCES = 4
 EVENTS = 400
@@ -96,14 +96,7 @@ class Tcpdump:
         self.proc = subprocess.Popen(["tcpdump", "-i", "lo", "-n", "-U", "--immediate-mode", "-B", "65536",
                                       "-s", "2048", "-w", path, f"udp dst port {port}"],
                                      stdout=subprocess.DEVNULL, stderr=self.err)
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            if "listening on" in self.text():
-                return
-            if self.proc.poll() is not None:
-                fail(f"tcpdump exited ({self.proc.returncode}): {self.text()}")
-            time.sleep(0.05)
-        fail("tcpdump did not start listening within 20 s: " + self.text())
+        wait_text(self.errpath, "listening on", self.proc, 20, who="tcpdump")
 
     def text(self):
         with open(self.errpath) as f:
@@ -122,9 +115,7 @@ class Tcpdump:
     def stop(self, expected):
         """Stops tcpdump once its file holds the `expected` packets sent (or after 10 s:
         the counts it prints then say what is missing)."""
-        deadline = time.time() + 10
-        while self.packets_written() < expected and time.time() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: self.packets_written() >= expected, 10, "", required=False)
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(timeout=20)

@@ -11,7 +11,7 @@ import os
 import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, events_in, verify, workdir
+from evbtest import BIN, Evbd, check, events_in, verify, wait_until, workdir
 
 CTL = os.path.join(BIN, "evb-ctl")
 
@@ -147,17 +147,21 @@ def main():
     check(ctl(sock, "--timeout", "0.05", "stop")[0] == 4, "evb-ctl exits 4 when the answer does not come in time")
     # evbd takes a command up at its service loop's next tick (every 50 ms): the
     # state may still read "running" just after evb-ctl gave up.
-    rc, st, _ = ctl_json(sock, "status")
-    deadline = time.time() + 5
-    while rc == 0 and st["state"] == "running" and time.time() < deadline:
-        time.sleep(0.01)
-        rc, st, _ = ctl_json(sock, "status")
+    def status_past(state):
+        """Asks for the status until it answers a state other than `state` (or fails to
+        answer); returns (rc, status) of the last answer, for the checks to judge."""
+        answers = []
+
+        def moved():
+            answers.append(ctl_json(sock, "status"))
+            return answers[-1][0] != 0 or answers[-1][1]["state"] != state
+        wait_until(moved, 10, "", interval=0.01, required=False)
+        return answers[-1][:2]
+    rc, st = status_past("running")
     check(rc == 0 and st["state"] in ("stopping", "stopped"), f"status answers during the stop ({st['state']})")
     saw_stopping = st["state"] == "stopping"
-    deadline = time.time() + 10
-    while st["state"] != "stopped" and time.time() < deadline:
-        time.sleep(0.05)
-        st = ctl_json(sock, "status")[1]
+    if st["state"] == "stopping":
+        st = status_past("stopping")[1]
     check(saw_stopping, "status reported the stop under way")
     check(st["state"] == "stopped" and st["run_events_incomplete"] - incomplete_before == 20,
           f"the stop finished: run 4 stopped, its 20 waiting events written INCOMPLETE "

@@ -33,7 +33,7 @@ ensure_numpy()
 sys.path.insert(0, os.path.join(HERE, "..", "..", "packaging", "python"))
 
 import evbfile  # noqa: E402
-from evbtest import BIN, Evbd, check, data_files, dump, fail, run_source, verify, workdir  # noqa: E402
+from evbtest import BIN, Evbd, check, data_files, dump, fail, run_source, verify, wait_until, workdir  # noqa: E402
 
 RUN_RECORD = 32
 
@@ -128,9 +128,7 @@ def main():
     # The comment is written between batches: wait until the .part holds it.
     part = [os.path.join(c.out, n) for n in data_files(c.out)]
     check(len(part) == 1 and part[0].endswith(".part"), f"one .part being written: {part}")
-    deadline = time.time() + 10
-    while time.time() < deadline and not any(r[1] == 3 for r in raw_run_records(part[0])):
-        time.sleep(0.05)
+    wait_until(lambda: any(r[1] == 3 for r in raw_run_records(part[0])), 10, "the comment is not in the .part")
     c.kill()
     rc, out_doc, err = dump([], "--recover", part[0])
     check(rc == 0, f"evb-dump --recover: {err}")

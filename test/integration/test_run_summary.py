@@ -11,7 +11,7 @@ import signal
 import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, data_files, fail, run_source, workdir, write_text as write
+from evbtest import BIN, Evbd, check, data_files, fail, run_source, wait_until, workdir, write_text as write
 
 CTL = os.path.join(BIN, "evb-ctl")
 DUMP = os.path.join(BIN, "evb-dump")
@@ -36,12 +36,7 @@ def send(d, run, first, events):
 
 
 def wait_for(pred, what, timeout=30):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    fail(f"{what} within {timeout} s")
+    wait_until(pred, timeout, what)
 
 
 def matches_files(s, out, run):

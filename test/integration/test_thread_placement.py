@@ -5,13 +5,12 @@ import os
 import shutil
 import time
 
-from evbtest import Evbd, check, workdir
+from evbtest import Evbd, check, wait_until, workdir
 
 
 def threads(pid, timeout=5):
     """{thread name: tid} of pid, once evb-rx-0 and evb-writer exist."""
-    deadline = time.time() + timeout
-    while True:
+    def named():
         out = {}
         for tid in os.listdir(f"/proc/{pid}/task"):
             try:
@@ -19,9 +18,11 @@ def threads(pid, timeout=5):
                     out[f.read().strip()] = int(tid)
             except OSError:
                 continue
-        if ("evb-rx-0" in out and "evb-writer" in out) or time.time() > deadline:
-            return out
-        time.sleep(0.05)
+        return out
+    found = []
+    wait_until(lambda: found.append(named()) or ("evb-rx-0" in found[-1] and "evb-writer" in found[-1]), timeout, "",
+               required=False)
+    return found[-1]
 
 
 def main():
@@ -32,9 +33,8 @@ def main():
         d = Evbd(wd, sets=["sources=4", f"input.cpus=[{cpu}]"])
         try:
             t = threads(d.proc.pid)
-            deadline = time.time() + 5  # the thread is named a moment before it pins itself
-            while os.sched_getaffinity(t["evb-rx-0"]) != {cpu} and time.time() < deadline:
-                time.sleep(0.05)
+            # The thread is named a moment before it pins itself.
+            wait_until(lambda: os.sched_getaffinity(t["evb-rx-0"]) == {cpu}, 5, "", required=False)
             check(os.sched_getaffinity(t["evb-rx-0"]) == {cpu},
                   f"input.cpus=[{cpu}] pins evb-rx-0 to CPU {cpu} (has {sorted(os.sched_getaffinity(t['evb-rx-0']))})")
             check(os.sched_getaffinity(t["evb-writer"]) == set(allowed), "the writer is not pinned")
@@ -46,9 +46,7 @@ def main():
         d = Evbd(wd, sets=["sources=4", f"input.cpus=[{outside}]"])
         try:
             t = threads(d.proc.pid)
-            deadline = time.time() + 5
-            while f"cannot pin to CPU {outside}" not in d.log_text() and time.time() < deadline:
-                time.sleep(0.05)
+            wait_until(lambda: f"cannot pin to CPU {outside}" in d.log_text(), 5, "", required=False)
             check(f"evb-rx-0: cannot pin to CPU {outside}" in d.log_text(),
                   f"a pin to CPU {outside}, which evbd may not use, is logged naming the reader and the CPU")
             check(os.sched_getaffinity(t["evb-rx-0"]) == set(allowed), "that reader runs unpinned")
