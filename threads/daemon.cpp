@@ -23,11 +23,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <limits>
+
 #include <fmt/format.h>
 
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
 #include "core/config/snapshot.hpp"
+#include "core/format/file_format.hpp"
 #include "core/util/clock.hpp"
 #include "core/util/control_socket.hpp"
 #include "core/util/log.hpp"
@@ -184,6 +188,12 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     const std::shared_ptr<const Snapshot> snap = make_snapshot(cfg, sizing);
     // A restart within a run: pull mode asks only for what the run's files lack, and
     // MIDAS serial numbers go on.
+    // Recovery and the start-up survey decode no record to more than evbd could have
+    // built (an event is held whole in the receive buffers, its section headers in
+    // slots of their own: twice building.max_buffer_bytes, within content_length's
+    // 32 bits): a record claiming more is damage, named, nothing allocated for it.
+    file::set_decoded_bytes_limit(static_cast<std::size_t>(
+        std::min<std::uint64_t>(2 * cfg->building.max_buffer_bytes, std::numeric_limits<std::uint32_t>::max())));
     RunContinuation on_disk = replay ? RunContinuation{} : continue_run(*cfg, pull);
 
     // Memory: one arena and receive pool per input. Return ports 0..shards-1 are the
@@ -209,8 +219,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     Doorbell writer_bell;    // assemblers -> writer: events in its rings
     Doorbell rules_applied;  // inputs -> service loop: new admission rules in force
     ControlMailbox control_mailbox;  // control socket thread <-> service loop
-    ClosedFiles closed_files;
-    RunNotes run_notes;              // service loop -> writer: run records posted (evb-ctl comment)        // writer -> service loop: files closed, runs done (run summaries)
+    ClosedFiles closed_files;        // writer -> service loop: files closed, runs done (run summaries)
+    RunNotes run_notes;              // service loop -> writer: run records posted (evb-ctl comment)
     std::unique_ptr<WrittenIds> written_ids = pull ? std::make_unique<WrittenIds>(max_credits) : nullptr;
     std::unique_ptr<BuiltIds> built_ids = pull ? std::make_unique<BuiltIds>(max_credits, cfg->builders) : nullptr;
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -51,6 +52,11 @@ using Json = nlohmann::ordered_json;
 constexpr int kExitOk = 0;
 constexpr int kExitProblems = 1;
 constexpr int kExitUsage = 2;
+// A COMPRESSED record decoding to more than this is refused, named, and nothing is
+// allocated for it: evbd builds no event near it on its defaults (an event is held in
+// its receive buffers, building.max_buffer_bytes, 512 MiB), and a crafted file must
+// not take the reader's memory. --max-record-bytes changes it.
+constexpr std::uint64_t kDefaultMaxRecordBytes = std::uint64_t{1} << 30;
 
 // Problems kept per file; beyond this only the count grows, so a file with a
 // systematic fault (every event wrong) does not flood the terminal or memory.
@@ -98,6 +104,10 @@ one LZ4 frame, offsets given in its decoded bytes). A directory stands for the
                    (runNNNNNN_BBB.summary.json): the file list, and per file
                    its events, bytes, clean state and events by status; name
                    each mismatch and exit 1 if there is any (2: no summary)
+  --max-record-bytes N
+                   decode no COMPRESSED .evb record to more than N bytes
+                   (suffix K, M or G; 0: no bound; default 1G): a larger one
+                   is reported as a problem of that record, nothing allocated
   -h, --help       show this help
   --version        print the version
 
@@ -120,7 +130,23 @@ struct Options {
     std::vector<std::string> recover;
     std::vector<std::string> inputs;
     std::string check_summary;  // a directory
+    // The most one COMPRESSED record may decode to (--max-record-bytes; 0: no bound).
+    std::uint64_t max_record_bytes = kDefaultMaxRecordBytes;
 };
+
+// Parses a byte count with an optional binary suffix (K, M, G: KiB, MiB, GiB).
+std::optional<std::uint64_t> parse_bytes(std::string_view s) {
+    std::uint64_t shift = 0;
+    if (!s.empty() && (s.back() == 'K' || s.back() == 'M' || s.back() == 'G')) {
+        shift = s.back() == 'K' ? 10 : s.back() == 'M' ? 20 : 30;
+        s.remove_suffix(1);
+    }
+    std::uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc{} || end != s.data() + s.size() || v > (~std::uint64_t{0} >> shift))
+        return std::nullopt;
+    return v << shift;
+}
 
 // Returns an error message, or nothing when the arguments are usable.
 std::optional<std::string> parse_args(int argc, char** argv, Options& o) {
@@ -159,6 +185,13 @@ std::optional<std::string> parse_args(int argc, char** argv, Options& o) {
         } else if (a == "--check-summary") {
             if (i + 1 >= argc) return "--check-summary needs a DIR";
             o.check_summary = argv[++i];
+        } else if (a == "--max-record-bytes" || a.substr(0, 19) == "--max-record-bytes=") {
+            std::string_view v;
+            if (a.size() > 19) v = a.substr(19);
+            else if (a == "--max-record-bytes" && i + 1 < argc) v = argv[++i];
+            const auto bytes = parse_bytes(v);
+            if (!bytes) return fmt::format("--max-record-bytes needs a byte count (like 4G, 512M or 0 for no bound), not '{}'", v);
+            o.max_record_bytes = *bytes;
         } else if (a.substr(0, 10) == "--recover=") {
             if (a.size() == 10) return "--recover needs a FILE";
             o.recover.emplace_back(a.substr(10));
@@ -1451,12 +1484,19 @@ std::string plural(std::uint64_t n, std::string_view one, std::string_view many)
 }
 
 // FILE:OFFSET: message lines; `limit` per file, then a count of the rest.
+// What to do about a record refused for its decoded size: a bound, not damage.
+std::string_view bound_hint(std::string_view what) {
+    return what.find("more than this reader decodes") != std::string_view::npos
+               ? " (a bound, not damage: --max-record-bytes raises it)"
+               : "";
+}
+
 void print_problems_text(const FileReport& r, std::size_t limit) {
     if (!r.io_error.empty()) return;
     std::size_t shown = 0;
     for (const auto& p : r.problems) {
         if (shown == limit) break;
-        fmt::print("{}:{}: {}\n", r.path, p.offset, p.what);
+        fmt::print("{}:{}: {}{}\n", r.path, p.offset, p.what, bound_hint(p.what));
         ++shown;
     }
     if (r.problem_count > shown)
@@ -1480,7 +1520,7 @@ void print_notes_text(const FileReport& r) {
     const std::string more = r.problem_count > 1
                                  ? fmt::format(" (+{}; --verify lists all)", plural(r.problem_count - 1, "more", "more"))
                                  : "";
-    fmt::print("{}:{}: {}{}\n", r.path, p.offset, p.what, more);
+    fmt::print("{}:{}: {}{}{}\n", r.path, p.offset, p.what, bound_hint(p.what), more);
 }
 
 // The last line of --verify. A file that could not be read (out of memory, I/O) or
@@ -1543,6 +1583,7 @@ int main(int argc, char** argv) {
         fmt::print("evb-dump {}\n", EVB_VERSION);
         return kExitOk;
     }
+    ef::set_decoded_bytes_limit(o.max_record_bytes == 0 ? ~std::size_t{0} : static_cast<std::size_t>(o.max_record_bytes));
     if (!o.check_summary.empty()) return check_summaries(o.check_summary, o.json);
 
     int status = kExitOk;
