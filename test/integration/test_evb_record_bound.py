@@ -25,7 +25,7 @@ from test_python_reader import ensure_numpy  # noqa: E402  (re-runs under a Pyth
 ensure_numpy()
 
 import evbfile  # noqa: E402
-from evbtest import BIN, Evbd, address_space_limit, check, fail, free_udp_port, workdir  # noqa: E402
+from evbtest import BIN, Evbd, address_space_limit, check, fail, free_udp_port, sanitized_build, workdir  # noqa: E402
 from test_python_reader_v2 import importable  # noqa: E402
 
 BIG = 5 << 28            # 1.25 GiB decoded
@@ -109,7 +109,10 @@ def main():
         hwm = vm_hwm_kib(p.proc.pid)
         text = p.log_text()
         check(p.stop() == 0, "the pull-mode evbd stops cleanly")
-        check(hwm < 512 << 10, f"evbd's start took {hwm >> 10} MiB at its peak, not the record's {BIG >> 20} MiB")
+        if sanitized_build():  # ASan's shadow and quarantine make the resident peak no measure
+            print(f"peak check skipped: sanitizer build (evbd peaked at {hwm >> 10} MiB)")
+        else:
+            check(hwm < 512 << 10, f"evbd's start took {hwm >> 10} MiB at its peak, not the record's {BIG >> 20} MiB")
         kept = os.path.join(pulled, name)
         check(os.path.exists(kept) and os.path.exists(kept + ".part.damaged"),
               f"the good records kept in {name}, the original beside: {sorted(os.listdir(pulled))}")
