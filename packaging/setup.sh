@@ -114,7 +114,9 @@ case "$cmd" in
     # dead_source is left out: it pushes 8 kHz for seconds and under TSan evbd wrote
     # 39186 of its 40000 events within the test's 30 s (session 12; not yet
     # understood: release and ASan pass it). unread_at_stop is left out as disk_full
-    # is: it fills a tmpfs and floods 23000 datagrams at 3000 events/s.
+    # is: it fills a tmpfs and floods 23000 datagrams at 3000 events/s. busy_honoured (1 GB)
+    # and readme_busy_example (170 MB) send lz4 waveform events at full speed: BUSY
+    # holds the sender back, so under TSan they would only be slow, not lossy.
     if [ ! -f build-tsan/build.ninja ]; then
       cmake -S "$root" -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEVB_TSAN=ON \
         -DEVB_WERROR=$werror >/dev/null
@@ -123,7 +125,7 @@ case "$cmd" in
     echo "setup: running tests (ThreadSanitizer)"
     (cd build-tsan && TSAN_OPTIONS="suppressions=$root/test/tsan.supp exitcode=66" \
       ctest --output-on-failure -j "$jobs" --timeout 600 -LE '^(python|tool)$' \
-        -E "perf|fuzz|alloc|package|replay_public|tcpreplay|incast|hostile|disk_full|crash|push_end_to_end|limits_cpus|dead_source|unread_at_stop|busy_honoured")
+        -E "perf|fuzz|alloc|package|replay_public|tcpreplay|incast|hostile|disk_full|crash|push_end_to_end|limits_cpus|dead_source|unread_at_stop|busy_honoured|readme_busy_example")
     echo "setup: all test suites passed"
     ;;
   tarball)
