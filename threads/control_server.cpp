@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/util/clock.hpp"
+#include "core/util/control_socket.hpp"
 #include "core/util/json_text.hpp"
 #include "core/util/log.hpp"
 #include "threads/control_protocol.hpp"
@@ -24,7 +25,7 @@ namespace evb {
 namespace {
 
 constexpr std::size_t kMaxClients = 64;
-constexpr std::size_t kMaxLine = 256;
+constexpr std::size_t kMaxLine = kControlLineBytes;
 
 // Whether something accepts connections at `path` (then it is not ours to replace).
 bool someone_listens(const sockaddr_un& addr) {
@@ -140,7 +141,7 @@ bool ControlServer::make_room() {
 // client is done with (it closed, or was answered and closed); counts a read
 // into `progress`.
 bool ControlServer::read_client(Client& c, std::size_t& progress) {
-    char buf[256];
+    char buf[4096];
     const ssize_t got = c.waiting != 0 ? -1 : ::read(c.fd, buf, sizeof buf);
     if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && c.waiting == 0)) return false;
     if (got > 0) {

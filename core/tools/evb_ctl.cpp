@@ -58,11 +58,11 @@ void usage(std::FILE* to) {
                  "  status            state (running, stopping, stopped), run, this run's counts\n"
                  "  start [--run N] [--meta FILE.json]\n"
                  "                    start run N (default: the next run) in new files; --meta: a JSON\n"
-                 "                    object for its BEGIN_OF_RUN records (with the command, 256 bytes at most)\n"
+                 "                    object for its BEGIN_OF_RUN records (with the command, 64 KiB at most)\n"
                  "  stop              end the run: events in flight finish, the file closes; waits\n"
                  "  reload            reload the configuration file (as SIGHUP)\n"
-                 "  comment TEXT      a COMMENT run record in the running run's file (the control line\n"
-                 "                    holds 256 bytes: about 240 of text)\n"
+                 "  comment TEXT      a COMMENT run record in the running run's file (64 KiB at most\n"
+                 "                    with the command)\n"
                  "options:\n"
                  "  --socket PATH     evbd's control.socket (default: the first that answers of %s, %s)\n"
                  "  --json            print evbd's answer as JSON\n"
@@ -150,9 +150,9 @@ int main(int argc, char** argv) {
     if (meta_given) {
         std::size_t bytes = 0;
         for (const auto& w : words) bytes += w.size() + 1;
-        if (bytes > 255) {
-            std::fprintf(stderr, "evb-ctl: --meta: the command with its metadata is %zu bytes; the control line holds 256\n",
-                         bytes);
+        if (bytes > evb::kControlLineBytes) {
+            std::fprintf(stderr, "evb-ctl: --meta: the command with its metadata is %zu bytes; the control line holds %zu\n",
+                         bytes, evb::kControlLineBytes);
             return kUsage;
         }
     }

@@ -10,10 +10,15 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
 namespace evb {
+
+// The longest command line evbd reads (with its '\n'): room for a run's metadata
+// (start --meta) or a comment of a page, and for 64 waiting clients, 4 MiB at most.
+inline constexpr std::size_t kControlLineBytes = 65536;
 
 // The packaged evbd.service's control.socket (its RuntimeDirectory=evbd).
 inline constexpr const char* kPackagedControlSocket = "/run/evbd/evbd.sock";

@@ -147,13 +147,14 @@ def main():
     r = Evbd(wd4, sets=["sources=4", f"control.socket={sock4}"])
     meta = os.path.join(wd4, "meta.json")
     with open(meta, "w") as f:
-        f.write('{"target": "Pb 208", "beam_energy_mev": 5500, "shifter": "A. N. Other", "big": 18446744073709551615}')
+        f.write('{"target": "Pb 208", "beam_energy_mev": 5500, "shifter": "A. N. Other", "big": 18446744073709551615, '
+                '"logbook": "%s"}' % ("shift notes " * 700))  # 8.4 KB: a real run's metadata, not a few keys
     big = os.path.join(wd4, "big.json")
     with open(big, "w") as f:
-        f.write('{"text": "%s"}' % ("x" * 300))
+        f.write('{"text": "%s"}' % ("x" * 70000))
     p = subprocess.run([ctl, "--socket", sock4, "start", "--run", "2", "--meta", big], capture_output=True, text=True,
                        timeout=60)
-    check(p.returncode == 2 and "256" in p.stderr, f"evb-ctl refuses metadata too large for the line: {p.stderr}")
+    check(p.returncode == 2 and "65536" in p.stderr, f"evb-ctl refuses metadata too large for the line: {p.stderr}")
     for args in (["stop"], ["start", "--run", "2", "--meta", meta], ["comment", "run", "two"]):
         p = subprocess.run([ctl, "--socket", sock4, *args], capture_output=True, text=True, timeout=60)
         check(p.returncode == 0, f"evb-ctl {' '.join(args)}: {p.stdout}{p.stderr}")
@@ -168,7 +169,7 @@ def main():
         check(kinds == ["BEGIN_OF_RUN", "COMMENT", "END_OF_RUN"] and f.bor["run_number"] == 2,
               f"run 2 (started by evb-ctl): BEGIN_OF_RUN, the comment, END_OF_RUN: {kinds}")
         check(f.bor["metadata"] == {"target": "Pb 208", "beam_energy_mev": 5500, "shifter": "A. N. Other",
-                                    "big": 18446744073709551615},
+                                    "big": 18446744073709551615, "logbook": "shift notes " * 700},
               f"run 2's BEGIN_OF_RUN holds the --meta object, integers exact: {f.bor['metadata']}")
     check(r.stop() == 0, "evbd exits 0")
 
