@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <initializer_list>
 #include <fmt/format.h>
 #include <limits>
 
@@ -49,6 +50,14 @@ namespace {
 FamilyOut scalar(std::string name, std::string help, FamilyOut::Type t, double v) {
     FamilyOut f{std::move(name), std::move(help), t, {}, {}};
     f.samples.push_back({{}, v, {}, 0});
+    return f;
+}
+
+// A family of one label, a sample per value: {{"driver", 3}, {"helper", 5}}.
+FamilyOut by_label(std::string name, std::string help, FamilyOut::Type t, const char* label,
+                   std::initializer_list<std::pair<const char*, double>> values) {
+    FamilyOut f{std::move(name), std::move(help), t, {}, {}};
+    for (const auto& [value, v] : values) f.samples.push_back({{{label, value}}, v, {}, 0});
     return f;
 }
 
@@ -233,15 +242,19 @@ std::vector<FamilyOut> collect(const Sources& s) {
     out.push_back(scalar("evb_records_compressed_total",
                          "Records stored COMPRESSED (output.compression; docs/FORMATS.md 6.2).", T::counter,
                          sum(M, [](auto& b) { return b.records_compressed.get(); })));
-    {
-        FamilyOut f{"evb_records_stored_raw_total",
-                    "Records output.compression stored plain: the codec would not have shrunk them "
-                    "(incompressible), or the shard's memory for compressed records was full (no_buffer).",
-                    T::counter, {}, {}};
-        f.samples.push_back({{{"reason", "incompressible"}}, sum(M, [](auto& b) { return b.records_raw_incompressible.get(); }), {}, 0});
-        f.samples.push_back({{{"reason", "no_buffer"}}, sum(M, [](auto& b) { return b.records_raw_no_buffer.get(); }), {}, 0});
-        out.push_back(std::move(f));
-    }
+    out.push_back(by_label("evb_records_stored_raw_total",
+                           "Records output.compression stored plain: the codec would not have shrunk them "
+                           "(incompressible), or the shard's memory for compressed records was full (no_buffer).",
+                           T::counter, "reason",
+                           {{"incompressible", sum(M, [](auto& b) { return b.records_raw_incompressible.get(); })},
+                            {"no_buffer", sum(M, [](auto& b) { return b.records_raw_no_buffer.get(); })}}));
+    out.push_back(by_label("evb_compression_batches_total",
+                           "Batches of records the concurrent compress stage took (building.workers above the shard "
+                           "count), by the shard's driver thread or by a helper worker: the helpers' share is what "
+                           "the extra workers bought.",
+                           T::counter, "worker",
+                           {{"driver", sum(M, [](auto& b) { return b.batches_on_driver.get(); })},
+                            {"helper", sum(M, [](auto& b) { return b.batches_on_helpers.get(); })}}));
     out.push_back(scalar("evb_compression_seconds_total",
                          "Time the graph workers spent compressing records (gather and codec, per record, by the "
                          "monotonic clock: CPU time unless the worker was preempted).",

@@ -188,6 +188,9 @@ struct Pipeline::Driver final : Agent {
     alignas(kFalseSharingBytes) std::atomic<std::uint64_t> completed{0};  // puts fully processed
 };
 
+// Set on a helper's thread: the compress tasks it runs count as the helpers'.
+thread_local bool t_on_helper = false;
+
 // A worker beyond the drivers: woken when its driver's shards have batches to
 // compress, it joins the driver's arena and takes tasks until the graph is idle.
 struct Pipeline::Helper final : Agent {
@@ -196,6 +199,7 @@ struct Pipeline::Helper final : Agent {
         const std::uint64_t calls = driver.helper_calls.load(std::memory_order_acquire);
         if (calls == seen) return 0;
         seen = calls;
+        t_on_helper = true;            // the compress tasks it runs are counted as a helper's
         driver.graph->wait_for_all();  // in the driver's arena, on a slot of its own
         return 1;
     }
@@ -424,6 +428,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                 if (configured) RecordCompressor::finish(*e, enc, b.tally);
                                 else RecordCompressor::give_back(*e, b.tally);
                             }
+                            b.tally.on_helper = t_on_helper;
                             handoff_release(b.head);
                             return b;
                         });

@@ -124,6 +124,11 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     Counter records_raw_incompressible;
     Counter records_raw_no_buffer;
     Counter compress_ns;
+    // Batches of records compressed by the concurrent stage (building.workers above
+    // the shard count), by the shard's driver thread and by a helper: the helpers'
+    // share is what the extra workers bought.
+    Counter batches_on_driver;
+    Counter batches_on_helpers;
     LatencyHistogram build_latency;
     // Per expected source (index = position in the sorted source list): complete
     // fragments, and events written with that source's section MISSING.

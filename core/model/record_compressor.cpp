@@ -128,6 +128,7 @@ void RecordCompressor::count(const Tally& t) noexcept {
     if (t.compressed != 0) counters_.records_compressed.add(t.compressed);
     if (t.incompressible != 0) counters_.records_raw_incompressible.add(t.incompressible);
     if (t.ns != 0) counters_.compress_ns.add(t.ns);
+    (t.on_helper ? counters_.batches_on_helpers : counters_.batches_on_driver).add();
 }
 
 }  // namespace evb

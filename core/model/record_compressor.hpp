@@ -54,6 +54,7 @@ public:
     std::uint32_t level() const noexcept { return static_cast<std::uint32_t>(encoder_.level()); }
     struct Tally {
         std::uint64_t compressed = 0, incompressible = 0, no_buffer = 0, ns = 0;
+        bool on_helper = false;  // a helper worker (not the shard's driver) compressed the batch
     };
     // Serial, in record order: the block ev's stored bytes will take, held in
     // ev.stored until finish() decides (nothing when the record is not compressed,

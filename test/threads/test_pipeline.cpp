@@ -290,6 +290,11 @@ TEST_CASE("Pipeline: with more workers than shards, records are compressed concu
     CHECK(c.records_compressed.get() + c.records_raw_incompressible.get() + c.records_raw_no_buffer.get() == kEvents);
     CHECK(c.records_raw_incompressible.get() >= kEvents / 3 - c.records_raw_no_buffer.get());
     CHECK(c.records_compressed.get() > 0);
+    // The helpers compressed some of the batches: with the driver alone the records
+    // would be just as good and in order, so this is what shows the stage concurrent.
+    INFO("batches on the driver " << c.batches_on_driver.get() << ", on helpers " << c.batches_on_helpers.get());
+    CHECK(c.batches_on_helpers.get() > 0);
+    CHECK(c.batches_on_driver.get() + c.batches_on_helpers.get() > 1);
 
     // The file: every record good (record and content CRCs, decoded), in id order.
     std::vector<std::string> files;
