@@ -395,6 +395,20 @@ std::vector<FamilyOut> collect(const Sources& s) {
         f.samples.push_back({{{"reason", "slow_client"}}, static_cast<double>(c.dropped_full.get()), {}, 0});
         out.push_back(std::move(f));
     }
+    if (s.posts != nullptr) {
+        out.push_back(scalar("evb_runrecord_posts_total", "Run records taken by POST /runrecord (handed to the writer).",
+                             T::counter, static_cast<double>(s.posts->accepted())));
+        FamilyOut f{"evb_runrecord_posts_refused_total",
+                    "POST /runrecord refused, by reason: not_allowed (403, not in monitor.allow_post), too_large (413, "
+                    "over monitor.post_max_bytes), too_fast (429, over monitor.posts_per_s), bad_request (400/411), "
+                    "no_run (409, no run running or run records off), busy (503, the writer's queue is full).",
+                    T::counter, {}, {}};
+        for (std::size_t i = 0; i < static_cast<std::size_t>(PostRefusal::count); ++i) {
+            const auto r = static_cast<PostRefusal>(i);
+            f.samples.push_back({{{"reason", post_refusal_name(r)}}, static_cast<double>(s.posts->refused(r)), {}, 0});
+        }
+        out.push_back(std::move(f));
+    }
     out.push_back(scalar("evb_process_start_time_seconds", "Start time of the process since the Unix epoch.", T::gauge, kStartTime));
     {
         FamilyOut f{"evb_build_info", "Version and git hash of this build.", T::gauge, {}, {}};
@@ -547,19 +561,21 @@ HttpResponse sample(Sampler& sampler, std::string_view query) {
 
 struct Exporter::Impl {
     Sources sources;
+    std::unique_ptr<RunRecordRoute> posts;  // outlives the server (declared before it)
     std::unique_ptr<HttpServer> server;
 };
 
 Exporter::Exporter(const std::string& listen, Sources sources) : impl_(std::make_unique<Impl>()) {
     impl_->sources = std::move(sources);
     const Sources* src = &impl_->sources;
+    if (src->posts != nullptr) impl_->posts = std::make_unique<RunRecordRoute>(src->post_settings, *src->posts);
     impl_->server = std::make_unique<HttpServer>(listen, [src](std::string_view path, std::string_view query) -> HttpResponse {
         if (path == "/metrics") return {200, "text/plain; version=0.0.4; charset=utf-8", metrics_text(*src), nullptr};
         if (path == "/") return {200, "text/html; charset=utf-8", status_page(*src), nullptr};
         if (path == "/sources") return {200, "text/html; charset=utf-8", sources_page(*src), nullptr};
         if (path == "/sample" && src->sampler != nullptr) return sample(*src->sampler, query);
         return {404, "text/plain; charset=utf-8", "not found: evbd serves /metrics, /, /sources and /sample\n", nullptr};
-    });
+    }, impl_->posts.get());
 }
 
 Exporter::~Exporter() = default;

@@ -14,6 +14,7 @@
 
 #include "core/io/open_files.hpp"
 #include "core/model/counters.hpp"
+#include "monitor/run_record_posts.hpp"
 
 namespace evb::monitor {
 
@@ -116,6 +117,10 @@ struct Sources {
     // Files open for writing now (status page).
     const file::OpenFiles* open_files = nullptr;  // the writer's open file
     Sampler* sampler = nullptr;  // GET /sample; none: 404
+    // POST /runrecord: the channel to the service loop (none: POST is answered 405)
+    // and who may post how much.
+    RunRecordPosts* posts = nullptr;
+    PostSettings post_settings;
 };
 
 // Run `run`'s records written by this process and those INCOMPLETE, as the disk

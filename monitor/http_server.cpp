@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -58,8 +60,13 @@ const char* reason_phrase(int status) {
     switch (status) {
         case 200: return "OK";
         case 400: return "Bad Request";
+        case 403: return "Forbidden";
         case 404: return "Not Found";
         case 405: return "Method Not Allowed";
+        case 409: return "Conflict";
+        case 411: return "Length Required";
+        case 413: return "Content Too Large";
+        case 429: return "Too Many Requests";
         case 431: return "Request Header Fields Too Large";
         case 503: return "Service Unavailable";
         case 500: return "Internal Server Error";
@@ -67,10 +74,10 @@ const char* reason_phrase(int status) {
     }
 }
 
-std::string serialize(const HttpResponse& r, bool head) {
+std::string serialize(const HttpResponse& r, bool head, bool posts = false) {
     std::string out = fmt::format("HTTP/1.1 {} {}\r\n", r.status, reason_phrase(r.status));
     if (!r.content_type.empty()) out += fmt::format("Content-Type: {}\r\n", r.content_type);
-    if (r.status == 405) out += "Allow: GET, HEAD\r\n";
+    if (r.status == 405) out += posts ? "Allow: GET, HEAD, POST\r\n" : "Allow: GET, HEAD\r\n";
     if (r.stream == nullptr) out += fmt::format("Content-Length: {}\r\n", r.body.size());
     out += "Connection: close\r\n\r\n";
     if (!head) out += r.body;
@@ -86,31 +93,81 @@ std::size_t header_end(std::string_view in) {
     return std::min(crlf == std::string_view::npos ? crlf : crlf + 4, lf == std::string_view::npos ? lf : lf + 2);
 }
 
-// The answer to a request whose header block has arrived: all of it, or its head
-// and a stream for the rest.
-std::string respond(std::string_view request, const HttpServer::Handler& handler,
-                    std::shared_ptr<ResponseStream>& stream) {
+// The value of header `name` (lower case) in the header block, or nothing.
+std::optional<std::string_view> header_value(std::string_view headers, std::string_view name) {
+    std::size_t at = headers.find('\n');
+    while (at != std::string_view::npos && at + 1 < headers.size()) {
+        const std::size_t next = headers.find('\n', at + 1);
+        std::string_view line = headers.substr(at + 1, next == std::string_view::npos ? next : next - at - 1);
+        at = next;
+        if (line.size() <= name.size() || line[name.size()] != ':') continue;
+        bool same = true;
+        for (std::size_t i = 0; i < name.size() && same; ++i)
+            same = static_cast<char>(std::tolower(static_cast<unsigned char>(line[i]))) == name[i];
+        if (!same) continue;
+        line.remove_prefix(name.size() + 1);
+        while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+        while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.remove_suffix(1);
+        return line;
+    }
+    return std::nullopt;
+}
+
+// What a request whose header block has arrived gets: its answer (or the answer's
+// head and a stream for the rest), or, for an admitted POST, its body to read.
+struct Begun {
+    std::string out;
+    std::shared_ptr<ResponseStream> stream;
+    bool read_body = false;
+    std::size_t body_bytes = 0;
+    std::string path;  // of the POST
+};
+
+// A POST's Content-Length; nothing when it has none, not a number, or a chunked body.
+std::optional<std::size_t> post_length(std::string_view headers) {
+    if (header_value(headers, "transfer-encoding")) return std::nullopt;
+    const auto cl = header_value(headers, "content-length");
+    std::size_t length = 0;
+    if (!cl) return std::nullopt;
+    const auto [end, ec] = std::from_chars(cl->data(), cl->data() + cl->size(), length);
+    if (ec != std::errc{} || end != cl->data() + cl->size()) return std::nullopt;
+    return length;
+}
+
+Begun begin(std::string_view request, const HttpServer::Handler& handler, PostRoute* post,
+            const sockaddr_storage& peer) {
+    const bool posts = post != nullptr;
+    auto answer = [&](const HttpResponse& r, bool head = false) { return Begun{serialize(r, head, posts), {}}; };
     std::string_view line = request.substr(0, request.find('\n'));
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     const std::size_t sp1 = line.find(' ');
     const std::size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
     if (sp2 == std::string_view::npos || !line.substr(sp2 + 1).starts_with("HTTP/"))
-        return serialize(plain(400, "bad request line\n"), false);
+        return answer(plain(400, "bad request line\n"));
     const std::string_view method = line.substr(0, sp1);
     std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
     const bool head = method == "HEAD";
-    if (method != "GET" && !head) return serialize(plain(405, "only GET and HEAD\n"), false);
-    if (target.empty() || target[0] != '/') return serialize(plain(400, "bad request target\n"), false);
+    const bool is_post = method == "POST" && posts;
+    if (method != "GET" && !head && !is_post)
+        return answer(plain(405, posts ? "only GET, HEAD and POST\n" : "only GET and HEAD\n"));
+    if (target.empty() || target[0] != '/') return answer(plain(400, "bad request target\n"));
     target = target.substr(0, target.find('#'));
     const std::size_t q = target.find('?');
     const std::string_view query = q == std::string_view::npos ? std::string_view{} : target.substr(q + 1);
     target = target.substr(0, q);
     try {
+        if (is_post) {
+            const std::optional<std::size_t> length = post_length(request);
+            if (auto refused = post->admit(target, peer, length)) return answer(*refused);
+            if (!length) return answer(plain(411, "a POST needs a Content-Length (chunked bodies are not taken)\n"));
+            return Begun{{}, {}, true, *length, std::string(target)};
+        }
         HttpResponse r = handler(target, query);
-        if (!head) stream = r.stream;
-        return serialize(r, head);
+        Begun b = answer(r, head);
+        if (!head) b.stream = r.stream;
+        return b;
     } catch (const std::exception& e) {
-        return serialize(plain(500, fmt::format("{}\n", e.what())), head);
+        return answer(plain(500, fmt::format("{}\n", e.what())), head);
     }
 }
 
@@ -126,7 +183,12 @@ struct HttpServer::Connection {
     int fd = -1;
     Clock::time_point accepted;
     State state = State::reading;
+    sockaddr_storage peer{};
     std::string in;
+    std::size_t body_at = 0;  // an admitted POST: its body starts here in `in` (0: no body awaited)
+    std::size_t body_bytes = 0;
+    std::string post_path;
+    std::shared_ptr<PendingResponse> pending;  // an answer another thread gives
     std::string out;
     std::size_t sent = 0;
     std::shared_ptr<ResponseStream> stream;  // a body still coming
@@ -154,7 +216,8 @@ struct HttpServer::Connection {
     }
 };
 
-HttpServer::HttpServer(const std::string& listen, Handler handler) : handler_(std::move(handler)) {
+HttpServer::HttpServer(const std::string& listen, Handler handler, PostRoute* post)
+    : handler_(std::move(handler)), post_(post) {
     try {
         std::size_t start = 0;
         for (;;) {
@@ -199,6 +262,42 @@ void HttpServer::run() {
     Clock::time_point accept_paused_until{};
     char buf[4096];
 
+    // What has arrived of a request: once its header block is in, its answer (or,
+    // for an admitted POST, once its body is in too).
+    auto take_in = [&](Connection& c) {
+        using State = Connection::State;
+        if (c.body_at == 0) {
+            const std::size_t end = header_end(c.in);
+            if (end == std::string::npos) {
+                if (c.in.size() > kMaxRequestBytes) {
+                    c.out = serialize(plain(431, "request too long\n"), false);
+                    c.state = State::writing;
+                }
+                return;
+            }
+            Begun b = begin(std::string_view(c.in).substr(0, end), handler_, post_, c.peer);
+            if (!b.read_body) {
+                c.out = std::move(b.out);
+                c.stream = std::move(b.stream);
+                c.state = State::writing;
+                return;
+            }
+            c.body_at = end;
+            c.body_bytes = b.body_bytes;
+            c.post_path = std::move(b.path);
+        }
+        if (c.in.size() < c.body_at + c.body_bytes) return;
+        HttpResponse a;
+        try {
+            a = post_->take(c.post_path, std::string_view(c.in).substr(c.body_at, c.body_bytes));
+        } catch (const std::exception& e) {
+            a = plain(500, fmt::format("{}\n", e.what()));
+        }
+        c.pending = a.pending;
+        if (c.pending == nullptr) c.out = serialize(a, false, true);
+        c.state = State::writing;
+    };
+
     // Reads, answers and sends as far as the socket allows; false: close it now.
     auto serve = [&](Connection& c) {
         using State = Connection::State;
@@ -211,13 +310,16 @@ void HttpServer::run() {
             }
             if (c.state == State::draining) continue;
             c.in.append(buf, static_cast<std::size_t>(r));
-            if (header_end(c.in) != std::string::npos) {
-                c.out = respond(c.in, handler_, c.stream);
-                c.state = State::writing;
-            } else if (c.in.size() > kMaxRequestBytes) {
-                c.out = serialize(plain(431, "request too long\n"), false);
-                c.state = State::writing;
-            }
+            take_in(c);
+        }
+        if (c.pending != nullptr) {
+            // The answer comes from another thread: meanwhile a client that left ends it.
+            const ssize_t r = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
+            HttpResponse a;
+            if (!c.pending->ready(a)) return true;  // asked again after kStreamPollMs
+            c.pending.reset();
+            c.out = serialize(a, false, true);
         }
         for (;;) {
             while (c.sent < c.out.size()) {
@@ -253,7 +355,9 @@ void HttpServer::run() {
 
     auto accept_all = [&](int listener) {
         for (;;) {
-            const int fd = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            sockaddr_storage peer{};
+            socklen_t peer_len = sizeof peer;
+            const int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&peer), &peer_len, SOCK_NONBLOCK | SOCK_CLOEXEC);
             if (fd < 0) {
                 if (errno == EINTR || errno == ECONNABORTED) continue;
                 if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
@@ -276,7 +380,12 @@ void HttpServer::run() {
                 conns.erase(victim);
             }
             const auto t = Clock::now();
-            conns.push_back({fd, t, Connection::State::reading, {}, {}, 0, nullptr, false, t});
+            Connection c;
+            c.fd = fd;
+            c.accepted = t;
+            c.peer = peer;
+            c.progress = t;
+            conns.push_back(std::move(c));
         }
     };
 
@@ -288,12 +397,19 @@ void HttpServer::run() {
                 return true;
             }
             if (now - c.accepted < kRequestTimeout || c.stream != nullptr) return false;
+            if (c.pending != nullptr) {  // no answer in time: say so, and give the saying its own time
+                c.pending.reset();
+                c.out = serialize(plain(503, "no answer in time (evbd is busy); try again\n"), false, true);
+                c.accepted = now;
+                return false;
+            }
             ::close(c.fd);
             return true;
         });
-        // Streams that had nothing: ask them again (their sockets stay quiet).
+        // Streams that had nothing, answers from another thread: ask them again (their
+        // sockets stay quiet).
         for (auto& c : conns)
-            if (c.stream != nullptr && c.stream_idle && !serve(c)) {
+            if (((c.stream != nullptr && c.stream_idle) || c.pending != nullptr) && !serve(c)) {
                 ::close(c.fd);
                 c.fd = -1;
             }
@@ -307,10 +423,12 @@ void HttpServer::run() {
         auto wake_at = accepting ? Clock::time_point::max() : accept_paused_until;
         bool idle_stream = false;
         for (const auto& c : conns) {
-            const bool waiting = c.stream != nullptr && c.stream_idle;  // for data, not for the socket
+            // For data or an answer, not for the socket.
+            const bool waiting = (c.stream != nullptr && c.stream_idle) || c.pending != nullptr;
             idle_stream = idle_stream || waiting;
             fds.push_back({c.fd, static_cast<short>(c.state == Connection::State::writing && !waiting ? POLLOUT : POLLIN), 0});
             if (c.stream == nullptr) wake_at = std::min(wake_at, c.accepted + kRequestTimeout);
+            if (c.pending != nullptr) wake_at = std::min(wake_at, now + std::chrono::milliseconds(kStreamPollMs));
             else if (c.sent < c.out.size()) wake_at = std::min(wake_at, c.progress + kStreamStall);
         }
         if (idle_stream) wake_at = std::min(wake_at, now + std::chrono::milliseconds(kStreamPollMs));

@@ -5,7 +5,8 @@
 // (a streamed answer, GET /sample, runs until it ends, the client leaves, or the
 // client takes no byte for kStreamStallMs);
 // at most kMaxConnections are open, and a new one displaces the oldest still waiting
-// for its request. GET and HEAD only. IPv4 and IPv6.
+// for its request. GET and HEAD; POST only where a PostRoute is given (one with a
+// Content-Length body; POST /runrecord). IPv4 and IPv6.
 //
 // Debian 12's civetweb, which served this before, is built without IPv6 and keeps
 // one worker thread per connection until its request arrives. The thread is the
@@ -18,7 +19,9 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <optional>
 #include <string_view>
+#include <sys/socket.h>
 #include <thread>
 #include <vector>
 
@@ -34,11 +37,37 @@ struct ResponseStream {
     virtual bool more(std::string& out) = 0;
 };
 
+struct HttpResponse;
+
+// An answer another thread gives later (POST /runrecord: the service loop decides).
+// The server thread asks every kStreamPollMs; an answer not ready kRequestTimeoutMs
+// after the connection was accepted is sent as 503.
+struct PendingResponse {
+    virtual ~PendingResponse() = default;
+    // True, with the answer in `out`, once it is ready.
+    virtual bool ready(HttpResponse& out) = 0;
+};
+
 struct HttpResponse {
     int status = 200;
     std::string content_type;
     std::string body;
     std::shared_ptr<ResponseStream> stream;  // when set, the body follows `body`
+    std::shared_ptr<PendingResponse> pending = nullptr;  // when set, the answer comes from it
+};
+
+// POST requests, in two steps, both on the server thread: admit() once the header
+// block is in, before any byte of the body is read (a refusal is answered at once,
+// the body never read); take() once the whole body is in.
+class PostRoute {
+public:
+    virtual ~PostRoute() = default;
+    // A refusal, or nothing: read the body (content_length bytes) and call take().
+    // No content_length: the request has no Content-Length the server can use (none,
+    // not a number, a chunked body); without a refusal it is answered 411.
+    virtual std::optional<HttpResponse> admit(std::string_view path, const sockaddr_storage& peer,
+                                              std::optional<std::size_t> content_length) = 0;
+    virtual HttpResponse take(std::string_view path, std::string_view body) = 0;
 };
 
 class HttpServer {
@@ -50,7 +79,9 @@ public:
     // Binds every address of `listen`: "HOST:PORT" or "[V6]:PORT", several separated
     // by commas; port 0 picks a free port. Then starts the thread. Throws
     // std::runtime_error naming the address that could not be used.
-    HttpServer(const std::string& listen, Handler handler);
+    // `post`, when given, takes the POST requests (it must outlive the server);
+    // without it a POST is answered 405.
+    HttpServer(const std::string& listen, Handler handler, PostRoute* post = nullptr);
     // Stops the thread and closes every socket.
     ~HttpServer();
     HttpServer(const HttpServer&) = delete;
@@ -74,6 +105,7 @@ private:
     std::vector<int> listeners_;
     int wake_fd_ = -1;  // eventfd: the destructor's stop signal to the thread
     Handler handler_;
+    PostRoute* post_ = nullptr;
     std::thread thread_;
 };
 

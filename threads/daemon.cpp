@@ -32,6 +32,7 @@
 #include "allocators/buffer_pool.hpp"
 #include "core/config/snapshot.hpp"
 #include "core/format/file_format.hpp"
+#include "core/model/sender_pins.hpp"
 #include "core/util/clock.hpp"
 #include "core/util/control_socket.hpp"
 #include "core/util/log.hpp"
@@ -220,7 +221,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     Doorbell rules_applied;  // inputs -> service loop: new admission rules in force
     ControlMailbox control_mailbox;  // control socket thread <-> service loop
     ClosedFiles closed_files;        // writer -> service loop: files closed, runs done (run summaries)
-    RunNotes run_notes;              // service loop -> writer: run records posted (evb-ctl comment)
+    RunNotes run_notes;              // service loop -> writer: run records posted (evb-ctl comment, POST /runrecord)
+    monitor::RunRecordPosts run_record_posts;  // HTTP thread -> service loop: POST /runrecord, checked
     std::unique_ptr<WrittenIds> written_ids = pull ? std::make_unique<WrittenIds>(max_credits) : nullptr;
     std::unique_ptr<BuiltIds> built_ids = pull ? std::make_unique<BuiltIds>(max_credits, cfg->builders) : nullptr;
 
@@ -303,6 +305,11 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     writer.set_sampler(&sampler);
     msrc.sampler = &sampler;
     msrc.open_files = &open_files;
+    msrc.posts = &run_record_posts;
+    msrc.post_settings.max_bytes = cfg->monitor.post_max_bytes;
+    msrc.post_settings.per_second = cfg->monitor.posts_per_s;
+    for (const std::string& a : cfg->monitor.allow_post)  // checked at load
+        msrc.post_settings.allowed_keys.push_back(sender_key(net::parse_sender_address(a).addr));
     std::vector<RulesInbox*> input_rules;
     for (auto& r : readers) input_rules.push_back(&r->rules());
     if (feeder) input_rules.push_back(&feeder->rules());
@@ -310,7 +317,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // The service loop posts the first admission rules to the inputs now.
     ServiceLoop service(opts, snap, sizing,
                         {pipeline, writer, sender.get(), input_rules, feeder.get(), rules_applied,
-                         cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc, &closed_files, &run_notes},
+                         cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc, &closed_files, &run_notes,
+                         &run_record_posts},
                         control, signals);
 
     // BUSY: reads the fill gauges above and the run state the service loop keeps in

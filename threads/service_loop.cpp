@@ -367,18 +367,44 @@ void ServiceLoop::carry_out(const ControlCommand& c) {
     }
 }
 
+const char* ServiceLoop::why_no_run_record() const noexcept {
+    if (!running_run_ || stopping_.phase != StopPhase::none)
+        return "no run is running: a run record goes into a running run's file";
+    if (!running_->writer.run_records || t_.notes == nullptr)
+        return "run records are off (output.run_records, or output.format \"midas\")";
+    return nullptr;
+}
+
 // evb-ctl comment: a COMMENT run record in the running run's file, where the writer is.
 void ServiceLoop::add_comment(const ControlCommand& c) {
-    if (!running_run_ || stopping_.phase != StopPhase::none)
-        return refuse(c.id, "comment", "no run is running: a comment goes into a running run's file");
-    if (!running_->writer.run_records || t_.notes == nullptr)
-        return refuse(c.id, "comment", "run records are off (output.run_records, or output.format \"midas\")");
+    if (const char* why = why_no_run_record()) return refuse(c.id, "comment", why);
     RunNote n{run_, static_cast<std::uint32_t>(file::RunRecordKind::comment),
               json_text(nlohmann::ordered_json{{"text", c.text}})};
     if (!t_.notes->try_push(std::move(n)))
         return refuse(c.id, "comment", fmt::format("{} run records wait for the writer already; try again",
                                                    RunNotes::kCapacity));
     t_.control->answer({c.id, true, json_text(nlohmann::json{{"ok", true}, {"comment", fmt::format("added to run {}", run_)}})});
+}
+
+// POST /runrecord: each post the HTTP thread checked becomes a run record of the
+// running run, through the channel evb-ctl comment uses; the HTTP thread sends the answer.
+void ServiceLoop::take_posts() {
+    if (t_.posts == nullptr) return;
+    using monitor::PostRefusal;
+    monitor::RunRecordPost p;
+    for (std::size_t i = 0; i < monitor::RunRecordPosts::kCapacity && t_.posts->try_pop(p); ++i) {
+        if (const char* why = why_no_run_record()) {
+            t_.posts->refuse(p, PostRefusal::no_run, 409, why);
+            continue;
+        }
+        const auto kind = p.comment ? file::RunRecordKind::comment : file::RunRecordKind::user;
+        if (!t_.notes->try_push(RunNote{run_, static_cast<std::uint32_t>(kind), std::move(p.body)})) {
+            t_.posts->refuse(p, PostRefusal::busy, 503,
+                             fmt::format("{} run records wait for the writer already; try again", RunNotes::kCapacity));
+            continue;
+        }
+        t_.posts->accept(p, run_);
+    }
 }
 
 void ServiceLoop::start_run(std::uint32_t run, std::uint64_t reply_id, const std::string& metadata) {
@@ -545,6 +571,7 @@ void ServiceLoop::run() {
         if (sig == SIGHUP) reload("SIGHUP");
         if (config_file_changed()) reload("config file changed");
         take_command();
+        take_posts();
         if (stopping_.phase != StopPhase::none) advance_stop();
         if (t_.feeder != nullptr) {
             if (t_.feeder->finished()) break;  // replay time comes from the capture, not from here

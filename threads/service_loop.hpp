@@ -71,7 +71,8 @@ struct ServiceTargets {
     ControlMailbox* control = nullptr;  // the control socket's commands, if any
     const monitor::Sources* counts = nullptr;  // summed counters (run summaries)
     ClosedFiles* closed = nullptr;  // the writer's closed files (run summaries)
-    RunNotes* notes = nullptr;      // run records for the writer (evb-ctl comment)
+    RunNotes* notes = nullptr;      // run records for the writer (evb-ctl comment, POST /runrecord)
+    monitor::RunRecordPosts* posts = nullptr;  // POST /runrecord, checked by the HTTP thread
 };
 
 class ServiceLoop {
@@ -103,6 +104,9 @@ private:
     void carry_out(const ControlCommand& c);
     void start_run(std::uint32_t run, std::uint64_t reply_id, const std::string& metadata = {});
     void add_comment(const ControlCommand& c);
+    void take_posts();
+    // Why no run record can be added now (no run, run records off), or nullptr.
+    const char* why_no_run_record() const noexcept;
     void begin_stop(std::uint64_t reply_id, bool asked);
     void advance_stop();
     void finish_stop(bool closed, const std::string& why);

@@ -91,6 +91,9 @@ const std::vector<Key>& schema() {
         {"output.midas.bank_names", Kind::bank_names, json::object(), 0, 0, false, "MIDAS output: bank names by source_id, e.g. {\"7\": \"PB07\"}: 4 letters, digits or _ each. A source without one gets `S` and its id in three upper-case hex digits (S000..SFFF); a source above 0xFFF must have one, two sources may not share one, and EVBH and EVBS are taken."},
         {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
         {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
+        {"monitor.allow_post", Kind::string_list, json::array(), 0, 0, false, "IP addresses (no port) that may POST /runrecord to add a COMMENT or USER run record to the running run (docs/OPERATIONS.md 4.2). None by default: every POST is refused (403). Anyone who can post can write into the run's files: list the slow-control and logbook hosts only."},
+        {"monitor.post_max_bytes", Kind::uint, 65536, 64, 1u << 20, false, "POST /runrecord: the largest body taken; a larger one is refused (413) before it is read."},
+        {"monitor.posts_per_s", Kind::uint, 10, 1, 1000, false, "POST /runrecord: posts taken per second from all clients together (a burst of as many at once); more are refused (429)."},
         {"control.socket", Kind::string, "auto", 0, 0, false, "Unix socket for run control (evb-ctl: status, start, stop, reload); empty: none. \"auto\": where evb-ctl looks by default, $XDG_RUNTIME_DIR/evbd.sock if that directory is the user's own with mode 0700, else /run/evbd-manual/evbd.sock as root (never the package's path) or /tmp/evbd-UID/evbd.sock (a directory of 0700 of the user's own; if another evbd holds it, this one runs without run control, with a warning; a path set here must be free). The package sets /run/evbd/evbd.sock (group evbd, mode 0660)."},
         {"control.start", Kind::choice, "running", 0, 0, false, "\"running\": start building run_number at once; \"stopped\": wait for evb-ctl start (datagrams are refused as not_running until then).", {"running", "stopped"}},
         {"pull.first_event", Kind::uint_or_auto, "auto", 0, UINT64_MAX, false, "The run's first event id in pull mode; \"auto\" is 0. Whatever it is, events that this builder's files of the run already hold are not requested again: a restarted builder first recovers its .part files (as evb-dump --recover does), reads which events of the run they hold, and requests only the rest (with pull.events, the run's first pull.events ids of this builder's share, held ones included). Push mode after a restart opens new files and leaves the old ones as they are; both log what they found."},
@@ -523,6 +526,9 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         c->output.fsync_period_ms = fs.get<std::uint32_t>();
     }
     c->monitor.listen = str("monitor.listen");
+    c->monitor.allow_post = lookup(eff, "monitor.allow_post", false)->get<std::vector<std::string>>();
+    c->monitor.post_max_bytes = u32("monitor.post_max_bytes");
+    c->monitor.posts_per_s = u32("monitor.posts_per_s");
     c->control.socket = str("control.socket");
     c->control.start_stopped = str("control.start") == "stopped";
     if (const json& first = *lookup(eff, "pull.first_event", false); first.is_string())
@@ -666,6 +672,8 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         check_address(fmt::format("pull.source_addresses[{}]", i), c->pull.source_addresses[i], net::parse_endpoint);
     for (std::size_t i = 0; i < c->busy.targets.size(); ++i)
         check_address(fmt::format("busy.targets[{}]", i), c->busy.targets[i], net::parse_endpoint);
+    for (std::size_t i = 0; i < c->monitor.allow_post.size(); ++i)
+        check_address(fmt::format("monitor.allow_post[{}]", i), c->monitor.allow_post[i], net::parse_sender_address);
     for (std::size_t i = 0; i < c->input.allowed_senders.size(); ++i)
         check_address(fmt::format("input.allowed_senders[{}]", i), c->input.allowed_senders[i],
                       net::parse_sender_address);

@@ -104,6 +104,9 @@ struct Config {
 
     struct Monitor {
         std::string listen;
+        std::vector<std::string> allow_post;  // POST /runrecord: who may
+        std::uint32_t post_max_bytes = 65536;
+        std::uint32_t posts_per_s = 10;
     } monitor;
 
     struct Control {

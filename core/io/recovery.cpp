@@ -19,6 +19,7 @@
 #include "core/format/wire.hpp"
 #include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
+#include "core/format/midas_odb.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/run_summary.hpp"
 #include "core/util/json_text.hpp"
@@ -155,7 +156,7 @@ std::vector<std::byte> recovered_eor(const midas::ScanResult& s, const StatusCou
     counts["recovered"] = true;
     counts["file"] = {{"events", s.event_count}, {"status", to_json(status)}, {"bytes", s.good_bytes}};
     const std::uint32_t time = s.event_count == 0 ? s.bor.time_stamp : s.last_event.time_stamp;
-    return midas::encode_run_marker(midas::kEventIdEor, s.bor.serial_number, time, json_text(counts));
+    return midas::encode_eor({s.bor.serial_number, s.bor.time_stamp, time}, json_text(counts));
 }
 
 // The status counts of a scanned image's events.

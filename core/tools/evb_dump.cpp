@@ -33,6 +33,7 @@
 #include "core/format/file_format.hpp"
 #include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
+#include "core/format/midas_odb.hpp"
 #include "core/format/run_record.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/recovery.hpp"
@@ -689,7 +690,7 @@ MidasRun midas_run(const evb::midas::ScanResult& s, const std::string& path, Fil
             rep.add_problem(4, fmt::format("file name says run {}, the begin-of-run event says run {}", nf->run,
                                            s.bor.serial_number));
     }
-    const Json cfg = Json::parse(s.bor_text, nullptr, false);
+    const Json cfg = evb::midas::evbd_part(s.bor_text, "Config");
     if (!cfg.is_object()) {
         rep.add_problem(evb::midas::kEventHeaderBytes, "begin-of-run event: the configuration is not a JSON object");
         return run;

@@ -16,6 +16,7 @@
 #include "core/format/file_format.hpp"
 #include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
+#include "core/format/midas_odb.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/recovery.hpp"
 #include "test/temp_dir.hpp"
@@ -143,7 +144,7 @@ TEST_CASE("MIDAS output file: abandoned with O_DIRECT it keeps every event hande
     CHECK(c.problems.empty());
     REQUIRE(c.has_eor);
     check_events(c, 700);
-    const auto eor = nlohmann::json::parse(c.eor_text);
+    const auto eor = em::evbd_part(c.eor_text, "End");
     CHECK(eor["recovered"] == true);
     CHECK(eor["file"]["events"] == 700);
     CHECK(eor["file"]["status"]["complete"] == 700);
@@ -278,5 +279,5 @@ TEST_CASE("MIDAS recovery: a torn .mid.lz4.part becomes a closed frame of its wh
     CHECK(c.problems.empty());
     CHECK(c.has_eor);
     check_events(c, r.events);
-    CHECK(nlohmann::json::parse(c.eor_text)["recovered"] == true);
+    CHECK(em::evbd_part(c.eor_text, "End")["recovered"] == true);
 }

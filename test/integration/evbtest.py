@@ -658,6 +658,12 @@ def midas_items(data):
     return out
 
 
+def midas_part(text, key):
+    """/Evbd/<key> ("Config", "End") of a begin- or end-of-run event's ODB dump
+    (docs/FORMATS.md 9.2), as a dict."""
+    return json.loads(text)["Evbd"][key]
+
+
 def midas_files(out_dir):
     """The MIDAS data files in out_dir (.mid, .mid.lz4 and their .part), in name order."""
     return sorted(n for n in os.listdir(out_dir) if n.endswith((".mid", ".mid.part", ".mid.lz4", ".mid.lz4.part")))

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from evbtest import BIN, Evbd, check, data_files, fail, midas_files, read_midas, run_source, workdir
+from evbtest import BIN, Evbd, check, data_files, fail, midas_files, midas_part, read_midas, run_source, workdir
 
 CASES = [("evb v1", ["output.format_version=1"], ".evb"),
          ("evb v2 zstd", ["output.compression=zstd"], ".evb"),
@@ -38,10 +38,10 @@ def main():
             check(head[:8] == b"EVBFILE1", f"{label}: it begins with the file header")
         else:
             m = read_midas(path)
-            check(m["events"] == [] and m["eor"] is not None and json.loads(m["bor_text"]).get("sources") is not None,
+            check(m["events"] == [] and m["eor"] is not None and midas_part(m["bor_text"], "Config").get("sources") is not None,
                   f"{label}: {want} holds the begin-of-run event (the configuration) and the end-of-run event, "
                   f"no other")
-            eor = json.loads(m["eor"][1])
+            eor = midas_part(m["eor"][1], "End")
             check(eor["file"]["events"] == 0 and eor["run"]["events"] == 0 and eor["run"]["run_number"] == 1,
                   f"{label}: the end-of-run event counts 0 events ({eor})")
         with open(os.path.join(out, "run000001_000.summary.json")) as f:

@@ -28,7 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_python_reader import ensure_numpy  # noqa: E402,F401  (re-runs under Debian's Python: python3-lz4)
-from evbtest import (BIN, Evbd, check, fail, free_udp_port, midas_built, midas_files, midas_items, pattern_bytes, read_midas,  # noqa: E402
+from evbtest import (BIN, Evbd, check, fail, free_udp_port, midas_built, midas_files, midas_part, midas_items, pattern_bytes, read_midas,  # noqa: E402
                      run_source, sanitized_build, serve_source, verify, wait_until, workdir)
 
 SLOW = 5 if sanitized_build() else 1
@@ -51,7 +51,7 @@ def check_event_id_files(files, events, sources, event_id, names, run, complete=
     run_events = 0
     for name, f in files:
         check(f["bor"][2] == run, f"{name}: begin-of-run serial is the run number {run}")
-        cfg = json.loads(f["bor_text"])
+        cfg = midas_part(f["bor_text"], "Config")
         check(cfg["output"]["format"] == "midas", f"{name}: the begin-of-run event holds the configuration")
         bad = None
         for h, banks in f["events"]:
@@ -85,12 +85,12 @@ def check_event_id_files(files, events, sources, event_id, names, run, complete=
         if bad:
             fail(f"{name}: {bad}")
         run_events += len(f["events"])
-        if f["eor"] is not None and json.loads(f["eor"][1]).get("recovered"):
-            counts = json.loads(f["eor"][1])  # written by recovery: the file's counts only
+        if f["eor"] is not None and midas_part(f["eor"][1], "End").get("recovered"):
+            counts = midas_part(f["eor"][1], "End")  # written by recovery: the file's counts only
             check(f["eor"][0][:3] == (0x8001, 0x494D, run) and counts["file"]["events"] == len(f["events"]),
                   f"{name}: recovered end-of-run event with the file's count ({len(f['events'])})")
         elif f["eor"] is not None:
-            counts = json.loads(f["eor"][1])
+            counts = midas_part(f["eor"][1], "End")
             check(f["eor"][0][:3] == (0x8001, 0x494D, run) and counts["file"]["events"] == len(f["events"])
                   and counts["run"]["events"] == run_events and counts["file"]["bytes"] == f["end"] - 16 - f["eor"][0][4],
                   f"{name}: end-of-run event with the file's ({len(f['events'])}) and the run's ({run_events}) counts")
@@ -243,7 +243,7 @@ def sigkill_and_recover(wd):
     # is all zeros (FORMATS.md 9.3): its tail may never have reached the disk.
     check(kept in (whole, whole - 1) and rec["events"] == torn["events"][:kept],
           f"the recovered file keeps the .part's whole events byte for byte ({kept} of {whole})")
-    check(rec["eor"] is not None and json.loads(rec["eor"][1])["recovered"] is True,
+    check(rec["eor"] is not None and midas_part(rec["eor"][1], "End")["recovered"] is True,
           "it ends with an end-of-run event marked recovered")
     check_event_id_files(files, 100000000, list(range(sources)), 1, {}, RUN, complete=False)
     # The next start finds run 3 without a summary and rebuilds it from the .mid files.
@@ -307,7 +307,7 @@ def lz4_files(wd):
     kept = len(rec["events"])
     check(rec["frame_ended"] and kept in (whole, whole - 1) and rec["events"] == torn["events"][:kept],
           f"the recovered .mid.lz4 is a closed frame keeping the torn file's whole events byte for byte ({kept} of {whole})")
-    check(rec["eor"] is not None and json.loads(rec["eor"][1])["recovered"] is True,
+    check(rec["eor"] is not None and midas_part(rec["eor"][1], "End")["recovered"] is True,
           "it ends with an end-of-run event marked recovered")
     # Recovery keeps the torn frame's compressed blocks (issue 41: block by block, not
     # decoded and compressed anew), so the ratio is the writer's: on a slow builder

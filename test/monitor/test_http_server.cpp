@@ -184,3 +184,69 @@ TEST_CASE("http server: connections that send nothing do not keep a request out"
     CHECK(::recv(idle.front(), &c, 1, 0) == 0);
     for (int fd : idle) ::close(fd);
 }
+
+namespace {
+
+// Refuses bodies over 8 bytes before reading them; answers the rest from "another
+// thread" (a PendingResponse made ready when the test says so).
+struct LaterAnswer : evb::monitor::PendingResponse {
+    std::atomic<bool> go{false}, taken{false};
+    std::string body;  // set before `taken`
+    bool ready(HttpResponse& out) override {
+        if (!go.load()) return false;
+        out = {200, "text/plain", "took " + body + "\n", nullptr};
+        return true;
+    }
+};
+struct EchoPosts : evb::monitor::PostRoute {
+    std::shared_ptr<LaterAnswer> later = std::make_shared<LaterAnswer>();
+    std::atomic<int> admitted{0};
+    std::optional<HttpResponse> admit(std::string_view path, const sockaddr_storage& peer,
+                                      std::optional<std::size_t> n) override {
+        if (path != "/in") return HttpResponse{404, "text/plain", "no\n", nullptr};
+        if (peer.ss_family != AF_INET) return HttpResponse{403, "text/plain", "who?\n", nullptr};
+        if (n && *n > 8) return HttpResponse{413, "text/plain", "too big\n", nullptr};
+        if (n) ++admitted;  // without a length the server answers 411
+        return std::nullopt;
+    }
+    HttpResponse take(std::string_view, std::string_view body) override {
+        later->body = std::string(body);
+        later->taken = true;
+        HttpResponse r;
+        r.pending = later;
+        return r;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("http server: a POST route sees the peer and the length first, then the body, and may answer later") {
+    EchoPosts posts;
+    HttpServer server("127.0.0.1:0", echo_path, &posts);
+    const std::string at = server.bound_address();
+    std::string r = round_trip(at, "POST /in HTTP/1.1\r\nContent-Length: 100\r\n\r\n");
+    CHECK(r.rfind("HTTP/1.1 413 ", 0) == 0);  // refused before any byte of the body
+    r = round_trip(at, "POST /in HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
+    CHECK(r.rfind("HTTP/1.1 411 ", 0) == 0);
+    r = round_trip(at, "POST /in HTTP/1.1\r\n\r\n");
+    CHECK(r.rfind("HTTP/1.1 411 ", 0) == 0);
+    r = round_trip(at, "PUT /in HTTP/1.1\r\n\r\n");
+    CHECK(r.find("Allow: GET, HEAD, POST\r\n") != std::string::npos);
+    // The body in two pieces; the answer comes once the other side is ready, and a
+    // GET is answered meanwhile.
+    const int fd = connect_to(at);
+    REQUIRE(fd >= 0);
+    const std::string head = "POST /in HTTP/1.1\r\ncontent-length: 5\r\n\r\nab";
+    REQUIRE(::send(fd, head.data(), head.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(head.size()));
+    REQUIRE(::send(fd, "cde", 3, MSG_NOSIGNAL) == 3);
+    for (int i = 0; i < 500 && !posts.later->taken.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(round_trip(at, "GET /x HTTP/1.1\r\n\r\n").ends_with("path=/x\n"));
+    posts.later->go = true;
+    std::string reply;
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) reply.append(buf, static_cast<std::size_t>(n));
+    ::close(fd);
+    CHECK(reply.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+    CHECK(reply.ends_with("took abcde\n"));
+    CHECK(posts.admitted.load() == 1);
+}

@@ -16,6 +16,7 @@
 #include "allocators/buffer_pool.hpp"
 #include "core/format/file_format.hpp"
 #include "core/format/midas_format.hpp"
+#include "core/format/midas_odb.hpp"
 #include "core/format/wire.hpp"
 #include "core/model/matcher.hpp"
 #include "test/fragment.hpp"
@@ -205,7 +206,7 @@ TEST_CASE("DiskWriter writes MIDAS files: BOR and one event per built event with
         INFO((s.problems.empty() ? std::string() : s.problems[0].what));
         REQUIRE(s.problems.empty());
         CHECK(s.bor.serial_number == kRun);
-        CHECK(s.bor_text.substr(0, ws.config_json.size()) == ws.config_json);
+        CHECK(midas::evbd_part(s.bor_text, "Config") == nlohmann::ordered_json::parse(ws.config_json));
         REQUIRE(s.has_eor);
         for (const midas::EventView& ev : s.events) {
             CHECK(ev.header.event_id == 3);
@@ -226,7 +227,7 @@ TEST_CASE("DiskWriter writes MIDAS files: BOR and one event per built event with
             ++serial;
         }
         run_events += s.events.size();
-        const auto eor = nlohmann::json::parse(s.eor_text);
+        const auto eor = midas::evbd_part(s.eor_text, "End");
         CHECK(eor["file"]["events"] == s.events.size());
         CHECK(eor["file"]["sequence"] == f);
         CHECK(eor["file"]["bytes"] == s.good_bytes - 16 - s.eor.data_size);
@@ -306,7 +307,7 @@ TEST_CASE("DiskWriter writes .mid.lz4: one LZ4 frame holding the MIDAS file and 
         for (const auto& sec : d.sections)
             CHECK(std::all_of(sec.bytes, sec.bytes + sec.info.length, [&](std::byte b) { return b == std::byte(200 + k); }));
     }
-    const auto eor = nlohmann::json::parse(s.eor_text);
+    const auto eor = midas::evbd_part(s.eor_text, "End");
     CHECK(eor["file"]["events"] == kEvents);
     // The file's bytes as a MIDAS reader sees them (before the end-of-run event), and as stored.
     CHECK(eor["file"]["bytes"] == s.good_bytes - 16 - s.eor.data_size);

@@ -59,6 +59,14 @@ class MidasRecord(Record):
         self.serial_number = serial
 
 
+def _evbd_part(obj, key):
+    """/Evbd/<key> of a begin- or end-of-run event's ODB dump (docs/FORMATS.md 9.2); in
+    a file written before the dump, the whole object."""
+    if isinstance(obj, dict) and isinstance(obj.get("Evbd"), dict) and key in obj["Evbd"]:
+        return obj["Evbd"][key]
+    return obj
+
+
 class MidasFile(EvbFile):
     """One MIDAS file evbd wrote (.mid, .mid.part, .mid.lz4, .mid.lz4.part). Iterating
     yields its built events as records, in file order.
@@ -84,6 +92,7 @@ class MidasFile(EvbFile):
         mm = self._init_common(path, strict, verify_crc)
         self._mm = self._mv = None
         self.config = None
+        self.odb = None  # the begin-of-run event's ODB dump (a dict), from files that hold one
         self.end_of_run = None
         self.run_number = self.file_sequence = self.builder_id = self.expected_sources = 0
         self.created_unix_ns = 0
@@ -151,6 +160,8 @@ class MidasFile(EvbFile):
             cfg = json.loads(bytes(raw[EVENT_HEADER_BYTES:EVENT_HEADER_BYTES + size]).decode())
         except ValueError:
             cfg = None
+        self.odb = cfg if isinstance(cfg, dict) and "Runinfo" in cfg else None
+        cfg = _evbd_part(cfg, "Config")
         if not isinstance(cfg, dict):
             self.problems.append(Problem(EVENT_HEADER_BYTES, "begin-of-run event: the configuration is not a JSON "
                                                              "object"))
@@ -201,6 +212,7 @@ class MidasFile(EvbFile):
             eor = json.loads(bytes(raw[found + EVENT_HEADER_BYTES:after]).decode())
         except ValueError:
             eor = None
+        eor = _evbd_part(eor, "End")
         self.end_of_run = eor if isinstance(eor, dict) else None
         self.has_footer = True
         self._eor_at = found
