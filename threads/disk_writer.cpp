@@ -141,6 +141,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     }
     midas_ = midas;
     lz4_file_ = lz4;
+    rotate_due_ = false;
     file_run_ = run;
     continued_run_.reset();  // (kept until an open succeeds: a failed one is retried as the run's first)
     file_set_ = set;
@@ -571,8 +572,10 @@ void DiskWriter::write_event(Event* e) {
         held_for_retry_.push_back(e);
         return;
     }
-    // A file holds one run and one expected-source set (its header says how many).
-    if (file_.is_open() && (e->run_number != file_run_ || e->set_generation != file_set_)) close_file();
+    // A file holds one run and one expected-source set (its header says how many); a
+    // full file is closed before the next event (not at once: were that event the
+    // run's last, the run's end would find no file to end with END_OF_RUN).
+    if (file_.is_open() && (rotate_due_ || e->run_number != file_run_ || e->set_generation != file_set_)) close_file();
     if (blocked_) {
         held_for_retry_.push_back(e);
         return;
@@ -613,7 +616,7 @@ void DiskWriter::write_event(Event* e) {
         sampler_->offer(*e, h, h.created_unix_ns);
     }
     if (iov_.size() >= kMaxIov || batch_bytes_ >= kMaxBatchBytes || batch_.size() == batch_.capacity()) flush_batch();
-    if (file_.is_open() && file_.size() + batch_bytes_ >= s_.max_file_bytes) close_file();
+    if (file_.is_open() && file_.size() + batch_bytes_ >= s_.max_file_bytes) rotate_due_ = true;
 }
 
 std::size_t DiskWriter::drain(std::size_t max_events) {

@@ -181,6 +181,9 @@ private:
     std::uint64_t file_last_event_id_ = 0;
     file::Codec file_codec_ = file::Codec::none;
     bool closing_run_end_ = false;
+    // The open file reached output.max_file_bytes: it is closed before the next event
+    // is written, or at the run's end (END_OF_RUN last), whichever comes first.
+    bool rotate_due_ = false;
     RunNotes* notes_ = nullptr;
     std::vector<RunNote> waiting_notes_;  // for a run whose file is not open yet
     std::optional<RunNote> next_metadata_;  // evb-ctl start --meta: for that run's BEGIN_OF_RUN
