@@ -192,7 +192,7 @@ private:
     void take_notes();
     void write_waiting_notes();
     // Appends a run record of `kind` with `body` to the open file (no batch open).
-    // Returns 0 or an errno value.
+    // Returns 0 or an errno value; on an error the file is cut back to where it was.
     int append_run_record(std::uint32_t run, std::uint32_t kind, const std::string& body);
     // close_file at the run's end: END_OF_RUN goes in first.
     void close_run_file();

@@ -24,7 +24,12 @@ int DiskWriter::append_run_record(std::uint32_t run, std::uint32_t kind, const s
     f.level = s_.record_level;
     std::vector<std::byte> rec = file::encode_run_record(f);
     const iovec v{rec.data(), rec.size()};
-    return file_.append(&v, 1);
+    // A write that failed may have put part of the record in the file: cut back to
+    // the last whole record, so that what follows (events, the index) is readable.
+    const std::uint64_t at = file_.size();
+    const int e = file_.append(&v, 1);
+    if (e != 0) (void)file_.rollback(at, file_.event_count());
+    return e;
 }
 
 void DiskWriter::take_notes() {

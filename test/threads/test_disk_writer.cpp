@@ -3,6 +3,10 @@
 // event goes back to its owner, and the written ids go out in file order.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+
+#include <csignal>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -383,5 +387,49 @@ TEST_CASE("DiskWriter ends a run with END_OF_RUN when the run's last event fills
         CHECK(records_of(files[0]) == V{"B", "0", "clean"});
         CHECK(records_of(files[1]) == V{"B", "1", "E", "clean"});
     }
+    CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
+}
+
+TEST_CASE("DiskWriter takes a COMMENT whose write failed back out of the file") {
+    test::TempDir dir;
+    WriterSettings ws = WriterRig::writer_settings(dir.path());
+    ws.format_version = 2;
+    ws.run_records = true;
+    WriterRig rig(ws);
+    RunNotes notes;
+    rig.writer.set_run_notes(&notes);
+    for (std::uint64_t e = 0; e < 5; ++e) rig.build(e);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 5; ++i) rig.writer.do_work();
+    REQUIRE(rig.writer_counters.events_written.get() == 5);
+    std::vector<fs::path> files = files_in(dir.path());
+    REQUIRE(files.size() == 1);
+    const std::uintmax_t size = fs::file_size(files[0]);
+
+    // The file may grow by 1000 bytes only (RLIMIT_FSIZE; SIGXFSZ ignored, so the
+    // write fails with EFBIG): the 2 KB comment is written in part, then fails.
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = static_cast<rlim_t>(size + 1000);
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    REQUIRE(notes.try_push({kRun, static_cast<std::uint32_t>(file::RunRecordKind::comment),
+                            "{\"text\": \"" + std::string(2000, 'x') + "\"}"}));
+    rig.writer.do_work();
+    const std::uint64_t errors = rig.writer_counters.write_errors.get();
+    const std::uintmax_t after = fs::file_size(files[0]);
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(errors == 1);
+    CHECK(after == size);  // cut back to the end of the last whole record
+
+    // The run goes on in the same file; it closes clean with every record readable.
+    for (std::uint64_t e = 5; e < 8; ++e) rig.build(e);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 8; ++i) rig.writer.do_work();
+    rig.writer.on_close();
+    files = files_in(dir.path());
+    REQUIRE(files.size() == 1);
+    using V = std::vector<std::string>;
+    CHECK(records_of(files[0]) == V{"B", "0", "1", "2", "3", "4", "5", "6", "7", "E", "clean"});
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
