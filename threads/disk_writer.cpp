@@ -450,10 +450,22 @@ bool DiskWriter::try_resume() {
     return true;
 }
 
+std::uint64_t DiskWriter::closing_bytes() const noexcept {
+    return kRunEndBytes + (midas_ ? 0 : file_.index_and_footer_bytes());
+}
+
 void DiskWriter::flush_batch() {
     if (!iov_.empty()) {
         if (lz4_file_ && !compress_batch()) {
             block_output(EIO, "compressing for");
+            return;
+        }
+        // Room for the batch and for closing the file after it: a full disk refuses
+        // the batch before any of it is written, and the file closes clean at the
+        // records before it (block_output), in the room the last batch reserved.
+        const std::uint64_t batch = lz4_file_ ? iov_[0].iov_len : batch_bytes_;
+        if (const int e = file_.reserve_room(batch + closing_bytes()); e != 0) {
+            block_output(e, "writing");
             return;
         }
         if (const int e = file_.append(iov_.data(), iov_.size()); e != 0) {

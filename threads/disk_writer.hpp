@@ -82,6 +82,12 @@ private:
     bool check_linked(bool now = false);
     std::uint64_t next_link_check_ns_ = 0;
     void flush_batch();
+    // The room closing the open file takes after its records: index and footer (.evb)
+    // and kRunEndBytes (file::OutputFile::reserve_room keeps it on the disk).
+    std::uint64_t closing_bytes() const noexcept;
+    // Room for what closes a file besides the index: END_OF_RUN, or a MIDAS file's
+    // end-of-run event (its counts) and the end of a `.mid.lz4`'s frame.
+    static constexpr std::uint64_t kRunEndBytes = 4096;
     // Returns the batch's slots and events to their owners; `lost`: they could not
     // be written (counted as lost, no written hook, so no CLEAR in pull mode).
     void release_batch(bool lost = false);
