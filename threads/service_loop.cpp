@@ -78,10 +78,10 @@ ServiceLoop::ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapsh
     if (opts_.watch_config && !opts_.config_path.empty()) (void)::stat(opts_.config_path.c_str(), &watched_);
 }
 
-void ServiceLoop::mark_run_start(std::uint32_t run) {
+void ServiceLoop::mark_run_start(std::uint32_t run, const std::string& metadata) {
     runs_taken_.push_back(run);
     control_.run_started_unix_ms.store(realtime_ns() / 1'000'000ull);
-    summaries_.begin(run, running_->config);
+    summaries_.begin(run, running_->config, metadata);
     if (t_.counts != nullptr) {
         std::lock_guard lock(control_.text_mutex);
         control_.at_run_start = monitor::run_counts(*t_.counts);
@@ -400,7 +400,7 @@ void ServiceLoop::start_run(std::uint32_t run, std::uint64_t reply_id, const std
     t_.pipeline.set_opening(true);
     post_rules(true);
     post_pull_settings();
-    mark_run_start(run_);
+    mark_run_start(run_, metadata);
     control_.run_number.store(run_);
     control_.run_state.store(static_cast<int>(monitor::RunState::running));
     {

@@ -112,7 +112,8 @@ private:
     static constexpr std::uint32_t kNoRun = UINT32_MAX;  // no run follows (a stop)
     void post_writer_settings(const WriterSettings& base, std::uint32_t transition_run);
     void post_pull_settings();
-    void mark_run_start(std::uint32_t run);
+    // `metadata`: evb-ctl start --meta's object ("": the configuration's).
+    void mark_run_start(std::uint32_t run, const std::string& metadata = {});
 
     void reload(const char* why);
     bool validate_reload(const char* why, const Config& loaded);
