@@ -95,7 +95,8 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         run_records_ = run_incomplete_ = run_payload_bytes_ = run_record_bytes_ = 0;
         run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);
         if (s_.run_records && s_.format != OutputFormat::midas)
-            bor_body_ = file::begin_of_run_body(run, now, s_.config_json,
+            bor_body_ = file::begin_of_run_body(run, s_.started_unix_ns != 0 && s_.started_run == run ? s_.started_unix_ns : now,
+                                                s_.config_json,
                                                 next_metadata_ && next_metadata_->run_number == run ? next_metadata_->body
                                                                                                     : s_.run_metadata_json,
                                                 continued_run_ == run && restarted_in_run_);
@@ -679,6 +680,10 @@ std::size_t DiskWriter::do_work() {
         s_.max_file_bytes = next->max_file_bytes;
         s_.fsync = next->fsync;
         s_.fsync_period_ms = next->fsync_period_ms;
+        if (next->started_unix_ns != 0) {  // a run started (before any of its events can come)
+            s_.started_run = next->started_run;
+            s_.started_unix_ns = next->started_unix_ns;
+        }
         if (next->run_generation > s_.run_generation) {
             if (next->run_number != s_.run_number) {
                 // A new run: its BEGIN_OF_RUN holds the configuration and metadata it starts with.

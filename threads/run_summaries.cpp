@@ -58,8 +58,9 @@ std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const C
 RunSummaries::RunSummaries(std::vector<std::uint32_t> sources, const Matchers& matchers, ClosedFiles* closed)
     : sources_(std::move(sources)), matchers_(matchers), closed_(closed) {}
 
-void RunSummaries::begin(std::uint32_t run, std::shared_ptr<const Config> config, std::string metadata) {
-    current_ = {run, realtime_ns() / 1'000'000ull, std::move(config), match_totals(), std::move(metadata)};
+void RunSummaries::begin(std::uint32_t run, std::shared_ptr<const Config> config, std::string metadata,
+                         std::uint64_t started_unix_ns) {
+    current_ = {run, (started_unix_ns != 0 ? started_unix_ns : realtime_ns()) / 1'000'000ull, std::move(config), match_totals(), std::move(metadata)};
 }
 
 void RunSummaries::end(const char* end, std::uint64_t writer_generation, std::uint64_t dead_time_ns) {

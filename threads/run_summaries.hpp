@@ -26,7 +26,9 @@ public:
 
     // A run starts now, under `config`; `metadata`: the JSON object it was started
     // with (evb-ctl start --meta), "" for the configuration's.
-    void begin(std::uint32_t run, std::shared_ptr<const Config> config, std::string metadata = {});
+    // `started_unix_ns`: when (0: now).
+    void begin(std::uint32_t run, std::shared_ptr<const Config> config, std::string metadata = {},
+               std::uint64_t started_unix_ns = 0);
     // The run begun last ends now (`end`: "stop", "run change"); its summary is
     // written once the writer reports transition `writer_generation` done.
     // `dead_time_ns`: the time the builder was busy in the run (BUSY).

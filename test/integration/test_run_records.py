@@ -156,8 +156,11 @@ def main():
     p = subprocess.run([ctl, "--socket", sock4, "start", "--run", "2", "--meta", big], capture_output=True, text=True,
                        timeout=60)
     check(p.returncode == 2 and "256" in p.stderr, f"evb-ctl refuses metadata too large for the line: {p.stderr}")
+    started = {}
     for args in (["stop"], ["start", "--run", "2", "--meta", meta], ["comment", "run", "two"]):
+        before = time.time_ns()
         p = subprocess.run([ctl, "--socket", sock4, *args], capture_output=True, text=True, timeout=60)
+        started[args[0]] = (before, time.time_ns())
         check(p.returncode == 0, f"evb-ctl {' '.join(args)}: {p.stdout}{p.stderr}")
     run_source(["--to", f"127.0.0.1:{r.port}", "--sources", 4, "--events", 20, "--run", 2, "--seed", 8])
     r.wait_metric("evb_events_written_total", lambda v: v >= 20, timeout=60)
@@ -172,6 +175,11 @@ def main():
         check(f.bor["metadata"] == {"target": "Pb 208", "beam_energy_mev": 5500, "shifter": "A. N. Other",
                                     "big": 18446744073709551615},
               f"run 2's BEGIN_OF_RUN holds the --meta object, integers exact: {f.bor['metadata']}")
+        # start_unix_ns is when the run started (during evb-ctl start), not when its
+        # first file opened (its first event came after evb-ctl comment).
+        t0, t1 = started["start"]
+        check(t0 <= f.bor["start_unix_ns"] <= t1,
+              f"run 2's BEGIN_OF_RUN start_unix_ns {f.bor['start_unix_ns']} is within evb-ctl start [{t0}, {t1}]")
     # A run started with --meta in which no event arrives: its one file's BEGIN_OF_RUN
     # holds the --meta object too (the empty run's file is written at its end).
     for args in (["start", "--run", "3", "--meta", meta], ["stop"]):
