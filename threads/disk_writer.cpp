@@ -96,7 +96,8 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         run_records_ = run_incomplete_ = run_payload_bytes_ = run_record_bytes_ = 0;
         run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);
         if (s_.run_records && s_.format != OutputFormat::midas)
-            bor_body_ = file::begin_of_run_body(run, now, s_.config_json,
+            bor_body_ = file::begin_of_run_body(run, s_.started_unix_ns != 0 && s_.started_run == run ? s_.started_unix_ns : now,
+                                                s_.config_json,
                                                 next_metadata_ && next_metadata_->run_number == run ? next_metadata_->body
                                                                                                     : s_.run_metadata_json,
                                                 continued_run_ == run && restarted_in_run_);
@@ -142,6 +143,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     }
     midas_ = midas;
     lz4_file_ = lz4;
+    rotate_due_ = false;
     file_run_ = run;
     continued_run_.reset();  // (kept until an open succeeds: a failed one is retried as the run's first)
     file_set_ = set;
@@ -449,10 +451,22 @@ bool DiskWriter::try_resume() {
     return true;
 }
 
+std::uint64_t DiskWriter::closing_bytes() const noexcept {
+    return kRunEndBytes + (midas_ ? 0 : file_.index_and_footer_bytes());
+}
+
 void DiskWriter::flush_batch() {
     if (!iov_.empty()) {
         if (lz4_file_ && !compress_batch()) {
             block_output(EIO, "compressing for");
+            return;
+        }
+        // Room for the batch and for closing the file after it: a full disk refuses
+        // the batch before any of it is written, and the file closes clean at the
+        // records before it (block_output), in the room the last batch reserved.
+        const std::uint64_t batch = lz4_file_ ? iov_[0].iov_len : batch_bytes_;
+        if (const int e = file_.reserve_room(batch + closing_bytes()); e != 0) {
+            block_output(e, "writing");
             return;
         }
         if (const int e = file_.append(iov_.data(), iov_.size()); e != 0) {
@@ -571,8 +585,10 @@ void DiskWriter::write_event(Event* e) {
         held_for_retry_.push_back(e);
         return;
     }
-    // A file holds one run and one expected-source set (its header says how many).
-    if (file_.is_open() && (e->run_number != file_run_ || e->set_generation != file_set_)) close_file();
+    // A file holds one run and one expected-source set (its header says how many); a
+    // full file is closed before the next event (not at once: were that event the
+    // run's last, the run's end would find no file to end with END_OF_RUN).
+    if (file_.is_open() && (rotate_due_ || e->run_number != file_run_ || e->set_generation != file_set_)) close_file();
     if (blocked_) {
         held_for_retry_.push_back(e);
         return;
@@ -613,7 +629,7 @@ void DiskWriter::write_event(Event* e) {
         sampler_->offer(*e, h, h.created_unix_ns);
     }
     if (iov_.size() >= kMaxIov || batch_bytes_ >= kMaxBatchBytes || batch_.size() == batch_.capacity()) flush_batch();
-    if (file_.is_open() && file_.size() + batch_bytes_ >= s_.max_file_bytes) close_file();
+    if (file_.is_open() && file_.size() + batch_bytes_ >= s_.max_file_bytes) rotate_due_ = true;
 }
 
 std::size_t DiskWriter::drain(std::size_t max_events) {
@@ -664,6 +680,10 @@ std::size_t DiskWriter::do_work() {
         s_.max_file_bytes = next->max_file_bytes;
         s_.fsync = next->fsync;
         s_.fsync_period_ms = next->fsync_period_ms;
+        if (next->started_unix_ns != 0) {  // a run started (before any of its events can come)
+            s_.started_run = next->started_run;
+            s_.started_unix_ns = next->started_unix_ns;
+        }
         if (next->run_generation > s_.run_generation) {
             if (next->run_number != s_.run_number) {
                 // A new run: its BEGIN_OF_RUN holds the configuration and metadata it starts with.

@@ -82,6 +82,12 @@ private:
     bool check_linked(bool now = false);
     std::uint64_t next_link_check_ns_ = 0;
     void flush_batch();
+    // The room closing the open file takes after its records: index and footer (.evb)
+    // and kRunEndBytes (file::OutputFile::reserve_room keeps it on the disk).
+    std::uint64_t closing_bytes() const noexcept;
+    // Room for what closes a file besides the index: END_OF_RUN, or a MIDAS file's
+    // end-of-run event (its counts) and the end of a `.mid.lz4`'s frame.
+    static constexpr std::uint64_t kRunEndBytes = 4096;
     // Returns the batch's slots and events to their owners; `lost`: they could not
     // be written (counted as lost, no written hook, so no CLEAR in pull mode).
     void release_batch(bool lost = false);
@@ -181,6 +187,9 @@ private:
     std::uint64_t file_last_event_id_ = 0;
     file::Codec file_codec_ = file::Codec::none;
     bool closing_run_end_ = false;
+    // The open file reached output.max_file_bytes: it is closed before the next event
+    // is written, or at the run's end (END_OF_RUN last), whichever comes first.
+    bool rotate_due_ = false;
     RunNotes* notes_ = nullptr;
     std::vector<RunNote> waiting_notes_;  // for a run whose file is not open yet
     std::optional<RunNote> next_metadata_;  // evb-ctl start --meta: for that run's BEGIN_OF_RUN
@@ -189,7 +198,7 @@ private:
     void take_notes();
     void write_waiting_notes();
     // Appends a run record of `kind` with `body` to the open file (no batch open).
-    // Returns 0 or an errno value.
+    // Returns 0 or an errno value; on an error the file is cut back to where it was.
     int append_run_record(std::uint32_t run, std::uint32_t kind, const std::string& body);
     // close_file at the run's end: END_OF_RUN goes in first.
     void close_run_file();

@@ -23,8 +23,17 @@ int DiskWriter::append_run_record(std::uint32_t run, std::uint32_t kind, const s
     f.codec = file_codec_;
     f.level = s_.record_level;
     std::vector<std::byte> rec = file::encode_run_record(f);
+    // Room for the record and for closing the file after it (as for a batch);
+    // END_OF_RUN goes into the room kept for it.
+    if (f.kind != file::RunRecordKind::end_of_run)
+        if (const int e = file_.reserve_room(rec.size() + closing_bytes()); e != 0) return e;
     const iovec v{rec.data(), rec.size()};
-    return file_.append(&v, 1);
+    // A write that failed may have put part of the record in the file: cut back to
+    // the last whole record, so that what follows (events, the index) is readable.
+    const std::uint64_t at = file_.size();
+    const int e = file_.append(&v, 1);
+    if (e != 0) (void)file_.rollback(at, file_.event_count());
+    return e;
 }
 
 void DiskWriter::take_notes() {

@@ -21,7 +21,7 @@ namespace {
 // empty one, as MIDAS's logger leaves one: a `.evb` with header, empty index and
 // footer, or a MIDAS file with its begin- and end-of-run events.
 std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const Config& c, std::uint32_t run,
-                                                std::uint64_t started_unix_ms) {
+                                                std::uint64_t started_unix_ms, const std::string& metadata) {
     if (file::next_file_sequence(w.directory, run, w.builder_id) != 0) return std::nullopt;  // it has files
     file::EmptyRun e;
     e.directory = w.directory;
@@ -39,7 +39,8 @@ std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const C
     e.sync = w.fsync != FsyncPolicy::never;
     e.run_records = w.run_records && w.format != OutputFormat::midas;
     if (e.run_records)
-        e.bor_body = file::begin_of_run_body(run, started_unix_ms * 1'000'000ull, w.config_json, w.run_metadata_json, false);
+        e.bor_body = file::begin_of_run_body(run, started_unix_ms * 1'000'000ull, w.config_json,
+                                              metadata.empty() ? w.run_metadata_json : metadata, false);
     e.record_level = w.record_level;
     std::string err;
     const std::string name = file::write_empty_run_file(e, err);
@@ -57,8 +58,9 @@ std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const C
 RunSummaries::RunSummaries(std::vector<std::uint32_t> sources, const Matchers& matchers, ClosedFiles* closed)
     : sources_(std::move(sources)), matchers_(matchers), closed_(closed) {}
 
-void RunSummaries::begin(std::uint32_t run, std::shared_ptr<const Config> config) {
-    current_ = {run, realtime_ns() / 1'000'000ull, std::move(config), match_totals()};
+void RunSummaries::begin(std::uint32_t run, std::shared_ptr<const Config> config, std::string metadata,
+                         std::uint64_t started_unix_ns) {
+    current_ = {run, (started_unix_ns != 0 ? started_unix_ns : realtime_ns()) / 1'000'000ull, std::move(config), match_totals(), std::move(metadata)};
 }
 
 void RunSummaries::end(const char* end, std::uint64_t writer_generation, std::uint64_t dead_time_ns) {
@@ -140,7 +142,7 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         none_built = r.at_end.fragments[i] == r.start.at_start.fragments[i] &&
                      r.at_end.missing[i] == r.start.at_start.missing[i];
     if (none_built)
-        if (auto f = empty_run_file(w, *r.start.config, r.start.run, r.start.started_unix_ms)) files.push_back(*f);
+        if (auto f = empty_run_file(w, *r.start.config, r.start.run, r.start.started_unix_ms, r.start.metadata)) files.push_back(*f);
     file::fill_sizes(dir, files);
     last_written_ = {r.start.run, true, files.size(), 0, 0, {}};
     for (const auto& f : files) {

@@ -24,8 +24,11 @@ public:
     // `closed`: the writer's reports, or nullptr (no summaries are written then).
     RunSummaries(std::vector<std::uint32_t> sources, const Matchers& matchers, ClosedFiles* closed);
 
-    // A run starts now, under `config`.
-    void begin(std::uint32_t run, std::shared_ptr<const Config> config);
+    // A run starts now, under `config`; `metadata`: the JSON object it was started
+    // with (evb-ctl start --meta), "" for the configuration's.
+    // `started_unix_ns`: when (0: now).
+    void begin(std::uint32_t run, std::shared_ptr<const Config> config, std::string metadata = {},
+               std::uint64_t started_unix_ns = 0);
     // The run begun last ends now (`end`: "stop", "run change"); its summary is
     // written once the writer reports transition `writer_generation` done.
     // `dead_time_ns`: the time the builder was busy in the run (BUSY).
@@ -60,6 +63,7 @@ private:
         std::uint64_t started_unix_ms = 0;
         std::shared_ptr<const Config> config;
         MatchTotals at_start;
+        std::string metadata;  // "" : the configuration's (WriterSettings::run_metadata_json)
     };
     struct EndedRun {
         RunStart start;

@@ -70,18 +70,20 @@ ServiceLoop::ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapsh
       running_run_(!started_->control.start_stopped),
       health_(started_, t_.pipeline.counters(), control),
       summaries_(started_->sources, t_.pipeline.counters(), t_.closed) {
+    const std::uint64_t now = realtime_ns();
+    if (running_run_) post_writer_settings(running_->writer, run_, now);  // before the inputs admit the run
     post_rules(running_run_);
-    if (running_run_) mark_run_start(run_);
+    if (running_run_) mark_run_start(run_, {}, now);
     control_.run_number.store(run_);
     control_.run_state.store(static_cast<int>(running_run_ ? monitor::RunState::running : monitor::RunState::stopped));
     if (!running_run_) log_info("control.start is \"stopped\": waiting for evb-ctl start; datagrams are refused meanwhile");
     if (opts_.watch_config && !opts_.config_path.empty()) (void)::stat(opts_.config_path.c_str(), &watched_);
 }
 
-void ServiceLoop::mark_run_start(std::uint32_t run) {
+void ServiceLoop::mark_run_start(std::uint32_t run, const std::string& metadata, std::uint64_t started_unix_ns) {
     runs_taken_.push_back(run);
-    control_.run_started_unix_ms.store(realtime_ns() / 1'000'000ull);
-    summaries_.begin(run, running_->config);
+    control_.run_started_unix_ms.store(started_unix_ns / 1'000'000ull);
+    summaries_.begin(run, running_->config, metadata, started_unix_ns);
     if (t_.counts != nullptr) {
         std::lock_guard lock(control_.text_mutex);
         control_.at_run_start = monitor::run_counts(*t_.counts);
@@ -252,10 +254,13 @@ void ServiceLoop::reload(const char* why) {
     sd_notify_state("READY=1\nSTATUS=receiving");
 }
 
-void ServiceLoop::post_writer_settings(const WriterSettings& base, std::uint32_t transition_run) {
+void ServiceLoop::post_writer_settings(const WriterSettings& base, std::uint32_t transition_run,
+                                       std::uint64_t started_unix_ns) {
     writer_settings_.release_applied(t_.writer.commands_applied());
     auto ws = std::make_unique<WriterSettings>(base);
     ws->run_number = transition_run;
+    ws->started_run = transition_run;
+    ws->started_unix_ns = started_unix_ns;
     ws->set_generation = set_generation_;
     ws->run_generation = run_generation_;
     if (!t_.writer.commands().try_push(writer_settings_.post(std::move(ws))))
@@ -306,14 +311,15 @@ void ServiceLoop::end_run(std::uint32_t next_run) {
     ++run_generation_;
     // Its summary is written once the writer has closed its files (RunSummaries::collect).
     summaries_.end(next_run != kNoRun ? "run change" : "stop", run_generation_, control_.busy.run_busy_ns.load());
-    post_writer_settings(running_->writer, next_run);
     const bool next = next_run != kNoRun;
+    const std::uint64_t now = realtime_ns();
+    post_writer_settings(running_->writer, next_run, next ? now : 0);
     if (next) run_ = next_run;
     post_rules(next);
     t_.pipeline.end_run(t_.feeder != nullptr ? t_.feeder->last_capture_ns() : realtime_ns(), next_run);
     t_.pipeline.wait_idle();  // its markers are on their way before the next transition
     if (next) {
-        mark_run_start(run_);
+        mark_run_start(run_, {}, now);
         control_.run_number.store(run_);
     }
 }
@@ -424,9 +430,11 @@ void ServiceLoop::start_run(std::uint32_t run, std::uint64_t reply_id, const std
     next_run_.reset();
     running_run_ = true;
     t_.pipeline.set_opening(true);
+    const std::uint64_t now = realtime_ns();
+    post_writer_settings(running_->writer, run_, now);  // the run's start time, before the inputs admit it
     post_rules(true);
     post_pull_settings();
-    mark_run_start(run_);
+    mark_run_start(run_, metadata, now);
     control_.run_number.store(run_);
     control_.run_state.store(static_cast<int>(monitor::RunState::running));
     {

@@ -114,9 +114,12 @@ private:
     void refuse(std::uint64_t id, const char* command, const std::string& why);
     void end_run(std::uint32_t next_run);  // shared by stop and a reload's run change
     static constexpr std::uint32_t kNoRun = UINT32_MAX;  // no run follows (a stop)
-    void post_writer_settings(const WriterSettings& base, std::uint32_t transition_run);
+    // `started_unix_ns`: run `transition_run` starts now (its BEGIN_OF_RUN's time); 0: no start.
+    void post_writer_settings(const WriterSettings& base, std::uint32_t transition_run, std::uint64_t started_unix_ns = 0);
     void post_pull_settings();
-    void mark_run_start(std::uint32_t run);
+    // `metadata`: evb-ctl start --meta's object ("": the configuration's); the run
+    // started at `started_unix_ns` (the writer was told: its BEGIN_OF_RUN's time).
+    void mark_run_start(std::uint32_t run, const std::string& metadata, std::uint64_t started_unix_ns);
 
     void reload(const char* why);
     bool validate_reload(const char* why, const Config& loaded);

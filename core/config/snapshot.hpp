@@ -75,6 +75,10 @@ struct WriterSettings {
     bool run_records = false;
     int record_level = 1;
     std::string run_metadata_json = "{}";
+    // When run `started_run` started (run control's time, its summary's started_unix_ms):
+    // its BEGIN_OF_RUN's start_unix_ns. 0: not told (the run's first file's opening).
+    std::uint32_t started_run = 0;
+    std::uint64_t started_unix_ns = 0;
 };
 
 struct PullSettings {

@@ -143,6 +143,7 @@ int OutputFile::open_named(const std::string& directory, const std::string& name
     disk_offset_ = 0;
     allocated_end_ = 0;
     reserved_end_ = 0;
+    room_end_ = 0;
     async_error_ = 0;
     failed_offset_ = ~std::uint64_t{0};
     fd_ = create_with_header(dir_fd_, name, head);
@@ -422,6 +423,29 @@ int OutputFile::append(const struct iovec* iov, std::size_t iovcnt) {
     return 0;
 }
 
+int OutputFile::reserve_room(std::uint64_t bytes) {
+    if (fd_ < 0) return EBADF;
+    if (direct_ || offset_ + bytes <= room_end_) return 0;
+    for (const std::uint64_t len : {bytes + kRoomAheadBytes, bytes}) {
+        if (::fallocate(fd_, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset_), static_cast<off_t>(len)) == 0) {
+            room_end_ = offset_ + len;
+            return 0;
+        }
+        if (errno == EOPNOTSUPP) {
+            room_end_ = offset_ + bytes + kRoomAheadBytes;  // ask again only that much later
+            return 0;
+        }
+        if (errno != ENOSPC && errno != EDQUOT) return errno;
+    }
+    return errno;
+}
+
+void OutputFile::give_back_room() noexcept {
+    // Cutting at the file's own size frees the blocks reserved past it.
+    if (room_end_ > offset_ && fd_ >= 0) (void)::ftruncate(fd_, static_cast<off_t>(offset_));
+    room_end_ = 0;
+}
+
 int OutputFile::rollback(std::uint64_t offset, std::size_t index_count) {
     if (fd_ < 0) return EBADF;
     if (direct_) {
@@ -451,6 +475,13 @@ int OutputFile::rollback(std::uint64_t offset, std::size_t index_count) {
     if (index_count < index_.size()) index_.resize(index_count);
     if (::ftruncate(fd_, static_cast<off_t>(offset)) != 0) return errno;
     offset_ = offset;
+    // The cut freed the room reserved past the end too: take it again, so the
+    // index (which the reservation counted) still fits.
+    if (room_end_ > offset) {
+        const std::uint64_t want = room_end_ - offset;
+        room_end_ = offset;
+        (void)reserve_room(want);
+    }
     return 0;
 }
 
@@ -473,6 +504,7 @@ int OutputFile::close_with_trailer(std::span<const std::byte> tail, bool sync) {
     if (const int e = append(&iov, 1); e != 0) return e;
     if (direct_)
         if (const int e = finish_direct(); e != 0) return e;
+    give_back_room();
     if (sync && ::fdatasync(fd_) != 0) return errno;
     ::close(fd_);
     fd_ = -1;
@@ -516,9 +548,10 @@ std::uint64_t OutputFile::abandon(std::uint64_t records_end) {
         }
         keep = std::max(keep, head_bytes_);
         (void)::ftruncate(fd_, static_cast<off_t>(keep));  // and the allocation past it
-    } else if (fd_ >= 0 && keep < offset_) {
-        (void)::ftruncate(fd_, static_cast<off_t>(keep));
+    } else if (fd_ >= 0 && (keep < offset_ || room_end_ > keep)) {
+        (void)::ftruncate(fd_, static_cast<off_t>(keep));  // and the room reserved past it
     }
+    room_end_ = 0;
     // A file that kept no record holds nothing to recover: it does not stay behind.
     if (fd_ >= 0 && keep <= head_bytes_) (void)::unlink(part_path_.c_str());
     if (fd_ >= 0) ::close(fd_);

@@ -52,6 +52,18 @@ public:
 
     // Appends bytes gathered from iov; handles short writes, EINTR and IOV_MAX.
     int append(const struct iovec* iov, std::size_t iovcnt);
+    // Buffered: makes sure the disk holds room for `bytes` more after the end of the
+    // file (fallocate FALLOC_FL_KEEP_SIZE, kRoomAheadBytes more when it can), before
+    // they are appended. The writer asks for a batch and what closing the file then
+    // takes (index, footer, END_OF_RUN): a full disk refuses the batch here, while the
+    // room reserved for closing the file with the records before it is still there.
+    // With O_DIRECT the stages reserve their own space (0). A file system without
+    // fallocate is promised nothing and refused nothing. Returns 0 or an errno value.
+    int reserve_room(std::uint64_t bytes);
+    // What close_clean appends: the index of the records noted so far and the footer.
+    std::uint64_t index_and_footer_bytes() const noexcept {
+        return kIndexHeaderBytes + index_.size() * kIndexEntryBytes + kFooterBytes;
+    }
     // Records that an event record starts at `offset` (for the index).
     void note_record(std::uint64_t event_id, std::uint64_t offset) { index_.push_back({event_id, offset}); }
 
@@ -125,6 +137,9 @@ public:
     // once in 32 stages. A crash can leave this much allocated zeros after the last
     // record, plus the stages that were in flight (evb-dump --recover cuts them).
     static constexpr std::size_t kAllocateBytes = 64u << 20;
+    // Buffered: room is reserved this far ahead of the writes (reserve_room), so that
+    // a batch seldom costs a fallocate of its own; given back at the close.
+    static constexpr std::size_t kRoomAheadBytes = 1u << 20;
 
 private:
     int open_named(const std::string& directory, const std::string& part_name, const std::string& final_name,
@@ -157,6 +172,8 @@ private:
     std::uint64_t disk_offset_ = 0;
     std::uint64_t allocated_end_ = 0;  // space allocated up to here (the file's size may reach it)
     std::uint64_t reserved_end_ = 0;   // space reserved past the file's size up to here
+    std::uint64_t room_end_ = 0;       // buffered: space reserved past the file's size up to here (reserve_room)
+    void give_back_room() noexcept;    // buffered: frees the reserved space past the file's size
     aio_context_t aio_ = 0;  // 0: not available, stages are written synchronously
     bool aio_tried_ = false;
     std::array<bool, kStages> in_flight_{};

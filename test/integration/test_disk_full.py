@@ -61,19 +61,11 @@ def phase_push(wd, mnt, direct, fmt=()):
     evs, doc = events_in(f"{mnt}/data")
     ids = sorted(e["event_id"] for e in evs)
     check(ids == list(range(500)), "push: all 500 events written, each exactly once")
-    # A file whose index did not fit on the full disk stays a .part that ends at a
-    # record (RELIABILITY.md): only where evbd said so, and evb-dump --recover then
-    # closes it with every record. (With run records on, the default since issue 45,
-    # this path is taken in this test where version-1 files closed clean: see the
-    # issue's note.)
-    parts = [os.path.join(mnt, "data", n) for n in os.listdir(os.path.join(mnt, "data")) if n.endswith(".part")]
-    if parts:
-        check("left as .part, index not written" in d.log_text(),
-              f"push: the .part files left ({parts}) are the ones evbd said it could not close on the full disk")
-        for p in parts:
-            r = subprocess.run([os.path.join(BIN, "evb-dump"), "--recover", p], capture_output=True, text=True)
-            check(r.returncode == 0, f"push: evb-dump --recover closes {os.path.basename(p)} keeping every record\n"
-                  + (r.stdout + r.stderr)[-400:])
+    # Every file closed clean: the writer keeps room on the disk for the open file's
+    # index and footer (and END_OF_RUN) ahead of its records, so a full disk never
+    # leaves a file without them.
+    parts = [n for n in os.listdir(os.path.join(mnt, "data")) if n.endswith(".part")]
+    check(not parts, f"push: every file is closed with its index, no .part left: {parts}")
     r = subprocess.run([os.path.join(BIN, "evb-dump"), "--verify", "--pattern", f"{mnt}/data"], capture_output=True, text=True)
     check(r.returncode == 0, "push: every file verifies with the pattern\n" + r.stdout[-400:])
 

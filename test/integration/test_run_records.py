@@ -155,8 +155,11 @@ def main():
     p = subprocess.run([ctl, "--socket", sock4, "start", "--run", "2", "--meta", big], capture_output=True, text=True,
                        timeout=60)
     check(p.returncode == 2 and "65536" in p.stderr, f"evb-ctl refuses metadata too large for the line: {p.stderr}")
+    started = {}
     for args in (["stop"], ["start", "--run", "2", "--meta", meta], ["comment", "run", "two"]):
+        before = time.time_ns()
         p = subprocess.run([ctl, "--socket", sock4, *args], capture_output=True, text=True, timeout=60)
+        started[args[0]] = (before, time.time_ns())
         check(p.returncode == 0, f"evb-ctl {' '.join(args)}: {p.stdout}{p.stderr}")
     run_source(["--to", f"127.0.0.1:{r.port}", "--sources", 4, "--events", 20, "--run", 2, "--seed", 8])
     r.wait_metric("evb_events_written_total", lambda v: v >= 20, timeout=60)
@@ -171,6 +174,25 @@ def main():
         check(f.bor["metadata"] == {"target": "Pb 208", "beam_energy_mev": 5500, "shifter": "A. N. Other",
                                     "big": 18446744073709551615, "logbook": "shift notes " * 700},
               f"run 2's BEGIN_OF_RUN holds the --meta object, integers exact: {f.bor['metadata']}")
+        # start_unix_ns is when the run started (during evb-ctl start), not when its
+        # first file opened (its first event came after evb-ctl comment).
+        t0, t1 = started["start"]
+        check(t0 <= f.bor["start_unix_ns"] <= t1,
+              f"run 2's BEGIN_OF_RUN start_unix_ns {f.bor['start_unix_ns']} is within evb-ctl start [{t0}, {t1}]")
+    # A run started with --meta in which no event arrives: its one file's BEGIN_OF_RUN
+    # holds the --meta object too (the empty run's file is written at its end).
+    for args in (["start", "--run", "3", "--meta", meta], ["stop"]):
+        p = subprocess.run([ctl, "--socket", sock4, *args], capture_output=True, text=True, timeout=60)
+        check(p.returncode == 0, f"evb-ctl {' '.join(args)}: {p.stdout}{p.stderr}")
+    run3 = [n for n in data_files(r.out) if n.startswith("run000003")]
+    check(len(run3) == 1, f"the empty run 3 has one file: {data_files(r.out)}")
+    with evbfile.EvbFile(os.path.join(r.out, run3[0])) as f:
+        kinds = [x["kind"] for x in f.run_records()]
+        check(kinds == ["BEGIN_OF_RUN", "END_OF_RUN"] and f.bor["run_number"] == 3 and sum(1 for _ in f) == 0,
+              f"the empty run 3: BEGIN_OF_RUN, END_OF_RUN, no event: {kinds}")
+        check(f.bor["metadata"] == {"target": "Pb 208", "beam_energy_mev": 5500, "shifter": "A. N. Other",
+                                    "big": 18446744073709551615, "logbook": "shift notes " * 700},
+              f"the empty run 3's BEGIN_OF_RUN holds the --meta object: {f.bor['metadata']}")
     check(r.stop() == 0, "evbd exits 0")
 
     # An empty run: one file, BEGIN_OF_RUN then END_OF_RUN and an empty index.

@@ -3,6 +3,10 @@
 // event goes back to its owner, and the written ids go out in file order.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+
+#include <csignal>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -17,6 +21,7 @@
 #include "core/format/file_format.hpp"
 #include "core/format/midas_format.hpp"
 #include "core/format/midas_odb.hpp"
+#include "core/format/run_record.hpp"
 #include "core/format/wire.hpp"
 #include "core/model/matcher.hpp"
 #include "test/fragment.hpp"
@@ -38,15 +43,16 @@ struct WriterRig {
         : arena("test-writer"),
           pool(arena, 0, kSlots, 512, 2),  // return ports: the shard (0), the writer (1)
           returns(std::vector<alloc::BufferPool*>{&pool}, 0),
-          matcher(0, settings(), arena, returns, matcher_counters),
+          matcher(0, settings(ws.format_version), arena, returns, matcher_counters),
           to_writer(64),
           written(64),
           writer(ws, {&to_writer}, {&matcher.done_ring()}, {&pool}, 1, writer_counters, bell,
                  &written, &closed) {
         rules.run_number = kRun;
     }
-    static MatcherSettings settings() {
+    static MatcherSettings settings(std::uint32_t record_version = 1) {
         MatcherSettings s;
+        s.record_version = record_version;  // the file's version: 2 for run records
         s.sources = {0, 1};
         s.max_events = 16;
         s.late_window = 1024;
@@ -99,6 +105,34 @@ struct WriterRig {
     AdmissionRules rules;
     stats::ReaderCounters reader_counters;
 };
+
+// A .evb file's records in order: "B", "E", "C", "U" for run records (by kind), the
+// event id for an event record; "clean" or "part" last (footer or not).
+std::vector<std::string> records_of(const fs::path& path) {
+    const file::MappedFile mapped(path.string());
+    std::vector<std::string> out;
+    const file::ScanResult s = file::scan(mapped.bytes(), [&](const file::FileHeader&, const file::RecordView& r,
+                                                              std::span<const std::byte> area) {
+        if (!file::is_run_record(r)) {
+            out.push_back(std::to_string(r.header.event_id));
+            return;
+        }
+        static const char* const kinds[] = {"?", "B", "E", "C", "U"};
+        const std::uint32_t k = file::read_run_record(area).kind;
+        out.push_back(kinds[k < 5 ? k : 0]);
+    });
+    for (const auto& p : s.problems) out.push_back("problem: " + p.what);
+    out.push_back(s.has_footer ? "clean" : "part");
+    return out;
+}
+
+// The directory's files, sorted by name (run, then sequence).
+std::vector<fs::path> files_in(const std::string& dir) {
+    std::vector<fs::path> files;
+    for (const auto& f : fs::directory_iterator(dir)) files.push_back(f.path());
+    std::sort(files.begin(), files.end());
+    return files;
+}
 
 }  // namespace
 
@@ -315,4 +349,88 @@ TEST_CASE("DiskWriter writes .mid.lz4: one LZ4 frame holding the MIDAS file and 
     std::uint64_t ids[32];
     REQUIRE(rig.written.pop(ids, 32) == kEvents);
     for (std::uint64_t e = 0; e < kEvents; ++e) CHECK(ids[e] == 200 + e);
+}
+
+TEST_CASE("DiskWriter ends a run with END_OF_RUN when the run's last event fills its file") {
+    test::TempDir dir;
+    WriterSettings ws = WriterRig::writer_settings(dir.path());
+    ws.format_version = 2;
+    ws.run_records = true;
+    ws.max_file_bytes = 1;  // every event fills its file
+    WriterRig rig(ws);
+    using V = std::vector<std::string>;
+
+    SECTION("the run ends at a run change") {
+        for (std::uint64_t e = 0; e < 3; ++e) rig.build(e);
+        for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 3; ++i) rig.writer.do_work();
+        REQUIRE(rig.writer_counters.events_written.get() == 3);
+        WriterSettings next = ws;
+        next.run_number = kRun + 1;
+        next.run_generation = 1;
+        REQUIRE(rig.writer.commands().try_push(&next));
+        rig.writer.do_work();
+        REQUIRE(rig.to_writer.try_push(nullptr));  // the shard's run-end marker
+        for (int i = 0; i < 10; ++i) rig.writer.do_work();
+        const std::vector<fs::path> files = files_in(dir.path());
+        REQUIRE(files.size() == 3);  // one per event, none without events
+        CHECK(records_of(files[0]) == V{"B", "0", "clean"});
+        CHECK(records_of(files[1]) == V{"B", "1", "clean"});
+        CHECK(records_of(files[2]) == V{"B", "2", "E", "clean"});
+        rig.writer.on_close();
+        CHECK(files_in(dir.path()).size() == 3);
+    }
+    SECTION("the run ends at the stop") {
+        for (std::uint64_t e = 0; e < 2; ++e) rig.build(e);
+        for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 2; ++i) rig.writer.do_work();
+        rig.writer.on_close();
+        const std::vector<fs::path> files = files_in(dir.path());
+        REQUIRE(files.size() == 2);
+        CHECK(records_of(files[0]) == V{"B", "0", "clean"});
+        CHECK(records_of(files[1]) == V{"B", "1", "E", "clean"});
+    }
+    CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
+}
+
+TEST_CASE("DiskWriter takes a COMMENT whose write failed back out of the file") {
+    test::TempDir dir;
+    WriterSettings ws = WriterRig::writer_settings(dir.path());
+    ws.format_version = 2;
+    ws.run_records = true;
+    WriterRig rig(ws);
+    RunNotes notes;
+    rig.writer.set_run_notes(&notes);
+    for (std::uint64_t e = 0; e < 5; ++e) rig.build(e);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 5; ++i) rig.writer.do_work();
+    REQUIRE(rig.writer_counters.events_written.get() == 5);
+    std::vector<fs::path> files = files_in(dir.path());
+    REQUIRE(files.size() == 1);
+    const std::uintmax_t size = fs::file_size(files[0]);
+
+    // The file may grow by 1000 bytes only (RLIMIT_FSIZE; SIGXFSZ ignored, so the
+    // write fails with EFBIG): the 2 KB comment is written in part, then fails.
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = static_cast<rlim_t>(size + 1000);
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    REQUIRE(notes.try_push({kRun, static_cast<std::uint32_t>(file::RunRecordKind::comment),
+                            "{\"text\": \"" + std::string(2000, 'x') + "\"}"}));
+    rig.writer.do_work();
+    const std::uint64_t errors = rig.writer_counters.write_errors.get();
+    const std::uintmax_t after = fs::file_size(files[0]);
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(errors == 1);
+    CHECK(after == size);  // cut back to the end of the last whole record
+
+    // The run goes on in the same file; it closes clean with every record readable.
+    for (std::uint64_t e = 5; e < 8; ++e) rig.build(e);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 8; ++i) rig.writer.do_work();
+    rig.writer.on_close();
+    files = files_in(dir.path());
+    REQUIRE(files.size() == 1);
+    using V = std::vector<std::string>;
+    CHECK(records_of(files[0]) == V{"B", "0", "1", "2", "3", "4", "5", "6", "7", "E", "clean"});
+    CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
