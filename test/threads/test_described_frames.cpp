@@ -49,7 +49,7 @@ struct FramesRig {
         : frames(FrameInputSettings{
               std::make_shared<const frames::FrameTable>(frames_rig::compile(
                   descriptions, frames::FrameLimits{ms.match, 2048, builder_clock_hz})),
-              ms.sources}),
+              ms.sources, nullptr, 0}),
           matcher(0, ms, arena, returns, counters) {
         rules.run_number = 1;
         rules.match = ms.match;
