@@ -160,6 +160,7 @@ private:
         void insert(std::uint64_t e, std::uint32_t r, std::uint32_t n) noexcept;
     };
     void late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexcept;
+    std::uint32_t chunks_in_event(const Event& e, std::size_t i, const ChunkMeta* c) const noexcept;
     void take_fragment_back(Event& e, std::size_t idx) noexcept;
     // The time modes: the event in flight that holds source i's fragment `seq`.
     Event* in_flight_with(std::size_t i, std::uint64_t seq, std::uint32_t run) noexcept;
