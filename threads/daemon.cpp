@@ -201,7 +201,13 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // matcher shards', port `shards` the writer's.
     // Described frames (input.frames): every input decodes them with the one
     // compiled table, and its slots hold the headroom in front of each datagram.
-    const FrameInputSettings frame_input{cfg->input.frames, cfg->sources};
+    // A restart within a timestamp-mode run: the sequences its files hold, per source
+    // (the matcher drops copies of them; the inputs number self-numbered sources on).
+    const std::shared_ptr<const file::HeldSequences> held_sequences =
+        on_disk.held.empty() || on_disk.sequences.empty()
+            ? nullptr
+            : std::make_shared<const file::HeldSequences>(std::move(on_disk.sequences));
+    const FrameInputSettings frame_input{cfg->input.frames, cfg->sources, held_sequences, cfg->run_number};
     const std::size_t slot_bytes = slot_data_bytes(*cfg);
     std::vector<std::unique_ptr<alloc::Arena>> arenas;
     std::vector<std::unique_ptr<alloc::BufferPool>> pools;
@@ -240,8 +246,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     if (!on_disk.held.empty()) {  // a restart within the run: what its files hold counts as built
         pipeline_settings.matcher.built_before = std::make_shared<const file::HeldIds>(on_disk.held);
         pipeline_settings.matcher.built_before_run = cfg->run_number;
-        if (!on_disk.sequences.empty())
-            pipeline_settings.matcher.held_sequences = std::make_shared<const file::HeldSequences>(std::move(on_disk.sequences));
+        pipeline_settings.matcher.held_sequences = held_sequences;
     }
     Pipeline pipeline(pipeline_settings, pool_ptrs, writer_bell, built_ids.get());
     file::OpenFiles open_files;  // writer -> status page, evb-ctl status

@@ -75,6 +75,9 @@ struct EndRun {  // the run ends; next_run goes on (kNoRun in Matcher: none)
 struct SetTimeout {
     std::uint64_t timeout_ns;
 };
+struct SetDisorder {  // time_slice: building.disorder_ticks reloaded
+    std::uint64_t ticks;
+};
 struct GiveUp {  // pull mode: the request sender gave up on an event
     std::uint64_t event_id;
     std::uint32_t run_number;
@@ -91,7 +94,8 @@ struct SetOpening {  // run control: whether chunks may open events
 };
 }  // namespace in
 using ShardInput =
-    std::variant<in::Chunks, in::Tick, in::Flush, in::EndRun, in::SetTimeout, in::GiveUp, in::SetSources, in::SetOpening>;
+    std::variant<in::Chunks, in::Tick, in::Flush, in::EndRun, in::SetTimeout, in::SetDisorder, in::GiveUp,
+                 in::SetSources, in::SetOpening>;
 template <typename... F>
 struct Overloaded : F... {
     using F::operator()...;
@@ -385,6 +389,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                     ++markers;
                                 },
                                 [&](const in::SetTimeout& t) { m.set_timeout_ns(t.timeout_ns); },
+                                [&](const in::SetDisorder& d) { m.set_disorder_ticks(d.ticks); },
                                 [&](const in::SetOpening& o) { m.set_opening(o.opening); },
                                 [&](const in::GiveUp& g) { m.give_up(g.event_id, g.run_number, g.now_ns, built); },
                                 [&](const in::SetSources& ss) {
@@ -572,6 +577,10 @@ void Pipeline::set_opening(bool opening) noexcept {
 
 void Pipeline::set_timeout_ns(std::uint64_t ns) noexcept {
     for (auto& s : shards_) s->put(in::SetTimeout{ns});
+}
+
+void Pipeline::set_disorder_ticks(std::uint64_t ticks) noexcept {
+    for (auto& s : shards_) s->put(in::SetDisorder{ticks});
 }
 
 ShardSink::Room Pipeline::settled_room(std::uint32_t shard) {

@@ -77,6 +77,8 @@ public:
     // next_run admitted before the end keep building.
     void end_run(std::uint64_t now_ns, std::uint32_t next_run) noexcept;
     void set_timeout_ns(std::uint64_t ns) noexcept;
+    // time_slice: building.disorder_ticks from the fragments each shard takes next on.
+    void set_disorder_ticks(std::uint64_t ticks) noexcept;
     // Run control: whether chunks may open new events (false while a run stops).
     void set_opening(bool opening) noexcept;
     // The expected sources change (index i of the source list: expected[i]);

@@ -209,6 +209,8 @@ void ServiceLoop::reload(const char* why) {
     reload_restart_ = restart;
     set_log_level(c.log_level);
     if (c.building.timeout_ms != running.building.timeout_ms) t_.pipeline.set_timeout_ns(next->matcher.timeout_ns);
+    if (c.building.disorder_ticks != running.building.disorder_ticks)
+        t_.pipeline.set_disorder_ticks(c.building.disorder_ticks);
     // The file's run_number changed: the run changes (evb-ctl may have moved the run
     // on since the last load; an unchanged run_number leaves the run as it is).
     const bool run_number_changed = c.run_number != running.run_number;
@@ -587,13 +589,13 @@ void ServiceLoop::run() {
         } else {
             t_.pipeline.tick(realtime_ns());
         }
-        health_.report(false, rules_.back()->pins.get(), rules_posted_);
+        health_.report(false, rules_.back()->pins.get(), rules_posted_, running_->config->building.disorder_ticks);
         health_.report_states(*running_->config, run_);
         sample_rates();
         summaries_.collect(running_->writer);
     }
     if (t_.feeder != nullptr) show_replay_progress(true);
-    health_.report(true, rules_.back()->pins.get(), rules_posted_);  // what the last second saw
+    health_.report(true, rules_.back()->pins.get(), rules_posted_, running_->config->building.disorder_ticks);  // what the last second saw
 }
 
 // A replay on a terminal shows how far it is, twice a second, on one line that it

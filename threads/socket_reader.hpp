@@ -10,6 +10,7 @@
 
 #include "core/config/snapshot.hpp"
 #include "core/format/frames.hpp"
+#include "core/io/run_on_disk.hpp"
 #include "allocators/buffer_pool.hpp"
 #include "core/model/event.hpp"
 #include "core/model/counters.hpp"
@@ -30,6 +31,13 @@ bool sender_allowed(const std::vector<std::uint64_t>& allowed_keys, const sockad
 struct FrameInputSettings {
     std::shared_ptr<const frames::FrameTable> table;  // null or empty: EVB datagrams only
     std::vector<std::uint32_t> sources;  // every source evbd started with: their wrap state is kept
+    // A restart within run `held_run` (timestamp mode): per source, the sequences the
+    // run's files hold. A source evbd numbers itself (a description without `event`)
+    // is numbered on from one past the highest of them, not from 0 again: a new
+    // fragment must not take the number of one the killed process wrote (the matcher
+    // drops a held sequence as a copy, RestartCopies).
+    std::shared_ptr<const file::HeldSequences> held;
+    std::uint32_t held_run = 0;
 };
 
 // One input's decoding of described frames: the shared compiled table, and this
@@ -44,7 +52,7 @@ struct FrameInputSettings {
 class FrameDecoding {
 public:
     explicit FrameDecoding(const FrameInputSettings& s)
-        : table_(s.table), wraps_(s.sources) {}
+        : table_(s.table), wraps_(s.sources), sources_(s.sources), held_(s.held), held_run_(s.held_run) {}
     bool active() const noexcept { return table_ != nullptr && !table_->empty(); }
     // Where datagrams go in a receive slot: after kFrameHeadroom bytes when
     // descriptions apply (a board's datagram has no EVB header to spend on the
@@ -55,6 +63,7 @@ public:
     frames::SourceWraps* wraps(std::uint32_t source_id, std::uint32_t run) noexcept {
         if (!run_set_ || run != run_) {  // a new run: each source's first value is taken as it is
             wraps_.reset();
+            if (!run_set_ && held_ != nullptr && run == held_run_) number_on_from_held();
             run_ = run;
             run_set_ = true;
         }
@@ -62,8 +71,19 @@ public:
     }
 
 private:
+    void number_on_from_held() noexcept {
+        for (const std::uint32_t id : sources_) {
+            const file::HeldIds* h = held_->of(id);
+            frames::SourceWraps* w = wraps_.find(id);
+            if (h != nullptr && w != nullptr) w->next_sequence = h->highest() + 1;
+        }
+    }
+
     std::shared_ptr<const frames::FrameTable> table_;
     frames::SourceWrapTable wraps_;
+    std::vector<std::uint32_t> sources_;
+    std::shared_ptr<const file::HeldSequences> held_;  // see FrameInputSettings
+    std::uint32_t held_run_ = 0;
     std::uint32_t run_ = 0;
     bool run_set_ = false;
 };

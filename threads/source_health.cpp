@@ -56,7 +56,8 @@ void SourceHealth::report_states(const Config& running, std::uint32_t run) {
 // A source refused for running ahead of the others (desynchronised), for holding
 // too many receive slots, or for sending from a second address is logged once per
 // source; the counters say how much since.
-void SourceHealth::report(bool now_or_never, const SenderPins* pins, std::uint64_t rules_posted) {
+void SourceHealth::report(bool now_or_never, const SenderPins* pins, std::uint64_t rules_posted,
+                          std::uint64_t disorder_ticks) {
     const std::uint64_t now = monotonic_ns();
     if (now < next_check_ns_ && !now_or_never) return;
     next_check_ns_ = now + 1'000'000'000ull;
@@ -85,7 +86,7 @@ void SourceHealth::report(bool now_or_never, const SenderPins* pins, std::uint64
         }
         // time_slice: hits lost as late to a source's own disorder, logged once per
         // value of the disorder that building.disorder_ticks would need.
-        const std::uint64_t allowed = started_->building.disorder_ticks;
+        const std::uint64_t allowed = disorder_ticks;  // a reload may have changed it
         if (started_->building.match == MatchMode::time_slice && late > late_seen_[i] && disorder > allowed &&
             disorder > disorder_logged_[i]) {
             disorder_logged_[i] = disorder;

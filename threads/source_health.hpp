@@ -24,8 +24,8 @@ public:
 
     // Once a second, or now (`now_or_never`, at the end): desync, held slots,
     // sender pins (`pins` of the rule set posted as number `rules_posted`, or
-    // nullptr), clock steps, disorder.
-    void report(bool now_or_never, const SenderPins* pins, std::uint64_t rules_posted);
+    // nullptr), clock steps, disorder (`disorder_ticks`: building.disorder_ticks now).
+    void report(bool now_or_never, const SenderPins* pins, std::uint64_t rules_posted, std::uint64_t disorder_ticks);
     // Each tick: absent and present again, over all shards (absent while any shard
     // holds it so); `running`: the sources `run` waits for now.
     void report_states(const Config& running, std::uint32_t run);

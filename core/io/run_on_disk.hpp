@@ -34,6 +34,8 @@ public:
     std::uint32_t step() const noexcept { return step_; }
     std::uint64_t count() const noexcept { return count_; }
     bool empty() const noexcept { return count_ == 0; }
+    // The highest id held (0 when none).
+    std::uint64_t highest() const noexcept { return spans_.empty() ? 0 : spans_.back().last; }
     std::uint64_t duplicates() const noexcept { return duplicates_; }
     std::uint64_t foreign() const noexcept { return foreign_; }
     bool contains(std::uint64_t id) const noexcept;

@@ -103,6 +103,11 @@ public:
     void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, EventList& out);
 
     void set_timeout_ns(std::uint64_t ns) noexcept { timeout_ns_ = ns; }
+    // time_slice: a reload's building.disorder_ticks. Safe at any time: a watermark
+    // never falls (a larger value holds it until the source's newest is that far
+    // ahead of it, a smaller one lets it move on at the next fragment), so no slice
+    // written is opened again and none is written before its watermarks pass it.
+    void set_disorder_ticks(std::uint64_t ticks) noexcept { disorder_ticks_ = ticks; }
     // Run control: while a run is stopping, chunks of events in flight are taken
     // but none may open a new event (counted as not_running).
     void set_opening(bool opening) noexcept { opening_ = opening; }
@@ -160,6 +165,7 @@ private:
         void insert(std::uint64_t e, std::uint32_t r, std::uint32_t n) noexcept;
     };
     void late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexcept;
+    std::uint32_t chunks_in_event(const Event& e, std::size_t i, const ChunkMeta* c) const noexcept;
     void take_fragment_back(Event& e, std::size_t idx) noexcept;
     // The time modes: the event in flight that holds source i's fragment `seq`.
     Event* in_flight_with(std::size_t i, std::uint64_t seq, std::uint32_t run) noexcept;

@@ -62,11 +62,19 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
     }
     // A chunk of a fragment whose event is written already would wait in vain:
     // counted as an EVB chunk of it would be (late, or a duplicate) and dropped.
-    if (match_ == file::MatchMode::event_id && map_.find(map_key(c->event_id, c->run_number)) == nullptr) {
-        if (stats::Counter* late = late_counter(c->event_id, c->run_number)) {
-            late->add();
-            counters_.source_late[idx].add();
-            drop(c);
+    if (match_ == file::MatchMode::event_id) {
+        const Event* e = map_.find(map_key(c->event_id, c->run_number));
+        if (e == nullptr) {
+            if (stats::Counter* late = late_counter(c->event_id, c->run_number)) {
+                late->add();
+                counters_.source_late[idx].add();
+                drop(c);
+                return;
+            }
+        } else if (const std::uint32_t n = chunks_in_event(*e, i, c); n > 0) {
+            // Gathered longer ago than gathered_ remembers, its event still in flight:
+            // a copy, or a chunk past a false last, whatever came since.
+            late_described_chunk(c, idx, n);
             return;
         }
     } else if (match_ == file::MatchMode::timestamp && timed_history_[i].run == c->run_number) {
@@ -223,6 +231,16 @@ void Matcher::late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexc
         }
     }
     drop(c);
+}
+
+// The chunk count of source i's fragment gathered into e (event_id mode), 0 when e
+// holds none of it or holds an EMPTY one (a heartbeat's datagrams are cut to one chunk
+// there: their count is gathered_'s to tell).
+std::uint32_t Matcher::chunks_in_event(const Event& e, std::size_t i, const ChunkMeta* c) const noexcept {
+    const SourceState& s = e.src[i];
+    if (e.event_id != c->event_id || e.run_number != c->run_number) return 0;
+    if (!(s.state & SourceState::kComplete) || (s.state & SourceState::kEmpty) || s.head == nullptr) return 0;
+    return s.head->chunk_count;
 }
 
 Event* Matcher::in_flight_with(std::size_t i, std::uint64_t seq, std::uint32_t run) noexcept {

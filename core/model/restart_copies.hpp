@@ -2,7 +2,9 @@
 // run's files already hold, per source position, by sequence number (the start-up
 // survey's file::HeldSequences). A copy of one that arrives is late, counted
 // before_start, as a copy of a fragment this process wrote would be: a run never
-// holds a fragment twice whatever the sources send again. One shard reads it.
+// holds a fragment twice whatever the sources send again. One shard reads it. A
+// source evbd numbers itself (no `event` field) is numbered on past its held
+// sequences by the inputs (FrameInputSettings::held): its new fragments are not these.
 #pragma once
 
 #include <cstdint>

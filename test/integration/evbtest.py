@@ -667,3 +667,10 @@ def midas_part(text, key):
 def midas_files(out_dir):
     """The MIDAS data files in out_dir (.mid, .mid.lz4 and their .part), in name order."""
     return sorted(n for n in os.listdir(out_dir) if n.endswith((".mid", ".mid.part", ".mid.lz4", ".mid.lz4.part")))
+
+
+def ctl(sock, *args):
+    """evb-ctl --socket sock ARGS: (rc, stdout, stderr)."""
+    p = subprocess.run([os.path.join(BIN, "evb-ctl"), "--socket", sock, *args], capture_output=True, text=True,
+                       timeout=120)
+    return p.returncode, p.stdout, p.stderr

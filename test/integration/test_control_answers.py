@@ -7,15 +7,7 @@ import json
 import os
 import subprocess
 
-from evbtest import BIN, Evbd, check, fail, workdir
-
-CTL = os.path.join(BIN, "evb-ctl")
-
-
-def ctl(sock, *args):
-    p = subprocess.run([CTL, "--socket", sock, *args], capture_output=True, text=True, timeout=120)
-    return p.returncode, p.stdout, p.stderr
-
+from evbtest import BIN, Evbd, check, ctl, fail, workdir
 
 def main():
     wd = workdir()

@@ -49,7 +49,7 @@ struct FramesRig {
         : frames(FrameInputSettings{
               std::make_shared<const frames::FrameTable>(frames_rig::compile(
                   descriptions, frames::FrameLimits{ms.match, 2048, builder_clock_hz})),
-              ms.sources}),
+              ms.sources, nullptr, 0}),
           matcher(0, ms, arena, returns, counters) {
         rules.run_number = 1;
         rules.match = ms.match;
@@ -672,4 +672,41 @@ TEST_CASE("described frames: in the time modes too a chunk past a false last tak
         const Bytes sec = FramesRig::section(*out.head, 0);
         CHECK(sec.size() == file::kItemHeaderBytes + file::padded8(16));  // fragment 0 only
     }
+}
+
+TEST_CASE("described frames: a chunk past a false last is known as such while its event is in flight, "
+          "however many fragments came since",
+          "[frames][matcher][described]") {
+    // event_id mode: module 1's fragment of trigger 5 is gathered from chunk 0 alone
+    // (a false last bit); then module 1 sends the fragments of 20 later triggers
+    // (module 2 sends none, so every event waits), more than the 8 a source's
+    // recently gathered fragments hold; then chunks 1 and 2 of trigger 5 come. They
+    // are past its last: inconsistent, the fragment taken back, the record written
+    // INCOMPLETE, not complete with 300 of its 900 bytes, and nothing goes stale.
+    FramesRig rig(kChunkedBoard, settings({1, 2}));
+    auto f1 = adc_fragment(1, 5, payload_bytes(900, 1));
+    REQUIRE(f1.size() == 3);
+    f1[0][7] = std::byte{1};
+    EventList out = rig.feed({rig.datagram(f1[0])}, 1);
+    for (std::uint16_t t = 6; t < 26; ++t) out = rig.feed({rig.datagram(adc_fragment(1, t, payload_bytes(40, t))[0])}, 2);
+    out = rig.feed({rig.datagram(f1[1]), rig.datagram(f1[2])}, 3);
+    CHECK(rig.counters.inconsistent_chunks.get() == 2);
+    CHECK(rig.counters.duplicate_chunks.get() == 0);
+    out = rig.feed({rig.datagram(adc_fragment(2, 5, payload_bytes(60, 2))[0])}, 4);
+    CHECK(out.count == 0);  // the event waits for module 1 again
+    rig.matcher.expire(4 + 1'000'000, out);
+    CHECK(rig.counters.stale_chunks.get() == 0);
+    Event* e5 = nullptr;
+    for (Event* e = out.head; e != nullptr; e = e->next_out)
+        if (e->event_id == 5) e5 = e;
+    REQUIRE(e5 != nullptr);
+    CHECK((e5->status & file::record_status::incomplete) != 0);
+    CHECK_FALSE(e5->section_present(0));
+    CHECK(e5->section_present(1));
+    // A copy of chunk 0 of a fragment gathered 20 fragments ago, its event in flight,
+    // is a duplicate, as within the last 8.
+    out = rig.feed({rig.datagram(adc_fragment(1, 30, payload_bytes(40, 30))[0])}, 5);
+    for (std::uint16_t t = 31; t < 45; ++t) out = rig.feed({rig.datagram(adc_fragment(1, t, payload_bytes(40, t))[0])}, 6);
+    out = rig.feed({rig.datagram(adc_fragment(1, 30, payload_bytes(40, 30))[0])}, 7);
+    CHECK(rig.counters.duplicate_chunks.get() == 1);
 }
