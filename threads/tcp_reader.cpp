@@ -78,7 +78,7 @@ std::size_t TcpReader::share() const noexcept {
     // Each open connection gets an equal part of the reader's slots in flight (see
     // docs/ARCHITECTURE.md, "Input over TCP"), never more than connection_limit.
     const std::size_t part = s_.take_limit / std::max<std::size_t>(open_, 1);
-    return std::max<std::size_t>(1, std::min(part, s_.connection_limit));
+    return std::max({std::size_t{1}, std::min(part, s_.connection_limit), std::min(s_.min_share, s_.take_limit)});
 }
 
 bool TcpReader::room_for(const Connection& c) const noexcept {

@@ -35,6 +35,10 @@ struct TcpReaderSettings {
     // a shard's event pool, nor one source's share of it (run_daemon, tcp_take_limits).
     std::size_t take_limit = 1024;
     std::size_t connection_limit = 256;
+    // A connection's share is never below this (the expected sources, or the take
+    // limit if smaller): the oldest event's fragments of every source it carries must
+    // fit in it, or it could wait for room that only that event's completion frees.
+    std::size_t min_share = 1;
     FrameInputSettings frames;
 };
 

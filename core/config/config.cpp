@@ -654,6 +654,17 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     if (sizing_for(*c, c->input.input_threads()).slots_per_reader < 2ull * c->input.batch)
         problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",
                                        c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.input_threads(), c->input.batch));
+    // A TCP reader hands on at most 7/8 of a shard's events in fragments at a time
+    // (docs/ARCHITECTURE.md, "Input over TCP"): that must hold two events' fragments
+    // of every source, or events could wait for room only their completion frees.
+    if (const std::uint32_t tcp = c->input.tcp_reader_threads(); tcp > 0) {
+        const std::uint64_t take = std::uint64_t{c->building.max_events_in_flight} / c->shard_count() * 7 / 8 / tcp;
+        if (take < 2 * c->sources.size())
+            problems.push_back(fmt::format("building.max_events_in_flight: {} events over {} shard(s) let each of {} TCP "
+                                           "reader(s) hand on {} fragments at a time, fewer than two events of {} sources",
+                                           c->building.max_events_in_flight, c->shard_count(), tcp, take,
+                                           c->sources.size()));
+    }
     if (c->input.cpus.size() > c->input.socket_readers())
         problems.push_back(fmt::format("input.cpus: {} entries for {} reader(s)", c->input.cpus.size(), c->input.socket_readers()));
 

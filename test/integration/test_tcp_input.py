@@ -5,9 +5,11 @@ and two on an IPv6 one (where the machine has ::1): every event complete and
 byte-exact under evb-dump --verify --pattern, nothing refused; each connection
 counted opened and closed by its peer."""
 import os
+import re
 import shutil
 import socket
 import subprocess
+import urllib.request
 
 from evbtest import BIN, Evbd, check, check_built_exactly, free_ports, free_tcp_port, metric_sum, run_source, workdir
 
@@ -59,6 +61,10 @@ def main():
     check(m.get("evb_datagrams_received_total") == 2 * src["datagrams"],
           f"every datagram sent was read ({m.get('evb_datagrams_received_total')} of {2 * src['datagrams']})")
     check(metric_sum(m, "evb_malformed_datagrams_total") == 0, "nothing malformed")
+    page = urllib.request.urlopen(d.metrics_url[:-len("metrics")], timeout=10).read().decode()
+    check(re.search(r"readout PCs \(TCP\).*?0 connections open \(0 held back now\), 4 accepted, [0-9.]+ MB read, "
+                    r"held back [0-9.]+ connection-seconds; closed: peer_closed=4", page, re.S) is not None,
+          "the status page's row of readout PCs: 4 accepted, 4 closed by their peers")
     check_built_exactly(d, EVENTS)
     shutil.rmtree(wd, ignore_errors=True)
 
