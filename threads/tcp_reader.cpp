@@ -23,6 +23,9 @@ struct TcpReader::Connection {
     sockaddr_storage peer{};
     std::uint16_t local_port = 0;
     std::size_t held_slots = 0;  // slots handed on from this connection, not yet back
+    std::size_t held_openers = 0;  // of them, openers
+    bool has_key = false;          // last_key holds the key of the last message taken
+    std::uint64_t last_key = 0;
     bool reading = false;        // EPOLLIN in its interest set
     bool readable = false;       // epoll reported something not yet read
     bool held = false;           // not read for want of room
@@ -50,6 +53,7 @@ TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::Buf
       buffers_(arena, std::size_t{s.max_connections} * s.buffer_bytes),
       slot_conn_(pool.slot_count(), 0),
       slot_gen_(pool.slot_count(), 0),
+      slot_opener_(pool.slot_count(), 0),
       batches_(sink.shard_count()),
       frames_(s.frames) {
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -81,15 +85,39 @@ std::size_t TcpReader::share() const noexcept {
     return std::max({std::size_t{1}, std::min(part, s_.connection_limit), std::min(s_.min_share, s_.take_limit)});
 }
 
-bool TcpReader::room_for(const Connection& c) const noexcept {
-    return pool_.free_count() > 0 && in_flight_ < s_.take_limit && c.held_slots < share();
+std::size_t TcpReader::slot_share() const noexcept {
+    // Slots themselves: an equal part of the pool, so no connection takes it all.
+    return std::max<std::size_t>(1, pool_.slot_count() / std::max<std::size_t>(open_, 1));
+}
+
+bool TcpReader::room_for(const Connection& c, bool opener) const noexcept {
+    if (pool_.free_count() == 0 || c.held_slots >= std::max(slot_share(), share())) return false;
+    return !opener || (openers_ < s_.take_limit && c.held_openers < share());
+}
+
+bool TcpReader::opens(const Connection& c, std::uint32_t len, std::uint64_t& key, bool& known) const noexcept {
+    known = false;
+    wire::FragmentView f;
+    const std::byte* datagram = c.buf + c.begin + net::kTcpPrefixBytes;
+    if (wire::parse_fragment({datagram, len}, f) != wire::ParseError::ok) return true;  // a described frame, or refused
+    switch (rules_->match) {
+        case MatchMode::event_id: key = f.event_id; break;
+        case MatchMode::time_slice: key = rules_->slice_ticks != 0 ? f.timestamp / rules_->slice_ticks : f.timestamp; break;
+        default: return true;  // timestamp mode: any fragment may open an event
+    }
+    known = true;
+    return !c.has_key || key != c.last_key;
 }
 
 void TcpReader::reclaim_slots() noexcept {
     pool_.reclaim_each([this](std::uint32_t idx) {
         --in_flight_;
+        const bool opener = slot_opener_[idx] != 0;
+        if (opener) --openers_;
         Connection& c = conns_[slot_conn_[idx]];
-        if (c.generation == slot_gen_[idx] && c.held_slots > 0) --c.held_slots;
+        if (c.generation != slot_gen_[idx]) return;  // that connection has closed since
+        if (c.held_slots > 0) --c.held_slots;
+        if (opener && c.held_openers > 0) --c.held_openers;
     });
 }
 
@@ -117,7 +145,7 @@ std::size_t TcpReader::do_work() {
     const std::uint64_t taken_before = counters_.datagrams.get();
     for (Connection& c : conns_) {
         if (c.fd < 0) continue;
-        if (c.readable || c.ended || (c.held && room_for(c))) work += serve(c, now);
+        if (c.readable || c.ended || c.held) work += serve(c, now);
     }
     batches_.submit_all(sink_, realtime_ns());
     if (counters_.datagrams.get() != taken_before) counters_.receive_batches.add();
@@ -194,7 +222,10 @@ TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
             break;
         }
         if (c.end - c.begin < net::kTcpPrefixBytes + len) break;  // the rest is still on its way
-        if (!room_for(c)) {
+        std::uint64_t key = 0;
+        bool known = false;
+        const bool opener = opens(c, len, key, known);
+        if (!room_for(c, opener)) {
             result = Taken::no_room;
             break;
         }
@@ -224,8 +255,15 @@ TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
         batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));
         slot_conn_[idx] = static_cast<std::uint32_t>(&c - conns_.data());
         slot_gen_[idx] = c.generation;
+        slot_opener_[idx] = opener ? 1 : 0;
         ++c.held_slots;
         ++in_flight_;
+        if (opener) {
+            ++c.held_openers;
+            ++openers_;
+        }
+        c.has_key = known;  // the key of the last message handed on
+        c.last_key = key;
     }
     if (taken > 0) {
         counters_.datagrams.add(taken);
@@ -316,7 +354,8 @@ void TcpReader::accept_from(int listen_fd, std::uint16_t local_port, std::uint64
         c.fd = a.fd;
         c.peer = a.peer;
         c.local_port = local_port;
-        c.held_slots = 0;
+        c.held_slots = c.held_openers = 0;
+        c.has_key = false;
         c.begin = c.end = 0;
         c.held = c.ended = c.any_bytes = false;
         c.end_reason = net::TcpClose::peer_closed;

@@ -5,8 +5,9 @@
 // chunks on per shard, one list per shard per round.
 //
 // Back-pressure (docs/ARCHITECTURE.md, "Input over TCP"): a message is taken only
-// when the connection has room (a free slot, the reader under its limit of slots in
-// flight, the connection under its share of that limit); otherwise the connection
+// when the connection has room (a free slot, the connection under its part of the
+// pool and, for a message that can open an event, the reader under its limit of such
+// openers in flight and the connection under its share of it); otherwise the connection
 // is held: its EPOLLIN interest is dropped, its buffer stays as it is, the kernel's
 // window closes and the sender waits. Nothing read is refused for want of room.
 #pragma once
@@ -30,9 +31,11 @@ struct TcpReaderSettings {
     std::size_t buffer_bytes = 256u << 10;  // per connection
     std::uint32_t max_datagram_bytes = 9000;
     std::uint64_t timeout_ns = 10'000'000'000ull;  // idle and stalled connections
-    // Slots this reader may have in flight (handed on, not yet back), and at most one
-    // connection's part of them: chosen so that the events they can open never fill
-    // a shard's event pool, nor one source's share of it (run_daemon, tcp_take_limits).
+    // Openers this reader may have in flight (slots handed on and not yet back whose
+    // message has another event key than the message before it on its connection:
+    // only such a message can open an event or slice), and at most one connection's
+    // part of them: chosen so that the events they can open never fill a shard's event
+    // pool, nor one source's share of it (run_daemon, tcp_reader_settings).
     std::size_t take_limit = 1024;
     std::size_t connection_limit = 256;
     // A connection's share is never below this (the expected sources, or the take
@@ -63,13 +66,17 @@ private:
     enum class Taken { need_bytes, no_room, framing_lost };
     // Takes the whole messages of c's buffer while there is room.
     Taken take_messages(Connection& c) noexcept;
-    bool room_for(const Connection& c) const noexcept;
+    bool room_for(const Connection& c, bool opener) const noexcept;
+    // Whether the message at c.begin (length `len`) may open an event: its key (event id,
+    // timestamp or slice) differs from the last message taken from c, or is not known.
+    bool opens(const Connection& c, std::uint32_t len, std::uint64_t& key, bool& known) const noexcept;
     void hold(Connection& c, std::uint64_t now) noexcept;
     void release(Connection& c, std::uint64_t now) noexcept;
     void close_connection(Connection& c, net::TcpClose why) noexcept;
     void reclaim_slots() noexcept;
     void check_timeouts(std::uint64_t now) noexcept;
     std::size_t share() const noexcept;
+    std::size_t slot_share() const noexcept;
 
     TcpReaderSettings s_;
     alloc::BufferPool& pool_;
@@ -84,7 +91,9 @@ private:
     // Which connection (index, generation) each slot in flight came from, so a
     // returned slot counts against the right connection's share.
     std::vector<std::uint32_t> slot_conn_, slot_gen_;
+    std::vector<std::uint8_t> slot_opener_;  // 1: the slot's message counted as an opener
     std::size_t in_flight_ = 0;  // slots handed on and not back
+    std::size_t openers_ = 0;    // of them, openers
     std::size_t open_ = 0;
     std::size_t held_ = 0;       // connections held for want of room
     ShardBatches batches_;
