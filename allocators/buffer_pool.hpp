@@ -44,6 +44,15 @@ public:
     std::size_t free_count() const noexcept { return free_top_; }
     // Moves every returned slot onto the local stack; returns how many came back.
     std::size_t reclaim() noexcept;
+    // reclaim(), calling f(idx) for each slot that came back (an owner that keeps
+    // account of who holds its slots).
+    template <class F>
+    std::size_t reclaim_each(F&& f) noexcept {
+        const std::size_t before = free_top_;
+        const std::size_t got = reclaim();
+        for (std::size_t i = before; i < before + got; ++i) f(free_[i]);
+        return got;
+    }
     Doorbell& doorbell() noexcept { return doorbell_; }
     bool returns_pending() const noexcept;
 

@@ -150,6 +150,33 @@ bool source_absent(const std::vector<const stats::MatcherCounters*>& matchers, s
     return false;
 }
 
+// The TCP readers' connections (docs/FORMATS.md section 11); what they read is in
+// the datagram families with the UDP readers'.
+void collect_tcp(const Sources& s, std::vector<FamilyOut>& out) {
+    using T = FamilyOut::Type;
+    const auto& C = s.tcp;
+    out.push_back(scalar("evb_tcp_connections", "TCP connections open now (readout PCs).", T::gauge,
+                         sum(C, [](auto& b) { return b.connections_open.get(); })));
+    out.push_back(scalar("evb_tcp_connections_accepted_total", "TCP connections accepted (those refused as too_many included).",
+                         T::counter, sum(C, [](auto& b) { return b.connections_accepted.get(); })));
+    FamilyOut f{"evb_tcp_connections_closed_total",
+                "TCP connections closed, by reason: peer_closed (after a whole message), ended_inside_message, "
+                "length_out_of_range (framing lost), stalled, idle, too_many, read_error, stopped.",
+                T::counter, {}, {}};
+    for (std::size_t i = 0; i < net::kTcpCloseCount; ++i)
+        f.samples.push_back({{{"reason", net::tcp_close_name(static_cast<net::TcpClose>(i))}},
+                             sum(C, [i](auto& b) { return b.closed[i].get(); }), {}, 0});
+    out.push_back(std::move(f));
+    out.push_back(scalar("evb_tcp_received_bytes_total", "Bytes read from TCP connections (length prefixes included).",
+                         T::counter, sum(C, [](auto& b) { return b.bytes.get(); })));
+    out.push_back(scalar("evb_tcp_backpressure_seconds_total",
+                         "Time TCP connections were not read because the builder had no room for what they sent "
+                         "(summed over connections): their senders waited.",
+                         T::counter, sum(C, [](auto& b) { return b.held_ns.get(); }) / 1e9));
+    out.push_back(scalar("evb_tcp_connections_held", "TCP connections not read now for want of room (back-pressure).",
+                         T::gauge, sum(C, [](auto& b) { return b.held_now.get(); })));
+}
+
 std::vector<FamilyOut> collect(const Sources& s) {
     using T = FamilyOut::Type;
     std::vector<FamilyOut> out;
@@ -226,6 +253,7 @@ std::vector<FamilyOut> collect(const Sources& s) {
     }
     out.push_back(scalar("evb_kernel_receive_drops_total", "Datagrams the kernel dropped because a socket buffer was full (SO_RXQ_OVFL).",
                          T::counter, sum(R, [](auto& b) { return b.kernel_drops.get(); })));
+    if (!s.tcp.empty()) collect_tcp(s, out);
     out.push_back(scalar("evb_datagrams_unread_at_stop_total",
                          "Datagrams still queued in the input sockets when intake stopped: counted, never built.",
                          T::counter, sum(R, [](auto& b) { return b.unread_at_stop.get(); })));

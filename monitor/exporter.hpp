@@ -104,7 +104,8 @@ bool source_absent(const std::vector<const stats::MatcherCounters*>& matchers, s
 class Sampler;
 
 struct Sources {
-    std::vector<const stats::ReaderCounters*> readers;
+    std::vector<const stats::ReaderCounters*> readers;  // UDP readers, then TCP readers
+    std::vector<const stats::TcpCounters*> tcp;         // TCP readers' connections
     std::vector<const stats::MatcherCounters*> matchers;
     const stats::WriterCounters* writer = nullptr;
     std::vector<std::uint32_t> sources;

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <fmt/format.h>
 #include <vector>
 
@@ -175,6 +176,31 @@ std::string html_escape(std::string_view in) {
 }
 
 namespace {
+
+// The TCP readers' connections (docs/FORMATS.md section 11), summed over readers.
+std::string tcp_text(const std::vector<const stats::TcpCounters*>& tcp) {
+    std::uint64_t open = 0, held = 0, accepted = 0, bytes = 0, held_ns = 0;
+    std::array<std::uint64_t, net::kTcpCloseCount> closed{};
+    for (const stats::TcpCounters* t : tcp) {
+        open += t->connections_open.get();
+        held += t->held_now.get();
+        accepted += t->connections_accepted.get();
+        bytes += t->bytes.get();
+        held_ns += t->held_ns.get();
+        for (std::size_t k = 0; k < closed.size(); ++k) closed[k] += t->closed[k].get();
+    }
+    std::string text = fmt::format("{} connections open ({} held back now), {} accepted, {:.1f} MB read, held back "
+                                   "{:.1f} connection-seconds; closed:", open, held, accepted,
+                                   static_cast<double>(bytes) / 1e6, static_cast<double>(held_ns) / 1e9);
+    bool any = false;
+    for (std::size_t k = 0; k < closed.size(); ++k)
+        if (closed[k] != 0) {
+            text += fmt::format(" {}={}", net::tcp_close_name(static_cast<net::TcpClose>(k)), closed[k]);
+            any = true;
+        }
+    return any ? text : text + " none";
+}
+
 // The BUSY row: the state, why, the fullest fill, the run's dead time, the targets.
 std::string busy_text(const BusyGauges& b) {
     std::string why;
@@ -279,6 +305,7 @@ std::string status_page(const Sources& s) {
         const RefusalSummary refused = summarise_refusals(s.readers, s.matchers);  // as the stop line
         row("datagrams rejected", refused.text.empty() ? "none" : html_escape(refused.text));
     }
+    if (!s.tcp.empty()) row("readout PCs (TCP)", tcp_text(s.tcp));
     // Described frames (input.frames): per description, decoded and refused by reason.
     for (std::size_t d = 0; d < s.frame_names.size() && d < stats::kFrameMetricDescriptions; ++d) {
         std::uint64_t decoded = 0;

@@ -19,11 +19,13 @@
 #include "core/format/wire.hpp"
 #include "core/util/json_text.hpp"
 #include "core/util/version.hpp"
+#include "net/tcp.hpp"
 #include "net/udp.hpp"
 #include "perf/busy_gate.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -91,6 +93,12 @@ with version 2, so datagrams are at most 1472 bytes). Payloads carry the test
 pattern unless --payload says otherwise. Defaults: --first 0, --first-source 0, --run 1.
 With several builders, --to A,B,C (in builder_id order, evbd's builders = N), the
 datagrams of event E go to the (E mod N)-th address.
+  --to tcp://HOST:PORT
+                  send over TCP as readout PCs do (docs/FORMATS.md section 11): each
+                  datagram preceded by its u32 length, on --connections C
+                  connections (default 1; sources split into C consecutive groups,
+                  one per connection). A builder with no room stops reading and
+                  the emulator waits (written out in "tcp_blocked_s" with --json)
   --rate R        at most R events per second (default: as fast as possible)
   --busy-listen HOST:PORT
                   honour BUSY (docs/FORMATS.md section 10): listen here for BUSY
@@ -231,6 +239,8 @@ struct FrameSetup {
 struct Options {
     Mode mode = Mode::push;
     std::string to_text;
+    bool tcp = false;              // --to tcp://HOST:PORT (docs/FORMATS.md section 11)
+    std::uint32_t connections = 1; // --connections: readout PCs, each its own TCP connection
     net::Endpoint to;                       // the first (or only) builder
     std::vector<net::Endpoint> builders;    // --to A,B,C: event e goes to builders[e % N]
     std::string serve_text;
@@ -724,6 +734,12 @@ Options parse_options(int argc, char** argv) {
         } else if (flag == "--to") {
             o.to_text = take();
             have_to = true;
+            if (net::is_tcp_address(o.to_text)) {
+                o.tcp = true;
+                o.to_text = net::without_scheme(o.to_text);
+            }
+        } else if (flag == "--connections") {
+            o.connections = parse_u32(flag, take(), 1, 4096);
         } else if (flag == "--serve") {
             o.serve_text = take();
             have_serve = true;
@@ -902,6 +918,10 @@ Options parse_options(int argc, char** argv) {
             at = comma + 1;
         }
         o.to = o.builders.front();
+        if (o.tcp && o.builders.size() > 1) bad_value("--to", o.to_text, "tcp:// takes one builder");
+        if (o.tcp && o.connections > o.sources)
+            bad_value("--connections", std::to_string(o.connections), "more readout PCs than sources");
+        if (!o.tcp && o.connections != 1) throw UsageError("--connections needs --to tcp://HOST:PORT");
         if (o.builders.size() > 1 && o.mode != Mode::push)
             bad_value("--to", o.to_text,
                       fmt::format("several builders share events by event id: push mode only, not {} mode",
@@ -1770,14 +1790,90 @@ struct PushStats {
     std::uint64_t refused = 0;
     double seconds = 0;
     double dead_seconds = 0;     // --busy-listen: held back by BUSY
+    double tcp_blocked_seconds = 0;  // --to tcp://: waited for the builder to read
     std::uint64_t busy_holds = 0;
 };
 
 // Where push, trigger and stream mode send their datagrams: the socket (none with
 // --dry-run) and the pcap (with --pcap-out).
+// --to tcp://: one connection per emulated readout PC. Each window's datagrams are
+// framed into per-connection buffers and written out together, waiting (poll) only
+// while no connection can take more: a builder that holds back one connection
+// (it runs ahead) must still get the others' data, which completes its events.
+class TcpOutput {
+public:
+    TcpOutput(const Options& o, std::size_t window_bytes)
+        : to_(o.to.to_string()), first_source_(o.first_source), sources_(o.sources) {
+        for (std::uint32_t i = 0; i < o.connections; ++i) {
+            conns_.push_back({net::connect_tcp(o.to, true, o.sndbuf_bytes), std::vector<std::byte>(window_bytes), 0, 0});
+        }
+    }
+    ~TcpOutput() {
+        for (auto& c : conns_) ::close(c.fd);
+    }
+    TcpOutput(const TcpOutput&) = delete;
+    TcpOutput& operator=(const TcpOutput&) = delete;
+
+    // The readout PC a datagram's source belongs to: consecutive groups of sources.
+    std::size_t connection_of(const std::byte* datagram, std::size_t len, std::uint32_t sender) const noexcept {
+        if (len < 12 || wire::load_u32(datagram) != wire::kMagic) return sender % conns_.size();  // a described board
+        const std::uint32_t source = wire::load_u32(datagram + 8) - first_source_;
+        return std::min<std::size_t>(conns_.size() - 1, std::uint64_t{source} * conns_.size() / sources_);
+    }
+    void add(const std::byte* datagram, std::size_t len, std::uint32_t sender) {
+        Conn& c = conns_[connection_of(datagram, len, sender)];
+        if (c.end + net::kTcpPrefixBytes + len > c.buf.size()) c.buf.resize(2 * (c.end + net::kTcpPrefixBytes + len));
+        net::put_tcp_prefix(c.buf.data() + c.end, static_cast<std::uint32_t>(len));
+        std::memcpy(c.buf.data() + c.end + net::kTcpPrefixBytes, datagram, len);
+        c.end += net::kTcpPrefixBytes + len;
+    }
+    // Writes everything added; the time spent waiting for the builder is added to
+    // `blocked_s`. Throws on a connection error.
+    void flush(double& blocked_s) {
+        std::vector<pollfd> fds;
+        for (;;) {
+            bool pending = false, wrote = false;
+            for (auto& c : conns_) {
+                while (c.begin < c.end) {
+                    const ssize_t n = ::send(c.fd, c.buf.data() + c.begin, c.end - c.begin, MSG_NOSIGNAL);
+                    if (n > 0) {
+                        c.begin += static_cast<std::size_t>(n);
+                        wrote = true;
+                        continue;
+                    }
+                    if (n < 0 && errno == EINTR) continue;
+                    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+                    throw std::runtime_error(fmt::format("send to tcp://{}: {}", to_, std::strerror(errno)));
+                }
+                if (c.begin < c.end) pending = true;
+                else c.begin = c.end = 0;
+            }
+            if (!pending || g_stop.load(std::memory_order_relaxed)) return;
+            if (wrote) continue;
+            fds.clear();
+            for (auto& c : conns_)
+                if (c.begin < c.end) fds.push_back({c.fd, POLLOUT, 0});
+            const auto t0 = Clock::now();
+            ::poll(fds.data(), fds.size(), 100);
+            blocked_s += std::chrono::duration<double>(Clock::now() - t0).count();
+        }
+    }
+
+private:
+    struct Conn {
+        int fd;
+        std::vector<std::byte> buf;
+        std::size_t begin, end;
+    };
+    std::string to_;
+    std::uint32_t first_source_, sources_;
+    std::vector<Conn> conns_;
+};
+
 struct PushOutputs {
-    std::vector<PushSocket*> socks;  // [Slot::sender]; empty with --dry-run
+    std::vector<PushSocket*> socks;  // [Slot::sender]; empty with --dry-run or over TCP
     PcapWriter* pcap;
+    TcpOutput* tcp = nullptr;        // --to tcp:// (not with --dry-run)
 };
 
 // Sends every datagram of `stream` (FragmentStream or HitStream), with the seeded
@@ -1846,6 +1942,10 @@ void send_stream(const Options& o, Stream& stream, const PushOutputs& out, Termi
             const std::size_t k = std::min<std::size_t>(o.batch, n - first);
             // One sendmmsg per run of slots from the same socket (one run unless a
             // described board is known by its senders).
+            if (out.tcp != nullptr) {
+                for (std::size_t i = first; i < first + k; ++i) out.tcp->add(slots[i].data, slots[i].len, slots[i].sender);
+                out.tcp->flush(st.tcp_blocked_seconds);
+            }
             for (std::size_t run = first; !out.socks.empty() && run < first + k;) {
                 std::size_t end = run + 1;
                 while (end < first + k && slots[end].sender == slots[run].sender) ++end;
@@ -1955,7 +2055,7 @@ int run_push(const Options& o) {
             std::memcpy(&local.addr, &a, sizeof a);
             local.len = sizeof a;
         }
-        if (!o.dry_run) {
+        if (!o.dry_run && !o.tcp) {
             try {
                 socks.push_back(std::make_unique<PushSocket>(o, by_sender ? &local : nullptr));
             } catch (const std::exception& e) {
@@ -1994,7 +2094,9 @@ int run_push(const Options& o) {
         pcap = std::make_unique<PcapWriter>(o.pcap_out, pcap_src, dst, o.pcap_mtu);
     }
 
-    PushOutputs out{{}, pcap.get()};
+    std::unique_ptr<TcpOutput> tcp;
+    if (o.tcp && !o.dry_run) tcp = std::make_unique<TcpOutput>(o, 64u << 10);
+    PushOutputs out{{}, pcap.get(), tcp.get()};
     for (const auto& s : socks) out.socks.push_back(s.get());
     PushStats st;
     if (o.mode == Mode::stream) {
@@ -2022,6 +2124,7 @@ int run_push(const Options& o) {
         if (o.mode == Mode::stream) extra += fmt::format(",\"hits\":{},\"heartbeats\":{}", st.events, st.heartbeats);
         if (!o.silent_sources.empty()) extra += fmt::format(",\"silent_sources\":{}", o.silent_sources.size());
         if (o.busy_listen) extra += fmt::format(",\"dead_time_s\":{},\"busy_holds\":{}", json_double(st.dead_seconds), st.busy_holds);
+        if (o.tcp) extra += fmt::format(",\"tcp_connections\":{},\"tcp_blocked_s\":{}", o.connections, json_double(st.tcp_blocked_seconds));
         if (o.frames) extra += fmt::format(",\"frames\":{},\"first_event\":{}",
                                            evb::json_text(nlohmann::json(o.frames->description().name)), o.first_event);
         fmt::print(

@@ -4,6 +4,7 @@
 //
 //   thread          role object    input                   output
 //   evb-rx-N        SocketReader   socket N                shard inboxes (Pipeline)
+//   evb-tcp-N       TcpReader      TCP connections         shard inboxes (Pipeline)
 //   evb-replay      ReplayFeeder   capture files           shard inboxes
 //   evb-worker-N    Pipeline's     shard inboxes           writer rings (one per shard),
 //                   drivers                                built ids (pull)
@@ -52,6 +53,7 @@
 #include "threads/service_loop.hpp"
 #include "threads/socket_reader.hpp"
 #include "threads/startup.hpp"
+#include "threads/tcp_reader.hpp"
 
 namespace evb {
 
@@ -79,10 +81,33 @@ std::uint32_t coalesce_us_for(const Config& c, const net::BoundSocket& s, bool w
 // input.listen for the start-up line: each address, as bound.
 std::string listen_text(const Config& c) {
     std::string text;
-    for (const std::string& a : c.input.listen_addresses.empty() ? std::vector<std::string>{c.input.listen}
-                                                                 : c.input.listen_addresses)
+    for (const std::string& a : c.input.listen_addresses)
         text += (text.empty() ? "" : ", ") + net::parse_endpoint(a).to_string();
+    for (const std::string& a : c.input.tcp_addresses)
+        text += (text.empty() ? "tcp://" : ", tcp://") + net::parse_endpoint(a).to_string();
     return text;
+}
+
+// What a TCP reader may have in flight (docs/ARCHITECTURE.md, "Input over TCP"):
+// every slot in flight can open at most one event, so the readers' slots in flight
+// stay under a shard's event pool (less an eighth: events come back to the pool a
+// little after their slots), and one connection's under one source's share of the
+// events it may open alone. Then what a TCP reader takes is never refused for room.
+TcpReaderSettings tcp_reader_settings(const Config& c, const Snapshot& snap, std::vector<int> listen_fds,
+                                      const FrameInputSettings& frames) {
+    TcpReaderSettings t;
+    t.listen_fds = std::move(listen_fds);
+    t.max_connections = c.input.tcp_max_connections;
+    t.buffer_bytes = c.input.tcp_buffer_bytes;
+    t.max_datagram_bytes = c.input.max_datagram_bytes;
+    t.timeout_ns = std::uint64_t{c.input.tcp_timeout_ms} * 1'000'000ull;
+    t.take_limit = std::max<std::size_t>(1, std::size_t{snap.matcher.max_events} * 7 / 8 / c.input.tcp_reader_threads());
+    t.connection_limit = snap.matcher.sources.size() > 1 && c.building.match != MatchMode::time_slice
+                             ? std::max<std::size_t>(1, std::size_t{snap.matcher.max_solo_events_per_source} * 7 / 8)
+                             : t.take_limit;
+    t.min_share = snap.matcher.sources.size();
+    t.frames = frames;
+    return t;
 }
 
 int report_stop(const Pipeline& pipeline, const std::vector<const stats::ReaderCounters*>& readers,
@@ -175,8 +200,10 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     const bool replay = !opts.replay_files.empty();
     std::optional<ReplaySettings> replay_with;
     if (replay && !(replay_with = replay_settings(opts, *cfg))) return 2;
-    const std::uint32_t inputs = replay ? 1 : cfg->input.socket_readers();
+    const std::uint32_t inputs = replay ? 1 : cfg->input.input_threads();
+    const std::uint32_t udp_readers = replay ? 0 : cfg->input.socket_readers();
     std::vector<net::BoundSocket> sockets = replay ? std::vector<net::BoundSocket>{} : bind_input_sockets(*cfg);
+    const std::vector<std::vector<int>> tcp_listen = replay ? std::vector<std::vector<int>>{} : listen_tcp_sockets(*cfg);
     const Sizing sizing = sizing_for(*cfg, inputs);
     if (!check_memory(*cfg, sizing)) return 1;
     const bool pull = cfg->mode == Mode::pull && !replay;
@@ -235,6 +262,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // Counters: one block per writing thread, summed at scrape time.
     std::vector<std::unique_ptr<stats::ReaderCounters>> reader_counters;
     for (std::uint32_t r = 0; r < inputs; ++r) reader_counters.push_back(std::make_unique<stats::ReaderCounters>());
+    std::vector<std::unique_ptr<stats::TcpCounters>> tcp_counters;
+    for (std::size_t t = 0; t < tcp_listen.size(); ++t) tcp_counters.push_back(std::make_unique<stats::TcpCounters>());
     stats::WriterCounters writer_counters;
     stats::PullCounters pull_counters;
 
@@ -255,11 +284,19 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     writer.set_run_notes(&run_notes);
     writer.go_on_with_run(cfg->run_number, on_disk.next_serial, on_disk.found_files);
     std::vector<std::unique_ptr<SocketReader>> readers;
-    for (std::uint32_t r = 0; r < (replay ? 0 : inputs); ++r) {
+    for (std::uint32_t r = 0; r < udp_readers; ++r) {
         readers.push_back(std::make_unique<SocketReader>(static_cast<std::uint16_t>(r), sockets[r].fd, *pools[r],
                                                          pipeline, cfg->input.batch, *reader_counters[r],
                                                          coalesce_us_for(*cfg, sockets[r], r == 0), frame_input,
                                                          net::local_port(sockets[r].fd)));
+    }
+    // TCP readers own the pools after the UDP readers'.
+    std::vector<std::unique_ptr<TcpReader>> tcp_readers;
+    for (std::size_t t = 0; t < tcp_listen.size(); ++t) {
+        const std::size_t r = udp_readers + t;
+        tcp_readers.push_back(std::make_unique<TcpReader>(tcp_reader_settings(*cfg, *snap, tcp_listen[t], frame_input),
+                                                          *arenas[r], *pools[r], pipeline, *reader_counters[r],
+                                                          *tcp_counters[t]));
     }
     std::unique_ptr<ReplayFeeder> feeder;
     if (replay) {
@@ -277,7 +314,12 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     std::vector<std::unique_ptr<AgentRunner>> input_threads;
     const WaitStrategy reader_wait{cfg->input.spin_loops, 0};
     for (std::uint32_t r = 0; r < inputs; ++r) {
-        const int cpu = r < cfg->input.cpus.size() ? cfg->input.cpus[r] : -1;
+        const int cpu = r < cfg->input.cpus.size() && r < udp_readers ? cfg->input.cpus[r] : -1;
+        if (!replay && r >= udp_readers) {
+            input_threads.push_back(std::make_unique<AgentRunner>(fmt::format("evb-tcp-{}", r - udp_readers),
+                                                                  *tcp_readers[r - udp_readers], -1, reader_wait));
+            continue;
+        }
         Agent& role = replay ? static_cast<Agent&>(*feeder) : static_cast<Agent&>(*readers[r]);
         input_threads.push_back(std::make_unique<AgentRunner>(
             replay ? std::string("evb-replay") : fmt::format("evb-rx-{}", r), role, cpu, reader_wait));
@@ -298,6 +340,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         control.socket_buffer_capped.store(sockets[0].receive_buffer_capped);
     }
     for (auto& c : reader_counters) msrc.readers.push_back(c.get());
+    for (auto& c : tcp_counters) msrc.tcp.push_back(c.get());
     for (auto& c : pipeline.counters()) msrc.matchers.push_back(c.get());
     msrc.writer = &writer_counters;
     msrc.pull = pull ? &pull_counters : nullptr;
@@ -317,6 +360,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         msrc.post_settings.allowed_keys.push_back(sender_key(net::parse_sender_address(a).addr));
     std::vector<RulesInbox*> input_rules;
     for (auto& r : readers) input_rules.push_back(&r->rules());
+    for (auto& r : tcp_readers) input_rules.push_back(&r->rules());
     if (feeder) input_rules.push_back(&feeder->rules());
     for (auto* in : input_rules) in->ring_when_applied(rules_applied);
     // The service loop posts the first admission rules to the inputs now.
@@ -334,8 +378,10 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         std::vector<int> fds;
         for (const auto& s : sockets) fds.push_back(s.fd);
         for (auto& c : reader_counters) c->slots_free.set(sizing.slots_per_reader);
+        // The UDP readers' slots only: a TCP reader holds its senders back instead.
+        std::vector<const stats::ReaderCounters*> udp_counters(msrc.readers.begin(), msrc.readers.begin() + udp_readers);
         busy = std::make_unique<BusySender>(
-            *cfg, BusyWatch{pipeline, writer, writer_counters, msrc.readers, std::move(fds), sizing.slots_per_reader,
+            *cfg, BusyWatch{pipeline, writer, writer_counters, std::move(udp_counters), std::move(fds), sizing.slots_per_reader,
                             cfg->building.max_events_in_flight, control});
         busy_thread = std::make_unique<AgentRunner>("evb-busy", *busy, -1, WaitStrategy{0, 0});
     }
@@ -425,6 +471,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     if (feeder && feeder->finished())
         exit_code |= report_replay(*feeder, *reader_counters[0], pipeline, writer_counters, intake_to_written_s);
     for (auto& s : sockets) ::close(s.fd);
+    for (const auto& fds : tcp_listen)
+        for (const int fd : fds) ::close(fd);
     return exit_code;
 }
 

@@ -23,6 +23,7 @@
 #include "core/util/log.hpp"
 #include "core/util/notify.hpp"
 #include "core/util/version.hpp"
+#include "net/tcp.hpp"
 
 namespace evb {
 
@@ -132,6 +133,14 @@ std::optional<ReplaySettings> replay_settings(const DaemonOptions& opts, const C
     r.tick_ns = std::uint64_t{std::clamp<std::uint32_t>(c.building.timeout_ms / 4, 1, 50)} * 1'000'000ull;
     r.batch = c.input.batch;
     return r;
+}
+
+std::vector<std::vector<int>> listen_tcp_sockets(const Config& c) {
+    std::vector<std::vector<int>> per_reader(c.input.tcp_reader_threads());
+    for (auto& fds : per_reader)
+        for (const std::string& a : c.input.tcp_addresses)
+            fds.push_back(net::listen_tcp(net::parse_endpoint(a), per_reader.size() > 1));
+    return per_reader;
 }
 
 std::vector<net::BoundSocket> bind_input_sockets(const Config& c) {

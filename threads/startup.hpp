@@ -26,6 +26,10 @@ std::optional<ReplaySettings> replay_settings(const DaemonOptions& opts, const C
 // it by SO_REUSEPORT when several). A bind failure throws, before any thread exists.
 std::vector<net::BoundSocket> bind_input_sockets(const Config& c);
 
+// Each TCP reader's listening sockets, one per TCP address of input.listen (the
+// readers of an address share it by SO_REUSEPORT). A bind failure throws.
+std::vector<std::vector<int>> listen_tcp_sockets(const Config& c);
+
 // The receive pools and the event pools are allocated and touched at start:
 // refuse to start when they would not fit in the memory this process may use
 // (MemAvailable, and a cgroup's limit), rather than meet the OOM killer later.

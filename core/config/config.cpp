@@ -17,6 +17,7 @@
 
 #include "core/config/snapshot.hpp"
 #include "core/util/json_text.hpp"
+#include "net/tcp.hpp"
 #include "net/udp.hpp"
 
 namespace evb {
@@ -54,7 +55,11 @@ const std::vector<Key>& schema() {
         {"run_number", Kind::uint, 1, 0, 999999, true, "Current run. Changing it by reload ends the run (in-flight events finished, file closed) and starts the new one; fragments of other runs are counted as wrong-run and dropped."},
         {"mode", Kind::choice, "push", 0, 0, false, "\"push\": sources send on their own; \"pull\": the builder requests events under a credit limit.", {"push", "pull"}},
         {"sources", Kind::sources, 8, 1, 65535, true, "Expected sources: a count N (ids 0..N-1) or an array of distinct ids. Every event gets one section per expected source. A reload may take sources out and bring them back (within the set evbd started with; adding others needs a restart): the current file closes and the run goes on in a new file whose header states the new number; events in flight finish under the set they started with."},
-        {"input.listen", Kind::addresses, "127.0.0.1:7400", 0, 0, false, "UDP address the socket readers bind (HOST:PORT or [V6]:PORT), or a list of them (boards of different kinds on different ports; docs/FORMATS.md section 8.1): each address gets input.readers reader threads of its own."},
+        {"input.listen", Kind::addresses, "127.0.0.1:7400", 0, 0, false, "UDP address the socket readers bind (HOST:PORT or [V6]:PORT), or a list of them (boards of different kinds on different ports; docs/FORMATS.md section 8.1): each address gets input.readers reader threads of its own. An entry tcp://HOST:PORT (or tcp://[V6]:PORT) listens for readout PCs that send length-prefixed datagrams over TCP (docs/FORMATS.md section 11), served by input.tcp_readers threads; UDP and TCP entries mix in one list."},
+        {"input.tcp_readers", Kind::uint, 1, 1, 16, false, "TCP reader threads (when input.listen has a tcp:// entry): each listens on every TCP address (SO_REUSEPORT when several) and serves many connections with epoll."},
+        {"input.tcp_max_connections", Kind::uint, 64, 1, 4096, false, "Connections one TCP reader serves at once; one more is accepted, counted (evb_tcp_connections_closed_total{reason=\"too_many\"}) and closed."},
+        {"input.tcp_timeout_ms", Kind::uint, 10000, 10, 3600000, false, "A TCP connection that has sent nothing since it opened, or that stops in the middle of a message while evbd reads it, for this long is closed and counted (reason \"idle\" or \"stalled\"); what it sent whole is kept."},
+        {"input.tcp_buffer_bytes", Kind::uint, 256u << 10, 16u << 10, 64u << 20, false, "Each TCP connection's read buffer, allocated at start for input.tcp_max_connections connections per reader; messages are copied from it into receive slots. At least input.max_datagram_bytes + 4."},
         {"input.readers", Kind::uint, 1, 1, 16, false, "Socket-reader threads; more than one binds the port with SO_REUSEPORT."},
         {"input.socket_buffer_bytes", Kind::uint, 64ull << 20, 65536, 2ull << 30, false, "SO_RCVBUF(FORCE) request per socket. A kernel cap is logged and exported as a metric."},
         {"input.max_datagram_bytes", Kind::uint, 9000, 48, 65535, false, "Largest datagram accepted; longer ones are counted as truncated and dropped."},
@@ -468,12 +473,20 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     } else {
         for (std::uint32_t i = 0; i < src.get<std::uint32_t>(); ++i) c->sources.push_back(i);
     }
+    std::vector<std::string> listen_entries;
     if (const json& l = *lookup(eff, "input.listen", false); l.is_string())
-        c->input.listen_addresses = {l.get<std::string>()};
+        listen_entries = {l.get<std::string>()};
     else
-        c->input.listen_addresses = l.get<std::vector<std::string>>();
-    c->input.listen = c->input.listen_addresses.front();
+        listen_entries = l.get<std::vector<std::string>>();
+    for (const std::string& a : listen_entries)
+        (net::is_tcp_address(a) ? c->input.tcp_addresses : c->input.listen_addresses).push_back(net::without_scheme(a));
+    c->input.listen = !c->input.listen_addresses.empty() ? c->input.listen_addresses.front()
+                      : !c->input.tcp_addresses.empty() ? c->input.tcp_addresses.front() : std::string();
     c->input.readers = u32("input.readers");
+    c->input.tcp_readers = u32("input.tcp_readers");
+    c->input.tcp_max_connections = u32("input.tcp_max_connections");
+    c->input.tcp_timeout_ms = u32("input.tcp_timeout_ms");
+    c->input.tcp_buffer_bytes = u32("input.tcp_buffer_bytes");
     c->input.socket_buffer_bytes = u64("input.socket_buffer_bytes");
     c->input.max_datagram_bytes = u32("input.max_datagram_bytes");
     c->input.batch = u32("input.batch");
@@ -557,10 +570,15 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                                        c->busy.high_permille));
     if (c->mode == Mode::pull && c->pull.source_addresses.empty())
         problems.push_back("pull.source_addresses: pull mode needs at least one source address");
-    for (std::size_t i = 0; i < c->input.listen_addresses.size(); ++i)
-        if (c->input.listen_addresses[i].empty())
-            problems.push_back(c->input.listen_addresses.size() == 1 ? std::string("input.listen: must not be empty")
-                                                                      : fmt::format("input.listen[{}]: must not be empty", i));
+    for (std::size_t i = 0; i < listen_entries.size(); ++i)
+        if (net::without_scheme(listen_entries[i]).empty())
+            problems.push_back(listen_entries.size() == 1 ? std::string("input.listen: must not be empty")
+                                                          : fmt::format("input.listen[{}]: must not be empty", i));
+    if (c->mode == Mode::pull && c->input.listen_addresses.empty())
+        problems.push_back("input.listen: pull mode needs a UDP address (REQUESTs go out from it; over TCP sources only push)");
+    if (!c->input.tcp_addresses.empty() && c->input.tcp_buffer_bytes < c->input.max_datagram_bytes + net::kTcpPrefixBytes)
+        problems.push_back(fmt::format("input.tcp_buffer_bytes: {} is less than input.max_datagram_bytes ({}) + 4",
+                                       c->input.tcp_buffer_bytes, c->input.max_datagram_bytes));
     {
         const frames::FrameLimits limits{c->building.match, c->input.max_datagram_bytes, c->building.clock_hz};
         c->input.frames = std::make_shared<const frames::FrameTable>(
@@ -639,9 +657,20 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     }
     // Each reader's share of the receive slots (counted as the start will make them,
     // described frames' headroom included) must hold two of its batches.
-    if (sizing_for(*c, c->input.socket_readers()).slots_per_reader < 2ull * c->input.batch)
+    if (sizing_for(*c, c->input.input_threads()).slots_per_reader < 2ull * c->input.batch)
         problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",
-                                       c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.socket_readers(), c->input.batch));
+                                       c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.input_threads(), c->input.batch));
+    // A TCP reader hands on at most 7/8 of a shard's events in fragments at a time
+    // (docs/ARCHITECTURE.md, "Input over TCP"): that must hold two events' fragments
+    // of every source, or events could wait for room only their completion frees.
+    if (const std::uint32_t tcp = c->input.tcp_reader_threads(); tcp > 0) {
+        const std::uint64_t take = std::uint64_t{c->building.max_events_in_flight} / c->shard_count() * 7 / 8 / tcp;
+        if (take < 2 * c->sources.size())
+            problems.push_back(fmt::format("building.max_events_in_flight: {} events over {} shard(s) let each of {} TCP "
+                                           "reader(s) hand on {} fragments at a time, fewer than two events of {} sources",
+                                           c->building.max_events_in_flight, c->shard_count(), tcp, take,
+                                           c->sources.size()));
+    }
     if (c->input.cpus.size() > c->input.socket_readers())
         problems.push_back(fmt::format("input.cpus: {} entries for {} reader(s)", c->input.cpus.size(), c->input.socket_readers()));
 
@@ -658,10 +687,10 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
             problems.push_back(fmt::format("{}: {}", key, e.what()));
         }
     };
-    for (std::size_t i = 0; i < c->input.listen_addresses.size(); ++i)
-        if (!c->input.listen_addresses[i].empty())
-            check_address(c->input.listen_addresses.size() == 1 ? std::string("input.listen") : fmt::format("input.listen[{}]", i),
-                          c->input.listen_addresses[i], net::parse_endpoint);
+    for (std::size_t i = 0; i < listen_entries.size(); ++i)
+        if (!net::without_scheme(listen_entries[i]).empty())
+            check_address(listen_entries.size() == 1 ? std::string("input.listen") : fmt::format("input.listen[{}]", i),
+                          net::without_scheme(listen_entries[i]), net::parse_endpoint);
     if (const std::string& m = c->monitor.listen; !m.empty()) {  // comma-separated; empty disables
         std::size_t start = 0;
         for (std::size_t comma; (comma = m.find(',', start)) != std::string::npos; start = comma + 1)
@@ -691,7 +720,7 @@ std::uint32_t Config::worker_count() const noexcept {
     long cpus = 0;
     if (::sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
     if (cpus <= 0) cpus = static_cast<long>(std::thread::hardware_concurrency());
-    return static_cast<std::uint32_t>(std::clamp<long>(cpus - static_cast<long>(input.socket_readers()) - 1, 1, 4));
+    return static_cast<std::uint32_t>(std::clamp<long>(cpus - static_cast<long>(input.input_threads()) - 1, 1, 4));
 }
 
 std::shared_ptr<const Config> load_config(const std::string& text, const std::string& origin,

@@ -42,14 +42,25 @@ struct Config {
     std::vector<std::uint32_t> sources;  // ascending, unique
 
     struct Input {
-        std::string listen;                       // the first address of input.listen
-        std::vector<std::string> listen_addresses;  // input.listen as a list
-        // Socket-reader threads in all: `readers` per listen address, each with a
-        // socket, a receive pool and counters of its own.
+        std::string listen;                       // the first UDP address of input.listen (else the first TCP one)
+        std::vector<std::string> listen_addresses;  // input.listen's UDP addresses
+        // input.listen's TCP addresses (docs/FORMATS.md section 11), "tcp://" taken off.
+        std::vector<std::string> tcp_addresses;
+        // UDP socket-reader threads in all: `readers` per UDP listen address, each
+        // with a socket, a receive pool and counters of its own.
         std::uint32_t socket_readers() const noexcept {
-            return readers * static_cast<std::uint32_t>(std::max<std::size_t>(listen_addresses.size(), 1));
+            return readers * static_cast<std::uint32_t>(listen_addresses.size());
         }
+        // TCP reader threads (each listens on every TCP address and serves many
+        // connections), 0 without a TCP address.
+        std::uint32_t tcp_reader_threads() const noexcept { return tcp_addresses.empty() ? 0 : tcp_readers; }
+        // Every input thread with a receive pool: the UDP readers first, then the TCP ones.
+        std::uint32_t input_threads() const noexcept { return socket_readers() + tcp_reader_threads(); }
         std::uint32_t readers = 1;
+        std::uint32_t tcp_readers = 1;
+        std::uint32_t tcp_max_connections = 64;  // per TCP reader
+        std::uint32_t tcp_timeout_ms = 10000;
+        std::uint32_t tcp_buffer_bytes = 256u << 10;  // per connection
         std::uint64_t socket_buffer_bytes = 0;
         std::uint32_t max_datagram_bytes = 0;
         std::uint32_t batch = 64;

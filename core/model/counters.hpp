@@ -14,6 +14,7 @@
 
 #include "allocators/handoff/cache_line.hpp"
 #include "core/format/wire.hpp"
+#include "net/tcp.hpp"
 
 namespace evb::stats {
 
@@ -84,6 +85,17 @@ struct alignas(kFalseSharingBytes) ReaderCounters {
     Counter unknown_frames;
     std::array<Counter, kFrameMetricDescriptions> frames_decoded{};
     std::array<std::array<Counter, kFrameRejectReasons>, kFrameMetricDescriptions> frames_rejected{};
+};
+
+// A TCP reader's connections (docs/FORMATS.md section 11); what it reads is also
+// counted in its ReaderCounters (datagrams, bytes, refusals), as a socket reader's.
+struct alignas(kFalseSharingBytes) TcpCounters {
+    Counter connections_open;      // gauge
+    Counter connections_accepted;  // every connection accepted (too_many ones included)
+    std::array<Counter, net::kTcpCloseCount> closed{};  // by net::TcpClose
+    Counter bytes;                 // stream bytes read (prefixes included)
+    Counter held_ns;               // back-pressure: the sum over connections of the time each was not read for want of room
+    Counter held_now;              // gauge: connections not read for want of room now
 };
 
 struct alignas(kFalseSharingBytes) MatcherCounters {

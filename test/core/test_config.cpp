@@ -412,3 +412,24 @@ TEST_CASE("building.disorder_ticks reaches the matcher, 0 by default") {
     CHECK(disorder({"building.disorder_ticks=1600"}) == 1600);
     CHECK(any_contains(problems_of(R"({"building": {"disorder_ticks": -1}})"), "building.disorder_ticks"));
 }
+
+TEST_CASE("config: input.listen mixes tcp:// entries with UDP ones") {
+    auto c = load_config("{}", "x", {"sources=16", R"(input.listen=["127.0.0.1:7400","tcp://127.0.0.1:7401","tcp://[::1]:7402"])",
+                                     "input.tcp_readers=2"});
+    CHECK(c->input.listen_addresses == std::vector<std::string>{"127.0.0.1:7400"});
+    CHECK(c->input.tcp_addresses == std::vector<std::string>{"127.0.0.1:7401", "[::1]:7402"});
+    CHECK(c->input.socket_readers() == 1);
+    CHECK(c->input.input_threads() == 3);
+    auto tcp_only = load_config("{}", "x", {"sources=4", R"(input.listen="tcp://127.0.0.1:7401")"});
+    CHECK(tcp_only->input.socket_readers() == 0);
+    CHECK(tcp_only->input.input_threads() == 1);
+    // Pull mode sends REQUESTs from a UDP socket; over TCP sources only push.
+    CHECK(!problems_of("{}", {"mode=pull", R"(pull.source_addresses=["127.0.0.1:9"])",
+                              R"(input.listen="tcp://127.0.0.1:7401")"}).empty());
+    // A TCP reader's fragments in flight must hold two events of every source.
+    const auto p = problems_of("{}", {"sources=64", "building.max_events_in_flight=64", "building.shards=1",
+                                      R"(input.listen="tcp://127.0.0.1:7401")"});
+    REQUIRE(p.size() == 1);
+    CHECK(p[0].find("building.max_events_in_flight") == 0);
+    CHECK(p[0].find("two events of 64 sources") != std::string::npos);
+}

@@ -50,6 +50,15 @@ def free_udp_port():
     return port
 
 
+def free_tcp_port():
+    """A free TCP port on 127.0.0.1 (an input.listen tcp:// entry)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def free_ports(n):
     """n distinct free UDP ports (free_udp_port alone may give the same one twice)."""
     ports = set()
@@ -278,6 +287,24 @@ def verify(paths):
     cmd = [os.path.join(BIN, "evb-dump"), "--verify", "--pattern"] + list(paths)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     return p.returncode, p.stdout + p.stderr
+
+
+def check_built_exactly(d, events, pattern_kind="pattern"):
+    """After evbd `d` settled: nothing refused, nothing incomplete; then it stops (exit 0),
+    and its files hold events 0..events-1 once each, complete, and pass evb-dump --verify
+    with the payload pattern."""
+    m = d.metrics()
+    check(metric_sum(m, "evb_rejected_datagrams_total") == 0, "nothing refused")
+    check(m.get('evb_events_built_total{status="incomplete"}', 0) == 0, "no event incomplete")
+    rc = d.stop()
+    check(rc == 0, f"evbd exits 0 (got {rc})")
+    evs, _ = events_in(d.out)
+    check(sorted(e["event_id"] for e in evs) == list(range(events)), "every event written exactly once")
+    check(all(set(e["status"]) <= {"COMPRESSED"} for e in evs), "every record complete")
+    p = subprocess.run([os.path.join(BIN, "evb-dump"), "--verify", "--pattern-kind", pattern_kind, d.out],
+                       capture_output=True, text=True, timeout=300)
+    check(p.returncode == 0, f"evb-dump --verify --pattern-kind {pattern_kind} passes: "
+                             f"{(p.stdout + p.stderr).strip().splitlines()[-1]}")
 
 
 def events_in(out_dir):

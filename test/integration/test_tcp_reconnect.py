@@ -1,0 +1,50 @@
+"""Input over TCP (docs/FORMATS.md section 11): a readout PC that restarts mid-run.
+Four readout PCs of 16 sources each send to a TCP-only evbd; the first one sends
+half the events, closes its connection, and a new process (the restarted PC) sends
+the other half on a new connection while the other three are still sending. Every
+event is complete and byte-exact; five connections accepted, five closed by their
+peers, nothing refused."""
+import os
+import shutil
+import subprocess
+
+from evbtest import BIN, Evbd, check, check_built_exactly, free_tcp_port, run_source, workdir
+
+SOURCES_PER_PC = 16
+PCS = 4
+EVENTS = 1200
+
+
+def pc_args(tcp, pc, first, events, rate=None):
+    args = ["--to", f"tcp://127.0.0.1:{tcp}", "--sources", SOURCES_PER_PC, "--first-source", pc * SOURCES_PER_PC,
+            "--first", first, "--events", events, "--size", "0:3000", "--chunk", "3000", "--seed", "3"]
+    return args + (["--rate", rate] if rate else [])
+
+
+def main():
+    wd = workdir()
+    tcp = free_tcp_port()
+    d = Evbd(wd, sets=[f'input.listen=["tcp://127.0.0.1:{tcp}"]', f"sources={SOURCES_PER_PC * PCS}",
+                       "building.timeout_ms=30000"])
+    others = [subprocess.Popen([os.path.join(BIN, "evb-source")] + [str(a) for a in pc_args(tcp, pc, 0, EVENTS, 800)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+              for pc in range(1, PCS)]
+    run_source(pc_args(tcp, 0, 0, EVENTS // 2))
+    d.wait_metric('evb_tcp_connections_closed_total{reason="peer_closed"}', lambda v: v >= 1, timeout=60)
+    check(all(p.poll() is None for p in others),
+          "the first readout PC's connection closed while the other three were still sending")
+    run_source(pc_args(tcp, 0, EVENTS // 2, EVENTS // 2))
+    for p in others:
+        _, err = p.communicate(timeout=120)
+        check(p.returncode == 0, f"a readout PC emulator exits 0 ({err.strip()[-200:]})")
+    d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= EVENTS, timeout=120)
+    d.wait_settled()
+    d.wait_metric('evb_tcp_connections_closed_total{reason="peer_closed"}', lambda v: v == PCS + 1, timeout=10)
+    m = d.metrics()
+    check(m.get("evb_tcp_connections_accepted_total") == PCS + 1, f"{PCS + 1} connections accepted")
+    check_built_exactly(d, EVENTS)
+    shutil.rmtree(wd, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,410 @@
+#include "threads/tcp_reader.hpp"
+
+#include <poll.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/format/wire.hpp"
+#include "core/util/clock.hpp"
+#include "core/util/log.hpp"
+#include "net/tcp.hpp"
+
+namespace evb {
+
+struct TcpReader::Connection {
+    int fd = -1;
+    std::uint32_t generation = 0;  // grows at each close: slots of an earlier connection here are not this one's
+    std::byte* buf = nullptr;      // input.tcp_buffer_bytes
+    std::size_t begin = 0, end = 0;  // bytes read and not yet taken
+    sockaddr_storage peer{};
+    std::uint16_t local_port = 0;
+    std::size_t held_slots = 0;  // slots handed on from this connection, not yet back
+    std::size_t held_openers = 0;  // of them, openers
+    bool has_key = false;          // last_key holds the key of the last message taken
+    std::uint64_t last_key = 0;
+    bool reading = false;        // EPOLLIN in its interest set
+    bool readable = false;       // epoll reported something not yet read
+    bool held = false;           // not read for want of room
+    bool ended = false;          // the peer closed (or the read failed): taken what is whole, then closed
+    net::TcpClose end_reason = net::TcpClose::peer_closed;
+    bool any_bytes = false;
+    std::uint64_t last_byte_ns = 0;  // monotonic; the time it opened until it sends
+    std::uint64_t held_since_ns = 0;
+};
+
+namespace {
+constexpr std::uint64_t kListenerTag = 1ull << 32;
+constexpr std::uint64_t kTimeoutCheckNs = 100'000'000;
+constexpr int kReadsPerTurn = 4;  // reads of one connection per round before the next is served
+}  // namespace
+
+TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::BufferPool& pool, ShardSink& sink,
+                     stats::ReaderCounters& counters, stats::TcpCounters& tcp)
+    : s_(s),
+      pool_(pool),
+      sink_(sink),
+      counters_(counters),
+      tcp_(tcp),
+      conns_(s.max_connections),
+      buffers_(arena, std::size_t{s.max_connections} * s.buffer_bytes),
+      slot_conn_(pool.slot_count(), 0),
+      slot_gen_(pool.slot_count(), 0),
+      slot_opener_(pool.slot_count(), 0),
+      batches_(sink.shard_count()),
+      frames_(s.frames) {
+    epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (epoll_fd_ < 0) throw std::runtime_error(fmt::format("epoll_create1: {}", std::strerror(errno)));
+    for (std::uint32_t i = 0; i < s.max_connections; ++i) {
+        conns_[i].buf = buffers_.data() + std::size_t{i} * s.buffer_bytes;
+        free_conns_.push_back(s.max_connections - 1 - i);
+    }
+    for (std::size_t l = 0; l < s.listen_fds.size(); ++l) {
+        listen_ports_.push_back(net::local_port(s.listen_fds[l]));
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = kListenerTag | l;
+        if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, s.listen_fds[l], &ev) != 0)
+            throw std::runtime_error(fmt::format("epoll_ctl: {}", std::strerror(errno)));
+    }
+}
+
+TcpReader::~TcpReader() {
+    for (Connection& c : conns_)
+        if (c.fd >= 0) ::close(c.fd);
+    if (epoll_fd_ >= 0) ::close(epoll_fd_);
+}
+
+std::size_t TcpReader::share() const noexcept {
+    // Each open connection gets an equal part of the reader's slots in flight (see
+    // docs/ARCHITECTURE.md, "Input over TCP"), never more than connection_limit.
+    const std::size_t part = s_.take_limit / std::max<std::size_t>(open_, 1);
+    return std::max({std::size_t{1}, std::min(part, s_.connection_limit), std::min(s_.min_share, s_.take_limit)});
+}
+
+std::size_t TcpReader::slot_share() const noexcept {
+    // Slots themselves: an equal part of the pool, so no connection takes it all.
+    return std::max<std::size_t>(1, pool_.slot_count() / std::max<std::size_t>(open_, 1));
+}
+
+bool TcpReader::room_for(const Connection& c, bool opener) const noexcept {
+    if (pool_.free_count() == 0 || c.held_slots >= std::max(slot_share(), share())) return false;
+    return !opener || (openers_ < s_.take_limit && c.held_openers < share());
+}
+
+bool TcpReader::opens(const Connection& c, std::uint32_t len, std::uint64_t& key, bool& known) const noexcept {
+    known = false;
+    wire::FragmentView f;
+    const std::byte* datagram = c.buf + c.begin + net::kTcpPrefixBytes;
+    if (wire::parse_fragment({datagram, len}, f) != wire::ParseError::ok) return true;  // a described frame, or refused
+    switch (rules_->match) {
+        case MatchMode::event_id: key = f.event_id; break;
+        case MatchMode::time_slice: key = rules_->slice_ticks != 0 ? f.timestamp / rules_->slice_ticks : f.timestamp; break;
+        default: return true;  // timestamp mode: any fragment may open an event
+    }
+    known = true;
+    return !c.has_key || key != c.last_key;
+}
+
+void TcpReader::reclaim_slots() noexcept {
+    pool_.reclaim_each([this](std::uint32_t idx) {
+        --in_flight_;
+        const bool opener = slot_opener_[idx] != 0;
+        if (opener) --openers_;
+        Connection& c = conns_[slot_conn_[idx]];
+        if (c.generation != slot_gen_[idx]) return;  // that connection has closed since
+        if (c.held_slots > 0) --c.held_slots;
+        if (opener && c.held_openers > 0) --c.held_openers;
+    });
+}
+
+std::size_t TcpReader::do_work() {
+    // Control first: a new snapshot replaces the old between rounds.
+    rules_ = inbox_.take();
+    if (rules_ == nullptr) return 0;
+    reclaim_slots();
+    const std::uint64_t now = monotonic_ns();
+    epoll_event events[64];
+    int ready;
+    do {
+        ready = ::epoll_wait(epoll_fd_, events, 64, 0);
+    } while (ready < 0 && errno == EINTR);
+    for (int i = 0; i < ready; ++i) {
+        const std::uint64_t tag = events[i].data.u64;
+        if (tag & kListenerTag) {
+            const std::size_t l = tag & 0xffffffffu;
+            accept_from(s_.listen_fds[l], static_cast<std::uint16_t>(listen_ports_[l]), now);
+        } else {
+            conns_[tag].readable = true;
+        }
+    }
+    std::size_t work = static_cast<std::size_t>(std::max(ready, 0));
+    const std::uint64_t taken_before = counters_.datagrams.get();
+    for (Connection& c : conns_) {
+        if (c.fd < 0) continue;
+        if (c.readable || c.ended || c.held) work += serve(c, now);
+    }
+    batches_.submit_all(sink_, realtime_ns());
+    if (counters_.datagrams.get() != taken_before) counters_.receive_batches.add();
+    counters_.slots_free.set(pool_.free_count());
+    if (now - timeouts_checked_ns_ >= kTimeoutCheckNs) check_timeouts(now);
+    return work;
+}
+
+std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
+    std::size_t work = 0;
+    for (int turn = 0; turn < kReadsPerTurn; ++turn) {
+        const Taken t = take_messages(c);
+        if (t == Taken::framing_lost) {
+            close_connection(c, net::TcpClose::length_out_of_range);
+            return work + 1;
+        }
+        if (t == Taken::no_room) {  // a whole message waits: read no more until it is taken
+            hold(c, now);
+            return work;
+        }
+        if (c.held) release(c, now);
+        if (c.ended) {  // everything whole is taken; a message cut short is lost with the connection
+            close_connection(c, c.begin != c.end && c.end_reason == net::TcpClose::peer_closed
+                                    ? net::TcpClose::ended_inside_message
+                                    : c.end_reason);
+            return work + 1;
+        }
+        if (!c.readable) return work;
+        if (c.begin > 0) {  // the part of a message left goes to the front: room for the rest
+            std::memmove(c.buf, c.buf + c.begin, c.end - c.begin);
+            c.end -= c.begin;
+            c.begin = 0;
+        }
+        // Room remains: a part of a message is shorter than input.max_datagram_bytes + 4.
+        const std::size_t space = s_.buffer_bytes - c.end;
+        const ssize_t got = ::read(c.fd, c.buf + c.end, space);
+        if (got > 0) {
+            c.end += static_cast<std::size_t>(got);
+            tcp_.bytes.add(static_cast<std::uint64_t>(got));
+            c.any_bytes = true;
+            c.last_byte_ns = now;
+            if (static_cast<std::size_t>(got) < space) c.readable = false;  // read dry
+            ++work;
+            continue;
+        }
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            c.readable = false;
+            return work;
+        }
+        // The end of the stream (or a reset): what is whole is still taken.
+        c.ended = true;
+        c.end_reason = got == 0 ? net::TcpClose::peer_closed : net::TcpClose::read_error;
+        c.readable = false;
+        if (c.reading) {
+            ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
+            c.reading = false;
+        }
+    }
+    return work;
+}
+
+TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
+    const std::uint32_t shards = sink_.shard_count();
+    const std::size_t headroom = frames_.headroom();
+    const bool check_senders = !rules_->allowed_sender_keys.empty();
+    std::uint64_t taken = 0, bytes = 0;
+    Taken result = Taken::need_bytes;
+    while (c.end - c.begin >= net::kTcpPrefixBytes) {
+        // The length is checked before anything of the message is looked at.
+        const std::uint32_t len = wire::load_u32(c.buf + c.begin);
+        if (len < net::kTcpMinMessageBytes || len > s_.max_datagram_bytes) {
+            result = Taken::framing_lost;
+            break;
+        }
+        if (c.end - c.begin < net::kTcpPrefixBytes + len) break;  // the rest is still on its way
+        std::uint64_t key = 0;
+        bool known = false;
+        const bool opener = opens(c, len, key, known);
+        if (!room_for(c, opener)) {
+            result = Taken::no_room;
+            break;
+        }
+        std::uint32_t idx = 0;
+        (void)pool_.try_take(idx);  // room_for saw a free slot
+        std::memcpy(pool_.data(idx) + headroom, c.buf + c.begin + net::kTcpPrefixBytes, len);
+        c.begin += net::kTcpPrefixBytes + len;
+        ++taken;
+        bytes += len;
+        int shard = -1;
+        if (check_senders && !sender_allowed(rules_->allowed_sender_keys, c.peer)) {
+            counters_.disallowed_sender.add();
+        } else {
+            shard = admit_datagram(pool_, idx, len, *rules_, shards, counters_, &frames_, Arrival{&c.peer, c.local_port});
+            // A source's datagrams come from where its first one of the run came from
+            // (the connection's peer address; a reconnected readout PC is the same).
+            if (shard >= 0 && rules_->pins &&
+                !rules_->pins->admit(ChunkMeta::in_slot(pool_.meta(idx))->source_id, sender_key(c.peer))) {
+                counters_.sender_mismatch.add();
+                shard = -1;
+            }
+        }
+        if (shard < 0) {
+            pool_.give_back_local(idx);
+            continue;
+        }
+        batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));
+        slot_conn_[idx] = static_cast<std::uint32_t>(&c - conns_.data());
+        slot_gen_[idx] = c.generation;
+        slot_opener_[idx] = opener ? 1 : 0;
+        ++c.held_slots;
+        ++in_flight_;
+        if (opener) {
+            ++c.held_openers;
+            ++openers_;
+        }
+        c.has_key = known;  // the key of the last message handed on
+        c.last_key = key;
+    }
+    if (taken > 0) {
+        counters_.datagrams.add(taken);
+        counters_.bytes.add(bytes);
+    }
+    return result;
+}
+
+void TcpReader::hold(Connection& c, std::uint64_t now) noexcept {
+    if (!c.held) {
+        c.held = true;
+        c.held_since_ns = now;
+        tcp_.held_now.set(++held_);
+    }
+    if (c.reading) {  // the kernel keeps what comes; its window closes and the sender waits
+        epoll_event ev{};
+        ev.events = 0;
+        ev.data.u64 = static_cast<std::uint64_t>(&c - conns_.data());
+        ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+        c.reading = false;
+    }
+}
+
+void TcpReader::release(Connection& c, std::uint64_t now) noexcept {
+    c.held = false;
+    tcp_.held_ns.add(now - c.held_since_ns);
+    tcp_.held_now.set(--held_);
+    c.last_byte_ns = now;  // held time is not the sender's stall
+    if (!c.reading && !c.ended) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = static_cast<std::uint64_t>(&c - conns_.data());
+        ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+        c.reading = true;
+        c.readable = true;  // whatever waited meanwhile is read at once
+    }
+}
+
+void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
+    if (c.held) release(c, monotonic_ns());
+    ::close(c.fd);  // also takes it out of the epoll set
+    c.fd = -1;
+    ++c.generation;
+    c.reading = c.readable = c.ended = false;
+    c.begin = c.end = 0;
+    free_conns_.push_back(static_cast<std::uint32_t>(&c - conns_.data()));
+    tcp_.connections_open.set(--open_);
+    tcp_.closed[static_cast<std::size_t>(why)].add();
+    const std::uint32_t bit = 1u << static_cast<unsigned>(why);
+    if ((logged_ & bit) == 0) {  // the first of each reason; the rest are counted
+        logged_ |= bit;
+        const std::string peer = net::Endpoint{c.peer, sizeof c.peer}.to_string();
+        if (why == net::TcpClose::peer_closed || why == net::TcpClose::stopped)
+            log_info("tcp: connection from {} closed ({}); later ones are counted in evb_tcp_connections_closed_total",
+                     peer, net::tcp_close_name(why));
+        else
+            log_warn("tcp: connection from {} closed: {}; later ones are counted in evb_tcp_connections_closed_total",
+                     peer, net::tcp_close_name(why));
+    }
+}
+
+void TcpReader::accept_from(int listen_fd, std::uint16_t local_port, std::uint64_t now) noexcept {
+    for (int i = 0; i < 64; ++i) {
+        const net::Accepted a = net::accept_tcp(listen_fd);
+        if (a.fd < 0) {
+            if (a.error != 0 && !logged_accept_error_) {
+                logged_accept_error_ = true;
+                log_warn("tcp: accept: {}", std::strerror(a.error));
+            }
+            return;
+        }
+        tcp_.connections_accepted.add();
+        if (free_conns_.empty()) {
+            ::close(a.fd);
+            tcp_.closed[static_cast<std::size_t>(net::TcpClose::too_many)].add();
+            const std::uint32_t bit = 1u << static_cast<unsigned>(net::TcpClose::too_many);
+            if ((logged_ & bit) == 0) {
+                logged_ |= bit;
+                log_warn("tcp: connection from {} refused: input.tcp_max_connections ({}) are open; later ones are "
+                         "counted in evb_tcp_connections_closed_total{{reason=\"too_many\"}}",
+                         net::Endpoint{a.peer, sizeof a.peer}.to_string(), s_.max_connections);
+            }
+            continue;
+        }
+        const std::uint32_t idx = free_conns_.back();
+        free_conns_.pop_back();
+        Connection& c = conns_[idx];
+        c.fd = a.fd;
+        c.peer = a.peer;
+        c.local_port = local_port;
+        c.held_slots = c.held_openers = 0;
+        c.has_key = false;
+        c.begin = c.end = 0;
+        c.held = c.ended = c.any_bytes = false;
+        c.end_reason = net::TcpClose::peer_closed;
+        c.last_byte_ns = now;
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = idx;
+        ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c.fd, &ev);
+        c.reading = true;
+        c.readable = true;  // it may have sent already
+        tcp_.connections_open.set(++open_);
+        log_debug("tcp: connection from {}", net::Endpoint{a.peer, sizeof a.peer}.to_string());
+    }
+}
+
+void TcpReader::check_timeouts(std::uint64_t now) noexcept {
+    timeouts_checked_ns_ = now;
+    for (Connection& c : conns_) {
+        if (c.fd < 0 || c.held || c.ended || now - c.last_byte_ns < s_.timeout_ns) continue;
+        if (!c.any_bytes)
+            close_connection(c, net::TcpClose::idle);
+        else if (c.begin != c.end)  // inside a message, and the sender sends no more of it
+            close_connection(c, net::TcpClose::stalled);
+    }
+}
+
+void TcpReader::on_idle() {
+    // A connection held for room is taken from again as soon as slots come back.
+    pollfd p{epoll_fd_, POLLIN, 0};
+    ::poll(&p, 1, held_ > 0 ? 1 : 100);
+}
+
+void TcpReader::on_close() {
+    // What was read and not taken never becomes an event: counted as unread, as a
+    // socket reader counts what its socket still queues at a stop.
+    for (Connection& c : conns_) {
+        if (c.fd < 0) continue;
+        std::uint64_t n = 0, bytes = 0;
+        for (std::size_t at = c.begin; c.end - at >= net::kTcpPrefixBytes;) {
+            const std::uint32_t len = wire::load_u32(c.buf + at);
+            if (c.end - at < net::kTcpPrefixBytes + len) break;
+            ++n;
+            bytes += len;
+            at += net::kTcpPrefixBytes + len;
+        }
+        counters_.unread_at_stop.add(n);
+        counters_.unread_bytes_at_stop.add(bytes);
+        close_connection(c, net::TcpClose::stopped);
+    }
+}
+
+}  // namespace evb

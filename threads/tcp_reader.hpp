@@ -1,0 +1,108 @@
+// The TCP reader thread (docs/FORMATS.md section 11): serves many readout-PC
+// connections with one epoll set, cuts each stream into its length-prefixed
+// datagrams, copies each into a receive slot of the reader's pool and admits it
+// exactly as a socket reader admits a UDP datagram (admit_datagram), handing the
+// chunks on per shard, one list per shard per round.
+//
+// Back-pressure (docs/ARCHITECTURE.md, "Input over TCP"): a message is taken only
+// when the connection has room (a free slot, the connection under its part of the
+// pool and, for a message that can open an event, the reader under its limit of such
+// openers in flight and the connection under its share of it); otherwise the connection
+// is held: its EPOLLIN interest is dropped, its buffer stays as it is, the kernel's
+// window closes and the sender waits. Nothing read is refused for want of room.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "allocators/arena.hpp"
+#include "allocators/buffer_pool.hpp"
+#include "core/model/counters.hpp"
+#include "threads/channels.hpp"
+#include "threads/runner.hpp"
+#include "threads/socket_reader.hpp"
+
+namespace evb {
+
+struct TcpReaderSettings {
+    std::vector<int> listen_fds;        // this reader's listening sockets (it closes none)
+    std::uint32_t max_connections = 64;
+    std::size_t buffer_bytes = 256u << 10;  // per connection
+    std::uint32_t max_datagram_bytes = 9000;
+    std::uint64_t timeout_ns = 10'000'000'000ull;  // idle and stalled connections
+    // Openers this reader may have in flight (slots handed on and not yet back whose
+    // message has another event key than the message before it on its connection:
+    // only such a message can open an event or slice), and at most one connection's
+    // part of them: chosen so that the events they can open never fill a shard's event
+    // pool, nor one source's share of it (run_daemon, tcp_reader_settings).
+    std::size_t take_limit = 1024;
+    std::size_t connection_limit = 256;
+    // A connection's share is never below this (the expected sources, or the take
+    // limit if smaller): the oldest event's fragments of every source it carries must
+    // fit in it, or it could wait for room that only that event's completion frees.
+    std::size_t min_share = 1;
+    FrameInputSettings frames;
+};
+
+class TcpReader final : public Agent {
+public:
+    TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::BufferPool& pool, ShardSink& sink,
+              stats::ReaderCounters& counters, stats::TcpCounters& tcp);
+    ~TcpReader() override;
+    TcpReader(const TcpReader&) = delete;
+    TcpReader& operator=(const TcpReader&) = delete;
+
+    std::size_t do_work() override;
+    void on_idle() override;
+    void on_close() override;
+
+    RulesInbox& rules() noexcept { return inbox_; }
+
+private:
+    struct Connection;
+    void accept_from(int listen_fd, std::uint16_t local_port, std::uint64_t now) noexcept;
+    std::size_t serve(Connection& c, std::uint64_t now) noexcept;
+    enum class Taken { need_bytes, no_room, framing_lost };
+    // Takes the whole messages of c's buffer while there is room.
+    Taken take_messages(Connection& c) noexcept;
+    bool room_for(const Connection& c, bool opener) const noexcept;
+    // Whether the message at c.begin (length `len`) may open an event: its key (event id,
+    // timestamp or slice) differs from the last message taken from c, or is not known.
+    bool opens(const Connection& c, std::uint32_t len, std::uint64_t& key, bool& known) const noexcept;
+    void hold(Connection& c, std::uint64_t now) noexcept;
+    void release(Connection& c, std::uint64_t now) noexcept;
+    void close_connection(Connection& c, net::TcpClose why) noexcept;
+    void reclaim_slots() noexcept;
+    void check_timeouts(std::uint64_t now) noexcept;
+    std::size_t share() const noexcept;
+    std::size_t slot_share() const noexcept;
+
+    TcpReaderSettings s_;
+    alloc::BufferPool& pool_;
+    ShardSink& sink_;
+    stats::ReaderCounters& counters_;
+    stats::TcpCounters& tcp_;
+    int epoll_fd_ = -1;
+    std::vector<Connection> conns_;
+    alloc::ArenaArray<std::byte> buffers_;    // every connection's read buffer, made at start
+    std::vector<std::uint32_t> free_conns_;   // indices of closed connections
+    std::vector<std::uint32_t> listen_ports_;  // local port per listening socket
+    // Which connection (index, generation) each slot in flight came from, so a
+    // returned slot counts against the right connection's share.
+    std::vector<std::uint32_t> slot_conn_, slot_gen_;
+    std::vector<std::uint8_t> slot_opener_;  // 1: the slot's message counted as an opener
+    std::size_t in_flight_ = 0;  // slots handed on and not back
+    std::size_t openers_ = 0;    // of them, openers
+    std::size_t open_ = 0;
+    std::size_t held_ = 0;       // connections held for want of room
+    ShardBatches batches_;
+    const AdmissionRules* rules_ = nullptr;
+    RulesInbox inbox_;
+    FrameDecoding frames_;
+    std::uint64_t timeouts_checked_ns_ = 0;
+    std::uint32_t logged_ = 0;  // bit per net::TcpClose: its first closing was logged
+    bool logged_accept_error_ = false;
+};
+
+}  // namespace evb
