@@ -70,6 +70,28 @@ bool RunSummaries::waiting_for(std::uint32_t run) const {
            std::any_of(ended_.begin(), ended_.end(), [run](const EndedRun& e) { return e.start.run == run; });
 }
 
+nlohmann::ordered_json RunSummaries::lost_events(std::uint32_t run, const Config* config) const {
+    const bool timestamp = config != nullptr && config->building.match == MatchMode::timestamp;
+    std::vector<LostRun> shards;
+    // The timestamp mode builds in shard 0, numbered by the sources' sequence numbers.
+    for (std::size_t k = 0; k < (timestamp ? std::min<std::size_t>(1, matchers_.size()) : matchers_.size()); ++k) {
+        LostRun r;
+        (void)matchers_[k]->finished_ledgers.take(run, r);  // none: the shard saw nothing of the run
+        shards.push_back(std::move(r));
+    }
+    const std::uint32_t builders = config != nullptr && !timestamp ? config->builders : 1;
+    const std::uint32_t builder_id = config != nullptr && !timestamp ? config->builder_id : 0;
+    const LostEvents lost = merge_lost_runs(shards, builders, builder_id, kLostRangesKept);
+    nlohmann::ordered_json by_reason = nlohmann::ordered_json::object();
+    for (std::size_t i = 0; i < kLostReasons; ++i)
+        if (lost.count[i] != 0) by_reason[lost_reason_name(i)] = lost.count[i];
+    nlohmann::ordered_json ranges = nlohmann::ordered_json::array();
+    for (const LostRange& x : lost.ranges)
+        ranges.push_back({x.first, x.last, lost_reason_name(static_cast<std::size_t>(x.reason))});
+    return {{"count", lost.total()}, {"by_reason", std::move(by_reason)}, {"ranges", std::move(ranges)},
+            {"ranges_truncated", lost.truncated}};
+}
+
 RunSummaries::MatchTotals RunSummaries::match_totals() const {
     MatchTotals t;
     t.fragments.assign(sources_.size(), 0);
@@ -206,6 +228,7 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         {"configuration", r.start.config != nullptr ? nlohmann::ordered_json(r.start.config->effective) : nlohmann::ordered_json()},
         {"events", events},
         {"events_by_status", file::to_json(total)},
+        {"lost_events", lost_events(r.start.run, r.start.config.get())},
         // Counted by the matchers between the run's start and end (all sources together):
         {"fragments", {{"duplicate_chunks", b.duplicate_chunks - a.duplicate_chunks},
                        {"crc_failures", b.crc_failures - a.crc_failures},

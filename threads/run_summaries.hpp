@@ -70,6 +70,8 @@ private:
         std::uint64_t dead_time_ns = 0;       // busy in the run (BUSY: the busy sender's count at its end)
     };
     MatchTotals match_totals() const;
+    // The run's ledger of events lost whole, from the shards (the summary's lost_events).
+    nlohmann::ordered_json lost_events(std::uint32_t run, const Config* config) const;
     void write(const WriterSettings& w, const EndedRun& r);
 
     const std::vector<std::uint32_t> sources_;

@@ -14,7 +14,7 @@ import os
 import struct
 import subprocess
 
-from evbtest import BIN, Evbd, check, events_in, fail, metric_sum, read_pcap, run_source, workdir
+from evbtest import BIN, Evbd, check, events_in, fail, metric_sum, read_pcap, run_source, wait_until, workdir
 
 DUMP = os.path.join(BIN, "evb-dump")
 
@@ -63,6 +63,11 @@ def overload(wd):
     st = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", events, "--payload", "waveform",
                      "--size", 16384])
     d.wait_settled(timeout=120)
+    # Lost ids are settled a few building.timeout_ms after newer ones came: wait for
+    # every event sent to be written or counted lost, before the run ends.
+    wait_until(lambda: d.metrics().get("evb_events_written_total", 0) +
+               metric_sum(d.metrics(), "evb_events_lost_whole_total") >= events, 30,
+               "(b) every event written or counted lost whole")
     m = d.metrics()
     check(d.stop() == 0, "(b) evbd exits 0")
     refused = m.get('evb_rejected_datagrams_total{reason="in_flight_limit"}', 0)
