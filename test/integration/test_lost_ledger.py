@@ -1,7 +1,8 @@
 """The ledger of events lost whole (issue 43 (b), (c), (d)): the run summary's
 `lost_events` lists, id by id, every event the builder knows existed but wrote nothing
 of, and no event it wrote.
-(b) lz4 waveform records offered faster than 2 cores compress, BUSY ignored: every
+(b) lz4 waveform records offered faster than 2 cores compress (32 events in flight),
+    BUSY ignored: every
     event the emulator sent is in the files or in the ledger (refused at a limit),
     exactly, none in both; the metric and the stop line say the same count.
 (c) --loss and --dup on 2 sources (event_id mode): the ledger lists exactly the ids
@@ -59,7 +60,7 @@ def sent_ids(cap, v2=False):
 def overload(wd):
     events = 15000
     os.makedirs(os.path.join(wd, "b"))
-    d = Evbd(os.path.join(wd, "b"), sets=["sources=4", "output.compression=lz4", "building.max_events_in_flight=256"])
+    d = Evbd(os.path.join(wd, "b"), sets=["sources=4", "output.compression=lz4", "building.max_events_in_flight=32"])
     st = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", events, "--payload", "waveform",
                      "--size", 16384])
     d.wait_settled(timeout=120)
