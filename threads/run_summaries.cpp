@@ -239,6 +239,7 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         {"files_complete", closed_ == nullptr || closed_->dropped() == 0},
         {"files", file::to_json(files)}};
     if (!earlier.empty()) doc["earlier_sessions"] = std::move(earlier);
+    last_written_.lost_whole = doc["lost_events"]["count"].get<std::uint64_t>();
     if (const std::string err = file::write_summary(dir, r.start.run, w.builder_id, doc); !err.empty())
         log_error("run {}: the run summary was not written: {}", r.start.run, err);
     else

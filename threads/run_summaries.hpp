@@ -46,6 +46,7 @@ public:
         bool valid = false;
         std::uint64_t files = 0, events = 0, bytes = 0;
         file::StatusCounts status;
+        std::uint64_t lost_whole = 0;  // the summary's lost_events count
     };
     const RunWritten& last_written() const noexcept { return last_written_; }
 
