@@ -100,6 +100,7 @@ std::size_t BusySender::do_work() {
         state_.start_run(now);
         lost_at_run_start_ = lost_whole();
     }
+    if (!running && was_running_) state_.end_run(now);  // evb_busy_run_seconds stays the run's
     was_running_ = running;
     run_ = run;
     const bool changed = state_.update(sample(), running, now);
