@@ -17,6 +17,23 @@ namespace evb {
 
 namespace {
 
+// Takes the ids in `held` out of the ledger's ranges (a range lists every
+// `step`-th id), and out of its counts.
+void forget_held(LostEvents& lost, const std::set<std::uint64_t>& held, std::uint64_t step) {
+    std::vector<LostRange> kept;
+    for (const LostRange& x : lost.ranges) {
+        std::uint64_t from = x.first;
+        for (auto it = held.lower_bound(x.first); it != held.end() && *it <= x.last; ++it) {
+            if ((*it - x.first) % step != 0) continue;
+            if (*it > from) kept.push_back({from, *it - step, x.reason});
+            --lost.count[static_cast<std::size_t>(x.reason)];
+            from = *it + step;
+        }
+        if (from <= x.last) kept.push_back({from, x.last, x.reason});
+    }
+    lost.ranges = std::move(kept);
+}
+
 // A run that ended with no event built, and no file of its own on disk, gets an
 // empty one, as MIDAS's logger leaves one: a `.evb` with header, empty index and
 // footer, or a MIDAS file with its begin- and end-of-run events.
@@ -70,7 +87,8 @@ bool RunSummaries::waiting_for(std::uint32_t run) const {
            std::any_of(ended_.begin(), ended_.end(), [run](const EndedRun& e) { return e.start.run == run; });
 }
 
-nlohmann::ordered_json RunSummaries::lost_events(std::uint32_t run, const Config* config) const {
+nlohmann::ordered_json RunSummaries::lost_events(std::uint32_t run, const Config* config,
+                                                 const std::string& built_before_dir) const {
     const bool timestamp = config != nullptr && config->building.match == MatchMode::timestamp;
     std::vector<LostRun> shards;
     // The timestamp mode builds in shard 0, numbered by the sources' sequence numbers.
@@ -81,7 +99,14 @@ nlohmann::ordered_json RunSummaries::lost_events(std::uint32_t run, const Config
     }
     const std::uint32_t builders = config != nullptr && !timestamp ? config->builders : 1;
     const std::uint32_t builder_id = config != nullptr && !timestamp ? config->builder_id : 0;
-    const LostEvents lost = merge_lost_runs(shards, builders, builder_id, kLostRangesKept);
+    LostEvents lost = merge_lost_runs(shards, builders, builder_id, kLostRangesKept);
+    // The run was built before by another process (a restart): what its files hold
+    // is not lost, whatever this process saw of it (ids it never received, or refused
+    // as copies). Read only then: the run's files are scanned once.
+    std::set<std::uint64_t> held;
+    bool by_sequence = false;
+    if (!built_before_dir.empty() && file::held_ids(built_before_dir, run, builder_id, held, by_sequence))
+        forget_held(lost, held, builders);
     nlohmann::ordered_json by_reason = nlohmann::ordered_json::object();
     for (std::size_t i = 0; i < kLostReasons; ++i)
         if (lost.count[i] != 0) by_reason[lost_reason_name(i)] = lost.count[i];
@@ -228,7 +253,7 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         {"configuration", r.start.config != nullptr ? nlohmann::ordered_json(r.start.config->effective) : nlohmann::ordered_json()},
         {"events", events},
         {"events_by_status", file::to_json(total)},
-        {"lost_events", lost_events(r.start.run, r.start.config.get())},
+        {"lost_events", lost_events(r.start.run, r.start.config.get(), before.is_object() ? dir : std::string())},
         // Counted by the matchers between the run's start and end (all sources together):
         {"fragments", {{"duplicate_chunks", b.duplicate_chunks - a.duplicate_chunks},
                        {"crc_failures", b.crc_failures - a.crc_failures},

@@ -72,7 +72,9 @@ private:
     };
     MatchTotals match_totals() const;
     // The run's ledger of events lost whole, from the shards (the summary's lost_events).
-    nlohmann::ordered_json lost_events(std::uint32_t run, const Config* config) const;
+    // `built_before_dir`: the output directory when the run was built before by
+    // another process (its files' ids are taken out), else empty.
+    nlohmann::ordered_json lost_events(std::uint32_t run, const Config* config, const std::string& built_before_dir) const;
     void write(const WriterSettings& w, const EndedRun& r);
 
     const std::vector<std::uint32_t> sources_;

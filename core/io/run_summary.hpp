@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,11 @@ std::vector<std::string> check_summary(const std::string& directory, const nlohm
 // truncated) every id between the first and the last known is in one or the other.
 // Nothing is checked where the files do not tell ids (MIDAS, time_slice).
 std::vector<std::string> check_lost_events(const std::string& directory, const nlohmann::ordered_json& summary);
+// The ids the run's .evb files of this builder hold (event_id mode: the records' ids;
+// timestamp mode, by_sequence: the items' sequence numbers); false when the files do
+// not tell them (MIDAS, time_slice, unreadable).
+bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t builder, std::set<std::uint64_t>& ids,
+              bool& by_sequence);
 
 // The summaries in `directory` (names of `*.summary.json`), in name order.
 std::vector<std::string> summaries_in(const std::string& directory);
