@@ -251,6 +251,16 @@ std::vector<FamilyOut> collect(const Sources& s) {
         f.samples.push_back({{{"event", "before_start"}}, sum(M, [](auto& b) { return b.late_before_start.get(); }), {}, 0});
         out.push_back(std::move(f));
     }
+    {
+        FamilyOut f{"evb_events_lost_whole_total",
+                    "Events lost whole: known to exist (by their ids, or the sources' sequence numbers) and nothing of "
+                    "them written, by reason (the run summaries' lost_events ledger); counted once settled, a few "
+                    "building.timeout_ms after they were due, or at the run's end.",
+                    T::counter, {}, {}};
+        for (std::size_t i = 0; i < kLostReasons; ++i)
+            f.samples.push_back({{{"reason", lost_reason_name(i)}}, sum(M, [i](auto& b) { return b.lost_whole[i].get(); }), {}, 0});
+        out.push_back(std::move(f));
+    }
     out.push_back(scalar("evb_kernel_receive_drops_total", "Datagrams the kernel dropped because a socket buffer was full (SO_RXQ_OVFL).",
                          T::counter, sum(R, [](auto& b) { return b.kernel_drops.get(); })));
     if (!s.tcp.empty()) collect_tcp(s, out);

@@ -80,6 +80,13 @@ BusyFills BusySender::sample() {
     return f;
 }
 
+std::uint64_t BusySender::lost_whole() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& c : w_.pipeline.counters())
+        for (const stats::Counter& k : c->lost_whole) n += k.get();
+    return n;
+}
+
 std::size_t BusySender::do_work() {
     const std::uint64_t now = monotonic_ns();
     if (now < next_sample_ns_) return 0;
@@ -89,7 +96,11 @@ std::size_t BusySender::do_work() {
     const std::uint32_t run = w_.control.run_number.load(std::memory_order_relaxed);
     const bool running =
         w_.control.run_state.load(std::memory_order_relaxed) == static_cast<int>(monitor::RunState::running);
-    if (running && (!was_running_ || run != run_)) state_.start_run(now);
+    if (running && (!was_running_ || run != run_)) {
+        state_.start_run(now);
+        lost_at_run_start_ = lost_whole();
+    }
+    if (!running && was_running_) state_.end_run(now);  // evb_busy_run_seconds stays the run's
     was_running_ = running;
     run_ = run;
     const bool changed = state_.update(sample(), running, now);
@@ -115,7 +126,9 @@ void BusySender::send(std::uint64_t now_ns) {
     m.fill_permille = state_.fill_permille();
     m.interval_ms = static_cast<std::uint16_t>(interval_ns_ / 1'000'000ull);
     m.busy_ns = state_.busy_ns(now_ns);
-    m.lost_events = 0;  // the ledger of events lost whole is not kept yet
+    // Settled so far (the shards settle an id a few timeouts after it was due); a
+    // run's last ids settle at its end, counted by the next run's first datagrams.
+    m.lost_events = was_running_ ? lost_whole() - lost_at_run_start_ : 0;
     std::byte d[wire::kBusyBytes];
     wire::encode_busy(m, d);
     w_.control.busy.datagrams_sent.fetch_add(socket_.send(d), std::memory_order_relaxed);

@@ -51,6 +51,7 @@ public:
 private:
     BusyFills sample();
     void send(std::uint64_t now_ns);
+    std::uint64_t lost_whole() const noexcept;  // events settled lost whole, every shard, since start
 
     BusyWatch w_;
     BusyState state_;
@@ -62,6 +63,7 @@ private:
     std::uint64_t next_sample_ns_ = 0, next_send_ns_ = 0;
     std::uint32_t run_ = 0;
     bool was_running_ = false;
+    std::uint64_t lost_at_run_start_ = 0;
 };
 
 }  // namespace evb

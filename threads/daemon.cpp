@@ -119,8 +119,12 @@ int report_stop(const Pipeline& pipeline, const std::vector<const stats::ReaderC
         incomplete += c->events_incomplete.get();
         matchers.push_back(c.get());
     }
-    log_info("stopped: {} events complete, {} incomplete, {} written ({} payload bytes), {} files closed, {} write errors",
-             complete, incomplete, w.events_written.get(), w.payload_bytes.get(), w.files_closed.get(),
+    std::uint64_t lost_whole = 0;  // settled: every shard has flushed its ledger
+    for (const auto* m : matchers)
+        for (const stats::Counter& k : m->lost_whole) lost_whole += k.get();
+    log_info("stopped: {} events complete, {} incomplete, {} written ({} payload bytes), {} events lost whole, "
+             "{} files closed, {} write errors",
+             complete, incomplete, w.events_written.get(), w.payload_bytes.get(), lost_whole, w.files_closed.get(),
              w.write_errors.get());
     std::uint64_t compressed = 0, incompressible = 0, no_buffer = 0;
     for (const auto* m : matchers) {

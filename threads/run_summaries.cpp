@@ -17,6 +17,23 @@ namespace evb {
 
 namespace {
 
+// Takes the ids in `held` out of the ledger's ranges (a range lists every
+// `step`-th id), and out of its counts.
+void forget_held(LostEvents& lost, const std::set<std::uint64_t>& held, std::uint64_t step) {
+    std::vector<LostRange> kept;
+    for (const LostRange& x : lost.ranges) {
+        std::uint64_t from = x.first;
+        for (auto it = held.lower_bound(x.first); it != held.end() && *it <= x.last; ++it) {
+            if ((*it - x.first) % step != 0) continue;
+            if (*it > from) kept.push_back({from, *it - step, x.reason});
+            --lost.count[static_cast<std::size_t>(x.reason)];
+            from = *it + step;
+        }
+        if (from <= x.last) kept.push_back({from, x.last, x.reason});
+    }
+    lost.ranges = std::move(kept);
+}
+
 // A run that ended with no event built, and no file of its own on disk, gets an
 // empty one, as MIDAS's logger leaves one: a `.evb` with header, empty index and
 // footer, or a MIDAS file with its begin- and end-of-run events.
@@ -70,6 +87,36 @@ void RunSummaries::end(const char* end, std::uint64_t writer_generation, std::ui
 bool RunSummaries::waiting_for(std::uint32_t run) const {
     return closed_ != nullptr &&
            std::any_of(ended_.begin(), ended_.end(), [run](const EndedRun& e) { return e.start.run == run; });
+}
+
+nlohmann::ordered_json RunSummaries::lost_events(std::uint32_t run, const Config* config,
+                                                 const std::string& built_before_dir) const {
+    const bool timestamp = config != nullptr && config->building.match == MatchMode::timestamp;
+    std::vector<LostRun> shards;
+    // The timestamp mode builds in shard 0, numbered by the sources' sequence numbers.
+    for (std::size_t k = 0; k < (timestamp ? std::min<std::size_t>(1, matchers_.size()) : matchers_.size()); ++k) {
+        LostRun r;
+        (void)matchers_[k]->finished_ledgers.take(run, r);  // none: the shard saw nothing of the run
+        shards.push_back(std::move(r));
+    }
+    const std::uint32_t builders = config != nullptr && !timestamp ? config->builders : 1;
+    const std::uint32_t builder_id = config != nullptr && !timestamp ? config->builder_id : 0;
+    LostEvents lost = merge_lost_runs(shards, builders, builder_id, kLostRangesKept);
+    // The run was built before by another process (a restart): what its files hold
+    // is not lost, whatever this process saw of it (ids it never received, or refused
+    // as copies). Read only then: the run's files are scanned once.
+    std::set<std::uint64_t> held;
+    bool by_sequence = false;
+    if (!built_before_dir.empty() && file::held_ids(built_before_dir, run, builder_id, held, by_sequence))
+        forget_held(lost, held, builders);
+    nlohmann::ordered_json by_reason = nlohmann::ordered_json::object();
+    for (std::size_t i = 0; i < kLostReasons; ++i)
+        if (lost.count[i] != 0) by_reason[lost_reason_name(i)] = lost.count[i];
+    nlohmann::ordered_json ranges = nlohmann::ordered_json::array();
+    for (const LostRange& x : lost.ranges)
+        ranges.push_back({x.first, x.last, lost_reason_name(static_cast<std::size_t>(x.reason))});
+    return {{"count", lost.total()}, {"by_reason", std::move(by_reason)}, {"ranges", std::move(ranges)},
+            {"ranges_truncated", lost.truncated}};
 }
 
 RunSummaries::MatchTotals RunSummaries::match_totals() const {
@@ -208,6 +255,7 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         {"configuration", r.start.config != nullptr ? nlohmann::ordered_json(r.start.config->effective) : nlohmann::ordered_json()},
         {"events", events},
         {"events_by_status", file::to_json(total)},
+        {"lost_events", lost_events(r.start.run, r.start.config.get(), before.is_object() ? dir : std::string())},
         // Counted by the matchers between the run's start and end (all sources together):
         {"fragments", {{"duplicate_chunks", b.duplicate_chunks - a.duplicate_chunks},
                        {"crc_failures", b.crc_failures - a.crc_failures},
@@ -218,6 +266,7 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         {"files_complete", closed_ == nullptr || closed_->dropped() == 0},
         {"files", file::to_json(files)}};
     if (!earlier.empty()) doc["earlier_sessions"] = std::move(earlier);
+    last_written_.lost_whole = doc["lost_events"]["count"].get<std::uint64_t>();
     if (const std::string err = file::write_summary(dir, r.start.run, w.builder_id, doc); !err.empty())
         log_error("run {}: the run summary was not written: {}", r.start.run, err);
     else

@@ -49,6 +49,7 @@ public:
         bool valid = false;
         std::uint64_t files = 0, events = 0, bytes = 0;
         file::StatusCounts status;
+        std::uint64_t lost_whole = 0;  // the summary's lost_events count
     };
     const RunWritten& last_written() const noexcept { return last_written_; }
 
@@ -74,6 +75,10 @@ private:
         std::uint64_t dead_time_ns = 0;       // busy in the run (BUSY: the busy sender's count at its end)
     };
     MatchTotals match_totals() const;
+    // The run's ledger of events lost whole, from the shards (the summary's lost_events).
+    // `built_before_dir`: the output directory when the run was built before by
+    // another process (its files' ids are taken out), else empty.
+    nlohmann::ordered_json lost_events(std::uint32_t run, const Config* config, const std::string& built_before_dir) const;
     void write(const WriterSettings& w, const EndedRun& r);
 
     const std::vector<std::uint32_t> sources_;

@@ -526,6 +526,7 @@ void ServiceLoop::finish_stop(bool closed, const std::string& why) {
         reply["events_written"] = w.events;
         reply["file_bytes"] = w.bytes;
         reply["events_by_status"] = nlohmann::json::parse(json_text(file::to_json(w.status)));
+        reply["events_lost_whole"] = w.lost_whole;
     }
     if (!closed) reply["error"] = why;
     {
@@ -534,9 +535,11 @@ void ServiceLoop::finish_stop(bool closed, const std::string& why) {
                                      : fmt::format("run {} stop did not finish: {}", run_, why);
     }
     if (closed)
-        log_info("run {} stopped: {} events complete, {} incomplete, {} written in {} file(s), {} payload bytes", run_,
-                 r.records - r.incomplete, r.incomplete, reply["events_written"].get<std::uint64_t>(),
-                 reply["files"].get<std::uint64_t>(), r.payload_bytes);
+        log_info("run {} stopped: {} events complete, {} incomplete, {} written in {} file(s), {} payload bytes, "
+                 "{} events lost whole",
+                 run_, r.records - r.incomplete, r.incomplete, reply["events_written"].get<std::uint64_t>(),
+                 reply["files"].get<std::uint64_t>(), r.payload_bytes,
+                 reply.contains("events_lost_whole") ? reply["events_lost_whole"].get<std::uint64_t>() : 0);
     else
         log_error("run {} stop did not finish: {}", run_, why);
     if (s.asked) answer(s.reply_id, std::move(reply));

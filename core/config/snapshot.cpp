@@ -70,6 +70,12 @@ MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
     const std::size_t fair = 2 * shard_slots / std::max<std::size_t>(c.sources.size(), 1);
     m.max_slots_per_source = static_cast<std::uint32_t>(
         std::min<std::size_t>(std::max(fair, std::min<std::size_t>(shard_slots / 4, 1024)), UINT32_MAX));
+    // The ledger of events lost whole: a shard's ids in event_id mode are every
+    // (builders x shards)-th (shard_of), the sources' sequence numbers in timestamp
+    // mode; a slice is no event a source numbers (no ledger).
+    m.ledger_unit = c.building.match == MatchMode::event_id    ? std::uint64_t{c.builders} * z.shards
+                    : c.building.match == MatchMode::timestamp ? 1
+                                                               : 0;
     return m;
 }
 

@@ -272,6 +272,113 @@ nlohmann::ordered_json recovered_summary(const std::string& directory, std::uint
             {"files", to_json(files)}};
 }
 
+// The ids the run's .evb files hold (event_id mode: the records' ids; timestamp mode:
+// the items' sequence numbers); false when they cannot be told (MIDAS files, slices,
+// an unreadable file).
+bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t builder, std::set<std::uint64_t>& ids,
+              bool& by_sequence) {
+    by_sequence = false;
+    std::vector<SectionView> sections;
+    bool ok = true;
+    for (const auto& name : names_in(directory)) {
+        std::uint32_t r = 0, b = 0;
+        if (!parse_data_name(name, r, b) || r != run || b != builder) continue;
+        if (name.find(".mid") != std::string::npos) return false;
+        try {
+            const MappedFile m(directory + "/" + name);
+            const ScanResult s = scan(m.bytes(), [&](const FileHeader& h, const RecordView& rec,
+                                                     std::span<const std::byte> area) {
+                if (is_run_record(rec)) return;
+                if (h.match_mode == MatchMode::event_id) {
+                    ids.insert(rec.header.event_id);
+                    return;
+                }
+                by_sequence = true;
+                if (h.match_mode != MatchMode::timestamp || !split_sections(rec, area, sections)) {
+                    ok = false;
+                    return;
+                }
+                for (const SectionView& sec : sections) {
+                    ItemView it;
+                    for (ItemCursor c(sec); c.next(it);) ids.insert(it.sequence);
+                }
+            });
+            if (!s.header_ok) return false;
+        } catch (const std::exception&) {
+            return false;
+        }
+    }
+    return ok;
+}
+
+std::vector<std::string> check_lost_events(const std::string& directory, const nlohmann::ordered_json& summary) {
+    std::vector<std::string> bad;
+    if (!summary.contains("lost_events")) return bad;  // a summary from before the ledger
+    const nlohmann::ordered_json& led = summary["lost_events"];
+    if (!led.is_object() || !led.contains("count") || !led.contains("by_reason") || !led.contains("ranges") ||
+        !led.contains("ranges_truncated") || !led["ranges"].is_array() || !led["by_reason"].is_object()) {
+        bad.push_back("lost_events: not {count, by_reason, ranges, ranges_truncated}");
+        return bad;
+    }
+    const bool truncated = led["ranges_truncated"].get<bool>();
+    const auto run = summary["run_number"].get<std::uint32_t>();
+    const auto builder = summary["builder_id"].get<std::uint32_t>();
+    std::set<std::uint64_t> held;
+    bool by_sequence = false;
+    if (!held_ids(directory, run, builder, held, by_sequence)) return bad;  // nothing to compare with
+    // A range lists a builder's share of ids (every `builders`-th); sequence numbers all.
+    std::uint64_t step = 1;
+    if (!by_sequence && summary.contains("configuration") && summary["configuration"].is_object())
+        step = std::max<std::uint64_t>(1, summary["configuration"].value("builders", std::uint64_t{1}));
+    std::uint64_t count = 0, by_reason = 0;
+    std::map<std::string, std::uint64_t> in_ranges;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // ledger ranges and held ids, to find holes
+    for (const auto& x : led["ranges"]) {
+        if (!x.is_array() || x.size() != 3 || !x[0].is_number_unsigned() || !x[1].is_number_unsigned() ||
+            !x[2].is_string() || x[1].get<std::uint64_t>() < x[0].get<std::uint64_t>()) {
+            bad.push_back(fmt::format("lost_events: range {} is not [FIRST, LAST, \"REASON\"]", x.dump()));
+            return bad;
+        }
+        const std::uint64_t first = x[0].get<std::uint64_t>(), last = x[1].get<std::uint64_t>();
+        in_ranges[x[2].get<std::string>()] += (last - first) / step + 1;
+        for (auto it = held.lower_bound(first); it != held.end() && *it <= last; ++it)
+            if ((*it - first) % step == 0) {
+                bad.push_back(fmt::format("lost_events: {} {} is in the files and in the ledger",
+                                          by_sequence ? "sequence number" : "event", *it));
+                break;
+            }
+        spans.emplace_back(first, last);
+    }
+    for (const auto& [reason, n] : led["by_reason"].items()) {
+        by_reason += n.get<std::uint64_t>();
+        const std::uint64_t listed = in_ranges.count(reason) ? in_ranges[reason] : 0;
+        if (truncated ? listed > n.get<std::uint64_t>() : listed != n.get<std::uint64_t>())
+            bad.push_back(fmt::format("lost_events: {} {} events, the ranges list {}", n.get<std::uint64_t>(), reason, listed));
+    }
+    for (const auto& [reason, n] : in_ranges)
+        if (!led["by_reason"].contains(reason)) bad.push_back(fmt::format("lost_events: ranges of {}, not in by_reason", reason));
+    count = led["count"].get<std::uint64_t>();
+    if (count != by_reason) bad.push_back(fmt::format("lost_events: count {}, by_reason adds to {}", count, by_reason));
+    // A run built by several processes (earlier_sessions): each knew only the ids it
+    // saw, so the gaps between their spans are nobody's to vouch for.
+    if (truncated || summary.contains("earlier_sessions")) return bad;
+    // Every id between the first and the last known (of the builder's share) is in
+    // the files or in the ledger.
+    for (const std::uint64_t id : held)
+        if (id % step == builder % step) spans.emplace_back(id, id);
+    std::sort(spans.begin(), spans.end());
+    for (std::size_t i = 1; i < spans.size(); ++i) {
+        const std::uint64_t reach = spans[i - 1].second;
+        if (spans[i].first > reach + step) {
+            bad.push_back(fmt::format("lost_events: {} {} is neither in the files nor in the ledger",
+                                      by_sequence ? "sequence number" : "event", reach + step));
+            break;
+        }
+        spans[i].second = std::max(spans[i].second, reach);
+    }
+    return bad;
+}
+
 std::vector<std::string> check_summary(const std::string& directory, const nlohmann::ordered_json& summary) {
     std::vector<std::string> bad;
     if (!summary.is_object() || !summary.contains("files") || !summary["files"].is_array() ||
@@ -311,6 +418,7 @@ std::vector<std::string> check_summary(const std::string& directory, const nlohm
     }
     for (const auto& [name, f] : on_disk)
         if (!listed.count(name)) bad.push_back(fmt::format("{}: in the directory, not in the summary", name));
+    for (auto& b : check_lost_events(directory, summary)) bad.push_back(std::move(b));
     return bad;
 }
 

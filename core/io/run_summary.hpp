@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,16 @@ nlohmann::ordered_json recovered_summary(const std::string& directory, std::uint
 // missing, none unlisted), and per file its events, bytes, clean state and status
 // counts. Returns one line per mismatch (empty: it matches).
 std::vector<std::string> check_summary(const std::string& directory, const nlohmann::ordered_json& summary);
+// Its part for the ledger of events lost whole (lost_events; check_summary calls it):
+// the ledger's own sums agree, no id it lists is in the run's files, and (ranges not
+// truncated) every id between the first and the last known is in one or the other.
+// Nothing is checked where the files do not tell ids (MIDAS, time_slice).
+std::vector<std::string> check_lost_events(const std::string& directory, const nlohmann::ordered_json& summary);
+// The ids the run's .evb files of this builder hold (event_id mode: the records' ids;
+// timestamp mode, by_sequence: the items' sequence numbers); false when the files do
+// not tell them (MIDAS, time_slice, unreadable).
+bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t builder, std::set<std::uint64_t>& ids,
+              bool& by_sequence);
 
 // The summaries in `directory` (names of `*.summary.json`), in name order.
 std::vector<std::string> summaries_in(const std::string& directory);

@@ -28,7 +28,7 @@ bool BusyState::update(const BusyFills& fills, bool running, std::uint64_t now_n
         last_reasons_ = reasons_;
         return false;
     }
-    busy_run_ns_ += now_ns - std::max(busy_since_ns_, run_start_ns_);
+    if (in_run_) busy_run_ns_ += now_ns - std::max(busy_since_ns_, run_start_ns_);
     busy_ = false;
     reasons_ = 0;
     ++transitions_;
@@ -38,6 +38,12 @@ bool BusyState::update(const BusyFills& fills, bool running, std::uint64_t now_n
 void BusyState::start_run(std::uint64_t now_ns) noexcept {
     run_start_ns_ = now_ns;
     busy_run_ns_ = 0;
+    in_run_ = true;
+}
+
+void BusyState::end_run(std::uint64_t now_ns) noexcept {
+    busy_run_ns_ = busy_ns(now_ns);
+    in_run_ = false;
 }
 
 }  // namespace evb

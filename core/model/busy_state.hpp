@@ -37,6 +37,9 @@ public:
     bool update(const BusyFills& fills, bool running, std::uint64_t now_ns) noexcept;
     // A new run begins at `now_ns`: its busy time starts from 0.
     void start_run(std::uint64_t now_ns) noexcept;
+    // The run ends at `now_ns` (stopped): its busy time stops there. Busy while
+    // stopped (not_running) is no run's dead time.
+    void end_run(std::uint64_t now_ns) noexcept;
 
     bool busy() const noexcept { return busy_; }
     // While busy, the section-10 reason bits; 0 when ready.
@@ -44,7 +47,7 @@ public:
     std::uint16_t fill_permille() const noexcept { return fill_; }
     // Busy time in the current run up to `now_ns`.
     std::uint64_t busy_ns(std::uint64_t now_ns) const noexcept {
-        return busy_run_ns_ + (busy_ ? now_ns - std::max(busy_since_ns_, run_start_ns_) : 0);
+        return busy_run_ns_ + (busy_ && in_run_ ? now_ns - std::max(busy_since_ns_, run_start_ns_) : 0);
     }
     std::uint64_t transitions() const noexcept { return transitions_; }
 
@@ -57,6 +60,7 @@ private:
     std::uint64_t busy_since_ns_ = 0;
     std::uint64_t run_start_ns_ = 0;
     std::uint64_t busy_run_ns_ = 0;  // busy periods of this run that have ended
+    bool in_run_ = true;             // false from end_run to the next start_run
     std::uint64_t transitions_ = 0;
 };
 

@@ -14,6 +14,7 @@
 
 #include "allocators/handoff/cache_line.hpp"
 #include "core/format/wire.hpp"
+#include "core/model/lost_ledger.hpp"
 #include "net/tcp.hpp"
 
 namespace evb::stats {
@@ -125,6 +126,10 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     Counter source_share_drops;       // a source's share of events in flight was full (it runs ahead)
     Counter source_slot_limit_drops;  // a source's incomplete fragments held their share of slots
     Counter events_released_absent;   // events handed on without waiting for absent sources
+    // The ledger of events lost whole (lost_ledger.hpp): events settled lost, by
+    // LostReason, and each run's settled ledger for its summary.
+    Counter lost_whole[kLostReasons];
+    FinishedLedgers finished_ledgers;
     Counter events_complete;
     Counter events_incomplete;
     Counter events_in_flight;     // gauge

@@ -46,7 +46,9 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       absent_(s.sources.size(), 0),
       expected_(s.sources.size(), 1),
       done_(s.max_events),
-      done_scratch_(s.max_events) {
+      done_scratch_(s.max_events),
+      ledger_unit_(s.ledger_unit),
+      ledgers_(kLostRangesKept, counters.lost_whole) {
     codec_ = s.codec;
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
     free_.reserve(s.max_events);
@@ -282,7 +284,10 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
             add_timed_chunk(c, idx, now_ns, out);
             return;
         }
-        if (Event* e = event_by_time(c, idx, now_ns)) accept(e, c, idx, now_ns, out, true);
+        if (Event* e = event_by_time(c, idx, now_ns)) {
+            ledger_built(c->run_number, c->event_id);  // its sequence number is in an event
+            accept(e, c, idx, now_ns, out, true);
+        }
         return;
     }
     if (Event* e = event_by_id(c, idx, now_ns)) accept(e, c, idx, now_ns, out, false);
@@ -322,6 +327,7 @@ bool Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventL
         drop_chain(rest);
         return false;
     }
+    ledger_built(first->run_number, first->event_id);
     first->next = rest;
     for (ChunkMeta* k = first; k != nullptr;) {
         ChunkMeta* next = k->next;
@@ -517,6 +523,8 @@ Event* Matcher::event_by_id(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcep
     if (stats::Counter* late = late_counter(c->event_id, c->run_number)) {
         late->add();
         counters_.source_late[idx].add();
+        if (late == &counters_.late_before_start) ledger_built(c->run_number, c->event_id);  // in the run's files
+        else ledger_refused(c, LostReason::late);  // nothing if it was built
         drop(c);
         return nullptr;
     }
@@ -526,6 +534,7 @@ Event* Matcher::event_by_id(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcep
 Event* Matcher::open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_t now_ns, bool own) noexcept {
     if (!opening_) {  // the run is stopping: events in flight finish, none starts
         counters_.not_running_drops.add();
+        ledger_refused(c, LostReason::not_running);
         drop(c);
         return nullptr;
     }
@@ -534,15 +543,18 @@ Event* Matcher::open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_
     if (max_solo_ != 0 && solo_events_[idx] >= max_solo_) {
         counters_.source_share_drops.add();
         counters_.source_desync[idx].add();
+        ledger_refused(c, LostReason::source_share);
         drop(c);
         return nullptr;
     }
     Event* e = start_event(id, c->run_number, now_ns, own);
     if (e == nullptr) {
         counters_.in_flight_limit_drops.add();
+        ledger_refused(c, LostReason::in_flight_limit);
         drop(c);
         return nullptr;
     }
+    ledger_built(c->run_number, c->event_id);
     e->solo_source = idx;
     ++solo_events_[idx];
     seen_at_event_[idx] = events_started_;  // the event it opened is not one it missed
@@ -733,6 +745,8 @@ void Matcher::expire(std::uint64_t now_ns, EventList& out) {
     find_absent(now_ns, out);
     while (oldest_ != nullptr && oldest_->first_fragment_unix_ns + timeout_ns_ <= now_ns)
         finish(oldest_, false, now_ns, out);
+    // Ids below the top two timeouts ago: whatever of them arrives now is late.
+    ledgers_.tick(now_ns, 2 * timeout_ns_);
     returns_.flush();
 }
 
@@ -742,14 +756,23 @@ void Matcher::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uin
     // Only an id actually built is skipped: an id below the late floor that was never
     // built (its request lost for long) still gets its record, so its credit returns.
     if (e == nullptr && !history(run_number).contains(event_id)) e = start_event(event_id, run_number, now_ns);
-    if (e != nullptr) finish(e, false, now_ns, out);
+    if (e != nullptr) {
+        ledger_built(run_number, event_id);
+        finish(e, false, now_ns, out);
+    }
     returns_.flush();
 }
 
 void Matcher::flush(std::uint64_t now_ns, EventList& out) {
     expire_waiting(now_ns, true);
     while (oldest_ != nullptr) finish(oldest_, false, now_ns, out);
+    ledger_end(RunLedgers::kNone);
     returns_.flush();
+}
+
+void Matcher::ledger_end(std::uint32_t next_run) {
+    LostRun r = ledgers_.end_run(next_run);
+    if (r.run != RunLedgers::kNone) counters_.finished_ledgers.put(std::move(r));
 }
 
 void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& out) {
@@ -759,6 +782,7 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
         if (e->run_number != next_run) finish(e, false, now_ns, out);
         e = newer;
     }
+    ledger_end(next_run);
     // From here on only next_run's chunks arrive: its history becomes the current one.
     if (next_valid_ && next_run_ == next_run) {
         std::swap(recent_, next_recent_);

@@ -14,6 +14,7 @@
 #include "core/model/disorder_gauge.hpp"
 #include "core/model/event.hpp"
 #include "core/model/flat_map.hpp"
+#include "core/model/lost_ledger.hpp"
 #include "core/model/restart_copies.hpp"
 #include "core/model/source_index.hpp"
 #include "core/model/counters.hpp"
@@ -80,6 +81,9 @@ struct MatcherSettings {
     // Timestamp mode: per source, the sequences of the fragments those files hold
     // (RestartCopies); a copy of one is late before_start.
     std::shared_ptr<const file::HeldSequences> held_sequences = nullptr;
+    // The ledger of events lost whole (lost_ledger.hpp): a chunk's dense id there is
+    // its event_id / ledger_unit; 0: no ledger (time_slice mode).
+    std::uint64_t ledger_unit = 0;
 };
 
 class Matcher {
@@ -204,6 +208,16 @@ private:
     // Timestamp mode: events in flight are found through buckets of tolerance + 1
     // ticks of their anchor (a chain per bucket, through Event::same_bucket).
     std::uint64_t bucket_key(std::uint64_t ticks, std::uint32_t run) const noexcept;
+    // The ledger of events lost whole: an event (timestamp mode: a source's fragment)
+    // of this id is in an event, or was refused.
+    void ledger_built(std::uint32_t run, std::uint64_t id) noexcept {
+        if (ledger_unit_ != 0) ledgers_.built(run, id / ledger_unit_);
+    }
+    void ledger_refused(const ChunkMeta* c, LostReason r) noexcept {
+        if (ledger_unit_ != 0) ledgers_.refused(c->run_number, c->event_id / ledger_unit_, r);
+    }
+    // The run's ledger is settled: to the run summary.
+    void ledger_end(std::uint32_t next_run);
     void bucket_insert(Event* e) noexcept;
     void bucket_remove(Event* e) noexcept;
     // time_slice mode (docs/FORMATS.md section 5): chunks to slices, fragments to
@@ -331,6 +345,8 @@ private:
     Event* newest_ = nullptr;
     SpscRing<Event*> done_;
     std::vector<Event*> done_scratch_;
+    std::uint64_t ledger_unit_;
+    RunLedgers ledgers_;
 };
 
 }  // namespace evb

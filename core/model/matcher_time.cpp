@@ -53,6 +53,7 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
     const std::uint32_t run = c->run_number;
     if (restart_copies_.held(static_cast<std::size_t>(idx), run, c->event_id)) {  // before any clock is read
         counters_.late_before_start.add();
+        ledger_built(run, c->event_id);  // in the run's files
         counters_.source_late[idx].add();
         drop(c);
         return nullptr;
@@ -106,6 +107,7 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
             const std::uint64_t a = h.missing_anchor[i];
             if ((t > a ? t - a : a - t) <= tolerance_) {  // its event was written without it
                 counters_.late_after_incomplete.add();
+                ledger_refused(c, LostReason::late);
                 counters_.source_late[idx].add();
                 drop(c);
                 return nullptr;

@@ -123,6 +123,20 @@ TEST_CASE("busy time is counted per run", "[busy]") {
     CHECK(s.busy_ns(500 * kMs) == 150 * kMs);
 }
 
+TEST_CASE("a stopped run's busy time stops growing", "[busy]") {
+    BusyState s(BusyMarks{800, 500, 0});
+    s.start_run(0);
+    s.update(fills(900), true, 100 * kMs);  // busy from 100 ms
+    s.end_run(300 * kMs);                   // the run stops: 200 ms of its time were dead
+    s.update(fills(0), false, 400 * kMs);   // stopped: busy (not_running), no run's dead time
+    CHECK(s.busy());
+    CHECK(s.busy_ns(10'000 * kMs) == 200 * kMs);
+    s.start_run(20'000 * kMs);
+    CHECK(s.busy_ns(20'000 * kMs) == 0);
+    s.update(fills(0), true, 20'100 * kMs);  // ready once running
+    CHECK(s.busy_ns(21'000 * kMs) == 100 * kMs);
+}
+
 TEST_CASE("the receiver rule: sequence, three intervals, all builders", "[busy]") {
     BusyReceiver r(2);
     BusyMessage m;

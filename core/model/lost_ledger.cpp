@@ -1,0 +1,180 @@
+#include "core/model/lost_ledger.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/model/counters.hpp"
+
+namespace evb {
+
+const char* lost_reason_name(std::size_t reason) noexcept {
+    constexpr const char* names[kLostReasons] = {"never_received", "in_flight_limit", "source_share", "not_running",
+                                                 "late"};
+    return reason < kLostReasons ? names[reason] : "?";
+}
+
+LostLedger::LostLedger(std::size_t max_ranges, stats::Counter* live)
+    : ring_(kWindow, kUnknown), max_ranges_(max_ranges), live_(live) {
+    out_.ranges.reserve(std::min<std::size_t>(max_ranges, 1024));
+}
+
+void LostLedger::begin(std::uint32_t run) noexcept {
+    (void)finish();
+    run_ = run;
+}
+
+void LostLedger::note(std::uint64_t j, std::uint8_t state) noexcept {
+    if (!any_) {
+        any_ = true;
+        lo_ = j;
+        hi_ = j + 1;
+    } else if (j < lo_) {
+        // Below the first id seen: the run's first ids arrived out of order. Once
+        // something is settled, an id down there is settled too (a copy, or late).
+        if (settled_any_ || hi_ - j > kWindow) return;
+        lo_ = j;
+    } else if (j >= hi_) {
+        if (j - lo_ >= kWindow) settle_below(j - kWindow + 1);
+        hi_ = j + 1;
+    }
+    std::uint8_t& s = ring_[j & (kWindow - 1)];
+    if (s == kUnknown || state == kBuilt) s = state;  // built wins; a refusal keeps its first reason
+}
+
+void LostLedger::emit(std::uint64_t first, std::uint64_t last, LostReason r) noexcept {
+    const auto ri = static_cast<std::size_t>(r);
+    out_.count[ri] += last - first + 1;
+    if (live_ != nullptr) live_[ri].add(last - first + 1);
+    if (out_.truncated) return;
+    if (!out_.ranges.empty() && out_.ranges.back().reason == r && out_.ranges.back().last + 1 == first) {
+        out_.ranges.back().last = last;
+    } else if (out_.ranges.size() < max_ranges_) {
+        out_.ranges.push_back({first, last, r});
+    } else {
+        out_.truncated = true;
+        out_.truncated_at = first;
+    }
+}
+
+void LostLedger::settle_below(std::uint64_t j_end) noexcept {
+    if (!any_ || j_end <= lo_) return;
+    const std::uint64_t known_end = std::min(j_end, hi_);
+    for (std::uint64_t j = lo_; j < known_end; ++j) {
+        std::uint8_t& s = ring_[j & (kWindow - 1)];
+        if (s == kUnknown) emit(j, j, LostReason::never_received);
+        else if (s != kBuilt) emit(j, j, static_cast<LostReason>(s - kRefused));
+        s = kUnknown;
+    }
+    // Ids above every one known, below one that arrived far above them: a gap.
+    if (j_end > hi_) emit(hi_, j_end - 1, LostReason::never_received);
+    lo_ = j_end;
+    settled_any_ = true;
+}
+
+LostRun LostLedger::finish() {
+    if (any_) settle_below(hi_);
+    LostRun r = std::move(out_);
+    r.run = run_;
+    out_ = LostRun{};
+    out_.ranges.reserve(std::min<std::size_t>(max_ranges_, 1024));
+    any_ = settled_any_ = false;
+    lo_ = hi_ = 0;
+    return r;
+}
+
+LostLedger* RunLedgers::of(std::uint32_t run) noexcept {
+    if (!cur_set_) {
+        cur_set_ = true;
+        cur_.begin(run);
+    }
+    if (run == cur_.run()) return &cur_;
+    if (!next_set_ || next_.run() != run) {
+        next_set_ = true;
+        next_.begin(run);  // a third run at once: the older next's ids are forgotten
+    }
+    return &next_;
+}
+
+void RunLedgers::tick(std::uint64_t now_ns, std::uint64_t age_ns) noexcept {
+    if (!cur_set_) return;
+    if (now_ns - mark_ns_ < age_ns) return;
+    cur_.settle_below(mark_top_);
+    mark_top_ = cur_.top();
+    mark_ns_ = now_ns;
+}
+
+LostRun RunLedgers::end_run(std::uint32_t next_run) {
+    LostRun r = cur_.finish();
+    if (!cur_set_) r.run = kNone;
+    if (next_set_ && next_.run() == next_run) {
+        std::swap(cur_, next_);
+        next_set_ = false;
+        (void)next_.finish();
+    } else {
+        cur_set_ = next_run != kNone;
+        if (cur_set_) cur_.begin(next_run);
+        if (next_set_) (void)next_.finish();
+        next_set_ = false;
+    }
+    mark_top_ = 0;
+    return r;
+}
+
+LostEvents merge_lost_runs(const std::vector<LostRun>& shards, std::uint32_t builders, std::uint32_t builder_id,
+                           std::size_t max_ranges) {
+    LostEvents out;
+    const std::uint64_t s = shards.size();
+    constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+    std::uint64_t limit = kMax;  // share index from which a truncated shard's ranges are unknown
+    for (std::uint64_t k = 0; k < s; ++k) {
+        for (std::size_t i = 0; i < kLostReasons; ++i) out.count[i] += shards[k].count[i];
+        if (shards[k].truncated) limit = std::min(limit, k + s * shards[k].truncated_at);
+    }
+    if (s == 0) return out;
+    std::vector<std::size_t> cursor(s, 0);
+    // Shard k's first dense id at or above share index m, and its range there or next.
+    auto j_at = [&](std::uint64_t k, std::uint64_t m) { return m <= k ? 0 : (m - k + s - 1) / s; };
+    auto range_at = [&](std::uint64_t k, std::uint64_t m) -> const LostRange* {
+        const auto& rs = shards[k].ranges;
+        const std::uint64_t j = j_at(k, m);
+        while (cursor[k] < rs.size() && rs[cursor[k]].last < j) ++cursor[k];
+        return cursor[k] < rs.size() ? &rs[cursor[k]] : nullptr;
+    };
+    auto lost_at = [&](std::uint64_t m, LostReason r) {  // share index m is lost for reason r
+        const LostRange* x = range_at(m % s, m);
+        return x != nullptr && x->first <= m / s && x->reason == r;
+    };
+    std::uint64_t m = 0;
+    for (;;) {
+        std::uint64_t start = kMax;
+        for (std::uint64_t k = 0; k < s; ++k)
+            if (const LostRange* x = range_at(k, m)) start = std::min(start, k + s * std::max(x->first, j_at(k, m)));
+        if (start == kMax) break;
+        if (start >= limit || out.ranges.size() == max_ranges) {
+            out.truncated = true;
+            break;
+        }
+        const LostReason reason = range_at(start % s, start)->reason;
+        std::uint64_t end = start;
+        while (end + 1 < limit) {
+            const std::uint64_t next = end + 1;
+            // Every shard within a range of this reason: jump to the first range's end.
+            std::uint64_t reach = kMax;
+            for (std::uint64_t k = 0; k < s && reach != 0; ++k) {
+                const LostRange* x = range_at(k, next);
+                if (x == nullptr || x->first > j_at(k, next) || x->reason != reason) reach = 0;
+                else reach = std::min(reach, k + s * x->last);
+            }
+            if (reach != 0 && reach >= next) end = std::min(reach, limit - 1);
+            else if (lost_at(next, reason)) end = next;
+            else break;
+        }
+        out.ranges.push_back({builder_id + std::uint64_t{builders} * start, builder_id + std::uint64_t{builders} * end,
+                              reason});
+        if (end == kMax) break;
+        m = end + 1;
+    }
+    return out;
+}
+
+}  // namespace evb

@@ -1,0 +1,80 @@
+#include <catch2/catch.hpp>
+
+#include <set>
+#include <vector>
+
+#include "core/model/counters.hpp"
+#include "core/model/lost_ledger.hpp"
+
+using evb::LostLedger;
+using evb::LostReason;
+using evb::LostRun;
+
+namespace {
+
+std::vector<std::vector<std::uint64_t>> as_triples(const std::vector<evb::LostRange>& rs) {
+    std::vector<std::vector<std::uint64_t>> out;
+    for (const auto& r : rs) out.push_back({r.first, r.last, static_cast<std::uint64_t>(r.reason)});
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("lost ledger: gaps between known ids are never_received, refusals keep their reason, built wins",
+          "[lost_ledger]") {
+    evb::stats::Counter live[evb::kLostReasons];
+    LostLedger l(100, live);
+    l.begin(7);
+    for (std::uint64_t j : {5, 6, 9, 10}) l.built(j);
+    l.refused(11, LostReason::in_flight_limit);
+    l.refused(12, LostReason::in_flight_limit);
+    l.refused(13, LostReason::late);
+    l.refused(14, LostReason::in_flight_limit);
+    l.built(14);  // a later fragment opened it: written, not lost
+    l.built(4);   // the run's first ids out of order
+    const LostRun r = l.finish();
+    CHECK(r.run == 7);
+    CHECK(as_triples(r.ranges) == std::vector<std::vector<std::uint64_t>>{{7, 8, 0}, {11, 12, 1}, {13, 13, 4}});
+    CHECK(r.total() == 5);
+    CHECK(live[0].get() == 2);
+    CHECK(live[1].get() == 2);
+    CHECK_FALSE(r.truncated);
+}
+
+TEST_CASE("lost ledger: ranges are bounded, counts exact, and an id far ahead settles the window", "[lost_ledger]") {
+    LostLedger l(3, nullptr);
+    l.begin(1);
+    for (std::uint64_t j = 0; j < 20; j += 2) l.built(j);  // 1, 3, ... 17 lost: 9 ranges
+    l.built(LostLedger::kWindow + 100);                     // settles the start; 19.. a gap
+    const LostRun r = l.finish();
+    CHECK(r.ranges.size() == 3);
+    CHECK(r.truncated);
+    CHECK(r.truncated_at == 7);
+    CHECK(r.total() == 9 + (LostLedger::kWindow + 100 - 19));
+}
+
+TEST_CASE("lost ledger: shards' ledgers merge into ranges of event ids", "[lost_ledger]") {
+    // 2 builders (this is builder 1), 3 shards: shard k holds ids 1 + 2 * (k + 3 * j).
+    const std::uint32_t builders = 2, builder = 1, shards = 3;
+    std::set<std::uint64_t> lost;
+    for (std::uint64_t m = 10; m < 40; ++m) lost.insert(m);  // a long run, all shards
+    lost.insert(45);
+    lost.insert(47);  // m = 45 (shard 0) and 47 (shard 2): two ranges, 46 between is built
+    std::vector<LostRun> runs(shards);
+    for (std::uint64_t k = 0; k < shards; ++k) {
+        LostLedger l(100, nullptr);
+        l.begin(3);
+        for (std::uint64_t m = k; m < 60; m += shards) {
+            const std::uint64_t j = m / shards;
+            if (lost.count(m)) l.refused(j, LostReason::in_flight_limit);
+            else l.built(j);
+        }
+        runs[k] = l.finish();
+    }
+    const evb::LostEvents e = evb::merge_lost_runs(runs, builders, builder, 100);
+    auto id = [&](std::uint64_t m) { return builder + builders * m; };
+    CHECK(as_triples(e.ranges) == std::vector<std::vector<std::uint64_t>>{
+                                      {id(10), id(39), 1}, {id(45), id(45), 1}, {id(47), id(47), 1}});
+    CHECK(e.total() == 32);
+    CHECK_FALSE(e.truncated);
+}

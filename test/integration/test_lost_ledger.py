@@ -1,0 +1,167 @@
+"""The ledger of events lost whole (issue 43 (b), (c), (d)): the run summary's
+`lost_events` lists, id by id, every event the builder knows existed but wrote nothing
+of, and no event it wrote.
+(b) lz4 waveform records offered faster than 2 cores compress (32 events in flight),
+    BUSY ignored: every
+    event the emulator sent is in the files or in the ledger (refused at a limit),
+    exactly, none in both; the metric and the stop line say the same count.
+(c) --loss and --dup on 2 sources (event_id mode): the ledger lists exactly the ids
+    (between the first and the last id that arrived) no datagram of which was sent,
+    as never_received; evb-dump --check-summary accepts it, and fails on a ledger
+    that lists an id the files hold.
+(d) timestamp mode (trigger mode, sequence numbers): the same, by sequence number."""
+import json
+import os
+import struct
+import subprocess
+
+from evbtest import BIN, Evbd, check, events_in, fail, metric_sum, read_pcap, run_source, wait_until, workdir
+
+DUMP = os.path.join(BIN, "evb-dump")
+
+
+def summary(out, run=1):
+    with open(os.path.join(out, f"run{run:06d}_000.summary.json")) as f:
+        return json.load(f)
+
+
+def ledger_ids(led):
+    """{id: reason} of a summary's lost_events; fails if it is not the contract's shape."""
+    if led is None:
+        fail("the run summary has no lost_events")
+    if set(led) != {"count", "by_reason", "ranges", "ranges_truncated"}:
+        fail(f"lost_events has keys {sorted(led)}")
+    check(led["ranges_truncated"] is False, "the ledger's ranges are all there")
+    ids = {}
+    for first, last, reason in led["ranges"]:
+        for i in range(first, last + 1):
+            if i in ids:
+                fail(f"id {i} is in the ledger twice")
+            ids[i] = reason
+    by = {}
+    for r in ids.values():
+        by[r] = by.get(r, 0) + 1
+    check(led["count"] == len(ids) and led["by_reason"] == by,
+          f"count {led['count']} and by_reason {led['by_reason']} agree with the ranges ({len(ids)}, {by})")
+    return ids
+
+
+def check_summary(out):
+    p = subprocess.run([DUMP, "--check-summary", out], capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout + p.stderr
+
+
+def sent_ids(cap, v2=False):
+    """The ids (event ids, or v2 sequence numbers) of which the capture holds any datagram."""
+    fmt = "<IBBHIIQ"
+    return {struct.unpack_from(fmt, d, 0)[6] for d in read_pcap(cap)}
+
+
+def overload(wd):
+    events = 15000
+    os.makedirs(os.path.join(wd, "b"))
+    d = Evbd(os.path.join(wd, "b"), sets=["sources=4", "output.compression=lz4", "building.max_events_in_flight=32"])
+    st = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", events, "--payload", "waveform",
+                     "--size", 16384])
+    d.wait_settled(timeout=120)
+    # Lost ids are settled a few building.timeout_ms after newer ones came: wait for
+    # every event sent to be written or counted lost, before the run ends.
+    wait_until(lambda: d.metrics().get("evb_events_written_total", 0) +
+               metric_sum(d.metrics(), "evb_events_lost_whole_total") >= events, 30,
+               "(b) every event written or counted lost whole")
+    m = d.metrics()
+    check(d.stop() == 0, "(b) evbd exits 0")
+    refused = m.get('evb_rejected_datagrams_total{reason="in_flight_limit"}', 0)
+    print(f"(b) emulator sent {st['events']} events; {refused:.0f} datagrams refused for room", flush=True)
+    check(refused > 0, "(b) the load was more than evbd keeps (datagrams refused at in_flight_limit)")
+    written = {e["event_id"] for e in events_in(d.out)[0]}
+    led = summary(d.out).get("lost_events")
+    lost = ledger_ids(led)
+    check(not (written & set(lost)), f"(b) no id both written and in the ledger ({sorted(written & set(lost))[:10]})")
+    missing = set(range(events)) - written - set(lost)
+    check(not missing, f"(b) every id sent is written or in the ledger ({len(missing)} neither: {sorted(missing)[:10]})")
+    check(set(lost.values()) <= {"in_flight_limit", "source_share"},
+          f"(b) refused at a limit ({led['by_reason']})")
+    check(metric_sum(m, "evb_events_lost_whole_total") == led["count"],
+          f"(b) evb_events_lost_whole_total {metric_sum(m, 'evb_events_lost_whole_total')} is the ledger's count")
+    check(f"{led['count']} events lost whole" in d.log_text(), "(b) the stop line says how many events were lost whole")
+    rc, text = check_summary(d.out)
+    check(rc == 0, f"(b) evb-dump --check-summary accepts it: {text.strip()[-300:]}")
+
+
+def loss_and_dup(wd):
+    events = 3000
+    os.makedirs(os.path.join(wd, "c"))
+    d = Evbd(os.path.join(wd, "c"), sets=["sources=2", "building.timeout_ms=300"])
+    cap = os.path.join(wd, "c.pcap")
+    st = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 2, "--events", events, "--size", 200,
+                     "--loss", 0.4, "--dup", 0.2, "--seed", 7, "--rate", 20000, "--pcap-out", cap])
+    sent = sent_ids(cap)
+    d.wait_metric("evb_events_written_total", lambda v: v >= len(sent), timeout=30)
+    m = d.metrics()
+    check(m["evb_kernel_receive_drops_total"] == 0, "(c) no kernel receive drops")
+    check(d.stop() == 0, "(c) evbd exits 0")
+    lost = ledger_ids(summary(d.out).get("lost_events"))
+    want = set(range(min(sent), max(sent) + 1)) - sent
+    print(f"(c) emulator lost {st['lost']}, duplicated {st['duplicated']}; {len(want)} events no datagram of which "
+          "was sent", flush=True)
+    check(len(want) > 50, "(c) the loss lost whole events")
+    check(set(lost) == want, f"(c) the ledger is exactly those ids (extra {sorted(set(lost) - want)[:10]}, "
+                             f"missing {sorted(want - set(lost))[:10]})")
+    check(set(lost.values()) == {"never_received"}, "(c) all never_received")
+    written = {e["event_id"] for e in events_in(d.out)[0]}
+    check(written == sent, "(c) every id with a datagram is written")
+    rc, text = check_summary(d.out)
+    check(rc == 0, f"(c) evb-dump --check-summary accepts it: {text.strip()[-300:]}")
+    # A ledger that claims a written event lost, or misses a lost one, is refused.
+    path = os.path.join(d.out, "run000001_000.summary.json")
+    with open(path) as f:
+        doc = json.load(f)
+    w = min(written)
+    doc["lost_events"]["ranges"].insert(0, [w, w, "never_received"])
+    doc["lost_events"]["count"] += 1
+    doc["lost_events"]["by_reason"]["never_received"] += 1
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    rc, text = check_summary(d.out)
+    check(rc == 1 and str(w) in text, f"(c) --check-summary fails on a ledger listing written event {w}: {text.strip()[-300:]}")
+
+
+def timestamp_mode(wd):
+    triggers = 3000
+    os.makedirs(os.path.join(wd, "d"))
+    d = Evbd(os.path.join(wd, "d"), sets=["sources=2", "building.match=timestamp", "building.tolerance_ticks=24",
+                                          "building.timeout_ms=300"])
+    cap = os.path.join(wd, "d.pcap")
+    st = run_source(["--to", f"127.0.0.1:{d.port}", "--mode", "trigger", "--sources", 2, "--events", triggers,
+                     "--first", 100, "--trigger-period", 1000, "--jitter", 8, "--size", 200, "--loss", 0.4,
+                     "--dup", 0.2, "--seed", 5, "--rate", 20000, "--pcap-out", cap])
+    sent = sent_ids(cap)
+    d.wait_metric("evb_events_written_total", lambda v: v >= len(sent), timeout=30)
+    m = d.metrics()
+    check(m["evb_kernel_receive_drops_total"] == 0, "(d) no kernel receive drops")
+    check(d.stop() == 0, "(d) evbd exits 0")
+    lost = ledger_ids(summary(d.out).get("lost_events"))
+    want = set(range(min(sent), max(sent) + 1)) - sent
+    print(f"(d) emulator lost {st['lost']}, duplicated {st['duplicated']}; {len(want)} triggers no datagram of "
+          "which was sent", flush=True)
+    check(len(want) > 50, "(d) the loss lost whole triggers")
+    check(set(lost) == want, f"(d) the ledger is exactly those sequence numbers (extra {sorted(set(lost) - want)[:10]}, "
+                             f"missing {sorted(want - set(lost))[:10]})")
+    check(set(lost.values()) == {"never_received"}, "(d) all never_received")
+    seqs = {i["sequence"] for e in events_in(d.out)[0] for s in e["sections"] for i in s.get("items", [])}
+    check(seqs == sent, "(d) every sequence number with a datagram is written")
+    rc, text = check_summary(d.out)
+    check(rc == 0, f"(d) evb-dump --check-summary accepts it: {text.strip()[-300:]}")
+
+
+def main():
+    wd = workdir()
+    loss_and_dup(wd)
+    timestamp_mode(wd)
+    overload(wd)
+    print("1 passed, 0 failed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
