@@ -7,6 +7,7 @@
 
 #include "core/model/sender_pins.hpp"
 #include "core/util/clock.hpp"
+#include "core/util/json_depth.hpp"
 #include "core/util/json_text.hpp"
 
 namespace evb::monitor {
@@ -16,7 +17,6 @@ namespace {
 constexpr const char* kText = "text/plain; charset=utf-8";
 // Nesting a record body may have: readers parse it (Python's json recurses), and
 // nothing a run record is for needs more.
-constexpr int kMaxDepth = 64;
 constexpr std::size_t kMaxTypeBytes = 64;
 
 // Where `s` stops being UTF-8 (RFC 3629: no overlong forms, no surrogates, at most
@@ -49,26 +49,6 @@ std::size_t utf8_error(std::string_view s) noexcept {
         i += n + 1;
     }
     return std::string_view::npos;
-}
-
-// True when arrays and objects nest deeper than kMaxDepth (strings skipped).
-bool too_deep(std::string_view s) noexcept {
-    int depth = 0;
-    bool in_string = false, escaped = false;
-    for (const char c : s) {
-        if (in_string) {
-            if (escaped) escaped = false;
-            else if (c == '\\') escaped = true;
-            else if (c == '"') in_string = false;
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '[' || c == '{') {
-            if (++depth > kMaxDepth) return true;
-        } else if (c == ']' || c == '}') {
-            --depth;
-        }
-    }
-    return false;
 }
 
 }  // namespace
@@ -165,7 +145,7 @@ RunRecordRoute::Checked RunRecordRoute::check(std::string_view body) {
     auto bad = [](std::string why) { return Checked{std::nullopt, std::move(why)}; };
     if (const std::size_t at = utf8_error(body); at != std::string_view::npos)
         return bad(fmt::format("the body is not UTF-8 (byte {})", at));
-    if (too_deep(body)) return bad(fmt::format("the body nests arrays and objects deeper than {} levels", kMaxDepth));
+    if (find_too_deep(body)) return bad(fmt::format("the body nests arrays and objects deeper than {} levels", kMaxJsonDepth));
     nlohmann::ordered_json j;
     try {
         j = nlohmann::ordered_json::parse(body);

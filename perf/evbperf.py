@@ -141,7 +141,7 @@ class Evbd:
     """evbd on a free loopback port, writing into WORKDIR/data, as evbtest.py drives it."""
 
     STOPPED = re.compile(r"stopped: (\d+) events complete, (\d+) incomplete, (\d+) written "
-                         r"\((\d+) payload bytes\), (\d+) files closed, (\d+) write errors")
+                         r"\((\d+) payload bytes\), (?:\d+ events lost whole, )?(\d+) files closed, (\d+) write errors")
 
     def __init__(self, bin_dir, workdir, sets, exporter=True, start_timeout=60):
         self.port = free_udp_port()

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/config/snapshot.hpp"
+#include "core/util/json_depth.hpp"
 #include "core/util/json_text.hpp"
 #include "net/tcp.hpp"
 #include "net/udp.hpp"
@@ -85,7 +86,7 @@ const std::vector<Key>& schema() {
         {"building.disorder_ticks", Kind::uint, 0, 0, 1ull << 62, true, "time_slice mode: bounded out-of-orderness (docs/FORMATS.md section 5). A fragment or heartbeat stamped t moves its source's watermark to t - disorder_ticks at most, so that a fragment up to this many ticks older than the newest from its source still finds its slice unwritten. Set it to the largest evb_source_disorder_ticks a source shows (evbd logs the value needed when hits are lost to it); each tick of it delays every slice by one tick. 0: watermarks follow the newest timestamp."},
         {"building.step_ticks", Kind::uint_or_auto, "auto", 0, 1ull << 62, false, "timestamp mode: a fragment whose lag (the run's time when it arrives less its timestamp) differs from its source's usual lag by more than this many ticks is a clock step (docs/FORMATS.md section 5): the source is counted (evb_source_clock_steps_total), logged once and desynchronised until the run ends (its sections DESYNC). \"auto\": the ticks in a quarter of building.timeout_ms, at building.clock_hz when set, else at the tick rate measured from the run's time (off until measured, about a second); 0: off."},
         {"output.directory", Kind::string, "evb-data", 0, 0, false, "Directory for the output files (created if missing)."},
-        {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file is closed and the next one opened once it reaches this size."},
+        {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file that reaches this size is closed when the next event comes (which opens the next file), or at the run's end with END_OF_RUN as its last record."},
         {"output.direct_io", Kind::boolean, true, 0, 0, false, "Write through aligned staging buffers with O_DIRECT (Linux AIO), bypassing the page cache: about a third of the CPU per byte of buffered writes and steady throughput; a record counts as written once its write has completed. A file system without O_DIRECT (tmpfs) falls back to buffered writes. false: pwritev through the page cache."},
         {"output.format_version", Kind::uint, 1, 1, 2, false, "File format version: 1, or 2 (64-byte record headers with a content CRC and the events' smallest fragment timestamp). A time match mode needs and sets 2."},
         {"output.run_records", Kind::boolean, true, 0, 0, false, "Run records in `.evb` files (docs/FORMATS.md section 12): every file of a run begins with a BEGIN_OF_RUN record (run number, start time, this whole configuration, the run's metadata), the file closed at the run's end ends with END_OF_RUN (end time and the run's counts), and comments (evb-ctl comment) and USER records (POST /runrecord) go between the events. They need version-2 files, so by default .evb files are version 2. A configuration that sets output.format_version 1 and leaves this key out gets version-1 files without run records (as before run records existed); setting both this key true and version 1 is refused. Not used with output.format \"midas\"."},
@@ -303,97 +304,6 @@ void find_unknown(const json& node, const std::string& prefix, std::vector<std::
         else
             problems.push_back(fmt::format("{}: unknown key", path));
     }
-}
-
-// Deepest nesting of arrays and objects accepted in configuration JSON. The schema
-// needs 6 (the document, a section, input.frames, a description, its source, the
-// sender table). nlohmann parses without recursion, but
-// printing, copying, comparing and destroying a value recurse once per level: a few
-// ten thousand levels overflow the stack. So the text is measured before it is
-// parsed, and nothing deeper than this ever becomes a json value.
-constexpr std::size_t kMaxJsonDepth = 64;
-
-struct TooDeep {
-    std::size_t line = 1, column = 0;  // of the bracket that opens level kMaxJsonDepth + 1
-    std::string path;                  // keys and indices leading to it, e.g. input.listen[0][0]
-};
-
-// Scans JSON text for nesting beyond kMaxJsonDepth, without parsing it (syntax is
-// the parser's business; brackets inside strings do not count).
-std::optional<TooDeep> find_too_deep(std::string_view text) {
-    struct Level {
-        bool object;
-        bool expect_key;       // object: the next string is a key
-        std::string_view key;  // object: the latest key
-        std::size_t index;     // array: the element being read
-    };
-    std::vector<Level> levels;
-    std::size_t line = 1, column = 0;
-    bool in_string = false, escaped = false;
-    std::size_t string_start = 0;
-    for (std::size_t i = 0; i < text.size(); ++i) {
-        const char ch = text[i];
-        if (ch == '\n') {
-            ++line;
-            column = 0;
-        } else {
-            ++column;
-        }
-        if (in_string) {
-            if (escaped) {
-                escaped = false;
-            } else if (ch == '\\') {
-                escaped = true;
-            } else if (ch == '"') {
-                in_string = false;
-                if (!levels.empty() && levels.back().object && levels.back().expect_key)
-                    levels.back().key = text.substr(string_start, i - string_start);
-            }
-            continue;
-        }
-        switch (ch) {
-            case '"':
-                in_string = true;
-                string_start = i + 1;
-                break;
-            case '{':
-            case '[':
-                if (levels.size() == kMaxJsonDepth) {
-                    TooDeep t{line, column, {}};
-                    for (const Level& l : levels) {
-                        if (l.object)
-                            t.path += fmt::format("{}{}", t.path.empty() ? "" : ".", l.key);
-                        else
-                            t.path += fmt::format("[{}]", l.index);
-                        if (t.path.size() > 60) {
-                            t.path = t.path.substr(0, 57) + "...";
-                            break;
-                        }
-                    }
-                    return t;
-                }
-                levels.push_back({ch == '{', ch == '{', {}, 0});
-                break;
-            case '}':
-            case ']':
-                if (!levels.empty()) levels.pop_back();
-                break;
-            case ',':
-                if (!levels.empty()) {
-                    if (levels.back().object)
-                        levels.back().expect_key = true;
-                    else
-                        ++levels.back().index;
-                }
-                break;
-            case ':':
-                if (!levels.empty()) levels.back().expect_key = false;
-                break;
-            default:
-                break;
-        }
-    }
-    return std::nullopt;
 }
 
 // MIDAS output: every expected source has a bank name, and no two sources (nor a

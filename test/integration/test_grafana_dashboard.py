@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import urllib.request
 
-from evbtest import Evbd, check, fail, frag_v2, free_udp_port, run_source, serve_source, workdir
+from evbtest import Evbd, check, fail, frag_v2, free_tcp_port, free_udp_port, run_source, serve_source, workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DASHBOARD = os.path.join(REPO, "packaging", "grafana", "evbd-dashboard.json")
@@ -157,7 +157,10 @@ def live_families():
     wd = workdir()
     src = None
     try:
-        d = Evbd(wd, sets=["sources=4"])
+        # A TCP address beside the UDP one: the evb_tcp_* families exist only with one.
+        port = free_udp_port()
+        d = Evbd(wd, sets=["sources=4", f'input.listen=["127.0.0.1:{port}", "tcp://127.0.0.1:{free_tcp_port()}"]'],
+                 port=port)
         run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--events", 200, "--rate", 5000])
         d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= 200)
         push = families(d.metrics_url)
