@@ -137,7 +137,7 @@ std::optional<std::size_t> post_length(std::string_view headers) {
 Begun begin(std::string_view request, const HttpServer::Handler& handler, PostRoute* post,
             const sockaddr_storage& peer) {
     const bool posts = post != nullptr;
-    auto answer = [&](const HttpResponse& r, bool head = false) { return Begun{serialize(r, head, posts), {}}; };
+    auto answer = [&](const HttpResponse& r, bool head = false) { return Begun{serialize(r, head, posts), {}, false, 0, {}}; };
     std::string_view line = request.substr(0, request.find('\n'));
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     const std::size_t sp1 = line.find(' ');

@@ -389,7 +389,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                     ++markers;
                                 },
                                 [&](const in::SetTimeout& t) { m.set_timeout_ns(t.timeout_ns); },
-                                [&](const in::SetDisorder& d) { m.set_disorder_ticks(d.ticks); },
+                                [&](const in::SetDisorder& sd) { m.set_disorder_ticks(sd.ticks); },
                                 [&](const in::SetOpening& o) { m.set_opening(o.opening); },
                                 [&](const in::GiveUp& g) { m.give_up(g.event_id, g.run_number, g.now_ns, built); },
                                 [&](const in::SetSources& ss) {
