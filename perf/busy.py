@@ -35,7 +35,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbperf import Child, Evbd, ToolError, free_udp_port, log, spread  # noqa: E402
+from evbperf import Child, Evbd, ToolError, free_udp_port, log, spread_text  # noqa: E402
 
 SOURCES = 4
 SIZE = 16384
@@ -146,11 +146,6 @@ def reaction_times(bin_dir, wd, trials, interval_ms):
     return out
 
 
-def fmt_spread(values, scale=1.0, digits=1):
-    med, lo, hi = spread([v * scale for v in values])
-    return f"{med:.{digits}f} ({lo:.{digits}f}..{hi:.{digits}f})"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="build/bin")
@@ -187,17 +182,17 @@ def main():
     print("| run | events written/s | against the best lossy run | events lost | dead-time fraction "
           "(emulator) | evbd's dead time s |")
     print("|---|---|---|---|---|---|")
-    print(f"| best lossy (full speed, BUSY not heard) | {fmt_spread(best, digits=0)} | 1 | "
-          f"{fmt_spread(col('best_lossy', 'lost'), digits=0)} | - | - |")
+    print(f"| best lossy (full speed, BUSY not heard) | {spread_text(best, 0)} | 1 | "
+          f"{spread_text(col('best_lossy', 'lost'), 0)} | - | - |")
     for name in ("ignored", "honoured"):
         rate = col(name, "events_per_s")
         ratio = [x / b for x, b in zip(rate, best)]
-        dead = fmt_spread(col(name, "dead_fraction"), digits=2) if name == "honoured" else "-"
-        print(f"| 2x offered, BUSY {name} | {fmt_spread(rate, digits=0)} | {fmt_spread(ratio, digits=2)} | "
-              f"{fmt_spread(col(name, 'lost'), digits=0)} | {dead} | "
-              f"{fmt_spread(col(name, 'evbd_dead_time_s'), digits=2)} |")
+        dead = spread_text(col(name, "dead_fraction"), 2) if name == "honoured" else "-"
+        print(f"| 2x offered, BUSY {name} | {spread_text(rate, 0)} | {spread_text(ratio, 2)} | "
+              f"{spread_text(col(name, 'lost'), 0)} | {dead} | "
+              f"{spread_text(col(name, 'evbd_dead_time_s'), 2)} |")
     print(f"\nReaction time, crossing fragment sent -> BUSY datagram received, {len(reaction)} trials, "
-          f"busy.interval_ms {a.interval_ms}: median {fmt_spread(reaction, 1000, 2)} ms, "
+          f"busy.interval_ms {a.interval_ms}: median {spread_text(reaction, 2, 1000)} ms, "
           f"max {max(reaction) * 1000:.2f} ms")
     if a.json:
         with open(a.json, "w") as f:

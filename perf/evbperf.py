@@ -37,12 +37,21 @@ def log(msg):
 # /proc and ports
 
 
-def free_udp_port():
-    """A loopback UDP port that is free now: the kernel picks it for a socket bound to
-    port 0, which is then closed for evbd or a sink to bind."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+def free_port(kind):
+    """A loopback port of `kind` (SOCK_DGRAM, SOCK_STREAM) that is free now: the kernel
+    picks it for a socket bound to port 0, which is then closed for evbd or a sink to bind."""
+    with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_udp_port():
+    return free_port(socket.SOCK_DGRAM)
+
+
+def free_tcp_port():
+    """For an input.listen tcp:// entry or evb-sink --tcp."""
+    return free_port(socket.SOCK_STREAM)
 
 
 def stat_cpu_seconds(text):
@@ -225,6 +234,12 @@ def verify_pattern(bin_dir, out_dir, kind):
 def spread(values):
     """(median, min, max) of a round's measurements."""
     return statistics.median(values), min(values), max(values)
+
+
+def spread_text(values, digits=2, scale=1.0):
+    """"median (min..max)" of `values` times `scale`, for a report's table."""
+    med, lo, hi = spread([v * scale for v in values])
+    return f"{med:.{digits}f} ({lo:.{digits}f}..{hi:.{digits}f})"
 
 
 def replay(bin_dir, capture, out_dir, sources, sets=(), args=(), preexec_fn=None, ring_full=False):

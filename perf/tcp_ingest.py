@@ -28,19 +28,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbperf import Child, Evbd, ToolError, cpu_seconds, free_udp_port, log, spread  # noqa: E402
+from evbperf import Child, Evbd, ToolError, cpu_seconds, free_tcp_port, free_udp_port, log, spread_text  # noqa: E402
 
 SOURCES = 64
 HEADER = 40  # a v1 FRAGMENT's header: the message is header + payload
-
-
-def free_tcp_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def sender(bin_dir, to, connections, payload, events, out_path):
@@ -138,9 +129,6 @@ def main():
                 f"{runs['evbd'][-1]['cpu_s_per_gb']:.2f} CPU s/GB ({runs['evbd'][-1]['written']} of {events} written)")
         results[key] = runs
 
-    def fmt(values, digits=2):
-        med, lo, hi = spread(values)
-        return f"{med:.{digits}f} ({lo:.{digits}f}..{hi:.{digits}f})"
     print(f"\nTCP and UDP ingest against a bare receiver: {SOURCES} sources, {a.mib} MiB per run, {a.rounds} rounds "
           f"alternated; median (min..max)")
     print("| input | connections | message B | bare GB/s | evbd GB/s | evbd/bare | bare CPU s/GB | evbd CPU s/GB | "
@@ -152,9 +140,9 @@ def main():
         ratio = [x["gb_per_s"] / y["gb_per_s"] for x, y in zip(e, s)]
         cpu_ratio = [x["cpu_s_per_gb"] / max(y["cpu_s_per_gb"], 1e-9) for x, y in zip(e, s)]
         written = min(x["written"] for x in e)
-        print(f"| {transport} | {conns} | {message} | {fmt([x['gb_per_s'] for x in s])} | "
-              f"{fmt([x['gb_per_s'] for x in e])} | {fmt(ratio)} | {fmt([x['cpu_s_per_gb'] for x in s])} | "
-              f"{fmt([x['cpu_s_per_gb'] for x in e])} | {fmt(cpu_ratio)} | {written} of {e[0]['events']} (least) |")
+        print(f"| {transport} | {conns} | {message} | {spread_text([x['gb_per_s'] for x in s])} | "
+              f"{spread_text([x['gb_per_s'] for x in e])} | {spread_text(ratio)} | {spread_text([x['cpu_s_per_gb'] for x in s])} | "
+              f"{spread_text([x['cpu_s_per_gb'] for x in e])} | {spread_text(cpu_ratio)} | {written} of {e[0]['events']} (least) |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -42,21 +42,20 @@ def check(cond, msg):
     print(f"ok: {msg}", flush=True)
 
 
+def free_port(kind):
+    """A port of `kind` (SOCK_DGRAM, SOCK_STREAM) free on 127.0.0.1 now."""
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def free_udp_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    return free_port(socket.SOCK_DGRAM)
 
 
 def free_tcp_port():
-    """A free TCP port on 127.0.0.1 (an input.listen tcp:// entry)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """For an input.listen tcp:// entry."""
+    return free_port(socket.SOCK_STREAM)
 
 
 def free_ports(n):

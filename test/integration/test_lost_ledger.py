@@ -94,6 +94,27 @@ def overload(wd):
     check(rc == 0, f"(b) evb-dump --check-summary accepts it: {text.strip()[-300:]}")
 
 
+def ledger_is_unsent(d, cap, st, tag, what):
+    """After a lossy run into `d` whose datagrams `cap` captured as sent: waits for
+    every id sent to be written, stops evbd, and checks that the run's ledger lists
+    exactly the ids (`what`: events, or the triggers' sequence numbers) no datagram of
+    which was sent, all never_received. Returns the ids sent."""
+    sent = sent_ids(cap)
+    d.wait_metric("evb_events_written_total", lambda v: v >= len(sent), timeout=30)
+    m = d.metrics()
+    check(m["evb_kernel_receive_drops_total"] == 0, f"{tag} no kernel receive drops")
+    check(d.stop() == 0, f"{tag} evbd exits 0")
+    lost = ledger_ids(summary(d.out).get("lost_events"))
+    want = set(range(min(sent), max(sent) + 1)) - sent
+    print(f"{tag} emulator lost {st['lost']}, duplicated {st['duplicated']}; {len(want)} {what} no datagram of which "
+          "was sent", flush=True)
+    check(len(want) > 50, f"{tag} the loss lost whole {what}")
+    check(set(lost) == want, f"{tag} the ledger is exactly those ids (extra {sorted(set(lost) - want)[:10]}, "
+                             f"missing {sorted(want - set(lost))[:10]})")
+    check(set(lost.values()) == {"never_received"}, f"{tag} all never_received")
+    return sent
+
+
 def loss_and_dup(wd):
     events = 3000
     os.makedirs(os.path.join(wd, "c"))
@@ -101,19 +122,7 @@ def loss_and_dup(wd):
     cap = os.path.join(wd, "c.pcap")
     st = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 2, "--events", events, "--size", 200,
                      "--loss", 0.4, "--dup", 0.2, "--seed", 7, "--rate", 20000, "--pcap-out", cap])
-    sent = sent_ids(cap)
-    d.wait_metric("evb_events_written_total", lambda v: v >= len(sent), timeout=30)
-    m = d.metrics()
-    check(m["evb_kernel_receive_drops_total"] == 0, "(c) no kernel receive drops")
-    check(d.stop() == 0, "(c) evbd exits 0")
-    lost = ledger_ids(summary(d.out).get("lost_events"))
-    want = set(range(min(sent), max(sent) + 1)) - sent
-    print(f"(c) emulator lost {st['lost']}, duplicated {st['duplicated']}; {len(want)} events no datagram of which "
-          "was sent", flush=True)
-    check(len(want) > 50, "(c) the loss lost whole events")
-    check(set(lost) == want, f"(c) the ledger is exactly those ids (extra {sorted(set(lost) - want)[:10]}, "
-                             f"missing {sorted(want - set(lost))[:10]})")
-    check(set(lost.values()) == {"never_received"}, "(c) all never_received")
+    sent = ledger_is_unsent(d, cap, st, "(c)", "events")
     written = {e["event_id"] for e in events_in(d.out)[0]}
     check(written == sent, "(c) every id with a datagram is written")
     rc, text = check_summary(d.out)
@@ -141,19 +150,7 @@ def timestamp_mode(wd):
     st = run_source(["--to", f"127.0.0.1:{d.port}", "--mode", "trigger", "--sources", 2, "--events", triggers,
                      "--first", 100, "--trigger-period", 1000, "--jitter", 8, "--size", 200, "--loss", 0.4,
                      "--dup", 0.2, "--seed", 5, "--rate", 20000, "--pcap-out", cap])
-    sent = sent_ids(cap)
-    d.wait_metric("evb_events_written_total", lambda v: v >= len(sent), timeout=30)
-    m = d.metrics()
-    check(m["evb_kernel_receive_drops_total"] == 0, "(d) no kernel receive drops")
-    check(d.stop() == 0, "(d) evbd exits 0")
-    lost = ledger_ids(summary(d.out).get("lost_events"))
-    want = set(range(min(sent), max(sent) + 1)) - sent
-    print(f"(d) emulator lost {st['lost']}, duplicated {st['duplicated']}; {len(want)} triggers no datagram of "
-          "which was sent", flush=True)
-    check(len(want) > 50, "(d) the loss lost whole triggers")
-    check(set(lost) == want, f"(d) the ledger is exactly those sequence numbers (extra {sorted(set(lost) - want)[:10]}, "
-                             f"missing {sorted(want - set(lost))[:10]})")
-    check(set(lost.values()) == {"never_received"}, "(d) all never_received")
+    sent = ledger_is_unsent(d, cap, st, "(d)", "triggers")
     seqs = {i["sequence"] for e in events_in(d.out)[0] for s in e["sections"] for i in s.get("items", [])}
     check(seqs == sent, "(d) every sequence number with a datagram is written")
     rc, text = check_summary(d.out)
