@@ -211,7 +211,10 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
 TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
     const std::uint32_t shards = sink_.shard_count();
     const std::size_t headroom = frames_.headroom();
-    const bool check_senders = !rules_->allowed_sender_keys.empty();
+    // The peer is the connection's: whether it may send, and its pin key, are the same
+    // for every message of this call (the rules change only between calls).
+    const bool allowed = rules_->allowed_sender_keys.empty() || sender_allowed(rules_->allowed_sender_keys, c.peer);
+    const auto peer_key = sender_key(c.peer);
     std::uint64_t taken = 0, bytes = 0;
     Taken result = Taken::need_bytes;
     while (c.end - c.begin >= net::kTcpPrefixBytes) {
@@ -222,6 +225,13 @@ TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
             break;
         }
         if (c.end - c.begin < net::kTcpPrefixBytes + len) break;  // the rest is still on its way
+        if (!allowed) {  // read and counted, never copied into a slot
+            c.begin += net::kTcpPrefixBytes + len;
+            ++taken;
+            bytes += len;
+            counters_.disallowed_sender.add();
+            continue;
+        }
         std::uint64_t key = 0;
         bool known = false;
         const bool opener = opens(c, len, key, known);
@@ -235,18 +245,12 @@ TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
         c.begin += net::kTcpPrefixBytes + len;
         ++taken;
         bytes += len;
-        int shard = -1;
-        if (check_senders && !sender_allowed(rules_->allowed_sender_keys, c.peer)) {
-            counters_.disallowed_sender.add();
-        } else {
-            shard = admit_datagram(pool_, idx, len, *rules_, shards, counters_, &frames_, Arrival{&c.peer, c.local_port});
-            // A source's datagrams come from where its first one of the run came from
-            // (the connection's peer address; a reconnected readout PC is the same).
-            if (shard >= 0 && rules_->pins &&
-                !rules_->pins->admit(ChunkMeta::in_slot(pool_.meta(idx))->source_id, sender_key(c.peer))) {
-                counters_.sender_mismatch.add();
-                shard = -1;
-            }
+        int shard = admit_datagram(pool_, idx, len, *rules_, shards, counters_, &frames_, Arrival{&c.peer, c.local_port});
+        // A source's datagrams come from where its first one of the run came from
+        // (the connection's peer address; a reconnected readout PC is the same).
+        if (shard >= 0 && rules_->pins && !rules_->pins->admit(ChunkMeta::in_slot(pool_.meta(idx))->source_id, peer_key)) {
+            counters_.sender_mismatch.add();
+            shard = -1;
         }
         if (shard < 0) {
             pool_.give_back_local(idx);
