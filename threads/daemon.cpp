@@ -105,7 +105,7 @@ TcpReaderSettings tcp_reader_settings(const Config& c, const Snapshot& snap, std
     t.connection_limit = snap.matcher.sources.size() > 1 && c.building.match != MatchMode::time_slice
                              ? std::max<std::size_t>(1, std::size_t{snap.matcher.max_solo_events_per_source} * 7 / 8)
                              : t.take_limit;
-    t.min_share = snap.matcher.sources.size();
+    t.expected_sources = snap.matcher.sources.size();
     t.frames = frames;
     return t;
 }

@@ -34,6 +34,13 @@ struct TcpReader::Connection {
     bool any_bytes = false;
     std::uint64_t last_byte_ns = 0;  // monotonic; the time it opened until it sends
     std::uint64_t held_since_ns = 0;
+    // What it carries, as learnt from what it sent: its sources, the most chunks of a
+    // fragment, and whether its messages have no event key (timestamp mode, described
+    // frames: each may open an event). Its reserves follow (TcpReader::set_reserve).
+    std::size_t sources = 0;
+    std::size_t max_chunks = 1;
+    bool keyless = false;
+    std::size_t opener_reserve = 0, slot_reserve = 0;
 };
 
 namespace {
@@ -54,6 +61,7 @@ TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::Buf
       slot_conn_(pool.slot_count(), 0),
       slot_gen_(pool.slot_count(), 0),
       slot_opener_(pool.slot_count(), 0),
+      owners_(s.expected_sources),
       batches_(sink.shard_count()),
       frames_(s.frames) {
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -78,21 +86,68 @@ TcpReader::~TcpReader() {
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
 
-std::size_t TcpReader::share() const noexcept {
-    // Each open connection gets an equal part of the reader's slots in flight (see
-    // docs/ARCHITECTURE.md, "Input over TCP"), never more than connection_limit.
-    const std::size_t part = s_.take_limit / std::max<std::size_t>(open_, 1);
-    return std::max({std::size_t{1}, std::min(part, s_.connection_limit), std::min(s_.min_share, s_.take_limit)});
+std::size_t TcpReader::share(const Connection& c) const noexcept {
+    // Its reserve and an equal part of what the open connections' reserves leave of the
+    // take limit: the shares add up to at most the limit (while the reserves do), so a
+    // connection under its share always finds the limit unreached (docs/ARCHITECTURE.md,
+    // "Input over TCP", why no cycle of waits). Never above connection_limit, unless
+    // its reserve is.
+    const std::size_t spare = s_.take_limit > opener_reserves_ ? s_.take_limit - opener_reserves_ : 0;
+    const std::size_t part = c.opener_reserve + spare / std::max<std::size_t>(open_, 1);
+    return std::min(part, std::max(s_.connection_limit, c.opener_reserve));
 }
 
-std::size_t TcpReader::slot_share() const noexcept {
-    // Slots themselves: an equal part of the pool, so no connection takes it all.
-    return std::max<std::size_t>(1, pool_.slot_count() / std::max<std::size_t>(open_, 1));
+std::size_t TcpReader::slot_share(const Connection& c) const noexcept {
+    // The same for the pool's slots, with the connection's messages per event as its
+    // reserve: the slot shares add up to at most the pool, so no connection takes it all.
+    const std::size_t slots = pool_.slot_count();
+    const std::size_t spare = slots > slot_reserves_ ? slots - slot_reserves_ : 0;
+    return c.slot_reserve + spare / std::max<std::size_t>(open_, 1);
+}
+
+void TcpReader::set_reserve(Connection& c, std::size_t messages, bool keyless) noexcept {
+    // What the oldest event needs of this connection: each of its messages of that
+    // event in a slot; as openers, one (the first with the event's key) or, without
+    // keys, every one of them.
+    const std::size_t slots = std::max<std::size_t>(messages, 1);
+    const std::size_t openers = keyless ? slots : 1;
+    slot_reserves_ = slot_reserves_ - c.slot_reserve + slots;
+    opener_reserves_ = opener_reserves_ - c.opener_reserve + openers;
+    c.slot_reserve = slots;
+    c.opener_reserve = openers;
+}
+
+void TcpReader::learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept {
+    bool changed = false;
+    if (keyless && !c.keyless) {  // from now on each of its messages counts as an opener
+        c.keyless = true;
+        changed = true;
+    }
+    if (m.chunk_count > c.max_chunks) {
+        c.max_chunks = m.chunk_count;
+        changed = true;
+    }
+    const auto at = static_cast<std::uint32_t>(&c - conns_.data());
+    TcpSourceOwners::Owner before;
+    if (owners_.assign(m.source_id, at, c.generation, before)) {
+        ++c.sources;
+        changed = true;
+        // A source that moved from a connection still open (its sender changed its
+        // mind) no longer counts there.
+        if (before.known && before.conn != at) {
+            Connection& was = conns_[before.conn];
+            if (was.fd >= 0 && was.generation == before.gen && was.sources > 0) {
+                --was.sources;
+                set_reserve(was, was.sources * was.max_chunks, was.keyless);
+            }
+        }
+    }
+    if (changed) set_reserve(c, c.sources * c.max_chunks, c.keyless);
 }
 
 bool TcpReader::room_for(const Connection& c, bool opener) const noexcept {
-    if (pool_.free_count() == 0 || c.held_slots >= std::max(slot_share(), share())) return false;
-    return !opener || (openers_ < s_.take_limit && c.held_openers < share());
+    if (pool_.free_count() == 0 || c.held_slots >= slot_share(c)) return false;
+    return !opener || (openers_ < s_.take_limit && c.held_openers < share(c));
 }
 
 bool TcpReader::opens(const Connection& c, std::uint32_t len, std::uint64_t& key, bool& known) const noexcept {
@@ -143,10 +198,15 @@ std::size_t TcpReader::do_work() {
     }
     std::size_t work = static_cast<std::size_t>(std::max(ready, 0));
     const std::uint64_t taken_before = counters_.datagrams.get();
-    for (Connection& c : conns_) {
+    // Each round starts one connection further on: the first served has the first
+    // pick of the slots coming back, and no connection has it every round.
+    const std::size_t n = conns_.size();
+    for (std::size_t i = 0; i < n; ++i) {
+        Connection& c = conns_[(first_served_ + i) % n];
         if (c.fd < 0) continue;
         if (c.readable || c.ended || c.held) work += serve(c, now);
     }
+    first_served_ = (first_served_ + 1) % n;
     batches_.submit_all(sink_, realtime_ns());
     if (counters_.datagrams.get() != taken_before) counters_.receive_batches.add();
     counters_.slots_free.set(pool_.free_count());
@@ -256,6 +316,7 @@ TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
             pool_.give_back_local(idx);
             continue;
         }
+        learn(c, *ChunkMeta::in_slot(pool_.meta(idx)), !known);
         batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));
         slot_conn_[idx] = static_cast<std::uint32_t>(&c - conns_.data());
         slot_gen_[idx] = c.generation;
@@ -313,6 +374,9 @@ void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
     ++c.generation;
     c.reading = c.readable = c.ended = false;
     c.begin = c.end = 0;
+    slot_reserves_ -= c.slot_reserve;  // its reserves go to the rest
+    opener_reserves_ -= c.opener_reserve;
+    c.slot_reserve = c.opener_reserve = 0;
     free_conns_.push_back(static_cast<std::uint32_t>(&c - conns_.data()));
     tcp_.connections_open.set(--open_);
     tcp_.closed[static_cast<std::size_t>(why)].add();
@@ -361,7 +425,10 @@ void TcpReader::accept_from(int listen_fd, std::uint16_t local_port, std::uint64
         c.held_slots = c.held_openers = 0;
         c.has_key = false;
         c.begin = c.end = 0;
-        c.held = c.ended = c.any_bytes = false;
+        c.held = c.ended = c.any_bytes = c.keyless = false;
+        c.sources = 0;
+        c.max_chunks = 1;
+        set_reserve(c, 0, false);
         c.end_reason = net::TcpClose::peer_closed;
         c.last_byte_ns = now;
         epoll_event ev{};

@@ -7,7 +7,8 @@
 // Back-pressure (docs/ARCHITECTURE.md, "Input over TCP"): a message is taken only
 // when the connection has room (a free slot, the connection under its part of the
 // pool and, for a message that can open an event, the reader under its limit of such
-// openers in flight and the connection under its share of it); otherwise the connection
+// openers in flight and the connection under its share of it: the shares add up to at
+// most the limit, and each round serves another connection first); otherwise the connection
 // is held: its EPOLLIN interest is dropped, its buffer stays as it is, the kernel's
 // window closes and the sender waits. Nothing read is refused for want of room.
 #pragma once
@@ -22,6 +23,7 @@
 #include "threads/channels.hpp"
 #include "threads/runner.hpp"
 #include "threads/socket_reader.hpp"
+#include "threads/tcp_source_owners.hpp"
 
 namespace evb {
 
@@ -38,10 +40,9 @@ struct TcpReaderSettings {
     // pool, nor one source's share of it (run_daemon, tcp_reader_settings).
     std::size_t take_limit = 1024;
     std::size_t connection_limit = 256;
-    // A connection's share is never below this (the expected sources, or the take
-    // limit if smaller): the oldest event's fragments of every source it carries must
-    // fit in it, or it could wait for room that only that event's completion frees.
-    std::size_t min_share = 1;
+    // The sources the configuration expects: sizes the table that learns which
+    // connection carries which source (a connection's share, docs/ARCHITECTURE.md).
+    std::size_t expected_sources = 1;
     FrameInputSettings frames;
 };
 
@@ -75,8 +76,14 @@ private:
     void close_connection(Connection& c, net::TcpClose why) noexcept;
     void reclaim_slots() noexcept;
     void check_timeouts(std::uint64_t now) noexcept;
-    std::size_t share() const noexcept;
-    std::size_t slot_share() const noexcept;
+    // A connection's openers and slots in flight may reach these (docs/ARCHITECTURE.md,
+    // "Input over TCP"): its reserve plus an equal part of what the reserves leave.
+    std::size_t share(const Connection& c) const noexcept;
+    std::size_t slot_share(const Connection& c) const noexcept;
+    // Learns from chunk `m`, just taken from c, what c carries: its source, its chunks
+    // per fragment, whether it had an event key (`keyless`: it had none).
+    void learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept;
+    void set_reserve(Connection& c, std::size_t messages, bool keyless) noexcept;
 
     TcpReaderSettings s_;
     alloc::BufferPool& pool_;
@@ -96,6 +103,10 @@ private:
     std::size_t openers_ = 0;    // of them, openers
     std::size_t open_ = 0;
     std::size_t held_ = 0;       // connections held for want of room
+    // Sum over open connections of their reserves (Connection::opener_reserve, ::messages).
+    std::size_t opener_reserves_ = 0, slot_reserves_ = 0;
+    TcpSourceOwners owners_;     // which connection carries each source seen
+    std::size_t first_served_ = 0;  // rotates: which connection a round serves first
     ShardBatches batches_;
     const AdmissionRules* rules_ = nullptr;
     RulesInbox inbox_;
