@@ -26,6 +26,7 @@ struct TcpReader::Connection {
     std::size_t held_openers = 0;  // of them, openers
     bool has_key = false;          // last_key holds the key of the last message taken
     std::uint64_t last_key = 0;
+    bool watched = false;        // in the epoll set
     bool reading = false;        // EPOLLIN in its interest set
     bool readable = false;       // epoll reported something not yet read
     bool held = false;           // not read for want of room
@@ -47,6 +48,7 @@ namespace {
 constexpr std::uint64_t kListenerTag = 1ull << 32;
 constexpr std::uint64_t kTimeoutCheckNs = 100'000'000;
 constexpr int kReadsPerTurn = 4;  // reads of one connection per round before the next is served
+constexpr std::uint64_t kAcceptRestNs = 100'000'000;  // a listener's rest after accept found no descriptor
 }  // namespace
 
 TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::BufferPool& pool, ShardSink& sink,
@@ -72,6 +74,7 @@ TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::Buf
     }
     for (std::size_t l = 0; l < s.listen_fds.size(); ++l) {
         listen_ports_.push_back(net::local_port(s.listen_fds[l]));
+        listen_rests_until_ns_.push_back(0);
         epoll_event ev{};
         ev.events = EPOLLIN;
         ev.data.u64 = kListenerTag | l;
@@ -190,12 +193,16 @@ std::size_t TcpReader::do_work() {
     for (int i = 0; i < ready; ++i) {
         const std::uint64_t tag = events[i].data.u64;
         if (tag & kListenerTag) {
-            const std::size_t l = tag & 0xffffffffu;
-            accept_from(s_.listen_fds[l], static_cast<std::uint16_t>(listen_ports_[l]), now);
+            accept_from(tag & 0xffffffffu, now);
+        } else if (conns_[tag].held && (events[i].events & (EPOLLERR | EPOLLHUP)) != 0) {
+            unwatch(conns_[tag]);  // read (and closed) once it has room again
         } else {
             conns_[tag].readable = true;
         }
     }
+    if (resting_listeners_ > 0)
+        for (std::size_t l = 0; l < listen_rests_until_ns_.size(); ++l)
+            if (listen_rests_until_ns_[l] != 0 && now >= listen_rests_until_ns_[l]) watch_listener(l, true);
     std::size_t work = static_cast<std::size_t>(std::max(ready, 0));
     const std::uint64_t taken_before = counters_.datagrams.get();
     // Each round starts one connection further on: the first served has the first
@@ -260,9 +267,9 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
         c.ended = true;
         c.end_reason = got == 0 ? net::TcpClose::peer_closed : net::TcpClose::read_error;
         c.readable = false;
-        if (c.reading) {
+        if (c.watched) {
             ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
-            c.reading = false;
+            c.watched = c.reading = false;
         }
     }
     return work;
@@ -361,8 +368,8 @@ void TcpReader::release(Connection& c, std::uint64_t now) noexcept {
         epoll_event ev{};
         ev.events = EPOLLIN;
         ev.data.u64 = static_cast<std::uint64_t>(&c - conns_.data());
-        ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
-        c.reading = true;
+        ::epoll_ctl(epoll_fd_, c.watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c.fd, &ev);
+        c.watched = c.reading = true;
         c.readable = true;  // whatever waited meanwhile is read at once
     }
 }
@@ -372,7 +379,7 @@ void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
     ::close(c.fd);  // also takes it out of the epoll set
     c.fd = -1;
     ++c.generation;
-    c.reading = c.readable = c.ended = false;
+    c.watched = c.reading = c.readable = c.ended = false;
     c.begin = c.end = 0;
     slot_reserves_ -= c.slot_reserve;  // its reserves go to the rest
     opener_reserves_ -= c.opener_reserve;
@@ -393,13 +400,39 @@ void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
     }
 }
 
-void TcpReader::accept_from(int listen_fd, std::uint16_t local_port, std::uint64_t now) noexcept {
+void TcpReader::unwatch(Connection& c) noexcept {
+    if (!c.watched) return;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
+    c.watched = c.reading = false;
+}
+
+void TcpReader::watch_listener(std::size_t l, bool watch) noexcept {
+    epoll_event ev{};
+    ev.events = watch ? static_cast<std::uint32_t>(EPOLLIN) : 0u;
+    ev.data.u64 = kListenerTag | l;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, s_.listen_fds[l], &ev);
+    if (watch && listen_rests_until_ns_[l] != 0) --resting_listeners_;
+    if (!watch && listen_rests_until_ns_[l] == 0) ++resting_listeners_;
+    listen_rests_until_ns_[l] = watch ? 0 : monotonic_ns() + kAcceptRestNs;
+}
+
+void TcpReader::accept_from(std::size_t l, std::uint64_t now) noexcept {
+    const int listen_fd = s_.listen_fds[l];
+    const auto local_port = static_cast<std::uint16_t>(listen_ports_[l]);
     for (int i = 0; i < 64; ++i) {
         const net::Accepted a = net::accept_tcp(listen_fd);
         if (a.fd < 0) {
+            // Without a descriptor (or memory) the connection stays queued and the
+            // listener stays readable: it rests, or the reader would wake at every turn.
+            const bool no_room = a.error == EMFILE || a.error == ENFILE || a.error == ENOBUFS || a.error == ENOMEM;
+            if (no_room) {
+                tcp_.accept_failures.add();
+                watch_listener(l, false);
+            }
             if (a.error != 0 && !logged_accept_error_) {
                 logged_accept_error_ = true;
-                log_warn("tcp: accept: {}", std::strerror(a.error));
+                log_warn("tcp: accept: {}{}", std::strerror(a.error),
+                         no_room ? "; the listener rests 100 ms each time, counted in evb_tcp_accept_failures_total" : "");
             }
             return;
         }
@@ -435,7 +468,7 @@ void TcpReader::accept_from(int listen_fd, std::uint16_t local_port, std::uint64
         ev.events = EPOLLIN;
         ev.data.u64 = idx;
         ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c.fd, &ev);
-        c.reading = true;
+        c.watched = c.reading = true;
         c.readable = true;  // it may have sent already
         tcp_.connections_open.set(++open_);
         log_debug("tcp: connection from {}", net::Endpoint{a.peer, sizeof a.peer}.to_string());

@@ -62,7 +62,11 @@ public:
 
 private:
     struct Connection;
-    void accept_from(int listen_fd, std::uint16_t local_port, std::uint64_t now) noexcept;
+    void accept_from(std::size_t l, std::uint64_t now) noexcept;
+    void watch_listener(std::size_t l, bool watch) noexcept;
+    // A held connection the peer reset or hung up: out of the epoll set until released
+    // (epoll reports EPOLLERR and EPOLLHUP whatever the interest, at every turn).
+    void unwatch(Connection& c) noexcept;
     std::size_t serve(Connection& c, std::uint64_t now) noexcept;
     enum class Taken { need_bytes, no_room, framing_lost };
     // Takes the whole messages of c's buffer while there is room.
@@ -95,6 +99,11 @@ private:
     alloc::ArenaArray<std::byte> buffers_;    // every connection's read buffer, made at start
     std::vector<std::uint32_t> free_conns_;   // indices of closed connections
     std::vector<std::uint32_t> listen_ports_;  // local port per listening socket
+    // Per listening socket: 0, or when (monotonic) it is watched again after accept
+    // failed for want of descriptors (the connection stays queued; a level-triggered
+    // epoll would report it at every turn).
+    std::vector<std::uint64_t> listen_rests_until_ns_;
+    std::size_t resting_listeners_ = 0;
     // Which connection (index, generation) each slot in flight came from, so a
     // returned slot counts against the right connection's share.
     std::vector<std::uint32_t> slot_conn_, slot_gen_;
