@@ -478,7 +478,12 @@ void TcpReader::accept_from(std::size_t l, std::uint64_t now) noexcept {
 void TcpReader::check_timeouts(std::uint64_t now) noexcept {
     timeouts_checked_ns_ = now;
     for (Connection& c : conns_) {
-        if (c.fd < 0 || c.held || c.ended || now - c.last_byte_ns < s_.timeout_ns) continue;
+        if (c.fd < 0 || c.held || c.ended) continue;
+        if (!c.any_bytes && !rules_->running) {  // a readout PC waiting for the run's start: its idle time starts then
+            c.last_byte_ns = now;
+            continue;
+        }
+        if (now - c.last_byte_ns < s_.timeout_ns) continue;
         if (!c.any_bytes)
             close_connection(c, net::TcpClose::idle);
         else if (c.begin != c.end)  // inside a message, and the sender sends no more of it
