@@ -89,23 +89,41 @@ TcpReader::~TcpReader() {
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
 
+namespace {
+std::size_t less(std::size_t from, std::size_t a, std::size_t b) noexcept { return from > a + b ? from - a - b : 0; }
+}  // namespace
+
+std::size_t TcpReader::opener_spare() const noexcept {
+    // Each place for a connection not open yet keeps one opener, the reserve it opens with.
+    return less(s_.take_limit, opener_reserves_, s_.max_connections - open_);
+}
+
+std::size_t TcpReader::slot_spare() const noexcept {
+    return less(pool_.slot_count(), slot_reserves_, s_.max_connections - open_);
+}
+
 std::size_t TcpReader::share(const Connection& c) const noexcept {
-    // Its reserve and an equal part of what the open connections' reserves leave of the
-    // take limit: the shares add up to at most the limit (while the reserves do), so a
-    // connection under its share always finds the limit unreached (docs/ARCHITECTURE.md,
-    // "Input over TCP", why no cycle of waits). Never above connection_limit, unless
-    // its reserve is.
-    const std::size_t spare = s_.take_limit > opener_reserves_ ? s_.take_limit - opener_reserves_ : 0;
-    const std::size_t part = c.opener_reserve + spare / std::max<std::size_t>(open_, 1);
+    // Its reserve and an equal part of the spare: the shares add up to at most the take
+    // limit (docs/ARCHITECTURE.md, "Input over TCP", why no cycle of waits). Never
+    // above connection_limit, unless its reserve is.
+    const std::size_t part = c.opener_reserve + opener_spare() / std::max<std::size_t>(open_, 1);
     return std::min(part, std::max(s_.connection_limit, c.opener_reserve));
 }
 
 std::size_t TcpReader::slot_share(const Connection& c) const noexcept {
     // The same for the pool's slots, with the connection's messages per event as its
     // reserve: the slot shares add up to at most the pool, so no connection takes it all.
-    const std::size_t slots = pool_.slot_count();
-    const std::size_t spare = slots > slot_reserves_ ? slots - slot_reserves_ : 0;
-    return c.slot_reserve + spare / std::max<std::size_t>(open_, 1);
+    return c.slot_reserve + slot_spare() / std::max<std::size_t>(open_, 1);
+}
+
+void TcpReader::unaccount(const Connection& c) noexcept {
+    openers_in_reserves_ -= std::min(c.held_openers, c.opener_reserve);
+    slots_in_reserves_ -= std::min(c.held_slots, c.slot_reserve);
+}
+
+void TcpReader::account(const Connection& c) noexcept {
+    openers_in_reserves_ += std::min(c.held_openers, c.opener_reserve);
+    slots_in_reserves_ += std::min(c.held_slots, c.slot_reserve);
 }
 
 void TcpReader::set_reserve(Connection& c, std::size_t messages, bool keyless) noexcept {
@@ -114,10 +132,12 @@ void TcpReader::set_reserve(Connection& c, std::size_t messages, bool keyless) n
     // keys, every one of them.
     const std::size_t slots = std::max<std::size_t>(messages, 1);
     const std::size_t openers = keyless ? slots : 1;
+    unaccount(c);
     slot_reserves_ = slot_reserves_ - c.slot_reserve + slots;
     opener_reserves_ = opener_reserves_ - c.opener_reserve + openers;
     c.slot_reserve = slots;
     c.opener_reserve = openers;
+    account(c);
 }
 
 void TcpReader::learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept {
@@ -149,8 +169,16 @@ void TcpReader::learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept 
 }
 
 bool TcpReader::room_for(const Connection& c, bool opener) const noexcept {
-    if (pool_.free_count() == 0 || c.held_slots >= slot_share(c)) return false;
-    return !opener || (openers_ < s_.take_limit && c.held_openers < share(c));
+    // Within its reserve a connection always has room; beyond it, under its share and
+    // while all that the connections hold beyond their reserves is under the spare.
+    // Together they never hold more than the take limit (the pool), and what a
+    // connection reserves for the oldest event is never taken by another.
+    if (pool_.free_count() == 0) return false;
+    if (c.held_slots >= c.slot_reserve &&
+        (c.held_slots >= slot_share(c) || in_flight_ - slots_in_reserves_ >= slot_spare()))
+        return false;
+    return !opener || c.held_openers < c.opener_reserve ||
+           (c.held_openers < share(c) && openers_ - openers_in_reserves_ < opener_spare());
 }
 
 bool TcpReader::opens(const Connection& c, std::uint32_t len, std::uint64_t& key, bool& known) const noexcept {
@@ -174,8 +202,10 @@ void TcpReader::reclaim_slots() noexcept {
         if (opener) --openers_;
         Connection& c = conns_[slot_conn_[idx]];
         if (c.generation != slot_gen_[idx]) return;  // that connection has closed since
+        unaccount(c);
         if (c.held_slots > 0) --c.held_slots;
         if (opener && c.held_openers > 0) --c.held_openers;
+        account(c);
     });
 }
 
@@ -328,12 +358,14 @@ TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
         slot_conn_[idx] = static_cast<std::uint32_t>(&c - conns_.data());
         slot_gen_[idx] = c.generation;
         slot_opener_[idx] = opener ? 1 : 0;
+        unaccount(c);
         ++c.held_slots;
         ++in_flight_;
         if (opener) {
             ++c.held_openers;
             ++openers_;
         }
+        account(c);
         c.has_key = known;  // the key of the last message handed on
         c.last_key = key;
     }
@@ -381,9 +413,11 @@ void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
     ++c.generation;
     c.watched = c.reading = c.readable = c.ended = false;
     c.begin = c.end = 0;
+    unaccount(c);  // its slots in flight count as held beyond any reserve until they are back
     slot_reserves_ -= c.slot_reserve;  // its reserves go to the rest
     opener_reserves_ -= c.opener_reserve;
     c.slot_reserve = c.opener_reserve = 0;
+    c.held_slots = c.held_openers = 0;
     free_conns_.push_back(static_cast<std::uint32_t>(&c - conns_.data()));
     tcp_.connections_open.set(--open_);
     tcp_.closed[static_cast<std::size_t>(why)].add();

@@ -88,6 +88,13 @@ private:
     // per fragment, whether it had an event key (`keyless`: it had none).
     void learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept;
     void set_reserve(Connection& c, std::size_t messages, bool keyless) noexcept;
+    // What the reserves and the places for connections still to come leave of the take
+    // limit (of the pool): all that the connections together may hold beyond their reserves.
+    std::size_t opener_spare() const noexcept;
+    std::size_t slot_spare() const noexcept;
+    // Take c's holdings within its reserves out of (back into) the sums, around a change.
+    void unaccount(const Connection& c) noexcept;
+    void account(const Connection& c) noexcept;
 
     TcpReaderSettings s_;
     alloc::BufferPool& pool_;
@@ -112,8 +119,10 @@ private:
     std::size_t openers_ = 0;    // of them, openers
     std::size_t open_ = 0;
     std::size_t held_ = 0;       // connections held for want of room
-    // Sum over open connections of their reserves (Connection::opener_reserve, ::messages).
+    // Sums over open connections of their reserves (Connection::opener_reserve,
+    // ::slot_reserve), and of what each holds within them.
     std::size_t opener_reserves_ = 0, slot_reserves_ = 0;
+    std::size_t openers_in_reserves_ = 0, slots_in_reserves_ = 0;
     TcpSourceOwners owners_;     // which connection carries each source seen
     std::size_t first_served_ = 0;  // rotates: which connection a round serves first
     ShardBatches batches_;

@@ -6,7 +6,8 @@ turn. (b) A listener at EMFILE (evbd's descriptor limit lowered while it runs): 
 fails, the connection stays queued, and a level-triggered epoll reported the listener
 at every turn. In both the thread evb-tcp-0 must stay near idle (its CPU time, from
 /proc, over a measured interval of wall time); once descriptors are free again the
-queued connection is accepted."""
+queued connection is accepted, and once the held connection has room again it is
+read and closed."""
 import os
 import resource
 import shutil
@@ -85,6 +86,16 @@ def main():
     d.wait_metric("evb_tcp_connections_accepted_total", lambda v: v == accepted + 1, timeout=30)
     check(True, "with descriptors free again the queued connection is accepted")
     check(d.metrics().get("evb_tcp_accept_failures_total", 0) > 0, "the failed accepts are counted")
+
+    # (c) room again: source 1 completes the held connection's events; the connection
+    # reset in (a) is taken from, read (the reset) and closed.
+    other = socket.create_connection(("127.0.0.1", tcp))
+    for e in range(64):
+        datagram = frag(e, 1, 100, 0, 0, 1, bytes(100))
+        other.sendall(struct.pack("<I", len(datagram)) + datagram)
+    d.wait_metric('evb_tcp_connections_closed_total{reason="read_error"}', lambda v: v == 1, timeout=30)
+    check(d.metrics().get("evb_tcp_connections_held") == 0, "the connection reset while held is closed once it has room")
+    other.close()
     waiting.close()
     check(d.stop() == 0, "evbd exits 0")
     shutil.rmtree(wd, ignore_errors=True)
