@@ -10,7 +10,7 @@ import shutil
 import socket
 import struct
 
-from evbtest import Evbd, check, ctl, frag, free_tcp_port, wait_until, workdir
+from evbtest import Evbd, check, ctl, free_tcp_port, send_tcp_events, wait_until, workdir
 
 EVENTS = 20
 
@@ -35,9 +35,7 @@ def main():
 
     rc, out, err = ctl(sock, "start")
     check(rc == 0, f"evb-ctl start ({out.strip()} {err.strip()})")
-    for e in range(EVENTS):
-        datagram = frag(e, 0, 100, 0, 0, 1, bytes(100))
-        waiting.sendall(struct.pack("<I", len(datagram)) + datagram)
+    send_tcp_events(waiting, 0, EVENTS)
     d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= EVENTS, timeout=30)
     check(True, f"after the start its {EVENTS} events are built")
     idle = socket.create_connection(("127.0.0.1", tcp))  # during the run: the timeout applies

@@ -8,17 +8,10 @@ all 64 events are built complete long before their timeout. Before session 21 th
 first PC kept the whole limit and the second waited for the building timeout."""
 import shutil
 import socket
-import struct
 
-from evbtest import Evbd, check, frag, free_tcp_port, workdir
+from evbtest import Evbd, check, free_tcp_port, send_tcp_events, workdir
 
 EVENTS = 64
-
-
-def send_events(s, source):
-    for e in range(EVENTS):
-        datagram = frag(e, source, 100, 0, 0, 1, bytes(100))
-        s.sendall(struct.pack("<I", len(datagram)) + datagram)
 
 
 def main():
@@ -28,11 +21,11 @@ def main():
                        "building.max_events_in_flight=16", "building.timeout_ms=600000",
                        "building.source_timeout_ms=3600000", "building.source_timeout_events=1048576"])
     first = socket.create_connection(("127.0.0.1", tcp))
-    send_events(first, 0)
+    send_tcp_events(first, 0, EVENTS)
     d.wait_metric("evb_tcp_connections_held", lambda v: v == 1, timeout=30)
     check(True, "the first readout PC is held back, its events waiting for source 1")
     second = socket.create_connection(("127.0.0.1", tcp))
-    send_events(second, 1)
+    send_tcp_events(second, 1, EVENTS)
     d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v == EVENTS, timeout=30)
     check(True, f"the second readout PC got in: all {EVENTS} events built complete")
     check(d.metrics().get('evb_events_built_total{status="incomplete"}', 0) == 0, "none incomplete")
