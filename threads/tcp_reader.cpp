@@ -90,16 +90,17 @@ TcpReader::~TcpReader() {
 }
 
 namespace {
-std::size_t less(std::size_t from, std::size_t a, std::size_t b) noexcept { return from > a + b ? from - a - b : 0; }
+// What is left of `from` once `a` and `b` are set aside (0 if nothing).
+std::size_t left_after(std::size_t from, std::size_t a, std::size_t b) noexcept { return from > a + b ? from - a - b : 0; }
 }  // namespace
 
 std::size_t TcpReader::opener_spare() const noexcept {
     // Each place for a connection not open yet keeps one opener, the reserve it opens with.
-    return less(s_.take_limit, opener_reserves_, s_.max_connections - open_);
+    return left_after(s_.take_limit, opener_reserves_, s_.max_connections - open_);
 }
 
 std::size_t TcpReader::slot_spare() const noexcept {
-    return less(pool_.slot_count(), slot_reserves_, s_.max_connections - open_);
+    return left_after(pool_.slot_count(), slot_reserves_, s_.max_connections - open_);
 }
 
 std::size_t TcpReader::share(const Connection& c) const noexcept {
