@@ -175,6 +175,11 @@ void collect_tcp(const Sources& s, std::vector<FamilyOut>& out) {
                          T::counter, sum(C, [](auto& b) { return b.held_ns.get(); }) / 1e9));
     out.push_back(scalar("evb_tcp_connections_held", "TCP connections not read now for want of room (back-pressure).",
                          T::gauge, sum(C, [](auto& b) { return b.held_now.get(); })));
+    out.push_back(scalar("evb_tcp_accept_failures_total",
+                         "Times accepting a TCP connection failed for want of file descriptors or memory (EMFILE, "
+                         "ENFILE, ENOBUFS, ENOMEM); each time the listener rests 100 ms and the connection waits "
+                         "in the kernel's queue.",
+                         T::counter, sum(C, [](auto& b) { return b.accept_failures.get(); })));
 }
 
 std::vector<FamilyOut> collect(const Sources& s) {

@@ -105,7 +105,14 @@ TcpReaderSettings tcp_reader_settings(const Config& c, const Snapshot& snap, std
     t.connection_limit = snap.matcher.sources.size() > 1 && c.building.match != MatchMode::time_slice
                              ? std::max<std::size_t>(1, std::size_t{snap.matcher.max_solo_events_per_source} * 7 / 8)
                              : t.take_limit;
-    t.min_share = snap.matcher.sources.size();
+    t.expected_sources = snap.matcher.sources.size();
+    // One opener per place of input.tcp_max_connections is kept for connections still
+    // to come: with the places near the take limit, connections get little beyond it.
+    if (t.take_limit <= 2 * std::size_t{t.max_connections})
+        log_warn("input.tcp_max_connections: {} places per TCP reader keep {} of its {} openers (events it may have "
+                 "open) for connections still to come; each readout PC then takes few events ahead of the others. "
+                 "Lower it to the PCs there are, or raise building.max_events_in_flight",
+                 t.max_connections, std::min<std::size_t>(t.max_connections, t.take_limit), t.take_limit);
     t.frames = frames;
     return t;
 }

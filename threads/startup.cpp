@@ -184,16 +184,24 @@ bool check_memory(const Config& c, const Sizing& z) {
             ? std::uint64_t{z.shards} * (compression_ring_bytes(c, z) +
                                          codec::working_bytes(c.output.record_codec(), static_cast<int>(c.output.compression_level)))
             : 0;
-    const std::uint64_t need = event_pools + c.building.max_buffer_bytes + rings;
+    // Every TCP connection's read buffer, made resident at start in each TCP reader's arena.
+    const std::uint64_t tcp_buffers = std::uint64_t{c.input.tcp_reader_threads()} * c.input.tcp_max_connections *
+                                      c.input.tcp_buffer_bytes;
+    const std::uint64_t need = event_pools + c.building.max_buffer_bytes + rings + tcp_buffers;
     std::string where;
     if (const std::uint64_t avail = allocatable_memory_bytes(&where); avail != 0 && need > avail / 10 * 9) {
         log_error("memory: the event pools need {} bytes (building.max_events_in_flight {} x {} sources) and the "
-                  "receive buffers {} bytes (building.max_buffer_bytes){}, {} in all, but only {} bytes can be "
+                  "receive buffers {} bytes (building.max_buffer_bytes){}{}, {} in all, but only {} bytes can be "
                   "allocated ({}; at most 90% of it is taken); lower building.max_events_in_flight, the sources, "
-                  "or building.max_buffer_bytes",
+                  "{}",
                   event_pools, c.building.max_events_in_flight, n, c.building.max_buffer_bytes,
                   rings > 0 ? fmt::format(" and compression {} bytes (rings of compressed records and codec state, output.compression)", rings) : "",
-                  need, avail, where);
+                  tcp_buffers > 0 ? fmt::format(" and TCP read buffers {} bytes ({} reader(s) x input.tcp_max_connections {} x "
+                                                "input.tcp_buffer_bytes {})", tcp_buffers, c.input.tcp_reader_threads(),
+                                                c.input.tcp_max_connections, c.input.tcp_buffer_bytes) : "",
+                  need, avail, where,
+                  tcp_buffers > 0 ? "building.max_buffer_bytes, input.tcp_max_connections or input.tcp_buffer_bytes"
+                                  : "or building.max_buffer_bytes");
         return false;
     }
     return true;

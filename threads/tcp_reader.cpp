@@ -26,6 +26,7 @@ struct TcpReader::Connection {
     std::size_t held_openers = 0;  // of them, openers
     bool has_key = false;          // last_key holds the key of the last message taken
     std::uint64_t last_key = 0;
+    bool watched = false;        // in the epoll set
     bool reading = false;        // EPOLLIN in its interest set
     bool readable = false;       // epoll reported something not yet read
     bool held = false;           // not read for want of room
@@ -34,12 +35,20 @@ struct TcpReader::Connection {
     bool any_bytes = false;
     std::uint64_t last_byte_ns = 0;  // monotonic; the time it opened until it sends
     std::uint64_t held_since_ns = 0;
+    // What it carries, as learnt from what it sent: its sources, the most chunks of a
+    // fragment, and whether its messages have no event key (timestamp mode, described
+    // frames: each may open an event). Its reserves follow (TcpReader::set_reserve).
+    std::size_t sources = 0;
+    std::size_t max_chunks = 1;
+    bool keyless = false;
+    std::size_t opener_reserve = 0, slot_reserve = 0;
 };
 
 namespace {
 constexpr std::uint64_t kListenerTag = 1ull << 32;
 constexpr std::uint64_t kTimeoutCheckNs = 100'000'000;
 constexpr int kReadsPerTurn = 4;  // reads of one connection per round before the next is served
+constexpr std::uint64_t kAcceptRestNs = 100'000'000;  // a listener's rest after accept found no descriptor
 }  // namespace
 
 TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::BufferPool& pool, ShardSink& sink,
@@ -54,6 +63,7 @@ TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::Buf
       slot_conn_(pool.slot_count(), 0),
       slot_gen_(pool.slot_count(), 0),
       slot_opener_(pool.slot_count(), 0),
+      owners_(s.expected_sources),
       batches_(sink.shard_count()),
       frames_(s.frames) {
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -64,6 +74,7 @@ TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::Buf
     }
     for (std::size_t l = 0; l < s.listen_fds.size(); ++l) {
         listen_ports_.push_back(net::local_port(s.listen_fds[l]));
+        listen_rests_until_ns_.push_back(0);
         epoll_event ev{};
         ev.events = EPOLLIN;
         ev.data.u64 = kListenerTag | l;
@@ -78,21 +89,97 @@ TcpReader::~TcpReader() {
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
 
-std::size_t TcpReader::share() const noexcept {
-    // Each open connection gets an equal part of the reader's slots in flight (see
-    // docs/ARCHITECTURE.md, "Input over TCP"), never more than connection_limit.
-    const std::size_t part = s_.take_limit / std::max<std::size_t>(open_, 1);
-    return std::max({std::size_t{1}, std::min(part, s_.connection_limit), std::min(s_.min_share, s_.take_limit)});
+namespace {
+// What is left of `from` once `a` and `b` are set aside (0 if nothing).
+std::size_t left_after(std::size_t from, std::size_t a, std::size_t b) noexcept { return from > a + b ? from - a - b : 0; }
+}  // namespace
+
+std::size_t TcpReader::opener_spare() const noexcept {
+    // Each place for a connection not open yet keeps one opener, the reserve it opens with.
+    return left_after(s_.take_limit, opener_reserves_, s_.max_connections - open_);
 }
 
-std::size_t TcpReader::slot_share() const noexcept {
-    // Slots themselves: an equal part of the pool, so no connection takes it all.
-    return std::max<std::size_t>(1, pool_.slot_count() / std::max<std::size_t>(open_, 1));
+std::size_t TcpReader::slot_spare() const noexcept {
+    return left_after(pool_.slot_count(), slot_reserves_, s_.max_connections - open_);
+}
+
+std::size_t TcpReader::share(const Connection& c) const noexcept {
+    // Its reserve and an equal part of the spare: the shares add up to at most the take
+    // limit (docs/ARCHITECTURE.md, "Input over TCP", why no cycle of waits). Never
+    // above connection_limit, unless its reserve is.
+    const std::size_t part = c.opener_reserve + opener_spare() / std::max<std::size_t>(open_, 1);
+    return std::min(part, std::max(s_.connection_limit, c.opener_reserve));
+}
+
+std::size_t TcpReader::slot_share(const Connection& c) const noexcept {
+    // The same for the pool's slots, with the connection's messages per event as its
+    // reserve: the slot shares add up to at most the pool, so no connection takes it all.
+    return c.slot_reserve + slot_spare() / std::max<std::size_t>(open_, 1);
+}
+
+void TcpReader::unaccount(const Connection& c) noexcept {
+    openers_in_reserves_ -= std::min(c.held_openers, c.opener_reserve);
+    slots_in_reserves_ -= std::min(c.held_slots, c.slot_reserve);
+}
+
+void TcpReader::account(const Connection& c) noexcept {
+    openers_in_reserves_ += std::min(c.held_openers, c.opener_reserve);
+    slots_in_reserves_ += std::min(c.held_slots, c.slot_reserve);
+}
+
+void TcpReader::set_reserve(Connection& c, std::size_t messages, bool keyless) noexcept {
+    // What the oldest event needs of this connection: each of its messages of that
+    // event in a slot; as openers, one (the first with the event's key) or, without
+    // keys, every one of them.
+    const std::size_t slots = std::max<std::size_t>(messages, 1);
+    const std::size_t openers = keyless ? slots : 1;
+    unaccount(c);
+    slot_reserves_ = slot_reserves_ - c.slot_reserve + slots;
+    opener_reserves_ = opener_reserves_ - c.opener_reserve + openers;
+    c.slot_reserve = slots;
+    c.opener_reserve = openers;
+    account(c);
+}
+
+void TcpReader::learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept {
+    bool changed = false;
+    if (keyless && !c.keyless) {  // from now on each of its messages counts as an opener
+        c.keyless = true;
+        changed = true;
+    }
+    if (m.chunk_count > c.max_chunks) {
+        c.max_chunks = m.chunk_count;
+        changed = true;
+    }
+    const auto at = static_cast<std::uint32_t>(&c - conns_.data());
+    TcpSourceOwners::Owner before;
+    if (owners_.assign(m.source_id, at, c.generation, before)) {
+        ++c.sources;
+        changed = true;
+        // A source that moved from a connection still open (its sender changed its
+        // mind) no longer counts there.
+        if (before.known && before.conn != at) {
+            Connection& was = conns_[before.conn];
+            if (was.fd >= 0 && was.generation == before.gen && was.sources > 0) {
+                --was.sources;
+                set_reserve(was, was.sources * was.max_chunks, was.keyless);
+            }
+        }
+    }
+    if (changed) set_reserve(c, c.sources * c.max_chunks, c.keyless);
 }
 
 bool TcpReader::room_for(const Connection& c, bool opener) const noexcept {
-    if (pool_.free_count() == 0 || c.held_slots >= std::max(slot_share(), share())) return false;
-    return !opener || (openers_ < s_.take_limit && c.held_openers < share());
+    // Within its reserve a connection always has room; beyond it, under its share and
+    // while all that the connections hold beyond their reserves is under the spare.
+    // Together they never hold more than the take limit (the pool), and what a
+    // connection reserves for the oldest event is never taken by another.
+    if (pool_.free_count() == 0) return false;
+    if (c.held_slots >= c.slot_reserve &&
+        (c.held_slots >= slot_share(c) || in_flight_ - slots_in_reserves_ >= slot_spare()))
+        return false;
+    return !opener || c.held_openers < c.opener_reserve ||
+           (c.held_openers < share(c) && openers_ - openers_in_reserves_ < opener_spare());
 }
 
 bool TcpReader::opens(const Connection& c, std::uint32_t len, std::uint64_t& key, bool& known) const noexcept {
@@ -116,8 +203,10 @@ void TcpReader::reclaim_slots() noexcept {
         if (opener) --openers_;
         Connection& c = conns_[slot_conn_[idx]];
         if (c.generation != slot_gen_[idx]) return;  // that connection has closed since
+        unaccount(c);
         if (c.held_slots > 0) --c.held_slots;
         if (opener && c.held_openers > 0) --c.held_openers;
+        account(c);
     });
 }
 
@@ -135,18 +224,27 @@ std::size_t TcpReader::do_work() {
     for (int i = 0; i < ready; ++i) {
         const std::uint64_t tag = events[i].data.u64;
         if (tag & kListenerTag) {
-            const std::size_t l = tag & 0xffffffffu;
-            accept_from(s_.listen_fds[l], static_cast<std::uint16_t>(listen_ports_[l]), now);
+            accept_from(tag & 0xffffffffu, now);
+        } else if (conns_[tag].held && (events[i].events & (EPOLLERR | EPOLLHUP)) != 0) {
+            unwatch(conns_[tag]);  // read (and closed) once it has room again
         } else {
             conns_[tag].readable = true;
         }
     }
+    if (resting_listeners_ > 0)
+        for (std::size_t l = 0; l < listen_rests_until_ns_.size(); ++l)
+            if (listen_rests_until_ns_[l] != 0 && now >= listen_rests_until_ns_[l]) watch_listener(l, true);
     std::size_t work = static_cast<std::size_t>(std::max(ready, 0));
     const std::uint64_t taken_before = counters_.datagrams.get();
-    for (Connection& c : conns_) {
+    // Each round starts one connection further on: the first served has the first
+    // pick of the slots coming back, and no connection has it every round.
+    const std::size_t n = conns_.size();
+    for (std::size_t i = 0; i < n; ++i) {
+        Connection& c = conns_[(first_served_ + i) % n];
         if (c.fd < 0) continue;
         if (c.readable || c.ended || c.held) work += serve(c, now);
     }
+    first_served_ = (first_served_ + 1) % n;
     batches_.submit_all(sink_, realtime_ns());
     if (counters_.datagrams.get() != taken_before) counters_.receive_batches.add();
     counters_.slots_free.set(pool_.free_count());
@@ -200,9 +298,9 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
         c.ended = true;
         c.end_reason = got == 0 ? net::TcpClose::peer_closed : net::TcpClose::read_error;
         c.readable = false;
-        if (c.reading) {
+        if (c.watched) {
             ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
-            c.reading = false;
+            c.watched = c.reading = false;
         }
     }
     return work;
@@ -256,16 +354,19 @@ TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
             pool_.give_back_local(idx);
             continue;
         }
+        learn(c, *ChunkMeta::in_slot(pool_.meta(idx)), !known);
         batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));
         slot_conn_[idx] = static_cast<std::uint32_t>(&c - conns_.data());
         slot_gen_[idx] = c.generation;
         slot_opener_[idx] = opener ? 1 : 0;
+        unaccount(c);
         ++c.held_slots;
         ++in_flight_;
         if (opener) {
             ++c.held_openers;
             ++openers_;
         }
+        account(c);
         c.has_key = known;  // the key of the last message handed on
         c.last_key = key;
     }
@@ -300,8 +401,8 @@ void TcpReader::release(Connection& c, std::uint64_t now) noexcept {
         epoll_event ev{};
         ev.events = EPOLLIN;
         ev.data.u64 = static_cast<std::uint64_t>(&c - conns_.data());
-        ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
-        c.reading = true;
+        ::epoll_ctl(epoll_fd_, c.watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c.fd, &ev);
+        c.watched = c.reading = true;
         c.readable = true;  // whatever waited meanwhile is read at once
     }
 }
@@ -311,8 +412,13 @@ void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
     ::close(c.fd);  // also takes it out of the epoll set
     c.fd = -1;
     ++c.generation;
-    c.reading = c.readable = c.ended = false;
+    c.watched = c.reading = c.readable = c.ended = false;
     c.begin = c.end = 0;
+    unaccount(c);  // its slots in flight count as held beyond any reserve until they are back
+    slot_reserves_ -= c.slot_reserve;  // its reserves go to the rest
+    opener_reserves_ -= c.opener_reserve;
+    c.slot_reserve = c.opener_reserve = 0;
+    c.held_slots = c.held_openers = 0;
     free_conns_.push_back(static_cast<std::uint32_t>(&c - conns_.data()));
     tcp_.connections_open.set(--open_);
     tcp_.closed[static_cast<std::size_t>(why)].add();
@@ -329,13 +435,39 @@ void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
     }
 }
 
-void TcpReader::accept_from(int listen_fd, std::uint16_t local_port, std::uint64_t now) noexcept {
+void TcpReader::unwatch(Connection& c) noexcept {
+    if (!c.watched) return;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
+    c.watched = c.reading = false;
+}
+
+void TcpReader::watch_listener(std::size_t l, bool watch) noexcept {
+    epoll_event ev{};
+    ev.events = watch ? static_cast<std::uint32_t>(EPOLLIN) : 0u;
+    ev.data.u64 = kListenerTag | l;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, s_.listen_fds[l], &ev);
+    if (watch && listen_rests_until_ns_[l] != 0) --resting_listeners_;
+    if (!watch && listen_rests_until_ns_[l] == 0) ++resting_listeners_;
+    listen_rests_until_ns_[l] = watch ? 0 : monotonic_ns() + kAcceptRestNs;
+}
+
+void TcpReader::accept_from(std::size_t l, std::uint64_t now) noexcept {
+    const int listen_fd = s_.listen_fds[l];
+    const auto local_port = static_cast<std::uint16_t>(listen_ports_[l]);
     for (int i = 0; i < 64; ++i) {
         const net::Accepted a = net::accept_tcp(listen_fd);
         if (a.fd < 0) {
+            // Without a descriptor (or memory) the connection stays queued and the
+            // listener stays readable: it rests, or the reader would wake at every turn.
+            const bool no_room = a.error == EMFILE || a.error == ENFILE || a.error == ENOBUFS || a.error == ENOMEM;
+            if (no_room) {
+                tcp_.accept_failures.add();
+                watch_listener(l, false);
+            }
             if (a.error != 0 && !logged_accept_error_) {
                 logged_accept_error_ = true;
-                log_warn("tcp: accept: {}", std::strerror(a.error));
+                log_warn("tcp: accept: {}{}", std::strerror(a.error),
+                         no_room ? "; the listener rests 100 ms each time, counted in evb_tcp_accept_failures_total" : "");
             }
             return;
         }
@@ -361,14 +493,17 @@ void TcpReader::accept_from(int listen_fd, std::uint16_t local_port, std::uint64
         c.held_slots = c.held_openers = 0;
         c.has_key = false;
         c.begin = c.end = 0;
-        c.held = c.ended = c.any_bytes = false;
+        c.held = c.ended = c.any_bytes = c.keyless = false;
+        c.sources = 0;
+        c.max_chunks = 1;
+        set_reserve(c, 0, false);
         c.end_reason = net::TcpClose::peer_closed;
         c.last_byte_ns = now;
         epoll_event ev{};
         ev.events = EPOLLIN;
         ev.data.u64 = idx;
         ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c.fd, &ev);
-        c.reading = true;
+        c.watched = c.reading = true;
         c.readable = true;  // it may have sent already
         tcp_.connections_open.set(++open_);
         log_debug("tcp: connection from {}", net::Endpoint{a.peer, sizeof a.peer}.to_string());
@@ -378,7 +513,12 @@ void TcpReader::accept_from(int listen_fd, std::uint16_t local_port, std::uint64
 void TcpReader::check_timeouts(std::uint64_t now) noexcept {
     timeouts_checked_ns_ = now;
     for (Connection& c : conns_) {
-        if (c.fd < 0 || c.held || c.ended || now - c.last_byte_ns < s_.timeout_ns) continue;
+        if (c.fd < 0 || c.held || c.ended) continue;
+        if (!c.any_bytes && !rules_->running) {  // a readout PC waiting for the run's start: its idle time starts then
+            c.last_byte_ns = now;
+            continue;
+        }
+        if (now - c.last_byte_ns < s_.timeout_ns) continue;
         if (!c.any_bytes)
             close_connection(c, net::TcpClose::idle);
         else if (c.begin != c.end)  // inside a message, and the sender sends no more of it

@@ -7,7 +7,8 @@
 // Back-pressure (docs/ARCHITECTURE.md, "Input over TCP"): a message is taken only
 // when the connection has room (a free slot, the connection under its part of the
 // pool and, for a message that can open an event, the reader under its limit of such
-// openers in flight and the connection under its share of it); otherwise the connection
+// openers in flight and the connection under its share of it: the shares add up to at
+// most the limit, and each round serves another connection first); otherwise the connection
 // is held: its EPOLLIN interest is dropped, its buffer stays as it is, the kernel's
 // window closes and the sender waits. Nothing read is refused for want of room.
 #pragma once
@@ -22,6 +23,7 @@
 #include "threads/channels.hpp"
 #include "threads/runner.hpp"
 #include "threads/socket_reader.hpp"
+#include "threads/tcp_source_owners.hpp"
 
 namespace evb {
 
@@ -38,10 +40,9 @@ struct TcpReaderSettings {
     // pool, nor one source's share of it (run_daemon, tcp_reader_settings).
     std::size_t take_limit = 1024;
     std::size_t connection_limit = 256;
-    // A connection's share is never below this (the expected sources, or the take
-    // limit if smaller): the oldest event's fragments of every source it carries must
-    // fit in it, or it could wait for room that only that event's completion frees.
-    std::size_t min_share = 1;
+    // The sources the configuration expects: sizes the table that learns which
+    // connection carries which source (a connection's share, docs/ARCHITECTURE.md).
+    std::size_t expected_sources = 1;
     FrameInputSettings frames;
 };
 
@@ -61,7 +62,11 @@ public:
 
 private:
     struct Connection;
-    void accept_from(int listen_fd, std::uint16_t local_port, std::uint64_t now) noexcept;
+    void accept_from(std::size_t l, std::uint64_t now) noexcept;
+    void watch_listener(std::size_t l, bool watch) noexcept;
+    // A held connection the peer reset or hung up: out of the epoll set until released
+    // (epoll reports EPOLLERR and EPOLLHUP whatever the interest, at every turn).
+    void unwatch(Connection& c) noexcept;
     std::size_t serve(Connection& c, std::uint64_t now) noexcept;
     enum class Taken { need_bytes, no_room, framing_lost };
     // Takes the whole messages of c's buffer while there is room.
@@ -75,8 +80,21 @@ private:
     void close_connection(Connection& c, net::TcpClose why) noexcept;
     void reclaim_slots() noexcept;
     void check_timeouts(std::uint64_t now) noexcept;
-    std::size_t share() const noexcept;
-    std::size_t slot_share() const noexcept;
+    // A connection's openers and slots in flight may reach these (docs/ARCHITECTURE.md,
+    // "Input over TCP"): its reserve plus an equal part of what the reserves leave.
+    std::size_t share(const Connection& c) const noexcept;
+    std::size_t slot_share(const Connection& c) const noexcept;
+    // Learns from chunk `m`, just taken from c, what c carries: its source, its chunks
+    // per fragment, whether it had an event key (`keyless`: it had none).
+    void learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept;
+    void set_reserve(Connection& c, std::size_t messages, bool keyless) noexcept;
+    // What the reserves and the places for connections still to come leave of the take
+    // limit (of the pool): all that the connections together may hold beyond their reserves.
+    std::size_t opener_spare() const noexcept;
+    std::size_t slot_spare() const noexcept;
+    // Take c's holdings within its reserves out of (back into) the sums, around a change.
+    void unaccount(const Connection& c) noexcept;
+    void account(const Connection& c) noexcept;
 
     TcpReaderSettings s_;
     alloc::BufferPool& pool_;
@@ -88,6 +106,11 @@ private:
     alloc::ArenaArray<std::byte> buffers_;    // every connection's read buffer, made at start
     std::vector<std::uint32_t> free_conns_;   // indices of closed connections
     std::vector<std::uint32_t> listen_ports_;  // local port per listening socket
+    // Per listening socket: 0, or when (monotonic) it is watched again after accept
+    // failed for want of descriptors (the connection stays queued; a level-triggered
+    // epoll would report it at every turn).
+    std::vector<std::uint64_t> listen_rests_until_ns_;
+    std::size_t resting_listeners_ = 0;
     // Which connection (index, generation) each slot in flight came from, so a
     // returned slot counts against the right connection's share.
     std::vector<std::uint32_t> slot_conn_, slot_gen_;
@@ -96,6 +119,12 @@ private:
     std::size_t openers_ = 0;    // of them, openers
     std::size_t open_ = 0;
     std::size_t held_ = 0;       // connections held for want of room
+    // Sums over open connections of their reserves (Connection::opener_reserve,
+    // ::slot_reserve), and of what each holds within them.
+    std::size_t opener_reserves_ = 0, slot_reserves_ = 0;
+    std::size_t openers_in_reserves_ = 0, slots_in_reserves_ = 0;
+    TcpSourceOwners owners_;     // which connection carries each source seen
+    std::size_t first_served_ = 0;  // rotates: which connection a round serves first
     ShardBatches batches_;
     const AdmissionRules* rules_ = nullptr;
     RulesInbox inbox_;

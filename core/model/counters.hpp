@@ -97,6 +97,7 @@ struct alignas(kFalseSharingBytes) TcpCounters {
     Counter bytes;                 // stream bytes read (prefixes included)
     Counter held_ns;               // back-pressure: the sum over connections of the time each was not read for want of room
     Counter held_now;              // gauge: connections not read for want of room now
+    Counter accept_failures;       // accept failed for want of descriptors or memory (the listener rested)
 };
 
 struct alignas(kFalseSharingBytes) MatcherCounters {

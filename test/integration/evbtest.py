@@ -475,6 +475,14 @@ def frag(event, source, length, offset, index, count, payload, run=1, flags=0):
     return struct.pack("<IBBHIIQIIHHI", MAGIC, 1, 1, flags, source, run, event, length, offset, index, count, 0) + payload
 
 
+def send_tcp_events(sock, source, events, length=100):
+    """Sends events 0..events-1 of `source` on a TCP connection as length-prefixed
+    FRAGMENT datagrams (docs/FORMATS.md section 11), each one chunk of `length` zero bytes."""
+    for e in range(events):
+        datagram = frag(e, source, length, 0, 0, 1, bytes(length))
+        sock.sendall(struct.pack("<I", len(datagram)) + datagram)
+
+
 def read_pcap(path, senders=False):
     """The UDP payloads of an Ethernet/IPv4 pcap, in capture order (no IP fragments);
     with senders=True, (source IP, source port, destination port, UDP payload) of each."""

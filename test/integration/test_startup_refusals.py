@@ -2,7 +2,8 @@
 machine) make evbd exit 1 at once with an error naming the key, instead of
 starting half-way or being ended by the kernel: receive buffers larger than the
 memory available (made resident at start, they would bring the OOM killer), event
-pools (per-source state of every event in flight) larger than it, an
+pools (per-source state of every event in flight) larger than it, TCP read buffers
+larger than it, an
 output directory that cannot be created, that is a regular file or that is not
 writable, a metrics port already in use, a user that does not exist."""
 import os
@@ -11,7 +12,7 @@ import socket
 import subprocess
 import time
 
-from evbtest import BIN, check, free_udp_port, workdir
+from evbtest import BIN, check, free_tcp_port, free_udp_port, workdir
 
 GIB = 1 << 30
 
@@ -64,6 +65,21 @@ def main():
         check("building.max_events_in_flight" in out and "65535 sources" in out,
               "the error names building.max_events_in_flight and the sources:\n" + out[-500:])
         check(took < 10, f"and does so at once ({took:.1f} s), before allocating")
+
+        # TCP read buffers (every connection's, made at start) larger than the memory
+        # available: 4096 connections x 64 MiB (256 GiB). Refused at once, naming the
+        # keys, instead of failing (or worse) when the arena is made resident.
+        if avail * 9 // 10 < 4096 * (64 << 20):
+            tcp = f'input.listen=["tcp://127.0.0.1:{free_tcp_port()}"]'
+            t0 = time.time()
+            rc, out = start(wd, tcp, "input.tcp_max_connections=4096", f"input.tcp_buffer_bytes={64 << 20}")
+            took = time.time() - t0
+            check(rc == 1, f"evbd exits 1 when the TCP read buffers exceed the memory it may allocate (got {rc})")
+            check("input.tcp_buffer_bytes" in out and "input.tcp_max_connections" in out,
+                  "the error names input.tcp_buffer_bytes and input.tcp_max_connections:\n" + out[-500:])
+            check(took < 10, f"and does so at once ({took:.1f} s), before allocating")
+        else:
+            print("note: more than 256 GiB available; TCP buffer case not run on this machine")
 
         # An output directory that cannot be created (below a regular file).
         blocker = os.path.join(wd, "a-file")
