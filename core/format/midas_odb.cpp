@@ -58,9 +58,11 @@ std::string odb_dump(const RunTimes& t, std::string_view evbd_object) {
     return s;
 }
 
-std::vector<std::byte> encode_bor(const RunTimes& t, std::string_view config_json) {
+std::vector<std::byte> encode_bor(const RunTimes& t, std::string_view config_json, std::string_view metadata_json) {
     std::string evbd = "{ \"Config\" : ";
     evbd += config_json;
+    evbd += ", \"Metadata\" : ";
+    evbd += metadata_json;
     evbd += " }";
     return encode_run_marker(kEventIdBor, t.run_number, t.start_unix_s, odb_dump(t, evbd));
 }

@@ -24,8 +24,10 @@ struct RunTimes {
 // `evbd_object` (JSON object text, put in as it is).
 std::string odb_dump(const RunTimes& t, std::string_view evbd_object);
 
-// The begin-of-run event: /Evbd/Config the configuration (JSON text).
-std::vector<std::byte> encode_bor(const RunTimes& t, std::string_view config_json);
+// The begin-of-run event: /Evbd/Config the configuration, /Evbd/Metadata the
+// metadata the run was started with (both JSON object text).
+std::vector<std::byte> encode_bor(const RunTimes& t, std::string_view config_json,
+                                  std::string_view metadata_json = "{}");
 // The end-of-run event: /Evbd/End the counts (JSON object text).
 std::vector<std::byte> encode_eor(const RunTimes& t, std::string_view counts_json);
 

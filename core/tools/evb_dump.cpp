@@ -856,6 +856,12 @@ void examine_midas(const MidasFeed& feed, const Options& o, FileReport& rep) {
             rep.header = run->header;
         }
         check_midas_event(ev, *run, o, rep, d, items, seen, first);
+    }, [&](const em::NoteView& n) {  // a COMMENT (message event) or USER note: listed, not an event
+        const auto kind = n.comment ? ef::RunRecordKind::comment : ef::RunRecordKind::user;
+        rep.run_records.push_back({n.file_offset, static_cast<std::uint32_t>(kind), n.after_event_id,
+                                   std::uint64_t{n.header.time_stamp} * 1'000'000'000ull, false,
+                                   n.comment ? Json{{"text", std::string(n.text)}}.dump(-1, ' ', false, Json::error_handler_t::replace)
+                                             : std::string(n.text)});
     });
     feed(scanner);
     const em::ScanResult s = scanner.finish();
