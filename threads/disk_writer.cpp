@@ -115,7 +115,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     const bool lz4 = midas && lz4_ != nullptr;
     int e = 0;
     if (midas) {
-        const auto bor = midas::encode_bor({run, run_start_unix_s_, 0}, s_.config_json,
+        const auto bor = midas::encode_bor({run, run_start_unix_s_, 0, s_.midas_experiment}, s_.config_json,
                                            run_metadata_.empty() ? std::string_view("{}") : std::string_view(run_metadata_));
         // `.mid.lz4`: the frame's header and the begin-of-run event's block stand first.
         const auto head = lz4 ? lz4_piece(bor, true, false) : std::span<const std::byte>(bor);
@@ -275,7 +275,8 @@ int DiskWriter::close_output(bool sync) {
         lz4_file_ ? std::optional<std::uint64_t>(file_.size()) : std::nullopt, file_run_,
         run_events_ + file_.event_count(), run_status);
     const auto eor = midas::encode_eor(
-        {file_run_, run_start_unix_s_, static_cast<std::uint32_t>(realtime_ns() / 1'000'000'000ull)}, json_text(counts));
+        {file_run_, run_start_unix_s_, static_cast<std::uint32_t>(realtime_ns() / 1'000'000'000ull), s_.midas_experiment},
+        json_text(counts));
     if (!lz4_file_) return file_.close_with_trailer(eor, sync);
     const auto trailer = lz4_piece(eor, false, true);  // the end-of-run event's block and the frame's end
     return trailer.empty() ? EIO : file_.close_with_trailer(trailer, sync);

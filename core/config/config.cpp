@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/config/snapshot.hpp"
+#include "core/format/midas_odb.hpp"
 #include "core/util/json_depth.hpp"
 #include "core/util/json_text.hpp"
 #include "net/tcp.hpp"
@@ -94,6 +95,7 @@ const std::vector<Key>& schema() {
         {"output.compression_level", Kind::uint, 1, 1, 22, true, "Codec level: lz4 1 is LZ4's fast mode, 2..12 LZ4 HC; zstd 1..22 (1 and 3 are the line-rate levels). Live on reload."},
         {"output.format", Kind::choice, "evb", 0, 0, false, "\"evb\": evbd's own files (`.evb`); \"midas\": MIDAS files (`.mid`, docs/FORMATS.md section 9) that MIDAS analysis reads unchanged: a begin-of-run event holding this configuration, one MIDAS event per built event (banks EVBH, EVBS and one per section), an end-of-run event with the counts when a file closes cleanly. Rotation, O_DIRECT, back-pressure and recovery as for `.evb`.", {"evb", "midas"}},
         {"output.midas.event_id", Kind::uint, 1, 0, 0x7FFE, false, "MIDAS output: the event_id of the built events' MIDAS events (0x7FFF holds USER run records, 0x8000 and above are MIDAS's own run markers and messages)."},
+        {"output.midas.experiment", Kind::string, "evbd", 0, 0, false, "MIDAS output: /Experiment/Name in the begin- and end-of-run ODB dumps, as MIDAS analysis reads it (1 to 31 bytes)."},
         {"output.midas.bank_names", Kind::bank_names, json::object(), 0, 0, false, "MIDAS output: bank names by source_id, e.g. {\"7\": \"PB07\"}: 4 letters, digits or _ each. A source without one gets `S` and its id in three upper-case hex digits (S000..SFFF); a source above 0xFFF must have one, two sources may not share one, and EVBH and EVBS are taken."},
         {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
         {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
@@ -434,6 +436,10 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->output.compression_level = u32("output.compression_level");
     c->output.format = str("output.format") == "midas" ? OutputFormat::midas : OutputFormat::evb;
     c->output.midas.event_id = static_cast<std::uint16_t>(u32("output.midas.event_id"));
+    c->output.midas.experiment = str("output.midas.experiment");
+    if (c->output.midas.experiment.empty() || c->output.midas.experiment.size() > midas::kExperimentNameMax)
+        problems.push_back(fmt::format("output.midas.experiment: \"{}\" must be 1 to {} bytes (MIDAS's /Experiment/Name)",
+                                       c->output.midas.experiment, midas::kExperimentNameMax));
     for (const auto& [key, name] : lookup(eff, "output.midas.bank_names", false)->items()) {
         midas::BankName n;
         std::memcpy(n.data(), name.get<std::string>().data(), n.size());

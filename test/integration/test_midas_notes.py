@@ -1,6 +1,7 @@
 """A run's notes in MIDAS output (docs/FORMATS.md 9.2, issue 45): comments become MIDAS
 message events, USER records events of event_id 0x7FFF with one EVBU bank, and the
-run's metadata is in every begin-of-run dump under /Evbd/Metadata.
+run's metadata is in every begin-of-run dump under /Evbd/Metadata, and
+/Experiment/Name is output.midas.experiment.
 
 For `.mid` and `.mid.lz4`, a run started by evb-ctl start --run 7 --meta FILE.json,
 rotated over at least two files, with two comments (evb-ctl comment, POST /runrecord)
@@ -98,6 +99,8 @@ def one_format(wd, fmt, sets):
             py_events += sum(1 for _ in f)
             check(f.odb["Evbd"]["Metadata"] == {"target": "Pb 208", "big": 18446744073709551615},
                   f"{p}: the begin-of-run dump holds the run's metadata under /Evbd/Metadata")
+            name = "alphag" if "output.midas.experiment=alphag" in sets else "evbd"
+            check(f.odb["Experiment"]["Name"] == name, f"{p}: /Experiment/Name is {name!r} (output.midas.experiment)")
     check(py_events == 300 and sum(f["event_count"] for f in doc["files"]) == 300,
           f"{fmt}: evbfile and evb-dump count the 300 built events, not the notes")
     check(dump_notes == py_notes, f"{fmt}: evb-dump and evbfile list the same notes:\n{dump_notes}\n{py_notes}")
@@ -116,7 +119,7 @@ def one_format(wd, fmt, sets):
 def main():
     wd = workdir()
     files = {}
-    for fmt, sets in (("mid", []), ("mid.lz4", ["output.compression=lz4"])):
+    for fmt, sets in (("mid", []), ("mid.lz4", ["output.compression=lz4", "output.midas.experiment=alphag"])):
         files[fmt] = one_format(wd, fmt, sets)
     where = os.environ.get("EVB_MIDAS_PYTHON")
     if not where or not os.path.isfile(os.path.join(where, "midas", "file_reader.py")):
