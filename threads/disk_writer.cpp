@@ -95,11 +95,12 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         run_status_ = {};
         run_records_ = run_incomplete_ = run_payload_bytes_ = run_record_bytes_ = 0;
         run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);
+        // The metadata the run was started with (evb-ctl start --meta), for every file's
+        // begin-of-run: BEGIN_OF_RUN's `metadata`, MIDAS's /Evbd/Metadata.
+        run_metadata_ = next_metadata_ && next_metadata_->run_number == run ? next_metadata_->body : s_.run_metadata_json;
         if (s_.run_records && s_.format != OutputFormat::midas)
             bor_body_ = file::begin_of_run_body(run, s_.started_unix_ns != 0 && s_.started_run == run ? s_.started_unix_ns : now,
-                                                s_.config_json,
-                                                next_metadata_ && next_metadata_->run_number == run ? next_metadata_->body
-                                                                                                    : s_.run_metadata_json,
+                                                s_.config_json, run_metadata_,
                                                 continued_run_ == run && restarted_in_run_);
     }
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
@@ -114,7 +115,8 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     const bool lz4 = midas && lz4_ != nullptr;
     int e = 0;
     if (midas) {
-        const auto bor = midas::encode_bor({run, run_start_unix_s_, 0}, s_.config_json);
+        const auto bor = midas::encode_bor({run, run_start_unix_s_, 0, s_.midas_experiment}, s_.config_json,
+                                           run_metadata_.empty() ? std::string_view("{}") : std::string_view(run_metadata_));
         // `.mid.lz4`: the frame's header and the begin-of-run event's block stand first.
         const auto head = lz4 ? lz4_piece(bor, true, false) : std::span<const std::byte>(bor);
         lz4_content_bytes_ = bor.size();
@@ -154,7 +156,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     open_.set(file_.part_path());
     last_sync_ns_ = now;
     counters_.files_opened.add();
-    if (!waiting_notes_.empty() && !midas) write_waiting_notes();  // comments posted before the run's first event
+    if (!waiting_notes_.empty()) write_waiting_notes();  // comments posted before the run's first event
     return true;
 }
 
@@ -273,7 +275,8 @@ int DiskWriter::close_output(bool sync) {
         lz4_file_ ? std::optional<std::uint64_t>(file_.size()) : std::nullopt, file_run_,
         run_events_ + file_.event_count(), run_status);
     const auto eor = midas::encode_eor(
-        {file_run_, run_start_unix_s_, static_cast<std::uint32_t>(realtime_ns() / 1'000'000'000ull)}, json_text(counts));
+        {file_run_, run_start_unix_s_, static_cast<std::uint32_t>(realtime_ns() / 1'000'000'000ull), s_.midas_experiment},
+        json_text(counts));
     if (!lz4_file_) return file_.close_with_trailer(eor, sync);
     const auto trailer = lz4_piece(eor, false, true);  // the end-of-run event's block and the frame's end
     return trailer.empty() ? EIO : file_.close_with_trailer(trailer, sync);

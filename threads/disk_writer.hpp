@@ -192,6 +192,7 @@ private:
     bool rotate_due_ = false;
     RunNotes* notes_ = nullptr;
     std::vector<RunNote> waiting_notes_;  // for a run whose file is not open yet
+    std::string run_metadata_;              // the running run's metadata (JSON object text)
     std::optional<RunNote> next_metadata_;  // evb-ctl start --meta: for that run's BEGIN_OF_RUN
     // Takes the posted notes: each goes into its run's open file now (between
     // batches), or waits for that file's opening (write_waiting_notes).
@@ -200,6 +201,8 @@ private:
     // Appends a run record of `kind` with `body` to the open file (no batch open).
     // Returns 0 or an errno value; on an error the file is cut back to where it was.
     int append_run_record(std::uint32_t run, std::uint32_t kind, const std::string& body);
+    // The same for a COMMENT or USER note in a MIDAS file (a message or USER event).
+    int append_midas_note(const RunNote& n);
     // close_file at the run's end: END_OF_RUN goes in first.
     void close_run_file();
     std::uint32_t run_start_unix_s_ = 0;

@@ -6,6 +6,9 @@
 #include <cstring>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "core/format/midas_format.hpp"
 #include "core/format/run_record.hpp"
 #include "core/util/clock.hpp"
 #include "core/util/log.hpp"
@@ -58,8 +61,34 @@ void DiskWriter::take_notes() {
     if (!waiting_notes_.empty() && file_.is_open() && !blocked_) write_waiting_notes();
 }
 
+// A COMMENT or USER note in a MIDAS file (FORMATS.md 9.2): a message event or a USER
+// event between built events, compressed as a block of its own in a `.mid.lz4`.
+int DiskWriter::append_midas_note(const RunNote& n) {
+    const auto now_s = static_cast<std::uint32_t>(realtime_ns() / 1'000'000'000ull);
+    std::vector<std::byte> ev;
+    if (n.kind == static_cast<std::uint32_t>(file::RunRecordKind::comment)) {
+        const nlohmann::json body = nlohmann::json::parse(n.body, nullptr, false);
+        const auto text = body.is_object() ? body.find("text") : body.end();
+        ev = midas::encode_message(now_s, text != body.end() && text->is_string() ? text->get<std::string>() : n.body);
+    } else {
+        ev = midas::encode_user_event(now_s, n.body);
+    }
+    if (const int e = file_.reserve_room(ev.size() + closing_bytes()); e != 0) return e;
+    const std::span<const std::byte> piece = lz4_file_ ? lz4_piece(ev, false, false) : std::span<const std::byte>(ev);
+    if (piece.empty()) return EIO;
+    const iovec v{const_cast<std::byte*>(piece.data()), piece.size()};
+    const std::uint64_t at = file_.size();
+    const int e = file_.append(&v, 1);
+    if (e != 0) {
+        (void)file_.rollback(at, file_.event_count());
+        return e;
+    }
+    if (lz4_file_) lz4_content_bytes_ += ev.size();
+    return 0;
+}
+
 void DiskWriter::write_waiting_notes() {
-    if (midas_ || !s_.run_records) {
+    if (!s_.run_records) {
         waiting_notes_.clear();
         return;
     }
@@ -71,7 +100,7 @@ void DiskWriter::write_waiting_notes() {
             waiting_notes_[kept++] = std::move(n);  // a later run's: its file is not open yet
             continue;
         }
-        if (const int e = append_run_record(file_run_, n.kind, n.body); e != 0) {
+        if (const int e = midas_ ? append_midas_note(n) : append_run_record(file_run_, n.kind, n.body); e != 0) {
             counters_.write_errors.add();
             log_error("writing a {} run record to {}: {}; it is not written", file::run_record_kind_name(n.kind),
                       file_.part_path(), std::strerror(e));

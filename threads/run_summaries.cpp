@@ -51,6 +51,9 @@ std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const C
              : w.midas_lz4                   ? file::EmptyRun::Kind::midas_lz4
                                              : file::EmptyRun::Kind::midas;
     e.config_json = w.config_json;
+    e.experiment = w.midas_experiment;
+    e.metadata_json = metadata.empty() ? w.run_metadata_json : metadata;
+    if (e.metadata_json.empty()) e.metadata_json = "{}";
     e.started_unix_s = static_cast<std::uint32_t>(started_unix_ms / 1000);
     e.lz4_level = w.lz4_level;
     e.sync = w.fsync != FsyncPolicy::never;

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/config/snapshot.hpp"
+#include "core/format/midas_odb.hpp"
 #include "core/util/json_depth.hpp"
 #include "core/util/json_text.hpp"
 #include "net/tcp.hpp"
@@ -89,11 +90,12 @@ const std::vector<Key>& schema() {
         {"output.max_file_bytes", Kind::uint, 1ull << 30, 4096, 1ull << 42, true, "A file that reaches this size is closed when the next event comes (which opens the next file), or at the run's end with END_OF_RUN as its last record."},
         {"output.direct_io", Kind::boolean, true, 0, 0, false, "Write through aligned staging buffers with O_DIRECT (Linux AIO), bypassing the page cache: about a third of the CPU per byte of buffered writes and steady throughput; a record counts as written once its write has completed. A file system without O_DIRECT (tmpfs) falls back to buffered writes. false: pwritev through the page cache."},
         {"output.format_version", Kind::uint, 1, 1, 2, false, "File format version: 1, or 2 (64-byte record headers with a content CRC and the events' smallest fragment timestamp). A time match mode needs and sets 2."},
-        {"output.run_records", Kind::boolean, true, 0, 0, false, "Run records in `.evb` files (docs/FORMATS.md section 12): every file of a run begins with a BEGIN_OF_RUN record (run number, start time, this whole configuration, the run's metadata), the file closed at the run's end ends with END_OF_RUN (end time and the run's counts), and comments (evb-ctl comment) and USER records (POST /runrecord) go between the events. They need version-2 files, so by default .evb files are version 2. A configuration that sets output.format_version 1 and leaves this key out gets version-1 files without run records (as before run records existed); setting both this key true and version 1 is refused. Not used with output.format \"midas\"."},
+        {"output.run_records", Kind::boolean, true, 0, 0, false, "Run records in `.evb` files (docs/FORMATS.md section 12): every file of a run begins with a BEGIN_OF_RUN record (run number, start time, this whole configuration, the run's metadata), the file closed at the run's end ends with END_OF_RUN (end time and the run's counts), and comments (evb-ctl comment) and USER records (POST /runrecord) go between the events. They need version-2 files, so by default .evb files are version 2. A configuration that sets output.format_version 1 and leaves this key out gets version-1 files without run records (as before run records existed); setting both this key true and version 1 is refused. With output.format \"midas\", comments and USER records become MIDAS message events and USER events (docs/FORMATS.md 9.2)."},
         {"output.compression", Kind::choice, "none", 0, 0, true, "Record compression (docs/FORMATS.md 6.2): \"none\", \"lz4\" (one LZ4 block per record) or \"zstd\" (one zstd frame per record). Records are compressed by the graph workers beside assembly, never by the disk writer; a record that would not shrink is stored raw. Needs version-2 files (sets output.format_version 2). A reload applies it from the next file (the file header names the codec), unless evbd started with version-1 files. With output.format \"midas\", \"lz4\" writes `.mid.lz4` files instead: each file one LZ4 frame, as MIDAS's mlogger writes them (docs/FORMATS.md 9.5), compressed by the disk writer; fixed until a restart.", {"none", "lz4", "zstd"}},
         {"output.compression_level", Kind::uint, 1, 1, 22, true, "Codec level: lz4 1 is LZ4's fast mode, 2..12 LZ4 HC; zstd 1..22 (1 and 3 are the line-rate levels). Live on reload."},
         {"output.format", Kind::choice, "evb", 0, 0, false, "\"evb\": evbd's own files (`.evb`); \"midas\": MIDAS files (`.mid`, docs/FORMATS.md section 9) that MIDAS analysis reads unchanged: a begin-of-run event holding this configuration, one MIDAS event per built event (banks EVBH, EVBS and one per section), an end-of-run event with the counts when a file closes cleanly. Rotation, O_DIRECT, back-pressure and recovery as for `.evb`.", {"evb", "midas"}},
-        {"output.midas.event_id", Kind::uint, 1, 0, 0x7FFF, false, "MIDAS output: the event_id of the built events' MIDAS events (0x8000 and above are MIDAS's own run markers)."},
+        {"output.midas.event_id", Kind::uint, 1, 0, 0x7FFE, false, "MIDAS output: the event_id of the built events' MIDAS events (0x7FFF holds USER run records, 0x8000 and above are MIDAS's own run markers and messages)."},
+        {"output.midas.experiment", Kind::string, "evbd", 0, 0, false, "MIDAS output: /Experiment/Name in the begin- and end-of-run ODB dumps, as MIDAS analysis reads it (1 to 31 bytes)."},
         {"output.midas.bank_names", Kind::bank_names, json::object(), 0, 0, false, "MIDAS output: bank names by source_id, e.g. {\"7\": \"PB07\"}: 4 letters, digits or _ each. A source without one gets `S` and its id in three upper-case hex digits (S000..SFFF); a source above 0xFFF must have one, two sources may not share one, and EVBH and EVBS are taken."},
         {"output.fsync", Kind::fsync, "close", 1, 3600000, true, "\"never\", \"close\" (sync each file when closed) or a period in ms."},
         {"monitor.listen", Kind::string, "127.0.0.1:9464", 0, 0, false, "Prometheus /metrics and status page address (HOST:PORT or [V6]:PORT; several separated by commas); port 0 picks a free port; empty disables."},
@@ -434,6 +436,10 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->output.compression_level = u32("output.compression_level");
     c->output.format = str("output.format") == "midas" ? OutputFormat::midas : OutputFormat::evb;
     c->output.midas.event_id = static_cast<std::uint16_t>(u32("output.midas.event_id"));
+    c->output.midas.experiment = str("output.midas.experiment");
+    if (c->output.midas.experiment.empty() || c->output.midas.experiment.size() > midas::kExperimentNameMax)
+        problems.push_back(fmt::format("output.midas.experiment: \"{}\" must be 1 to {} bytes (MIDAS's /Experiment/Name)",
+                                       c->output.midas.experiment, midas::kExperimentNameMax));
     for (const auto& [key, name] : lookup(eff, "output.midas.bank_names", false)->items()) {
         midas::BankName n;
         std::memcpy(n.data(), name.get<std::string>().data(), n.size());
@@ -544,11 +550,12 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     }
     // Run records need version 2. An explicit version 1 without an explicit
     // output.run_records turns them off: a version-1 configuration keeps its files.
-    c->output.run_records = lookup(eff, "output.run_records", false)->get<bool>() && c->output.format == OutputFormat::evb;
-    if (c->output.run_records && lookup(doc, "output.run_records", false) == nullptr &&
+    // MIDAS output takes none of the version rules: its notes are MIDAS events (9.2).
+    c->output.run_records = lookup(eff, "output.run_records", false)->get<bool>();
+    if (c->output.run_records && c->output.format == OutputFormat::evb && lookup(doc, "output.run_records", false) == nullptr &&
         lookup(doc, "output.format_version", false) != nullptr && c->output.format_version == 1)
         c->output.run_records = false;
-    if (c->output.run_records) needs_version_2("output.run_records true");
+    if (c->output.run_records && c->output.format == OutputFormat::evb) needs_version_2("output.run_records true");
     *lookup(eff, "output.run_records", true) = c->output.run_records;
     if (c->output.format == OutputFormat::midas) check_bank_names(*c, problems);
     if (c->output.format == OutputFormat::midas) {

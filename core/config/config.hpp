@@ -103,6 +103,7 @@ struct Config {
         bool run_records = true;  // .evb only; version 2 (docs/FORMATS.md section 12)
         struct Midas {
             std::uint16_t event_id = 1;
+            std::string experiment = "evbd";  // /Experiment/Name in the ODB dumps
             // output.midas.bank_names: (source_id, name), ascending source_id.
             std::vector<std::pair<std::uint32_t, midas::BankName>> bank_names;
         } midas;

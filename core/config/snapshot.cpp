@@ -76,6 +76,7 @@ MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
     m.ledger_unit = c.building.match == MatchMode::event_id    ? std::uint64_t{c.builders} * z.shards
                     : c.building.match == MatchMode::timestamp ? 1
                                                                : 0;
+    m.refuse_whole = c.mode == Mode::push;
     return m;
 }
 
@@ -112,6 +113,7 @@ WriterSettings writer_settings(const Config& c) {
     if (w.run_records) w.config_json = json_text(c.effective);
     if (w.format == OutputFormat::midas) {
         w.midas_event_id = c.output.midas.event_id;
+        w.midas_experiment = c.output.midas.experiment;
         w.bank_names = std::make_shared<const midas::BankNames>(c.output.midas.bank_names);
         w.config_json = json_text(c.effective);
         w.midas_lz4 = c.output.compression == file::Codec::lz4;

@@ -63,6 +63,7 @@ struct WriterSettings {
     // and the configuration text their begin-of-run events hold.
     OutputFormat format = OutputFormat::evb;
     std::uint16_t midas_event_id = 1;
+    std::string midas_experiment = "evbd";  // output.midas.experiment
     std::shared_ptr<const midas::BankNames> bank_names;
     std::string config_json;
     // MIDAS output with output.compression "lz4": each file is one LZ4 frame

@@ -72,6 +72,33 @@ std::vector<std::byte> encode_run_marker(std::uint16_t event_id, std::uint32_t r
     return out;
 }
 
+std::vector<std::byte> encode_message(std::uint32_t time_stamp, std::string_view text) {
+    const std::size_t data = file::padded8(kMessagePrefix.size() + text.size() + 1);  // with its NUL
+    std::vector<std::byte> out(kEventHeaderBytes + data, std::byte{0});
+    encode_event_header({kEventIdMessage, kMtUser, 0, time_stamp, static_cast<std::uint32_t>(data)}, out.data());
+    std::byte* p = out.data() + kEventHeaderBytes;
+    std::memcpy(p, kMessagePrefix.data(), kMessagePrefix.size());
+    if (!text.empty()) std::memcpy(p + kMessagePrefix.size(), text.data(), text.size());
+    return out;
+}
+
+namespace {
+constexpr BankName kEvbu{'E', 'V', 'B', 'U'};
+}  // namespace
+
+std::vector<std::byte> encode_user_event(std::uint32_t time_stamp, std::string_view json) {
+    const std::size_t banks = kBankBytes + file::padded8(json.size());
+    std::vector<std::byte> out(kEventHeaderBytes + kBankHeaderBytes + banks, std::byte{0});
+    encode_event_header({kEventIdUser, 0, 0, time_stamp, static_cast<std::uint32_t>(kBankHeaderBytes + banks)},
+                        out.data());
+    std::byte* p = out.data() + kEventHeaderBytes;
+    store_u32(p, static_cast<std::uint32_t>(banks));
+    store_u32(p + 4, kBankFlags);
+    encode_bank(kEvbu, kTidChar, static_cast<std::uint32_t>(json.size()), p + kBankHeaderBytes);
+    if (!json.empty()) std::memcpy(p + kBankHeaderBytes + kBankBytes, json.data(), json.size());
+    return out;
+}
+
 std::size_t event_bytes(std::span<const SectionInfo> sections) noexcept {
     std::size_t n = head_bytes(sections.size());
     for (const SectionInfo& s : sections) n += section_event_bytes(s);
@@ -222,6 +249,42 @@ bool all_zero(std::span<const std::byte> b) {
 
 }  // namespace
 
+bool decode_note(const EventView& e, NoteView& out, std::string* why) {
+    const auto fail = [why](std::string w) {
+        if (why) *why = std::move(w);
+        return false;
+    };
+    out.file_offset = e.file_offset;
+    out.header = e.header;
+    const std::byte* data = e.bytes + kEventHeaderBytes;
+    const std::size_t size = e.header.data_size;
+    if (e.header.event_id == kEventIdMessage) {
+        out.comment = true;
+        if (e.header.trigger_mask != kMtUser || e.header.serial_number != 0)
+            return fail(fmt::format("message event: trigger_mask 0x{:04x} serial {}, expected MT_USER (0x{:04x}) and 0",
+                                    e.header.trigger_mask, e.header.serial_number, kMtUser));
+        const auto* nul = std::find(data, data + size, std::byte{0});
+        if (nul == data + size) return fail("message event: its text has no terminating NUL");
+        if (size % 8 != 0 || !all_zero({nul, data + size}))
+            return fail("message event: the bytes after its text are not zero padding to a multiple of 8");
+        std::string_view text(reinterpret_cast<const char*>(data), static_cast<std::size_t>(nul - data));
+        if (text.starts_with(kMessagePrefix)) text.remove_prefix(kMessagePrefix.size());
+        out.text = text;
+        return true;
+    }
+    out.comment = false;
+    if (e.header.event_id != kEventIdUser || e.header.trigger_mask != 0 || e.header.serial_number != 0)
+        return fail(fmt::format("event_id 0x{:04x} trigger_mask 0x{:04x} serial {}: not a USER note",
+                                e.header.event_id, e.header.trigger_mask, e.header.serial_number));
+    std::vector<BankView> banks;
+    std::string bank_why;
+    if (!parse_banks(e, banks, &bank_why)) return fail("USER note: " + bank_why);
+    if (banks.size() != 1 || banks[0].name != kEvbu || banks[0].type != kTidChar)
+        return fail("USER note: not one TID_CHAR bank EVBU");
+    out.text = {reinterpret_cast<const char*>(banks[0].data), banks[0].size};
+    return true;
+}
+
 ScanResult scan(std::span<const std::byte> image) {
     std::vector<EventView> events;
     Scanner scanner([&events](const EventView& e) { events.push_back(e); });
@@ -297,6 +360,19 @@ std::size_t Scanner::parse(std::span<const std::byte> bytes, std::uint64_t at) {
             tail_at_ = r_.good_bytes;
             state_ = State::after_eor;  // closed cleanly
             break;
+        }
+        if (is_note(e.header)) {  // a COMMENT or USER note between built events
+            if (!decode_note(e, note_, &why_)) {
+                problem(e.file_offset, why_);
+                state_ = State::stopped;
+                break;
+            }
+            note_.after_event_id = r_.event_count > 0 ? decoded_.evb_event_id : 0;
+            ++r_.note_count;
+            if (visit_note_) visit_note_(note_);
+            pos += kEventHeaderBytes + e.header.data_size;
+            r_.good_bytes = at + pos;
+            continue;
         }
         if (e.header.event_id >= kEventIdBor || e.header.trigger_mask != 0) {
             problem(e.file_offset, fmt::format("event_id 0x{:04x} trigger_mask 0x{:04x}: not a built event",

@@ -27,6 +27,12 @@ inline constexpr std::size_t kBankBytes = 16;         // BANK32A: name, type, da
 inline constexpr std::uint32_t kBankFlags = 0x31;
 inline constexpr std::uint16_t kEventIdBor = 0x8000;
 inline constexpr std::uint16_t kEventIdEor = 0x8001;
+inline constexpr std::uint16_t kEventIdMessage = 0x8002;  // EVENTID_MESSAGE: a message (cm_msg)
+inline constexpr std::uint16_t kMtUser = 1u << 3;         // MT_USER: the message type of a person's message
+// A USER run record's event (FORMATS.md 9.2): above any built event's id
+// (`output.midas.event_id` is at most 0x7FFE), below MIDAS's own 0x8000.
+inline constexpr std::uint16_t kEventIdUser = 0x7FFF;
+inline constexpr std::uint32_t kTidChar = 3;
 inline constexpr std::uint16_t kMidasMagic = 0x494D;  // "MI": the trigger mask of BOR and EOR
 inline constexpr std::uint32_t kTidByte = 1;
 inline constexpr std::uint32_t kTidDword = 6;
@@ -76,6 +82,15 @@ private:
 // starts 8-byte aligned in the file.
 std::vector<std::byte> encode_run_marker(std::uint16_t event_id, std::uint32_t run_number,
                                          std::uint32_t time_stamp, std::string_view text);
+
+// A run's notes (docs/FORMATS.md 9.2, section 12's COMMENT and USER): a COMMENT is a
+// MIDAS message event as cm_msg sends one (event_id 0x8002, trigger mask MT_USER,
+// serial 0, the text `[evbd,USER] TEXT` NUL-terminated, zero-padded to a multiple of
+// 8 bytes); a USER record an event of event_id 0x7FFF, trigger mask 0, serial 0, with
+// one TID_CHAR bank `EVBU` holding the posted JSON object.
+inline constexpr std::string_view kMessagePrefix = "[evbd,USER] ";
+std::vector<std::byte> encode_message(std::uint32_t time_stamp, std::string_view text);
+std::vector<std::byte> encode_user_event(std::uint32_t time_stamp, std::string_view json);
 
 // What a built event's MIDAS event says about each section (from its .evb section
 // header): a section with status MISSING has no bank.
@@ -153,12 +168,28 @@ struct DecodedEvent {
 // checked (they depend on the configuration): the caller may compare them.
 bool decode_built(const EventView& e, DecodedEvent& out, std::string* why = nullptr);
 
+// A note read back: a COMMENT's text (the prefix taken off) or a USER record's JSON.
+struct NoteView {
+    std::uint64_t file_offset = 0;
+    EventHeader header;
+    bool comment = false;
+    std::string_view text;           // points into the event
+    std::uint64_t after_event_id = 0;  // the evbd event_id of the last built event before it (0 if none)
+};
+// True for the events decode_note() reads (event_id 0x8002, or 0x7FFF).
+constexpr bool is_note(const EventHeader& h) noexcept {
+    return h.event_id == kEventIdMessage || h.event_id == kEventIdUser;
+}
+// Checks a note as encode_message / encode_user_event write it.
+bool decode_note(const EventView& e, NoteView& out, std::string* why = nullptr);
+
 struct ScanResult {
     bool bor_ok = false;
     EventHeader bor;
     std::string bor_text;        // the configuration JSON (with its padding)
     std::vector<EventView> events;  // the built events, in file order (scan() only)
     std::uint64_t event_count = 0;  // the built events
+    std::uint64_t note_count = 0;   // COMMENT and USER notes (not events)
     EventHeader last_event;         // the last built event's header (when event_count > 0)
     bool has_eor = false;
     EventHeader eor;
@@ -185,7 +216,9 @@ ScanResult scan(std::span<const std::byte> image);
 class Scanner {
 public:
     using Visit = std::function<void(const EventView&)>;
-    explicit Scanner(Visit visit = {}) : visit_(std::move(visit)) {}
+    using VisitNote = std::function<void(const NoteView&)>;
+    explicit Scanner(Visit visit = {}, VisitNote visit_note = {})
+        : visit_(std::move(visit)), visit_note_(std::move(visit_note)) {}
     void feed(std::span<const std::byte> piece);
     const ScanResult& result() const noexcept { return r_; }
     ScanResult finish();
@@ -198,6 +231,7 @@ private:
     void problem(std::uint64_t offset, std::string what) { r_.problems.push_back({offset, std::move(what)}); }
 
     Visit visit_;
+    VisitNote visit_note_;
     ScanResult r_;
     State state_ = State::bor;
     std::vector<std::byte> pending_;  // bytes [total_ - pending_.size(), total_) not yet parsed
@@ -205,6 +239,7 @@ private:
     std::uint64_t tail_at_ = 0;       // zeros / after_eor: where that tail starts
     bool tail_zero_ = true;           // zeros: every byte from tail_at_ on is 0
     DecodedEvent decoded_;
+    NoteView note_;
     std::string why_;
 };
 

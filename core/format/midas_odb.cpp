@@ -38,7 +38,8 @@ std::string odb_dump(const RunTimes& t, std::string_view evbd_object) {
                            string ? ", \"item_size\" : 32" : "", written);
     };
     std::string s = "{\n  \"/ODB path\" : \"/\",\n";
-    s += "  \"Experiment\" : {\n    \"Name/key\" : " + key(kTidString, true) + ",\n    \"Name\" : \"evbd\"\n  },\n";
+    s += "  \"Experiment\" : {\n    \"Name/key\" : " + key(kTidString, true) + ",\n    \"Name\" : " +
+         json_quoted(t.experiment) + "\n  },\n";
     s += "  \"Runinfo\" : {\n";
     s += fmt::format("    \"State\" : {},\n", t.stop_unix_s != 0 ? kStateStopped : kStateRunning);
     s += "    \"Online Mode\" : 1,\n";
@@ -58,9 +59,11 @@ std::string odb_dump(const RunTimes& t, std::string_view evbd_object) {
     return s;
 }
 
-std::vector<std::byte> encode_bor(const RunTimes& t, std::string_view config_json) {
+std::vector<std::byte> encode_bor(const RunTimes& t, std::string_view config_json, std::string_view metadata_json) {
     std::string evbd = "{ \"Config\" : ";
     evbd += config_json;
+    evbd += ", \"Metadata\" : ";
+    evbd += metadata_json;
     evbd += " }";
     return encode_run_marker(kEventIdBor, t.run_number, t.start_unix_s, odb_dump(t, evbd));
 }
@@ -77,6 +80,14 @@ nlohmann::ordered_json evbd_part(std::string_view text, const char* key) {
     if (!j.is_object()) return nlohmann::ordered_json(nlohmann::ordered_json::value_t::discarded);
     if (const auto e = j.find("Evbd"); e != j.end() && e->is_object() && e->contains(key)) return (*e)[key];
     return j;
+}
+
+std::string experiment_name(std::string_view text) {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_object())
+        if (const auto e = j.find("Experiment"); e != j.end() && e->is_object())
+            if (const auto n = e->find("Name"); n != e->end() && n->is_string()) return n->get<std::string>();
+    return std::string(kDefaultExperiment);
 }
 
 }  // namespace evb::midas

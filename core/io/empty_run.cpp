@@ -46,7 +46,7 @@ std::uint32_t now_unix_s() {
 // A `.mid.lz4`: the frame's header and the begin-of-run event's block, then (close)
 // the end-of-run event's block and the frame's end, as the disk writer makes them.
 int write_midas_lz4(OutputFile& f, const EmptyRun& r, const FileHeader& h, std::string& error) {
-    const auto bor = midas::encode_bor({h.run_number, r.started_unix_s, 0}, r.config_json);
+    const auto bor = midas::encode_bor({h.run_number, r.started_unix_s, 0, r.experiment}, r.config_json, r.metadata_json);
     lz4f::FrameWriter w;
     std::vector<std::byte> head(w.bound(bor.size()) + 64);
     std::size_t n = w.begin(r.lz4_level, head, &error);
@@ -56,7 +56,7 @@ int write_midas_lz4(OutputFile& f, const EmptyRun& r, const FileHeader& h, std::
     n += body;
     if (const int e = f.open_midas(r.directory, h, std::span<const std::byte>(head).first(n), false, true); e != 0) return e;
     const auto eor = midas::encode_eor(
-        {h.run_number, r.started_unix_s, now_unix_s()},
+        {h.run_number, r.started_unix_s, now_unix_s(), r.experiment},
         midas_end_counts(h.file_sequence, 0, {}, bor.size(), f.size(), h.run_number, 0, {}).dump());
     std::vector<std::byte> tail(w.bound(eor.size()) + 64);
     const iovec t{const_cast<std::byte*>(eor.data()), eor.size()};
@@ -105,11 +105,11 @@ std::string write_empty_run_file(const EmptyRun& r, std::string& error) {
         if (e == 0) e = f.close_clean(r.sync);
     } else if (r.kind == EmptyRun::Kind::midas) {
         name = midas::file_name(h.run_number, h.builder_id, h.file_sequence, false, false);
-        const auto bor = midas::encode_bor({h.run_number, r.started_unix_s, 0}, r.config_json);
+        const auto bor = midas::encode_bor({h.run_number, r.started_unix_s, 0, r.experiment}, r.config_json, r.metadata_json);
         e = f.open_midas(r.directory, h, bor);
         if (e == 0) {
             const auto eor = midas::encode_eor(
-                {h.run_number, r.started_unix_s, now_unix_s()},
+                {h.run_number, r.started_unix_s, now_unix_s(), r.experiment},
                 midas_end_counts(h.file_sequence, 0, {}, f.size(), std::nullopt, h.run_number, 0, {}).dump());
             e = f.close_with_trailer(eor, r.sync);
         }

@@ -30,6 +30,8 @@ struct EmptyRun {
     FileHeader header;  // run, builder, expected sources, version, mode, codec, window (sequence: chosen here)
     enum class Kind { evb, midas, midas_lz4 } kind = Kind::evb;
     std::string config_json;        // MIDAS: the begin-of-run event's text
+    std::string experiment = "evbd";  // MIDAS: /Experiment/Name
+    std::string metadata_json = "{}";  // MIDAS: /Evbd/Metadata
     std::uint32_t started_unix_s = 0;  // MIDAS: the begin-of-run event's time stamp
     int lz4_level = 1;
     bool sync = true;

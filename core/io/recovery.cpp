@@ -156,7 +156,8 @@ std::vector<std::byte> recovered_eor(const midas::ScanResult& s, const StatusCou
     counts["recovered"] = true;
     counts["file"] = {{"events", s.event_count}, {"status", to_json(status)}, {"bytes", s.good_bytes}};
     const std::uint32_t time = s.event_count == 0 ? s.bor.time_stamp : s.last_event.time_stamp;
-    return midas::encode_eor({s.bor.serial_number, s.bor.time_stamp, time}, json_text(counts));
+    const std::string experiment = midas::experiment_name(s.bor_text);
+    return midas::encode_eor({s.bor.serial_number, s.bor.time_stamp, time, experiment}, json_text(counts));
 }
 
 // The status counts of a scanned image's events.

@@ -48,7 +48,8 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       done_(s.max_events),
       done_scratch_(s.max_events),
       ledger_unit_(s.ledger_unit),
-      ledgers_(kLostRangesKept, counters.lost_whole) {
+      ledgers_(kLostRangesKept, counters.lost_whole),
+      refused_(s.refuse_whole && s.match == file::MatchMode::event_id && s.ledger_unit != 0 ? kRefusedSlots : 0) {
     codec_ = s.codec;
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
     free_.reserve(s.max_events);
@@ -528,6 +529,12 @@ Event* Matcher::event_by_id(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcep
         drop(c);
         return nullptr;
     }
+    if (was_refused(c)) {  // a chunk of an event refused for room: refused whole
+        counters_.in_flight_limit_drops.add();
+        ledger_refused(c, LostReason::in_flight_limit);
+        drop(c);
+        return nullptr;
+    }
     return open_event(c, idx, c->event_id, now_ns);
 }
 
@@ -551,6 +558,7 @@ Event* Matcher::open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_
     if (e == nullptr) {
         counters_.in_flight_limit_drops.add();
         ledger_refused(c, LostReason::in_flight_limit);
+        remember_refused(c);
         drop(c);
         return nullptr;
     }

@@ -84,6 +84,11 @@ struct MatcherSettings {
     // The ledger of events lost whole (lost_ledger.hpp): a chunk's dense id there is
     // its event_id / ledger_unit; 0: no ledger (time_slice mode).
     std::uint64_t ledger_unit = 0;
+    // Push mode, event_id matching: an event refused for room (the pool full) is
+    // refused whole (issue 43): its later chunks are refused too, even once there is
+    // room, rather than opening an event that would be written INCOMPLETE. Not in pull
+    // mode, where a re-request's answer must still build the event.
+    bool refuse_whole = false;
 };
 
 class Matcher {
@@ -216,6 +221,24 @@ private:
     void ledger_refused(const ChunkMeta* c, LostReason r) noexcept {
         if (ledger_unit_ != 0) ledgers_.refused(c->run_number, c->event_id / ledger_unit_, r);
     }
+    // Refused whole: the events refused for room lately, direct-mapped by their id
+    // in this shard (id / ledger_unit_); an entry is overwritten kRefusedSlots ids on.
+    struct RefusedEvent {
+        std::uint64_t id = 0;
+        std::uint32_t run_plus1 = 0;  // 0: free
+    };
+    static constexpr std::size_t kRefusedSlots = 16384;
+    RefusedEvent& refused_slot(const ChunkMeta* c) noexcept {
+        return refused_[(c->event_id / ledger_unit_) & (kRefusedSlots - 1)];
+    }
+    bool was_refused(const ChunkMeta* c) noexcept {
+        if (refused_.empty()) return false;
+        const RefusedEvent& r = refused_slot(c);
+        return r.run_plus1 == c->run_number + 1u && r.id == c->event_id;
+    }
+    void remember_refused(const ChunkMeta* c) noexcept {
+        if (!refused_.empty()) refused_slot(c) = {c->event_id, c->run_number + 1u};
+    }
     // The run's ledger is settled: to the run summary.
     void ledger_end(std::uint32_t next_run);
     void bucket_insert(Event* e) noexcept;
@@ -347,6 +370,7 @@ private:
     std::vector<Event*> done_scratch_;
     std::uint64_t ledger_unit_;
     RunLedgers ledgers_;
+    std::vector<RefusedEvent> refused_;  // empty unless refuse_whole
 };
 
 }  // namespace evb

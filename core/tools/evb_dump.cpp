@@ -837,6 +837,8 @@ void check_midas_event(const evb::midas::EventView& ev, const MidasRun& run, con
     if (o.events) rep.events.push_back(std::move(info));
 }
 
+bool held_by_writer(const std::string& path);
+
 // Feeds a MIDAS file's bytes to a scanner: the mapped image, or a frame's blocks.
 using MidasFeed = std::function<void(evb::midas::Scanner&)>;
 
@@ -856,6 +858,12 @@ void examine_midas(const MidasFeed& feed, const Options& o, FileReport& rep) {
             rep.header = run->header;
         }
         check_midas_event(ev, *run, o, rep, d, items, seen, first);
+    }, [&](const em::NoteView& n) {  // a COMMENT (message event) or USER note: listed, not an event
+        const auto kind = n.comment ? ef::RunRecordKind::comment : ef::RunRecordKind::user;
+        rep.run_records.push_back({n.file_offset, static_cast<std::uint32_t>(kind), n.after_event_id,
+                                   std::uint64_t{n.header.time_stamp} * 1'000'000'000ull, false,
+                                   n.comment ? Json{{"text", std::string(n.text)}}.dump(-1, ' ', false, Json::error_handler_t::replace)
+                                             : std::string(n.text)});
     });
     feed(scanner);
     const em::ScanResult s = scanner.finish();
@@ -864,7 +872,14 @@ void examine_midas(const MidasFeed& feed, const Options& o, FileReport& rep) {
     rep.good_bytes = s.good_bytes;
     rep.event_count = s.event_count;
     rep.cut_tail = s.cut_event;
-    for (const auto& p : s.problems) rep.add_problem(p.offset, p.what);
+    // A .mid.part a running evbd is writing ends after its last whole event in what
+    // the writer has not finished (zeros allocated ahead, an event being written) and
+    // has no end-of-run event yet: the state "open", not damage. A bad event before
+    // that tail is damage still (the scan stopped there: not cut_event).
+    rep.open = s.bor_ok && !s.has_eor && (s.cut_event || s.problems.size() == 1) && ends_with(rep.path, ".part") &&
+               held_by_writer(rep.path);
+    if (!rep.open)
+        for (const auto& p : s.problems) rep.add_problem(p.offset, p.what);
     if (s.bor_ok && !run) rep.header = midas_run(s, rep.path, rep).header;
 }
 
@@ -926,9 +941,16 @@ FileReport examine(const std::string& path, const Options& o) {
                 rep.content_bytes = content_bytes;
                 if (!f.complete && rep.has_footer)
                     rep.add_problem(content_bytes, fmt::format("LZ4 frame: {}", f.problem));
-                else if (!f.complete && !f.cut_short)
+                else if (!f.complete && !f.cut_short) {
                     rep.add_problem(content_bytes, fmt::format("LZ4 frame (stored byte {}): {}", f.good_bytes, f.problem));
+                    if (rep.open) {  // a frame that does not decode is damage, open or not
+                        rep.open = false;
+                        rep.open_tail_bytes = 0;
+                        rep.add_problem(content_bytes, "no end-of-run event: the file was not closed cleanly");
+                    }
+                }
                 rep.cut_tail = rep.cut_tail || f.cut_short;
+                if (rep.open) rep.open_tail_bytes = img.size() - std::min<std::uint64_t>(img.size(), f.good_bytes);
             }
             std::stable_sort(rep.problems.begin(), rep.problems.end(),
                              [](const ef::Problem& a, const ef::Problem& b) { return a.offset < b.offset; });
@@ -936,6 +958,7 @@ FileReport examine(const std::string& path, const Options& o) {
         }
         if (looks_midas(img)) {
             examine_midas([img](evb::midas::Scanner& scanner) { scanner.feed(img); }, o, rep);
+            if (rep.open) rep.open_tail_bytes = img.size() - rep.good_bytes;
             std::stable_sort(rep.problems.begin(), rep.problems.end(),
                              [](const ef::Problem& a, const ef::Problem& b) { return a.offset < b.offset; });
             return rep;

@@ -338,8 +338,10 @@ TEST_CASE("config: MIDAS bank names that cannot work are refused naming the key"
          "output.midas.bank_names.3: \"EVBH\" is evbd's own bank"},
         {R"({"output": {"format": "midas", "midas": {"bank_names": ["PB07"]}}})",
          "output.midas.bank_names: expected object"},
-        {R"({"output": {"format": "midas", "midas": {"event_id": 32768}}})",
-         "output.midas.event_id: 32768 is out of range [0, 32767]"},
+        {R"({"output": {"format": "midas", "midas": {"event_id": 32767}}})",
+         "output.midas.event_id: 32767 is out of range [0, 32766]"},
+        {R"({"output": {"format": "midas", "midas": {"experiment": "an experiment name of 32 bytes.."}}})",
+         "output.midas.experiment: \"an experiment name of 32 bytes..\" must be 1 to 31 bytes (MIDAS's /Experiment/Name)"},
         {R"({"output": {"format": "root"}})", "output.format: \"root\" is not one of \"evb\", \"midas\""},
         {R"({"output": {"midas": {"bank_name": {}}}})", "output.midas.bank_name: unknown key"},
     };

@@ -276,6 +276,34 @@ TEST_CASE("matcher refuses new events beyond its pool and takes them again once 
     CHECK(r.matcher.in_flight() == 0);
 }
 
+TEST_CASE("matcher in push mode refuses an event refused for room whole, and finishes what it started") {
+    MatcherSettings ms{{0, 1}, /*max_events=*/4, 64, 1000};
+    ms.ledger_unit = 1;
+    ms.refuse_whole = true;
+    Rig r(ms);
+    for (std::uint64_t ev = 0; ev < 4; ++ev) r.feed({r.chunk(ev, 0, 10, 0, 1, 1000)});
+    r.feed({r.chunk(99, 0, 10, 0, 1, 1000)});  // no room: event 99 is refused
+    CHECK(r.counters.in_flight_limit_drops.get() == 1);
+    auto out = r.feed({r.chunk(0, 1, 10, 0, 1, 1000)});  // a started event finishes
+    REQUIRE(out.count == 1);
+    CHECK(out.head->status == 0);
+    r.release(out.head);
+    // Room again, but event 99's other fragment is refused with it: no INCOMPLETE 99.
+    out = r.feed({r.chunk(99, 1, 10, 0, 1, 1000)});
+    CHECK(out.count == 0);
+    CHECK(r.counters.in_flight_limit_drops.get() == 2);
+    CHECK(r.matcher.in_flight() == 3);
+    // A new event opens in the room.
+    out = r.feed({r.chunk(100, 0, 10, 0, 1, 1000), r.chunk(100, 1, 10, 0, 1, 1000)});
+    REQUIRE(out.count == 1);
+    CHECK(out.head->event_id == 100);
+    CHECK(out.head->status == 0);
+    r.release(out.head);
+    EventList rest;
+    r.matcher.flush(0, rest);
+    CHECK(rest.count == 3);
+}
+
 TEST_CASE("matcher handles many sources with a sparse id list") {
     std::vector<std::uint32_t> ids;
     for (std::uint32_t i = 0; i < 40; ++i) ids.push_back(i * 100000u + 5u);  // above the dense-table limit

@@ -299,3 +299,79 @@ TEST_CASE("MIDAS file names") {
     CHECK(em::file_name(42, 1, 3, false) == "run000042_001_00003.mid");
     CHECK(em::file_name(42, 1, 3, true) == "run000042_001_00003.mid.part");
 }
+
+TEST_CASE("MIDAS notes: a COMMENT is a message event as cm_msg sends one, byte by byte") {
+    const Bytes m = em::encode_message(0x65000001, "beam off");
+    Bytes b;
+    put(b, {0x02, 0x80, 0x08, 0x00});  // event_id 0x8002, trigger_mask MT_USER
+    put(b, {0, 0, 0, 0});              // serial 0
+    put(b, {0x01, 0x00, 0x00, 0x65});
+    put32(b, 24);  // "[evbd,USER] beam off" (20 bytes), its NUL, padding to 24
+    put_text(b, "[evbd,USER] beam off");
+    put_fill(b, 4, 0);
+    CHECK(m == b);
+}
+
+TEST_CASE("MIDAS notes: a USER record is one TID_CHAR bank EVBU, byte by byte") {
+    const Bytes u = em::encode_user_event(0x65000002, R"({"type":"scaler","n":5})");  // 23 bytes
+    Bytes b;
+    put(b, {0xFF, 0x7F, 0, 0, 0, 0, 0, 0});  // event_id 0x7FFF, trigger_mask 0, serial 0
+    put(b, {0x02, 0x00, 0x00, 0x65});
+    put32(b, 8 + 16 + 24);
+    put32(b, 16 + 24);
+    put(b, {0x31, 0, 0, 0});
+    put_text(b, "EVBU");
+    put(b, {3, 0, 0, 0, 23, 0, 0, 0, 0, 0, 0, 0});
+    put_text(b, R"({"type":"scaler","n":5})");
+    put_fill(b, 1, 0);
+    CHECK(u == b);
+}
+
+TEST_CASE("MIDAS reader: notes between built events are listed, not counted, and keep serials going") {
+    Bytes f = test_file(2, false, 10);
+    const Bytes c = em::encode_message(0x65000003, "a shift comment");
+    const Bytes u = em::encode_user_event(0x65000004, R"({"type":"hv","volts":1500})");
+    f.insert(f.end(), c.begin(), c.end());
+    f.insert(f.end(), u.begin(), u.end());
+    Bytes tail = test_file(1, true, 12);  // one more event (serial 12) and the EOR
+    const std::size_t bor = em::encode_run_marker(em::kEventIdBor, 42, 0x65000000, "{\"run\":42}").size();
+    f.insert(f.end(), tail.begin() + static_cast<std::ptrdiff_t>(bor), tail.end());
+    std::vector<em::NoteView> notes;
+    std::vector<std::string> texts;
+    em::Scanner scanner({}, [&](const em::NoteView& n) {
+        notes.push_back(n);
+        texts.emplace_back(n.text);
+    });
+    scanner.feed(f);
+    const em::ScanResult r = scanner.finish();
+    INFO((r.problems.empty() ? std::string() : r.problems[0].what));
+    REQUIRE(r.problems.empty());
+    CHECK(r.event_count == 3);
+    CHECK(r.note_count == 2);
+    REQUIRE(notes.size() == 2);
+    CHECK(notes[0].comment);
+    CHECK(texts[0] == "a shift comment");
+    CHECK(notes[0].after_event_id == 0x1122334455667788ull);
+    CHECK(notes[0].header.time_stamp == 0x65000003);
+    CHECK_FALSE(notes[1].comment);
+    CHECK(texts[1] == R"({"type":"hv","volts":1500})");
+    CHECK(r.has_eor);
+}
+
+TEST_CASE("MIDAS reader: a damaged note stops the scan and says why") {
+    Bytes f = test_file(1, false);
+    Bytes c = em::encode_message(0x65000003, "x");
+    c[em::kEventHeaderBytes + 14] = std::byte{'!'};  // a byte of the padding after the NUL
+    f.insert(f.end(), c.begin(), c.end());
+    const em::ScanResult r = em::scan(f);
+    REQUIRE_FALSE(r.problems.empty());
+    CHECK(r.problems[0].what.find("zero padding") != std::string::npos);
+    CHECK(r.event_count == 1);
+    Bytes g = test_file(1, false);
+    Bytes u = em::encode_user_event(0x65000004, "{}");
+    std::memcpy(u.data() + em::kEventHeaderBytes + em::kBankHeaderBytes, "EVBX", 4);
+    g.insert(g.end(), u.begin(), u.end());
+    const em::ScanResult s = em::scan(g);
+    REQUIRE_FALSE(s.problems.empty());
+    CHECK(s.problems[0].what == "USER note: not one TID_CHAR bank EVBU");
+}

@@ -162,6 +162,9 @@ TEST_CASE("config: run records are on by default and make version-2 files", "[co
     auto off = evb::load_config(R"({"output": {"run_records": false}})", "off.json", {});
     CHECK(!off->output.run_records);
     CHECK(off->output.format_version == 1);
+    // MIDAS output: notes as MIDAS events (FORMATS.md 9.2), on by default, off on request.
     auto midas = evb::load_config(R"({"output": {"format": "midas"}})", "m.json", {});
-    CHECK(!midas->output.run_records);
+    CHECK(midas->output.run_records);
+    auto midas_off = evb::load_config(R"({"output": {"format": "midas", "run_records": false}})", "m.json", {});
+    CHECK(!midas_off->output.run_records);
 }

@@ -80,7 +80,14 @@ def overload(wd):
     print(f"(b) emulator sent {st['events']} events; {refused:.0f} datagrams refused for room", flush=True)
     check(refused > 0, "(b) the load was more than evbd keeps (datagrams refused at in_flight_limit)")
     written = {e["event_id"] for e in events_in(d.out)[0]}
-    led = summary(d.out).get("lost_events")
+    summ = summary(d.out)
+    led = summ.get("lost_events")
+    # Refused whole, never halves: an event refused for room has none of its fragments
+    # taken later, so every event written is whole (nothing was lost in the kernel).
+    drops = m.get("evb_kernel_receive_drops_total", 0)
+    incomplete = summ["events_by_status"]["incomplete"]
+    check(incomplete == 0 or drops > 0,
+          f"(b) refusals are whole events: {incomplete} events written INCOMPLETE, {drops:.0f} kernel drops")
     lost = ledger_ids(led)
     check(not (written & set(lost)), f"(b) no id both written and in the ledger ({sorted(written & set(lost))[:10]})")
     missing = set(range(events)) - written - set(lost)

@@ -24,6 +24,11 @@ from .reader import _check_items, EvbFile, FormatError, Problem, Record, Section
 EVENT_HEADER_BYTES = 16
 BOR_EVENT_ID = 0x8000
 EOR_EVENT_ID = 0x8001
+MESSAGE_EVENT_ID = 0x8002  # a COMMENT, as a MIDAS message event
+USER_EVENT_ID = 0x7FFF  # a USER run record's event
+MT_USER = 1 << 3
+MESSAGE_PREFIX = b"[evbd,USER] "
+TID_CHAR = 3
 MIDAS_MAGIC = 0x494D  # "MI", the trigger mask of the run markers
 BANK_FLAGS = 0x31  # BANK_FORMAT_VERSION | BANK_FORMAT_32BIT | BANK_FORMAT_64BIT_ALIGNED
 TID_BYTE = 1
@@ -191,6 +196,9 @@ class MidasFile(EvbFile):
                 if mask == MIDAS_MAGIC and serial == self.run_number:
                     found = pos
                 break
+            if event_id in (MESSAGE_EVENT_ID, USER_EVENT_ID):
+                pos += EVENT_HEADER_BYTES + size  # a note, not an event
+                continue
             if first and size >= 48:
                 self.expected_sources = _U32.unpack_from(raw, pos + 60)[0]  # EVBH's section count
             first = False
@@ -254,6 +262,42 @@ class MidasFile(EvbFile):
         evb_id, timestamp, status, layout = got
         return MidasRecord(self, pos, EVENT_HEADER_BYTES + size, evb_id, self.run_number, status,
                            time_stamp * 1_000_000_000, timestamp, ser, layout)
+
+    def _note(self, pos, end):
+        """(kind, body text, made_unix_ns, length) of the COMMENT or USER note at `pos`
+        (docs/FORMATS.md 9.2), None when the event there is not a note, or what is wrong
+        with it (a string): the checks of evbd's midas::decode_note()."""
+        raw = self._raw
+        if end - pos < EVENT_HEADER_BYTES:
+            return None
+        event_id, mask, ser, time_stamp, size = _EVENT.unpack_from(raw, pos)
+        if event_id not in (MESSAGE_EVENT_ID, USER_EVENT_ID) or size > end - pos - EVENT_HEADER_BYTES:
+            return None
+        data = bytes(raw[pos + EVENT_HEADER_BYTES:pos + EVENT_HEADER_BYTES + size])
+        made = time_stamp * 1_000_000_000
+        if event_id == MESSAGE_EVENT_ID:
+            if mask != MT_USER or ser != 0:
+                return (f"message event: trigger_mask 0x{mask:04x} serial {ser}, expected MT_USER (0x{MT_USER:04x}) "
+                        f"and 0")
+            nul = data.find(b"\0")
+            if nul < 0:
+                return "message event: its text has no terminating NUL"
+            if size % 8 or data[nul:].strip(b"\0"):
+                return "message event: the bytes after its text are not zero padding to a multiple of 8"
+            text = data[:nul]
+            if text.startswith(MESSAGE_PREFIX):
+                text = text[len(MESSAGE_PREFIX):]
+            return "COMMENT", json.dumps({"text": text.decode("utf-8", "replace")}), made, EVENT_HEADER_BYTES + size
+        if mask != 0 or ser != 0:
+            return f"event_id 0x{event_id:04x} trigger_mask 0x{mask:04x} serial {ser}: not a USER note"
+        if size < 8 + 16:
+            return "USER note: not one TID_CHAR bank EVBU"
+        banks, flags = _U32.unpack_from(data, 0)[0], _U32.unpack_from(data, 4)[0]
+        name, btype, bsize, reserved = _BANK.unpack_from(data, 8)
+        if (flags != BANK_FLAGS or banks != size - 8 or name != b"EVBU" or btype != TID_CHAR or reserved != 0
+                or 8 + 16 + ((bsize + 7) & ~7) != size or data[24 + bsize:].strip(b"\0")):
+            return "USER note: not one TID_CHAR bank EVBU"
+        return "USER", data[24:24 + bsize].decode("utf-8", "replace"), made, EVENT_HEADER_BYTES + size
 
     def _decode_built(self, raw, pos, size):
         """(event id, timestamp, status, section layout) of the built event whose data
@@ -332,20 +376,30 @@ class MidasFile(EvbFile):
         return lo | hi << 32, tlo | thi << 32, status, layout
 
     def run_records(self):
-        """MIDAS files hold no .evb run records (their begin- and end-of-run events are MIDAS's own)."""
-        return []
+        """The file's COMMENT and USER notes (docs/FORMATS.md 9.2: message events and
+        USER events), in file order, each a dict as an .evb file's run_records() gives:
+        kind, body, file, event_id (the last built event's before it, 0 if none),
+        offset, made_unix_ns (whole seconds). The begin- and end-of-run events are
+        MIDAS's own: `odb` and `end_of_run`."""
+        return [r for r in self._walk() if isinstance(r, dict)]
 
     @property
     def bor(self):
         return None
 
     def __iter__(self):
+        for rec in self._walk():
+            if not isinstance(rec, dict):
+                yield rec
+
+    def _walk(self):
+        """Every good built event (MidasRecord) and note (a dict) in file order."""
         if not self.header_ok:
             self._record_count = 0
             return
         raw = self._raw
         pos, end = self._first_event, self.content_bytes
-        serial, count = None, 0
+        serial, count, last_id = None, 0, 0
         while pos < end:
             if pos == self._eor_at:
                 pos = end  # the end-of-run event closes the file
@@ -356,9 +410,20 @@ class MidasFile(EvbFile):
                         and size <= end - pos - EVENT_HEADER_BYTES):
                     pos += EVENT_HEADER_BYTES + size  # an end-of-run event with bytes after it (a problem noted)
                     break
+            note = self._note(pos, end)
+            if isinstance(note, str):
+                self._bad(pos, note)
+                break
+            if note is not None:
+                kind, body, made, length = note
+                yield {"kind": kind, "body": json.loads(body), "file": self.path, "event_id": last_id,
+                       "offset": pos, "made_unix_ns": made}
+                pos += length
+                continue
             rec = self._parse(pos, end, serial)
             if rec is None:
                 break
+            last_id = rec.event_id
             serial = rec.serial_number + 1
             count += 1
             yield rec
