@@ -40,8 +40,12 @@ void LostLedger::note_near(std::uint64_t j, std::uint8_t state) noexcept {
         distinct_ = 0;
     } else if (j < lo_) {
         // Below the first id seen: the run's first ids arrived out of order. Once
-        // something is settled, an id down there is settled too (a copy, or late).
-        if (settled_any_) return;
+        // something is settled, an id down there is settled too (a copy, or late);
+        // built after all (a re-request, a late fragment opened it), it is not lost.
+        if (settled_any_) {
+            if (state == kBuilt) unsettle(j);
+            return;
+        }
         if (hi_ - j > kWindow) {
             if (distinct_ >= kConfirm) {  // the run is up there: this one is apart
                 add_outlier(j);
@@ -170,6 +174,26 @@ void LostLedger::list_outliers(Far& f) noexcept {
     for (std::size_t i = 0; i < f.n; ++i) add_outlier(f.id[i]);
     f = Far{};
     --far_used_;
+}
+
+void LostLedger::unsettle(std::uint64_t j) noexcept {
+    auto& rs = out_.ranges;
+    auto it = std::upper_bound(rs.begin(), rs.end(), j, [](std::uint64_t v, const LostRange& x) { return v < x.first; });
+    if (it == rs.begin() || (--it)->last < j) return;  // built, or beyond the ranges kept (its count stays)
+    const auto ri = static_cast<std::size_t>(it->reason);
+    --out_.count[ri];
+    if (live_ != nullptr) live_[ri].set(live_[ri].get() - 1);  // this shard's thread alone adds to it
+    if (it->first == it->last) {
+        rs.erase(it);
+    } else if (j == it->first) {
+        ++it->first;
+    } else if (j == it->last) {
+        --it->last;
+    } else {
+        const LostRange tail{j + 1, it->last, it->reason};  // one range more than the bound, at most per such id
+        it->last = j - 1;
+        rs.insert(it + 1, tail);
+    }
 }
 
 void LostLedger::emit(std::uint64_t first, std::uint64_t last, LostReason r) noexcept {

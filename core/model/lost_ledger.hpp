@@ -100,6 +100,7 @@ private:
     void add_outlier(std::uint64_t j) noexcept;
     void list_outliers(Far& f) noexcept;
     void settle_to(std::uint64_t j_end) noexcept;
+    void unsettle(std::uint64_t j) noexcept;  // j, settled lost, was built after all
     void emit(std::uint64_t first, std::uint64_t last, LostReason r) noexcept;
 
     std::vector<std::uint8_t> ring_;  // kWindow states, of ids lo_..hi_-1 (others kUnknown)

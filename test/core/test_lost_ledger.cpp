@@ -146,3 +146,27 @@ TEST_CASE("lost ledger: a stray first id far above the run's is held apart once 
     for (const auto& x : r.ranges) CHECK(x.last < 1000);
     CHECK(r.outliers == std::vector<std::uint64_t>{stray});
 }
+
+TEST_CASE("lost ledger: an id settled lost and built after all (a re-request, a late fragment) leaves the ledger",
+          "[lost_ledger]") {
+    evb::stats::Counter live[evb::kLostReasons];
+    LostLedger l(100, live);
+    l.begin(5);
+    for (std::uint64_t j = 0; j < 20; ++j)
+        if (j < 5 || j > 9) l.built(j);  // 5..8 never came, 9 refused
+    l.refused(9, LostReason::in_flight_limit);
+    l.built(21);
+    l.settle_below(l.top());  // the settle age passed: 5..8, 9 and 20 lost
+    CHECK(live[0].get() == 5);
+    CHECK(live[1].get() == 1);
+    l.built(6);  // pull mode: a re-request built it; push: a late fragment opened it
+    l.built(9);
+    l.built(20);
+    l.built(30);
+    const LostRun r = l.finish();
+    CHECK(as_triples(r.ranges) == std::vector<std::vector<std::uint64_t>>{{5, 5, 0}, {7, 8, 0}, {22, 29, 0}});
+    CHECK(r.count[0] == 11);
+    CHECK(r.count[1] == 0);
+    CHECK(live[0].get() == 11);
+    CHECK(live[1].get() == 0);
+}

@@ -13,7 +13,9 @@ of, and no event it wrote.
 (e) one stray fragment with an id 10^12 (a bit flip) mid-run, event_id mode: the
     ledger counts exactly the ids the run skipped, nothing up to the stray, the ids
     after it still; the stray is written and listed apart (outliers), and
-    evb-dump --check-summary accepts it."""
+    evb-dump --check-summary accepts it.
+(f) an id settled never_received, then a fragment of it after all (late; in pull
+    mode a re-request answered late): its event is written, and leaves the ledger."""
 import json
 import os
 import socket
@@ -200,8 +202,37 @@ def stray_id(wd):
     check(rc == 0, f"(e) evb-dump --check-summary accepts it: {text.strip()[-300:]}")
 
 
+def built_after_settled(wd):
+    events, late = 200, 50
+    os.makedirs(os.path.join(wd, "f"))
+    d = Evbd(os.path.join(wd, "f"), sets=["sources=2", "building.timeout_ms=100"])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for e in range(events):
+            if e != late:
+                for src in (0, 1):
+                    s.sendto(frag(e, src, 64, 0, 0, 1, bytes(64)), ("127.0.0.1", d.port))
+        d.wait_metric("evb_events_written_total", lambda v: v >= events - 1, timeout=30)
+        # settled: no datagram of it came two to four timeouts after newer ones did
+        wait_until(lambda: metric_sum(d.metrics(), "evb_events_lost_whole_total") >= 1, 30, "(f) id 50 settled lost")
+        # then one source's fragment of it comes after all (a late one; in pull mode, a
+        # re-request answered late): it opens the event, written INCOMPLETE
+        s.sendto(frag(late, 0, 64, 0, 0, 1, bytes(64)), ("127.0.0.1", d.port))
+        d.wait_metric("evb_events_written_total", lambda v: v >= events, timeout=30)
+    m = d.metrics()
+    check(d.stop() == 0, "(f) evbd exits 0")
+    written = {e["event_id"] for e in events_in(d.out)[0]}
+    check(written == set(range(events)), "(f) every event written, the late one too")
+    led = summary(d.out).get("lost_events") or {}
+    print(f"(f) ledger: count {led.get('count')}, ranges {led.get('ranges')}", flush=True)
+    check(led.get("count") == 0 and led.get("ranges") == [], "(f) the event written after it was settled is not in the ledger")
+    check(metric_sum(m, "evb_events_lost_whole_total") == 0, "(f) nor in evb_events_lost_whole_total")
+    rc, text = check_summary(d.out)
+    check(rc == 0, f"(f) evb-dump --check-summary accepts it: {text.strip()[-300:]}")
+
+
 def main():
     wd = workdir()
+    built_after_settled(wd)
     stray_id(wd)
     loss_and_dup(wd)
     timestamp_mode(wd)
