@@ -1,6 +1,7 @@
 #include "core/model/lost_ledger.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 
 #include "core/model/counters.hpp"
@@ -13,8 +14,8 @@ const char* lost_reason_name(std::size_t reason) noexcept {
     return reason < kLostReasons ? names[reason] : "?";
 }
 
-LostLedger::LostLedger(std::size_t max_ranges, stats::Counter* live)
-    : ring_(kWindow, kUnknown), max_ranges_(max_ranges), live_(live) {
+LostLedger::LostLedger(std::size_t max_ranges, stats::Counter* live, std::size_t window)
+    : window_(std::bit_ceil(std::max(window, kWindow))), ring_(window_, kUnknown), max_ranges_(max_ranges), live_(live) {
     out_.ranges.reserve(std::min<std::size_t>(max_ranges, 1024));
 }
 
@@ -24,7 +25,7 @@ void LostLedger::begin(std::uint32_t run) noexcept {
 }
 
 void LostLedger::note(std::uint64_t j, std::uint8_t state) noexcept {
-    if (any_ && j >= hi_ && j - hi_ >= kWindow) {
+    if (any_ && j >= hi_ && j - hi_ >= window_) {
         hold_far(j, state);  // far ahead: settles nothing until confirmed
         return;
     }
@@ -46,7 +47,7 @@ void LostLedger::note_near(std::uint64_t j, std::uint8_t state) noexcept {
             if (state == kBuilt) unsettle(j);
             return;
         }
-        if (hi_ - j > kWindow) {
+        if (hi_ - j > window_) {
             if (distinct_ >= kConfirm) {  // the run is up there: this one is apart
                 add_outlier(j);
                 return;
@@ -58,10 +59,10 @@ void LostLedger::note_near(std::uint64_t j, std::uint8_t state) noexcept {
         }
         lo_ = j;
     } else if (j >= hi_) {
-        if (j - lo_ >= kWindow) settle_to(j - kWindow + 1);  // j is within a window of the top: no gap beyond it
+        if (j - lo_ >= window_) settle_to(j - window_ + 1);  // j is within a window of the top: no gap beyond it
         hi_ = j + 1;
     }
-    std::uint8_t& s = ring_[j & (kWindow - 1)];
+    std::uint8_t& s = ring_[j & (window_ - 1)];
     if (s == kUnknown && distinct_ < kConfirm) ++distinct_;
     if (s == kUnknown || state == kBuilt) s = state;  // built wins; a refusal keeps its first reason
 }
@@ -70,7 +71,7 @@ void LostLedger::hold_far(std::uint64_t j, std::uint8_t state) noexcept {
     for (Far& f : far_) {
         if (f.n == 0) continue;
         const std::uint64_t lo = std::min(f.lo, j), hi = std::max(f.hi, j);
-        if (hi - lo >= kWindow) continue;
+        if (hi - lo >= window_) continue;
         for (std::size_t i = 0; i < f.n; ++i)
             if (f.id[i] == j) {  // another fragment of it
                 if (state == kBuilt) f.state[i] = kBuilt;
@@ -136,7 +137,7 @@ void LostLedger::fold_far() noexcept {
             if (f.n == 0) continue;
             if (settled_any_ && f.hi < lo_) {
                 list_outliers(f);  // below a confirmed jump: nothing came near
-            } else if (f.lo < hi_ + kWindow) {  // the top reached it
+            } else if (f.lo < hi_ + window_) {  // the top reached it
                 const Far g = f;
                 f = Far{};
                 --far_used_;
@@ -150,7 +151,7 @@ void LostLedger::fold_far() noexcept {
 void LostLedger::demote() noexcept {
     Far f;
     for (std::uint64_t j = lo_; j < hi_; ++j) {
-        std::uint8_t& s = ring_[j & (kWindow - 1)];
+        std::uint8_t& s = ring_[j & (window_ - 1)];
         if (s == kUnknown) continue;
         if (f.n == 0) f.lo = j;
         f.hi = j;
@@ -215,7 +216,7 @@ void LostLedger::settle_to(std::uint64_t j_end) noexcept {
     if (!any_ || j_end <= lo_) return;
     const std::uint64_t known_end = std::min(j_end, hi_);
     for (std::uint64_t j = lo_; j < known_end; ++j) {
-        std::uint8_t& s = ring_[j & (kWindow - 1)];
+        std::uint8_t& s = ring_[j & (window_ - 1)];
         if (s == kUnknown) emit(j, j, LostReason::never_received);
         else if (s != kBuilt) emit(j, j, static_cast<LostReason>(s - kRefused));
         s = kUnknown;

@@ -11,7 +11,8 @@
 // are bounded (truncated says the bound was reached). No allocation per event: a
 // ring of one byte per id, ranges coalesced as they settle.
 //
-// An id more than a window above the top (a bit flip, a stray datagram, or a run
+// An id more than a window (window(): at least twice the shard's events in flight)
+// above the top (a bit flip, a stray datagram, or a run
 // that truly skipped ahead) is held apart, with the few ids near it, and settles
 // nothing: only when kConfirm distinct ids have come within a window of each other
 // up there (the run is there now) does the ledger move there, the ids between
@@ -65,9 +66,12 @@ struct LostRun {
 
 class LostLedger {
 public:
-    static constexpr std::size_t kWindow = std::size_t{1} << 17;  // ids open at once (a shard's pool is far less)
+    static constexpr std::size_t kWindow = std::size_t{1} << 17;  // the least window: ids open at once
 
-    LostLedger(std::size_t max_ranges, stats::Counter* live);  // live[kLostReasons] or nullptr
+    // live[kLostReasons] or nullptr; `window`: ids open at once, at least (twice the
+    // shard's events in flight; rounded up to a power of two, never below kWindow).
+    LostLedger(std::size_t max_ranges, stats::Counter* live, std::size_t window = kWindow);
+    std::size_t window() const noexcept { return window_; }
     void begin(std::uint32_t run) noexcept;
     std::uint32_t run() const noexcept { return run_; }
     void built(std::uint64_t j) noexcept { note(j, kBuilt); }
@@ -103,7 +107,8 @@ private:
     void unsettle(std::uint64_t j) noexcept;  // j, settled lost, was built after all
     void emit(std::uint64_t first, std::uint64_t last, LostReason r) noexcept;
 
-    std::vector<std::uint8_t> ring_;  // kWindow states, of ids lo_..hi_-1 (others kUnknown)
+    std::size_t window_;              // a power of two
+    std::vector<std::uint8_t> ring_;  // window_ states, of ids lo_..hi_-1 (others kUnknown)
     std::uint64_t lo_ = 0, hi_ = 0;   // unsettled ids: lo_..hi_-1
     bool any_ = false, settled_any_ = false;
     std::size_t distinct_ = 0;  // ids noted since the run's first (up to kConfirm)
@@ -119,7 +124,8 @@ private:
 // (whose events may arrive before the old run's end reaches the shard).
 class RunLedgers {
 public:
-    RunLedgers(std::size_t max_ranges, stats::Counter* live) : cur_(max_ranges, live), next_(max_ranges, live) {}
+    RunLedgers(std::size_t max_ranges, stats::Counter* live, std::size_t window = LostLedger::kWindow)
+        : cur_(max_ranges, live, window), next_(max_ranges, live, window) {}
     void built(std::uint32_t run, std::uint64_t j) noexcept {
         if (LostLedger* l = of(run)) l->built(j);
     }

@@ -170,3 +170,20 @@ TEST_CASE("lost ledger: an id settled lost and built after all (a re-request, a 
     CHECK(live[0].get() == 11);
     CHECK(live[1].get() == 0);
 }
+
+TEST_CASE("lost ledger: the window holds at least twice the events a shard may have in flight", "[lost_ledger]") {
+    evb::stats::Counter live[evb::kLostReasons];
+    const std::size_t in_flight = std::size_t{1} << 18;  // building.max_events_in_flight 262144, one shard
+    LostLedger l(100, live, 2 * in_flight);
+    CHECK(l.window() >= 2 * in_flight);
+    l.begin(6);
+    for (std::uint64_t j = 0; j < 10; ++j)
+        if (j != 5) l.built(j);
+    l.built(in_flight + 20);  // 5 may still come: in flight counts that many ids after it
+    CHECK(live[0].get() == 0);
+    CHECK(l.top() == in_flight + 21);
+    l.built(5);
+    const LostRun r = l.finish();
+    CHECK(r.count[0] == in_flight + 20 - 10);
+    CHECK(LostLedger(100, nullptr, 16).window() == LostLedger::kWindow);  // never less than the default
+}
