@@ -258,7 +258,8 @@ LostLedger* RunLedgers::of(std::uint32_t run) noexcept {
 void RunLedgers::tick(std::uint64_t now_ns, std::uint64_t age_ns) noexcept {
     if (!cur_set_) return;
     if (now_ns - mark_ns_ < age_ns) return;
-    cur_.settle_below(mark_top_);
+    // The top went down (the run's first ids were put apart): the mark is not its age.
+    if (cur_.top() >= mark_top_) cur_.settle_below(mark_top_);
     mark_top_ = cur_.top();
     mark_ns_ = now_ns;
 }

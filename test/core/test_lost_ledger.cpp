@@ -187,3 +187,18 @@ TEST_CASE("lost ledger: the window holds at least twice the events a shard may h
     CHECK(r.count[0] == in_flight + 20 - 10);
     CHECK(LostLedger(100, nullptr, 16).window() == LostLedger::kWindow);  // never less than the default
 }
+
+TEST_CASE("lost ledger: a shard's tick does not settle the run's ids by the age of a stray first id", "[lost_ledger]") {
+    evb::RunLedgers rl(100, nullptr);
+    const std::uint64_t age = 1000;
+    rl.built(1, std::uint64_t{1} << 40);  // the run's first datagram, a bit flipped
+    rl.tick(age, age);                    // marks the top: the stray's
+    for (std::uint64_t j = 0; j < 100; ++j)
+        if (j != 50) rl.built(1, j);      // the run's ids: the stray goes apart
+    rl.tick(2 * age, age);                // the stray's mark is no age of these
+    rl.refused(1, 50, LostReason::in_flight_limit);
+    const LostRun r = rl.end_run(evb::RunLedgers::kNone);
+    CHECK(r.count[0] == 0);
+    CHECK(r.count[1] == 1);
+    CHECK(r.outliers == std::vector<std::uint64_t>{std::uint64_t{1} << 40});
+}
