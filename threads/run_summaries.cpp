@@ -118,8 +118,14 @@ nlohmann::ordered_json RunSummaries::lost_events(std::uint32_t run, const Config
     nlohmann::ordered_json ranges = nlohmann::ordered_json::array();
     for (const LostRange& x : lost.ranges)
         ranges.push_back({x.first, x.last, lost_reason_name(static_cast<std::size_t>(x.reason))});
-    return {{"count", lost.total()}, {"by_reason", std::move(by_reason)}, {"ranges", std::move(ranges)},
-            {"ranges_truncated", lost.truncated}};
+    nlohmann::ordered_json led = {{"count", lost.total()},
+                                  {"by_reason", std::move(by_reason)},
+                                  {"ranges", std::move(ranges)},
+                                  {"ranges_truncated", lost.truncated || lost.outliers_truncated}};
+    // Ids far from the run's that nothing confirmed (a bit flip, a stray datagram):
+    // written or refused as any, but no gap to them is counted. Only when there are.
+    if (!lost.outliers.empty()) led["outliers"] = lost.outliers;
+    return led;
 }
 
 RunSummaries::MatchTotals RunSummaries::match_totals() const {

@@ -363,9 +363,14 @@ std::vector<std::string> check_lost_events(const std::string& directory, const n
     // saw, so the gaps between their spans are nobody's to vouch for.
     if (truncated || summary.contains("earlier_sessions")) return bad;
     // Every id between the first and the last known (of the builder's share) is in
-    // the files or in the ledger.
+    // the files or in the ledger; the outliers it lists (ids far from the run's,
+    // unconfirmed) are not the run's: the gaps to them are nobody's to vouch for.
+    std::set<std::uint64_t> outliers;
+    if (led.contains("outliers") && led["outliers"].is_array())
+        for (const auto& x : led["outliers"])
+            if (x.is_number_unsigned()) outliers.insert(x.get<std::uint64_t>());
     for (const std::uint64_t id : held)
-        if (id % step == builder % step) spans.emplace_back(id, id);
+        if (id % step == builder % step && outliers.count(id) == 0) spans.emplace_back(id, id);
     std::sort(spans.begin(), spans.end());
     for (std::size_t i = 1; i < spans.size(); ++i) {
         const std::uint64_t reach = spans[i - 1].second;

@@ -1,6 +1,7 @@
 #include "core/model/lost_ledger.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 
 #include "core/model/counters.hpp"
@@ -13,8 +14,8 @@ const char* lost_reason_name(std::size_t reason) noexcept {
     return reason < kLostReasons ? names[reason] : "?";
 }
 
-LostLedger::LostLedger(std::size_t max_ranges, stats::Counter* live)
-    : ring_(kWindow, kUnknown), max_ranges_(max_ranges), live_(live) {
+LostLedger::LostLedger(std::size_t max_ranges, stats::Counter* live, std::size_t window)
+    : window_(std::bit_ceil(std::max(window, kWindow))), ring_(window_, kUnknown), max_ranges_(max_ranges), live_(live) {
     out_.ranges.reserve(std::min<std::size_t>(max_ranges, 1024));
 }
 
@@ -24,21 +25,176 @@ void LostLedger::begin(std::uint32_t run) noexcept {
 }
 
 void LostLedger::note(std::uint64_t j, std::uint8_t state) noexcept {
+    if (any_ && j >= hi_ && j - hi_ >= window_) {
+        hold_far(j, state);  // far ahead: settles nothing until confirmed
+        return;
+    }
+    note_near(j, state);
+    if (far_used_ != 0) fold_far();
+}
+
+void LostLedger::note_near(std::uint64_t j, std::uint8_t state) noexcept {
     if (!any_) {
         any_ = true;
         lo_ = j;
         hi_ = j + 1;
+        distinct_ = 0;
     } else if (j < lo_) {
         // Below the first id seen: the run's first ids arrived out of order. Once
-        // something is settled, an id down there is settled too (a copy, or late).
-        if (settled_any_ || hi_ - j > kWindow) return;
+        // something is settled, an id down there is settled too (a copy, or late);
+        // built after all (a re-request, a late fragment opened it), it is not lost.
+        if (settled_any_) {
+            if (state == kBuilt) unsettle(j);
+            return;
+        }
+        if (hi_ - j > window_) {
+            if (distinct_ >= kConfirm) {  // the run is up there: this one is apart
+                add_outlier(j);
+                return;
+            }
+            // The run's first ids were few and far above: they are the ones apart.
+            demote();
+            note_near(j, state);
+            return;
+        }
         lo_ = j;
     } else if (j >= hi_) {
-        if (j - lo_ >= kWindow) settle_below(j - kWindow + 1);
+        if (j - lo_ >= window_) settle_to(j - window_ + 1);  // j is within a window of the top: no gap beyond it
         hi_ = j + 1;
     }
-    std::uint8_t& s = ring_[j & (kWindow - 1)];
+    std::uint8_t& s = ring_[j & (window_ - 1)];
+    if (s == kUnknown && distinct_ < kConfirm) ++distinct_;
     if (s == kUnknown || state == kBuilt) s = state;  // built wins; a refusal keeps its first reason
+}
+
+void LostLedger::hold_far(std::uint64_t j, std::uint8_t state) noexcept {
+    for (Far& f : far_) {
+        if (f.n == 0) continue;
+        const std::uint64_t lo = std::min(f.lo, j), hi = std::max(f.hi, j);
+        if (hi - lo >= window_) continue;
+        for (std::size_t i = 0; i < f.n; ++i)
+            if (f.id[i] == j) {  // another fragment of it
+                if (state == kBuilt) f.state[i] = kBuilt;
+                return;
+            }
+        f.lo = lo;
+        f.hi = hi;
+        f.id[f.n] = j;
+        f.state[f.n] = state;
+        if (++f.n < kConfirm) return;
+        const Far g = f;  // confirmed: the run is up there now
+        f = Far{};
+        --far_used_;
+        confirm(g);
+        return;
+    }
+    Far f;
+    f.lo = f.hi = f.id[0] = j;
+    f.state[0] = state;
+    f.n = 1;
+    put_far(f);
+}
+
+void LostLedger::put_far(const Far& f) noexcept {
+    Far* slot = nullptr;
+    for (Far& x : far_)
+        if (x.n == 0) {
+            slot = &x;
+            break;
+        }
+    if (slot == nullptr) {  // all in use: the longest held goes unconfirmed
+        slot = &far_[far_evict_];
+        far_evict_ = (far_evict_ + 1) % kFar;
+        list_outliers(*slot);
+    }
+    *slot = f;
+    ++far_used_;
+}
+
+void LostLedger::confirm(const Far& f) noexcept {
+    settle_to(f.lo);  // the ids known, then the ids skipped: never_received
+    hi_ = f.lo;
+    replay(f);
+    fold_far();
+}
+
+void LostLedger::replay(const Far& f) noexcept {
+    std::size_t order[kConfirm];
+    for (std::size_t i = 0; i < f.n; ++i) order[i] = i;
+    std::sort(order, order + f.n, [&f](std::size_t a, std::size_t b) { return f.id[a] < f.id[b]; });
+    // Ascending, each within a window of the one before: none is far ahead.
+    for (std::size_t k = 0; k < f.n; ++k) {
+        const std::size_t i = order[k];
+        if (settled_any_ && f.id[i] < lo_) add_outlier(f.id[i]);
+        else note_near(f.id[i], f.state[i]);
+    }
+}
+
+void LostLedger::fold_far() noexcept {
+    for (bool again = true; again;) {
+        again = false;
+        for (Far& f : far_) {
+            if (f.n == 0) continue;
+            if (settled_any_ && f.hi < lo_) {
+                list_outliers(f);  // below a confirmed jump: nothing came near
+            } else if (f.lo < hi_ + window_) {  // the top reached it
+                const Far g = f;
+                f = Far{};
+                --far_used_;
+                replay(g);
+                again = true;
+            }
+        }
+    }
+}
+
+void LostLedger::demote() noexcept {
+    Far f;
+    for (std::uint64_t j = lo_; j < hi_; ++j) {
+        std::uint8_t& s = ring_[j & (window_ - 1)];
+        if (s == kUnknown) continue;
+        if (f.n == 0) f.lo = j;
+        f.hi = j;
+        if (f.n < kConfirm) {
+            f.id[f.n] = j;
+            f.state[f.n++] = s;
+        }
+        s = kUnknown;
+    }
+    any_ = false;
+    if (f.n != 0) put_far(f);
+}
+
+void LostLedger::add_outlier(std::uint64_t j) noexcept {
+    if (std::find(out_.outliers.begin(), out_.outliers.end(), j) != out_.outliers.end()) return;
+    if (out_.outliers.size() < kOutliersKept) out_.outliers.push_back(j);
+    else out_.outliers_truncated = true;
+}
+
+void LostLedger::list_outliers(Far& f) noexcept {
+    for (std::size_t i = 0; i < f.n; ++i) add_outlier(f.id[i]);
+    f = Far{};
+    --far_used_;
+}
+
+void LostLedger::unsettle(std::uint64_t j) noexcept {
+    auto& rs = out_.ranges;
+    auto it = std::upper_bound(rs.begin(), rs.end(), j, [](std::uint64_t v, const LostRange& x) { return v < x.first; });
+    if (it == rs.begin() || (--it)->last < j) return;  // built, or beyond the ranges kept (its count stays)
+    const auto ri = static_cast<std::size_t>(it->reason);
+    --out_.count[ri];
+    if (live_ != nullptr) live_[ri].set(live_[ri].get() - 1);  // this shard's thread alone adds to it
+    if (it->first == it->last) {
+        rs.erase(it);
+    } else if (j == it->first) {
+        ++it->first;
+    } else if (j == it->last) {
+        --it->last;
+    } else {
+        const LostRange tail{j + 1, it->last, it->reason};  // one range more than the bound, at most per such id
+        it->last = j - 1;
+        rs.insert(it + 1, tail);
+    }
 }
 
 void LostLedger::emit(std::uint64_t first, std::uint64_t last, LostReason r) noexcept {
@@ -56,29 +212,33 @@ void LostLedger::emit(std::uint64_t first, std::uint64_t last, LostReason r) noe
     }
 }
 
-void LostLedger::settle_below(std::uint64_t j_end) noexcept {
+void LostLedger::settle_to(std::uint64_t j_end) noexcept {
     if (!any_ || j_end <= lo_) return;
     const std::uint64_t known_end = std::min(j_end, hi_);
     for (std::uint64_t j = lo_; j < known_end; ++j) {
-        std::uint8_t& s = ring_[j & (kWindow - 1)];
+        std::uint8_t& s = ring_[j & (window_ - 1)];
         if (s == kUnknown) emit(j, j, LostReason::never_received);
         else if (s != kBuilt) emit(j, j, static_cast<LostReason>(s - kRefused));
         s = kUnknown;
     }
-    // Ids above every one known, below one that arrived far above them: a gap.
+    // Ids above every one known, below a confirmed region far above them: skipped.
     if (j_end > hi_) emit(hi_, j_end - 1, LostReason::never_received);
     lo_ = j_end;
     settled_any_ = true;
 }
 
 LostRun LostLedger::finish() {
-    if (any_) settle_below(hi_);
+    if (any_) settle_to(hi_);
+    for (Far& f : far_)
+        if (f.n != 0) list_outliers(f);
+    std::sort(out_.outliers.begin(), out_.outliers.end());
     LostRun r = std::move(out_);
     r.run = run_;
     out_ = LostRun{};
     out_.ranges.reserve(std::min<std::size_t>(max_ranges_, 1024));
     any_ = settled_any_ = false;
     lo_ = hi_ = 0;
+    distinct_ = far_evict_ = 0;
     return r;
 }
 
@@ -98,7 +258,8 @@ LostLedger* RunLedgers::of(std::uint32_t run) noexcept {
 void RunLedgers::tick(std::uint64_t now_ns, std::uint64_t age_ns) noexcept {
     if (!cur_set_) return;
     if (now_ns - mark_ns_ < age_ns) return;
-    cur_.settle_below(mark_top_);
+    // The top went down (the run's first ids were put apart): the mark is not its age.
+    if (cur_.top() >= mark_top_) cur_.settle_below(mark_top_);
     mark_top_ = cur_.top();
     mark_ns_ = now_ns;
 }
@@ -129,7 +290,10 @@ LostEvents merge_lost_runs(const std::vector<LostRun>& shards, std::uint32_t bui
     for (std::uint64_t k = 0; k < s; ++k) {
         for (std::size_t i = 0; i < kLostReasons; ++i) out.count[i] += shards[k].count[i];
         if (shards[k].truncated) limit = std::min(limit, k + s * shards[k].truncated_at);
+        for (const std::uint64_t j : shards[k].outliers) out.outliers.push_back(builder_id + std::uint64_t{builders} * (k + s * j));
+        out.outliers_truncated = out.outliers_truncated || shards[k].outliers_truncated;
     }
+    std::sort(out.outliers.begin(), out.outliers.end());
     if (s == 0) return out;
     std::vector<std::size_t> cursor(s, 0);
     // Shard k's first dense id at or above share index m, and its range there or next.

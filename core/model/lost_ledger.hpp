@@ -10,6 +10,17 @@
 // never_received, refused is lost with its reason. Counts are exact; the ranges kept
 // are bounded (truncated says the bound was reached). No allocation per event: a
 // ring of one byte per id, ranges coalesced as they settle.
+//
+// An id more than a window (window(): at least twice the shard's events in flight)
+// above the top (a bit flip, a stray datagram, or a run
+// that truly skipped ahead) is held apart, with the few ids near it, and settles
+// nothing: only when kConfirm distinct ids have come within a window of each other
+// up there (the run is there now) does the ledger move there, the ids between
+// never_received; or the top reaches it in its course. Held ids that nothing
+// confirmed by the run's end are outliers: not in the counts, listed apart (the run
+// summary's lost_events.outliers), the gap to them vouched for by no one. One id
+// thus never settles more than a window; so does the first id of a run, when ids
+// far below it come before kConfirm near it did.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +38,8 @@ enum class LostReason : std::uint8_t { never_received, in_flight_limit, source_s
 inline constexpr std::size_t kLostReasons = 5;
 // Ranges a ledger keeps per run (the run summary's bound; counts go on).
 inline constexpr std::size_t kLostRangesKept = 10000;
+// Outliers (ids far from the run's, unconfirmed) a ledger lists per run.
+inline constexpr std::size_t kOutliersKept = 64;
 // "never_received", "in_flight_limit", ... (the run summary's and the metric's names)
 const char* lost_reason_name(std::size_t reason) noexcept;
 
@@ -42,6 +55,8 @@ struct LostRun {
     std::vector<LostRange> ranges;
     bool truncated = false;
     std::uint64_t truncated_at = 0;  // the first j not in `ranges` (when truncated)
+    std::vector<std::uint64_t> outliers;  // held ids nothing confirmed, ascending (up to kOutliersKept)
+    bool outliers_truncated = false;
     std::uint64_t total() const noexcept {
         std::uint64_t n = 0;
         for (const std::uint64_t c : count) n += c;
@@ -51,27 +66,54 @@ struct LostRun {
 
 class LostLedger {
 public:
-    static constexpr std::size_t kWindow = std::size_t{1} << 17;  // ids open at once (a shard's pool is far less)
+    static constexpr std::size_t kWindow = std::size_t{1} << 17;  // the least window: ids open at once
 
-    LostLedger(std::size_t max_ranges, stats::Counter* live);  // live[kLostReasons] or nullptr
+    // live[kLostReasons] or nullptr; `window`: ids open at once, at least (twice the
+    // shard's events in flight; rounded up to a power of two, never below kWindow).
+    LostLedger(std::size_t max_ranges, stats::Counter* live, std::size_t window = kWindow);
+    std::size_t window() const noexcept { return window_; }
     void begin(std::uint32_t run) noexcept;
     std::uint32_t run() const noexcept { return run_; }
     void built(std::uint64_t j) noexcept { note(j, kBuilt); }
     void refused(std::uint64_t j, LostReason r) noexcept { note(j, static_cast<std::uint8_t>(kRefused + static_cast<std::uint8_t>(r))); }
-    // Settles every id below j_end (nothing of them may still arrive).
-    void settle_below(std::uint64_t j_end) noexcept;
+    // Settles every id below j_end, up to the top (nothing of them may still arrive).
+    void settle_below(std::uint64_t j_end) noexcept { settle_to(j_end < hi_ ? j_end : hi_); }
     std::uint64_t top() const noexcept { return any_ ? hi_ : 0; }
     // The run ends: settles everything up to the last id known; the ledger is empty after.
     LostRun finish();
 
 private:
     static constexpr std::uint8_t kUnknown = 0, kBuilt = 1, kRefused = 2;
+    static constexpr std::size_t kFar = 4;      // regions held apart at once
+    static constexpr std::size_t kConfirm = 4;  // distinct ids that confirm one
+    // Ids held apart, all within a window of each other (n == 0: a free slot).
+    struct Far {
+        std::uint64_t lo = 0, hi = 0;
+        std::size_t n = 0;
+        std::uint64_t id[kConfirm] = {};
+        std::uint8_t state[kConfirm] = {};
+    };
     void note(std::uint64_t j, std::uint8_t state) noexcept;
+    void note_near(std::uint64_t j, std::uint8_t state) noexcept;
+    void hold_far(std::uint64_t j, std::uint8_t state) noexcept;
+    void put_far(const Far& f) noexcept;
+    void confirm(const Far& f) noexcept;
+    void fold_far() noexcept;
+    void replay(const Far& f) noexcept;
+    void demote() noexcept;  // the run's first ids go apart
+    void add_outlier(std::uint64_t j) noexcept;
+    void list_outliers(Far& f) noexcept;
+    void settle_to(std::uint64_t j_end) noexcept;
+    void unsettle(std::uint64_t j) noexcept;  // j, settled lost, was built after all
     void emit(std::uint64_t first, std::uint64_t last, LostReason r) noexcept;
 
-    std::vector<std::uint8_t> ring_;  // kWindow states, of ids lo_..hi_-1 (others kUnknown)
+    std::size_t window_;              // a power of two
+    std::vector<std::uint8_t> ring_;  // window_ states, of ids lo_..hi_-1 (others kUnknown)
     std::uint64_t lo_ = 0, hi_ = 0;   // unsettled ids: lo_..hi_-1
     bool any_ = false, settled_any_ = false;
+    std::size_t distinct_ = 0;  // ids noted since the run's first (up to kConfirm)
+    Far far_[kFar];
+    std::size_t far_used_ = 0, far_evict_ = 0;
     std::uint32_t run_ = 0;
     std::size_t max_ranges_;
     stats::Counter* live_;
@@ -82,7 +124,8 @@ private:
 // (whose events may arrive before the old run's end reaches the shard).
 class RunLedgers {
 public:
-    RunLedgers(std::size_t max_ranges, stats::Counter* live) : cur_(max_ranges, live), next_(max_ranges, live) {}
+    RunLedgers(std::size_t max_ranges, stats::Counter* live, std::size_t window = LostLedger::kWindow)
+        : cur_(max_ranges, live, window), next_(max_ranges, live, window) {}
     void built(std::uint32_t run, std::uint64_t j) noexcept {
         if (LostLedger* l = of(run)) l->built(j);
     }
@@ -133,6 +176,8 @@ struct LostEvents {
     std::uint64_t count[kLostReasons] = {};
     std::vector<LostRange> ranges;
     bool truncated = false;
+    std::vector<std::uint64_t> outliers;  // event ids held apart, unconfirmed, ascending
+    bool outliers_truncated = false;
     std::uint64_t total() const noexcept {
         std::uint64_t n = 0;
         for (const std::uint64_t c : count) n += c;

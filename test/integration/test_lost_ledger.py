@@ -9,14 +9,21 @@ of, and no event it wrote.
     (between the first and the last id that arrived) no datagram of which was sent,
     as never_received; evb-dump --check-summary accepts it, and fails on a ledger
     that lists an id the files hold.
-(d) timestamp mode (trigger mode, sequence numbers): the same, by sequence number."""
+(d) timestamp mode (trigger mode, sequence numbers): the same, by sequence number.
+(e) one stray fragment with an id 10^12 (a bit flip) mid-run, event_id mode: the
+    ledger counts exactly the ids the run skipped, nothing up to the stray, the ids
+    after it still; the stray is written and listed apart (outliers), and
+    evb-dump --check-summary accepts it.
+(f) an id settled never_received, then a fragment of it after all (late; in pull
+    mode a re-request answered late): its event is written, and leaves the ledger."""
 import json
 import os
+import socket
 import struct
 import subprocess
 
-from evbtest import (BIN, Evbd, check, events_in, fail, metric_sum, read_pcap, run_source, sanitized_build, wait_until,
-                     workdir)
+from evbtest import (BIN, Evbd, check, events_in, fail, frag, metric_sum, read_pcap, run_source, sanitized_build,
+                     wait_until, workdir)
 
 DUMP = os.path.join(BIN, "evb-dump")
 
@@ -164,8 +171,76 @@ def timestamp_mode(wd):
     check(rc == 0, f"(d) evb-dump --check-summary accepts it: {text.strip()[-300:]}")
 
 
+def stray_id(wd):
+    events, stray = 2000, 10**12
+    skipped = set(range(5, events, 50))  # the run's own gaps: no datagram of them is sent
+    os.makedirs(os.path.join(wd, "e"))
+    d = Evbd(os.path.join(wd, "e"), sets=["sources=2", "building.timeout_ms=300"])
+    sent = 0
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for batch in range(0, events, 250):
+            for e in range(batch, batch + 250):
+                if e in skipped:
+                    continue
+                for src in (0, 1):
+                    s.sendto(frag(e, src, 64, 0, 0, 1, bytes(64)), ("127.0.0.1", d.port))
+                sent += 1
+            if batch == 1000:  # mid-run: one datagram of source 0 with its id's bit 40 flipped
+                s.sendto(frag(stray, 0, 64, 0, 0, 1, bytes(64)), ("127.0.0.1", d.port))
+            # the batch is written before the next is sent (no kernel drops)
+            d.wait_metric("evb_events_written_total", lambda v, n=sent: v >= n, timeout=30)
+    d.wait_metric("evb_events_written_total", lambda v: v >= sent + 1, timeout=30)  # the stray, INCOMPLETE
+    check(d.metrics()["evb_kernel_receive_drops_total"] == 0, "(e) no kernel receive drops")
+    check(d.stop() == 0, "(e) evbd exits 0")
+    written = {e["event_id"] for e in events_in(d.out)[0]}
+    check(written == set(range(events)) - skipped | {stray}, "(e) every id sent is written, the stray too")
+    led = summary(d.out).get("lost_events") or {}
+    print(f"(e) ledger: count {led.get('count')}, by_reason {led.get('by_reason')}, outliers {led.get('outliers')}",
+          flush=True)
+    check(led.get("count") == len(skipped), f"(e) the ledger counts the {len(skipped)} ids skipped, not those up to "
+                                            f"the stray ({led.get('count')})")
+    check(led.get("outliers") == [stray], f"(e) the stray is listed apart ({led.get('outliers')})")
+    led = dict(led)
+    del led["outliers"]
+    lost = ledger_ids(led)
+    check(set(lost) == skipped, f"(e) the ledger is exactly the ids skipped (extra {sorted(set(lost) - skipped)[:10]}, "
+                                f"missing {sorted(skipped - set(lost))[:10]})")
+    rc, text = check_summary(d.out)
+    check(rc == 0, f"(e) evb-dump --check-summary accepts it: {text.strip()[-300:]}")
+
+
+def built_after_settled(wd):
+    events, late = 200, 50
+    os.makedirs(os.path.join(wd, "f"))
+    d = Evbd(os.path.join(wd, "f"), sets=["sources=2", "building.timeout_ms=100"])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for e in range(events):
+            if e != late:
+                for src in (0, 1):
+                    s.sendto(frag(e, src, 64, 0, 0, 1, bytes(64)), ("127.0.0.1", d.port))
+        d.wait_metric("evb_events_written_total", lambda v: v >= events - 1, timeout=30)
+        # settled: no datagram of it came two to four timeouts after newer ones did
+        wait_until(lambda: metric_sum(d.metrics(), "evb_events_lost_whole_total") >= 1, 30, "(f) id 50 settled lost")
+        # then one source's fragment of it comes after all (a late one; in pull mode, a
+        # re-request answered late): it opens the event, written INCOMPLETE
+        s.sendto(frag(late, 0, 64, 0, 0, 1, bytes(64)), ("127.0.0.1", d.port))
+        d.wait_metric("evb_events_written_total", lambda v: v >= events, timeout=30)
+    m = d.metrics()
+    check(d.stop() == 0, "(f) evbd exits 0")
+    written = {e["event_id"] for e in events_in(d.out)[0]}
+    check(written == set(range(events)), "(f) every event written, the late one too")
+    led = summary(d.out).get("lost_events") or {}
+    print(f"(f) ledger: count {led.get('count')}, ranges {led.get('ranges')}", flush=True)
+    check(led.get("count") == 0 and led.get("ranges") == [], "(f) the event written after it was settled is not in the ledger")
+    check(metric_sum(m, "evb_events_lost_whole_total") == 0, "(f) nor in evb_events_lost_whole_total")
+    rc, text = check_summary(d.out)
+    check(rc == 0, f"(f) evb-dump --check-summary accepts it: {text.strip()[-300:]}")
+
+
 def main():
     wd = workdir()
+    built_after_settled(wd)
+    stray_id(wd)
     loss_and_dup(wd)
     timestamp_mode(wd)
     overload(wd)
