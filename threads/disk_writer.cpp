@@ -645,6 +645,7 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
         else if (file_.is_open() && file_set_ != transition_set_)
             close_file();
         if (closed_ != nullptr) closed_->push({0, 0, 0, {}, false, done});  // after the old run's last file
+        forget_notes_of_ended_runs(transition_run_);
         for (auto& h : held_) {
             for (Event* e : h) write_event(e);
             total += h.size();

@@ -197,6 +197,9 @@ private:
     // batches), or waits for that file's opening (write_waiting_notes).
     void take_notes();
     void write_waiting_notes();
+    // A run transition is done: notes of runs other than `running` wait for a file
+    // that will not open (their run built no event); they go, logged.
+    void forget_notes_of_ended_runs(std::uint32_t running);
     // Appends a run record of `kind` with `body` to the open file (no batch open).
     // Returns 0 or an errno value; on an error the file is cut back to where it was.
     int append_run_record(std::uint32_t run, std::uint32_t kind, const std::string& body);
