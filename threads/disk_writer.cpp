@@ -94,9 +94,12 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         run_events_ = 0;
         run_status_ = {};
         run_records_ = run_incomplete_ = run_payload_bytes_ = run_record_bytes_ = 0;
-        run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);
+        // When the run started (run control's time; else now), not when its first
+        // event came: BEGIN_OF_RUN's start_unix_ns, MIDAS's /Runinfo/Start time.
+        const std::uint64_t started_ns = s_.started_unix_ns != 0 && s_.started_run == run ? s_.started_unix_ns : now;
+        run_start_unix_s_ = static_cast<std::uint32_t>(started_ns / 1'000'000'000ull);
         if (s_.run_records && s_.format != OutputFormat::midas)
-            bor_body_ = file::begin_of_run_body(run, s_.started_unix_ns != 0 && s_.started_run == run ? s_.started_unix_ns : now,
+            bor_body_ = file::begin_of_run_body(run, started_ns,
                                                 s_.config_json,
                                                 next_metadata_ && next_metadata_->run_number == run ? next_metadata_->body
                                                                                                     : s_.run_metadata_json,
