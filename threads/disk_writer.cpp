@@ -147,6 +147,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     midas_ = midas;
     lz4_file_ = lz4;
     rotate_due_ = false;
+    rotate_synced_ = false;
     file_run_ = run;
     continued_run_.reset();  // (kept until an open succeeds: a failed one is retried as the run's first)
     file_set_ = set;
@@ -730,9 +731,19 @@ std::size_t DiskWriter::do_work() {
     if (s_.fsync == FsyncPolicy::periodic && file_.is_open()) {
         const std::uint64_t now = realtime_ns();
         if (now - last_sync_ns_ >= std::uint64_t{s_.fsync_period_ms} * 1'000'000ull) {
-            file_.datasync();
+            sync_open_file();
             last_sync_ns_ = now;
         }
+    }
+    // A full file stays open until the next event (were none to come, the run's end
+    // writes its END_OF_RUN there), but not unsynced: once the events run out, its
+    // records go to the disk as its close would have put them.
+    if (rotate_due_ && !rotate_synced_ && n == 0 && pending() == 0 && file_.is_open() &&
+        s_.fsync != FsyncPolicy::never) {
+        rotate_synced_ = true;
+        if (file_.direct()) (void)file_.push_partial();  // the stage being filled, too (a failure shows at the next write)
+        sync_open_file();
+        if (unsettled_head_ < unsettled_.size()) settle(file_.kernel_offset());
     }
     return n;
 }

@@ -1,6 +1,7 @@
 // The disk writer's run records (docs/FORMATS.md section 12): BEGIN_OF_RUN at each
 // file's start, END_OF_RUN at the run's end, and the notes posted for the running run
-// (evb-ctl comment), written between batches. Split from disk_writer.cpp.
+// (evb-ctl comment), written between batches; and the sync of the open file. Split
+// from disk_writer.cpp.
 #include <sys/uio.h>
 
 #include <cstring>
@@ -88,6 +89,14 @@ void DiskWriter::forget_notes_of_ended_runs(std::uint32_t running) {
         log_warn("{} run record(s) posted in a run that built no event are not written: the run has no file "
                  "(its summary's empty file holds no run record)",
                  gone);
+}
+
+void DiskWriter::sync_open_file() {
+    counters_.data_syncs.add();
+    if (const int e = file_.datasync(); e != 0) {
+        counters_.write_errors.add();
+        log_error("syncing {}: {}", file_.part_path(), std::strerror(e));
+    }
 }
 
 void DiskWriter::close_run_file() {

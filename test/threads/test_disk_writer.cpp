@@ -457,3 +457,21 @@ TEST_CASE("DiskWriter's MIDAS begin- and end-of-run events give the run's start 
     const auto eor_runinfo = nlohmann::ordered_json::parse(std::string(s.eor_text.c_str()))["Runinfo"];
     CHECK(eor_runinfo["Start time binary"] == "0x5f5e1000");
 }
+
+TEST_CASE("DiskWriter syncs a full file that waits for the next event to rotate, once") {
+    test::TempDir dir;
+    WriterSettings ws = WriterRig::writer_settings(dir.path());
+    ws.fsync = FsyncPolicy::on_close;
+    ws.max_file_bytes = 64;  // full after its first event: it rotates at the next one
+    WriterRig rig(ws);
+    rig.build(1);
+    for (int i = 0; i < 10; ++i) rig.writer.do_work();  // then no event comes
+    CHECK(rig.writer_counters.events_written.get() == 1);
+    CHECK(rig.writer_counters.files_closed.get() == 0);  // kept open: the run's END_OF_RUN may need it
+    CHECK(rig.writer_counters.data_syncs.get() == 1);    // but its records are on the disk
+    rig.build(2);
+    for (int i = 0; i < 10; ++i) rig.writer.do_work();
+    CHECK(rig.writer_counters.files_closed.get() == 1);
+    CHECK(rig.writer_counters.data_syncs.get() == 2);  // the next full file, once
+    rig.writer.on_close();
+}
