@@ -401,6 +401,10 @@ void ServiceLoop::take_posts() {
     using monitor::PostRefusal;
     monitor::RunRecordPost p;
     for (std::size_t i = 0; i < monitor::RunRecordPosts::kCapacity && t_.posts->try_pop(p); ++i) {
+        if (!p.answer->claim()) {  // answered 503 already (the loop was late): not written
+            t_.posts->count_refusal(PostRefusal::busy);
+            continue;
+        }
         if (const char* why = why_no_run_record()) {
             t_.posts->refuse(p, PostRefusal::no_run, 409, why);
             continue;
