@@ -323,6 +323,7 @@ std::vector<FamilyOut> collect(const Sources& s) {
         out.push_back(scalar("evb_written_record_bytes_total", "Record bytes written as stored (headers, payload, padding; compressed records as compressed).", T::counter, static_cast<double>(w->records_bytes.get())));
         out.push_back(scalar("evb_written_content_bytes_total", "Record bytes written, counting each record at its length stored plain (equals evb_written_record_bytes_total without compression).", T::counter, static_cast<double>(w->content_bytes.get())));
         out.push_back(scalar("evb_files_opened_total", "Output files opened.", T::counter, static_cast<double>(w->files_opened.get())));
+        out.push_back(scalar("evb_file_syncs_total", "fdatasync calls on open output files (output.fsync periodic; a full file waiting for its next event to rotate).", T::counter, static_cast<double>(w->data_syncs.get())));
         out.push_back(scalar("evb_files_closed_total", "Output files closed cleanly (index and footer written).", T::counter, static_cast<double>(w->files_closed.get())));
         out.push_back(scalar("evb_write_errors_total", "Failed opens, writes or closes of output files.", T::counter, static_cast<double>(w->write_errors.get())));
         out.push_back(scalar("evb_events_lost_write_error_total", "Built events that could not be written.", T::counter, static_cast<double>(w->events_lost_write_error.get())));

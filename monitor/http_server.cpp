@@ -398,9 +398,12 @@ void HttpServer::run() {
             }
             if (now - c.accepted < kRequestTimeout || c.stream != nullptr) return false;
             if (c.pending != nullptr) {  // no answer in time: say so, and give the saying its own time
-                c.pending.reset();
-                c.out = serialize(plain(503, "no answer in time (evbd is busy); try again\n"), false, true);
-                c.accepted = now;
+                if (c.pending->give_up()) {
+                    c.pending.reset();
+                    c.out = serialize(plain(503, "no answer in time (evbd is busy): not done (not written); try again\n"),
+                                      false, true);
+                }
+                c.accepted = now;  // (the work under way: its answer comes shortly)
                 return false;
             }
             ::close(c.fd);

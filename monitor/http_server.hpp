@@ -40,12 +40,16 @@ struct ResponseStream {
 struct HttpResponse;
 
 // An answer another thread gives later (POST /runrecord: the service loop decides).
-// The server thread asks every kStreamPollMs; an answer not ready kRequestTimeoutMs
-// after the connection was accepted is sent as 503.
+// The server thread asks every kStreamPollMs; kRequestTimeoutMs after the connection
+// was accepted it gives up, and answers 503, unless the other thread has begun the
+// work (then it waits for the answer).
 struct PendingResponse {
     virtual ~PendingResponse() = default;
     // True, with the answer in `out`, once it is ready.
     virtual bool ready(HttpResponse& out) = 0;
+    // No answer in time: true when the work will not be done (the server answers
+    // 503, "not done"); false when it is under way (the server waits on).
+    virtual bool give_up() { return true; }
 };
 
 struct HttpResponse {

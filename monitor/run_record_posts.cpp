@@ -79,6 +79,18 @@ bool PostAnswer::ready(HttpResponse& out) {
     return true;
 }
 
+bool PostAnswer::claim() {
+    std::lock_guard lock(m_);
+    claimed_ = !given_up_;
+    return claimed_;
+}
+
+bool PostAnswer::give_up() {
+    std::lock_guard lock(m_);
+    given_up_ = !claimed_;
+    return given_up_;
+}
+
 bool RunRecordPosts::try_push(RunRecordPost p) {
     std::lock_guard lock(m_);
     if (posts_.size() >= kCapacity) return false;

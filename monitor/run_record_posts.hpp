@@ -38,10 +38,17 @@ class PostAnswer final : public PendingResponse {
 public:
     void set(int status, std::string content_type, std::string body);
     bool ready(HttpResponse& out) override;
+    // The service loop, before it hands the post on: false when the HTTP thread has
+    // given up on it already (answered 503): then it is not written.
+    bool claim();
+    // The HTTP thread's timeout: true (answer 503: not written) unless the service
+    // loop has claimed it (its answer follows).
+    bool give_up() override;
 
 private:
     std::mutex m_;
     std::optional<HttpResponse> answer_;
+    bool claimed_ = false, given_up_ = false;
 };
 
 // A checked post: a COMMENT's text as its record body ({"text": ...}) or a USER

@@ -283,8 +283,11 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     PipelineSettings pipeline_settings{cfg->worker_count(), sizing.shards, snap->matcher};
     pipeline_settings.compression_level = cfg->output.compression_level;
     pipeline_settings.compression_ring_bytes = compression_ring_bytes(*cfg, sizing);
-    if (!on_disk.held.empty()) {  // a restart within the run: what its files hold counts as built
-        pipeline_settings.matcher.built_before = std::make_shared<const file::HeldIds>(on_disk.held);
+    // A restart within the run: what its files hold counts as built (the matchers, the run summary).
+    const std::shared_ptr<const file::HeldIds> held_ids =
+        on_disk.held.empty() ? nullptr : std::make_shared<const file::HeldIds>(std::move(on_disk.held));
+    if (held_ids != nullptr) {
+        pipeline_settings.matcher.built_before = held_ids;
         pipeline_settings.matcher.built_before_run = cfg->run_number;
         pipeline_settings.matcher.held_sequences = held_sequences;
     }
@@ -317,7 +320,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     std::unique_ptr<RequestSender> sender;
     if (pull)
         sender = std::make_unique<RequestSender>(snap->pull, sockets[0].fd, std::move(pull_sources), *written_ids,
-                                                 *built_ids, pipeline, pull_counters, max_credits, std::move(on_disk.held));
+                                                 *built_ids, pipeline, pull_counters, max_credits,
+                                                 held_ids != nullptr ? *held_ids : file::HeldIds{});
 
     // The thread table: name, role, CPU (-1: any), wait strategy.
     GraphWorkers workers(pipeline);  // "evb-worker-N", one per driver
@@ -378,7 +382,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     ServiceLoop service(opts, snap, sizing,
                         {pipeline, writer, sender.get(), input_rules, feeder.get(), rules_applied,
                          cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc, &closed_files, &run_notes,
-                         &run_record_posts},
+                         &run_record_posts, {cfg->run_number, held_ids, held_sequences}},
                         control, signals);
 
     // BUSY: reads the fill gauges above and the run state the service loop keeps in

@@ -94,13 +94,15 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         run_events_ = 0;
         run_status_ = {};
         run_records_ = run_incomplete_ = run_payload_bytes_ = run_record_bytes_ = 0;
-        run_start_unix_s_ = static_cast<std::uint32_t>(now / 1'000'000'000ull);
+        // When the run started (run control's time; else now), not when its first
+        // event came: BEGIN_OF_RUN's start_unix_ns, MIDAS's /Runinfo/Start time.
+        const std::uint64_t started_ns = s_.started_unix_ns != 0 && s_.started_run == run ? s_.started_unix_ns : now;
+        run_start_unix_s_ = static_cast<std::uint32_t>(started_ns / 1'000'000'000ull);
         // The metadata the run was started with (evb-ctl start --meta), for every file's
         // begin-of-run: BEGIN_OF_RUN's `metadata`, MIDAS's /Evbd/Metadata.
         run_metadata_ = next_metadata_ && next_metadata_->run_number == run ? next_metadata_->body : s_.run_metadata_json;
         if (s_.run_records && s_.format != OutputFormat::midas)
-            bor_body_ = file::begin_of_run_body(run, s_.started_unix_ns != 0 && s_.started_run == run ? s_.started_unix_ns : now,
-                                                s_.config_json, run_metadata_,
+            bor_body_ = file::begin_of_run_body(run, started_ns, s_.config_json, run_metadata_,
                                                 continued_run_ == run && restarted_in_run_);
     }
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
@@ -146,6 +148,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     midas_ = midas;
     lz4_file_ = lz4;
     rotate_due_ = false;
+    rotate_synced_ = false;
     file_run_ = run;
     continued_run_.reset();  // (kept until an open succeeds: a failed one is retried as the run's first)
     file_set_ = set;
@@ -648,6 +651,7 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
         else if (file_.is_open() && file_set_ != transition_set_)
             close_file();
         if (closed_ != nullptr) closed_->push({0, 0, 0, {}, false, done});  // after the old run's last file
+        forget_notes_of_ended_runs(transition_run_);
         for (auto& h : held_) {
             for (Event* e : h) write_event(e);
             total += h.size();
@@ -729,9 +733,19 @@ std::size_t DiskWriter::do_work() {
     if (s_.fsync == FsyncPolicy::periodic && file_.is_open()) {
         const std::uint64_t now = realtime_ns();
         if (now - last_sync_ns_ >= std::uint64_t{s_.fsync_period_ms} * 1'000'000ull) {
-            file_.datasync();
+            sync_open_file();
             last_sync_ns_ = now;
         }
+    }
+    // A full file stays open until the next event (were none to come, the run's end
+    // writes its END_OF_RUN there), but not unsynced: once the events run out, its
+    // records go to the disk as its close would have put them.
+    if (rotate_due_ && !rotate_synced_ && n == 0 && pending() == 0 && file_.is_open() &&
+        s_.fsync != FsyncPolicy::never) {
+        rotate_synced_ = true;
+        if (file_.direct()) (void)file_.push_partial();  // the stage being filled, too (a failure shows at the next write)
+        sync_open_file();
+        if (unsettled_head_ < unsettled_.size()) settle(file_.kernel_offset());
     }
     return n;
 }

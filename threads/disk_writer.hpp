@@ -190,6 +190,7 @@ private:
     // The open file reached output.max_file_bytes: it is closed before the next event
     // is written, or at the run's end (END_OF_RUN last), whichever comes first.
     bool rotate_due_ = false;
+    bool rotate_synced_ = false;  // the full file waiting to rotate was synced (do_work)
     RunNotes* notes_ = nullptr;
     std::vector<RunNote> waiting_notes_;  // for a run whose file is not open yet
     std::string run_metadata_;              // the running run's metadata (JSON object text)
@@ -197,7 +198,12 @@ private:
     // Takes the posted notes: each goes into its run's open file now (between
     // batches), or waits for that file's opening (write_waiting_notes).
     void take_notes();
+    // fdatasync of the open file, counted (data_syncs); a failure is a write error.
+    void sync_open_file();
     void write_waiting_notes();
+    // A run transition is done: notes of runs other than `running` wait for a file
+    // that will not open (their run built no event); they go, logged.
+    void forget_notes_of_ended_runs(std::uint32_t running);
     // Appends a run record of `kind` with `body` to the open file (no batch open).
     // Returns 0 or an errno value; on an error the file is cut back to where it was.
     int append_run_record(std::uint32_t run, std::uint32_t kind, const std::string& body);

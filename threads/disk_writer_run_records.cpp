@@ -1,6 +1,7 @@
 // The disk writer's run records (docs/FORMATS.md section 12): BEGIN_OF_RUN at each
 // file's start, END_OF_RUN at the run's end, and the notes posted for the running run
-// (evb-ctl comment), written between batches. Split from disk_writer.cpp.
+// (evb-ctl comment), written between batches; and the sync of the open file. Split
+// from disk_writer.cpp.
 #include <sys/uio.h>
 
 #include <cstring>
@@ -44,17 +45,14 @@ void DiskWriter::take_notes() {
     RunNote n;
     // A note is for the run that was running when it was posted: the open file's, or
     // the next file's (a run started by evb-ctl has no file until its first event;
-    // the writer learns of that run only from its events). At most kCapacity wait.
-    for (int i = 0; i < 16 && notes_->try_pop(n); ++i) {
+    // the writer learns of that run only from its events). At most kCapacity wait
+    // here; while they do, the rest stay in the channel, which then refuses the
+    // poster (evb-ctl comment: an error; POST /runrecord: 503): a note answered
+    // "added" is never dropped for room.
+    for (int i = 0; i < 16 && waiting_notes_.size() < RunNotes::kCapacity && notes_->try_pop(n); ++i) {
         if (n.kind == 0) {  // a run's metadata: used when its first file opens
             next_metadata_ = std::move(n);
             continue;
-        }
-        if (waiting_notes_.size() >= RunNotes::kCapacity) {
-            log_warn("a {} for run {} is not written: {} run records wait for their run's file already",
-                     file::run_record_kind_name(waiting_notes_.front().kind), waiting_notes_.front().run_number,
-                     waiting_notes_.size());
-            waiting_notes_.erase(waiting_notes_.begin());
         }
         waiting_notes_.push_back(std::move(n));
     }
@@ -107,6 +105,27 @@ void DiskWriter::write_waiting_notes() {
         }
     }
     waiting_notes_.resize(kept);
+}
+
+void DiskWriter::forget_notes_of_ended_runs(std::uint32_t running) {
+    std::size_t kept = 0, gone = 0;
+    for (RunNote& n : waiting_notes_) {
+        if (n.run_number == running) waiting_notes_[kept++] = std::move(n);
+        else ++gone;
+    }
+    waiting_notes_.resize(kept);
+    if (gone > 0)
+        log_warn("{} run record(s) posted in a run that built no event are not written: the run has no file "
+                 "(its summary's empty file holds no run record)",
+                 gone);
+}
+
+void DiskWriter::sync_open_file() {
+    counters_.data_syncs.add();
+    if (const int e = file_.datasync(); e != 0) {
+        counters_.write_errors.add();
+        log_error("syncing {}: {}", file_.part_path(), std::strerror(e));
+    }
 }
 
 void DiskWriter::close_run_file() {

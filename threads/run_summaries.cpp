@@ -17,19 +17,30 @@ namespace evb {
 
 namespace {
 
-// Takes the ids in `held` out of the ledger's ranges (a range lists every
-// `step`-th id), and out of its counts.
-void forget_held(LostEvents& lost, const std::set<std::uint64_t>& held, std::uint64_t step) {
+// Takes the ids `held` lists out of the ledger's ranges (a range lists every
+// `step`-th id; so do the held spans, of the same share), and out of its counts.
+// Walks both lists once: as much work as there are ranges and spans, whatever
+// the number of ids.
+void forget_held(LostEvents& lost, const file::HeldIds& held, std::uint64_t step) {
+    const std::vector<file::HeldIds::Span>& spans = held.spans();
+    if (spans.empty() || held.step() != step) return;  // another share's ids (builders changed)
     std::vector<LostRange> kept;
+    auto sp = spans.begin();
     for (const LostRange& x : lost.ranges) {
+        // Spans ending before the range hold none of it (ranges ascend: nor of the next).
+        while (sp != spans.end() && sp->last < x.first) ++sp;
         std::uint64_t from = x.first;
-        for (auto it = held.lower_bound(x.first); it != held.end() && *it <= x.last; ++it) {
-            if ((*it - x.first) % step != 0) continue;
-            if (*it > from) kept.push_back({from, *it - step, x.reason});
-            --lost.count[static_cast<std::size_t>(x.reason)];
-            from = *it + step;
+        bool rest = true;  // ids from `from` to x.last are still lost
+        for (auto s = sp; rest && s != spans.end() && s->first <= x.last; ++s) {
+            if (s->first % step != x.first % step) continue;  // not the range's share
+            const std::uint64_t lo = std::max(from, s->first), hi = std::min(x.last, s->last);
+            if (lo > hi) continue;
+            if (lo > from) kept.push_back({from, lo - step, x.reason});
+            lost.count[static_cast<std::size_t>(x.reason)] -= (hi - lo) / step + 1;
+            rest = hi < x.last;
+            if (rest) from = hi + step;
         }
-        if (from <= x.last) kept.push_back({from, x.last, x.reason});
+        if (rest) kept.push_back({from, x.last, x.reason});
     }
     lost.ranges = std::move(kept);
 }
@@ -75,8 +86,9 @@ std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const C
 
 }  // namespace
 
-RunSummaries::RunSummaries(std::vector<std::uint32_t> sources, const Matchers& matchers, ClosedFiles* closed)
-    : sources_(std::move(sources)), matchers_(matchers), closed_(closed) {}
+RunSummaries::RunSummaries(std::vector<std::uint32_t> sources, const Matchers& matchers, ClosedFiles* closed,
+                           BuiltBefore built_before)
+    : sources_(std::move(sources)), matchers_(matchers), closed_(closed), built_before_(std::move(built_before)) {}
 
 void RunSummaries::begin(std::uint32_t run, std::shared_ptr<const Config> config, std::string metadata,
                          std::uint64_t started_unix_ns) {
@@ -92,8 +104,7 @@ bool RunSummaries::waiting_for(std::uint32_t run) const {
            std::any_of(ended_.begin(), ended_.end(), [run](const EndedRun& e) { return e.start.run == run; });
 }
 
-nlohmann::ordered_json RunSummaries::lost_events(std::uint32_t run, const Config* config,
-                                                 const std::string& built_before_dir) const {
+nlohmann::ordered_json RunSummaries::lost_events(std::uint32_t run, const Config* config, OutputFormat format) const {
     const bool timestamp = config != nullptr && config->building.match == MatchMode::timestamp;
     std::vector<LostRun> shards;
     // The timestamp mode builds in shard 0, numbered by the sources' sequence numbers.
@@ -105,13 +116,19 @@ nlohmann::ordered_json RunSummaries::lost_events(std::uint32_t run, const Config
     const std::uint32_t builders = config != nullptr && !timestamp ? config->builders : 1;
     const std::uint32_t builder_id = config != nullptr && !timestamp ? config->builder_id : 0;
     LostEvents lost = merge_lost_runs(shards, builders, builder_id, kLostRangesKept);
-    // The run was built before by another process (a restart): what its files hold
-    // is not lost, whatever this process saw of it (ids it never received, or refused
-    // as copies). Read only then: the run's files are scanned once.
-    std::set<std::uint64_t> held;
-    bool by_sequence = false;
-    if (!built_before_dir.empty() && file::held_ids(built_before_dir, run, builder_id, held, by_sequence))
-        forget_held(lost, held, builders);
+    // The run was built before by another process (a restart): what its files held
+    // at this process's start is not lost, whatever this process saw of it (ids it
+    // never received, or refused as copies). Taken from the start-up survey's spans:
+    // no file is read again. MIDAS output: nothing is taken out (as the files were
+    // never read for it).
+    if (run == built_before_.run && format != OutputFormat::midas) {
+        if (timestamp && built_before_.sequences != nullptr) {
+            // The ledger counts sequence numbers of any source: each source's held ones.
+            for (const file::HeldIds& h : built_before_.sequences->by_source()) forget_held(lost, h, 1);
+        } else if (!timestamp && built_before_.ids != nullptr) {
+            forget_held(lost, *built_before_.ids, builders);
+        }
+    }
     nlohmann::ordered_json by_reason = nlohmann::ordered_json::object();
     for (std::size_t i = 0; i < kLostReasons; ++i)
         if (lost.count[i] != 0) by_reason[lost_reason_name(i)] = lost.count[i];
@@ -264,7 +281,7 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         {"configuration", r.start.config != nullptr ? nlohmann::ordered_json(r.start.config->effective) : nlohmann::ordered_json()},
         {"events", events},
         {"events_by_status", file::to_json(total)},
-        {"lost_events", lost_events(r.start.run, r.start.config.get(), before.is_object() ? dir : std::string())},
+        {"lost_events", lost_events(r.start.run, r.start.config.get(), w.format)},
         // Counted by the matchers between the run's start and end (all sources together):
         {"fragments", {{"duplicate_chunks", b.duplicate_chunks - a.duplicate_chunks},
                        {"crc_failures", b.crc_failures - a.crc_failures},
@@ -275,6 +292,13 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         {"files_complete", closed_ == nullptr || closed_->dropped() == 0},
         {"files", file::to_json(files)}};
     if (!earlier.empty()) doc["earlier_sessions"] = std::move(earlier);
+    // Ids far from the run's that nothing confirmed (a bit flip, a stray datagram):
+    // written or refused as any, but no gap to them is counted. Beside lost_events
+    // (whose keys are the contract of issue 43), and only when there are any.
+    if (auto& led = doc["lost_events"]; led.contains("outliers")) {
+        doc["lost_events_outliers"] = std::move(led["outliers"]);
+        led.erase("outliers");
+    }
     last_written_.lost_whole = doc["lost_events"]["count"].get<std::uint64_t>();
     if (const std::string err = file::write_summary(dir, r.start.run, w.builder_id, doc); !err.empty())
         log_error("run {}: the run summary was not written: {}", r.start.run, err);

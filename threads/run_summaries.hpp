@@ -11,18 +11,30 @@
 #include <vector>
 
 #include "core/config/snapshot.hpp"
+#include "core/io/run_on_disk.hpp"
 #include "core/io/run_summary.hpp"
 #include "core/model/counters.hpp"
 #include "threads/channels.hpp"
 
 namespace evb {
 
+// A restart within a run (startup.hpp, continue_run): what the start-up survey
+// found the run's files hold. They are written, whatever this process saw of
+// them: the run's summary takes them out of its ledger of lost events, from
+// these spans, without reading the files again.
+struct BuiltBefore {
+    std::uint32_t run = 0;
+    std::shared_ptr<const file::HeldIds> ids;              // event ids; nullptr: none
+    std::shared_ptr<const file::HeldSequences> sequences;  // timestamp mode: per source; nullptr: none
+};
+
 class RunSummaries {
 public:
     using Matchers = std::vector<std::unique_ptr<stats::MatcherCounters>>;
     // `sources`: the configured ids evbd started with (the counters' order);
     // `closed`: the writer's reports, or nullptr (no summaries are written then).
-    RunSummaries(std::vector<std::uint32_t> sources, const Matchers& matchers, ClosedFiles* closed);
+    RunSummaries(std::vector<std::uint32_t> sources, const Matchers& matchers, ClosedFiles* closed,
+                 BuiltBefore built_before = {});
 
     // A run starts now, under `config`; `metadata`: the JSON object it was started
     // with (evb-ctl start --meta), "" for the configuration's.
@@ -76,14 +88,14 @@ private:
     };
     MatchTotals match_totals() const;
     // The run's ledger of events lost whole, from the shards (the summary's lost_events).
-    // `built_before_dir`: the output directory when the run was built before by
-    // another process (its files' ids are taken out), else empty.
-    nlohmann::ordered_json lost_events(std::uint32_t run, const Config* config, const std::string& built_before_dir) const;
+    // The ids built_before_ holds of the run are taken out (not for MIDAS output).
+    nlohmann::ordered_json lost_events(std::uint32_t run, const Config* config, OutputFormat format) const;
     void write(const WriterSettings& w, const EndedRun& r);
 
     const std::vector<std::uint32_t> sources_;
     const Matchers& matchers_;
     ClosedFiles* closed_;
+    const BuiltBefore built_before_;
     RunStart current_;
     std::deque<EndedRun> ended_;            // waiting for the writer to close their files
     std::vector<FileClosed> closed_files_;  // from the writer, not yet in a summary

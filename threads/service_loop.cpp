@@ -69,7 +69,7 @@ ServiceLoop::ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapsh
       run_(started_->run_number),
       running_run_(!started_->control.start_stopped),
       health_(started_, t_.pipeline.counters(), control),
-      summaries_(started_->sources, t_.pipeline.counters(), t_.closed) {
+      summaries_(started_->sources, t_.pipeline.counters(), t_.closed, t_.built_before) {
     const std::uint64_t now = realtime_ns();
     if (running_run_) post_writer_settings(running_->writer, run_, now);  // before the inputs admit the run
     post_rules(running_run_);
@@ -401,6 +401,10 @@ void ServiceLoop::take_posts() {
     using monitor::PostRefusal;
     monitor::RunRecordPost p;
     for (std::size_t i = 0; i < monitor::RunRecordPosts::kCapacity && t_.posts->try_pop(p); ++i) {
+        if (!p.answer->claim()) {  // answered 503 already (the loop was late): not written
+            t_.posts->count_refusal(PostRefusal::busy);
+            continue;
+        }
         if (const char* why = why_no_run_record()) {
             t_.posts->refuse(p, PostRefusal::no_run, 409, why);
             continue;

@@ -73,6 +73,7 @@ struct ServiceTargets {
     ClosedFiles* closed = nullptr;  // the writer's closed files (run summaries)
     RunNotes* notes = nullptr;      // run records for the writer (evb-ctl comment, POST /runrecord)
     monitor::RunRecordPosts* posts = nullptr;  // POST /runrecord, checked by the HTTP thread
+    BuiltBefore built_before = {};  // a restart within a run: what its files held (run summaries)
 };
 
 class ServiceLoop {

@@ -20,7 +20,7 @@ inline constexpr std::size_t kExperimentNameMax = 31;
 
 struct RunTimes {
     std::uint32_t run_number = 0;
-    std::uint32_t start_unix_s = 0;  // when this builder began writing the run
+    std::uint32_t start_unix_s = 0;  // when the run started in this builder (run control's time)
     std::uint32_t stop_unix_s = 0;   // 0 at begin-of-run (not stopped)
     std::string_view experiment = kDefaultExperiment;  // /Experiment/Name (output.midas.experiment)
 };

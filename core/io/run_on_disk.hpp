@@ -60,6 +60,8 @@ public:
     explicit HeldSequences(std::vector<std::pair<std::uint32_t, std::vector<std::uint64_t>>> by_source);
     // The source's held sequences, or nullptr when the files hold none of it.
     const HeldIds* of(std::uint32_t source_id) const noexcept;
+    // Every source's held sequences (sources in ascending order).
+    const std::vector<HeldIds>& by_source() const noexcept { return held_; }
     std::uint64_t count() const noexcept { return count_; }
     bool empty() const noexcept { return count_ == 0; }
 

@@ -366,8 +366,8 @@ std::vector<std::string> check_lost_events(const std::string& directory, const n
     // the files or in the ledger; the outliers it lists (ids far from the run's,
     // unconfirmed) are not the run's: the gaps to them are nobody's to vouch for.
     std::set<std::uint64_t> outliers;
-    if (led.contains("outliers") && led["outliers"].is_array())
-        for (const auto& x : led["outliers"])
+    if (const auto o = summary.find("lost_events_outliers"); o != summary.end() && o->is_array())
+        for (const auto& x : *o)
             if (x.is_number_unsigned()) outliers.insert(x.get<std::uint64_t>());
     for (const std::uint64_t id : held)
         if (id % step == builder % step && outliers.count(id) == 0) spans.emplace_back(id, id);

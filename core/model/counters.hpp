@@ -204,6 +204,7 @@ struct alignas(kFalseSharingBytes) WriterCounters {
     Counter output_blocked;  // gauge: 1 while a write error holds the output
     Counter queue_depth;  // gauge: events handed to the writer, not yet written
     Counter writes;       // pwritev calls
+    Counter data_syncs;   // fdatasync of an open file (output.fsync periodic; a full file waiting to rotate)
     LatencyHistogram write_latency;  // built -> written
     // Gauges of the run being written (its files written by this process), exact at
     // run boundaries as the files are: the run number plus 1 (0: none yet), its

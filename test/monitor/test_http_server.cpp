@@ -17,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "core/model/sender_pins.hpp"
 #include "monitor/http_server.hpp"
+#include "monitor/run_record_posts.hpp"
 #include "net/udp.hpp"
 
 using evb::monitor::HttpResponse;
@@ -249,4 +251,39 @@ TEST_CASE("http server: a POST route sees the peer and the length first, then th
     CHECK(reply.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
     CHECK(reply.ends_with("took abcde\n"));
     CHECK(posts.admitted.load() == 1);
+}
+
+TEST_CASE("http server: a POST /runrecord not taken in time is answered 503 and never written, one taken gets its answer") {
+    evb::monitor::RunRecordPosts posts;
+    evb::monitor::PostSettings ps;
+    ps.allowed_keys.push_back(evb::sender_key(evb::net::parse_endpoint("127.0.0.1:0").addr));
+    evb::monitor::RunRecordRoute route(ps, posts);
+    HttpServer server("127.0.0.1:0", echo_path, &route);
+    const std::string at = server.bound_address();
+    const std::string body = R"({"type": "COMMENT", "text": "x"})";
+    const std::string request =
+        "POST /runrecord HTTP/1.1\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    auto next_post = [&] {
+        evb::monitor::RunRecordPost p;
+        for (int i = 0; i < 500 && !posts.try_pop(p); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        REQUIRE(p.answer != nullptr);
+        return p;
+    };
+    // B: the service loop takes it, and answers only after the server's timeout.
+    std::string b_reply, a_reply;
+    std::thread b([&] { b_reply = round_trip(at, request); });
+    evb::monitor::RunRecordPost pb = next_post();
+    REQUIRE(pb.answer->claim());
+    // A: the service loop stalls; the server gives up on it (503), and what the loop
+    // then finds of it says so: it is not written (a retry would write it twice).
+    std::thread a([&] { a_reply = round_trip(at, request); });
+    evb::monitor::RunRecordPost pa = next_post();
+    a.join();  // after kRequestTimeoutMs
+    CHECK(a_reply.rfind("HTTP/1.1 503 ", 0) == 0);
+    CHECK(a_reply.find("not written") != std::string::npos);
+    CHECK_FALSE(pa.answer->claim());
+    posts.accept(pb, 5);  // B's timeout has passed too: the server still waits for its answer
+    b.join();
+    CHECK(b_reply.rfind("HTTP/1.1 200 ", 0) == 0);
+    CHECK(b_reply.find("\"run\":5") != std::string::npos);
 }

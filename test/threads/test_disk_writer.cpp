@@ -434,3 +434,44 @@ TEST_CASE("DiskWriter takes a COMMENT whose write failed back out of the file") 
     CHECK(records_of(files[0]) == V{"B", "0", "1", "2", "3", "4", "5", "6", "7", "E", "clean"});
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
+
+TEST_CASE("DiskWriter's MIDAS begin- and end-of-run events give the run's start time, not the first file's open") {
+    test::TempDir dir;
+    WriterSettings ws = WriterRig::writer_settings(dir.path());
+    ws.format = OutputFormat::midas;
+    ws.config_json = "{}";
+    ws.started_run = kRun;  // started by run control long before its first event
+    ws.started_unix_ns = 1'600'000'000ull * 1'000'000'000ull + 123;
+    WriterRig rig(ws);
+    rig.build(1);
+    for (int i = 0; i < 10 && rig.writer_counters.events_written.get() < 1; ++i) rig.writer.do_work();
+    rig.writer.on_close();
+    const file::MappedFile mapped(dir / midas::file_name(kRun, 0, 0, false));
+    const midas::ScanResult s = midas::scan(mapped.bytes());
+    REQUIRE(s.bor_ok);
+    REQUIRE(s.has_eor);
+    CHECK(s.bor.time_stamp == 1'600'000'000u);
+    const std::string bor(s.bor_text.c_str());  // up to the padding
+    const auto runinfo = nlohmann::ordered_json::parse(bor)["Runinfo"];
+    CHECK(runinfo["Start time binary"] == "0x5f5e1000");
+    const auto eor_runinfo = nlohmann::ordered_json::parse(std::string(s.eor_text.c_str()))["Runinfo"];
+    CHECK(eor_runinfo["Start time binary"] == "0x5f5e1000");
+}
+
+TEST_CASE("DiskWriter syncs a full file that waits for the next event to rotate, once") {
+    test::TempDir dir;
+    WriterSettings ws = WriterRig::writer_settings(dir.path());
+    ws.fsync = FsyncPolicy::on_close;
+    ws.max_file_bytes = 64;  // full after its first event: it rotates at the next one
+    WriterRig rig(ws);
+    rig.build(1);
+    for (int i = 0; i < 10; ++i) rig.writer.do_work();  // then no event comes
+    CHECK(rig.writer_counters.events_written.get() == 1);
+    CHECK(rig.writer_counters.files_closed.get() == 0);  // kept open: the run's END_OF_RUN may need it
+    CHECK(rig.writer_counters.data_syncs.get() == 1);    // but its records are on the disk
+    rig.build(2);
+    for (int i = 0; i < 10; ++i) rig.writer.do_work();
+    CHECK(rig.writer_counters.files_closed.get() == 1);
+    CHECK(rig.writer_counters.data_syncs.get() == 2);  // the next full file, once
+    rig.writer.on_close();
+}

@@ -118,3 +118,97 @@ TEST_CASE("no summary is written without the writer's reports", "[run_summaries]
     s.collect(fx.w);
     CHECK_FALSE(file::read_summary(fx.dir.path(), 3, 0).is_object());
 }
+
+namespace {
+
+// A run restarted within itself: evbd started in run 7 whose files (the start-up
+// survey found) held `held`; the earlier session's summary lists a file that is
+// not in the directory any more (moved away after the survey), so a summary that
+// read the run's files again would find none of its ids.
+struct Restarted : Fixture {
+    Restarted(MatchMode match, std::uint32_t builders, std::uint32_t builder_id) {
+        auto c = std::make_shared<Config>();
+        c->building.match = match;
+        c->builders = builders;
+        c->builder_id = builder_id;
+        config = c;
+        w.builder_id = builder_id;
+        file::SummaryFile gone{file::file_name(7, builder_id, 0, false), 90, 1000, true, {}};
+        nlohmann::ordered_json before = {{"run_number", 7}, {"builder_id", builder_id}, {"recovered", true},
+                                         {"end", "recovered"}, {"started_unix_ms", 1},
+                                         {"files", file::to_json(std::vector<file::SummaryFile>{gone})}};
+        REQUIRE(file::write_summary(dir.path(), 7, builder_id, before).empty());
+    }
+    // The shard's ledger of run 7: dense ids first..last never received.
+    void never_received(std::uint64_t first, std::uint64_t last) {
+        LostRun r;
+        r.run = 7;
+        r.ranges.push_back({first, last, LostReason::never_received});
+        r.count[0] = last - first + 1;
+        matchers[0]->finished_ledgers.put(r);
+    }
+    nlohmann::ordered_json summarise(RunSummaries& s) {
+        s.begin(7, config);
+        matchers[0]->source_fragments[0].add(1);
+        file_closed(7, 1, 1, 10);
+        s.end("stop", 1);
+        transition_done(1);
+        s.collect(w);
+        const auto doc = file::read_summary(dir.path(), 7, w.builder_id);
+        REQUIRE(doc.is_object());
+        return doc["lost_events"];
+    }
+};
+
+std::vector<std::uint64_t> ids(std::uint64_t first, std::uint64_t last, std::uint64_t step = 1) {
+    std::vector<std::uint64_t> out;
+    for (std::uint64_t id = first; id <= last; id += step) out.push_back(id);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("a restarted run's summary takes the survey's held ids out of the ledger, reading no file",
+          "[run_summaries]") {
+    Restarted fx(MatchMode::event_id, 1, 0);
+    std::vector<std::uint64_t> held = ids(0, 49);
+    for (const std::uint64_t id : ids(60, 99)) held.push_back(id);
+    RunSummaries s({10, 11}, fx.matchers, &fx.closed,
+                   {7, std::make_shared<const file::HeldIds>(held, 0, 1), nullptr});
+    fx.never_received(0, 119);  // this process saw none of 0..119 (pull mode did not ask for the held ones)
+    const auto lost = fx.summarise(s);
+    CHECK(lost["count"] == 30);
+    CHECK(lost["by_reason"]["never_received"] == 30);
+    CHECK(lost["ranges"] == nlohmann::ordered_json::parse(R"([[50, 59, "never_received"], [100, 119, "never_received"]])"));
+}
+
+TEST_CASE("a restarted run's summary: a builder's share of held ids", "[run_summaries]") {
+    Restarted fx(MatchMode::event_id, 2, 1);  // ids 1, 3, 5, ...
+    RunSummaries s({10, 11}, fx.matchers, &fx.closed,
+                   {7, std::make_shared<const file::HeldIds>(ids(1, 21, 2), 1, 2), nullptr});
+    fx.never_received(0, 19);  // dense ids: events 1, 3, ... 39
+    const auto lost = fx.summarise(s);
+    CHECK(lost["count"] == 9);
+    CHECK(lost["ranges"] == nlohmann::ordered_json::parse(R"([[23, 39, "never_received"]])"));
+}
+
+TEST_CASE("a restarted timestamp-mode run's summary takes every source's held sequences out of the ledger",
+          "[run_summaries]") {
+    Restarted fx(MatchMode::timestamp, 1, 0);
+    auto sequences = std::make_shared<const file::HeldSequences>(
+        std::vector<std::pair<std::uint32_t, std::vector<std::uint64_t>>>{{10, ids(0, 39)}, {11, ids(20, 59)}});
+    RunSummaries s({10, 11}, fx.matchers, &fx.closed,
+                   {7, std::make_shared<const file::HeldIds>(ids(0, 5), 0, 1), sequences});
+    fx.never_received(0, 79);  // sequence numbers
+    const auto lost = fx.summarise(s);
+    CHECK(lost["count"] == 20);
+    CHECK(lost["ranges"] == nlohmann::ordered_json::parse(R"([[60, 79, "never_received"]])"));
+}
+
+TEST_CASE("another run's summary takes nothing out of its ledger", "[run_summaries]") {
+    Restarted fx(MatchMode::event_id, 1, 0);
+    RunSummaries s({10, 11}, fx.matchers, &fx.closed,
+                   {8, std::make_shared<const file::HeldIds>(ids(0, 49), 0, 1), nullptr});  // held of run 8
+    fx.never_received(0, 119);
+    CHECK(fx.summarise(s)["count"] == 120);
+}
