@@ -266,6 +266,16 @@ std::vector<FamilyOut> collect(const Sources& s) {
             f.samples.push_back({{{"reason", lost_reason_name(i)}}, sum(M, [i](auto& b) { return b.lost_whole[i].get(); }), {}, 0});
         out.push_back(std::move(f));
     }
+    {
+        FamilyOut f{"evb_events_lost_whole_revoked_total",
+                    "Of evb_events_lost_whole_total, events built after all (a fragment that came after its id was "
+                    "settled lost): taken out of the ledger again. The ledger's count is the difference.",
+                    T::counter, {}, {}};
+        for (std::size_t i = 0; i < kLostReasons; ++i)
+            f.samples.push_back(
+                {{{"reason", lost_reason_name(i)}}, sum(M, [i](auto& b) { return b.lost_whole_revoked[i].get(); }), {}, 0});
+        out.push_back(std::move(f));
+    }
     out.push_back(scalar("evb_kernel_receive_drops_total", "Datagrams the kernel dropped because a socket buffer was full (SO_RXQ_OVFL).",
                          T::counter, sum(R, [](auto& b) { return b.kernel_drops.get(); })));
     if (!s.tcp.empty()) collect_tcp(s, out);

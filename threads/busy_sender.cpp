@@ -83,7 +83,8 @@ BusyFills BusySender::sample() {
 std::uint64_t BusySender::lost_whole() const noexcept {
     std::uint64_t n = 0;
     for (const auto& c : w_.pipeline.counters())
-        for (const stats::Counter& k : c->lost_whole) n += k.get();
+        for (std::size_t i = 0; i < kLostReasons; ++i)  // settled lost, less those built after all
+            n += c->lost_whole[i].get() - std::min(c->lost_whole[i].get(), c->lost_whole_revoked[i].get());
     return n;
 }
 
@@ -128,7 +129,8 @@ void BusySender::send(std::uint64_t now_ns) {
     m.busy_ns = state_.busy_ns(now_ns);
     // Settled so far (the shards settle an id a few timeouts after it was due); a
     // run's last ids settle at its end, counted by the next run's first datagrams.
-    m.lost_events = was_running_ ? lost_whole() - lost_at_run_start_ : 0;
+    const std::uint64_t lost = lost_whole();
+    m.lost_events = was_running_ && lost > lost_at_run_start_ ? lost - lost_at_run_start_ : 0;
     std::byte d[wire::kBusyBytes];
     wire::encode_busy(m, d);
     w_.control.busy.datagrams_sent.fetch_add(socket_.send(d), std::memory_order_relaxed);

@@ -128,7 +128,8 @@ int report_stop(const Pipeline& pipeline, const std::vector<const stats::ReaderC
     }
     std::uint64_t lost_whole = 0;  // settled: every shard has flushed its ledger
     for (const auto* m : matchers)
-        for (const stats::Counter& k : m->lost_whole) lost_whole += k.get();
+        for (std::size_t i = 0; i < kLostReasons; ++i)  // less those built after all
+            lost_whole += m->lost_whole[i].get() - std::min(m->lost_whole[i].get(), m->lost_whole_revoked[i].get());
     log_info("stopped: {} events complete, {} incomplete, {} written ({} payload bytes), {} events lost whole, "
              "{} files closed, {} write errors",
              complete, incomplete, w.events_written.get(), w.payload_bytes.get(), lost_whole, w.files_closed.get(),

@@ -71,7 +71,8 @@ int DiskWriter::append_midas_note(const RunNote& n) {
     } else {
         ev = midas::encode_user_event(now_s, n.body);
     }
-    if (const int e = file_.reserve_room(ev.size() + closing_bytes()); e != 0) return e;
+    const std::size_t stored = lz4_file_ ? lz4_->bound(ev.size()) : ev.size();
+    if (const int e = file_.reserve_room(stored + closing_bytes()); e != 0) return e;
     const std::span<const std::byte> piece = lz4_file_ ? lz4_piece(ev, false, false) : std::span<const std::byte>(ev);
     if (piece.empty()) return EIO;
     const iovec v{const_cast<std::byte*>(piece.data()), piece.size()};

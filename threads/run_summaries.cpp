@@ -295,9 +295,11 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
     // Ids far from the run's that nothing confirmed (a bit flip, a stray datagram):
     // written or refused as any, but no gap to them is counted. Beside lost_events
     // (whose keys are the contract of issue 43), and only when there are any.
-    if (auto& led = doc["lost_events"]; led.contains("outliers")) {
-        doc["lost_events_outliers"] = std::move(led["outliers"]);
-        led.erase("outliers");
+    // (Taken out first: adding a key to the ordered object moves its members.)
+    if (doc["lost_events"].contains("outliers")) {
+        nlohmann::ordered_json outliers = std::move(doc["lost_events"]["outliers"]);
+        doc["lost_events"].erase("outliers");
+        doc["lost_events_outliers"] = std::move(outliers);
     }
     last_written_.lost_whole = doc["lost_events"]["count"].get<std::uint64_t>();
     if (const std::string err = file::write_summary(dir, r.start.run, w.builder_id, doc); !err.empty())

@@ -130,6 +130,7 @@ private:
     RulesInbox inbox_;
     FrameDecoding frames_;
     std::uint64_t timeouts_checked_ns_ = 0;
+    bool timeouts_saw_running_ = false;  // check_timeouts: the rules said running last time
     std::uint32_t logged_ = 0;  // bit per net::TcpClose: its first closing was logged
     bool logged_accept_error_ = false;
 };

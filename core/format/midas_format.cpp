@@ -79,7 +79,11 @@ std::vector<std::byte> encode_message(std::uint32_t time_stamp, std::string_view
     std::byte* p = out.data() + kEventHeaderBytes;
     std::memcpy(p, kMessagePrefix.data(), kMessagePrefix.size());
     if (!text.empty()) std::memcpy(p + kMessagePrefix.size(), text.data(), text.size());
-    return out;
+    if (text.find('\0') == std::string_view::npos) return out;
+    // A NUL would end the message early (a C string): each becomes U+FFFD.
+    std::string clean;
+    for (const char ch : text) clean += ch == '\0' ? std::string_view("\xEF\xBF\xBD") : std::string_view(&ch, 1);
+    return encode_message(time_stamp, clean);
 }
 
 namespace {
@@ -361,12 +365,16 @@ std::size_t Scanner::parse(std::span<const std::byte> bytes, std::uint64_t at) {
             state_ = State::after_eor;  // closed cleanly
             break;
         }
-        if (is_note(e.header)) {  // a COMMENT or USER note between built events
-            if (!decode_note(e, note_, &why_)) {
-                problem(e.file_offset, why_);
-                state_ = State::stopped;
-                break;
-            }
+        // A COMMENT or USER note between built events. (An event 0x7FFF that is not
+        // a note is a built event of a file from before notes, when
+        // output.midas.event_id could be 0x7FFF.)
+        const bool note = is_note(e.header) && decode_note(e, note_, &why_);
+        if (!note && e.header.event_id == kEventIdMessage) {
+            problem(e.file_offset, why_);
+            state_ = State::stopped;
+            break;
+        }
+        if (note) {
             note_.after_event_id = r_.event_count > 0 ? decoded_.evb_event_id : 0;
             ++r_.note_count;
             if (visit_note_) visit_note_(note_);

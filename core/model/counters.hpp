@@ -130,6 +130,10 @@ struct alignas(kFalseSharingBytes) MatcherCounters {
     // The ledger of events lost whole (lost_ledger.hpp): events settled lost, by
     // LostReason, and each run's settled ledger for its summary.
     Counter lost_whole[kLostReasons];
+    // Of those, ids built after all (a late fragment, a re-request answered late):
+    // taken out of the ledger again. Counters only go up, so the ledger's count is
+    // lost_whole - lost_whole_revoked.
+    Counter lost_whole_revoked[kLostReasons];
     FinishedLedgers finished_ledgers;
     Counter events_complete;
     Counter events_incomplete;

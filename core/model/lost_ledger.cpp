@@ -14,8 +14,12 @@ const char* lost_reason_name(std::size_t reason) noexcept {
     return reason < kLostReasons ? names[reason] : "?";
 }
 
-LostLedger::LostLedger(std::size_t max_ranges, stats::Counter* live, std::size_t window)
-    : window_(std::bit_ceil(std::max(window, kWindow))), ring_(window_, kUnknown), max_ranges_(max_ranges), live_(live) {
+LostLedger::LostLedger(std::size_t max_ranges, stats::Counter* live, std::size_t window, stats::Counter* revoked)
+    : window_(std::bit_ceil(std::max(window, kWindow))),
+      ring_(window_, kUnknown),
+      max_ranges_(max_ranges),
+      live_(live),
+      revoked_(revoked) {
     out_.ranges.reserve(std::min<std::size_t>(max_ranges, 1024));
 }
 
@@ -183,7 +187,7 @@ void LostLedger::unsettle(std::uint64_t j) noexcept {
     if (it == rs.begin() || (--it)->last < j) return;  // built, or beyond the ranges kept (its count stays)
     const auto ri = static_cast<std::size_t>(it->reason);
     --out_.count[ri];
-    if (live_ != nullptr) live_[ri].set(live_[ri].get() - 1);  // this shard's thread alone adds to it
+    if (revoked_ != nullptr) revoked_[ri].add();  // live_ only goes up
     if (it->first == it->last) {
         rs.erase(it);
     } else if (j == it->first) {

@@ -70,7 +70,10 @@ public:
 
     // live[kLostReasons] or nullptr; `window`: ids open at once, at least (twice the
     // shard's events in flight; rounded up to a power of two, never below kWindow).
-    LostLedger(std::size_t max_ranges, stats::Counter* live, std::size_t window = kWindow);
+    // `revoked[kLostReasons]` or nullptr: ids counted in `live` that were built after
+    // all (live never goes down: a Prometheus counter).
+    LostLedger(std::size_t max_ranges, stats::Counter* live, std::size_t window = kWindow,
+               stats::Counter* revoked = nullptr);
     std::size_t window() const noexcept { return window_; }
     void begin(std::uint32_t run) noexcept;
     std::uint32_t run() const noexcept { return run_; }
@@ -117,6 +120,7 @@ private:
     std::uint32_t run_ = 0;
     std::size_t max_ranges_;
     stats::Counter* live_;
+    stats::Counter* revoked_;
     LostRun out_;
 };
 
@@ -124,8 +128,9 @@ private:
 // (whose events may arrive before the old run's end reaches the shard).
 class RunLedgers {
 public:
-    RunLedgers(std::size_t max_ranges, stats::Counter* live, std::size_t window = LostLedger::kWindow)
-        : cur_(max_ranges, live, window), next_(max_ranges, live, window) {}
+    RunLedgers(std::size_t max_ranges, stats::Counter* live, std::size_t window = LostLedger::kWindow,
+               stats::Counter* revoked = nullptr)
+        : cur_(max_ranges, live, window, revoked), next_(max_ranges, live, window, revoked) {}
     void built(std::uint32_t run, std::uint64_t j) noexcept {
         if (LostLedger* l = of(run)) l->built(j);
     }

@@ -48,7 +48,8 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       done_(s.max_events),
       done_scratch_(s.max_events),
       ledger_unit_(s.ledger_unit),
-      ledgers_(kLostRangesKept, counters.lost_whole, 2 * std::size_t{s.max_events}),  // ids of events in flight, twice
+      ledgers_(kLostRangesKept, counters.lost_whole, 2 * std::size_t{s.max_events},  // ids of events in flight, twice
+               counters.lost_whole_revoked),
       refused_(s.refuse_whole && s.match == file::MatchMode::event_id && s.ledger_unit != 0 ? kRefusedSlots : 0) {
     codec_ = s.codec;
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());

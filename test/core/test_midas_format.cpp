@@ -372,6 +372,20 @@ TEST_CASE("MIDAS reader: a damaged note stops the scan and says why") {
     std::memcpy(u.data() + em::kEventHeaderBytes + em::kBankHeaderBytes, "EVBX", 4);
     g.insert(g.end(), u.begin(), u.end());
     const em::ScanResult s = em::scan(g);
-    REQUIRE_FALSE(s.problems.empty());
-    CHECK(s.problems[0].what == "USER note: not one TID_CHAR bank EVBU");
+    REQUIRE_FALSE(s.problems.empty());  // not a note, so read as a built event: not one either
+    CHECK(s.problems[0].offset == g.size() - u.size());
+    CHECK(s.event_count == 1);
+    CHECK(s.note_count == 0);
+}
+
+TEST_CASE("MIDAS notes: a NUL in a comment's text becomes U+FFFD, so the message stays one C string") {
+    const Bytes m = em::encode_message(0x65000005, std::string_view("a\0b", 3));
+    Bytes f = test_file(1, false);
+    f.insert(f.end(), m.begin(), m.end());
+    std::string text;
+    em::Scanner scanner({}, [&](const em::NoteView& n) { text = std::string(n.text); });
+    scanner.feed(f);
+    const em::ScanResult r = scanner.finish();
+    CHECK(r.note_count == 1);
+    CHECK(text == "a\xEF\xBF\xBD" "b");
 }

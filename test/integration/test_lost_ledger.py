@@ -101,8 +101,8 @@ def overload(wd):
     check(not missing, f"(b) every id sent is written or in the ledger ({len(missing)} neither: {sorted(missing)[:10]})")
     check(set(lost.values()) <= {"in_flight_limit", "source_share"},
           f"(b) refused at a limit ({led['by_reason']})")
-    check(metric_sum(m, "evb_events_lost_whole_total") == led["count"],
-          f"(b) evb_events_lost_whole_total {metric_sum(m, 'evb_events_lost_whole_total')} is the ledger's count")
+    net = metric_sum(m, "evb_events_lost_whole_total") - metric_sum(m, "evb_events_lost_whole_revoked_total")
+    check(net == led["count"], f"(b) evb_events_lost_whole_total less _revoked_total ({net}) is the ledger's count")
     check(f"{led['count']} events lost whole" in d.log_text(), "(b) the stop line says how many events were lost whole")
     rc, text = check_summary(d.out)
     check(rc == 0, f"(b) evb-dump --check-summary accepts it: {text.strip()[-300:]}")
@@ -231,7 +231,9 @@ def built_after_settled(wd):
     led = summary(d.out).get("lost_events") or {}
     print(f"(f) ledger: count {led.get('count')}, ranges {led.get('ranges')}", flush=True)
     check(led.get("count") == 0 and led.get("ranges") == [], "(f) the event written after it was settled is not in the ledger")
-    check(metric_sum(m, "evb_events_lost_whole_total") == 0, "(f) nor in evb_events_lost_whole_total")
+    check(metric_sum(m, "evb_events_lost_whole_total") == 1 and metric_sum(m, "evb_events_lost_whole_revoked_total") == 1,
+          "(f) evb_events_lost_whole_total keeps the 1 it counted (a counter never goes down), and "
+          "evb_events_lost_whole_revoked_total counts it built after all")
     rc, text = check_summary(d.out)
     check(rc == 0, f"(f) evb-dump --check-summary accepts it: {text.strip()[-300:]}")
 

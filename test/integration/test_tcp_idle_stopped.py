@@ -24,7 +24,7 @@ def main():
     tcp = free_tcp_port()
     sock = os.path.join(wd, "evbd.sock")
     d = Evbd(wd, sets=[f'input.listen=["tcp://127.0.0.1:{tcp}"]', "sources=1", f"control.socket={sock}",
-                       "control.start=stopped", "input.tcp_timeout_ms=300"])
+                       "control.start=stopped", "input.tcp_timeout_ms=1000"])
     waiting = socket.create_connection(("127.0.0.1", tcp))
     d.wait_metric("evb_tcp_connections", lambda v: v == 1, timeout=30)
     stalled = socket.create_connection(("127.0.0.1", tcp))

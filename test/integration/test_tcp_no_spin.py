@@ -71,9 +71,11 @@ def main():
     # (b) a listener at EMFILE. No metric is read meanwhile: the monitor's accept
     # fails as well.
     accepted = d.metrics().get("evb_tcp_connections_accepted_total")
-    nfds = len(os.listdir(f"/proc/{pid}/fd"))
+    # The limit bounds the next descriptor's number, not how many are open: 3 (below
+    # every descriptor evbd has past stdio) makes every accept fail, whatever holes
+    # the descriptor table has (one the monitor just closed, say).
     old = resource.prlimit(pid, resource.RLIMIT_NOFILE)
-    resource.prlimit(pid, resource.RLIMIT_NOFILE, (nfds, old[1]))
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (3, old[1]))
     waiting = socket.create_connection(("127.0.0.1", tcp))  # queued by the kernel, not accepted
     d.wait_log("tcp: accept: Too many open files", timeout=30)
     share = cpu_share(pid, "evb-tcp-0")
@@ -91,8 +93,11 @@ def main():
     send_tcp_events(other, 1, 64)
     d.wait_metric('evb_tcp_connections_closed_total{reason="read_error"}', lambda v: v == 1, timeout=30)
     check(True, "the connection reset while held is read and closed once it has room")
-    # The second connection is held back in turn while each of its events waits to be written.
-    d.wait_metric("evb_tcp_connections_held", lambda v: v == 0, timeout=30)
+    # Not every event of source 1 completes: the reset emptied the kernel's queue of
+    # what evbd had not yet read of source 0's messages (how much, depends on timing),
+    # and those events wait for source 0 (no dead-source release here). The events
+    # whose source-0 fragment evbd did read are built complete.
+    d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= 1, timeout=30)
     other.close()
     waiting.close()
     check(d.stop() == 0, "evbd exits 0")

@@ -288,15 +288,15 @@ class MidasFile(EvbFile):
             if text.startswith(MESSAGE_PREFIX):
                 text = text[len(MESSAGE_PREFIX):]
             return "COMMENT", json.dumps({"text": text.decode("utf-8", "replace")}), made, EVENT_HEADER_BYTES + size
-        if mask != 0 or ser != 0:
-            return f"event_id 0x{event_id:04x} trigger_mask 0x{mask:04x} serial {ser}: not a USER note"
-        if size < 8 + 16:
-            return "USER note: not one TID_CHAR bank EVBU"
+        # An event 0x7FFF that is not a USER note is read as a built event (a file from
+        # before notes, when output.midas.event_id could be 0x7FFF), as evbd does.
+        if mask != 0 or ser != 0 or size < 8 + 16:
+            return None
         banks, flags = _U32.unpack_from(data, 0)[0], _U32.unpack_from(data, 4)[0]
         name, btype, bsize, reserved = _BANK.unpack_from(data, 8)
         if (flags != BANK_FLAGS or banks != size - 8 or name != b"EVBU" or btype != TID_CHAR or reserved != 0
                 or 8 + 16 + ((bsize + 7) & ~7) != size or data[24 + bsize:].strip(b"\0")):
-            return "USER note: not one TID_CHAR bank EVBU"
+            return None
         return "USER", data[24:24 + bsize].decode("utf-8", "replace"), made, EVENT_HEADER_BYTES + size
 
     def _decode_built(self, raw, pos, size):
