@@ -104,7 +104,7 @@ bool RunSummaries::waiting_for(std::uint32_t run) const {
            std::any_of(ended_.begin(), ended_.end(), [run](const EndedRun& e) { return e.start.run == run; });
 }
 
-nlohmann::ordered_json RunSummaries::lost_events(std::uint32_t run, const Config* config, OutputFormat format) const {
+LostEvents RunSummaries::lost_events(std::uint32_t run, const Config* config, OutputFormat format) const {
     const bool timestamp = config != nullptr && config->building.match == MatchMode::timestamp;
     std::vector<LostRun> shards;
     // The timestamp mode builds in shard 0, numbered by the sources' sequence numbers.
@@ -129,21 +129,26 @@ nlohmann::ordered_json RunSummaries::lost_events(std::uint32_t run, const Config
             forget_held(lost, *built_before_.ids, builders);
         }
     }
+    return lost;
+}
+
+namespace {
+
+// The summary's lost_events: exactly the four keys of issue 43's contract.
+nlohmann::ordered_json lost_events_json(const LostEvents& lost) {
     nlohmann::ordered_json by_reason = nlohmann::ordered_json::object();
     for (std::size_t i = 0; i < kLostReasons; ++i)
         if (lost.count[i] != 0) by_reason[lost_reason_name(i)] = lost.count[i];
     nlohmann::ordered_json ranges = nlohmann::ordered_json::array();
     for (const LostRange& x : lost.ranges)
         ranges.push_back({x.first, x.last, lost_reason_name(static_cast<std::size_t>(x.reason))});
-    nlohmann::ordered_json led = {{"count", lost.total()},
-                                  {"by_reason", std::move(by_reason)},
-                                  {"ranges", std::move(ranges)},
-                                  {"ranges_truncated", lost.truncated || lost.outliers_truncated}};
-    // Ids far from the run's that nothing confirmed (a bit flip, a stray datagram):
-    // written or refused as any, but no gap to them is counted. Only when there are.
-    if (!lost.outliers.empty()) led["outliers"] = lost.outliers;
-    return led;
+    return {{"count", lost.total()},
+            {"by_reason", std::move(by_reason)},
+            {"ranges", std::move(ranges)},
+            {"ranges_truncated", lost.truncated || lost.outliers_truncated}};
 }
+
+}  // namespace
 
 RunSummaries::MatchTotals RunSummaries::match_totals() const {
     MatchTotals t;
@@ -269,6 +274,7 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         if (frag == 0 && miss == 0 && late == 0) continue;
         sources.push_back({{"source_id", sources_[i]}, {"fragments", frag}, {"missing", miss}, {"late_chunks", late}});
     }
+    const LostEvents lost = lost_events(r.start.run, r.start.config.get(), w.format);
     nlohmann::ordered_json doc = {
         {"run_number", r.start.run},
         {"builder_id", w.builder_id},
@@ -281,7 +287,7 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         {"configuration", r.start.config != nullptr ? nlohmann::ordered_json(r.start.config->effective) : nlohmann::ordered_json()},
         {"events", events},
         {"events_by_status", file::to_json(total)},
-        {"lost_events", lost_events(r.start.run, r.start.config.get(), w.format)},
+        {"lost_events", lost_events_json(lost)},
         // Counted by the matchers between the run's start and end (all sources together):
         {"fragments", {{"duplicate_chunks", b.duplicate_chunks - a.duplicate_chunks},
                        {"crc_failures", b.crc_failures - a.crc_failures},
@@ -293,15 +299,10 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         {"files", file::to_json(files)}};
     if (!earlier.empty()) doc["earlier_sessions"] = std::move(earlier);
     // Ids far from the run's that nothing confirmed (a bit flip, a stray datagram):
-    // written or refused as any, but no gap to them is counted. Beside lost_events
-    // (whose keys are the contract of issue 43), and only when there are any.
-    // (Taken out first: adding a key to the ordered object moves its members.)
-    if (doc["lost_events"].contains("outliers")) {
-        nlohmann::ordered_json outliers = std::move(doc["lost_events"]["outliers"]);
-        doc["lost_events"].erase("outliers");
-        doc["lost_events_outliers"] = std::move(outliers);
-    }
-    last_written_.lost_whole = doc["lost_events"]["count"].get<std::uint64_t>();
+    // written or refused as any, but no gap to them is counted. Beside lost_events,
+    // and only when there are any.
+    if (!lost.outliers.empty()) doc["lost_events_outliers"] = lost.outliers;
+    last_written_.lost_whole = lost.total();
     if (const std::string err = file::write_summary(dir, r.start.run, w.builder_id, doc); !err.empty())
         log_error("run {}: the run summary was not written: {}", r.start.run, err);
     else

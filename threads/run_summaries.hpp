@@ -89,7 +89,7 @@ private:
     MatchTotals match_totals() const;
     // The run's ledger of events lost whole, from the shards (the summary's lost_events).
     // The ids built_before_ holds of the run are taken out (not for MIDAS output).
-    nlohmann::ordered_json lost_events(std::uint32_t run, const Config* config, OutputFormat format) const;
+    LostEvents lost_events(std::uint32_t run, const Config* config, OutputFormat format) const;
     void write(const WriterSettings& w, const EndedRun& r);
 
     const std::vector<std::uint32_t> sources_;

@@ -514,12 +514,13 @@ void TcpReader::check_timeouts(std::uint64_t now) noexcept {
     timeouts_checked_ns_ = now;
     // The run has just started: a connection that has sent nothing has waited for it,
     // and its idle time counts from now (not from the last check while stopped).
-    const bool started = rules_->running && !timeouts_saw_running_;
+    // A readout PC that has sent nothing waits for the run's start (or its start was
+    // just now): its idle time starts then.
+    const bool waiting_for_start = !rules_->running || !timeouts_saw_running_;
     timeouts_saw_running_ = rules_->running;
     for (Connection& c : conns_) {
-        if (started && c.fd >= 0 && !c.any_bytes) c.last_byte_ns = now;
         if (c.fd < 0 || c.held || c.ended) continue;
-        if (!c.any_bytes && !rules_->running) {  // a readout PC waiting for the run's start: its idle time starts then
+        if (!c.any_bytes && waiting_for_start) {
             c.last_byte_ns = now;
             continue;
         }

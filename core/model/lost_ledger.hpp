@@ -18,7 +18,7 @@
 // up there (the run is there now) does the ledger move there, the ids between
 // never_received; or the top reaches it in its course. Held ids that nothing
 // confirmed by the run's end are outliers: not in the counts, listed apart (the run
-// summary's lost_events.outliers), the gap to them vouched for by no one. One id
+// summary's lost_events_outliers), the gap to them vouched for by no one. One id
 // thus never settles more than a window; so does the first id of a run, when ids
 // far below it come before kConfirm near it did.
 #pragma once

@@ -10,7 +10,6 @@ queued connection is accepted, and once the held connection has room again it is
 read and closed."""
 import os
 import resource
-import shutil
 import socket
 import struct
 import time
@@ -101,7 +100,6 @@ def main():
     other.close()
     waiting.close()
     check(d.stop() == 0, "evbd exits 0")
-    shutil.rmtree(wd, ignore_errors=True)
 
 
 if __name__ == "__main__":
