@@ -26,8 +26,9 @@ constexpr std::size_t kMaxIov = 4096;            // flush once the gather list i
 // stages (OutputFile::kStageBytes each) can still be taken back.
 constexpr std::size_t kMaxBatchBytes = 4u << 20;
 constexpr std::size_t kMaxEventsPerWork = 1024;
-// O_DIRECT: how long a record may wait in a stage that is not full before the
-// writer, out of events, writes the partial stage out (see do_work).
+// O_DIRECT, push mode: how long a record may wait in a stage that is not full before
+// the writer, out of events, writes the partial stage out (pull mode: at once; see
+// do_work).
 constexpr std::uint64_t kPushAfterNs = 20'000'000;
 constexpr std::uint64_t kSettlePollNs = 500'000;
 // How often the writer makes sure its open file is still in the file system.
@@ -718,17 +719,22 @@ std::size_t DiskWriter::do_work() {
     // it parks) at most every kSettlePollNs: kernel_offset() asks the kernel which
     // O_DIRECT writes have finished, a system call not to be made per spin.
     const std::uint64_t now_ns = unsettled_head_ < unsettled_.size() ? realtime_ns() : 0;
-    if (unsettled_head_ < unsettled_.size() && file_.is_open() && (n > 0 || now_ns >= next_settle_poll_ns_)) {
-        next_settle_poll_ns_ = now_ns + kSettlePollNs;
-        // Records not yet with the kernel (O_DIRECT) that have waited kPushAfterNs
-        // while the writer ran out of events: hand the partial stage over now rather
-        // than when it fills, so that pull mode's credits come back and the counts
-        // move at any rate. At a high rate stages fill first and nothing is written
-        // twice.
+    if (unsettled_head_ < unsettled_.size() && file_.is_open()) {
+        // Records not yet with the kernel (O_DIRECT) while the writer ran out of
+        // events: hand the partial stage over rather than wait for it to fill, so that
+        // the counts move at any rate. In pull mode at once: the request sender asks
+        // for no more events than its credits until it hears these are written, so
+        // waiting would hold pull mode to credits per wait. In push mode after
+        // kPushAfterNs, so that a slow stream writes each block fewer times. At a high
+        // rate stages fill first and nothing is written twice.
         const Unsettled& oldest = unsettled_[unsettled_head_];
-        if (n == 0 && oldest.end > file_.submitted_offset() && now_ns >= oldest.written_ns + kPushAfterNs)
-            (void)file_.push_partial();  // a failure shows at the next write
-        settle(file_.kernel_offset());
+        const bool push = n == 0 && oldest.end > file_.submitted_offset() &&
+                          (written_ != nullptr || now_ns >= oldest.written_ns + kPushAfterNs);
+        if (n > 0 || push || now_ns >= next_settle_poll_ns_) {
+            next_settle_poll_ns_ = now_ns + kSettlePollNs;
+            if (push) (void)file_.push_partial();  // a failure shows at the next write
+            settle(file_.kernel_offset());
+        }
     }
     if (s_.fsync == FsyncPolicy::periodic && file_.is_open()) {
         const std::uint64_t now = realtime_ns();

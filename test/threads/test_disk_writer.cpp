@@ -475,3 +475,25 @@ TEST_CASE("DiskWriter syncs a full file that waits for the next event to rotate,
     CHECK(rig.writer_counters.data_syncs.get() == 2);  // the next full file, once
     rig.writer.on_close();
 }
+
+TEST_CASE("DiskWriter in pull mode hands a partial O_DIRECT stage over as soon as its events run out") {
+    // The request sender spends a credit again only when the writer says the event is
+    // written; with O_DIRECT that is once its stage reached the kernel. Waiting 20 ms
+    // for more events (as push mode does, to write each block fewer times) held pull
+    // mode to about credits / 25 ms events per second (38 per second with one credit).
+    test::TempDir dir;
+    WriterSettings ws = WriterRig::writer_settings(dir.path());
+    ws.direct_io = true;
+    WriterRig rig(ws);  // with the ring of written ids: pull mode
+    rig.build(5);
+    rig.writer.do_work();  // writes the record into the stage
+    rig.writer.do_work();  // out of events: the stage goes to the kernel, the id back
+    std::uint64_t ids[4];
+    REQUIRE(rig.written.pop(ids, 4) == 1);
+    CHECK(ids[0] == 5);
+    CHECK(rig.writer_counters.events_written.get() == 1);
+    rig.writer.on_close();
+    const std::vector<fs::path> files = files_in(dir.path());
+    REQUIRE(files.size() == 1);
+    CHECK(records_of(files[0]) == std::vector<std::string>{"5", "clean"});
+}
