@@ -94,7 +94,9 @@ def check_event_id_files(files, events, sources, event_id, names, run, complete=
             check(f["eor"][0][:3] == (0x8001, 0x494D, run) and counts["file"]["events"] == len(f["events"])
                   and counts["run"]["events"] == run_events and counts["file"]["bytes"] == f["end"] - 16 - f["eor"][0][4],
                   f"{name}: end-of-run event with the file's ({len(f['events'])}) and the run's ({run_events}) counts")
-    check(seen == set(range(events)) if complete else seen <= set(range(events)),
+    # Not set(range(events)) when incomplete: the SIGKILL case passes 10^8 (its emulator
+    # runs until killed), and building that set took 15 s and 5 GB of the test's time.
+    check(seen == set(range(events)) if complete else all(0 <= i < events for i in seen),
           f"{len(seen)} events, each once, ids 0..{events - 1}; serials 0..{serial - 1} without a gap")
     return serial
 
