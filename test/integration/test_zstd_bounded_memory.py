@@ -11,12 +11,19 @@ evbd's start in pull mode recovers the same records left as a `.part` (with
 receive buffers of 256 MiB, so that its bound lets it decode the record): before, its
 peak resident memory was 917 MiB, 511 MiB more than the same start on a `.part`
 without the big record (406 MiB, mostly the buffers); now the two are the same, and
-all three records are kept."""
+all three records are kept.
+
+evbfile (the Python reader) walking the file under 256 MiB more address space than
+it uses once open: before, it decoded record 1 whole and the walk died of
+MemoryError; now it checks it in pieces and decodes it only if its sections are
+asked for."""
 import os
 import struct
 import subprocess
+import sys
 
 from test_evb_record_bound import pull_start_peak, record  # noqa: E402  (ensures numpy, zstandard)
+from test_python_reader_memory import PACKAGE, PRELUDE  # noqa: E402
 
 import evbfile  # noqa: E402
 from evbtest import BIN, address_space_limit, check, sanitized_build, workdir  # noqa: E402
@@ -26,6 +33,12 @@ BIG = 512 << 20          # the middle record's sections area
 SMALL = 4096             # the other records' payload
 LIMIT = 384 << 20        # evb-dump's address space: less than the record
 NAME = "run000007_000_00000.evb"
+# evbfile's walk under a limit: the ids, the problems, record 0's section length.
+WALK = PRELUDE + r"""
+limit()
+ids = [rec.event_id for rec in f]
+print(ids, [p.message for p in f.problems], next(iter(f)).sections[0].length, flush=True)
+"""
 
 
 def zeros_crc(n, crc):
@@ -110,6 +123,16 @@ def main():
     kept = os.path.join(pulled, NAME)
     check(os.path.exists(kept) and not os.path.exists(kept + ".part.damaged"),
           f"every record kept in {NAME}, nothing beside: {sorted(os.listdir(pulled))}\n{text[-1500:]}")
+    # evbfile walks the closed file (event ids, every record checked) within 256 MiB
+    # more address space than it uses once open; record 0's sections are still read.
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", WALK, closed, PACKAGE, str(256 << 20)], capture_output=True, text=True,
+                       timeout=120, env=env)
+    out = (p.stdout + p.stderr).strip()
+    check(p.returncode == 0 and out == f"[0, 1, 2] [] {SMALL}",
+          f"evbfile walks the {BIG >> 20} MiB record within 256 MiB of address space (exit {p.returncode}): "
+          f"{out[-600:]}")
+
     rc, out, _ = peak_kib([dump, "--verify", kept], None)
     check(rc == 0 and "verify: OK, 1 file, 3 events" in out, f"the recovered file verifies:\n{out[-800:]}")
     print("1 passed, 0 failed", flush=True)
