@@ -4,11 +4,14 @@
 #include <lz4hc.h>
 #define ZSTD_STATIC_LINKING_ONLY  // ZSTD_estimateCCtxSize, ZSTD_initStaticCCtx (exported by Debian's libzstd)
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <new>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -70,8 +73,9 @@ struct ZstdReader {
     ~ZstdReader() { ZSTD_freeDCtx(ctx); }
 };
 
-bool zstd_decompress(std::span<const std::byte> in, std::span<std::byte> out, std::string* why) {
-    // Exactly one frame: a second one, or bytes after the first, are not the format.
+// The checks before decoding: exactly one frame (a second one, or bytes after the
+// first, are not the format), holding `length` bytes when its header says.
+bool zstd_frame_fits(std::span<const std::byte> in, std::size_t length, std::string* why) {
     const std::size_t frame = ZSTD_findFrameCompressedSize(in.data(), in.size());
     if (ZSTD_isError(frame)) {
         if (why) *why = fmt::format("zstd frame of {} bytes does not decode: {}", in.size(), ZSTD_getErrorName(frame));
@@ -82,10 +86,16 @@ bool zstd_decompress(std::span<const std::byte> in, std::span<std::byte> out, st
         return false;
     }
     const unsigned long long said = ZSTD_getFrameContentSize(in.data(), in.size());
-    if (said != ZSTD_CONTENTSIZE_UNKNOWN && said != out.size()) {
-        if (why) *why = fmt::format("zstd frame holds {} bytes, content_length says {}", said, out.size());
+    if (said != ZSTD_CONTENTSIZE_UNKNOWN && said != length) {
+        if (why) *why = fmt::format("zstd frame holds {} bytes, content_length says {}", said, length);
         return false;
     }
+    return true;
+}
+
+// One-shot decoding, for a frame whose window is larger than its content (a
+// streaming decoder would hold the window).
+bool zstd_decompress_whole(std::span<const std::byte> in, std::span<std::byte> out, std::string* why) {
     thread_local ZstdReader reader;
     if (reader.ctx == nullptr) throw std::bad_alloc();
     const std::size_t n = ZSTD_decompressDCtx(reader.ctx, out.data(), out.size(), in.data(), in.size());
@@ -100,7 +110,98 @@ bool zstd_decompress(std::span<const std::byte> in, std::span<std::byte> out, st
     return true;
 }
 
+// Whether a frame (zstd_frame_fits accepted) is decoded streaming: its window at
+// most its content. Decoding whole and in pieces both go this way, so that they
+// give the same verdicts and reasons (a one-shot decoder and a streaming one name
+// some damage differently).
+bool zstd_streams(std::span<const std::byte> in, std::size_t length) {
+    ZSTD_frameHeader fh{};
+    return ZSTD_getFrameHeader(&fh, in.data(), in.size()) == 0 && fh.windowSize <= length;
+}
+
+// One streaming context per reading thread, made on first use; it may take windows
+// as large as one-shot decoding does (the caller has bounded the frame's window by
+// the content's length), so that both give the same verdicts.
+struct ZstdStreamReader {
+    ZSTD_DCtx* ctx = ZSTD_createDCtx();
+    ZstdStreamReader() {
+        if (ctx != nullptr) ZSTD_DCtx_setParameter(ctx, ZSTD_d_windowLogMax, ZSTD_WINDOWLOG_MAX);
+    }
+    ~ZstdStreamReader() { ZSTD_freeDCtx(ctx); }
+};
+
+// decompress_pieces for a zstd frame whose window is at most `length`: checked as
+// zstd_decompress checks it, decoded through one kPieceBytes buffer.
+bool zstd_pieces(std::span<const std::byte> in, std::size_t length, PieceSink sink, void* context, std::string* why) {
+    thread_local ZstdStreamReader reader;
+    thread_local std::vector<std::byte> piece;
+    if (reader.ctx == nullptr) throw std::bad_alloc();
+    piece.resize(kPieceBytes);
+    ZSTD_DCtx_reset(reader.ctx, ZSTD_reset_session_only);
+    ZSTD_inBuffer src{in.data(), in.size(), 0};
+    std::size_t total = 0;
+    std::size_t left = 1;  // what the frame still holds (0: complete)
+    while (left != 0) {
+        ZSTD_outBuffer dst{piece.data(), piece.size(), 0};
+        left = ZSTD_decompressStream(reader.ctx, &dst, &src);
+        if (ZSTD_isError(left)) {
+            if (why) *why = fmt::format("zstd frame of {} bytes does not decode: {}", in.size(), ZSTD_getErrorName(left));
+            return false;
+        }
+        if (dst.pos > length - total) {  // one-shot decoding into `length` bytes stops here
+            if (why)
+                *why = fmt::format("zstd frame of {} bytes does not decode: {}", in.size(),
+                                   ZSTD_getErrorString(ZSTD_error_dstSize_tooSmall));
+            return false;
+        }
+        total += dst.pos;
+        if (dst.pos > 0) sink(context, {piece.data(), dst.pos});
+        if (left != 0 && dst.pos == 0 && src.pos == src.size) {  // input gone, frame not complete
+            if (why)
+                *why = fmt::format("zstd frame of {} bytes does not decode: {}", in.size(),
+                                   ZSTD_getErrorString(ZSTD_error_srcSize_wrong));
+            return false;
+        }
+    }
+    if (total != length) {
+        if (why) *why = fmt::format("zstd frame decodes to {} bytes, content_length says {}", total, length);
+        return false;
+    }
+    return true;
+}
+
+bool zstd_decompress(std::span<const std::byte> in, std::span<std::byte> out, std::string* why) {
+    if (!zstd_frame_fits(in, out.size(), why)) return false;
+    if (!zstd_streams(in, out.size())) return zstd_decompress_whole(in, out, why);
+    struct Fill {
+        std::byte* at;
+    } fill{out.data()};
+    const auto copy = [](void* context, std::span<const std::byte> piece) {
+        auto* f = static_cast<Fill*>(context);
+        std::memcpy(f->at, piece.data(), piece.size());
+        f->at += piece.size();
+    };
+    return zstd_pieces(in, out.size(), copy, &fill, why);
+}
+
 }  // namespace
+
+bool decompress_pieces(Codec c, std::span<const std::byte> in, std::size_t length, PieceSink sink, void* context,
+                       std::string* why) {
+    if (c == Codec::zstd) {
+        if (!zstd_frame_fits(in, length, why)) return false;
+        if (zstd_streams(in, length)) return zstd_pieces(in, length, sink, context, why);
+    }
+    // Whole: an LZ4 block, or a frame whose window (and so the streaming decoder's
+    // buffer) would be larger than its content.
+    thread_local std::vector<std::byte> whole;
+    whole.resize(length);
+    const bool ok = decompress(c, in, whole, why);
+    if (ok) sink(context, whole);
+    whole.clear();
+    whole.shrink_to_fit();
+    return ok;
+}
 
 bool decompress(Codec c, std::span<const std::byte> in, std::span<std::byte> out, std::string* why) {
     switch (c) {

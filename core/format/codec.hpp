@@ -30,6 +30,17 @@ std::size_t working_bytes(Codec c, int level) noexcept;
 // another length.
 bool decompress(Codec c, std::span<const std::byte> in, std::span<std::byte> out, std::string* why);
 
+// The same decoding and verdict (and reason) as decompress() into `length` bytes,
+// the decoded bytes handed to `sink` in order, in pieces of at most kPieceBytes: for
+// a reader that checks a record rather than keeps it. A zstd frame is decoded
+// through a fixed buffer (plus the frame's window, at most `length`); an LZ4 block
+// cannot be decoded in pieces, so it is decoded whole (`length` bytes) and handed
+// over at once, as is a zstd frame whose window is larger than `length`.
+inline constexpr std::size_t kPieceBytes = 1u << 20;
+using PieceSink = void (*)(void* context, std::span<const std::byte> piece);
+bool decompress_pieces(Codec c, std::span<const std::byte> in, std::size_t length, PieceSink sink, void* context,
+                       std::string* why);
+
 // A compressor for one thread: the codecs' working state is made once, here, so
 // that compressing a record allocates nothing.
 class Encoder {

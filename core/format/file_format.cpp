@@ -1,6 +1,7 @@
 #include "core/format/file_format.hpp"
 
 #include "core/format/codec.hpp"
+#include "core/format/area_walk.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -308,13 +309,11 @@ bool check_stored_layout(const std::byte* r, RecordView& v, Codec codec, std::st
 // set_decoded_bytes_limit's bound; relaxed: set once before any reading starts.
 std::atomic<std::size_t> g_decoded_bytes_limit{~std::size_t{0}};
 
-// A COMPRESSED record's sections area, decoded into `buf` (resized to
-// content_length) and held to the header's content CRC.
-bool decode_area(const std::byte* r, const RecordView& v, Codec codec, std::vector<std::byte>& buf, std::string& why) {
+// Whether a COMPRESSED record's stream may be decoded to its content_length: no
+// buffer for more than the stream can hold, nor past the reader's bound (a made-up
+// content_length is refused before anything is allocated for it).
+bool may_decode(const RecordView& v, Codec codec, std::span<const std::byte> stream, std::string& why) {
     const RecordHeader& h = v.header;
-    const std::span<const std::byte> stream{r + kRecordHeaderBytesV2 + 8, v.stored_length};
-    // No buffer for more than the stream can hold: a made-up content_length is refused
-    // before anything is allocated for it.
     const std::size_t bound = codec::decoded_bound(codec, stream);
     if (bound == 0) {  // not a frame at all: the codec says why, with no buffer
         std::string codec_why;
@@ -332,6 +331,19 @@ bool decode_area(const std::byte* r, const RecordView& v, Codec codec, std::vect
                           h.content_length, limit);
         return false;
     }
+    return true;
+}
+
+std::span<const std::byte> stored_stream(const std::byte* r, const RecordView& v) {
+    return {r + kRecordHeaderBytesV2 + 8, v.stored_length};
+}
+
+// A COMPRESSED record's sections area, decoded into `buf` (resized to
+// content_length) and held to the header's content CRC.
+bool decode_area(const std::byte* r, const RecordView& v, Codec codec, std::vector<std::byte>& buf, std::string& why) {
+    const RecordHeader& h = v.header;
+    const std::span<const std::byte> stream = stored_stream(r, v);
+    if (!may_decode(v, codec, stream, why)) return false;
     buf.resize(h.content_length);
     std::string codec_why;
     if (!codec::decompress(codec, stream, buf, &codec_why)) {
@@ -340,6 +352,41 @@ bool decode_area(const std::byte* r, const RecordView& v, Codec codec, std::vect
     }
     if (crc32c(buf.data(), buf.size()) != h.content_crc32c) {
         why = fmt::format("content CRC mismatch after {} decompression (event {})", codec_name(codec), h.event_id);
+        return false;
+    }
+    return true;
+}
+
+// A COMPRESSED event record checked as decode_area and check_sections check it, its
+// area decoded in pieces (codec::decompress_pieces) and walked as they come: the
+// same verdict and reason, in memory of a piece (and the frame's window), not of
+// the area. `emit`: told of the sections and items (a record known good).
+bool check_area_in_pieces(const std::byte* r, const RecordView& v, Codec codec, std::string& why,
+                          const LayoutVisitor* emit = nullptr) {
+    const RecordHeader& h = v.header;
+    const std::span<const std::byte> stream = stored_stream(r, v);
+    if (!may_decode(v, codec, stream, why)) return false;
+    struct Walk {
+        AreaWalker walker;
+        std::uint32_t crc = 0;
+    } walk{AreaWalker(h.content_length, h.section_count, v.version, v.match_mode, emit), 0};
+    std::string codec_why;
+    const auto sink = [](void* context, std::span<const std::byte> piece) {
+        auto* w = static_cast<Walk*>(context);
+        w->crc = crc32c_extend(w->crc, piece.data(), piece.size());
+        w->walker.feed(piece);
+    };
+    if (!codec::decompress_pieces(codec, stream, h.content_length, sink, &walk, &codec_why)) {
+        why = fmt::format("event {}: {}", h.event_id, codec_why);
+        return false;
+    }
+    if (walk.crc != h.content_crc32c) {
+        why = fmt::format("content CRC mismatch after {} decompression (event {})", codec_name(codec), h.event_id);
+        return false;
+    }
+    std::string sections_why;
+    if (!walk.walker.finish(&sections_why)) {
+        why = fmt::format("event {}: {}", h.event_id, sections_why);
         return false;
     }
     return true;
@@ -354,10 +401,15 @@ std::vector<std::byte>& decoded_area() {
 // Checks the record at r (`left` bytes to the end of the records) and fills v and
 // `area` (its sections area, decoded when COMPRESSED). Returns false with the
 // reason, to be reported at the record's offset.
-// `decode` false: a COMPRESSED record is checked as stored only (record CRC, stored
-// layout), never decoded, and `area` is left empty.
+// How a COMPRESSED record is read: `stored`, checked as stored only (record CRC,
+// stored layout), never decoded; `pieces`, its content checked as it is decoded in
+// pieces (an event record's; a run record's, small, is decoded whole); `whole`,
+// decoded whole into this thread's decoding buffer. `area` is left empty unless
+// the record's area is in hand.
+enum class Decode { stored, pieces, whole };
+
 bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, RecordView& v,
-                  std::span<const std::byte>& area, std::string& why, bool decode = true) {
+                  std::span<const std::byte>& area, std::string& why, Decode decode = Decode::whole) {
     const std::size_t hb = record_header_bytes(fh.version);
     if (left < hb) {
         why = fmt::format("{} trailing bytes, too few for a record header", left);
@@ -406,10 +458,9 @@ bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, 
                 return false;
             }
             if (!check_stored_layout(r, v, fh.codec, why)) return false;
-            if (!decode) {
-                area = {};
-                return true;
-            }
+            area = {};
+            if (decode == Decode::stored) return true;
+            if (decode == Decode::pieces && !is_run_record(h)) return check_area_in_pieces(r, v, fh.codec, why);
             // Decoded and checked like a plain record's area: a record that does not
             // decode, or decodes to other bytes than were built, is where a reader stops.
             std::vector<std::byte>& decoded = decoded_area();
@@ -519,7 +570,7 @@ bool check_record_at(std::span<const std::byte> image, const FileHeader& header,
     out = RecordView{};
     out.file_offset = offset;
     std::span<const std::byte> area;
-    return check_record(image.data() + offset, end - offset, header, out, area, why);
+    return check_record(image.data() + offset, end - offset, header, out, area, why, Decode::pieces);
 }
 
 bool parse_sections(const RecordView& r, std::vector<SectionView>& out, std::string* why) {
@@ -536,15 +587,60 @@ bool split_sections(const RecordView& r, std::span<const std::byte> area, std::v
 }
 
 namespace {
-ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit, bool decode);
+ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit, const LayoutVisitor* layout,
+                      Decode decode);
 }  // namespace
 
-ScanResult scan(std::span<const std::byte> img, const RecordVisitor& visit) { return scan_image(img, visit, true); }
+ScanResult scan(std::span<const std::byte> img, const RecordVisitor& visit) {
+    return scan_image(img, visit, nullptr, visit ? Decode::whole : Decode::pieces);
+}
 
-ScanResult scan_stored(std::span<const std::byte> img) { return scan_image(img, {}, false); }
+ScanResult scan_stored(std::span<const std::byte> img) { return scan_image(img, {}, nullptr, Decode::stored); }
+
+ScanResult scan_layout(std::span<const std::byte> img, const LayoutVisitor& visit) {
+    return scan_image(img, {}, &visit, visit.need_payloads ? Decode::whole : Decode::pieces);
+}
+
+bool walk_layout(const RecordView& r, const LayoutVisitor& visit, std::string* why) {
+    FileHeader fh;
+    fh.version = r.version;
+    fh.match_mode = r.match_mode;
+    fh.codec = r.codec;
+    std::string what;
+    if (r.compressed && !is_run_record(r)) {
+        if (!check_area_in_pieces(r.bytes, r, r.codec, what)) {
+            if (why) *why = what;
+            return false;
+        }
+        if (visit.record) visit.record(fh, r, {});
+        (void)check_area_in_pieces(r.bytes, r, r.codec, what, &visit);
+    } else {
+        std::span<const std::byte> area;
+        if (!sections_area(r, area, why)) return false;
+        if (visit.record) visit.record(fh, r, area);
+        if (!is_run_record(r)) walk_area(r, area, visit);
+    }
+    if (visit.record_end) visit.record_end();
+    return true;
+}
 
 namespace {
-ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit, bool decode) {
+// Tells `visit` of a record scan_image accepted: its area in hand, or (a COMPRESSED
+// event record read in pieces) decoded again in pieces, the sections told as they come.
+void tell_layout(const FileHeader& fh, const RecordView& v, std::span<const std::byte> area, Decode decode,
+                 const LayoutVisitor& visit) {
+    const bool in_pieces = v.compressed && decode == Decode::pieces && !is_run_record(v);
+    if (visit.record) visit.record(fh, v, in_pieces ? std::span<const std::byte>{} : area);
+    std::string why;
+    if (in_pieces)
+        (void)check_area_in_pieces(v.bytes, v, fh.codec, why, &visit);
+    else if (!is_run_record(v))
+        walk_area(v, area, visit);
+    if (visit.record_end) visit.record_end();
+}
+
+ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit, const LayoutVisitor* layout,
+                      Decode decode) {
     ScanResult res;
     const std::byte* base = img.data();
     const std::size_t size = img.size();
@@ -602,6 +698,7 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
             break;
         }
         if (visit) visit(res.header, v, area);
+        if (layout) tell_layout(res.header, v, area, decode, *layout);
         res.records.push_back(v);
         pos += v.header.record_length;
     }

@@ -203,7 +203,10 @@ struct ScanResult {
 // header bytes are a problem that does not stop the scan. (v1's reserved header
 // bytes are left to the caller, as evb-dump has always checked them.)
 // A COMPRESSED record is checked as stored (record CRC, stored_length, padding),
-// then decoded and checked as a plain one (content CRC, sections).
+// then decoded and checked as a plain one (content CRC, sections): without `visit`,
+// an event record's zstd frame in pieces of codec::kPieceBytes as they come (the
+// CRC computed as they come, the sections walked by an AreaWalker), never held
+// whole; an LZ4 block, which cannot be decoded in pieces, and a run record whole.
 // `visit`, when given, is called for each good record as the scan accepts it, with
 // the file header and the record's sections area: in the image, or for a COMPRESSED
 // record in this thread's decoding buffer, valid only during the call. A reader that
@@ -224,7 +227,7 @@ ScanResult scan_stored(std::span<const std::byte> image);
 // the fuzz targets set one. Set before reading starts.
 void set_decoded_bytes_limit(std::size_t bytes) noexcept;
 
-// Checks the record at `offset` as scan() does, the file's records ending at `end`
+// Checks the record at `offset` as scan() without a visitor does (in pieces), the file's records ending at `end`
 // (the index, or the file's size): false and why when it is not a good record. For
 // recovery, which looks past a damaged record for the next good one.
 bool check_record_at(std::span<const std::byte> image, const FileHeader& header, std::uint64_t offset,

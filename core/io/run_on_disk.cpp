@@ -12,6 +12,7 @@
 #include <map>
 #include <fmt/format.h>
 
+#include "core/format/area_walk.hpp"
 #include "core/format/run_record.hpp"
 #include "core/format/file_format.hpp"
 #include "core/format/lz4_frame.hpp"
@@ -229,7 +230,12 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 continue;
             }
             s.files.push_back(path);
-            std::vector<SectionView> sections;
+            // Timestamp mode: the items' sequences, their headers read as a COMPRESSED
+            // record is decoded in pieces (never whole).
+            LayoutVisitor item_headers;
+            item_headers.item = [&](const SectionView& sec, std::uint32_t, const ItemView& it, std::uint64_t) {
+                seqs[sec.source_id].push_back(it.sequence);
+            };
             for (const RecordView& r : scanned.records) {
                 if (is_run_record(r)) continue;  // not an event (FORMATS.md 12)
                 ++s.records;
@@ -237,13 +243,9 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 ids.push_back(r.header.event_id);
                 if (!items || scanned.header.match_mode != MatchMode::timestamp) continue;
                 std::string why;
-                if (!parse_sections(r, sections, &why)) {
+                if (!walk_layout(r, item_headers, &why))
                     s.problems.push_back(fmt::format("{}: record at {}: {} (its fragments are not known held)", path,
                                                      r.file_offset, why));
-                    continue;
-                }
-                for (const SectionView& sec : sections)
-                    add_item_sequences(sec.source_id, sec.payload, sec.length, seqs);
             }
             if (!part && !scanned.problems.empty())
                 s.problems.push_back(fmt::format("{}: {} (its records before that are counted)", path,

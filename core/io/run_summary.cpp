@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 
+#include "core/format/area_walk.hpp"
 #include "core/format/run_record.hpp"
 #include "core/format/file_format.hpp"
 #include "core/format/lz4_frame.hpp"
@@ -278,7 +279,6 @@ nlohmann::ordered_json recovered_summary(const std::string& directory, std::uint
 bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t builder, std::set<std::uint64_t>& ids,
               bool& by_sequence) {
     by_sequence = false;
-    std::vector<SectionView> sections;
     bool ok = true;
     for (const auto& name : names_in(directory)) {
         std::uint32_t r = 0, b = 0;
@@ -286,23 +286,25 @@ bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t bui
         if (name.find(".mid") != std::string::npos) return false;
         try {
             const MappedFile m(directory + "/" + name);
-            const ScanResult s = scan(m.bytes(), [&](const FileHeader& h, const RecordView& rec,
-                                                     std::span<const std::byte> area) {
+            // The ids are in the record headers (event_id mode) or the item headers
+            // (timestamp mode), read as a COMPRESSED record is decoded in pieces.
+            LayoutVisitor visit;
+            bool timestamp = false;
+            visit.record = [&](const FileHeader& h, const RecordView& rec, std::span<const std::byte>) {
+                timestamp = false;
                 if (is_run_record(rec)) return;
                 if (h.match_mode == MatchMode::event_id) {
                     ids.insert(rec.header.event_id);
                     return;
                 }
                 by_sequence = true;
-                if (h.match_mode != MatchMode::timestamp || !split_sections(rec, area, sections)) {
-                    ok = false;
-                    return;
-                }
-                for (const SectionView& sec : sections) {
-                    ItemView it;
-                    for (ItemCursor c(sec); c.next(it);) ids.insert(it.sequence);
-                }
-            });
+                timestamp = h.match_mode == MatchMode::timestamp;
+                ok = ok && timestamp;
+            };
+            visit.item = [&](const SectionView&, std::uint32_t, const ItemView& it, std::uint64_t) {
+                if (timestamp) ids.insert(it.sequence);
+            };
+            const ScanResult s = scan_layout(m.bytes(), visit);
             if (!s.header_ok) return false;
         } catch (const std::exception&) {
             return false;

@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/format/area_walk.hpp"
 #include "core/format/file_format.hpp"
 #include "core/format/lz4_frame.hpp"
 #include "core/format/midas_format.hpp"
@@ -474,47 +475,36 @@ void check_file_fields(std::span<const std::byte> img, const ef::ScanResult& s, 
     }
 }
 
-// The items of one section (v2, timestamp modes): their flags against the section's,
-// EMPTY fragments without bytes, time_slice items inside their slice, the pattern of
-// (run, source, sequence). Returns the smallest item timestamp, or nothing.
-std::optional<std::uint64_t> check_items(const ef::RecordView& r, const ef::SectionView& sec, std::uint64_t sec_at,
-                                         const ef::FileHeader& fh, const Options& o, FileReport& rep,
-                                         SectionInfo* info) {
+// One item of a section (v2, timestamp modes), at file offset `item_at`: its flags
+// against the section's, an EMPTY fragment without bytes, a time_slice item inside
+// its slice, the pattern of (run, source, sequence) when its payload is in hand.
+void check_item(const ef::RecordView& r, const ef::SectionView& sec, std::uint32_t j, const ef::ItemView& item,
+                std::uint64_t item_at, const ef::FileHeader& fh, const Options& o, FileReport& rep) {
     const auto& h = r.header;
-    std::optional<std::uint64_t> smallest;
-    ef::ItemView item;
-    std::uint32_t j = 0;
-    for (ef::ItemCursor c(sec); c.next(item); ++j) {
-        const std::uint64_t item_at = sec_at + static_cast<std::uint64_t>(item.payload - sec.payload) +
-                                      ef::kSectionHeaderBytes - ef::kItemHeaderBytes;
-        if (!smallest || item.timestamp < *smallest) smallest = item.timestamp;
-        rep.payload_bytes += item.length;
-        if ((item.flags & ef::item_flags::source_error) && !(sec.status & ef::section_status::source_error))
-            rep.add_problem(item_at + 20, fmt::format("event {} source {} item {}: flagged SOURCE_ERROR, the section "
-                                                      "is not",
-                                                      h.event_id, sec.source_id, j));
-        if ((sec.status & ef::section_status::empty) && item.length != 0)
-            rep.add_problem(item_at + 16, fmt::format("event {} source {}: EMPTY with an item of {} bytes", h.event_id,
-                                                      sec.source_id, item.length));
-        if (fh.match_mode == ef::MatchMode::time_slice && fh.window_ticks != 0 &&
-            item.timestamp / fh.window_ticks != h.event_id)
-            rep.add_problem(item_at, fmt::format("slice {} source {} item {}: timestamp {} is in slice {} ({} ticks "
-                                                 "each)",
-                                                 h.event_id, sec.source_id, j, item.timestamp,
-                                                 item.timestamp / fh.window_ticks, fh.window_ticks));
-        if (o.pattern && item.length > 0) {
-            const std::size_t bad =
-                mismatch_fn(o.pattern_kind)(h.run_number, sec.source_id, item.sequence, 0, item.payload, item.length);
-            if (bad != item.length)
-                rep.add_problem(item_at + ef::kItemHeaderBytes + bad,
-                                fmt::format("event {} source {} item {} (sequence {}): payload byte {} of {} differs "
-                                            "from the {}",
-                                            h.event_id, sec.source_id, j, item.sequence, bad, item.length,
-                                            pattern_kind_name(o.pattern_kind)));
-        }
-        if (info) info->items.push_back(item);
+    rep.payload_bytes += item.length;
+    if ((item.flags & ef::item_flags::source_error) && !(sec.status & ef::section_status::source_error))
+        rep.add_problem(item_at + 20, fmt::format("event {} source {} item {}: flagged SOURCE_ERROR, the section "
+                                                  "is not",
+                                                  h.event_id, sec.source_id, j));
+    if ((sec.status & ef::section_status::empty) && item.length != 0)
+        rep.add_problem(item_at + 16, fmt::format("event {} source {}: EMPTY with an item of {} bytes", h.event_id,
+                                                  sec.source_id, item.length));
+    if (fh.match_mode == ef::MatchMode::time_slice && fh.window_ticks != 0 &&
+        item.timestamp / fh.window_ticks != h.event_id)
+        rep.add_problem(item_at, fmt::format("slice {} source {} item {}: timestamp {} is in slice {} ({} ticks "
+                                             "each)",
+                                             h.event_id, sec.source_id, j, item.timestamp,
+                                             item.timestamp / fh.window_ticks, fh.window_ticks));
+    if (o.pattern && item.length > 0 && item.payload != nullptr) {
+        const std::size_t bad =
+            mismatch_fn(o.pattern_kind)(h.run_number, sec.source_id, item.sequence, 0, item.payload, item.length);
+        if (bad != item.length)
+            rep.add_problem(item_at + ef::kItemHeaderBytes + bad,
+                            fmt::format("event {} source {} item {} (sequence {}): payload byte {} of {} differs "
+                                        "from the {}",
+                                        h.event_id, sec.source_id, j, item.sequence, bad, item.length,
+                                        pattern_kind_name(o.pattern_kind)));
     }
-    return smallest;
 }
 
 // What ties a v2 record's timestamp and event_id to its items, by match mode.
@@ -538,37 +528,60 @@ void check_record_time(const ef::RecordView& r, const ef::FileHeader& fh, std::o
 }
 
 // Checks the rules scan() leaves to the reader's judgement, record by record as the
-// scan accepts them (its RecordVisitor, so that a COMPRESSED record is decoded once):
-// fields that must agree across the header, the records and the sections (and, in
-// v2, the items), and the test payload when asked for. The file's own fields are
-// check_file_fields'.
+// scan accepts them (its LayoutVisitor: a COMPRESSED record is read in pieces, its
+// section and item headers told as they come, unless the test pattern is checked,
+// which needs the payloads whole): fields that must agree across the header, the
+// records and the sections (and, in v2, the items), and the test payload when asked
+// for. The file's own fields are check_file_fields'.
 struct RecordChecks {
     const Options& o;
     FileReport& rep;
     std::unordered_map<std::uint64_t, std::uint64_t> seen;  // event_id -> first offset
-    std::vector<ef::SectionView> sections;
-    std::string why;
+    // The record being checked (`event` false for a run record: nothing more to do).
+    ef::FileHeader fh;
+    ef::RecordView r;
+    bool event = false;
+    EventInfo ev;
+    std::uint64_t area_at = 0;  // the file offset its sections area counts from
+    bool any_missing = false, any_unconfirmed = false;
+    std::optional<std::uint64_t> smallest;  // item timestamp
 
-    void operator()(const ef::FileHeader& fh, const ef::RecordView& r, std::span<const std::byte> area);
+    void record(const ef::FileHeader& header, const ef::RecordView& rec, std::span<const std::byte> area);
+    void section(const ef::SectionView& sec, std::uint64_t at);
+    void item(const ef::SectionView& sec, std::uint32_t j, const ef::ItemView& it, std::uint64_t at);
+    void record_end();
+    ef::LayoutVisitor visitor() {
+        ef::LayoutVisitor v;
+        v.record = [this](const ef::FileHeader& h, const ef::RecordView& rec, std::span<const std::byte> area) {
+            record(h, rec, area);
+        };
+        v.section = [this](const ef::SectionView& sec, std::uint64_t at) { section(sec, at); };
+        v.item = [this](const ef::SectionView& sec, std::uint32_t j, const ef::ItemView& it, std::uint64_t at) {
+            item(sec, j, it, at);
+        };
+        v.record_end = [this] { record_end(); };
+        v.need_payloads = o.pattern;
+        return v;
+    }
 };
 
-void RecordChecks::operator()(const ef::FileHeader& fh, const ef::RecordView& r, std::span<const std::byte> area) {
+void RecordChecks::record(const ef::FileHeader& header, const ef::RecordView& rec, std::span<const std::byte> area) {
+    fh = header;
+    r = rec;
     const bool v2 = fh.version == 2;
-    const bool item_mode = v2 && fh.match_mode != ef::MatchMode::event_id;
-    const bool time_slice = v2 && fh.match_mode == ef::MatchMode::time_slice;
     const std::size_t record_bits = record_bit_count(fh.version);
-    const std::size_t section_bits = section_bit_count(fh.version);
     const std::uint32_t record_defined = bits_defined(record_bits);
-    const std::uint32_t section_defined = bits_defined(section_bits);
     const auto& h = r.header;
     const std::uint64_t at = r.file_offset;
-    if (v2 && ef::is_run_record(r)) {  // scan() checked its entry
+    event = false;
+    if (v2 && ef::is_run_record(r)) {  // scan() checked its entry (its area is in hand)
         const ef::RunRecordView rr = ef::read_run_record(area);
         rep.run_records.push_back({at, rr.kind, h.event_id, h.built_unix_ns, r.compressed, std::string(rr.body)});
         if (h.run_number != fh.run_number)
             rep.add_problem(at, fmt::format("run record has run {}, the file is run {}", h.run_number, fh.run_number));
         return;
     }
+    event = true;
     for (std::size_t b = 0; b < record_bits; ++b)
         if (h.status & kRecordBits[b].first) ++rep.record_bits[b];
     if (const auto [it, fresh] = seen.emplace(h.event_id, at); !fresh)
@@ -582,7 +595,7 @@ void RecordChecks::operator()(const ef::FileHeader& fh, const ef::RecordView& r,
     if (h.status & ~record_defined)
         rep.add_problem(at + 20, fmt::format("event {} has undefined status bits 0x{:x}", h.event_id,
                                              h.status & ~record_defined));
-    EventInfo ev;
+    ev = EventInfo{};
     if (o.events) {
         ev.event_id = h.event_id;
         ev.offset = at;
@@ -596,61 +609,75 @@ void RecordChecks::operator()(const ef::FileHeader& fh, const ef::RecordView& r,
     rep.stored_bytes += h.record_length;
     rep.content_bytes += v2 ? ef::kRecordHeaderBytesV2 + std::uint64_t{h.content_length} : h.record_length;
     if (r.compressed) ++rep.compressed;
-    if (!ef::split_sections(r, area, sections, &why)) {  // scan() accepted it, so unexpected
-        rep.add_problem(at, fmt::format("event {}: {}", h.event_id, why));
-        return;
-    }
     // Offsets of what is inside a record: for a COMPRESSED one, positions in its
     // decoded sections area counted from where that area would start stored plain.
-    const std::uint64_t area_at = at + (v2 ? ef::kRecordHeaderBytesV2 : ef::kRecordHeaderBytes);
-    bool any_missing = false, any_unconfirmed = false;
-    std::optional<std::uint64_t> smallest;  // item timestamp
-    for (const auto& sec : sections) {
-        const std::uint64_t sec_at = area_at + static_cast<std::uint64_t>(sec.payload - area.data()) -
-                                     ef::kSectionHeaderBytes;
-        for (std::size_t b = 0; b < section_bits; ++b)
-            if (sec.status & kSectionBits[b].first) ++rep.section_bits[b];
-        if (!item_mode) rep.payload_bytes += sec.length;
-        const bool missing = sec.status & ef::section_status::missing;
-        const bool empty = sec.status & ef::section_status::empty;
-        const bool unconfirmed = v2 && (sec.status & ef::section_status::unconfirmed);  // v1: an undefined bit
-        any_missing = any_missing || missing;
-        any_unconfirmed = any_unconfirmed || unconfirmed;
-        if (sec.status & ~section_defined)
-            rep.add_problem(sec_at + 4, fmt::format("event {} source {}: undefined section status bits 0x{:x}",
-                                                    h.event_id, sec.source_id, sec.status & ~section_defined));
-        if (unconfirmed && !time_slice)
-            rep.add_problem(sec_at + 4, fmt::format("event {} source {}: UNCONFIRMED outside time_slice mode",
-                                                    h.event_id, sec.source_id));
-        if (v2 && (sec.status & ef::section_status::desync) && fh.match_mode != ef::MatchMode::timestamp)
-            rep.add_problem(sec_at + 4, fmt::format("event {} source {}: DESYNC outside timestamp mode",
-                                                    h.event_id, sec.source_id));
-        if (missing && empty)
-            rep.add_problem(sec_at + 4, fmt::format("event {} source {}: both MISSING and EMPTY",
-                                                    h.event_id, sec.source_id));
-        if (empty && sec.length != 0 && !item_mode)
-            rep.add_problem(sec_at + 8, fmt::format("event {} source {}: EMPTY with {} bytes",
-                                                    h.event_id, sec.source_id, sec.length));
-        if ((sec.status & ef::section_status::source_error) &&
-            !(h.status & ef::record_status::source_error))
-            rep.add_problem(at + 20, fmt::format("event {}: source {} is flagged SOURCE_ERROR, the event is not",
-                                                 h.event_id, sec.source_id));
-        SectionInfo info{sec.source_id, sec.status, sec.length, sec.item_count, {}};
-        if (item_mode) {
-            const auto low = check_items(r, sec, sec_at, fh, o, rep, o.events ? &info : nullptr);
-            if (low && (!smallest || *low < *smallest)) smallest = low;
-        } else if (o.pattern && sec.length > 0) {
-            const std::size_t bad = mismatch_fn(o.pattern_kind)(h.run_number, sec.source_id, h.event_id, 0,
-                                                                sec.payload, sec.length);
-            if (bad != sec.length)
-                rep.add_problem(sec_at + ef::kSectionHeaderBytes + bad,
-                                fmt::format("event {} source {}: payload byte {} of {} differs from the "
-                                            "{}",
-                                            h.event_id, sec.source_id, bad, sec.length,
-                                            pattern_kind_name(o.pattern_kind)));
-        }
-        if (o.events) ev.sections.push_back(std::move(info));
+    area_at = at + (v2 ? ef::kRecordHeaderBytesV2 : ef::kRecordHeaderBytes);
+    any_missing = any_unconfirmed = false;
+    smallest.reset();
+}
+
+void RecordChecks::section(const ef::SectionView& sec, std::uint64_t at) {
+    if (!event) return;
+    const bool v2 = fh.version == 2;
+    const bool item_mode = v2 && fh.match_mode != ef::MatchMode::event_id;
+    const bool time_slice = v2 && fh.match_mode == ef::MatchMode::time_slice;
+    const std::size_t section_bits = section_bit_count(fh.version);
+    const std::uint32_t section_defined = bits_defined(section_bits);
+    const auto& h = r.header;
+    const std::uint64_t sec_at = area_at + at;
+    for (std::size_t b = 0; b < section_bits; ++b)
+        if (sec.status & kSectionBits[b].first) ++rep.section_bits[b];
+    if (!item_mode) rep.payload_bytes += sec.length;
+    const bool missing = sec.status & ef::section_status::missing;
+    const bool empty = sec.status & ef::section_status::empty;
+    const bool unconfirmed = v2 && (sec.status & ef::section_status::unconfirmed);  // v1: an undefined bit
+    any_missing = any_missing || missing;
+    any_unconfirmed = any_unconfirmed || unconfirmed;
+    if (sec.status & ~section_defined)
+        rep.add_problem(sec_at + 4, fmt::format("event {} source {}: undefined section status bits 0x{:x}",
+                                                h.event_id, sec.source_id, sec.status & ~section_defined));
+    if (unconfirmed && !time_slice)
+        rep.add_problem(sec_at + 4, fmt::format("event {} source {}: UNCONFIRMED outside time_slice mode",
+                                                h.event_id, sec.source_id));
+    if (v2 && (sec.status & ef::section_status::desync) && fh.match_mode != ef::MatchMode::timestamp)
+        rep.add_problem(sec_at + 4, fmt::format("event {} source {}: DESYNC outside timestamp mode",
+                                                h.event_id, sec.source_id));
+    if (missing && empty)
+        rep.add_problem(sec_at + 4, fmt::format("event {} source {}: both MISSING and EMPTY",
+                                                h.event_id, sec.source_id));
+    if (empty && sec.length != 0 && !item_mode)
+        rep.add_problem(sec_at + 8, fmt::format("event {} source {}: EMPTY with {} bytes",
+                                                h.event_id, sec.source_id, sec.length));
+    if ((sec.status & ef::section_status::source_error) &&
+        !(h.status & ef::record_status::source_error))
+        rep.add_problem(r.file_offset + 20, fmt::format("event {}: source {} is flagged SOURCE_ERROR, the event is not",
+                                             h.event_id, sec.source_id));
+    if (!item_mode && o.pattern && sec.length > 0 && sec.payload != nullptr) {
+        const std::size_t bad = mismatch_fn(o.pattern_kind)(h.run_number, sec.source_id, h.event_id, 0,
+                                                            sec.payload, sec.length);
+        if (bad != sec.length)
+            rep.add_problem(sec_at + ef::kSectionHeaderBytes + bad,
+                            fmt::format("event {} source {}: payload byte {} of {} differs from the "
+                                        "{}",
+                                        h.event_id, sec.source_id, bad, sec.length,
+                                        pattern_kind_name(o.pattern_kind)));
     }
+    if (o.events) ev.sections.push_back(SectionInfo{sec.source_id, sec.status, sec.length, sec.item_count, {}});
+}
+
+void RecordChecks::item(const ef::SectionView& sec, std::uint32_t j, const ef::ItemView& it, std::uint64_t at) {
+    if (!event) return;
+    if (!smallest || it.timestamp < *smallest) smallest = it.timestamp;
+    check_item(r, sec, j, it, area_at + at, fh, o, rep);
+    if (o.events && !ev.sections.empty()) ev.sections.back().items.push_back(it);
+}
+
+void RecordChecks::record_end() {
+    if (!event) return;
+    const bool v2 = fh.version == 2;
+    const bool time_slice = v2 && fh.match_mode == ef::MatchMode::time_slice;
+    const auto& h = r.header;
+    const std::uint64_t at = r.file_offset;
     if (v2) check_record_time(r, fh, smallest, rep);
     const bool incomplete = h.status & ef::record_status::incomplete;
     if (time_slice) {  // a slice is never MISSING: a timed-out one has UNCONFIRMED sources
@@ -963,10 +990,10 @@ FileReport examine(const std::string& path, const Options& o) {
                              [](const ef::Problem& a, const ef::Problem& b) { return a.offset < b.offset; });
             return rep;
         }
-        // The record checks run inside the scan (a COMPRESSED record is decoded once);
+        // The record checks run inside the scan (a COMPRESSED record read in pieces);
         // their problems are reported after the scan's and the file's own.
-        RecordChecks checks{o, rep, {}, {}, {}};
-        const ef::ScanResult s = ef::scan(img, std::ref(checks));
+        RecordChecks checks{o, rep, {}, {}, {}, false, {}, 0, false, false, {}};
+        const ef::ScanResult s = ef::scan_layout(img, checks.visitor());
         FileReport::Aside record_problems = rep.take_problems();
         rep.header_ok = s.header_ok;
         rep.header = s.header;

@@ -1,7 +1,8 @@
 // libFuzzer target: the record codecs (FORMATS.md 6.2) on arbitrary bytes.
 // Input: byte 0 picks the codec (even lz4, odd zstd), bytes 1..3 the content_length
 // a record would claim (20 bits: at most 1 MiB), the rest is the stored stream. Decoding
-// must fail cleanly or fill exactly content_length bytes; and the stream's own bytes,
+// must fail cleanly or fill exactly content_length bytes, and decoding in pieces
+// (decompress_pieces) must give the same verdict, reason and bytes; and the stream's own bytes,
 // compressed by the encoder evbd uses, must decode back to themselves.
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +27,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     } else if (why.empty()) {
         __builtin_trap();  // every refusal names what is wrong
     }
+
+    // In pieces: the same verdict, the same reason, the same bytes.
+    struct Collected {
+        std::vector<std::byte> bytes;
+    } got;
+    std::string pieces_why;
+    const bool pieces_ok = evb::codec::decompress_pieces(
+        codec, stream, claimed,
+        [](void* c, std::span<const std::byte> piece) {
+            auto& b = static_cast<Collected*>(c)->bytes;
+            b.insert(b.end(), piece.begin(), piece.end());
+        },
+        &got, &pieces_why);
+    if (pieces_ok != why.empty() || pieces_why != why) __builtin_trap();
+    if (pieces_ok && got.bytes != out) __builtin_trap();
 
     static evb::codec::Encoder enc;  // made once: as a shard's, reused
     enc.configure(codec, 1 + data[0] % 3);

@@ -66,6 +66,26 @@ def vm_hwm_kib(pid):
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
 
 
+def pull_start_peak(wd, label, name, part, buffer_bytes):
+    """evbd's pull-mode start (receive buffers of `buffer_bytes`) on a directory
+    `label` holding `part` as `name`.part: its peak resident KiB once started, its
+    log and the directory."""
+    pulled = os.path.join(wd, label)
+    os.makedirs(pulled)
+    with open(os.path.join(pulled, name + ".part"), "wb") as f:
+        f.write(part)
+    cfg = os.path.join(wd, label + ".json")
+    with open(cfg, "w") as g:  # a source address nothing answers at: only the start matters here
+        json.dump({"mode": "pull", "sources": 1, "run_number": 7, "building": {"max_buffer_bytes": buffer_bytes},
+                   "output": {"compression": "zstd"},
+                   "pull": {"source_addresses": [f"127.0.0.1:{free_udp_port()}"], "events": 3}}, g)
+    p = Evbd(wd, sets=[f"output.directory={pulled}"], args=["--config", cfg])
+    hwm = vm_hwm_kib(p.proc.pid)
+    text = p.log_text()
+    check(p.stop() == 0, f"the pull-mode evbd ({label}) stops cleanly")
+    return hwm, text, pulled
+
+
 def main():
     if not importable("zstandard"):
         fail("python3-zstandard is missing (packaging/setup.sh installs it)")
@@ -97,18 +117,8 @@ def main():
               f"--max-record-bytes=1K bounds the first record already:\n{r.stdout[-800:]}")
 
         # evbd's start in pull mode recovers the .part, within its own bound.
-        pulled = os.path.join(wd, "pull-data")
-        os.makedirs(pulled)
-        shutil.copyfile(part, os.path.join(pulled, name + ".part"))
-        cfg = os.path.join(wd, "pull.json")
-        with open(cfg, "w") as g:  # a source address nothing answers at: only the start matters here
-            json.dump({"mode": "pull", "sources": 1, "run_number": 7, "building": {"max_buffer_bytes": 64 << 20},
-                       "output": {"compression": "zstd"},
-                       "pull": {"source_addresses": [f"127.0.0.1:{free_udp_port()}"], "events": 3}}, g)
-        p = Evbd(wd, sets=[f"output.directory={pulled}"], args=["--config", cfg])
-        hwm = vm_hwm_kib(p.proc.pid)
-        text = p.log_text()
-        check(p.stop() == 0, "the pull-mode evbd stops cleanly")
+        with open(part, "rb") as f:
+            hwm, text, pulled = pull_start_peak(wd, "pull-data", name, f.read(), 64 << 20)
         if sanitized_build():  # ASan's shadow and quarantine make the resident peak no measure
             print(f"peak check skipped: sanitizer build (evbd peaked at {hwm >> 10} MiB)")
         else:

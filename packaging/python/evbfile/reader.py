@@ -17,7 +17,7 @@ from enum import IntFlag
 
 import numpy as np
 
-from . import _codecs
+from . import _codecs, _pieces
 from ._crc import crc32c, crc32c_combine, span_crc32c
 
 HEADER_BYTES = 64
@@ -66,6 +66,8 @@ _FOOTER = struct.Struct("<8sQQII")
 _INDEX_HEAD = struct.Struct("<IIQ")
 _INDEX_DTYPE = np.dtype([("event_id", "<u8"), ("offset", "<u8")])
 _ZERO8 = bytes(8)
+# A zstd record decoding to this many bytes or more is checked in pieces by a walk.
+_PIECES_FROM = 8 << 20
 _MISSING = int(SectionStatus.MISSING)
 _ITEM_SOURCE_ERROR = 4  # an item's only defined flag
 _COMPRESSED = int(RecordStatus.COMPRESSED)
@@ -333,7 +335,7 @@ def _decode_again(file, offset, length, event_id):
     if file._mm is None:
         raise ValueError(f"{file.path}: the file is closed: event {event_id}'s decoded area was released by the "
                          f"walk and cannot be decoded again (keep the file open, or copy the payload)")
-    again = file._parse(offset, offset + length)
+    again = file._parse(offset, offset + length, whole=True)
     if again is None:
         raise FormatError(file.path, offset, f"event {event_id} no longer reads")
     return again._buf
@@ -457,9 +459,11 @@ class EvbFile:
         if not any(p.offset == offset and p.message == message for p in self.problems):  # walked before
             self.problems.append(Problem(offset, message))
 
-    def _parse(self, pos, end):
+    def _parse(self, pos, end, whole=False):
         """The record at `pos` (records end at `end`), checked; or None after _bad().
-        The checks and their order are those of evbd's file::scan()."""
+        The checks and their order are those of evbd's file::scan(). A large zstd
+        event record is checked in pieces (its area decoded again when its sections
+        are asked for) unless `whole`."""
         mm, span = self._mm, self._crc
         left = end - pos
         hb = self._record_header_bytes
@@ -493,6 +497,11 @@ class EvbFile:
             if check and span(pos + 56, pos + length, span(pos, pos + 52)) != crc:
                 self._bad(pos, f"record CRC mismatch (event {event_id})")
                 return None
+            if not whole and not status & _RUN_RECORD:
+                layout = self._layout_in_pieces(pos, length, content_length, content_crc, nsec)
+                if layout is not None:
+                    return Record(self, pos, length, event_id, run, status, first_ns, built_ns, timestamp, None,
+                                  layout)
             got = self._decompress(pos, length, content_length, content_crc, event_id)
             if got is None:
                 return None
@@ -526,6 +535,24 @@ class EvbFile:
             self._bad(pos, f"event {event_id}: {why}")
             return None
         return Record(self, pos, length, event_id, run, status, first_ns, built_ns, timestamp, buf, layout)
+
+    def _layout_in_pieces(self, pos, length, content_length, content_crc, nsec):
+        """The layout of a good zstd record of at least _PIECES_FROM decoded bytes,
+        read in pieces (evbfile._pieces); None for any other record, or one not found
+        good that way (then read whole, for the verdict and its reason)."""
+        if self.codec != 2 or content_length < _PIECES_FROM or length < 72:
+            return None
+        stored, zero = struct.unpack_from("<II", self._mm, pos + 64)
+        if zero or _padded8(8 + stored) != length - 64 or self._mm[pos + 72 + stored:pos + length].strip(b"\0"):
+            return None
+        try:
+            got = _pieces.layout_in_pieces(self._mv[pos + 72:pos + 72 + stored], content_length, nsec,
+                                           self.match_mode, self.version == 1)
+        except ImportError:
+            return None
+        if got is None or (self.verify_crc and got[1] != content_crc):
+            return None
+        return got[0]
 
     def _decompress(self, pos, length, content_length, content_crc, event_id):
         """(raw, numpy buffer, start, end) of a COMPRESSED v2 record's sections area,
