@@ -475,3 +475,63 @@ TEST_CASE("DiskWriter syncs a full file that waits for the next event to rotate,
     CHECK(rig.writer_counters.data_syncs.get() == 2);  // the next full file, once
     rig.writer.on_close();
 }
+
+TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes its notes at once") {
+    test::TempDir dir;
+    WriterSettings ws = WriterRig::writer_settings(dir.path());
+    ws.format_version = 2;
+    ws.run_records = true;
+    ws.expected_sources = 2;
+    WriterRig rig(ws);
+    RunNotes notes;
+    rig.writer.set_run_notes(&notes);
+    using V = std::vector<std::string>;
+    const std::string kOpen = "problem: no footer: the file was not closed cleanly";  // still open
+    // Run control starts run kRun (evb-ctl start): no event of it has come.
+    WriterSettings start = ws;
+    start.run_number = kRun;
+    start.started_run = kRun;
+    start.started_unix_ns = 1'600'000'000ull * 1'000'000'000ull;
+    REQUIRE(rig.writer.commands().try_push(&start));
+    rig.writer.do_work();
+    REQUIRE(files_in(dir.path()).size() == 1);
+    CHECK(files_in(dir.path())[0].filename() == file::file_name(kRun, 0, 0, true));
+    REQUIRE(notes.try_push({kRun, static_cast<std::uint32_t>(file::RunRecordKind::comment), R"({"text": "a"})"}));
+    REQUIRE(notes.try_push({kRun, static_cast<std::uint32_t>(file::RunRecordKind::user), R"({"type": "x"})"}));
+    rig.writer.do_work();
+    CHECK(records_of(files_in(dir.path())[0]) == V{"B", "C", "U", kOpen, "part"});  // written at once
+
+    SECTION("a change of the expected sources: the run goes on in a file of the new set") {
+        WriterSettings set = start;
+        set.started_unix_ns = 0;
+        set.set_generation = 1;
+        set.run_generation = 1;
+        REQUIRE(rig.writer.commands().try_push(&set));
+        rig.writer.do_work();
+        REQUIRE(rig.to_writer.try_push(nullptr));  // the shard's marker
+        for (int i = 0; i < 4; ++i) rig.writer.do_work();
+        const std::vector<fs::path> files = files_in(dir.path());
+        REQUIRE(files.size() == 2);
+        CHECK(records_of(files[0]) == V{"B", "C", "U", "clean"});
+        CHECK(records_of(files[1]) == V{"B", kOpen, "part"});
+    }
+    SECTION("the run stops with no event: its one file holds the notes between BEGIN_OF_RUN and END_OF_RUN") {
+        WriterSettings stop = ws;
+        stop.run_number = UINT32_MAX;  // no run follows
+        stop.run_generation = 1;
+        REQUIRE(rig.writer.commands().try_push(&stop));
+        rig.writer.do_work();
+        REQUIRE(rig.to_writer.try_push(nullptr));
+        for (int i = 0; i < 4; ++i) rig.writer.do_work();
+        const std::vector<fs::path> files = files_in(dir.path());
+        REQUIRE(files.size() == 1);
+        CHECK(records_of(files[0]) == V{"B", "C", "U", "E", "clean"});
+        FileClosed got[4];
+        REQUIRE(rig.closed.pop(got, 4) == 2);
+        CHECK(got[0].run_number == kRun);
+        CHECK(got[0].events == 0);
+        CHECK(got[0].clean);
+        rig.writer.on_close();  // stopped: no file opens
+        CHECK(files_in(dir.path()).size() == 1);
+    }
+}
