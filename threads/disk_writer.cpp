@@ -596,8 +596,10 @@ void DiskWriter::write_event(Event* e) {
     // A file holds one run and one expected-source set (its header says how many); a
     // full file is closed before the next event (not at once: were that event the
     // run's last, the run's end would find no file to end with END_OF_RUN).
+    // (The sections and codec match the set's as run control told them when the
+    // run's first file opened at its start; checked all the same, as the header states them.)
     if (file_.is_open() && (rotate_due_ || e->run_number != file_run_ || e->set_generation != file_set_ ||
-                            e->record_sections() != file_expected_))
+                            e->record_sections() != file_expected_ || (!midas_ && e->codec != file_codec_)))
         close_file();
     if (blocked_) {
         held_for_retry_.push_back(e);

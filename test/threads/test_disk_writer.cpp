@@ -535,3 +535,36 @@ TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes i
         CHECK(files_in(dir.path()).size() == 1);
     }
 }
+
+TEST_CASE("DiskWriter restarted within a run opens its next file at its start, BEGIN_OF_RUN saying restart") {
+    test::TempDir dir;
+    WriterSettings ws = WriterRig::writer_settings(dir.path());
+    ws.format_version = 2;
+    ws.run_records = true;
+    ws.expected_sources = 2;
+    ws.config_json = "{}";
+    ws.run_metadata_json = R"({"big": 18446744073709551615})";
+    WriterRig rig(ws);
+    std::ofstream(dir / file::file_name(kRun, 0, 4, false)) << "";  // the killed process's files end at 4
+    rig.writer.go_on_with_run(kRun, 0, true);
+    WriterSettings start = ws;  // evbd's start, going on with its run
+    start.run_number = kRun;
+    start.started_run = kRun;
+    start.started_unix_ns = 1'600'000'000ull * 1'000'000'000ull;
+    REQUIRE(rig.writer.commands().try_push(&start));
+    rig.writer.do_work();
+    const fs::path part = dir / file::file_name(kRun, 0, 5, true);
+    REQUIRE(fs::exists(part));
+    std::string bor;
+    const file::MappedFile mapped(part.string());
+    (void)file::scan(mapped.bytes(), [&](const file::FileHeader&, const file::RecordView& r, std::span<const std::byte> area) {
+        if (file::is_run_record(r) && bor.empty()) bor = std::string(file::read_run_record(area).body);
+    });
+    const auto body = nlohmann::json::parse(bor);
+    CHECK(body["restart"] == true);
+    CHECK(body["run_number"] == kRun);
+    CHECK(body["metadata"]["big"].get<std::uint64_t>() == 18446744073709551615ull);
+    rig.writer.on_close();
+    using V = std::vector<std::string>;
+    CHECK(records_of(dir / file::file_name(kRun, 0, 5, false)) == V{"B", "E", "clean"});
+}
