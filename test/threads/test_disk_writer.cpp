@@ -476,22 +476,38 @@ TEST_CASE("DiskWriter syncs a full file that waits for the next event to rotate,
     rig.writer.on_close();
 }
 
-TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes its notes at once") {
-    test::TempDir dir;
-    WriterSettings ws = WriterRig::writer_settings(dir.path());
+namespace {
+
+// Version 2 with run records, the rig's 2 sources told as run control tells them.
+WriterSettings run_record_settings(const std::string& dir) {
+    WriterSettings ws = WriterRig::writer_settings(dir);
     ws.format_version = 2;
     ws.run_records = true;
     ws.expected_sources = 2;
+    return ws;
+}
+
+// Run control's start of run kRun (evbd's start, evb-ctl start), under `ws`.
+WriterSettings start_of_run(const WriterSettings& ws) {
+    WriterSettings start = ws;
+    start.run_number = kRun;
+    start.started_run = kRun;
+    start.started_unix_ns = 1'600'000'000ull * 1'000'000'000ull;
+    return start;
+}
+
+}  // namespace
+
+TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes its notes at once") {
+    test::TempDir dir;
+    WriterSettings ws = run_record_settings(dir.path());
     WriterRig rig(ws);
     RunNotes notes;
     rig.writer.set_run_notes(&notes);
     using V = std::vector<std::string>;
     const std::string kOpen = "problem: no footer: the file was not closed cleanly";  // still open
     // Run control starts run kRun (evb-ctl start): no event of it has come.
-    WriterSettings start = ws;
-    start.run_number = kRun;
-    start.started_run = kRun;
-    start.started_unix_ns = 1'600'000'000ull * 1'000'000'000ull;
+    WriterSettings start = start_of_run(ws);
     REQUIRE(rig.writer.commands().try_push(&start));
     rig.writer.do_work();
     REQUIRE(files_in(dir.path()).size() == 1);
@@ -538,19 +554,13 @@ TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes i
 
 TEST_CASE("DiskWriter restarted within a run opens its next file at its start, BEGIN_OF_RUN saying restart") {
     test::TempDir dir;
-    WriterSettings ws = WriterRig::writer_settings(dir.path());
-    ws.format_version = 2;
-    ws.run_records = true;
-    ws.expected_sources = 2;
+    WriterSettings ws = run_record_settings(dir.path());
     ws.config_json = "{}";
     ws.run_metadata_json = R"({"big": 18446744073709551615})";
     WriterRig rig(ws);
     std::ofstream(dir / file::file_name(kRun, 0, 4, false)) << "";  // the killed process's files end at 4
     rig.writer.go_on_with_run(kRun, 0, true);
-    WriterSettings start = ws;  // evbd's start, going on with its run
-    start.run_number = kRun;
-    start.started_run = kRun;
-    start.started_unix_ns = 1'600'000'000ull * 1'000'000'000ull;
+    WriterSettings start = start_of_run(ws);  // evbd's start, going on with its run
     REQUIRE(rig.writer.commands().try_push(&start));
     rig.writer.do_work();
     const fs::path part = dir / file::file_name(kRun, 0, 5, true);
