@@ -392,9 +392,12 @@ void DiskWriter::block_output(int err, const char* what) {
     // index if the disk lets us; else it stays a .part that ends at a record
     // boundary. The batch's events are held, in order, and written again later.
     const std::string path = file_.part_path();
-    const int rb = batch_start_index_ == 0 ? 0 : file_.rollback(batch_start_offset_, batch_start_index_);
-    const int cl = batch_start_index_ == 0 || rb != 0 ? rb : close_output(s_.fsync != FsyncPolicy::never);
-    if (batch_start_index_ == 0) {
+    // A file holding run records after its begin-of-run (notes posted before the
+    // run's first event) is kept, closed at them, however few events it has.
+    const bool bare = batch_start_index_ == 0 && batch_start_offset_ <= file_head_end_;
+    const int rb = bare ? 0 : file_.rollback(batch_start_offset_, batch_start_index_);
+    const int cl = bare || rb != 0 ? rb : close_output(s_.fsync != FsyncPolicy::never);
+    if (bare) {
         // The failed batch was the file's first: cut back, it would be a header and an
         // empty index, a closed run file with no event. It goes, and its sequence
         // number is used again by the next file.

@@ -578,3 +578,42 @@ TEST_CASE("DiskWriter restarted within a run opens its next file at its start, B
     using V = std::vector<std::string>;
     CHECK(records_of(dir / file::file_name(kRun, 0, 5, false)) == V{"B", "E", "clean"});
 }
+
+TEST_CASE("DiskWriter keeps the notes of a run's first file when its first event's write fails") {
+    test::TempDir dir;
+    const WriterSettings ws = run_record_settings(dir.path());
+    WriterRig rig(ws);
+    RunNotes notes;
+    rig.writer.set_run_notes(&notes);
+    WriterSettings start = start_of_run(ws);
+    REQUIRE(rig.writer.commands().try_push(&start));
+    rig.writer.do_work();
+    REQUIRE(notes.try_push({kRun, static_cast<std::uint32_t>(file::RunRecordKind::comment), R"({"text": "a"})"}));
+    rig.writer.do_work();
+    const fs::path part = dir / file::file_name(kRun, 0, 0, true);
+    REQUIRE(fs::exists(part));
+    // Room for the index and footer, not for the event (RLIMIT_FSIZE; SIGXFSZ ignored).
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = static_cast<rlim_t>(fs::file_size(part) + 64);
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    rig.build(0);
+    rig.writer.do_work();
+    const std::uint64_t errors = rig.writer_counters.write_errors.get();
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(errors == 1);
+    using V = std::vector<std::string>;
+    // Closed at the comment, not removed with it; the event goes to the next file.
+    REQUIRE(fs::exists(dir / file::file_name(kRun, 0, 0, false)));
+    CHECK(records_of(dir / file::file_name(kRun, 0, 0, false)) == V{"B", "C", "clean"});
+    for (int i = 0; i < 3000 && rig.writer_counters.events_written.get() < 1; ++i) {
+        rig.writer.do_work();  // output resumes after its 1 s wait
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    rig.writer.on_close();
+    CHECK(records_of(dir / file::file_name(kRun, 0, 1, false)) == V{"B", "0", "E", "clean"});
+    CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
+}
