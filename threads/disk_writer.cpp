@@ -155,6 +155,8 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     file_set_ = set;
     file_seq_ = seq;
     next_seq_ = seq + 1;
+    file_expected_ = expected;
+    file_head_end_ = file_.size();
     file_status_ = {};
     publish_run_counts();
     open_.set(file_.part_path());
@@ -391,9 +393,12 @@ void DiskWriter::block_output(int err, const char* what) {
     // index if the disk lets us; else it stays a .part that ends at a record
     // boundary. The batch's events are held, in order, and written again later.
     const std::string path = file_.part_path();
-    const int rb = batch_start_index_ == 0 ? 0 : file_.rollback(batch_start_offset_, batch_start_index_);
-    const int cl = batch_start_index_ == 0 || rb != 0 ? rb : close_output(s_.fsync != FsyncPolicy::never);
-    if (batch_start_index_ == 0) {
+    // A file holding run records after its begin-of-run (notes posted before the
+    // run's first event) is kept, closed at them, however few events it has.
+    const bool bare = batch_start_index_ == 0 && batch_start_offset_ <= file_head_end_;
+    const int rb = bare ? 0 : file_.rollback(batch_start_offset_, batch_start_index_);
+    const int cl = bare || rb != 0 ? rb : close_output(s_.fsync != FsyncPolicy::never);
+    if (bare) {
         // The failed batch was the file's first: cut back, it would be a header and an
         // empty index, a closed run file with no event. It goes, and its sequence
         // number is used again by the next file.
@@ -595,7 +600,11 @@ void DiskWriter::write_event(Event* e) {
     // A file holds one run and one expected-source set (its header says how many); a
     // full file is closed before the next event (not at once: were that event the
     // run's last, the run's end would find no file to end with END_OF_RUN).
-    if (file_.is_open() && (rotate_due_ || e->run_number != file_run_ || e->set_generation != file_set_)) close_file();
+    // (The sections and codec match the set's as run control told them when the
+    // run's first file opened at its start; checked all the same, as the header states them.)
+    if (file_.is_open() && (rotate_due_ || e->run_number != file_run_ || e->set_generation != file_set_ ||
+                            e->record_sections() != file_expected_ || (!midas_ && e->codec != file_codec_)))
+        close_file();
     if (blocked_) {
         held_for_retry_.push_back(e);
         return;
@@ -650,15 +659,17 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
         if (file_.is_open() && file_run_ != transition_run_)
             close_run_file();  // the run ended: its last file
         else if (file_.is_open() && file_set_ != transition_set_)
-            close_file();
+            close_set_file();
         if (closed_ != nullptr) closed_->push({0, 0, 0, {}, false, done});  // after the old run's last file
         forget_notes_of_ended_runs(transition_run_);
+        open_started_run();  // the next run's first file (or the run's, of the new set), before its events
         for (auto& h : held_) {
             for (Event* e : h) write_event(e);
             total += h.size();
             h.clear();
         }
     }
+    open_started_run();
     for (std::size_t k = 0; k < inputs_.size(); ++k) {
         // A shard with new-run events held back is still read: its run-end marker
         // may be behind them (the readers admit the new run before the marker is
@@ -683,30 +694,7 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
 }
 
 std::size_t DiskWriter::do_work() {
-    const WriterSettings* next = nullptr;
-    for (int i = 0; i < 4 && commands_.try_pop(next); ++i) {
-        s_.max_file_bytes = next->max_file_bytes;
-        s_.fsync = next->fsync;
-        s_.fsync_period_ms = next->fsync_period_ms;
-        if (next->started_unix_ns != 0) {  // a run started (before any of its events can come)
-            s_.started_run = next->started_run;
-            s_.started_unix_ns = next->started_unix_ns;
-        }
-        if (next->run_generation > s_.run_generation) {
-            if (next->run_number != s_.run_number) {
-                // A new run: its BEGIN_OF_RUN holds the configuration and metadata it starts with.
-                s_.config_json = next->config_json;
-                s_.run_metadata_json = next->run_metadata_json;
-            }
-            s_.run_generation = next->run_generation;
-            s_.run_number = next->run_number;
-            transition_generation_ = next->run_generation;
-            transition_run_ = next->run_number;
-            transition_set_ = next->set_generation;
-        }
-        // Release: every read of *next happens before the poster may free it.
-        commands_applied_.fetch_add(1, std::memory_order_release);
-    }
+    take_commands();
     take_notes();
     (void)check_linked();  // no batch is open between passes
     if (blocked_ && !try_resume()) {

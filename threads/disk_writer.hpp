@@ -211,6 +211,20 @@ private:
     int append_midas_note(const RunNote& n);
     // close_file at the run's end: END_OF_RUN goes in first.
     void close_run_file();
+    // A run's first file is opened when the run starts (FORMATS.md 12), not by its
+    // first event: run control's start (evbd's start, evb-ctl start, a reload's run
+    // change) names the run going on; once no transition is pending, its file opens
+    // (retried as any open), so that notes posted before any event are written at
+    // once and a run with no event has its one file. A stop ends it.
+    std::optional<std::uint32_t> run_going_;
+    void take_commands();  // run control's settings (do_work)
+    bool open_due_ = false;
+    void open_started_run();
+    // A change of the expected sources: the file of the old set closes (or, holding
+    // nothing but its BEGIN_OF_RUN, goes), and the run goes on in a file of the new set.
+    void close_set_file();
+    std::uint64_t file_head_end_ = 0;       // the open file's size once its begin-of-run was written
+    std::uint32_t file_expected_ = 0;       // the sources its header states
     std::uint32_t run_start_unix_s_ = 0;
     std::uint64_t run_events_ = 0;
     file::StatusCounts run_status_;

@@ -1,7 +1,8 @@
 // The disk writer's run records (docs/FORMATS.md section 12): BEGIN_OF_RUN at each
 // file's start, END_OF_RUN at the run's end, and the notes posted for the running run
-// (evb-ctl comment), written between batches; and the sync of the open file. Split
-// from disk_writer.cpp.
+// (evb-ctl comment), written between batches; run control's commands and the run's
+// first file, opened at its start; and the sync of the open file. Split from
+// disk_writer.cpp.
 #include <sys/uio.h>
 
 #include <cstring>
@@ -43,12 +44,12 @@ int DiskWriter::append_run_record(std::uint32_t run, std::uint32_t kind, const s
 void DiskWriter::take_notes() {
     if (notes_ == nullptr) return;
     RunNote n;
-    // A note is for the run that was running when it was posted: the open file's, or
-    // the next file's (a run started by evb-ctl has no file until its first event;
-    // the writer learns of that run only from its events). At most kCapacity wait
-    // here; while they do, the rest stay in the channel, which then refuses the
-    // poster (evb-ctl comment: an error; POST /runrecord: 503): a note answered
-    // "added" is never dropped for room.
+    // A note is for the run that was running when it was posted: the open file's (a
+    // run's first file opens at its start), or the next file's (while the open is
+    // retried, or a run transition is under way). At most kCapacity wait here; while
+    // they do, the rest stay in the channel, which then refuses the poster (evb-ctl
+    // comment: an error; POST /runrecord: 503): a note answered "added" is never
+    // dropped for room.
     for (int i = 0; i < 16 && waiting_notes_.size() < RunNotes::kCapacity && notes_->try_pop(n); ++i) {
         if (n.kind == 0) {  // a run's metadata: used when its first file opens
             next_metadata_ = std::move(n);
@@ -116,9 +117,7 @@ void DiskWriter::forget_notes_of_ended_runs(std::uint32_t running) {
     }
     waiting_notes_.resize(kept);
     if (gone > 0)
-        log_warn("{} run record(s) posted in a run that built no event are not written: the run has no file "
-                 "(its summary's empty file holds no run record)",
-                 gone);
+        log_warn("{} run record(s) of an ended run are not written: no file of the run could be opened", gone);
 }
 
 void DiskWriter::sync_open_file() {
@@ -127,6 +126,70 @@ void DiskWriter::sync_open_file() {
         counters_.write_errors.add();
         log_error("syncing {}: {}", file_.part_path(), std::strerror(e));
     }
+}
+
+void DiskWriter::take_commands() {
+    const WriterSettings* next = nullptr;
+    for (int i = 0; i < 4 && commands_.try_pop(next); ++i) {
+        s_.max_file_bytes = next->max_file_bytes;
+        s_.fsync = next->fsync;
+        s_.fsync_period_ms = next->fsync_period_ms;
+        s_.set_generation = next->set_generation;
+        s_.expected_sources = next->expected_sources;
+        s_.record_codec = next->record_codec;
+        if (next->started_unix_ns != 0) {  // a run started (before any of its events can come)
+            s_.started_run = next->started_run;
+            s_.started_unix_ns = next->started_unix_ns;
+            run_going_ = next->started_run;
+            open_due_ = true;
+            // Its BEGIN_OF_RUN holds the configuration and metadata it starts with
+            // (a reload while stopped may have changed them since the last transition).
+            s_.config_json = next->config_json;
+            s_.run_metadata_json = next->run_metadata_json;
+        } else if (run_going_ && next->run_number != *run_going_) {
+            run_going_.reset();  // a stop: no run, no file
+        }
+        if (next->run_generation > s_.run_generation) {
+            if (next->run_number != s_.run_number) {
+                // A new run: its BEGIN_OF_RUN holds the configuration and metadata it starts with.
+                s_.config_json = next->config_json;
+                s_.run_metadata_json = next->run_metadata_json;
+            }
+            s_.run_generation = next->run_generation;
+            s_.run_number = next->run_number;
+            transition_generation_ = next->run_generation;
+            transition_run_ = next->run_number;
+            transition_set_ = next->set_generation;
+        }
+        // Release: every read of *next happens before the poster may free it.
+        commands_applied_.fetch_add(1, std::memory_order_release);
+    }
+}
+
+void DiskWriter::open_started_run() {
+    if (!open_due_ || !run_going_ || transition_generation_ != 0 || blocked_) return;
+    if (file_.is_open()) {
+        open_due_ = file_run_ != *run_going_;  // (a file of another run is closed by its transition)
+        return;
+    }
+    if (s_.expected_sources == 0) {  // not told what the files hold: the first event opens the file
+        open_due_ = false;
+        return;
+    }
+    if (open_file(*run_going_, s_.set_generation, s_.expected_sources, s_.record_codec)) open_due_ = false;
+}
+
+void DiskWriter::close_set_file() {
+    flush_batch();
+    if (file_.is_open() && file_.event_count() == 0 && file_.size() == file_head_end_ && !check_linked(true)) {
+        // Nothing but the run's begin-of-run: not a file of the run worth keeping.
+        file_.discard();
+        next_seq_ = file_seq_;
+        open_.clear();
+    } else {
+        close_file();
+    }
+    open_due_ = run_going_.has_value();
 }
 
 void DiskWriter::close_run_file() {

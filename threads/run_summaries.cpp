@@ -47,7 +47,9 @@ void forget_held(LostEvents& lost, const file::HeldIds& held, std::uint64_t step
 
 // A run that ended with no event built, and no file of its own on disk, gets an
 // empty one, as MIDAS's logger leaves one: a `.evb` with header, empty index and
-// footer, or a MIDAS file with its begin- and end-of-run events.
+// footer, or a MIDAS file with its begin- and end-of-run events. A fallback only:
+// the writer opens a run's first file at the run's start (FORMATS.md 12), and this is
+// reached when it could not (the disk refused every open until the run ended).
 std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const Config& c, std::uint32_t run,
                                                 std::uint64_t started_unix_ms, const std::string& metadata) {
     if (file::next_file_sequence(w.directory, run, w.builder_id) != 0) return std::nullopt;  // it has files
@@ -63,15 +65,14 @@ std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const C
                                              : file::EmptyRun::Kind::midas;
     e.config_json = w.config_json;
     e.experiment = w.midas_experiment;
-    e.metadata_json = metadata.empty() ? w.run_metadata_json : metadata;
-    if (e.metadata_json.empty()) e.metadata_json = "{}";
+    e.metadata_json = metadata.empty() ? "{}" : metadata;
     e.started_unix_s = static_cast<std::uint32_t>(started_unix_ms / 1000);
     e.lz4_level = w.lz4_level;
     e.sync = w.fsync != FsyncPolicy::never;
     e.run_records = w.run_records && w.format != OutputFormat::midas;
     if (e.run_records)
         e.bor_body = file::begin_of_run_body(run, started_unix_ms * 1'000'000ull, w.config_json,
-                                              metadata.empty() ? w.run_metadata_json : metadata, false);
+                                              e.metadata_json, false);
     e.record_level = w.record_level;
     std::string err;
     const std::string name = file::write_empty_run_file(e, err);
@@ -92,6 +93,8 @@ RunSummaries::RunSummaries(std::vector<std::uint32_t> sources, const Matchers& m
 
 void RunSummaries::begin(std::uint32_t run, std::shared_ptr<const Config> config, std::string metadata,
                          std::uint64_t started_unix_ns) {
+    // No metadata given (evbd's start, a reload's run change): the configuration's run_metadata.
+    if (metadata.empty()) metadata = config != nullptr ? config->run_metadata : "{}";
     current_ = {run, (started_unix_ns != 0 ? started_unix_ns : realtime_ns()) / 1'000'000ull, std::move(config), match_totals(), std::move(metadata)};
 }
 
@@ -133,6 +136,13 @@ LostEvents RunSummaries::lost_events(std::uint32_t run, const Config* config, Ou
 }
 
 namespace {
+
+// The run's metadata object (its BEGIN_OF_RUN's `metadata`), integers exact; `{}`
+// for none (or, not reached, text that is not an object).
+nlohmann::ordered_json run_metadata(const std::string& text) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::parse(text, nullptr, false);
+    return m.is_object() ? m : nlohmann::ordered_json::object();
+}
 
 // The summary's lost_events: exactly the four keys of issue 43's contract.
 nlohmann::ordered_json lost_events_json(const LostEvents& lost) {
@@ -285,6 +295,7 @@ void RunSummaries::write(const WriterSettings& w, const EndedRun& r) {
         {"stopped_unix_ms", r.stopped_unix_ms},
         {"dead_time_s", static_cast<double>(r.dead_time_ns) / 1e9},  // BUSY: what a trigger honouring it lost
         {"configuration", r.start.config != nullptr ? nlohmann::ordered_json(r.start.config->effective) : nlohmann::ordered_json()},
+        {"metadata", run_metadata(r.start.metadata)},
         {"events", events},
         {"events_by_status", file::to_json(total)},
         {"lost_events", lost_events_json(lost)},

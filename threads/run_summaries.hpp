@@ -1,8 +1,9 @@
 // Run summaries (docs/FORMATS.md, "Run summary"): the service loop says when a run
 // starts and ends; this keeps the run's matcher counts at both ends, takes the files
 // the writer reports closed (ClosedFiles), and writes a run's summary once the
-// writer has closed every file of it. A run in which no event was built gets its
-// empty file here (header and footer, or MIDAS's begin- and end-of-run events).
+// writer has closed every file of it. A run in which no event was built and of
+// which the writer left no file (it opens one at the run's start) gets its empty
+// file here (header and footer, or MIDAS's begin- and end-of-run events).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,7 @@ public:
                  BuiltBefore built_before = {});
 
     // A run starts now, under `config`; `metadata`: the JSON object it was started
-    // with (evb-ctl start --meta), "" for the configuration's.
+    // with (evb-ctl start --meta), "" for the configuration's (run_metadata).
     // `started_unix_ns`: when (0: now).
     void begin(std::uint32_t run, std::shared_ptr<const Config> config, std::string metadata = {},
                std::uint64_t started_unix_ns = 0);
@@ -76,7 +77,7 @@ private:
         std::uint64_t started_unix_ms = 0;
         std::shared_ptr<const Config> config;
         MatchTotals at_start;
-        std::string metadata;  // "" : the configuration's (WriterSettings::run_metadata_json)
+        std::string metadata;  // the run's metadata object (JSON text)
     };
     struct EndedRun {
         RunStart start;

@@ -36,7 +36,7 @@ ConfigError::ConfigError(std::vector<std::string> p)
 
 namespace {
 
-enum class Kind { uint, uint_or_auto, boolean, string, string_list, int_list, sources, fsync, choice, addresses, frames, bank_names };
+enum class Kind { uint, uint_or_auto, boolean, string, string_list, int_list, sources, fsync, choice, addresses, frames, bank_names, object };
 
 struct Key {
     const char* path;
@@ -55,6 +55,7 @@ const std::vector<Key>& schema() {
         {"builder_id", Kind::uint, 0, 0, 999, false, "This builder's id: in file names, REQUEST/CLEAR datagrams and the event partition."},
         {"builders", Kind::uint, 1, 1, 999, false, "How many builders share the event stream: event e belongs to builder e % builders."},
         {"run_number", Kind::uint, 1, 0, 999999, true, "Current run. Changing it by reload ends the run (in-flight events finished, file closed) and starts the new one; fragments of other runs are counted as wrong-run and dropped."},
+        {"run_metadata", Kind::object, json::object(), 0, 0, true, "The metadata object of a run started without evb-ctl start --meta (evbd's start, a reload's change of run_number, evb-ctl start without --meta): in every BEGIN_OF_RUN record of the run (`metadata`, docs/FORMATS.md section 12), MIDAS's /Evbd/Metadata, and the run summary's `metadata`; integers exact. A reload changes it for the runs started after it, not for the running one: change it with run_number in the same reload to give the new run its own."},
         {"mode", Kind::choice, "push", 0, 0, false, "\"push\": sources send on their own; \"pull\": the builder requests events under a credit limit.", {"push", "pull"}},
         {"sources", Kind::sources, 8, 1, 65535, true, "Expected sources: a count N (ids 0..N-1) or an array of distinct ids. Every event gets one section per expected source. A reload may take sources out and bring them back (within the set evbd started with; adding others needs a restart): the current file closes and the run goes on in a new file whose header states the new number; events in flight finish under the set they started with."},
         {"input.listen", Kind::addresses, "127.0.0.1:7400", 0, 0, false, "UDP address the socket readers bind (HOST:PORT or [V6]:PORT), or a list of them (boards of different kinds on different ports; docs/FORMATS.md section 8.1): each address gets input.readers reader threads of its own. An entry tcp://HOST:PORT (or tcp://[V6]:PORT) listens for readout PCs that send length-prefixed datagrams over TCP (docs/FORMATS.md section 11), served by input.tcp_readers threads; UDP and TCP entries mix in one list."},
@@ -136,6 +137,7 @@ const char* kind_name(Kind k) {
         case Kind::addresses: return "string or array of strings";
         case Kind::frames: return "array of frame descriptions";
         case Kind::bank_names: return "object: source_id -> 4-character name";
+        case Kind::object: return "JSON object";
     }
     return "?";
 }
@@ -271,6 +273,8 @@ bool check_value(const Key& k, const json& v, std::vector<std::string>& problems
             if (v.is_string() && (v == "never" || v == "close")) return true;
             if (is_uint(v)) return range(v.get<std::uint64_t>());
             return bad_type();
+        case Kind::object:
+            return v.is_object() ? true : bad_type();
         case Kind::bank_names: {
             if (!v.is_object()) return bad_type();
             bool ok = true;
@@ -377,6 +381,7 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->builder_id = u32("builder_id");
     c->builders = u32("builders");
     c->run_number = u32("run_number");
+    c->run_metadata = json_text(*lookup(eff, "run_metadata", false));
     c->mode = str("mode") == "pull" ? Mode::pull : Mode::push;
     const json& src = *lookup(eff, "sources", false);
     if (src.is_array()) {

@@ -38,6 +38,7 @@ struct Config {
     std::uint32_t builder_id = 0;
     std::uint32_t builders = 1;
     std::uint32_t run_number = 1;
+    std::string run_metadata = "{}";  // run_metadata: JSON object text, integers exact
     Mode mode = Mode::push;
     std::vector<std::uint32_t> sources;  // ascending, unique
 

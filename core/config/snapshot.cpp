@@ -107,9 +107,12 @@ WriterSettings writer_settings(const Config& c) {
                      : c.building.match == MatchMode::time_slice ? c.building.slice_ticks
                                                                  : 0;
     w.run_number = c.run_number;
+    w.expected_sources = static_cast<std::uint32_t>(c.sources.size());
+    w.record_codec = c.output.record_codec();
     w.format = c.output.format;
     w.run_records = c.output.run_records;
     w.record_level = static_cast<int>(c.output.compression_level);
+    w.run_metadata_json = c.run_metadata;
     if (w.run_records) w.config_json = json_text(c.effective);
     if (w.format == OutputFormat::midas) {
         w.midas_event_id = c.output.midas.event_id;

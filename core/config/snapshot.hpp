@@ -80,6 +80,12 @@ struct WriterSettings {
     // its BEGIN_OF_RUN's start_unix_ns. 0: not told (the run's first file's opening).
     std::uint32_t started_run = 0;
     std::uint64_t started_unix_ns = 0;
+    // What the running set's files' headers state (the events' own record_sections
+    // and codec): the sources expected, and the records' codec. A run's first file
+    // is opened with them when the run starts, before its first event (FORMATS.md
+    // 12). 0 sources: not told (the first event opens the file).
+    std::uint32_t expected_sources = 0;
+    file::Codec record_codec = file::Codec::none;
 };
 
 struct PullSettings {

@@ -180,7 +180,7 @@ def main():
         check(t0 <= f.bor["start_unix_ns"] <= t1,
               f"run 2's BEGIN_OF_RUN start_unix_ns {f.bor['start_unix_ns']} is within evb-ctl start [{t0}, {t1}]")
     # A run started with --meta in which no event arrives: its one file's BEGIN_OF_RUN
-    # holds the --meta object too (the empty run's file is written at its end).
+    # holds the --meta object too (the file opened at the run's start).
     for args in (["start", "--run", "3", "--meta", meta], ["stop"]):
         p = subprocess.run([ctl, "--socket", sock4, *args], capture_output=True, text=True, timeout=60)
         check(p.returncode == 0, f"evb-ctl {' '.join(args)}: {p.stdout}{p.stderr}")

@@ -497,3 +497,145 @@ TEST_CASE("DiskWriter in pull mode hands a partial O_DIRECT stage over as soon a
     REQUIRE(files.size() == 1);
     CHECK(records_of(files[0]) == std::vector<std::string>{"5", "clean"});
 }
+
+namespace {
+
+// Version 2 with run records, the rig's 2 sources told as run control tells them.
+WriterSettings run_record_settings(const std::string& dir) {
+    WriterSettings ws = WriterRig::writer_settings(dir);
+    ws.format_version = 2;
+    ws.run_records = true;
+    ws.expected_sources = 2;
+    return ws;
+}
+
+// Run control's start of run kRun (evbd's start, evb-ctl start), under `ws`.
+WriterSettings start_of_run(const WriterSettings& ws) {
+    WriterSettings start = ws;
+    start.run_number = kRun;
+    start.started_run = kRun;
+    start.started_unix_ns = 1'600'000'000ull * 1'000'000'000ull;
+    return start;
+}
+
+}  // namespace
+
+TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes its notes at once") {
+    test::TempDir dir;
+    WriterSettings ws = run_record_settings(dir.path());
+    WriterRig rig(ws);
+    RunNotes notes;
+    rig.writer.set_run_notes(&notes);
+    using V = std::vector<std::string>;
+    const std::string kOpen = "problem: no footer: the file was not closed cleanly";  // still open
+    // Run control starts run kRun (evb-ctl start): no event of it has come.
+    WriterSettings start = start_of_run(ws);
+    REQUIRE(rig.writer.commands().try_push(&start));
+    rig.writer.do_work();
+    REQUIRE(files_in(dir.path()).size() == 1);
+    CHECK(files_in(dir.path())[0].filename() == file::file_name(kRun, 0, 0, true));
+    REQUIRE(notes.try_push({kRun, static_cast<std::uint32_t>(file::RunRecordKind::comment), R"({"text": "a"})"}));
+    REQUIRE(notes.try_push({kRun, static_cast<std::uint32_t>(file::RunRecordKind::user), R"({"type": "x"})"}));
+    rig.writer.do_work();
+    CHECK(records_of(files_in(dir.path())[0]) == V{"B", "C", "U", kOpen, "part"});  // written at once
+
+    SECTION("a change of the expected sources: the run goes on in a file of the new set") {
+        WriterSettings set = start;
+        set.started_unix_ns = 0;
+        set.set_generation = 1;
+        set.run_generation = 1;
+        REQUIRE(rig.writer.commands().try_push(&set));
+        rig.writer.do_work();
+        REQUIRE(rig.to_writer.try_push(nullptr));  // the shard's marker
+        for (int i = 0; i < 4; ++i) rig.writer.do_work();
+        const std::vector<fs::path> files = files_in(dir.path());
+        REQUIRE(files.size() == 2);
+        CHECK(records_of(files[0]) == V{"B", "C", "U", "clean"});
+        CHECK(records_of(files[1]) == V{"B", kOpen, "part"});
+    }
+    SECTION("the run stops with no event: its one file holds the notes between BEGIN_OF_RUN and END_OF_RUN") {
+        WriterSettings stop = ws;
+        stop.run_number = UINT32_MAX;  // no run follows
+        stop.run_generation = 1;
+        REQUIRE(rig.writer.commands().try_push(&stop));
+        rig.writer.do_work();
+        REQUIRE(rig.to_writer.try_push(nullptr));
+        for (int i = 0; i < 4; ++i) rig.writer.do_work();
+        const std::vector<fs::path> files = files_in(dir.path());
+        REQUIRE(files.size() == 1);
+        CHECK(records_of(files[0]) == V{"B", "C", "U", "E", "clean"});
+        FileClosed got[4];
+        REQUIRE(rig.closed.pop(got, 4) == 2);
+        CHECK(got[0].run_number == kRun);
+        CHECK(got[0].events == 0);
+        CHECK(got[0].clean);
+        rig.writer.on_close();  // stopped: no file opens
+        CHECK(files_in(dir.path()).size() == 1);
+    }
+}
+
+TEST_CASE("DiskWriter restarted within a run opens its next file at its start, BEGIN_OF_RUN saying restart") {
+    test::TempDir dir;
+    WriterSettings ws = run_record_settings(dir.path());
+    ws.config_json = "{}";
+    ws.run_metadata_json = R"({"big": 18446744073709551615})";
+    WriterRig rig(ws);
+    std::ofstream(dir / file::file_name(kRun, 0, 4, false)) << "";  // the killed process's files end at 4
+    rig.writer.go_on_with_run(kRun, 0, true);
+    WriterSettings start = start_of_run(ws);  // evbd's start, going on with its run
+    REQUIRE(rig.writer.commands().try_push(&start));
+    rig.writer.do_work();
+    const fs::path part = dir / file::file_name(kRun, 0, 5, true);
+    REQUIRE(fs::exists(part));
+    std::string bor;
+    const file::MappedFile mapped(part.string());
+    (void)file::scan(mapped.bytes(), [&](const file::FileHeader&, const file::RecordView& r, std::span<const std::byte> area) {
+        if (file::is_run_record(r) && bor.empty()) bor = std::string(file::read_run_record(area).body);
+    });
+    const auto body = nlohmann::json::parse(bor);
+    CHECK(body["restart"] == true);
+    CHECK(body["run_number"] == kRun);
+    CHECK(body["metadata"]["big"].get<std::uint64_t>() == 18446744073709551615ull);
+    rig.writer.on_close();
+    using V = std::vector<std::string>;
+    CHECK(records_of(dir / file::file_name(kRun, 0, 5, false)) == V{"B", "E", "clean"});
+}
+
+TEST_CASE("DiskWriter keeps the notes of a run's first file when its first event's write fails") {
+    test::TempDir dir;
+    const WriterSettings ws = run_record_settings(dir.path());
+    WriterRig rig(ws);
+    RunNotes notes;
+    rig.writer.set_run_notes(&notes);
+    WriterSettings start = start_of_run(ws);
+    REQUIRE(rig.writer.commands().try_push(&start));
+    rig.writer.do_work();
+    REQUIRE(notes.try_push({kRun, static_cast<std::uint32_t>(file::RunRecordKind::comment), R"({"text": "a"})"}));
+    rig.writer.do_work();
+    const fs::path part = dir / file::file_name(kRun, 0, 0, true);
+    REQUIRE(fs::exists(part));
+    // Room for the index and footer, not for the event (RLIMIT_FSIZE; SIGXFSZ ignored).
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = static_cast<rlim_t>(fs::file_size(part) + 64);
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    rig.build(0);
+    rig.writer.do_work();
+    const std::uint64_t errors = rig.writer_counters.write_errors.get();
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(errors == 1);
+    using V = std::vector<std::string>;
+    // Closed at the comment, not removed with it; the event goes to the next file.
+    REQUIRE(fs::exists(dir / file::file_name(kRun, 0, 0, false)));
+    CHECK(records_of(dir / file::file_name(kRun, 0, 0, false)) == V{"B", "C", "clean"});
+    for (int i = 0; i < 3000 && rig.writer_counters.events_written.get() < 1; ++i) {
+        rig.writer.do_work();  // output resumes after its 1 s wait
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    rig.writer.on_close();
+    CHECK(records_of(dir / file::file_name(kRun, 0, 1, false)) == V{"B", "0", "E", "clean"});
+    CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
+}
