@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,8 @@ struct TcpReader::Connection {
     bool any_bytes = false;
     std::uint64_t last_byte_ns = 0;  // monotonic; the time it opened until it sends
     std::uint64_t held_since_ns = 0;
+    Message message;             // a long message being read straight into its slot
+    bool long_messages = false;  // the last message handed on was long: read the buffer a little at a time
     // What it carries, as learnt from what it sent: its sources, the most chunks of a
     // fragment, and whether its messages have no event key (timestamp mode, described
     // frames: each may open an event). Its reserves follow (TcpReader::set_reserve).
@@ -47,9 +50,15 @@ struct TcpReader::Connection {
 namespace {
 constexpr std::uint64_t kListenerTag = 1ull << 32;
 constexpr std::uint64_t kTimeoutCheckNs = 100'000'000;
-constexpr int kReadsPerTurn = 4;  // reads of one connection per round before the next is served
+// What one connection may read in a round before the next is served: this many
+// buffers' worth (a read of long messages fills their slots, not the buffer), in at
+// most kMaxReadsPerTurn reads.
+constexpr std::size_t kBuffersPerTurn = 4;
+constexpr int kMaxReadsPerTurn = 64;
 constexpr std::uint64_t kAcceptRestNs = 100'000'000;  // a listener's rest after accept found no descriptor
 }  // namespace
+
+bool TcpReader::inside_message(const Connection& c) noexcept { return c.begin != c.end || c.message.slot != kNoSlot; }
 
 TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::BufferPool& pool, ShardSink& sink,
                      stats::ReaderCounters& counters, stats::TcpCounters& tcp)
@@ -197,17 +206,7 @@ bool TcpReader::opens(const Connection& c, std::uint32_t len, std::uint64_t& key
 }
 
 void TcpReader::reclaim_slots() noexcept {
-    pool_.reclaim_each([this](std::uint32_t idx) {
-        --in_flight_;
-        const bool opener = slot_opener_[idx] != 0;
-        if (opener) --openers_;
-        Connection& c = conns_[slot_conn_[idx]];
-        if (c.generation != slot_gen_[idx]) return;  // that connection has closed since
-        unaccount(c);
-        if (c.held_slots > 0) --c.held_slots;
-        if (opener && c.held_openers > 0) --c.held_openers;
-        account(c);
-    });
+    pool_.reclaim_each([this](std::uint32_t idx) { unclaim(idx); });
 }
 
 std::size_t TcpReader::do_work() {
@@ -235,7 +234,6 @@ std::size_t TcpReader::do_work() {
         for (std::size_t l = 0; l < listen_rests_until_ns_.size(); ++l)
             if (listen_rests_until_ns_[l] != 0 && now >= listen_rests_until_ns_[l]) watch_listener(l, true);
     std::size_t work = static_cast<std::size_t>(std::max(ready, 0));
-    const std::uint64_t taken_before = counters_.datagrams.get();
     // Each round starts one connection further on: the first served has the first
     // pick of the slots coming back, and no connection has it every round.
     const std::size_t n = conns_.size();
@@ -246,7 +244,12 @@ std::size_t TcpReader::do_work() {
     }
     first_served_ = (first_served_ + 1) % n;
     batches_.submit_all(sink_, realtime_ns());
-    if (counters_.datagrams.get() != taken_before) counters_.receive_batches.add();
+    if (taken_ > 0) {
+        counters_.datagrams.add(taken_);
+        counters_.bytes.add(taken_bytes_);
+        counters_.receive_batches.add();
+        taken_ = taken_bytes_ = 0;
+    }
     counters_.slots_free.set(pool_.free_count());
     if (now - timeouts_checked_ns_ >= kTimeoutCheckNs) check_timeouts(now);
     return work;
@@ -254,7 +257,8 @@ std::size_t TcpReader::do_work() {
 
 std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
     std::size_t work = 0;
-    for (int turn = 0; turn < kReadsPerTurn; ++turn) {
+    std::size_t budget = kBuffersPerTurn * s_.buffer_bytes;
+    for (int turn = 0; turn < kMaxReadsPerTurn && budget > 0; ++turn) {
         const Taken t = take_messages(c);
         if (t == Taken::framing_lost) {
             close_connection(c, net::TcpClose::length_out_of_range);
@@ -266,7 +270,7 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
         }
         if (c.held) release(c, now);
         if (c.ended) {  // everything whole is taken; a message cut short is lost with the connection
-            close_connection(c, c.begin != c.end && c.end_reason == net::TcpClose::peer_closed
+            close_connection(c, inside_message(c) && c.end_reason == net::TcpClose::peer_closed
                                     ? net::TcpClose::ended_inside_message
                                     : c.end_reason);
             return work + 1;
@@ -278,14 +282,34 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
             c.begin = 0;
         }
         // Room remains: a part of a message is shorter than input.max_datagram_bytes + 4.
-        const std::size_t space = s_.buffer_bytes - c.end;
-        const ssize_t got = ::read(c.fd, c.buf + c.end, space);
+        // A long message's rest goes straight into its slot, and only the start of the
+        // next one into the buffer (enough to see its length and header), so that long
+        // messages are copied once, by the kernel; short ones are read many at a time.
+        std::size_t space = s_.buffer_bytes - c.end;
+        if (c.message.slot != kNoSlot || c.long_messages) space = std::min(space, kDirectTailBytes);
+        iovec iov[2];
+        int parts = 0;
+        std::size_t into_slot = 0;
+        if (c.message.slot != kNoSlot) {
+            into_slot = c.message.len - c.message.got;
+            iov[parts++] = {pool_.data(c.message.slot) + frames_.headroom() + c.message.got, into_slot};
+        }
+        iov[parts++] = {c.buf + c.end, space};
+        const ssize_t got = ::readv(c.fd, iov, parts);
         if (got > 0) {
-            c.end += static_cast<std::size_t>(got);
+            const std::size_t n = static_cast<std::size_t>(got);
+            if (into_slot > 0) {
+                c.message.got += static_cast<std::uint32_t>(std::min(n, into_slot));
+                if (n >= into_slot) hand_on(c);
+            }
+            c.end += n - std::min(n, into_slot);
+            space += into_slot;
+            // A short read of the buffer alone still costs a buffer's worth of the turn.
+            budget -= std::min(budget, into_slot > 0 ? n : s_.buffer_bytes);
             tcp_.bytes.add(static_cast<std::uint64_t>(got));
             c.any_bytes = true;
             c.last_byte_ns = now;
-            if (static_cast<std::size_t>(got) < space) c.readable = false;  // read dry
+            if (n < space) c.readable = false;  // read dry
             ++work;
             continue;
         }
@@ -307,74 +331,101 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
 }
 
 TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
-    const std::uint32_t shards = sink_.shard_count();
-    const std::size_t headroom = frames_.headroom();
-    // The peer is the connection's: whether it may send, and its pin key, are the same
-    // for every message of this call (the rules change only between calls).
+    // The peer is the connection's: whether it may send is the same for every message
+    // of this call (the rules change only between calls).
     const bool allowed = rules_->allowed_sender_keys.empty() || sender_allowed(rules_->allowed_sender_keys, c.peer);
-    const auto peer_key = sender_key(c.peer);
-    std::uint64_t taken = 0, bytes = 0;
-    Taken result = Taken::need_bytes;
-    while (c.end - c.begin >= net::kTcpPrefixBytes) {
+    while (c.message.slot == kNoSlot && c.end - c.begin >= net::kTcpPrefixBytes) {
         // The length is checked before anything of the message is looked at.
         const std::uint32_t len = wire::load_u32(c.buf + c.begin);
-        if (len < net::kTcpMinMessageBytes || len > s_.max_datagram_bytes) {
-            result = Taken::framing_lost;
+        if (len < net::kTcpMinMessageBytes || len > s_.max_datagram_bytes) return Taken::framing_lost;
+        const std::size_t have = c.end - c.begin - net::kTcpPrefixBytes;
+        if (have < len) {
+            // The rest is still on its way. A long message whose header is here goes
+            // into its slot now and the rest is read straight after it (serve).
+            if (!allowed || len < kDirectMinBytes || have < std::min<std::size_t>(len, kDirectTailBytes / 2)) break;
+            if (!claim(c, len)) return Taken::no_room;
+            std::memcpy(pool_.data(c.message.slot) + frames_.headroom(), c.buf + c.begin + net::kTcpPrefixBytes, have);
+            c.message.got = static_cast<std::uint32_t>(have);
+            c.begin = c.end = 0;
             break;
         }
-        if (c.end - c.begin < net::kTcpPrefixBytes + len) break;  // the rest is still on its way
         if (!allowed) {  // read and counted, never copied into a slot
             c.begin += net::kTcpPrefixBytes + len;
-            ++taken;
-            bytes += len;
+            ++taken_;
+            taken_bytes_ += len;
             counters_.disallowed_sender.add();
             continue;
         }
-        std::uint64_t key = 0;
-        bool known = false;
-        const bool opener = opens(c, len, key, known);
-        if (!room_for(c, opener)) {
-            result = Taken::no_room;
-            break;
-        }
-        std::uint32_t idx = 0;
-        (void)pool_.try_take(idx);  // room_for saw a free slot
-        std::memcpy(pool_.data(idx) + headroom, c.buf + c.begin + net::kTcpPrefixBytes, len);
+        if (!claim(c, len)) return Taken::no_room;
+        std::memcpy(pool_.data(c.message.slot) + frames_.headroom(), c.buf + c.begin + net::kTcpPrefixBytes, len);
         c.begin += net::kTcpPrefixBytes + len;
-        ++taken;
-        bytes += len;
-        int shard = admit_datagram(pool_, idx, len, *rules_, shards, counters_, &frames_, Arrival{&c.peer, c.local_port});
-        // A source's datagrams come from where its first one of the run came from
-        // (the connection's peer address; a reconnected readout PC is the same).
-        if (shard >= 0 && rules_->pins && !rules_->pins->admit(ChunkMeta::in_slot(pool_.meta(idx))->source_id, peer_key)) {
-            counters_.sender_mismatch.add();
-            shard = -1;
-        }
-        if (shard < 0) {
-            pool_.give_back_local(idx);
-            continue;
-        }
-        learn(c, *ChunkMeta::in_slot(pool_.meta(idx)), !known);
-        batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));
-        slot_conn_[idx] = static_cast<std::uint32_t>(&c - conns_.data());
-        slot_gen_[idx] = c.generation;
-        slot_opener_[idx] = opener ? 1 : 0;
-        unaccount(c);
-        ++c.held_slots;
-        ++in_flight_;
-        if (opener) {
-            ++c.held_openers;
-            ++openers_;
-        }
-        account(c);
-        c.has_key = known;  // the key of the last message handed on
-        c.last_key = key;
+        hand_on(c);
     }
-    if (taken > 0) {
-        counters_.datagrams.add(taken);
-        counters_.bytes.add(bytes);
+    return Taken::need_bytes;
+}
+
+bool TcpReader::claim(Connection& c, std::uint32_t len) noexcept {
+    Message& m = c.message;
+    m.len = len;
+    m.opener = opens(c, len, m.key, m.known);
+    if (!room_for(c, m.opener)) return false;
+    std::uint32_t idx = 0;
+    (void)pool_.try_take(idx);  // room_for saw a free slot
+    // Held from now on: a message read into its slot over several reads counts
+    // against the connection's share and the take limit while it is read.
+    slot_conn_[idx] = static_cast<std::uint32_t>(&c - conns_.data());
+    slot_gen_[idx] = c.generation;
+    slot_opener_[idx] = m.opener ? 1 : 0;
+    unaccount(c);
+    ++c.held_slots;
+    ++in_flight_;
+    if (m.opener) {
+        ++c.held_openers;
+        ++openers_;
     }
-    return result;
+    account(c);
+    m.slot = idx;
+    m.got = 0;
+    return true;
+}
+
+void TcpReader::unclaim(std::uint32_t idx) noexcept {
+    --in_flight_;
+    const bool opener = slot_opener_[idx] != 0;
+    if (opener) --openers_;
+    Connection& c = conns_[slot_conn_[idx]];
+    if (c.generation != slot_gen_[idx]) return;  // that connection has closed since
+    unaccount(c);
+    if (c.held_slots > 0) --c.held_slots;
+    if (opener && c.held_openers > 0) --c.held_openers;
+    account(c);
+}
+
+void TcpReader::hand_on(Connection& c) noexcept {
+    Message& m = c.message;
+    const std::uint32_t idx = m.slot;
+    m.slot = kNoSlot;
+    ++taken_;
+    taken_bytes_ += m.len;
+    int shard = admit_datagram(pool_, idx, m.len, *rules_, sink_.shard_count(), counters_, &frames_,
+                               Arrival{&c.peer, c.local_port});
+    // A source's datagrams come from where its first one of the run came from
+    // (the connection's peer address; a reconnected readout PC is the same).
+    if (shard >= 0 && rules_->pins &&
+        !rules_->pins->admit(ChunkMeta::in_slot(pool_.meta(idx))->source_id, sender_key(c.peer))) {
+        counters_.sender_mismatch.add();
+        shard = -1;
+    }
+    if (shard < 0) {
+        unclaim(idx);
+        pool_.give_back_local(idx);
+        return;
+    }
+    learn(c, *ChunkMeta::in_slot(pool_.meta(idx)), !m.known);
+    batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));
+    c.has_key = m.known;  // the key of the last message handed on
+    c.last_key = m.key;
+    c.long_messages = m.len >= kDirectMinBytes;
 }
 
 void TcpReader::hold(Connection& c, std::uint64_t now) noexcept {
@@ -409,6 +460,11 @@ void TcpReader::release(Connection& c, std::uint64_t now) noexcept {
 
 void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
     if (c.held) release(c, monotonic_ns());
+    if (c.message.slot != kNoSlot) {  // a message cut short: its slot was never handed on
+        unclaim(c.message.slot);
+        pool_.give_back_local(c.message.slot);
+        c.message.slot = kNoSlot;
+    }
     ::close(c.fd);  // also takes it out of the epoll set
     c.fd = -1;
     ++c.generation;
@@ -493,7 +549,7 @@ void TcpReader::accept_from(std::size_t l, std::uint64_t now) noexcept {
         c.held_slots = c.held_openers = 0;
         c.has_key = false;
         c.begin = c.end = 0;
-        c.held = c.ended = c.any_bytes = c.keyless = false;
+        c.held = c.ended = c.any_bytes = c.keyless = c.long_messages = false;
         c.sources = 0;
         c.max_chunks = 1;
         set_reserve(c, 0, false);
@@ -527,7 +583,7 @@ void TcpReader::check_timeouts(std::uint64_t now) noexcept {
         if (now - c.last_byte_ns < s_.timeout_ns) continue;
         if (!c.any_bytes)
             close_connection(c, net::TcpClose::idle);
-        else if (c.begin != c.end)  // inside a message, and the sender sends no more of it
+        else if (inside_message(c))  // and the sender sends no more of it
             close_connection(c, net::TcpClose::stalled);
     }
 }

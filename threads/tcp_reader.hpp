@@ -1,8 +1,9 @@
 // The TCP reader thread (docs/FORMATS.md section 11): serves many readout-PC
 // connections with one epoll set, cuts each stream into its length-prefixed
-// datagrams, copies each into a receive slot of the reader's pool and admits it
-// exactly as a socket reader admits a UDP datagram (admit_datagram), handing the
-// chunks on per shard, one list per shard per round.
+// datagrams, puts each into a receive slot of the reader's pool (a short one copied
+// from the connection's buffer, the rest of a long one read straight into the slot)
+// and admits it exactly as a socket reader admits a UDP datagram (admit_datagram),
+// handing the chunks on per shard, one list per shard per round.
 //
 // Back-pressure (docs/ARCHITECTURE.md, "Input over TCP"): a message is taken only
 // when the connection has room (a free slot, the connection under its part of the
@@ -62,6 +63,20 @@ public:
 
 private:
     struct Connection;
+    static constexpr std::uint32_t kNoSlot = ~0u;
+    // Messages at least this long are read into their slot from their header on, the
+    // rest of them straight from the socket (readv), not copied from the connection's
+    // buffer; the buffer then takes only this much after such a message.
+    // (At 8 KiB a copy costs less than the system call a message then needs.)
+    static constexpr std::uint32_t kDirectMinBytes = 16384;
+    static constexpr std::size_t kDirectTailBytes = 512;
+    // The message a connection is taking (claim): its slot and what decided its room.
+    struct Message {
+        std::uint32_t slot = kNoSlot;  // kNoSlot: none
+        std::uint32_t len = 0, got = 0;  // its length, and the bytes of it in the slot
+        bool opener = false, known = false;
+        std::uint64_t key = 0;
+    };
     void accept_from(std::size_t l, std::uint64_t now) noexcept;
     void watch_listener(std::size_t l, bool watch) noexcept;
     // A held connection the peer reset or hung up: out of the epoll set until released
@@ -72,6 +87,14 @@ private:
     // Takes the whole messages of c's buffer while there is room.
     Taken take_messages(Connection& c) noexcept;
     bool room_for(const Connection& c, bool opener) const noexcept;
+    // Takes a slot for the message at c.begin (length `len`) if c has room for it, and
+    // holds it against c's share: c.message. False: no room, nothing taken.
+    bool claim(Connection& c, std::uint32_t len) noexcept;
+    // A claimed slot back: out of its connection's holdings (if still open) and the sums.
+    void unclaim(std::uint32_t idx) noexcept;
+    // c.message is whole in its slot: admitted and handed on (or refused and given back).
+    void hand_on(Connection& c) noexcept;
+    static bool inside_message(const Connection& c) noexcept;
     // Whether the message at c.begin (length `len`) may open an event: its key (event id,
     // timestamp or slice) differs from the last message taken from c, or is not known.
     bool opens(const Connection& c, std::uint32_t len, std::uint64_t& key, bool& known) const noexcept;
@@ -118,6 +141,7 @@ private:
     std::size_t in_flight_ = 0;  // slots handed on and not back
     std::size_t openers_ = 0;    // of them, openers
     std::size_t open_ = 0;
+    std::uint64_t taken_ = 0, taken_bytes_ = 0;  // messages taken this round (counters_ once a round)
     std::size_t held_ = 0;       // connections held for want of room
     // Sums over open connections of their reserves (Connection::opener_reserve,
     // ::slot_reserve), and of what each holds within them.
