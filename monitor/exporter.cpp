@@ -175,6 +175,26 @@ void collect_tcp(const Sources& s, std::vector<FamilyOut>& out) {
                          T::counter, sum(C, [](auto& b) { return b.held_ns.get(); }) / 1e9));
     out.push_back(scalar("evb_tcp_connections_held", "TCP connections not read now for want of room (back-pressure).",
                          T::gauge, sum(C, [](auto& b) { return b.held_now.get(); })));
+    // Per connection group (the connections of one input.listen tcp:// address).
+    FamilyOut open{"evb_tcp_group_connections", "TCP connections open now, per input.listen address.", T::gauge, {}, {}};
+    FamilyOut bytes{"evb_tcp_group_received_bytes_total", "Bytes read from TCP connections, per input.listen address.",
+                    T::counter, {}, {}};
+    FamilyOut held{"evb_tcp_group_backpressure_seconds_total",
+                   "Time TCP connections were held back for want of room, per input.listen address (summed over "
+                   "its connections).",
+                   T::counter, {}, {}};
+    for (std::size_t g = 0; g < s.tcp_groups.size(); ++g) {
+        const auto in_group = [g](auto field) {
+            return [g, field](const stats::TcpCounters& b) { return g < b.groups ? (b.group[g].*field).get() : 0; };
+        };
+        const std::vector<std::pair<std::string, std::string>> label{{"listen", s.tcp_groups[g]}};
+        open.samples.push_back({label, sum(C, in_group(&stats::TcpCounters::Group::connections_open)), {}, 0});
+        bytes.samples.push_back({label, sum(C, in_group(&stats::TcpCounters::Group::bytes)), {}, 0});
+        held.samples.push_back({label, sum(C, in_group(&stats::TcpCounters::Group::held_ns)) / 1e9, {}, 0});
+    }
+    out.push_back(std::move(open));
+    out.push_back(std::move(bytes));
+    out.push_back(std::move(held));
     out.push_back(scalar("evb_tcp_accept_failures_total",
                          "Times accepting a TCP connection failed for want of file descriptors or memory (EMFILE, "
                          "ENFILE, ENOBUFS, ENOMEM); each time the listener rests 100 ms and the connection waits "

@@ -106,6 +106,7 @@ class Sampler;
 struct Sources {
     std::vector<const stats::ReaderCounters*> readers;  // UDP readers, then TCP readers
     std::vector<const stats::TcpCounters*> tcp;         // TCP readers' connections
+    std::vector<std::string> tcp_groups;  // each connection group's input.listen address (tcp://HOST:PORT)
     std::vector<const stats::MatcherCounters*> matchers;
     const stats::WriterCounters* writer = nullptr;
     std::vector<std::uint32_t> sources;

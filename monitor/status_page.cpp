@@ -178,7 +178,7 @@ std::string html_escape(std::string_view in) {
 namespace {
 
 // The TCP readers' connections (docs/FORMATS.md section 11), summed over readers.
-std::string tcp_text(const std::vector<const stats::TcpCounters*>& tcp) {
+std::string tcp_text(const std::vector<const stats::TcpCounters*>& tcp, const std::vector<std::string>& groups) {
     std::uint64_t open = 0, held = 0, accepted = 0, bytes = 0, held_ns = 0;
     std::array<std::uint64_t, net::kTcpCloseCount> closed{};
     for (const stats::TcpCounters* t : tcp) {
@@ -198,7 +198,20 @@ std::string tcp_text(const std::vector<const stats::TcpCounters*>& tcp) {
             text += fmt::format(" {}={}", net::tcp_close_name(static_cast<net::TcpClose>(k)), closed[k]);
             any = true;
         }
-    return any ? text : text + " none";
+    if (!any) text += " none";
+    // Each connection group (input.listen address) when there are several.
+    for (std::size_t g = 0; groups.size() > 1 && g < groups.size(); ++g) {
+        std::uint64_t g_open = 0, g_bytes = 0, g_held_ns = 0;
+        for (const stats::TcpCounters* t : tcp) {
+            if (g >= t->groups) continue;
+            g_open += t->group[g].connections_open.get();
+            g_bytes += t->group[g].bytes.get();
+            g_held_ns += t->group[g].held_ns.get();
+        }
+        text += fmt::format("<br>{}: {} open, {:.1f} MB read, held back {:.1f} connection-seconds", html_escape(groups[g]),
+                            g_open, static_cast<double>(g_bytes) / 1e6, static_cast<double>(g_held_ns) / 1e9);
+    }
+    return text;
 }
 
 // The BUSY row: the state, why, the fullest fill, the run's dead time, the targets.
@@ -305,7 +318,7 @@ std::string status_page(const Sources& s) {
         const RefusalSummary refused = summarise_refusals(s.readers, s.matchers);  // as the stop line
         row("datagrams rejected", refused.text.empty() ? "none" : html_escape(refused.text));
     }
-    if (!s.tcp.empty()) row("readout PCs (TCP)", tcp_text(s.tcp));
+    if (!s.tcp.empty()) row("readout PCs (TCP)", tcp_text(s.tcp, s.tcp_groups));
     // Described frames (input.frames): per description, decoded and refused by reason.
     for (std::size_t d = 0; d < s.frame_names.size() && d < stats::kFrameMetricDescriptions; ++d) {
         std::uint64_t decoded = 0;

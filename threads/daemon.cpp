@@ -275,7 +275,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     std::vector<std::unique_ptr<stats::ReaderCounters>> reader_counters;
     for (std::uint32_t r = 0; r < inputs; ++r) reader_counters.push_back(std::make_unique<stats::ReaderCounters>());
     std::vector<std::unique_ptr<stats::TcpCounters>> tcp_counters;
-    for (std::size_t t = 0; t < tcp_listen.size(); ++t) tcp_counters.push_back(std::make_unique<stats::TcpCounters>());
+    for (std::size_t t = 0; t < tcp_listen.size(); ++t)
+        tcp_counters.push_back(std::make_unique<stats::TcpCounters>(cfg->input.tcp_addresses.size()));
     stats::WriterCounters writer_counters;
     stats::PullCounters pull_counters;
 
@@ -357,6 +358,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     }
     for (auto& c : reader_counters) msrc.readers.push_back(c.get());
     for (auto& c : tcp_counters) msrc.tcp.push_back(c.get());
+    for (const std::string& a : cfg->input.tcp_addresses) msrc.tcp_groups.push_back("tcp://" + a);
     for (auto& c : pipeline.counters()) msrc.matchers.push_back(c.get());
     msrc.writer = &writer_counters;
     msrc.pull = pull ? &pull_counters : nullptr;

@@ -23,6 +23,7 @@ struct TcpReader::Connection {
     std::size_t begin = 0, end = 0;  // bytes read and not yet taken
     sockaddr_storage peer{};
     std::uint16_t local_port = 0;
+    std::uint32_t group = 0;       // the listening socket it came in by (stats::TcpCounters::Group)
     std::size_t held_slots = 0;  // slots handed on from this connection, not yet back
     std::size_t held_openers = 0;  // of them, openers
     bool has_key = false;          // last_key holds the key of the last message taken
@@ -75,6 +76,7 @@ TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::Buf
       owners_(s.expected_sources),
       batches_(sink.shard_count()),
       frames_(s.frames) {
+    if (tcp_.groups < s.listen_fds.size()) throw std::logic_error("TcpReader: fewer connection groups than listeners");
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epoll_fd_ < 0) throw std::runtime_error(fmt::format("epoll_create1: {}", std::strerror(errno)));
     for (std::uint32_t i = 0; i < s.max_connections; ++i) {
@@ -306,7 +308,8 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
             space += into_slot;
             // A short read of the buffer alone still costs a buffer's worth of the turn.
             budget -= std::min(budget, into_slot > 0 ? n : s_.buffer_bytes);
-            tcp_.bytes.add(static_cast<std::uint64_t>(got));
+            tcp_.bytes.add(n);
+            tcp_.group[c.group].bytes.add(n);
             c.any_bytes = true;
             c.last_byte_ns = now;
             if (n < space) c.readable = false;  // read dry
@@ -446,6 +449,7 @@ void TcpReader::hold(Connection& c, std::uint64_t now) noexcept {
 void TcpReader::release(Connection& c, std::uint64_t now) noexcept {
     c.held = false;
     tcp_.held_ns.add(now - c.held_since_ns);
+    tcp_.group[c.group].held_ns.add(now - c.held_since_ns);
     tcp_.held_now.set(--held_);
     c.last_byte_ns = now;  // held time is not the sender's stall
     if (!c.reading && !c.ended) {
@@ -477,6 +481,8 @@ void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
     c.held_slots = c.held_openers = 0;
     free_conns_.push_back(static_cast<std::uint32_t>(&c - conns_.data()));
     tcp_.connections_open.set(--open_);
+    stats::Counter& group_open = tcp_.group[c.group].connections_open;
+    group_open.set(group_open.get() - 1);
     tcp_.closed[static_cast<std::size_t>(why)].add();
     const std::uint32_t bit = 1u << static_cast<unsigned>(why);
     if ((logged_ & bit) == 0) {  // the first of each reason; the rest are counted
@@ -546,6 +552,8 @@ void TcpReader::accept_from(std::size_t l, std::uint64_t now) noexcept {
         c.fd = a.fd;
         c.peer = a.peer;
         c.local_port = local_port;
+        c.group = static_cast<std::uint32_t>(l);
+        tcp_.group[l].connections_open.add();
         c.held_slots = c.held_openers = 0;
         c.has_key = false;
         c.begin = c.end = 0;

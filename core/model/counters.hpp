@@ -98,6 +98,18 @@ struct alignas(kFalseSharingBytes) TcpCounters {
     Counter held_ns;               // back-pressure: the sum over connections of the time each was not read for want of room
     Counter held_now;              // gauge: connections not read for want of room now
     Counter accept_failures;       // accept failed for want of descriptors or memory (the listener rested)
+    // The same per connection group: the connections accepted on one input.listen
+    // tcp:// address (group g is the reader's g-th listening socket, in the order of
+    // the configuration).
+    struct Group {
+        Counter connections_open;  // gauge
+        Counter bytes;
+        Counter held_ns;
+    };
+    explicit TcpCounters(std::size_t group_count = 0)
+        : group(std::make_unique<Group[]>(group_count)), groups(group_count) {}
+    std::unique_ptr<Group[]> group;
+    const std::size_t groups;
 };
 
 struct alignas(kFalseSharingBytes) MatcherCounters {

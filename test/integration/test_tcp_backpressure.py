@@ -29,6 +29,8 @@ def main():
           f"connection-seconds", flush=True)
     check(src["tcp_blocked_s"] > 0, "the emulator was held back (it waited for evbd to read)")
     check(m.get("evb_tcp_backpressure_seconds_total", 0) > 0, "evbd counted the time it held connections back")
+    group = m.get(f'evb_tcp_group_backpressure_seconds_total{{listen="tcp://127.0.0.1:{tcp}"}}')
+    check(group == m.get("evb_tcp_backpressure_seconds_total"), f"all of it in the address's connection group ({group})")
     check(m.get("evb_datagrams_received_total") == src["datagrams"], "every datagram sent was read")
     check(m.get("evb_records_compressed_total", 0) > 0, "records were compressed (lz4 did the work)")
     check_built_exactly(d, EVENTS, pattern_kind="waveform")
