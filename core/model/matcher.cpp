@@ -50,7 +50,8 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       ledger_unit_(s.ledger_unit),
       ledgers_(kLostRangesKept, counters.lost_whole, 2 * std::size_t{s.max_events},  // ids of events in flight, twice
                counters.lost_whole_revoked),
-      refused_(s.refuse_whole && s.match == file::MatchMode::event_id && s.ledger_unit != 0 ? kRefusedSlots : 0) {
+      refused_(s.refuse_whole && s.match == file::MatchMode::event_id && s.ledger_unit != 0 ? kRefusedSlots : 0),
+      places_(s.described_chunks && s.match != file::MatchMode::event_id ? s.max_events : 0) {
     codec_ = s.codec;
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
     free_.reserve(s.max_events);
@@ -188,6 +189,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
         counters_.events_complete.add();
     }
     e->built_unix_ns = now_ns;
+    e->started = Event::kNotInFlight;  // its FragmentPlaces are void
     if (!empty_slice) counters_.build_latency.observe(now_ns >= e->first_fragment_unix_ns ? now_ns - e->first_fragment_unix_ns : 0);
     if (e->older) e->older->newer = e->newer; else oldest_ = e->newer;
     if (e->newer) e->newer->older = e->older; else newest_ = e->older;
@@ -318,16 +320,15 @@ void Matcher::add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, Event
 
 // A whole fragment (first and the chunks linked after it, in order) finds its event
 // once, by the match mode's rule (by timestamp, or by id), and joins it chunk by
-// chunk. When it has none (late, a duplicate, refused) every chunk is dropped and
-// the result is false.
-bool Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+// chunk. When it has none (late, a duplicate, refused) every chunk is dropped.
+Event* Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept {
     ChunkMeta* rest = first->next;
     first->next = nullptr;
     Event* e = match_ == file::MatchMode::timestamp ? event_by_time(first, idx, now_ns)
                                                     : event_by_id(first, idx, now_ns);  // drop `first` when no event
     if (e == nullptr) {
         drop_chain(rest);
-        return false;
+        return nullptr;
     }
     ledger_built(first->run_number, first->event_id);
     first->next = rest;
@@ -336,7 +337,7 @@ bool Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventL
         accept(e, k, idx, now_ns, out, true);
         k = next;
     }
-    return true;
+    return e;
 }
 
 void Matcher::expire_waiting(std::uint64_t now_ns, bool all) noexcept {

@@ -14,6 +14,7 @@
 #include "core/model/disorder_gauge.hpp"
 #include "core/model/event.hpp"
 #include "core/model/flat_map.hpp"
+#include "core/model/fragment_places.hpp"
 #include "core/model/lost_ledger.hpp"
 #include "core/model/restart_copies.hpp"
 #include "core/model/source_index.hpp"
@@ -156,8 +157,8 @@ private:
     // Timestamp mode: chunks of fragments not yet whole, per source (see gather).
     void expire_waiting(std::uint64_t now_ns, bool all) noexcept;
     // A whole fragment (its chunks linked from `first`; event_id and timestamp modes)
-    // joins its event; false when it had none and was dropped.
-    bool join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    // joins its event, which is returned; nullptr when it had none and was dropped.
+    Event* join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // Described frames: a chunk not gathered yet waits for its fragment's other
     // chunks; the whole fragment then goes on to its event.
     void gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
@@ -173,10 +174,15 @@ private:
         int chunks_of(std::uint64_t e, std::uint32_t r) const noexcept;  // -1: not there
         void insert(std::uint64_t e, std::uint32_t r, std::uint32_t n) noexcept;
     };
-    void late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexcept;
+    // `e`: the time modes, the event or slice in flight that holds the fragment, if known.
+    void late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n, Event* e = nullptr) noexcept;
     std::uint32_t chunks_in_event(const Event& e, std::size_t i, const ChunkMeta* c) const noexcept;
+    // The time modes: the chunk count of source i's fragment `seq` in event or slice
+    // e (0: e holds none of it, or an EMPTY one).
+    static std::uint32_t chunks_in_flight(const Event& e, std::size_t i, std::uint64_t seq) noexcept;
     void take_fragment_back(Event& e, std::size_t idx) noexcept;
-    // The time modes: the event in flight that holds source i's fragment `seq`.
+    // The time modes: the event in flight that holds source i's fragment `seq` (by its
+    // place, else by a look through the events in flight).
     Event* in_flight_with(std::size_t i, std::uint64_t seq, std::uint32_t run) noexcept;
     void take_item_back(Event& e, std::size_t i, std::uint64_t seq) noexcept;
     // Events in flight are found by id and run: while a run changes, the readers admit
@@ -371,6 +377,7 @@ private:
     std::uint64_t ledger_unit_;
     RunLedgers ledgers_;
     std::vector<RefusedEvent> refused_;  // empty unless refuse_whole
+    FragmentPlaces places_;              // the time modes with described chunks; else empty
 };
 
 }  // namespace evb

@@ -77,14 +77,22 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
             late_described_chunk(c, idx, n);
             return;
         }
-    } else if (match_ == file::MatchMode::timestamp && timed_history_[i].run == c->run_number) {
-        const SourceHistory& h = timed_history_[i];
-        for (std::uint32_t k = 0; k < h.seq_count; ++k)
-            if (h.written_seq[k] == c->event_id) {
-                counters_.duplicate_chunks.add();
-                drop(c);
-                return;
-            }
+    } else {
+        // The time modes: the same, the fragment's event or slice found by its place.
+        Event* e = places_.find(i, c->run_number, c->event_id);
+        if (const std::uint32_t n = e != nullptr ? chunks_in_flight(*e, i, c->event_id) : 0; n > 0) {
+            late_described_chunk(c, idx, n, e);
+            return;
+        }
+        if (match_ == file::MatchMode::timestamp && timed_history_[i].run == c->run_number) {
+            const SourceHistory& h = timed_history_[i];
+            for (std::uint32_t k = 0; k < h.seq_count; ++k)
+                if (h.written_seq[k] == c->event_id) {
+                    counters_.duplicate_chunks.add();
+                    drop(c);
+                    return;
+                }
+        }
     }
     ChunkMeta* after = nullptr;  // insert after this chunk (nullptr: at the head)
     ChunkMeta* p = ungathered_[i];
@@ -193,15 +201,21 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
     // Remembered as gathered (a copy of one of its chunks is a duplicate) only once it
     // is in its event or slice: a fragment refused there (no room for its event, the
     // run stopping) is taken when it comes again.
+    // Its place (the time modes) is remembered too, for a chunk that comes after
+    // gathered_ forgot it.
     bool joined = false;
     if (match_ != file::MatchMode::time_slice) {
-        joined = join_whole(first, idx, now_ns, out);
+        Event* e = join_whole(first, idx, now_ns, out);
+        joined = e != nullptr;
+        if (match_ == file::MatchMode::timestamp) places_.remember(i, run, event, e);
     } else {
+        const std::uint64_t slice = first->timestamp / slice_ticks_;
         for (ChunkMeta* k = first; k != nullptr;) {
             ChunkMeta* next = k->next;
             joined = add_sliced(k, idx, now_ns, out, true) || joined;
             k = next;
         }
+        if (joined) places_.remember(i, run, event, map_.find(map_key(slice, run)));
     }
     if (joined) gathered_[i].insert(event, run, n);
 }
@@ -209,12 +223,12 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
 // A chunk of a fragment gathered lately, its `n` chunks known (0: dropped as
 // inconsistent). A copy of one of them is a duplicate; any other (past the last, or
 // the last bit where the fragment had none) shows the fragment's last bit was false.
-void Matcher::late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexcept {
+void Matcher::late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n, Event* e) noexcept {
     const auto i = static_cast<std::size_t>(idx);
-    // event_id mode finds the fragment's event by the chunk alone; the time modes
-    // look through the events in flight for the source's fragment of that sequence
-    // (only for a chunk that is no copy, which is rare).
-    Event* e = match_ == file::MatchMode::event_id ? map_.find(map_key(c->event_id, c->run_number)) : nullptr;
+    // event_id mode finds the fragment's event by the chunk alone; the time modes by
+    // the fragment's place, when `e` is not known already (only for a chunk that is
+    // no copy, which is rare).
+    if (match_ == file::MatchMode::event_id) e = map_.find(map_key(c->event_id, c->run_number));
     const std::uint32_t index = c->chunk_index;
     const bool copy = index < n && says_last(c) == (index + 1 == n);
     if (copy) {
@@ -223,7 +237,7 @@ void Matcher::late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexc
     } else {
         counters_.inconsistent_chunks.add();
         gathered_[i].insert(c->event_id, c->run_number, 0);
-        if (match_ != file::MatchMode::event_id) e = in_flight_with(i, c->event_id, c->run_number);
+        if (match_ != file::MatchMode::event_id && e == nullptr) e = in_flight_with(i, c->event_id, c->run_number);
         if (e != nullptr && match_ == file::MatchMode::time_slice) {
             take_item_back(*e, i, c->event_id);
         } else if (e != nullptr) {
@@ -243,12 +257,26 @@ std::uint32_t Matcher::chunks_in_event(const Event& e, std::size_t i, const Chun
     return s.head->chunk_count;
 }
 
+std::uint32_t Matcher::chunks_in_flight(const Event& e, std::size_t i, std::uint64_t seq) noexcept {
+    const SourceState& s = e.src[i];
+    if (s.state & SourceState::kEmpty) return 0;  // a heartbeat's count is gathered_'s to tell
+    for (const ChunkMeta* k = s.head; k != nullptr; k = k->next)
+        if (k->event_id == seq && k->chunk_index == 0) return k->chunk_count;
+    return 0;
+}
+
+// By its place; a fragment whose place was taken by another since is looked for
+// through the events in flight.
 Event* Matcher::in_flight_with(std::size_t i, std::uint64_t seq, std::uint32_t run) noexcept {
-    for (Event* e = oldest_; e != nullptr; e = e->newer) {
-        if (e->run_number != run) continue;
-        for (const ChunkMeta* k = e->src[i].head; k != nullptr; k = k->next)
-            if (k->event_id == seq) return e;
-    }
+    auto holds = [&](const Event& e) {
+        if (e.run_number != run) return false;
+        for (const ChunkMeta* k = e.src[i].head; k != nullptr; k = k->next)
+            if (k->event_id == seq) return true;
+        return false;
+    };
+    if (Event* e = places_.find(i, run, seq); e != nullptr && holds(*e)) return e;
+    for (Event* e = oldest_; e != nullptr; e = e->newer)
+        if (holds(*e)) return e;
     return nullptr;
 }
 

@@ -710,3 +710,46 @@ TEST_CASE("described frames: a chunk past a false last is known as such while it
     out = rig.feed({rig.datagram(adc_fragment(1, 30, payload_bytes(40, 30))[0])}, 7);
     CHECK(rig.counters.duplicate_chunks.get() == 1);
 }
+
+TEST_CASE("described frames: in the time modes a chunk past a false last is known as such while its event "
+          "or slice is in flight, however many fragments came since",
+          "[frames][matcher][described][timestamp][time_slice]") {
+    // Source 0's fragment 1 (ts 1500) is gathered from chunk 0 alone (a false last
+    // bit); then source 0 sends 12 later fragments, more than the 8 a source's
+    // recently gathered fragments hold (source 1 sends nothing yet, so every event or
+    // slice waits); then chunk 1 of fragment 1 comes. It is past its last:
+    // inconsistent, the fragment taken back, nothing goes stale (issue 40 item 12).
+    auto from = [](std::uint8_t source, Bytes d) {
+        d[0] = std::byte{source};
+        return d;
+    };
+    const Bytes a = payload_bytes(30, 1), b = payload_bytes(20, 2), c = payload_bytes(16, 3);
+    const file::MatchMode mode = GENERATE(file::MatchMode::timestamp, file::MatchMode::time_slice);
+    INFO(mode_name(mode));
+    const bool slices = mode == file::MatchMode::time_slice;
+    FramesRig rig(kTimedBoard, settings({0, 1}, mode));
+    EventList out = rig.feed({rig.datagram(timed_chunk(0, 0, true, 1100, c)), rig.datagram(timed_chunk(1, 0, true, 1500, a))}, 1);
+    // timestamp: events 1000 ticks apart; time_slice: slices 2.. (slice 1 holds 0 and 1).
+    for (std::uint8_t s = 2; s < 14; ++s)
+        rig.feed_into(out, {rig.datagram(timed_chunk(s, 0, true, static_cast<std::uint16_t>(slices ? 2100 + 10 * s : 1500 + 1000 * s), c))}, 2);
+    CHECK(out.count == 0);
+    rig.feed_into(out, {rig.datagram(timed_chunk(1, 1, true, 0, b))}, 3);
+    CHECK(rig.counters.inconsistent_chunks.get() == 1);
+    CHECK(rig.counters.duplicate_chunks.get() == 0);
+    CHECK(out.count == 0);
+    // Source 1 joins (timestamp: the event of 1500; time_slice: past slice 1).
+    rig.feed_into(out, {rig.datagram(from(1, timed_chunk(0, 0, true, slices ? 2500 : 1502, c)))}, 4);
+    rig.matcher.expire(4 + 1'000'000, out);
+    CHECK(rig.counters.stale_chunks.get() == 0);
+    Event* e1 = nullptr;
+    for (Event* e = out.head; e != nullptr; e = e->next_out)
+        if (slices ? e->timestamp == 1000u : e->timestamp == 1500u || e->timestamp == 1502u) e1 = e;  // 1502: without 0's
+    REQUIRE(e1 != nullptr);
+    CHECK((e1->status & file::record_status::incomplete) != 0);
+    if (slices) {
+        CHECK(FramesRig::section(*e1, 0).size() == file::kItemHeaderBytes + file::padded8(16));  // fragment 0 only
+    } else {
+        CHECK_FALSE(e1->section_present(0));
+        CHECK(e1->section_present(1));
+    }
+}
