@@ -51,7 +51,8 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       ledgers_(kLostRangesKept, counters.lost_whole, 2 * std::size_t{s.max_events},  // ids of events in flight, twice
                counters.lost_whole_revoked),
       refused_(s.refuse_whole && s.match == file::MatchMode::event_id && s.ledger_unit != 0 ? kRefusedSlots : 0),
-      places_(s.described_chunks && s.match != file::MatchMode::event_id ? s.max_events : 0) {
+      places_(s.described_chunks && s.match != file::MatchMode::event_id ? s.max_events : 0),
+      lookahead_ns_(s.described_chunks && s.match != file::MatchMode::time_slice ? s.lookahead_ns : 0) {
     codec_ = s.codec;
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
     free_.reserve(s.max_events);
@@ -64,6 +65,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
     if (s.described_chunks) {
         ungathered_.assign(n, nullptr);
         gathered_.assign(n, RecentlyGathered{});
+        if (lookahead_ns_ != 0) lookahead_.assign(n, Lookahead{});
     }
     if (match_ == file::MatchMode::time_slice) {
         watermark_.assign(n, 0);
@@ -113,6 +115,7 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     e->anchor = event_id;  // timestamp mode: the opening fragment's time
     e->same_bucket = nullptr;
     e->own_record = own;
+    e->lookahead = 0;
     std::memset(e->src, 0, sizeof(SourceState) * e->section_count);
     // Sources absent now are not waited for by this event, even if they return
     // before it is done: their fragments for it were most likely never sent.
@@ -506,12 +509,9 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         counters_.source_fragments[idx].add();
         if (match_ == file::MatchMode::timestamp && c->timestamp + 1 > counters_.source_watermark[idx].get())
             counters_.source_watermark[idx].set(c->timestamp + 1);
-        if (++e->complete_sources + e->removed_count == e->section_count) {
-            finish(e, true, now_ns, out);  // every section of its record is in
-        } else if ((e->not_awaited != 0 || !absent_list_.empty()) && done(*e)) {
-            if (!e->own_record) counters_.events_released_absent.add();
-            finish(e, false, now_ns, out);
-        }
+        ++e->complete_sources;
+        if (look_ahead_src_ == idx) hold_for_lookahead(e, idx, now_ns, out);
+        settle(e, now_ns, out);
     }
 }
 
@@ -694,6 +694,7 @@ void Matcher::add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out) 
 
 void Matcher::expire(std::uint64_t now_ns, EventList& out) {
     expire_waiting(now_ns, false);
+    release_lookaheads(now_ns, out, false);
     find_absent(now_ns, out);
     while (oldest_ != nullptr && oldest_->first_fragment_unix_ns + timeout_ns_ <= now_ns)
         finish(oldest_, false, now_ns, out);
@@ -704,6 +705,7 @@ void Matcher::expire(std::uint64_t now_ns, EventList& out) {
 
 void Matcher::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, EventList& out) {
     reclaim();
+    release_lookaheads(now_ns, out, true);
     Event* e = map_.find(map_key(event_id, run_number));
     // Only an id actually built is skipped: an id below the late floor that was never
     // built (its request lost for long) still gets its record, so its credit returns.
@@ -717,6 +719,7 @@ void Matcher::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uin
 
 void Matcher::flush(std::uint64_t now_ns, EventList& out) {
     expire_waiting(now_ns, true);
+    release_lookaheads(now_ns, out, true);
     while (oldest_ != nullptr) finish(oldest_, false, now_ns, out);
     ledger_end(RunLedgers::kNone);
     returns_.flush();
@@ -729,6 +732,7 @@ void Matcher::ledger_end(std::uint32_t next_run) {
 
 void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& out) {
     reclaim();
+    release_lookaheads(now_ns, out, true);
     for (Event* e = oldest_; e != nullptr;) {
         Event* newer = e->newer;
         if (e->run_number != next_run) finish(e, false, now_ns, out);

@@ -72,6 +72,11 @@ struct MatcherSettings {
     // Some frame description sends fragments in chunks (input.frames, `chunk`): the
     // matcher keeps, per source, the state that gathers them (gather_described).
     bool described_chunks = false;
+    // Described chunks, event_id and timestamp modes: an event that a described
+    // fragment completed (its chunk with the `last` bit) is handed on once that source's
+    // next chunk shows the bit true (it is of a later fragment), or this long after
+    // (0: at once). A chunk past a false `last` then still finds the event in flight.
+    std::uint64_t lookahead_ns = 0;
     // A restart within a run: the ids of run built_before_run that the run's files
     // already hold (the start-up survey, shared by every shard). A chunk of one is
     // late, as a chunk of an event this process built would be, so that a run never
@@ -378,6 +383,24 @@ private:
     RunLedgers ledgers_;
     std::vector<RefusedEvent> refused_;  // empty unless refuse_whole
     FragmentPlaces places_;              // the time modes with described chunks; else empty
+    // Described chunks (MatcherSettings::lookahead_ns), per source: the event its
+    // last gathered fragment joined, held from being handed on complete until the
+    // source's next chunk of another fragment, or lookahead_ns.
+    struct Lookahead {
+        Event* event = nullptr;  // nullptr: none held
+        std::uint64_t started = 0, seq = 0, since_ns = 0;
+        std::uint32_t run = 0;
+    };
+    std::uint64_t lookahead_ns_;
+    std::vector<Lookahead> lookahead_;  // empty unless lookahead_ns_
+    std::size_t lookaheads_ = 0;        // held
+    int look_ahead_src_ = -1;           // gather_described: the source whose fragment joins now
+    void hold_for_lookahead(Event* e, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    void end_lookahead(std::size_t i, std::uint64_t now_ns, EventList& out) noexcept;
+    // Ends every hold (all) or those lookahead_ns old or whose event times out now.
+    void release_lookaheads(std::uint64_t now_ns, EventList& out, bool all) noexcept;
+    // Event e is handed on if it is done and waits for no source's next chunk.
+    void settle(Event* e, std::uint64_t now_ns, EventList& out) noexcept;
 };
 
 }  // namespace evb

@@ -56,6 +56,11 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         drop(c);
         return;
     }
+    // A chunk of another fragment than the one whose event waits for it: that one's
+    // last bit was true.
+    if (lookaheads_ != 0 && lookahead_[i].event != nullptr &&
+        (lookahead_[i].seq != c->event_id || lookahead_[i].run != c->run_number))
+        end_lookahead(i, now_ns, out);
     if (const int n = gathered_[i].chunks_of(c->event_id, c->run_number); n >= 0) {
         late_described_chunk(c, idx, static_cast<std::uint32_t>(n));
         return;
@@ -205,7 +210,9 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
     // gathered_ forgot it.
     bool joined = false;
     if (match_ != file::MatchMode::time_slice) {
+        if (!lookahead_.empty()) look_ahead_src_ = idx;  // the event it completes waits (accept)
         Event* e = join_whole(first, idx, now_ns, out);
+        look_ahead_src_ = -1;
         joined = e != nullptr;
         if (match_ == file::MatchMode::timestamp) places_.remember(i, run, event, e);
     } else {
@@ -245,6 +252,42 @@ void Matcher::late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n, Event
         }
     }
     drop(c);
+}
+
+// Source idx's fragment, gathered from its chunks, completed its part of event e: e
+// is not handed on complete before the source's next chunk shows whether the
+// fragment's last bit was true (a chunk of another fragment; a chunk past it takes
+// the fragment back, late_described_chunk), or lookahead_ns passes. One event per
+// source: the one held before for it goes on.
+void Matcher::hold_for_lookahead(Event* e, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    const auto i = static_cast<std::size_t>(idx);
+    end_lookahead(i, now_ns, out);
+    const ChunkMeta* head = e->src[i].head;
+    if (head == nullptr) return;
+    lookahead_[i] = Lookahead{e, e->started, head->event_id, now_ns, e->run_number};
+    ++e->lookahead;
+    ++lookaheads_;
+}
+
+void Matcher::end_lookahead(std::size_t i, std::uint64_t now_ns, EventList& out) noexcept {
+    Lookahead& l = lookahead_[i];
+    if (l.event == nullptr) return;
+    Event* e = l.event;
+    const bool in_flight = e->started == l.started;  // not handed on otherwise meanwhile
+    l = Lookahead{};
+    --lookaheads_;
+    if (in_flight && --e->lookahead == 0) settle(e, now_ns, out);
+}
+
+void Matcher::release_lookaheads(std::uint64_t now_ns, EventList& out, bool all) noexcept {
+    if (lookaheads_ == 0) return;
+    for (std::size_t i = 0; i < lookahead_.size() && lookaheads_ != 0; ++i) {
+        const Lookahead& l = lookahead_[i];
+        if (l.event == nullptr) continue;
+        const bool gone = l.event->started != l.started;
+        if (all || gone || l.since_ns + lookahead_ns_ <= now_ns || l.event->first_fragment_unix_ns + timeout_ns_ <= now_ns)
+            end_lookahead(i, now_ns, out);
+    }
 }
 
 // The chunk count of source i's fragment gathered into e (event_id mode), 0 when e

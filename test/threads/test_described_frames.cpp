@@ -753,3 +753,71 @@ TEST_CASE("described frames: in the time modes a chunk past a false last is know
         CHECK(e1->section_present(1));
     }
 }
+
+TEST_CASE("described frames: an event a described fragment completed waits for that source's next chunk",
+          "[frames][matcher][described][timestamp]") {
+    // Issue 40 item 12: a chunk past a false last bit that came once the event was
+    // complete found it handed on already: written complete with the fragment cut to
+    // its first chunk. The event now waits for the source's next chunk (or
+    // MatcherSettings::lookahead_ns): chunk 1 takes the fragment back.
+    SECTION("event_id") {
+        MatcherSettings ms = settings({1, 2});
+        ms.lookahead_ns = 1000;
+        FramesRig rig(kChunkedBoard, ms);
+        auto f1 = adc_fragment(1, 5, payload_bytes(900, 1));
+        f1[0][7] = std::byte{1};  // a false last bit on chunk 0
+        EventList out = rig.feed({rig.datagram(adc_fragment(2, 5, payload_bytes(60, 2))[0]), rig.datagram(f1[0])}, 1);
+        CHECK(out.count == 0);  // held: module 1's next chunk may show its last bit false
+        rig.feed_into(out, {rig.datagram(f1[1]), rig.datagram(f1[2])}, 2);
+        CHECK(rig.counters.inconsistent_chunks.get() == 2);
+        CHECK(out.count == 0);
+        rig.matcher.expire(2 + 1'000'000, out);
+        REQUIRE(out.count == 1);
+        CHECK(out.head->event_id == 5);
+        CHECK((out.head->status & file::record_status::incomplete) != 0);
+        CHECK_FALSE(out.head->section_present(0));
+        CHECK(out.head->section_present(1));
+        // The common case: true last bits. Event 6 waits for each module's next chunk
+        // (both are described boards), which is of trigger 7: event 6 goes, complete.
+        out = rig.feed({rig.datagram(adc_fragment(2, 6, payload_bytes(60, 2))[0])}, 2'000'000);
+        for (const Bytes& d : adc_fragment(1, 6, payload_bytes(500, 3))) rig.feed_into(out, {rig.datagram(d)}, 2'000'000);
+        CHECK(out.count == 0);
+        rig.feed_into(out, {rig.datagram(adc_fragment(1, 7, payload_bytes(40, 4))[0])}, 2'000'001);
+        CHECK(out.count == 0);
+        rig.feed_into(out, {rig.datagram(adc_fragment(2, 7, payload_bytes(60, 2))[0])}, 2'000'002);
+        REQUIRE(out.count == 1);
+        CHECK(out.head->event_id == 6);
+        CHECK(out.head->status == 0);
+        // Event 7, complete, waits lookahead_ns at most (to the tick after it).
+        out = EventList{};
+        rig.matcher.expire(2'000'002 + 999, out);
+        CHECK(out.count == 0);
+        rig.matcher.expire(2'000'002 + 1000, out);
+        REQUIRE(out.count == 1);
+        CHECK(out.head->event_id == 7);
+        CHECK(out.head->status == 0);
+        // A run's end and a flush hand a held event on as it is: complete.
+        out = rig.feed({rig.datagram(adc_fragment(2, 8, payload_bytes(60, 2))[0]), rig.datagram(adc_fragment(1, 8, payload_bytes(40, 4))[0])}, 3'000'000);
+        CHECK(out.count == 0);
+        rig.matcher.flush(3'000'001, out);
+        REQUIRE(out.count == 1);
+        CHECK(out.head->status == 0);
+        CHECK(rig.counters.stale_chunks.get() == 0);
+    }
+    SECTION("timestamp") {
+        MatcherSettings ms = settings({0, 1}, file::MatchMode::timestamp);
+        ms.lookahead_ns = 1000;
+        FramesRig rig(kTimedBoard, ms);
+        Bytes other = timed_chunk(0, 0, true, 1500, payload_bytes(16, 3));
+        other[0] = std::byte{1};
+        EventList out = rig.feed({rig.datagram(other), rig.datagram(timed_chunk(1, 0, true, 1502, payload_bytes(30, 1)))}, 1);
+        CHECK(out.count == 0);
+        rig.feed_into(out, {rig.datagram(timed_chunk(1, 1, true, 0, payload_bytes(20, 2)))}, 2);
+        CHECK(rig.counters.inconsistent_chunks.get() == 1);
+        rig.matcher.expire(2 + 1'000'000, out);
+        REQUIRE(out.count == 1);
+        CHECK((out.head->status & file::record_status::incomplete) != 0);
+        CHECK_FALSE(out.head->section_present(0));
+        CHECK(out.head->section_present(1));
+    }
+}
