@@ -65,10 +65,11 @@ void Matcher::find_absent(std::uint64_t now_ns, EventList& out) noexcept {
         }
     }
     if (!any) return;
-    // Events that waited only for sources now absent are handed on at once.
+    // Events that waited only for sources now absent are handed on at once (one
+    // held for a board's next chunk goes when that ends, as it is: settle).
     for (Event* e = oldest_; e != nullptr;) {
         Event* newer = e->newer;
-        if (done(*e)) {
+        if (e->lookahead == 0 && done(*e)) {
             counters_.events_released_absent.add();
             finish(e, false, now_ns, out);
         }

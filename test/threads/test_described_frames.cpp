@@ -821,3 +821,24 @@ TEST_CASE("described frames: an event a described fragment completed waits for t
         CHECK(out.head->section_present(1));
     }
 }
+
+TEST_CASE("described frames: a held complete event stays complete when a source goes absent meanwhile",
+          "[frames][matcher][described]") {
+    MatcherSettings ms = settings({1, 2});
+    ms.lookahead_ns = 1000;
+    ms.source_timeout_events = 2;
+    FramesRig rig(kChunkedBoard, ms);
+    EventList out = rig.feed({rig.datagram(adc_fragment(2, 5, payload_bytes(60, 2))[0]),
+                              rig.datagram(adc_fragment(1, 5, payload_bytes(40, 1))[0])}, 1);
+    CHECK(out.count == 0);  // held for both modules' next chunks
+    for (std::uint16_t t = 6; t < 9; ++t) rig.feed_into(out, {rig.datagram(adc_fragment(1, t, payload_bytes(40, t))[0])}, 2);
+    rig.matcher.expire(3, out);  // module 2 is absent now
+    REQUIRE(rig.matcher.source_absent(1));
+    rig.matcher.expire(1 + 1000, out);  // module 2's hold on event 5 ends
+    Event* e5 = nullptr;
+    for (Event* e = out.head; e != nullptr; e = e->next_out)
+        if (e->event_id == 5) e5 = e;
+    REQUIRE(e5 != nullptr);
+    CHECK(e5->status == 0);
+    CHECK(e5->section_present(1));
+}
