@@ -240,8 +240,9 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     // matcher shards', port `shards` the writer's.
     // Described frames (input.frames): every input decodes them with the one
     // compiled table, and its slots hold the headroom in front of each datagram.
-    // A restart within a timestamp-mode run: the sequences its files hold, per source
-    // (the matcher drops copies of them; the inputs number self-numbered sources on).
+    // A restart within a run of a time mode: the sequences its files hold, per source
+    // (timestamp mode: the matcher drops copies of them; the inputs number
+    // self-numbered sources on).
     const std::shared_ptr<const file::HeldSequences> held_sequences =
         on_disk.held.empty() || on_disk.sequences.empty()
             ? nullptr

@@ -31,11 +31,12 @@ bool sender_allowed(const std::vector<std::uint64_t>& allowed_keys, const sockad
 struct FrameInputSettings {
     std::shared_ptr<const frames::FrameTable> table;  // null or empty: EVB datagrams only
     std::vector<std::uint32_t> sources;  // every source evbd started with: their wrap state is kept
-    // A restart within run `held_run` (timestamp mode): per source, the sequences the
+    // A restart within run `held_run` (the time modes): per source, the sequences the
     // run's files hold. A source evbd numbers itself (a description without `event`)
     // is numbered on from one past the highest of them, not from 0 again: a new
-    // fragment must not take the number of one the killed process wrote (the matcher
-    // drops a held sequence as a copy, RestartCopies).
+    // fragment must not take the number of one the killed process wrote (timestamp
+    // mode: the matcher drops a held sequence as a copy, RestartCopies; time_slice:
+    // the run would hold two fragments of the source with one number).
     std::shared_ptr<const file::HeldSequences> held;
     std::uint32_t held_run = 0;
 };

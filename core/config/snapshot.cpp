@@ -54,6 +54,9 @@ MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
     if (c.input.frames)
         for (const frames::FrameDescription& d : c.input.frames->descriptions())
             if (d.chunk_index.present()) m.described_chunks = true;
+    // An event a described board's fragment completed waits for the board's next chunk
+    // (a false last bit, docs/RELIABILITY.md), a tick at most: what the ticks allow.
+    if (m.described_chunks) m.lookahead_ns = std::clamp<std::uint64_t>(c.building.timeout_ms / 4, 1, 50) * 1'000'000ull;
     // Dead-source detection (docs/OPERATIONS.md, "When a board dies").
     m.source_timeout_ns = std::uint64_t{c.building.source_timeout_ms != 0
                                             ? c.building.source_timeout_ms

@@ -94,7 +94,7 @@ void recover_part(const std::string& path, RunSurvey& s) {
     ::close(fd);
 }
 
-// The sequence numbers of the items in a section's `length` bytes (timestamp mode,
+// The sequence numbers of the items in a section's `length` bytes (the time modes,
 // docs/FORMATS.md 6.3), walked within them whatever the bytes say.
 void add_item_sequences(std::uint32_t source_id, const std::byte* bytes, std::uint32_t length,
                         std::map<std::uint32_t, std::vector<std::uint64_t>>& seqs) {
@@ -163,7 +163,8 @@ std::optional<std::string> why_part_holds_no_events(std::span<const std::byte> i
 RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint32_t builder_id,
                      std::uint32_t builders, bool recover_parts, MatchMode match) {
     RunSurvey s;
-    const bool items = match == MatchMode::timestamp;
+    // The time modes' records hold items (FORMATS.md 6.3): their sources' sequences.
+    const bool items = match == MatchMode::timestamp || match == MatchMode::time_slice;
     std::map<std::uint32_t, std::vector<std::uint64_t>> seqs;  // timestamp mode: by source
     const std::string builder_prefix = "run";  // every run: the builder is checked below
     const std::string builder_tag = fmt::format("_{:03}_", builder_id);
@@ -197,7 +198,7 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 midas::Scanner scanner([&](const midas::EventView& e) {
                     if (scanner.result().bor.serial_number != run || !midas::decode_built(e, d)) return;
                     file_ids.push_back(d.evb_event_id);
-                    if (items)  // timestamp mode: the sequences each source's items hold
+                    if (items)  // the time modes: the sequences each source's items hold
                         for (const midas::DecodedSection& sec : d.sections)
                             if (sec.info.has_bank()) add_item_sequences(sec.info.source_id, sec.bytes, sec.info.length, seqs);
                 });
@@ -230,7 +231,7 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 continue;
             }
             s.files.push_back(path);
-            // Timestamp mode: the items' sequences, their headers read as a COMPRESSED
+            // The time modes: the items' sequences, their headers read as a COMPRESSED
             // record is decoded in pieces (never whole).
             LayoutVisitor item_headers;
             item_headers.item = [&](const SectionView& sec, std::uint32_t, const ItemView& it, std::uint64_t) {
@@ -241,7 +242,7 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 ++s.records;
                 if (r.header.run_number != run) continue;
                 ids.push_back(r.header.event_id);
-                if (!items || scanned.header.match_mode != MatchMode::timestamp) continue;
+                if (!items || scanned.header.match_mode != match) continue;
                 std::string why;
                 if (!walk_layout(r, item_headers, &why))
                     s.problems.push_back(fmt::format("{}: record at {}: {} (its fragments are not known held)", path,

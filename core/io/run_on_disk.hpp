@@ -48,11 +48,12 @@ private:
     std::uint64_t foreign_ = 0;
 };
 
-// Timestamp mode, where a FRAGMENT's event_id is its source's sequence number
+// The time modes, where a FRAGMENT's event_id is its source's sequence number
 // (docs/FORMATS.md section 4): per source, the sequences of the fragments a run's
-// files hold, as spans (a source's sequences run mostly consecutive). A copy of one
-// that arrives after a restart is late, as a copy of a fragment written by this
-// process would be.
+// files hold, as spans (a source's sequences run mostly consecutive). In timestamp
+// mode a copy of one that arrives after a restart is late, as a copy of a fragment
+// written by this process would be; in both, a source evbd numbers itself is
+// numbered on past them.
 class HeldSequences {
 public:
     HeldSequences() = default;
@@ -76,7 +77,7 @@ struct RunSurvey {
     std::uint64_t records = 0;           // good records in them
     std::uint32_t next_serial = 0;       // MIDAS: one past the last built event's serial number (0: none)
     HeldIds held;                        // their event ids
-    HeldSequences sequences;             // timestamp mode: per source, the sequences of their items
+    HeldSequences sequences;             // the time modes: per source, the sequences of their items
     std::vector<std::string> recovered;  // .part files of this builder made clean (the new names)
     std::vector<std::string> removed;    // .part files cut off before their header (no event), removed
     // .part files recovered that held damage, not only a torn tail: what was dropped
@@ -89,7 +90,7 @@ struct RunSurvey {
 // Surveys `directory` for files of `builder_id`: with `recover_parts`, every
 // `.part` (.evb, .mid, .mid.lz4) of the builder (any run) not locked by a running evbd is recovered
 // first; then every data file of `run` is read and its records' event ids collected.
-// In timestamp mode (`match`) the records' items are read too (COMPRESSED ones
+// In the time modes (`match`) the records' items are read too (COMPRESSED ones
 // decoded, one at a time), for `sequences`.
 RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint32_t builder_id,
                      std::uint32_t builders, bool recover_parts, MatchMode match = MatchMode::event_id);

@@ -143,6 +143,8 @@ struct Event {
     Event* same_bucket;           // timestamp mode: next event in flight in this anchor bucket
     bool own_record;              // timestamp mode: a desynchronised source's fragment alone
     std::uint64_t started;        // events this shard started before it (the older of two is smaller)
+    static constexpr std::uint64_t kNotInFlight = UINT64_MAX;  // `started` once the matcher handed it on
+    std::uint32_t lookahead;      // described sources whose next chunk it waits for (Matcher::settle)
     std::uint16_t shard;
     RecordLayout layout;          // fixed per pool
     // The codec of the files of this event's expected-source set (a reload that

@@ -50,7 +50,9 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       ledger_unit_(s.ledger_unit),
       ledgers_(kLostRangesKept, counters.lost_whole, 2 * std::size_t{s.max_events},  // ids of events in flight, twice
                counters.lost_whole_revoked),
-      refused_(s.refuse_whole && s.match == file::MatchMode::event_id && s.ledger_unit != 0 ? kRefusedSlots : 0) {
+      refused_(s.refuse_whole && s.match == file::MatchMode::event_id && s.ledger_unit != 0 ? kRefusedSlots : 0),
+      places_(s.described_chunks && s.match != file::MatchMode::event_id ? s.max_events : 0),
+      lookahead_ns_(s.described_chunks && s.match != file::MatchMode::time_slice ? s.lookahead_ns : 0) {
     codec_ = s.codec;
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
     free_.reserve(s.max_events);
@@ -63,6 +65,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
     if (s.described_chunks) {
         ungathered_.assign(n, nullptr);
         gathered_.assign(n, RecentlyGathered{});
+        if (lookahead_ns_ != 0) lookahead_.assign(n, Lookahead{});
     }
     if (match_ == file::MatchMode::time_slice) {
         watermark_.assign(n, 0);
@@ -112,6 +115,7 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     e->anchor = event_id;  // timestamp mode: the opening fragment's time
     e->same_bucket = nullptr;
     e->own_record = own;
+    e->lookahead = 0;
     std::memset(e->src, 0, sizeof(SourceState) * e->section_count);
     // Sources absent now are not waited for by this event, even if they return
     // before it is done: their fragments for it were most likely never sent.
@@ -188,6 +192,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
         counters_.events_complete.add();
     }
     e->built_unix_ns = now_ns;
+    e->started = Event::kNotInFlight;  // its FragmentPlaces are void
     if (!empty_slice) counters_.build_latency.observe(now_ns >= e->first_fragment_unix_ns ? now_ns - e->first_fragment_unix_ns : 0);
     if (e->older) e->older->newer = e->newer; else oldest_ = e->newer;
     if (e->newer) e->newer->older = e->older; else newest_ = e->older;
@@ -295,39 +300,17 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
     if (Event* e = event_by_id(c, idx, now_ns)) accept(e, c, idx, now_ns, out, false);
 }
 
-// Timestamp mode: a complete fragment joins an event (section 5), so the chunks of a
-// fragment of several wait in their source's list until it is whole, then find
-// their event once, by its timestamp, and join it in order. A chunk that waits
-// longer than building.timeout_ms for the others is dropped (expire_waiting).
-void Matcher::add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
-    const auto i = static_cast<std::size_t>(idx);
-    if ((c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c) {
-        counters_.crc_failures.add();  // no event holds it yet to be marked CORRUPT_DROPPED
-        drop(c);
-        return;
-    }
-    wire::store_u64(c->spare(), now_ns);  // when it began to wait
-    ChunkMeta* first = nullptr;
-    ChunkMeta* last = nullptr;
-    const Gather g = gather(waiting_[i], c, i, first, last, false);
-    if (g == Gather::held) ++waiting_chunks_;
-    // Whole or broken, the fragment's other chunks have stopped waiting.
-    if (g == Gather::complete || g == Gather::broken) waiting_chunks_ -= c->chunk_count - 1u;
-    if (g == Gather::complete) (void)join_whole(first, idx, now_ns, out);
-}
-
 // A whole fragment (first and the chunks linked after it, in order) finds its event
 // once, by the match mode's rule (by timestamp, or by id), and joins it chunk by
-// chunk. When it has none (late, a duplicate, refused) every chunk is dropped and
-// the result is false.
-bool Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+// chunk. When it has none (late, a duplicate, refused) every chunk is dropped.
+Event* Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept {
     ChunkMeta* rest = first->next;
     first->next = nullptr;
     Event* e = match_ == file::MatchMode::timestamp ? event_by_time(first, idx, now_ns)
                                                     : event_by_id(first, idx, now_ns);  // drop `first` when no event
     if (e == nullptr) {
         drop_chain(rest);
-        return false;
+        return nullptr;
     }
     ledger_built(first->run_number, first->event_id);
     first->next = rest;
@@ -336,7 +319,7 @@ bool Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventL
         accept(e, k, idx, now_ns, out, true);
         k = next;
     }
-    return true;
+    return e;
 }
 
 void Matcher::expire_waiting(std::uint64_t now_ns, bool all) noexcept {
@@ -505,12 +488,9 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         counters_.source_fragments[idx].add();
         if (match_ == file::MatchMode::timestamp && c->timestamp + 1 > counters_.source_watermark[idx].get())
             counters_.source_watermark[idx].set(c->timestamp + 1);
-        if (++e->complete_sources + e->removed_count == e->section_count) {
-            finish(e, true, now_ns, out);  // every section of its record is in
-        } else if ((e->not_awaited != 0 || !absent_list_.empty()) && done(*e)) {
-            if (!e->own_record) counters_.events_released_absent.add();
-            finish(e, false, now_ns, out);
-        }
+        ++e->complete_sources;
+        if (look_ahead_src_ == idx) hold_for_lookahead(e, idx, now_ns, out);
+        settle(e, now_ns, out);
     }
 }
 
@@ -693,6 +673,7 @@ void Matcher::add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out) 
 
 void Matcher::expire(std::uint64_t now_ns, EventList& out) {
     expire_waiting(now_ns, false);
+    release_lookaheads(now_ns, out, false);
     find_absent(now_ns, out);
     while (oldest_ != nullptr && oldest_->first_fragment_unix_ns + timeout_ns_ <= now_ns)
         finish(oldest_, false, now_ns, out);
@@ -703,6 +684,7 @@ void Matcher::expire(std::uint64_t now_ns, EventList& out) {
 
 void Matcher::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint64_t now_ns, EventList& out) {
     reclaim();
+    release_lookaheads(now_ns, out, true);
     Event* e = map_.find(map_key(event_id, run_number));
     // Only an id actually built is skipped: an id below the late floor that was never
     // built (its request lost for long) still gets its record, so its credit returns.
@@ -716,6 +698,7 @@ void Matcher::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uin
 
 void Matcher::flush(std::uint64_t now_ns, EventList& out) {
     expire_waiting(now_ns, true);
+    release_lookaheads(now_ns, out, true);
     while (oldest_ != nullptr) finish(oldest_, false, now_ns, out);
     ledger_end(RunLedgers::kNone);
     returns_.flush();
@@ -728,6 +711,7 @@ void Matcher::ledger_end(std::uint32_t next_run) {
 
 void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& out) {
     reclaim();
+    release_lookaheads(now_ns, out, true);
     for (Event* e = oldest_; e != nullptr;) {
         Event* newer = e->newer;
         if (e->run_number != next_run) finish(e, false, now_ns, out);

@@ -14,6 +14,7 @@
 #include "core/model/disorder_gauge.hpp"
 #include "core/model/event.hpp"
 #include "core/model/flat_map.hpp"
+#include "core/model/fragment_places.hpp"
 #include "core/model/lost_ledger.hpp"
 #include "core/model/restart_copies.hpp"
 #include "core/model/source_index.hpp"
@@ -71,6 +72,11 @@ struct MatcherSettings {
     // Some frame description sends fragments in chunks (input.frames, `chunk`): the
     // matcher keeps, per source, the state that gathers them (gather_described).
     bool described_chunks = false;
+    // Described chunks, event_id and timestamp modes: an event that a described
+    // fragment completed (its chunk with the `last` bit) is handed on once that source's
+    // next chunk shows the bit true (it is of a later fragment), or this long after
+    // (0: at once). A chunk past a false `last` then still finds the event in flight.
+    std::uint64_t lookahead_ns = 0;
     // A restart within a run: the ids of run built_before_run that the run's files
     // already hold (the start-up survey, shared by every shard). A chunk of one is
     // late, as a chunk of an event this process built would be, so that a run never
@@ -156,8 +162,8 @@ private:
     // Timestamp mode: chunks of fragments not yet whole, per source (see gather).
     void expire_waiting(std::uint64_t now_ns, bool all) noexcept;
     // A whole fragment (its chunks linked from `first`; event_id and timestamp modes)
-    // joins its event; false when it had none and was dropped.
-    bool join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    // joins its event, which is returned; nullptr when it had none and was dropped.
+    Event* join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // Described frames: a chunk not gathered yet waits for its fragment's other
     // chunks; the whole fragment then goes on to its event.
     void gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
@@ -173,10 +179,15 @@ private:
         int chunks_of(std::uint64_t e, std::uint32_t r) const noexcept;  // -1: not there
         void insert(std::uint64_t e, std::uint32_t r, std::uint32_t n) noexcept;
     };
-    void late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexcept;
+    // `e`: the time modes, the event or slice in flight that holds the fragment, if known.
+    void late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n, Event* e = nullptr) noexcept;
     std::uint32_t chunks_in_event(const Event& e, std::size_t i, const ChunkMeta* c) const noexcept;
+    // The time modes: the chunk count of source i's fragment `seq` in event or slice
+    // e (0: e holds none of it, or an EMPTY one).
+    static std::uint32_t chunks_in_flight(const Event& e, std::size_t i, std::uint64_t seq) noexcept;
     void take_fragment_back(Event& e, std::size_t idx) noexcept;
-    // The time modes: the event in flight that holds source i's fragment `seq`.
+    // The time modes: the event in flight that holds source i's fragment `seq` (by its
+    // place, else by a look through the events in flight).
     Event* in_flight_with(std::size_t i, std::uint64_t seq, std::uint32_t run) noexcept;
     void take_item_back(Event& e, std::size_t i, std::uint64_t seq) noexcept;
     // Events in flight are found by id and run: while a run changes, the readers admit
@@ -371,6 +382,25 @@ private:
     std::uint64_t ledger_unit_;
     RunLedgers ledgers_;
     std::vector<RefusedEvent> refused_;  // empty unless refuse_whole
+    FragmentPlaces places_;              // the time modes with described chunks; else empty
+    // Described chunks (MatcherSettings::lookahead_ns), per source: the event its
+    // last gathered fragment joined, held from being handed on complete until the
+    // source's next chunk of another fragment, or lookahead_ns.
+    struct Lookahead {
+        Event* event = nullptr;  // nullptr: none held
+        std::uint64_t started = 0, seq = 0, since_ns = 0;
+        std::uint32_t run = 0;
+    };
+    std::uint64_t lookahead_ns_;
+    std::vector<Lookahead> lookahead_;  // empty unless lookahead_ns_
+    std::size_t lookaheads_ = 0;        // held
+    int look_ahead_src_ = -1;           // gather_described: the source whose fragment joins now
+    void hold_for_lookahead(Event* e, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    void end_lookahead(std::size_t i, std::uint64_t now_ns, EventList& out) noexcept;
+    // Ends every hold (all) or those lookahead_ns old or whose event times out now.
+    void release_lookaheads(std::uint64_t now_ns, EventList& out, bool all) noexcept;
+    // Event e is handed on if it is done and waits for no source's next chunk.
+    void settle(Event* e, std::uint64_t now_ns, EventList& out) noexcept;
 };
 
 }  // namespace evb

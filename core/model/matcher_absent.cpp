@@ -8,6 +8,16 @@
 
 namespace evb {
 
+void Matcher::settle(Event* e, std::uint64_t now_ns, EventList& out) noexcept {
+    if (e->lookahead != 0) return;
+    if (e->complete_sources + e->removed_count == e->section_count) {
+        finish(e, true, now_ns, out);  // every section of its record is in
+    } else if ((e->not_awaited != 0 || !absent_list_.empty()) && done(*e)) {
+        if (!e->own_record) counters_.events_released_absent.add();
+        finish(e, false, now_ns, out);
+    }
+}
+
 bool Matcher::done(const Event& e) const noexcept {
     std::size_t settled = std::size_t{e.complete_sources} + e.not_awaited;
     if (settled + absent_list_.size() < e.section_count) return false;
@@ -55,10 +65,11 @@ void Matcher::find_absent(std::uint64_t now_ns, EventList& out) noexcept {
         }
     }
     if (!any) return;
-    // Events that waited only for sources now absent are handed on at once.
+    // Events that waited only for sources now absent are handed on at once (one
+    // held for a board's next chunk goes when that ends, as it is: settle).
     for (Event* e = oldest_; e != nullptr;) {
         Event* newer = e->newer;
-        if (done(*e)) {
+        if (e->lookahead == 0 && done(*e)) {
             counters_.events_released_absent.add();
             finish(e, false, now_ns, out);
         }

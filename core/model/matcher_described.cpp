@@ -56,6 +56,11 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         drop(c);
         return;
     }
+    // A chunk of another fragment than the one whose event waits for it: that one's
+    // last bit was true.
+    if (lookaheads_ != 0 && lookahead_[i].event != nullptr &&
+        (lookahead_[i].seq != c->event_id || lookahead_[i].run != c->run_number))
+        end_lookahead(i, now_ns, out);
     if (const int n = gathered_[i].chunks_of(c->event_id, c->run_number); n >= 0) {
         late_described_chunk(c, idx, static_cast<std::uint32_t>(n));
         return;
@@ -77,14 +82,22 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
             late_described_chunk(c, idx, n);
             return;
         }
-    } else if (match_ == file::MatchMode::timestamp && timed_history_[i].run == c->run_number) {
-        const SourceHistory& h = timed_history_[i];
-        for (std::uint32_t k = 0; k < h.seq_count; ++k)
-            if (h.written_seq[k] == c->event_id) {
-                counters_.duplicate_chunks.add();
-                drop(c);
-                return;
-            }
+    } else {
+        // The time modes: the same, the fragment's event or slice found by its place.
+        Event* e = places_.find(i, c->run_number, c->event_id);
+        if (const std::uint32_t n = e != nullptr ? chunks_in_flight(*e, i, c->event_id) : 0; n > 0) {
+            late_described_chunk(c, idx, n, e);
+            return;
+        }
+        if (match_ == file::MatchMode::timestamp && timed_history_[i].run == c->run_number) {
+            const SourceHistory& h = timed_history_[i];
+            for (std::uint32_t k = 0; k < h.seq_count; ++k)
+                if (h.written_seq[k] == c->event_id) {
+                    counters_.duplicate_chunks.add();
+                    drop(c);
+                    return;
+                }
+        }
     }
     ChunkMeta* after = nullptr;  // insert after this chunk (nullptr: at the head)
     ChunkMeta* p = ungathered_[i];
@@ -193,15 +206,23 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
     // Remembered as gathered (a copy of one of its chunks is a duplicate) only once it
     // is in its event or slice: a fragment refused there (no room for its event, the
     // run stopping) is taken when it comes again.
+    // Its place (the time modes) is remembered too, for a chunk that comes after
+    // gathered_ forgot it.
     bool joined = false;
     if (match_ != file::MatchMode::time_slice) {
-        joined = join_whole(first, idx, now_ns, out);
+        if (!lookahead_.empty()) look_ahead_src_ = idx;  // the event it completes waits (accept)
+        Event* e = join_whole(first, idx, now_ns, out);
+        look_ahead_src_ = -1;
+        joined = e != nullptr;
+        if (match_ == file::MatchMode::timestamp) places_.remember(i, run, event, e);
     } else {
+        const std::uint64_t slice = first->timestamp / slice_ticks_;
         for (ChunkMeta* k = first; k != nullptr;) {
             ChunkMeta* next = k->next;
             joined = add_sliced(k, idx, now_ns, out, true) || joined;
             k = next;
         }
+        if (joined) places_.remember(i, run, event, map_.find(map_key(slice, run)));
     }
     if (joined) gathered_[i].insert(event, run, n);
 }
@@ -209,12 +230,12 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
 // A chunk of a fragment gathered lately, its `n` chunks known (0: dropped as
 // inconsistent). A copy of one of them is a duplicate; any other (past the last, or
 // the last bit where the fragment had none) shows the fragment's last bit was false.
-void Matcher::late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexcept {
+void Matcher::late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n, Event* e) noexcept {
     const auto i = static_cast<std::size_t>(idx);
-    // event_id mode finds the fragment's event by the chunk alone; the time modes
-    // look through the events in flight for the source's fragment of that sequence
-    // (only for a chunk that is no copy, which is rare).
-    Event* e = match_ == file::MatchMode::event_id ? map_.find(map_key(c->event_id, c->run_number)) : nullptr;
+    // event_id mode finds the fragment's event by the chunk alone; the time modes by
+    // the fragment's place, when `e` is not known already (only for a chunk that is
+    // no copy, which is rare).
+    if (match_ == file::MatchMode::event_id) e = map_.find(map_key(c->event_id, c->run_number));
     const std::uint32_t index = c->chunk_index;
     const bool copy = index < n && says_last(c) == (index + 1 == n);
     if (copy) {
@@ -223,7 +244,7 @@ void Matcher::late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexc
     } else {
         counters_.inconsistent_chunks.add();
         gathered_[i].insert(c->event_id, c->run_number, 0);
-        if (match_ != file::MatchMode::event_id) e = in_flight_with(i, c->event_id, c->run_number);
+        if (match_ != file::MatchMode::event_id && e == nullptr) e = in_flight_with(i, c->event_id, c->run_number);
         if (e != nullptr && match_ == file::MatchMode::time_slice) {
             take_item_back(*e, i, c->event_id);
         } else if (e != nullptr) {
@@ -231,6 +252,42 @@ void Matcher::late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n) noexc
         }
     }
     drop(c);
+}
+
+// Source idx's fragment, gathered from its chunks, completed its part of event e: e
+// is not handed on complete before the source's next chunk shows whether the
+// fragment's last bit was true (a chunk of another fragment; a chunk past it takes
+// the fragment back, late_described_chunk), or lookahead_ns passes. One event per
+// source: the one held before for it goes on.
+void Matcher::hold_for_lookahead(Event* e, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    const auto i = static_cast<std::size_t>(idx);
+    end_lookahead(i, now_ns, out);
+    const ChunkMeta* head = e->src[i].head;
+    if (head == nullptr) return;
+    lookahead_[i] = Lookahead{e, e->started, head->event_id, now_ns, e->run_number};
+    ++e->lookahead;
+    ++lookaheads_;
+}
+
+void Matcher::end_lookahead(std::size_t i, std::uint64_t now_ns, EventList& out) noexcept {
+    Lookahead& l = lookahead_[i];
+    if (l.event == nullptr) return;
+    Event* e = l.event;
+    const bool in_flight = e->started == l.started;  // not handed on otherwise meanwhile
+    l = Lookahead{};
+    --lookaheads_;
+    if (in_flight && --e->lookahead == 0) settle(e, now_ns, out);
+}
+
+void Matcher::release_lookaheads(std::uint64_t now_ns, EventList& out, bool all) noexcept {
+    if (lookaheads_ == 0) return;
+    for (std::size_t i = 0; i < lookahead_.size() && lookaheads_ != 0; ++i) {
+        const Lookahead& l = lookahead_[i];
+        if (l.event == nullptr) continue;
+        const bool gone = l.event->started != l.started;
+        if (all || gone || l.since_ns + lookahead_ns_ <= now_ns || l.event->first_fragment_unix_ns + timeout_ns_ <= now_ns)
+            end_lookahead(i, now_ns, out);
+    }
 }
 
 // The chunk count of source i's fragment gathered into e (event_id mode), 0 when e
@@ -243,12 +300,26 @@ std::uint32_t Matcher::chunks_in_event(const Event& e, std::size_t i, const Chun
     return s.head->chunk_count;
 }
 
+std::uint32_t Matcher::chunks_in_flight(const Event& e, std::size_t i, std::uint64_t seq) noexcept {
+    const SourceState& s = e.src[i];
+    if (s.state & SourceState::kEmpty) return 0;  // a heartbeat's count is gathered_'s to tell
+    for (const ChunkMeta* k = s.head; k != nullptr; k = k->next)
+        if (k->event_id == seq && k->chunk_index == 0) return k->chunk_count;
+    return 0;
+}
+
+// By its place; a fragment whose place was taken by another since is looked for
+// through the events in flight.
 Event* Matcher::in_flight_with(std::size_t i, std::uint64_t seq, std::uint32_t run) noexcept {
-    for (Event* e = oldest_; e != nullptr; e = e->newer) {
-        if (e->run_number != run) continue;
-        for (const ChunkMeta* k = e->src[i].head; k != nullptr; k = k->next)
-            if (k->event_id == seq) return e;
-    }
+    auto holds = [&](const Event& e) {
+        if (e.run_number != run) return false;
+        for (const ChunkMeta* k = e.src[i].head; k != nullptr; k = k->next)
+            if (k->event_id == seq) return true;
+        return false;
+    };
+    if (Event* e = places_.find(i, run, seq); e != nullptr && holds(*e)) return e;
+    for (Event* e = oldest_; e != nullptr; e = e->newer)
+        if (holds(*e)) return e;
     return nullptr;
 }
 

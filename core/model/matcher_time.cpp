@@ -311,4 +311,25 @@ void Matcher::release_slices(std::uint64_t now_ns, EventList& out) noexcept {
     }
 }
 
+// Timestamp mode: a complete fragment joins an event (section 5), so the chunks of a
+// fragment of several wait in their source's list until it is whole, then find
+// their event once, by its timestamp, and join it in order. A chunk that waits
+// longer than building.timeout_ms for the others is dropped (expire_waiting).
+void Matcher::add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    const auto i = static_cast<std::size_t>(idx);
+    if ((c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c) {
+        counters_.crc_failures.add();  // no event holds it yet to be marked CORRUPT_DROPPED
+        drop(c);
+        return;
+    }
+    wire::store_u64(c->spare(), now_ns);  // when it began to wait
+    ChunkMeta* first = nullptr;
+    ChunkMeta* last = nullptr;
+    const Gather g = gather(waiting_[i], c, i, first, last, false);
+    if (g == Gather::held) ++waiting_chunks_;
+    // Whole or broken, the fragment's other chunks have stopped waiting.
+    if (g == Gather::complete || g == Gather::broken) waiting_chunks_ -= c->chunk_count - 1u;
+    if (g == Gather::complete) (void)join_whole(first, idx, now_ns, out);
+}
+
 }  // namespace evb

@@ -710,3 +710,135 @@ TEST_CASE("described frames: a chunk past a false last is known as such while it
     out = rig.feed({rig.datagram(adc_fragment(1, 30, payload_bytes(40, 30))[0])}, 7);
     CHECK(rig.counters.duplicate_chunks.get() == 1);
 }
+
+TEST_CASE("described frames: in the time modes a chunk past a false last is known as such while its event "
+          "or slice is in flight, however many fragments came since",
+          "[frames][matcher][described][timestamp][time_slice]") {
+    // Source 0's fragment 1 (ts 1500) is gathered from chunk 0 alone (a false last
+    // bit); then source 0 sends 12 later fragments, more than the 8 a source's
+    // recently gathered fragments hold (source 1 sends nothing yet, so every event or
+    // slice waits); then chunk 1 of fragment 1 comes. It is past its last:
+    // inconsistent, the fragment taken back, nothing goes stale (issue 40 item 12).
+    auto from = [](std::uint8_t source, Bytes d) {
+        d[0] = std::byte{source};
+        return d;
+    };
+    const Bytes a = payload_bytes(30, 1), b = payload_bytes(20, 2), c = payload_bytes(16, 3);
+    const file::MatchMode mode = GENERATE(file::MatchMode::timestamp, file::MatchMode::time_slice);
+    INFO(mode_name(mode));
+    const bool slices = mode == file::MatchMode::time_slice;
+    FramesRig rig(kTimedBoard, settings({0, 1}, mode));
+    EventList out = rig.feed({rig.datagram(timed_chunk(0, 0, true, 1100, c)), rig.datagram(timed_chunk(1, 0, true, 1500, a))}, 1);
+    // timestamp: events 1000 ticks apart; time_slice: slices 2.. (slice 1 holds 0 and 1).
+    for (std::uint8_t s = 2; s < 14; ++s)
+        rig.feed_into(out, {rig.datagram(timed_chunk(s, 0, true, static_cast<std::uint16_t>(slices ? 2100 + 10 * s : 1500 + 1000 * s), c))}, 2);
+    CHECK(out.count == 0);
+    rig.feed_into(out, {rig.datagram(timed_chunk(1, 1, true, 0, b))}, 3);
+    CHECK(rig.counters.inconsistent_chunks.get() == 1);
+    CHECK(rig.counters.duplicate_chunks.get() == 0);
+    CHECK(out.count == 0);
+    // Source 1 joins (timestamp: the event of 1500; time_slice: past slice 1).
+    rig.feed_into(out, {rig.datagram(from(1, timed_chunk(0, 0, true, slices ? 2500 : 1502, c)))}, 4);
+    rig.matcher.expire(4 + 1'000'000, out);
+    CHECK(rig.counters.stale_chunks.get() == 0);
+    Event* e1 = nullptr;
+    for (Event* e = out.head; e != nullptr; e = e->next_out)
+        if (slices ? e->timestamp == 1000u : e->timestamp == 1500u || e->timestamp == 1502u) e1 = e;  // 1502: without 0's
+    REQUIRE(e1 != nullptr);
+    CHECK((e1->status & file::record_status::incomplete) != 0);
+    if (slices) {
+        CHECK(FramesRig::section(*e1, 0).size() == file::kItemHeaderBytes + file::padded8(16));  // fragment 0 only
+    } else {
+        CHECK_FALSE(e1->section_present(0));
+        CHECK(e1->section_present(1));
+    }
+}
+
+TEST_CASE("described frames: an event a described fragment completed waits for that source's next chunk",
+          "[frames][matcher][described][timestamp]") {
+    // Issue 40 item 12: a chunk past a false last bit that came once the event was
+    // complete found it handed on already: written complete with the fragment cut to
+    // its first chunk. The event now waits for the source's next chunk (or
+    // MatcherSettings::lookahead_ns): chunk 1 takes the fragment back.
+    SECTION("event_id") {
+        MatcherSettings ms = settings({1, 2});
+        ms.lookahead_ns = 1000;
+        FramesRig rig(kChunkedBoard, ms);
+        auto f1 = adc_fragment(1, 5, payload_bytes(900, 1));
+        f1[0][7] = std::byte{1};  // a false last bit on chunk 0
+        EventList out = rig.feed({rig.datagram(adc_fragment(2, 5, payload_bytes(60, 2))[0]), rig.datagram(f1[0])}, 1);
+        CHECK(out.count == 0);  // held: module 1's next chunk may show its last bit false
+        rig.feed_into(out, {rig.datagram(f1[1]), rig.datagram(f1[2])}, 2);
+        CHECK(rig.counters.inconsistent_chunks.get() == 2);
+        CHECK(out.count == 0);
+        rig.matcher.expire(2 + 1'000'000, out);
+        REQUIRE(out.count == 1);
+        CHECK(out.head->event_id == 5);
+        CHECK((out.head->status & file::record_status::incomplete) != 0);
+        CHECK_FALSE(out.head->section_present(0));
+        CHECK(out.head->section_present(1));
+        // The common case: true last bits. Event 6 waits for each module's next chunk
+        // (both are described boards), which is of trigger 7: event 6 goes, complete.
+        out = rig.feed({rig.datagram(adc_fragment(2, 6, payload_bytes(60, 2))[0])}, 2'000'000);
+        for (const Bytes& d : adc_fragment(1, 6, payload_bytes(500, 3))) rig.feed_into(out, {rig.datagram(d)}, 2'000'000);
+        CHECK(out.count == 0);
+        rig.feed_into(out, {rig.datagram(adc_fragment(1, 7, payload_bytes(40, 4))[0])}, 2'000'001);
+        CHECK(out.count == 0);
+        rig.feed_into(out, {rig.datagram(adc_fragment(2, 7, payload_bytes(60, 2))[0])}, 2'000'002);
+        REQUIRE(out.count == 1);
+        CHECK(out.head->event_id == 6);
+        CHECK(out.head->status == 0);
+        // Event 7, complete, waits lookahead_ns at most (to the tick after it).
+        out = EventList{};
+        rig.matcher.expire(2'000'002 + 999, out);
+        CHECK(out.count == 0);
+        rig.matcher.expire(2'000'002 + 1000, out);
+        REQUIRE(out.count == 1);
+        CHECK(out.head->event_id == 7);
+        CHECK(out.head->status == 0);
+        // A run's end and a flush hand a held event on as it is: complete.
+        out = rig.feed({rig.datagram(adc_fragment(2, 8, payload_bytes(60, 2))[0]), rig.datagram(adc_fragment(1, 8, payload_bytes(40, 4))[0])}, 3'000'000);
+        CHECK(out.count == 0);
+        rig.matcher.flush(3'000'001, out);
+        REQUIRE(out.count == 1);
+        CHECK(out.head->status == 0);
+        CHECK(rig.counters.stale_chunks.get() == 0);
+    }
+    SECTION("timestamp") {
+        MatcherSettings ms = settings({0, 1}, file::MatchMode::timestamp);
+        ms.lookahead_ns = 1000;
+        FramesRig rig(kTimedBoard, ms);
+        Bytes other = timed_chunk(0, 0, true, 1500, payload_bytes(16, 3));
+        other[0] = std::byte{1};
+        EventList out = rig.feed({rig.datagram(other), rig.datagram(timed_chunk(1, 0, true, 1502, payload_bytes(30, 1)))}, 1);
+        CHECK(out.count == 0);
+        rig.feed_into(out, {rig.datagram(timed_chunk(1, 1, true, 0, payload_bytes(20, 2)))}, 2);
+        CHECK(rig.counters.inconsistent_chunks.get() == 1);
+        rig.matcher.expire(2 + 1'000'000, out);
+        REQUIRE(out.count == 1);
+        CHECK((out.head->status & file::record_status::incomplete) != 0);
+        CHECK_FALSE(out.head->section_present(0));
+        CHECK(out.head->section_present(1));
+    }
+}
+
+TEST_CASE("described frames: a held complete event stays complete when a source goes absent meanwhile",
+          "[frames][matcher][described]") {
+    MatcherSettings ms = settings({1, 2});
+    ms.lookahead_ns = 1000;
+    ms.source_timeout_events = 2;
+    FramesRig rig(kChunkedBoard, ms);
+    EventList out = rig.feed({rig.datagram(adc_fragment(2, 5, payload_bytes(60, 2))[0]),
+                              rig.datagram(adc_fragment(1, 5, payload_bytes(40, 1))[0])}, 1);
+    CHECK(out.count == 0);  // held for both modules' next chunks
+    for (std::uint16_t t = 6; t < 9; ++t) rig.feed_into(out, {rig.datagram(adc_fragment(1, t, payload_bytes(40, t))[0])}, 2);
+    rig.matcher.expire(3, out);  // module 2 is absent now
+    REQUIRE(rig.matcher.source_absent(1));
+    rig.matcher.expire(1 + 1000, out);  // module 2's hold on event 5 ends
+    Event* e5 = nullptr;
+    for (Event* e = out.head; e != nullptr; e = e->next_out)
+        if (e->event_id == 5) e5 = e;
+    REQUIRE(e5 != nullptr);
+    CHECK(e5->status == 0);
+    CHECK(e5->section_present(1));
+}
