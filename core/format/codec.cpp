@@ -186,6 +186,13 @@ bool zstd_decompress(std::span<const std::byte> in, std::span<std::byte> out, st
 
 }  // namespace
 
+std::size_t pieces_holding(Codec c, std::span<const std::byte> in, std::size_t length) noexcept {
+    ZSTD_frameHeader fh{};
+    if (c == Codec::zstd && zstd_streams(in, length) && ZSTD_getFrameHeader(&fh, in.data(), in.size()) == 0)
+        return static_cast<std::size_t>(fh.windowSize);
+    return length;
+}
+
 bool decompress_pieces(Codec c, std::span<const std::byte> in, std::size_t length, PieceSink sink, void* context,
                        std::string* why) {
     if (c == Codec::zstd) {

@@ -311,8 +311,11 @@ std::atomic<std::size_t> g_decoded_bytes_limit{~std::size_t{0}};
 
 // Whether a COMPRESSED record's stream may be decoded to its content_length: no
 // buffer for more than the stream can hold, nor past the reader's bound (a made-up
-// content_length is refused before anything is allocated for it).
-bool may_decode(const RecordView& v, Codec codec, std::span<const std::byte> stream, std::string& why) {
+// content_length is refused before anything is allocated for it). `in_pieces`: the
+// record is checked in pieces (check_area_in_pieces), so the bound is held to what
+// that holds: a zstd frame's window, whatever its content_length; an LZ4 block is
+// decoded whole, so its content_length.
+bool may_decode(const RecordView& v, Codec codec, std::span<const std::byte> stream, bool in_pieces, std::string& why) {
     const RecordHeader& h = v.header;
     const std::size_t bound = codec::decoded_bound(codec, stream);
     if (bound == 0) {  // not a frame at all: the codec says why, with no buffer
@@ -326,12 +329,17 @@ bool may_decode(const RecordView& v, Codec codec, std::span<const std::byte> str
                           h.event_id, codec_name(codec), v.stored_length, bound, h.content_length);
         return false;
     }
-    if (const std::size_t limit = g_decoded_bytes_limit.load(std::memory_order_relaxed); h.content_length > limit) {
-        why = fmt::format("event {}: content_length {} is more than this reader decodes ({} bytes)", h.event_id,
-                          h.content_length, limit);
-        return false;
-    }
-    return true;
+    const std::size_t limit = g_decoded_bytes_limit.load(std::memory_order_relaxed);
+    if (h.content_length <= limit) return true;
+    const std::size_t held = in_pieces ? codec::pieces_holding(codec, stream, h.content_length) : h.content_length;
+    if (held <= limit) return true;
+    why = fmt::format("event {}: content_length {} is more than this reader decodes ({} bytes)", h.event_id,
+                      h.content_length, limit);
+    if (in_pieces && codec == Codec::lz4)
+        why += ": an LZ4 block is decoded whole, not in pieces";
+    else if (in_pieces && held != h.content_length)
+        why += fmt::format(", nor does its zstd window of {} bytes fit", held);
+    return false;
 }
 
 std::span<const std::byte> stored_stream(const std::byte* r, const RecordView& v) {
@@ -343,7 +351,7 @@ std::span<const std::byte> stored_stream(const std::byte* r, const RecordView& v
 bool decode_area(const std::byte* r, const RecordView& v, Codec codec, std::vector<std::byte>& buf, std::string& why) {
     const RecordHeader& h = v.header;
     const std::span<const std::byte> stream = stored_stream(r, v);
-    if (!may_decode(v, codec, stream, why)) return false;
+    if (!may_decode(v, codec, stream, false, why)) return false;
     buf.resize(h.content_length);
     std::string codec_why;
     if (!codec::decompress(codec, stream, buf, &codec_why)) {
@@ -365,7 +373,7 @@ bool check_area_in_pieces(const std::byte* r, const RecordView& v, Codec codec, 
                           const LayoutVisitor* emit = nullptr) {
     const RecordHeader& h = v.header;
     const std::span<const std::byte> stream = stored_stream(r, v);
-    if (!may_decode(v, codec, stream, why)) return false;
+    if (!may_decode(v, codec, stream, true, why)) return false;
     struct Walk {
         AreaWalker walker;
         std::uint32_t crc = 0;

@@ -107,9 +107,11 @@ one LZ4 frame, offsets given in its decoded bytes). A directory stands for the
                    its events, bytes, clean state and events by status; name
                    each mismatch and exit 1 if there is any (2: no summary)
   --max-record-bytes N
-                   decode no COMPRESSED .evb record to more than N bytes
-                   (suffix K, M or G; 0: no bound; default 1G): a larger one
-                   is reported as a problem of that record, nothing allocated
+                   hold no more than N decoded bytes of a COMPRESSED .evb
+                   record (suffix K, M or G; 0: no bound; default 1G): a zstd
+                   record is read in pieces (its window counts), an LZ4 one
+                   whole; one past it is a problem of that record, nothing
+                   allocated
   -h, --help       show this help
   --version        print the version
 
