@@ -24,6 +24,13 @@ struct LayoutVisitor {
     std::function<void(const SectionView&, std::uint64_t at)> section;
     std::function<void(const SectionView&, std::uint32_t j, const ItemView&, std::uint64_t at)> item;
     std::function<void()> record_end;  // after its sections
+    // A COMPRESSED record read in pieces is told as it is decoded, in the pass that
+    // checks it: its record call comes first, then its sections and items, then
+    // record_end when it is good, or record_bad (instead) when it is not: what was
+    // told of it is to be taken back. A visitor without record_bad is told only of a
+    // record already known good: checked, then decoded again to be told (two passes,
+    // unless it has no section or item call).
+    std::function<void()> record_bad;
     // Decode COMPRESSED records whole, so that every payload is in hand (evb-dump
     // checking the test pattern): memory is then the record's content_length.
     bool need_payloads = false;

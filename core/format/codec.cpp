@@ -49,6 +49,8 @@ std::size_t working_bytes(Codec c, int level) noexcept {
 
 namespace {
 
+thread_local std::uint64_t t_zstd_frames = 0;  // zstd_frames_decoded()
+
 bool lz4_decompress(std::span<const std::byte> in, std::span<std::byte> out, std::string* why) {
     if (in.size() > INT_MAX || out.size() > INT_MAX) {
         if (why) *why = "lz4 block larger than 2 GiB";
@@ -98,6 +100,7 @@ bool zstd_frame_fits(std::span<const std::byte> in, std::size_t length, std::str
 bool zstd_decompress_whole(std::span<const std::byte> in, std::span<std::byte> out, std::string* why) {
     thread_local ZstdReader reader;
     if (reader.ctx == nullptr) throw std::bad_alloc();
+    ++t_zstd_frames;
     const std::size_t n = ZSTD_decompressDCtx(reader.ctx, out.data(), out.size(), in.data(), in.size());
     if (ZSTD_isError(n)) {
         if (why) *why = fmt::format("zstd frame of {} bytes does not decode: {}", in.size(), ZSTD_getErrorName(n));
@@ -137,6 +140,7 @@ bool zstd_pieces(std::span<const std::byte> in, std::size_t length, PieceSink si
     thread_local std::vector<std::byte> piece;
     if (reader.ctx == nullptr) throw std::bad_alloc();
     piece.resize(kPieceBytes);
+    ++t_zstd_frames;
     ZSTD_DCtx_reset(reader.ctx, ZSTD_reset_session_only);
     ZSTD_inBuffer src{in.data(), in.size(), 0};
     std::size_t total = 0;
@@ -185,6 +189,8 @@ bool zstd_decompress(std::span<const std::byte> in, std::span<std::byte> out, st
 }
 
 }  // namespace
+
+std::uint64_t zstd_frames_decoded() noexcept { return t_zstd_frames; }
 
 std::size_t pieces_holding(Codec c, std::span<const std::byte> in, std::size_t length) noexcept {
     ZSTD_frameHeader fh{};

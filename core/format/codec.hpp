@@ -47,6 +47,10 @@ using PieceSink = void (*)(void* context, std::span<const std::byte> piece);
 bool decompress_pieces(Codec c, std::span<const std::byte> in, std::size_t length, PieceSink sink, void* context,
                        std::string* why);
 
+// How many zstd frames this thread has begun to decode (whole or in pieces): a
+// count for tests of how many decoding passes a reader makes over a record.
+std::uint64_t zstd_frames_decoded() noexcept;
+
 // A compressor for one thread: the codecs' working state is made once, here, so
 // that compressing a record allocates nothing.
 class Encoder {

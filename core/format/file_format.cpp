@@ -400,6 +400,27 @@ bool check_area_in_pieces(const std::byte* r, const RecordView& v, Codec codec, 
     return true;
 }
 
+// A COMPRESSED event record checked in pieces and told to `visit` (LayoutVisitor::
+// record_bad): told as it is decoded, in one pass, when the visitor can take back
+// what it was told of a bad record; checked first (and, for section or item calls,
+// decoded again to be told) when it cannot.
+bool check_and_tell(const std::byte* r, const FileHeader& fh, const RecordView& v, const LayoutVisitor& visit,
+                    std::string& why) {
+    const bool tell_as_read = static_cast<bool>(visit.record_bad);
+    if (!tell_as_read && !check_area_in_pieces(r, v, fh.codec, why)) return false;
+    if (visit.record) visit.record(fh, v, {});
+    if (tell_as_read || visit.section || visit.item) {
+        std::string what;
+        if (!check_area_in_pieces(r, v, fh.codec, what, &visit) && tell_as_read) {
+            why = std::move(what);
+            visit.record_bad();
+            return false;
+        }
+    }
+    if (visit.record_end) visit.record_end();
+    return true;
+}
+
 // The decoded sections area of the last COMPRESSED record this thread looked at.
 std::vector<std::byte>& decoded_area() {
     thread_local std::vector<std::byte> buf;
@@ -416,8 +437,11 @@ std::vector<std::byte>& decoded_area() {
 // the record's area is in hand.
 enum class Decode { stored, pieces, whole };
 
+// `layout`: a COMPRESSED event record read in pieces is told to it as it is checked
+// (check_and_tell); other records are the caller's to tell.
 bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, RecordView& v,
-                  std::span<const std::byte>& area, std::string& why, Decode decode = Decode::whole) {
+                  std::span<const std::byte>& area, std::string& why, Decode decode = Decode::whole,
+                  const LayoutVisitor* layout = nullptr) {
     const std::size_t hb = record_header_bytes(fh.version);
     if (left < hb) {
         why = fmt::format("{} trailing bytes, too few for a record header", left);
@@ -468,7 +492,8 @@ bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, 
             if (!check_stored_layout(r, v, fh.codec, why)) return false;
             area = {};
             if (decode == Decode::stored) return true;
-            if (decode == Decode::pieces && !is_run_record(h)) return check_area_in_pieces(r, v, fh.codec, why);
+            if (decode == Decode::pieces && !is_run_record(h))
+                return layout ? check_and_tell(r, fh, v, *layout, why) : check_area_in_pieces(r, v, fh.codec, why);
             // Decoded and checked like a plain record's area: a record that does not
             // decode, or decodes to other bytes than were built, is where a reader stops.
             std::vector<std::byte>& decoded = decoded_area();
@@ -614,36 +639,28 @@ bool walk_layout(const RecordView& r, const LayoutVisitor& visit, std::string* w
     fh.version = r.version;
     fh.match_mode = r.match_mode;
     fh.codec = r.codec;
-    std::string what;
     if (r.compressed && !is_run_record(r)) {
-        if (!check_area_in_pieces(r.bytes, r, r.codec, what)) {
-            if (why) *why = what;
-            return false;
-        }
-        if (visit.record) visit.record(fh, r, {});
-        (void)check_area_in_pieces(r.bytes, r, r.codec, what, &visit);
-    } else {
-        std::span<const std::byte> area;
-        if (!sections_area(r, area, why)) return false;
-        if (visit.record) visit.record(fh, r, area);
-        if (!is_run_record(r)) walk_area(r, area, visit);
+        std::string what;
+        if (check_and_tell(r.bytes, fh, r, visit, what)) return true;
+        if (why) *why = what;
+        return false;
     }
+    std::span<const std::byte> area;
+    if (!sections_area(r, area, why)) return false;
+    if (visit.record) visit.record(fh, r, area);
+    if (!is_run_record(r)) walk_area(r, area, visit);
     if (visit.record_end) visit.record_end();
     return true;
 }
 
 namespace {
-// Tells `visit` of a record scan_image accepted: its area in hand, or (a COMPRESSED
-// event record read in pieces) decoded again in pieces, the sections told as they come.
+// Tells `visit` of a record scan_image accepted with its area in hand (a COMPRESSED
+// event record read in pieces was told as check_record read it).
 void tell_layout(const FileHeader& fh, const RecordView& v, std::span<const std::byte> area, Decode decode,
                  const LayoutVisitor& visit) {
-    const bool in_pieces = v.compressed && decode == Decode::pieces && !is_run_record(v);
-    if (visit.record) visit.record(fh, v, in_pieces ? std::span<const std::byte>{} : area);
-    std::string why;
-    if (in_pieces)
-        (void)check_area_in_pieces(v.bytes, v, fh.codec, why, &visit);
-    else if (!is_run_record(v))
-        walk_area(v, area, visit);
+    if (v.compressed && decode == Decode::pieces && !is_run_record(v)) return;
+    if (visit.record) visit.record(fh, v, area);
+    if (!is_run_record(v)) walk_area(v, area, visit);
     if (visit.record_end) visit.record_end();
 }
 
@@ -701,7 +718,7 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
     while (pos < index_offset) {
         RecordView v;
         v.file_offset = pos;
-        if (!check_record(base + pos, index_offset - pos, res.header, v, area, why, decode)) {
+        if (!check_record(base + pos, index_offset - pos, res.header, v, area, why, decode, layout)) {
             res.problems.push_back({pos, why});
             break;
         }

@@ -287,14 +287,17 @@ bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t bui
         try {
             const MappedFile m(directory + "/" + name);
             // The ids are in the record headers (event_id mode) or the item headers
-            // (timestamp mode), read as a COMPRESSED record is decoded in pieces.
+            // (timestamp mode), read as a COMPRESSED record is decoded in pieces, in
+            // the pass that checks it: taken when the record turns out good.
             LayoutVisitor visit;
             bool timestamp = false;
+            std::vector<std::uint64_t> record_ids;  // the record's, until it is known good
             visit.record = [&](const FileHeader& h, const RecordView& rec, std::span<const std::byte>) {
                 timestamp = false;
+                record_ids.clear();
                 if (is_run_record(rec)) return;
                 if (h.match_mode == MatchMode::event_id) {
-                    ids.insert(rec.header.event_id);
+                    record_ids.push_back(rec.header.event_id);
                     return;
                 }
                 by_sequence = true;
@@ -302,8 +305,10 @@ bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t bui
                 ok = ok && timestamp;
             };
             visit.item = [&](const SectionView&, std::uint32_t, const ItemView& it, std::uint64_t) {
-                if (timestamp) ids.insert(it.sequence);
+                if (timestamp) record_ids.push_back(it.sequence);
             };
+            visit.record_end = [&] { ids.insert(record_ids.begin(), record_ids.end()); };
+            visit.record_bad = [&] { record_ids.clear(); };
             const ScanResult s = scan_layout(m.bytes(), visit);
             if (!s.header_ok) return false;
         } catch (const std::exception&) {

@@ -547,6 +547,14 @@ struct RecordChecks {
     std::uint64_t area_at = 0;  // the file offset its sections area counts from
     bool any_missing = false, any_unconfirmed = false;
     std::optional<std::uint64_t> smallest;  // item timestamp
+    // The report as it was before a record read in pieces, told as it is checked:
+    // put back when the record turns out damaged (scan_layout's record_bad).
+    struct Before {
+        decltype(FileReport::record_bits) record_bits;
+        decltype(FileReport::section_bits) section_bits;
+        std::uint64_t payload_bytes, stored_bytes, content_bytes, compressed, problem_count;
+        std::size_t problems;
+    } before{};
 
     void record(const ef::FileHeader& header, const ef::RecordView& rec, std::span<const std::byte> area);
     void section(const ef::SectionView& sec, std::uint64_t at);
@@ -562,6 +570,16 @@ struct RecordChecks {
             item(sec, j, it, at);
         };
         v.record_end = [this] { record_end(); };
+        v.record_bad = [this] {
+            rep.record_bits = before.record_bits;
+            rep.section_bits = before.section_bits;
+            rep.payload_bytes = before.payload_bytes;
+            rep.stored_bytes = before.stored_bytes;
+            rep.content_bytes = before.content_bytes;
+            rep.compressed = before.compressed;
+            rep.problem_count = before.problem_count;
+            rep.problems.resize(before.problems);
+        };
         v.need_payloads = o.pattern;
         return v;
     }
@@ -584,9 +602,11 @@ void RecordChecks::record(const ef::FileHeader& header, const ef::RecordView& re
         return;
     }
     event = true;
+    before = {rep.record_bits,   rep.section_bits,  rep.payload_bytes,  rep.stored_bytes,
+              rep.content_bytes, rep.compressed,    rep.problem_count,  rep.problems.size()};
     for (std::size_t b = 0; b < record_bits; ++b)
         if (h.status & kRecordBits[b].first) ++rep.record_bits[b];
-    if (const auto [it, fresh] = seen.emplace(h.event_id, at); !fresh)
+    if (const auto it = seen.find(h.event_id); it != seen.end())  // taken at record_end (the record good)
         rep.add_problem(at, fmt::format("event {} appears again (first at offset {})", h.event_id, it->second));
     if (h.run_number != fh.run_number)
         rep.add_problem(at, fmt::format("event {} has run {}, the file is run {}", h.event_id,
@@ -676,6 +696,7 @@ void RecordChecks::item(const ef::SectionView& sec, std::uint32_t j, const ef::I
 
 void RecordChecks::record_end() {
     if (!event) return;
+    seen.emplace(r.header.event_id, r.file_offset);
     const bool v2 = fh.version == 2;
     const bool time_slice = v2 && fh.match_mode == ef::MatchMode::time_slice;
     const auto& h = r.header;
