@@ -50,6 +50,10 @@ bool decompress_pieces(Codec c, std::span<const std::byte> in, std::size_t lengt
 // How many zstd frames this thread has begun to decode (whole or in pieces): a
 // count for tests of how many decoding passes a reader makes over a record.
 std::uint64_t zstd_frames_decoded() noexcept;
+// How many decoded bytes this thread's whole zstd decoding (decompress) has copied
+// through the piece buffer rather than decoding them into the output: a count for
+// tests.
+std::uint64_t zstd_bytes_copied() noexcept;
 
 // A compressor for one thread: the codecs' working state is made once, here, so
 // that compressing a record allocates nothing.
