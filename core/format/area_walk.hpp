@@ -34,6 +34,10 @@ struct LayoutVisitor {
     // Decode COMPRESSED records whole, so that every payload is in hand (evb-dump
     // checking the test pattern): memory is then the record's content_length.
     bool need_payloads = false;
+    // Keep each good record's RecordView in ScanResult::records (scan_layout). A
+    // reader that learns all it needs as it is told (evb-dump) keeps none: memory
+    // then does not grow with the file's record count (record_count counts them).
+    bool keep_records = true;
 };
 
 // Checks a sections area of `area_len` bytes fed in order, in pieces of any size:

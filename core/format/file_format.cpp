@@ -715,6 +715,10 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
     std::uint64_t pos = kHeaderBytes;
     std::string why;
     std::span<const std::byte> area;
+    const bool keep = layout == nullptr || layout->keep_records;
+    // The index against the records as they come (run records, section 12, are not in it).
+    bool index_match = true;
+    std::size_t indexed = 0;
     while (pos < index_offset) {
         RecordView v;
         v.file_offset = pos;
@@ -724,7 +728,13 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
         }
         if (visit) visit(res.header, v, area);
         if (layout) tell_layout(res.header, v, area, decode, *layout);
-        res.records.push_back(v);
+        if (!is_run_record(v)) {
+            index_match = index_match && indexed < res.index.size() && res.index[indexed].event_id == v.header.event_id &&
+                          res.index[indexed].file_offset == v.file_offset;
+            ++indexed;
+        }
+        if (keep) res.records.push_back(v);
+        ++res.record_count;
         pos += v.header.record_length;
     }
     res.good_bytes = pos;
@@ -740,19 +750,8 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
             res.cut_record = load_u32(tail) == kRecordMarker && len % 8 == 0 && len >= hb && len > left;
         }
     }
-    if (res.has_footer && pos == index_offset) {
-        // Run records (section 12) are not in the index.
-        bool match = true;
-        std::size_t k = 0;
-        for (std::size_t i = 0; match && i < res.records.size(); ++i) {
-            if (is_run_record(res.records[i])) continue;
-            match = k < res.index.size() && res.index[k].event_id == res.records[i].header.event_id &&
-                    res.index[k].file_offset == res.records[i].file_offset;
-            ++k;
-        }
-        match = match && k == res.index.size();
-        if (!match) res.problems.push_back({index_offset, "index does not match the records"});
-    }
+    if (res.has_footer && pos == index_offset && !(index_match && indexed == res.index.size()))
+        res.problems.push_back({index_offset, "index does not match the records"});
     return res;
 }
 
