@@ -6,7 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
-#include <set>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -145,7 +145,7 @@ TEST_CASE("held_ids decodes each zstd record once in event_id mode", "[file][run
         std::ofstream out(dir / "run000007_000_00000.evb", std::ios::binary);
         out.write(reinterpret_cast<const char*>(img.data()), static_cast<std::streamsize>(img.size()));
     }
-    std::set<std::uint64_t> ids;
+    evb::IdRanges ids;
     bool by_sequence = true;
     const std::uint64_t before = evb::codec::zstd_frames_decoded();
     const bool ok = ef::held_ids(dir.string(), kRun, 0, ids, by_sequence);
@@ -153,6 +153,46 @@ TEST_CASE("held_ids decodes each zstd record once in event_id mode", "[file][run
     std::filesystem::remove_all(dir);
     REQUIRE(ok);
     CHECK_FALSE(by_sequence);
-    CHECK(ids == std::set<std::uint64_t>{1, 2, 3});
+    CHECK(ids.size() == 3);
+    CHECK((ids.ranges() == std::map<std::uint64_t, std::uint64_t>{{1, 3}}));
     CHECK(passes == 3);
+}
+
+TEST_CASE("check_lost_events compares the ledger with held ids kept as ranges", "[file][run_summary][id_ranges]") {
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                      ("evb_held_ranges_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const Bytes img = image(MatchMode::event_id);  // ids 1, 2, 3
+    {
+        std::ofstream out(dir / "run000007_000_00000.evb", std::ios::binary);
+        out.write(reinterpret_cast<const char*>(img.data()), static_cast<std::streamsize>(img.size()));
+    }
+    const auto check = [&](nlohmann::ordered_json ranges, std::uint64_t n, std::uint64_t builders,
+                           nlohmann::ordered_json outliers) {
+        nlohmann::ordered_json s = {{"run_number", kRun}, {"builder_id", 0}, {"files", nlohmann::ordered_json::array()},
+                                    {"configuration", {{"builders", builders}}},
+                                    {"lost_events", {{"count", n}, {"by_reason", {{"timeout", n}}},
+                                                     {"ranges", ranges}, {"ranges_truncated", false}}}};
+        if (!outliers.is_null()) s["lost_events_outliers"] = outliers;
+        const std::vector<std::string> bad = ef::check_lost_events(dir.string(), s);
+        return bad.empty() ? std::string("good") : bad.front();
+    };
+    using J = nlohmann::ordered_json;
+    CHECK(check(J::parse(R"([[4, 6, "timeout"]])"), 3, 1, nullptr) == "good");
+    CHECK(check(J::parse(R"([[5, 6, "timeout"]])"), 2, 1, nullptr) ==
+          "lost_events: event 4 is neither in the files nor in the ledger");
+    CHECK(check(J::parse(R"([[2, 2, "timeout"]])"), 1, 1, nullptr) ==
+          "lost_events: event 2 is in the files and in the ledger");
+    CHECK(check(J::parse(R"([[4, 6, "timeout"]])"), 3, 1, J::parse("[2]")) ==
+          "lost_events: event 2 is neither in the files nor in the ledger");
+    CHECK(check(J::parse(R"([[4, 6, "timeout"]])"), 3, 1, J::parse("[3]")) ==
+          "lost_events: event 3 is neither in the files nor in the ledger");
+    CHECK(check(J::parse(R"([[4, 6, "timeout"]])"), 3, 1, J::parse("[1, 7]")) == "good");
+    // Two builders: builder 0 holds the even ids of the run.
+    CHECK(check(J::parse(R"([[4, 6, "timeout"]])"), 2, 2, nullptr) == "good");
+    CHECK(check(J::parse(R"([[6, 8, "timeout"]])"), 2, 2, nullptr) ==
+          "lost_events: event 4 is neither in the files nor in the ledger");
+    CHECK(check(J::parse(R"([[2, 4, "timeout"]])"), 2, 2, nullptr) ==
+          "lost_events: event 2 is in the files and in the ledger");
+    std::filesystem::remove_all(dir);
 }
