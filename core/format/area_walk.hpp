@@ -24,9 +24,20 @@ struct LayoutVisitor {
     std::function<void(const SectionView&, std::uint64_t at)> section;
     std::function<void(const SectionView&, std::uint32_t j, const ItemView&, std::uint64_t at)> item;
     std::function<void()> record_end;  // after its sections
+    // A COMPRESSED record read in pieces is told as it is decoded, in the pass that
+    // checks it: its record call comes first, then its sections and items, then
+    // record_end when it is good, or record_bad (instead) when it is not: what was
+    // told of it is to be taken back. A visitor without record_bad is told only of a
+    // record already known good: checked, then decoded again to be told (two passes,
+    // unless it has no section or item call).
+    std::function<void()> record_bad;
     // Decode COMPRESSED records whole, so that every payload is in hand (evb-dump
     // checking the test pattern): memory is then the record's content_length.
     bool need_payloads = false;
+    // Keep each good record's RecordView in ScanResult::records (scan_layout). A
+    // reader that learns all it needs as it is told (evb-dump) keeps none: memory
+    // then does not grow with the file's record count (record_count counts them).
+    bool keep_records = true;
 };
 
 // Checks a sections area of `area_len` bytes fed in order, in pieces of any size:

@@ -49,6 +49,9 @@ std::size_t working_bytes(Codec c, int level) noexcept {
 
 namespace {
 
+thread_local std::uint64_t t_zstd_frames = 0;  // zstd_frames_decoded()
+thread_local std::uint64_t t_zstd_copied = 0;  // zstd_bytes_copied()
+
 bool lz4_decompress(std::span<const std::byte> in, std::span<std::byte> out, std::string* why) {
     if (in.size() > INT_MAX || out.size() > INT_MAX) {
         if (why) *why = "lz4 block larger than 2 GiB";
@@ -98,6 +101,7 @@ bool zstd_frame_fits(std::span<const std::byte> in, std::size_t length, std::str
 bool zstd_decompress_whole(std::span<const std::byte> in, std::span<std::byte> out, std::string* why) {
     thread_local ZstdReader reader;
     if (reader.ctx == nullptr) throw std::bad_alloc();
+    ++t_zstd_frames;
     const std::size_t n = ZSTD_decompressDCtx(reader.ctx, out.data(), out.size(), in.data(), in.size());
     if (ZSTD_isError(n)) {
         if (why) *why = fmt::format("zstd frame of {} bytes does not decode: {}", in.size(), ZSTD_getErrorName(n));
@@ -130,19 +134,23 @@ struct ZstdStreamReader {
     ~ZstdStreamReader() { ZSTD_freeDCtx(ctx); }
 };
 
-// decompress_pieces for a zstd frame whose window is at most `length`: checked as
-// zstd_decompress checks it, decoded through one kPieceBytes buffer.
-bool zstd_pieces(std::span<const std::byte> in, std::size_t length, PieceSink sink, void* context, std::string* why) {
+// The streaming decoding of a frame whose window is at most `length`, for both
+// decompress_pieces and decompress, so that they give the same verdicts and reasons:
+// each call to the decoder is given kPieceBytes of room, at `room(total)` (`total`:
+// the bytes decoded so far), and the bytes it decoded there are handed to `take`.
+// Decoding more than `length` bytes stops where one-shot decoding into `length`
+// bytes would.
+template <class Room, class Take>
+bool zstd_stream(std::span<const std::byte> in, std::size_t length, Room room, Take take, std::string* why) {
     thread_local ZstdStreamReader reader;
-    thread_local std::vector<std::byte> piece;
     if (reader.ctx == nullptr) throw std::bad_alloc();
-    piece.resize(kPieceBytes);
+    ++t_zstd_frames;
     ZSTD_DCtx_reset(reader.ctx, ZSTD_reset_session_only);
     ZSTD_inBuffer src{in.data(), in.size(), 0};
     std::size_t total = 0;
     std::size_t left = 1;  // what the frame still holds (0: complete)
     while (left != 0) {
-        ZSTD_outBuffer dst{piece.data(), piece.size(), 0};
+        ZSTD_outBuffer dst{room(total), kPieceBytes, 0};
         left = ZSTD_decompressStream(reader.ctx, &dst, &src);
         if (ZSTD_isError(left)) {
             if (why) *why = fmt::format("zstd frame of {} bytes does not decode: {}", in.size(), ZSTD_getErrorName(left));
@@ -154,8 +162,8 @@ bool zstd_pieces(std::span<const std::byte> in, std::size_t length, PieceSink si
                                    ZSTD_getErrorString(ZSTD_error_dstSize_tooSmall));
             return false;
         }
+        if (dst.pos > 0) take(total, static_cast<const std::byte*>(dst.dst), dst.pos);
         total += dst.pos;
-        if (dst.pos > 0) sink(context, {piece.data(), dst.pos});
         if (left != 0 && dst.pos == 0 && src.pos == src.size) {  // input gone, frame not complete
             if (why)
                 *why = fmt::format("zstd frame of {} bytes does not decode: {}", in.size(),
@@ -170,21 +178,51 @@ bool zstd_pieces(std::span<const std::byte> in, std::size_t length, PieceSink si
     return true;
 }
 
+// This thread's piece buffer (kPieceBytes), made on first use.
+std::byte* piece_buffer() {
+    thread_local std::vector<std::byte> piece;
+    piece.resize(kPieceBytes);
+    return piece.data();
+}
+
+// decompress_pieces for a zstd frame whose window is at most `length`: decoded
+// through one kPieceBytes buffer.
+bool zstd_pieces(std::span<const std::byte> in, std::size_t length, PieceSink sink, void* context, std::string* why) {
+    std::byte* piece = piece_buffer();
+    return zstd_stream(
+        in, length, [piece](std::size_t) { return piece; },
+        [&](std::size_t, const std::byte* p, std::size_t n) { sink(context, {p, n}); }, why);
+}
+
+// Decoded straight into `out` while a whole piece's room is left there; the last
+// part (less than a piece) through the piece buffer, where bytes past `out` are
+// found as decompress_pieces finds them.
 bool zstd_decompress(std::span<const std::byte> in, std::span<std::byte> out, std::string* why) {
     if (!zstd_frame_fits(in, out.size(), why)) return false;
     if (!zstd_streams(in, out.size())) return zstd_decompress_whole(in, out, why);
-    struct Fill {
-        std::byte* at;
-    } fill{out.data()};
-    const auto copy = [](void* context, std::span<const std::byte> piece) {
-        auto* f = static_cast<Fill*>(context);
-        std::memcpy(f->at, piece.data(), piece.size());
-        f->at += piece.size();
+    std::byte* piece = piece_buffer();
+    const auto room = [out, piece](std::size_t total) {
+        return out.size() - total >= kPieceBytes ? out.data() + total : piece;
     };
-    return zstd_pieces(in, out.size(), copy, &fill, why);
+    const auto take = [out, piece](std::size_t total, const std::byte* p, std::size_t n) {
+        if (p != piece) return;  // decoded in place
+        std::memcpy(out.data() + total, p, n);
+        t_zstd_copied += n;
+    };
+    return zstd_stream(in, out.size(), room, take, why);
 }
 
 }  // namespace
+
+std::uint64_t zstd_frames_decoded() noexcept { return t_zstd_frames; }
+std::uint64_t zstd_bytes_copied() noexcept { return t_zstd_copied; }
+
+std::size_t pieces_holding(Codec c, std::span<const std::byte> in, std::size_t length) noexcept {
+    ZSTD_frameHeader fh{};
+    if (c == Codec::zstd && zstd_streams(in, length) && ZSTD_getFrameHeader(&fh, in.data(), in.size()) == 0)
+        return static_cast<std::size_t>(fh.windowSize);
+    return length;
+}
 
 bool decompress_pieces(Codec c, std::span<const std::byte> in, std::size_t length, PieceSink sink, void* context,
                        std::string* why) {

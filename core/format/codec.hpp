@@ -37,9 +37,23 @@ bool decompress(Codec c, std::span<const std::byte> in, std::span<std::byte> out
 // cannot be decoded in pieces, so it is decoded whole (`length` bytes) and handed
 // over at once, as is a zstd frame whose window is larger than `length`.
 inline constexpr std::size_t kPieceBytes = 1u << 20;
+
+// The decoded bytes decompress_pieces holds for `in` (besides its piece): a zstd
+// frame's window when it is decoded streaming (its window at most `length`), else
+// `length` (an LZ4 block, a frame with a larger window: decoded whole). For a reader
+// that bounds what it holds, not what a record decodes to.
+std::size_t pieces_holding(Codec c, std::span<const std::byte> in, std::size_t length) noexcept;
 using PieceSink = void (*)(void* context, std::span<const std::byte> piece);
 bool decompress_pieces(Codec c, std::span<const std::byte> in, std::size_t length, PieceSink sink, void* context,
                        std::string* why);
+
+// How many zstd frames this thread has begun to decode (whole or in pieces): a
+// count for tests of how many decoding passes a reader makes over a record.
+std::uint64_t zstd_frames_decoded() noexcept;
+// How many decoded bytes this thread's whole zstd decoding (decompress) has copied
+// through the piece buffer rather than decoding them into the output: a count for
+// tests.
+std::uint64_t zstd_bytes_copied() noexcept;
 
 // A compressor for one thread: the codecs' working state is made once, here, so
 // that compressing a record allocates nothing.

@@ -311,8 +311,11 @@ std::atomic<std::size_t> g_decoded_bytes_limit{~std::size_t{0}};
 
 // Whether a COMPRESSED record's stream may be decoded to its content_length: no
 // buffer for more than the stream can hold, nor past the reader's bound (a made-up
-// content_length is refused before anything is allocated for it).
-bool may_decode(const RecordView& v, Codec codec, std::span<const std::byte> stream, std::string& why) {
+// content_length is refused before anything is allocated for it). `in_pieces`: the
+// record is checked in pieces (check_area_in_pieces), so the bound is held to what
+// that holds: a zstd frame's window, whatever its content_length; an LZ4 block is
+// decoded whole, so its content_length.
+bool may_decode(const RecordView& v, Codec codec, std::span<const std::byte> stream, bool in_pieces, std::string& why) {
     const RecordHeader& h = v.header;
     const std::size_t bound = codec::decoded_bound(codec, stream);
     if (bound == 0) {  // not a frame at all: the codec says why, with no buffer
@@ -326,12 +329,17 @@ bool may_decode(const RecordView& v, Codec codec, std::span<const std::byte> str
                           h.event_id, codec_name(codec), v.stored_length, bound, h.content_length);
         return false;
     }
-    if (const std::size_t limit = g_decoded_bytes_limit.load(std::memory_order_relaxed); h.content_length > limit) {
-        why = fmt::format("event {}: content_length {} is more than this reader decodes ({} bytes)", h.event_id,
-                          h.content_length, limit);
-        return false;
-    }
-    return true;
+    const std::size_t limit = g_decoded_bytes_limit.load(std::memory_order_relaxed);
+    if (h.content_length <= limit) return true;
+    const std::size_t held = in_pieces ? codec::pieces_holding(codec, stream, h.content_length) : h.content_length;
+    if (held <= limit) return true;
+    why = fmt::format("event {}: content_length {} is more than this reader decodes ({} bytes)", h.event_id,
+                      h.content_length, limit);
+    if (in_pieces && codec == Codec::lz4)
+        why += ": an LZ4 block is decoded whole, not in pieces";
+    else if (in_pieces && held != h.content_length)
+        why += fmt::format(", nor does its zstd window of {} bytes fit", held);
+    return false;
 }
 
 std::span<const std::byte> stored_stream(const std::byte* r, const RecordView& v) {
@@ -343,7 +351,7 @@ std::span<const std::byte> stored_stream(const std::byte* r, const RecordView& v
 bool decode_area(const std::byte* r, const RecordView& v, Codec codec, std::vector<std::byte>& buf, std::string& why) {
     const RecordHeader& h = v.header;
     const std::span<const std::byte> stream = stored_stream(r, v);
-    if (!may_decode(v, codec, stream, why)) return false;
+    if (!may_decode(v, codec, stream, false, why)) return false;
     buf.resize(h.content_length);
     std::string codec_why;
     if (!codec::decompress(codec, stream, buf, &codec_why)) {
@@ -365,7 +373,7 @@ bool check_area_in_pieces(const std::byte* r, const RecordView& v, Codec codec, 
                           const LayoutVisitor* emit = nullptr) {
     const RecordHeader& h = v.header;
     const std::span<const std::byte> stream = stored_stream(r, v);
-    if (!may_decode(v, codec, stream, why)) return false;
+    if (!may_decode(v, codec, stream, true, why)) return false;
     struct Walk {
         AreaWalker walker;
         std::uint32_t crc = 0;
@@ -392,6 +400,27 @@ bool check_area_in_pieces(const std::byte* r, const RecordView& v, Codec codec, 
     return true;
 }
 
+// A COMPRESSED event record checked in pieces and told to `visit` (LayoutVisitor::
+// record_bad): told as it is decoded, in one pass, when the visitor can take back
+// what it was told of a bad record; checked first (and, for section or item calls,
+// decoded again to be told) when it cannot.
+bool check_and_tell(const std::byte* r, const FileHeader& fh, const RecordView& v, const LayoutVisitor& visit,
+                    std::string& why) {
+    const bool tell_as_read = static_cast<bool>(visit.record_bad);
+    if (!tell_as_read && !check_area_in_pieces(r, v, fh.codec, why)) return false;
+    if (visit.record) visit.record(fh, v, {});
+    if (tell_as_read || visit.section || visit.item) {
+        std::string what;
+        if (!check_area_in_pieces(r, v, fh.codec, what, &visit) && tell_as_read) {
+            why = std::move(what);
+            visit.record_bad();
+            return false;
+        }
+    }
+    if (visit.record_end) visit.record_end();
+    return true;
+}
+
 // The decoded sections area of the last COMPRESSED record this thread looked at.
 std::vector<std::byte>& decoded_area() {
     thread_local std::vector<std::byte> buf;
@@ -408,8 +437,11 @@ std::vector<std::byte>& decoded_area() {
 // the record's area is in hand.
 enum class Decode { stored, pieces, whole };
 
+// `layout`: a COMPRESSED event record read in pieces is told to it as it is checked
+// (check_and_tell); other records are the caller's to tell.
 bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, RecordView& v,
-                  std::span<const std::byte>& area, std::string& why, Decode decode = Decode::whole) {
+                  std::span<const std::byte>& area, std::string& why, Decode decode = Decode::whole,
+                  const LayoutVisitor* layout = nullptr) {
     const std::size_t hb = record_header_bytes(fh.version);
     if (left < hb) {
         why = fmt::format("{} trailing bytes, too few for a record header", left);
@@ -460,7 +492,8 @@ bool check_record(const std::byte* r, std::uint64_t left, const FileHeader& fh, 
             if (!check_stored_layout(r, v, fh.codec, why)) return false;
             area = {};
             if (decode == Decode::stored) return true;
-            if (decode == Decode::pieces && !is_run_record(h)) return check_area_in_pieces(r, v, fh.codec, why);
+            if (decode == Decode::pieces && !is_run_record(h))
+                return layout ? check_and_tell(r, fh, v, *layout, why) : check_area_in_pieces(r, v, fh.codec, why);
             // Decoded and checked like a plain record's area: a record that does not
             // decode, or decodes to other bytes than were built, is where a reader stops.
             std::vector<std::byte>& decoded = decoded_area();
@@ -606,36 +639,28 @@ bool walk_layout(const RecordView& r, const LayoutVisitor& visit, std::string* w
     fh.version = r.version;
     fh.match_mode = r.match_mode;
     fh.codec = r.codec;
-    std::string what;
     if (r.compressed && !is_run_record(r)) {
-        if (!check_area_in_pieces(r.bytes, r, r.codec, what)) {
-            if (why) *why = what;
-            return false;
-        }
-        if (visit.record) visit.record(fh, r, {});
-        (void)check_area_in_pieces(r.bytes, r, r.codec, what, &visit);
-    } else {
-        std::span<const std::byte> area;
-        if (!sections_area(r, area, why)) return false;
-        if (visit.record) visit.record(fh, r, area);
-        if (!is_run_record(r)) walk_area(r, area, visit);
+        std::string what;
+        if (check_and_tell(r.bytes, fh, r, visit, what)) return true;
+        if (why) *why = what;
+        return false;
     }
+    std::span<const std::byte> area;
+    if (!sections_area(r, area, why)) return false;
+    if (visit.record) visit.record(fh, r, area);
+    if (!is_run_record(r)) walk_area(r, area, visit);
     if (visit.record_end) visit.record_end();
     return true;
 }
 
 namespace {
-// Tells `visit` of a record scan_image accepted: its area in hand, or (a COMPRESSED
-// event record read in pieces) decoded again in pieces, the sections told as they come.
+// Tells `visit` of a record scan_image accepted with its area in hand (a COMPRESSED
+// event record read in pieces was told as check_record read it).
 void tell_layout(const FileHeader& fh, const RecordView& v, std::span<const std::byte> area, Decode decode,
                  const LayoutVisitor& visit) {
-    const bool in_pieces = v.compressed && decode == Decode::pieces && !is_run_record(v);
-    if (visit.record) visit.record(fh, v, in_pieces ? std::span<const std::byte>{} : area);
-    std::string why;
-    if (in_pieces)
-        (void)check_area_in_pieces(v.bytes, v, fh.codec, why, &visit);
-    else if (!is_run_record(v))
-        walk_area(v, area, visit);
+    if (v.compressed && decode == Decode::pieces && !is_run_record(v)) return;
+    if (visit.record) visit.record(fh, v, area);
+    if (!is_run_record(v)) walk_area(v, area, visit);
     if (visit.record_end) visit.record_end();
 }
 
@@ -690,16 +715,26 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
     std::uint64_t pos = kHeaderBytes;
     std::string why;
     std::span<const std::byte> area;
+    const bool keep = layout == nullptr || layout->keep_records;
+    // The index against the records as they come (run records, section 12, are not in it).
+    bool index_match = true;
+    std::size_t indexed = 0;
     while (pos < index_offset) {
         RecordView v;
         v.file_offset = pos;
-        if (!check_record(base + pos, index_offset - pos, res.header, v, area, why, decode)) {
+        if (!check_record(base + pos, index_offset - pos, res.header, v, area, why, decode, layout)) {
             res.problems.push_back({pos, why});
             break;
         }
         if (visit) visit(res.header, v, area);
         if (layout) tell_layout(res.header, v, area, decode, *layout);
-        res.records.push_back(v);
+        if (!is_run_record(v)) {
+            index_match = index_match && indexed < res.index.size() && res.index[indexed].event_id == v.header.event_id &&
+                          res.index[indexed].file_offset == v.file_offset;
+            ++indexed;
+        }
+        if (keep) res.records.push_back(v);
+        ++res.record_count;
         pos += v.header.record_length;
     }
     res.good_bytes = pos;
@@ -715,19 +750,8 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
             res.cut_record = load_u32(tail) == kRecordMarker && len % 8 == 0 && len >= hb && len > left;
         }
     }
-    if (res.has_footer && pos == index_offset) {
-        // Run records (section 12) are not in the index.
-        bool match = true;
-        std::size_t k = 0;
-        for (std::size_t i = 0; match && i < res.records.size(); ++i) {
-            if (is_run_record(res.records[i])) continue;
-            match = k < res.index.size() && res.index[k].event_id == res.records[i].header.event_id &&
-                    res.index[k].file_offset == res.records[i].file_offset;
-            ++k;
-        }
-        match = match && k == res.index.size();
-        if (!match) res.problems.push_back({index_offset, "index does not match the records"});
-    }
+    if (res.has_footer && pos == index_offset && !(index_match && indexed == res.index.size()))
+        res.problems.push_back({index_offset, "index does not match the records"});
     return res;
 }
 

@@ -184,7 +184,8 @@ struct Problem {
 struct ScanResult {
     bool header_ok = false;
     FileHeader header;
-    std::vector<RecordView> records;  // every good record, in file order
+    std::vector<RecordView> records;  // every good record, in file order (unless not kept)
+    std::uint64_t record_count = 0;   // good records (run records too), kept or not
     std::uint64_t good_bytes = 0;     // header plus good records: where recovery cuts
     bool has_footer = false;          // a footer with the right magic and CRC
     std::uint64_t index_offset = 0;   // where the index starts (has_footer only)

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/format/area_walk.hpp"
@@ -276,7 +277,7 @@ nlohmann::ordered_json recovered_summary(const std::string& directory, std::uint
 // The ids the run's .evb files hold (event_id mode: the records' ids; timestamp mode:
 // the items' sequence numbers); false when they cannot be told (MIDAS files, slices,
 // an unreadable file).
-bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t builder, std::set<std::uint64_t>& ids,
+bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t builder, IdRanges& ids,
               bool& by_sequence) {
     by_sequence = false;
     bool ok = true;
@@ -287,14 +288,17 @@ bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t bui
         try {
             const MappedFile m(directory + "/" + name);
             // The ids are in the record headers (event_id mode) or the item headers
-            // (timestamp mode), read as a COMPRESSED record is decoded in pieces.
+            // (timestamp mode), read as a COMPRESSED record is decoded in pieces, in
+            // the pass that checks it: taken when the record turns out good.
             LayoutVisitor visit;
             bool timestamp = false;
+            std::vector<std::uint64_t> record_ids;  // the record's, until it is known good
             visit.record = [&](const FileHeader& h, const RecordView& rec, std::span<const std::byte>) {
                 timestamp = false;
+                record_ids.clear();
                 if (is_run_record(rec)) return;
                 if (h.match_mode == MatchMode::event_id) {
-                    ids.insert(rec.header.event_id);
+                    record_ids.push_back(rec.header.event_id);
                     return;
                 }
                 by_sequence = true;
@@ -302,8 +306,12 @@ bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t bui
                 ok = ok && timestamp;
             };
             visit.item = [&](const SectionView&, std::uint32_t, const ItemView& it, std::uint64_t) {
-                if (timestamp) ids.insert(it.sequence);
+                if (timestamp) record_ids.push_back(it.sequence);
             };
+            visit.record_end = [&] {
+                for (const std::uint64_t id : record_ids) ids.insert(id);
+            };
+            visit.record_bad = [&] { record_ids.clear(); };
             const ScanResult s = scan_layout(m.bytes(), visit);
             if (!s.header_ok) return false;
         } catch (const std::exception&) {
@@ -312,6 +320,44 @@ bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t bui
     }
     return ok;
 }
+
+namespace {
+
+// The first id of `held` in [lo, hi] that is `share` modulo `step`, if any.
+std::optional<std::uint64_t> first_held(const IdRanges& held, std::uint64_t lo, std::uint64_t hi, std::uint64_t share,
+                                        std::uint64_t step) {
+    const auto& r = held.ranges();
+    auto it = r.upper_bound(lo);
+    if (it != r.begin()) --it;
+    for (; it != r.end() && it->first <= hi; ++it) {
+        const std::uint64_t a = std::max(it->first, lo), b = std::min(it->second, hi);
+        if (a > b) continue;
+        const std::uint64_t off = (share % step + step - a % step) % step;  // to the next id of the share
+        if (off <= b - a) return a + off;
+    }
+    return std::nullopt;
+}
+
+// The held ids that are `share` modulo `step`, outliers left out, as spans (first,
+// last) of that share: one per range of held ids (split at an outlier).
+void held_spans(const IdRanges& held, std::uint64_t share, std::uint64_t step, const std::set<std::uint64_t>& outliers,
+                std::vector<std::pair<std::uint64_t, std::uint64_t>>& spans) {
+    for (const auto& [first, last] : held.ranges()) {
+        std::uint64_t from = first;
+        for (auto o = outliers.lower_bound(first);; ++o) {
+            const bool cut = o != outliers.end() && *o <= last;
+            if (!cut || *o > from) {
+                const std::uint64_t to = cut ? *o - 1 : last;
+                if (const std::optional<std::uint64_t> a = first_held(held, from, to, share, step))
+                    spans.emplace_back(*a, to - (to - *a) % step);
+            }
+            if (!cut || *o == last) break;
+            from = *o + 1;
+        }
+    }
+}
+
+}  // namespace
 
 std::vector<std::string> check_lost_events(const std::string& directory, const nlohmann::ordered_json& summary) {
     std::vector<std::string> bad;
@@ -325,7 +371,7 @@ std::vector<std::string> check_lost_events(const std::string& directory, const n
     const bool truncated = led["ranges_truncated"].get<bool>();
     const auto run = summary["run_number"].get<std::uint32_t>();
     const auto builder = summary["builder_id"].get<std::uint32_t>();
-    std::set<std::uint64_t> held;
+    IdRanges held;
     bool by_sequence = false;
     if (!held_ids(directory, run, builder, held, by_sequence)) return bad;  // nothing to compare with
     // A range lists a builder's share of ids (every `builders`-th); sequence numbers all.
@@ -343,12 +389,9 @@ std::vector<std::string> check_lost_events(const std::string& directory, const n
         }
         const std::uint64_t first = x[0].get<std::uint64_t>(), last = x[1].get<std::uint64_t>();
         in_ranges[x[2].get<std::string>()] += (last - first) / step + 1;
-        for (auto it = held.lower_bound(first); it != held.end() && *it <= last; ++it)
-            if ((*it - first) % step == 0) {
-                bad.push_back(fmt::format("lost_events: {} {} is in the files and in the ledger",
-                                          by_sequence ? "sequence number" : "event", *it));
-                break;
-            }
+        if (const std::optional<std::uint64_t> id = first_held(held, first, last, first % step, step))
+            bad.push_back(fmt::format("lost_events: {} {} is in the files and in the ledger",
+                                      by_sequence ? "sequence number" : "event", *id));
         spans.emplace_back(first, last);
     }
     for (const auto& [reason, n] : led["by_reason"].items()) {
@@ -371,8 +414,7 @@ std::vector<std::string> check_lost_events(const std::string& directory, const n
     if (const auto o = summary.find("lost_events_outliers"); o != summary.end() && o->is_array())
         for (const auto& x : *o)
             if (x.is_number_unsigned()) outliers.insert(x.get<std::uint64_t>());
-    for (const std::uint64_t id : held)
-        if (id % step == builder % step && outliers.count(id) == 0) spans.emplace_back(id, id);
+    held_spans(held, builder % step, step, outliers, spans);
     std::sort(spans.begin(), spans.end());
     for (std::size_t i = 1; i < spans.size(); ++i) {
         const std::uint64_t reach = spans[i - 1].second;

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/util/id_ranges.hpp"
+
 namespace evb::file {
 
 // Records counted by their status bits (file::record_status); `complete` has none.
@@ -77,7 +79,8 @@ std::vector<std::string> check_lost_events(const std::string& directory, const n
 // The ids the run's .evb files of this builder hold (event_id mode: the records' ids;
 // timestamp mode, by_sequence: the items' sequence numbers); false when the files do
 // not tell them (MIDAS, time_slice, unreadable).
-bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t builder, std::set<std::uint64_t>& ids,
+// Kept as ranges of consecutive ids: memory grows with the gaps, not the events.
+bool held_ids(const std::string& directory, std::uint32_t run, std::uint32_t builder, IdRanges& ids,
               bool& by_sequence);
 
 // The summaries in `directory` (names of `*.summary.json`), in name order.

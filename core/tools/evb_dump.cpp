@@ -38,6 +38,7 @@
 #include "core/format/run_record.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/recovery.hpp"
+#include "core/tools/dump_duplicates.hpp"
 #include "core/io/run_on_disk.hpp"
 #include "core/io/run_summary.hpp"
 #include "core/format/pattern.hpp"
@@ -107,9 +108,11 @@ one LZ4 frame, offsets given in its decoded bytes). A directory stands for the
                    its events, bytes, clean state and events by status; name
                    each mismatch and exit 1 if there is any (2: no summary)
   --max-record-bytes N
-                   decode no COMPRESSED .evb record to more than N bytes
-                   (suffix K, M or G; 0: no bound; default 1G): a larger one
-                   is reported as a problem of that record, nothing allocated
+                   hold no more than N decoded bytes of a COMPRESSED .evb
+                   record (suffix K, M or G; 0: no bound; default 1G): a zstd
+                   record is read in pieces (its window counts), an LZ4 one
+                   whole; one past it is a problem of that record, nothing
+                   allocated
   -h, --help       show this help
   --version        print the version
 
@@ -536,7 +539,7 @@ void check_record_time(const ef::RecordView& r, const ef::FileHeader& fh, std::o
 struct RecordChecks {
     const Options& o;
     FileReport& rep;
-    std::unordered_map<std::uint64_t, std::uint64_t> seen;  // event_id -> first offset
+    evb::dump::DuplicateIds seen;  // event ids, as ranges
     // The record being checked (`event` false for a run record: nothing more to do).
     ef::FileHeader fh;
     ef::RecordView r;
@@ -545,6 +548,14 @@ struct RecordChecks {
     std::uint64_t area_at = 0;  // the file offset its sections area counts from
     bool any_missing = false, any_unconfirmed = false;
     std::optional<std::uint64_t> smallest;  // item timestamp
+    // The report as it was before a record read in pieces, told as it is checked:
+    // put back when the record turns out damaged (scan_layout's record_bad).
+    struct Before {
+        decltype(FileReport::record_bits) record_bits;
+        decltype(FileReport::section_bits) section_bits;
+        std::uint64_t payload_bytes, stored_bytes, content_bytes, compressed, problem_count;
+        std::size_t problems;
+    } before{};
 
     void record(const ef::FileHeader& header, const ef::RecordView& rec, std::span<const std::byte> area);
     void section(const ef::SectionView& sec, std::uint64_t at);
@@ -560,7 +571,19 @@ struct RecordChecks {
             item(sec, j, it, at);
         };
         v.record_end = [this] { record_end(); };
+        v.record_bad = [this] {
+            rep.record_bits = before.record_bits;
+            rep.section_bits = before.section_bits;
+            rep.payload_bytes = before.payload_bytes;
+            rep.stored_bytes = before.stored_bytes;
+            rep.content_bytes = before.content_bytes;
+            rep.compressed = before.compressed;
+            rep.problem_count = before.problem_count;
+            rep.problems.resize(before.problems);
+            seen.forget_from(before.problems);
+        };
         v.need_payloads = o.pattern;
+        v.keep_records = false;  // all is learnt as told: memory does not grow with the records
         return v;
     }
 };
@@ -582,10 +605,14 @@ void RecordChecks::record(const ef::FileHeader& header, const ef::RecordView& re
         return;
     }
     event = true;
+    before = {rep.record_bits,   rep.section_bits,  rep.payload_bytes,  rep.stored_bytes,
+              rep.content_bytes, rep.compressed,    rep.problem_count,  rep.problems.size()};
     for (std::size_t b = 0; b < record_bits; ++b)
         if (h.status & kRecordBits[b].first) ++rep.record_bits[b];
-    if (const auto [it, fresh] = seen.emplace(h.event_id, at); !fresh)
-        rep.add_problem(at, fmt::format("event {} appears again (first at offset {})", h.event_id, it->second));
+    if (seen.seen(h.event_id)) {  // taken at record_end (the record good); the first offset named after the scan
+        if (rep.problems.size() < kMaxProblemsKept) seen.note(rep.problems.size(), h.event_id);
+        rep.add_problem(at, fmt::format("event {} appears again", h.event_id));
+    }
     if (h.run_number != fh.run_number)
         rep.add_problem(at, fmt::format("event {} has run {}, the file is run {}", h.event_id,
                                         h.run_number, fh.run_number));
@@ -674,6 +701,7 @@ void RecordChecks::item(const ef::SectionView& sec, std::uint32_t j, const ef::I
 
 void RecordChecks::record_end() {
     if (!event) return;
+    seen.take(r.header.event_id);
     const bool v2 = fh.version == 2;
     const bool time_slice = v2 && fh.match_mode == ef::MatchMode::time_slice;
     const auto& h = r.header;
@@ -994,12 +1022,13 @@ FileReport examine(const std::string& path, const Options& o) {
         // their problems are reported after the scan's and the file's own.
         RecordChecks checks{o, rep, {}, {}, {}, false, {}, 0, false, false, {}};
         const ef::ScanResult s = ef::scan_layout(img, checks.visitor());
+        checks.seen.name_first(img, s.header.version, s.good_bytes, rep.problems);
         FileReport::Aside record_problems = rep.take_problems();
         rep.header_ok = s.header_ok;
         rep.header = s.header;
         rep.has_footer = s.has_footer;
         rep.good_bytes = s.good_bytes;
-        rep.event_count = s.records.size() - rep.run_records.size();
+        rep.event_count = s.record_count - rep.run_records.size();
         take_open_tail(img, s, rep);
         for (const auto& p : s.problems)
             if (!rep.open || (p.offset != s.good_bytes && p.offset != img.size())) rep.add_problem(p.offset, p.what);

@@ -1,0 +1,84 @@
+// IdRanges (issue 41, session 23): a set of ids kept as ranges, so that what a reader
+// holds grows with the gaps between ids, not their count.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "core/util/id_ranges.hpp"
+
+using evb::IdRanges;
+using Ranges = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+
+namespace {
+Ranges ranges_of(const IdRanges& r) { return Ranges(r.ranges().begin(), r.ranges().end()); }
+}  // namespace
+
+TEST_CASE("IdRanges holds ids inserted in order as one range", "[id_ranges]") {
+    IdRanges r;
+    for (std::uint64_t id = 100; id < 100100; ++id) REQUIRE(r.insert(id));
+    CHECK(r.size() == 100000);
+    CHECK(ranges_of(r) == Ranges{{100, 100099}});
+    CHECK(r.contains(100));
+    CHECK(r.contains(100099));
+    CHECK_FALSE(r.contains(99));
+    CHECK_FALSE(r.contains(100100));
+}
+
+TEST_CASE("IdRanges finds duplicates and merges adjacent ranges", "[id_ranges]") {
+    IdRanges r;
+    CHECK(r.insert(10));
+    CHECK(r.insert(12));
+    CHECK(r.insert(20));
+    CHECK(ranges_of(r) == Ranges{{10, 10}, {12, 12}, {20, 20}});
+    CHECK_FALSE(r.insert(12));  // a duplicate
+    CHECK(r.insert(11));        // joins 10 and 12
+    CHECK(ranges_of(r) == Ranges{{10, 12}, {20, 20}});
+    CHECK(r.insert(19));  // extends 20 downwards
+    CHECK(r.insert(9));   // extends 10..12 downwards
+    CHECK(ranges_of(r) == Ranges{{9, 12}, {19, 20}});
+    for (std::uint64_t id = 9; id <= 12; ++id) CHECK_FALSE(r.insert(id));
+    CHECK(r.insert(13));
+    CHECK(r.insert(15));
+    CHECK(r.insert(17));
+    CHECK(r.insert(14));
+    CHECK(r.insert(16));
+    CHECK(r.insert(18));  // joins everything
+    CHECK(ranges_of(r) == Ranges{{9, 20}});
+    CHECK(r.size() == 12);
+    CHECK(r.insert(0));
+    CHECK(r.insert(UINT64_MAX));
+    CHECK_FALSE(r.insert(UINT64_MAX));
+    CHECK(r.contains(0));
+    CHECK_FALSE(r.contains(1));
+    CHECK(ranges_of(r) == Ranges{{0, 0}, {9, 20}, {UINT64_MAX, UINT64_MAX}});
+}
+
+TEST_CASE("IdRanges agrees with std::set on ids out of order", "[id_ranges]") {
+    IdRanges r;
+    std::set<std::uint64_t> s;
+    std::uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int k = 0; k < 20000; ++k) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        const std::uint64_t id = x % 3000;  // many duplicates, many merges
+        REQUIRE(r.insert(id) == s.insert(id).second);
+    }
+    CHECK(r.size() == s.size());
+    std::set<std::uint64_t> back;
+    for (const auto& [first, last] : r.ranges()) {
+        for (std::uint64_t id = first; id <= last; ++id) back.insert(id);
+    }
+    CHECK(back == s);
+    // Ranges are separated by a gap (adjacent ones merged).
+    std::uint64_t end = 0;
+    bool first_range = true;
+    for (const auto& [first, last] : r.ranges()) {
+        if (!first_range) CHECK(first > end + 1);
+        first_range = false;
+        end = last;
+    }
+}

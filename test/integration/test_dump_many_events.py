@@ -1,0 +1,79 @@
+"""What evb-dump holds grows with the gaps between event ids, not with the events
+(issue 41, session 23): a closed `.evb` of 2 million tiny events (ids 0..1999999, one
+empty section each; 183 MiB), `evb-dump --verify` under an address-space limit.
+
+Before: the duplicate-id check kept a map entry per event and the scan a RecordView
+per record (about 330 MiB of heap for this file, 511 MiB peak resident with the
+mapping): under LIMIT it said `FAILED, 1 file could not be read` (exit 2). Now the ids
+are kept as ranges and the records are checked as they are told, not kept: `OK`.
+A repeated id is still named with the offset of its first record."""
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "packaging", "python"))
+
+import evbfile  # noqa: E402
+from evbtest import BIN, address_space_limit, check, workdir  # noqa: E402
+
+EVENTS = 2_000_000
+LIMIT = 400 << 20        # failed at 500 MiB before, passes at 250 MiB now
+NAME = "run000007_000_00000.evb"
+
+
+def tiny_file(path, ids):
+    """A closed v2 `.evb` of run 7, one source: a record per id in `ids`, one empty
+    section each, written as it is made."""
+    crc = evbfile.crc32c
+    h = struct.pack("<8sIIIIIIQHHIQI", b"EVBFILE1", 2, 64, 7, 0, 0, 1, 123, 0, 0, 0, 0, 0)
+    body = struct.pack("<IIII", 0, 0, 0, 0)
+    after = struct.pack("<Q", 0) + body
+    body_crc = struct.pack("<I", crc(body))
+    index = bytearray()
+    with open(path, "wb") as f:
+        f.write(h + struct.pack("<I", crc(h)))
+        at = 64
+        chunk = bytearray()
+        for i in ids:
+            head = struct.pack("<IIQIIIIQQ", 0x52425645, 80, i, 7, 0, 1, 16, 0, 0) + body_crc
+            index += struct.pack("<QQ", i, at)
+            chunk += head + struct.pack("<I", crc(after, crc(head))) + after
+            at += 80
+            if len(chunk) >= 1 << 22:
+                f.write(chunk)
+                chunk = bytearray()
+        f.write(chunk)
+        tail = struct.pack("<IIQ", 0x58445645, 0, len(ids)) + bytes(index)
+        tail += b"EVBEND01" + struct.pack("<QQI", at, len(ids), 0)
+        f.write(tail + struct.pack("<I", crc(tail)))
+
+
+def main():
+    wd = workdir()
+    dump = os.path.join(BIN, "evb-dump")
+    path = os.path.join(wd, NAME)
+    tiny_file(path, range(EVENTS))
+    r = subprocess.run([dump, "--verify", path], capture_output=True, text=True, timeout=120,
+                       preexec_fn=address_space_limit(LIMIT))
+    check(r.returncode == 0 and f"verify: OK, 1 file, {EVENTS} events" in r.stdout,
+          f"evb-dump --verify of {EVENTS} events within {LIMIT >> 20} MiB of address space (exit {r.returncode}):\n"
+          f"{(r.stdout + r.stderr)[-1500:]}")
+
+    # A repeated id is named with its first record's offset (found after the scan).
+    small = os.path.join(wd, "dup")
+    os.makedirs(small)
+    path = os.path.join(small, NAME)
+    tiny_file(path, [0, 1, 2, 3, 1, 5])
+    r = subprocess.run([dump, "--verify", path], capture_output=True, text=True, timeout=30)
+    check(r.returncode == 1 and f"{path}:384: event 1 appears again (first at offset 144)" in r.stdout,
+          f"a repeated id is named with its first offset (exit {r.returncode}):\n{r.stdout[-1500:]}")
+    shutil.rmtree(wd, ignore_errors=True)
+    print("1 passed, 0 failed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
