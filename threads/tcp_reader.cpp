@@ -260,7 +260,11 @@ std::size_t TcpReader::do_work() {
 std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
     std::size_t work = 0;
     std::size_t budget = kBuffersPerTurn * s_.buffer_bytes;
-    for (int turn = 0; turn < kMaxReadsPerTurn && budget > 0; ++turn) {
+    // Each pass takes what the buffer holds whole before it reads again, and the turn
+    // ends before a read, never after one: what a read brought is always taken (or the
+    // connection held), and a connection whose turn ended unread stays readable, so
+    // the next round serves it again.
+    for (int turn = 0;; ++turn) {
         const Taken t = take_messages(c);
         if (t == Taken::framing_lost) {
             close_connection(c, net::TcpClose::length_out_of_range);
@@ -277,7 +281,7 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
                                     : c.end_reason);
             return work + 1;
         }
-        if (!c.readable) return work;
+        if (!c.readable || turn == kMaxReadsPerTurn || budget == 0) return work;
         if (c.begin > 0) {  // the part of a message left goes to the front: room for the rest
             std::memmove(c.buf, c.buf + c.begin, c.end - c.begin);
             c.end -= c.begin;
@@ -330,7 +334,6 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
             c.watched = c.reading = false;
         }
     }
-    return work;
 }
 
 TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
@@ -345,7 +348,9 @@ TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
         if (have < len) {
             // The rest is still on its way. A long message whose header is here goes
             // into its slot now and the rest is read straight after it (serve).
-            if (!allowed || len < kDirectMinBytes || have < std::min<std::size_t>(len, kDirectTailBytes / 2)) break;
+            // (Not when the peer has closed: the message can no longer come whole.)
+            if (c.ended || !allowed || len < kDirectMinBytes || have < std::min<std::size_t>(len, kDirectTailBytes / 2))
+                break;
             if (!claim(c, len)) return Taken::no_room;
             std::memcpy(pool_.data(c.message.slot) + frames_.headroom(), c.buf + c.begin + net::kTcpPrefixBytes, have);
             c.message.got = static_cast<std::uint32_t>(have);
@@ -357,6 +362,7 @@ TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
             ++taken_;
             taken_bytes_ += len;
             counters_.disallowed_sender.add();
+            c.long_messages = false;  // its buffer is read whole again
             continue;
         }
         if (!claim(c, len)) return Taken::no_room;
@@ -465,6 +471,8 @@ void TcpReader::release(Connection& c, std::uint64_t now) noexcept {
 void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
     if (c.held) release(c, monotonic_ns());
     if (c.message.slot != kNoSlot) {  // a message cut short: its slot was never handed on
+        // Before the generation changes below: unclaim takes the slot out of this
+        // connection's holdings only while the slot's generation is the connection's.
         unclaim(c.message.slot);
         pool_.give_back_local(c.message.slot);
         c.message.slot = kNoSlot;
