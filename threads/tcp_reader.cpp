@@ -22,6 +22,7 @@ struct TcpReader::Connection {
     std::byte* buf = nullptr;      // input.tcp_buffer_bytes
     std::size_t begin = 0, end = 0;  // bytes read and not yet taken
     sockaddr_storage peer{};
+    std::uint64_t peer_key = 0;    // sender_key(peer): its sources' pin key (docs/FORMATS.md 11)
     std::uint16_t local_port = 0;
     std::uint32_t group = 0;       // the listening socket it came in by (stats::TcpCounters::Group)
     std::size_t held_slots = 0;  // slots handed on from this connection, not yet back
@@ -421,7 +422,7 @@ void TcpReader::hand_on(Connection& c) noexcept {
     // A source's datagrams come from where its first one of the run came from
     // (the connection's peer address; a reconnected readout PC is the same).
     if (shard >= 0 && rules_->pins &&
-        !rules_->pins->admit(ChunkMeta::in_slot(pool_.meta(idx))->source_id, sender_key(c.peer))) {
+        !rules_->pins->admit(ChunkMeta::in_slot(pool_.meta(idx))->source_id, c.peer_key)) {
         counters_.sender_mismatch.add();
         shard = -1;
     }
@@ -559,6 +560,7 @@ void TcpReader::accept_from(std::size_t l, std::uint64_t now) noexcept {
         Connection& c = conns_[idx];
         c.fd = a.fd;
         c.peer = a.peer;
+        c.peer_key = sender_key(a.peer);
         c.local_port = local_port;
         c.group = static_cast<std::uint32_t>(l);
         tcp_.group[l].connections_open.add();
