@@ -317,6 +317,49 @@ def events_in(out_dir):
     return evs, doc
 
 
+def record_ids(out_dir):
+    """{file name: [event id of each event record, in file order]} for out_dir's .evb and
+    .evb.part files, read from the record headers alone (docs/FORMATS.md sections 2 and
+    6; compressed records too, run records skipped), up to the first place that holds no
+    whole record (a killed writer's tail). Much faster than evb-dump --events --json
+    for runs of 10^5 events; compare its counts with evb-dump's event_count per file."""
+    ids = {}
+    for name in data_files(out_dir):
+        with open(os.path.join(out_dir, name), "rb") as f:
+            data = f.read()
+        if data[:8] != b"EVBFILE1":
+            fail(f"{name}: bad file magic")
+        v2 = struct.unpack_from("<I", data, 8)[0] == 2
+        hb = 64 if v2 else 56
+        got, at = [], 64
+        while at + hb <= len(data) and data[at:at + 4] == b"EVBR":
+            length = struct.unpack_from("<I", data, at + 4)[0]
+            if length < hb or at + length > len(data):
+                break
+            event_id, _run, status = struct.unpack_from("<QII", data, at + 8)
+            if not (v2 and status & 32):  # RUN_RECORD
+                got.append(event_id)
+            at += length
+        ids[name] = got
+    return ids
+
+
+def event_ids(out):
+    """Event ids of every event record in out's data files (read from the record headers:
+    evb-dump --events --json took 6 s per 10^5 events, a minute under a sanitizer), and
+    evb-dump's report of the files (no --events), whose event counts they must match
+    file by file."""
+    by_file = record_ids(out)
+    rc, doc, err = dump([out])
+    if not doc:
+        fail(f"evb-dump --json failed: {err}")
+    counted = {f["path"].rsplit("/", 1)[1]: f["event_count"] for f in doc["files"]}
+    read = {n: len(v) for n, v in by_file.items()}
+    check(read == counted, f"the record headers read give evb-dump's event count in each file "
+                           f"({sum(read.values())} against {sum(counted.values())})")
+    return [i for v in by_file.values() for i in v], doc
+
+
 def data_files(out_dir):
     """The data files in out_dir (.evb and .evb.part), in name order: not the run summaries."""
     return sorted(n for n in os.listdir(out_dir) if n.endswith(".evb") or n.endswith(".evb.part"))

@@ -10,7 +10,7 @@ import random
 import shutil
 import signal
 
-from evbtest import (Evbd, check, events_in, fail, free_udp_port, metric_sum, run_source, sanitized_build,
+from evbtest import (Evbd, check, event_ids, fail, free_udp_port, metric_sum, run_source, sanitized_build,
                     serve_source, settled_serve_stats, verify, wait_until, workdir)
 
 BUILDERS = 3
@@ -33,8 +33,7 @@ def check_union(outs, total, what):
     """Each builder's files hold only its share; together every event 0..total-1 once."""
     all_ids = []
     for i, out in enumerate(outs):
-        evs, doc = events_in(out)
-        ids = [e["event_id"] for e in evs]
+        ids, _ = event_ids(out)
         foreign = [e for e in ids if e % BUILDERS != i]
         check(not foreign, f"{what}: builder {i} wrote only its share ({len(ids)} events, {len(foreign)} not its own)")
         all_ids += ids

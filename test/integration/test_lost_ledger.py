@@ -22,7 +22,7 @@ import socket
 import struct
 import subprocess
 
-from evbtest import (BIN, Evbd, check, events_in, fail, frag, metric_sum, read_pcap, run_source, sanitized_build,
+from evbtest import (BIN, Evbd, check, event_ids, events_in, fail, frag, metric_sum, read_pcap, run_source, sanitized_build,
                      wait_until, workdir)
 
 DUMP = os.path.join(BIN, "evb-dump")
@@ -88,7 +88,7 @@ def overload(wd):
     refused = m.get('evb_rejected_datagrams_total{reason="in_flight_limit"}', 0)
     print(f"(b) emulator sent {st['events']} events; {refused:.0f} datagrams refused for room", flush=True)
     check(refused > 0, "(b) the load was more than evbd keeps (datagrams refused at in_flight_limit)")
-    written = {e["event_id"] for e in events_in(d.out)[0]}
+    written = set(event_ids(d.out)[0])
     summ = summary(d.out)
     led = summ.get("lost_events")
     # Refused whole, never halves: an event refused for room has none of its fragments
@@ -101,8 +101,10 @@ def overload(wd):
     check(not (written & set(lost)), f"(b) no id both written and in the ledger ({sorted(written & set(lost))[:10]})")
     missing = set(range(events)) - written - set(lost)
     check(not missing, f"(b) every id sent is written or in the ledger ({len(missing)} neither: {sorted(missing)[:10]})")
-    check(set(lost.values()) <= {"in_flight_limit", "source_share"},
-          f"(b) refused at a limit ({led['by_reason']})")
+    # An event all of whose datagrams the kernel dropped (a loaded machine starves the
+    # reader; the run counts kernel drops) is known only by the gap: never_received.
+    reasons = {"in_flight_limit", "source_share"} | ({"never_received"} if drops > 0 else set())
+    check(set(lost.values()) <= reasons, f"(b) refused at a limit ({led['by_reason']}; {drops:.0f} kernel drops)")
     net = metric_sum(m, "evb_events_lost_whole_total") - metric_sum(m, "evb_events_lost_whole_revoked_total")
     check(net == led["count"], f"(b) evb_events_lost_whole_total less _revoked_total ({net}) is the ledger's count")
     check(f"{led['count']} events lost whole" in d.log_text(), "(b) the stop line says how many events were lost whole")
@@ -139,7 +141,7 @@ def loss_and_dup(wd):
     st = run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 2, "--events", events, "--size", 200,
                      "--loss", 0.4, "--dup", 0.2, "--seed", 7, "--rate", 20000, "--pcap-out", cap])
     sent = ledger_is_unsent(d, cap, st, "(c)", "events")
-    written = {e["event_id"] for e in events_in(d.out)[0]}
+    written = set(event_ids(d.out)[0])
     check(written == sent, "(c) every id with a datagram is written")
     rc, text = check_summary(d.out)
     check(rc == 0, f"(c) evb-dump --check-summary accepts it: {text.strip()[-300:]}")
@@ -194,7 +196,7 @@ def stray_id(wd):
     d.wait_metric("evb_events_written_total", lambda v: v >= sent + 1, timeout=30)  # the stray, INCOMPLETE
     check(d.metrics()["evb_kernel_receive_drops_total"] == 0, "(e) no kernel receive drops")
     check(d.stop() == 0, "(e) evbd exits 0")
-    written = {e["event_id"] for e in events_in(d.out)[0]}
+    written = set(event_ids(d.out)[0])
     check(written == set(range(events)) - skipped | {stray}, "(e) every id sent is written, the stray too")
     summ = summary(d.out)
     led = summ.get("lost_events") or {}
@@ -228,7 +230,7 @@ def built_after_settled(wd):
         d.wait_metric("evb_events_written_total", lambda v: v >= events, timeout=30)
     m = d.metrics()
     check(d.stop() == 0, "(f) evbd exits 0")
-    written = {e["event_id"] for e in events_in(d.out)[0]}
+    written = set(event_ids(d.out)[0])
     check(written == set(range(events)), "(f) every event written, the late one too")
     led = summary(d.out).get("lost_events") or {}
     print(f"(f) ledger: count {led.get('count')}, ranges {led.get('ranges')}", flush=True)

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import time
 
-from evbtest import (BIN, Evbd, check, data_files, dump, events_in, fail, free_udp_port, sanitized_build, serve_source,
+from evbtest import (BIN, Evbd, check, data_files, dump, event_ids, fail, free_udp_port, sanitized_build, serve_source,
                     settled_serve_stats, verify, workdir)
 
 SLOW = sanitized_build()
@@ -29,12 +29,6 @@ SLOW = sanitized_build()
 # and the third cycle cost about 40 s of each sanitizer stage (127 s under ASan in CI).
 CYCLES = 2 if SLOW else 3
 PULL_EVENTS = 40000 if SLOW else 100000  # ASan ran 20000 to the end within three kills (CI)
-
-
-def event_ids(out):
-    """Event ids of every record in out's data files, and evb-dump's report of them."""
-    evs, doc = events_in(out)
-    return [e["event_id"] for e in evs], doc
 
 
 def check_summary(out, mode):
