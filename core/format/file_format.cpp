@@ -621,17 +621,21 @@ bool split_sections(const RecordView& r, std::span<const std::byte> area, std::v
 
 namespace {
 ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit, const LayoutVisitor* layout,
-                      Decode decode);
+                      Decode decode, bool keep);
 }  // namespace
 
 ScanResult scan(std::span<const std::byte> img, const RecordVisitor& visit) {
-    return scan_image(img, visit, nullptr, visit ? Decode::whole : Decode::pieces);
+    return scan_image(img, visit, nullptr, visit ? Decode::whole : Decode::pieces, true);
 }
 
-ScanResult scan_stored(std::span<const std::byte> img) { return scan_image(img, {}, nullptr, Decode::stored); }
+ScanResult scan_stored(std::span<const std::byte> img) { return scan_image(img, {}, nullptr, Decode::stored, true); }
+
+ScanResult scan_stored(std::span<const std::byte> img, const RecordVisitor& visit) {
+    return scan_image(img, visit, nullptr, Decode::stored, false);
+}
 
 ScanResult scan_layout(std::span<const std::byte> img, const LayoutVisitor& visit) {
-    return scan_image(img, {}, &visit, visit.need_payloads ? Decode::whole : Decode::pieces);
+    return scan_image(img, {}, &visit, visit.need_payloads ? Decode::whole : Decode::pieces, visit.keep_records);
 }
 
 bool walk_layout(const RecordView& r, const LayoutVisitor& visit, std::string* why) {
@@ -665,7 +669,7 @@ void tell_layout(const FileHeader& fh, const RecordView& v, std::span<const std:
 }
 
 ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit, const LayoutVisitor* layout,
-                      Decode decode) {
+                      Decode decode, bool keep) {
     ScanResult res;
     const std::byte* base = img.data();
     const std::size_t size = img.size();
@@ -715,7 +719,6 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
     std::uint64_t pos = kHeaderBytes;
     std::string why;
     std::span<const std::byte> area;
-    const bool keep = layout == nullptr || layout->keep_records;
     // The index against the records as they come (run records, section 12, are not in it).
     bool index_match = true;
     std::size_t indexed = 0;

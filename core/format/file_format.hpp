@@ -218,8 +218,12 @@ ScanResult scan(std::span<const std::byte> image, const RecordVisitor& visit = {
 // The same walk reading what each record stores, not what it holds: a COMPRESSED
 // record is checked as stored (record CRC, stored_length, padding) and never
 // decoded, so memory stays bounded whatever its content_length says. For a reader
-// that needs only the record headers (evbd's start-up survey).
+// that needs only the record headers.
 ScanResult scan_stored(std::span<const std::byte> image);
+// The same, each good record told to `visit` as it is accepted and not kept in
+// ScanResult::records, so memory does not grow with the file's record count (evbd's
+// start-up survey). The area given is the record's as stored: not decoded.
+ScanResult scan_stored(std::span<const std::byte> image, const RecordVisitor& visit);
 
 // At most this many bytes are decoded for one COMPRESSED record (scan,
 // parse_sections, sections_area): a record whose content_length says more is refused

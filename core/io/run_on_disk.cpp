@@ -97,41 +97,80 @@ void recover_part(const std::string& path, RunSurvey& s) {
 // The sequence numbers of the items in a section's `length` bytes (the time modes,
 // docs/FORMATS.md 6.3), walked within them whatever the bytes say.
 void add_item_sequences(std::uint32_t source_id, const std::byte* bytes, std::uint32_t length,
-                        std::map<std::uint32_t, std::vector<std::uint64_t>>& seqs) {
+                        std::map<std::uint32_t, HeldIds::Collector>& seqs) {
     std::size_t pos = 0;
     while (bytes != nullptr && pos + kItemHeaderBytes <= length) {
-        seqs[source_id].push_back(wire::load_u64(bytes + pos + 8));
+        seqs.try_emplace(source_id, 0, 1).first->second.add(wire::load_u64(bytes + pos + 8));
         pos += kItemHeaderBytes + padded8(wire::load_u32(bytes + pos + 16));
     }
 }
 
 }  // namespace
 
-HeldIds::HeldIds(std::vector<std::uint64_t> ids, std::uint32_t builder_id, std::uint32_t builders)
-    : step_(std::max<std::uint32_t>(builders, 1)) {
-    std::sort(ids.begin(), ids.end());
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        const std::uint64_t id = ids[i];
-        if (i > 0 && ids[i - 1] == id) {
-            ++duplicates_;
-            continue;
-        }
-        if (id % step_ != builder_id) {
-            ++foreign_;
-            continue;
-        }
-        ++count_;
-        if (!spans_.empty() && spans_.back().last + step_ == id)
-            spans_.back().last = id;
-        else
-            spans_.push_back({id, id});
+HeldIds::Collector::Collector(std::uint32_t builder_id, std::uint32_t builders)
+    : step_(std::max<std::uint32_t>(builders, 1)), share_(builder_id) {}
+
+void HeldIds::Collector::add(std::uint64_t id) {
+    if (id % step_ != share_) {
+        if (!foreign_ids_.insert(id).second) ++duplicates_;
+        return;
     }
+    auto next = spans_.upper_bound(id);  // the first span starting after id
+    if (next != spans_.begin()) {
+        const auto prev = std::prev(next);
+        if (id <= prev->second) {  // inside it (every id of a span is of the share)
+            ++duplicates_;
+            return;
+        }
+        if (prev->second + step_ == id) {  // just after it: extend, maybe join the next
+            prev->second = id;
+            if (next != spans_.end() && next->first == id + step_) {
+                prev->second = next->second;
+                spans_.erase(next);
+            }
+            ++count_;
+            return;
+        }
+    }
+    if (next != spans_.end() && next->first == id + step_) {  // just before the next: move its start
+        const std::uint64_t last = next->second;
+        spans_.erase(next);
+        spans_.emplace(id, last);
+    } else {
+        spans_.emplace(id, id);
+    }
+    ++count_;
 }
 
-HeldSequences::HeldSequences(std::vector<std::pair<std::uint32_t, std::vector<std::uint64_t>>> by_source) {
-    std::sort(by_source.begin(), by_source.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (auto& [source, seqs] : by_source) {
-        HeldIds h(std::move(seqs), 0, 1);
+HeldIds HeldIds::Collector::take() && {
+    HeldIds h;
+    h.step_ = step_;
+    h.count_ = count_;
+    h.duplicates_ = duplicates_;
+    h.foreign_ = foreign_ids_.size();
+    h.spans_.reserve(spans_.size());
+    for (const auto& [first, last] : spans_) h.spans_.push_back({first, last});
+    return h;
+}
+
+HeldIds::HeldIds(const std::vector<std::uint64_t>& ids, std::uint32_t builder_id, std::uint32_t builders) {
+    Collector c(builder_id, builders);
+    for (const std::uint64_t id : ids) c.add(id);
+    *this = std::move(c).take();
+}
+
+HeldSequences::HeldSequences(const std::vector<std::pair<std::uint32_t, std::vector<std::uint64_t>>>& by_source) {
+    std::map<std::uint32_t, HeldIds::Collector> c;
+    for (const auto& [source, seqs] : by_source) {
+        HeldIds::Collector& one = c.try_emplace(source, 0, 1).first->second;
+        for (const std::uint64_t q : seqs) one.add(q);
+    }
+    *this = HeldSequences(std::move(c));
+}
+
+HeldSequences::HeldSequences(std::map<std::uint32_t, HeldIds::Collector>&& by_source) {
+    for (auto& [source, collected] : by_source) {
+        HeldIds h = std::move(collected).take();
         if (h.empty()) continue;
         count_ += h.count();
         sources_.push_back(source);
@@ -165,7 +204,9 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
     RunSurvey s;
     // The time modes' records hold items (FORMATS.md 6.3): their sources' sequences.
     const bool items = match == MatchMode::timestamp || match == MatchMode::time_slice;
-    std::map<std::uint32_t, std::vector<std::uint64_t>> seqs;  // timestamp mode: by source
+    // Collected as spans as the files are read: what the survey holds grows with the
+    // gaps between ids, not with the run's event count.
+    std::map<std::uint32_t, HeldIds::Collector> seqs;  // the time modes: by source
     const std::string builder_prefix = "run";  // every run: the builder is checked below
     const std::string builder_tag = fmt::format("_{:03}_", builder_id);
     if (recover_parts) {
@@ -178,7 +219,7 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
         }
     }
     const std::string run_prefix = fmt::format("run{:06}_{:03}_", run, builder_id);
-    std::vector<std::uint64_t> ids;
+    HeldIds::Collector ids(builder_id, builders);
     for (const std::string& path : list_files(directory, run_prefix, "", s.problems)) {
         const bool part = has_suffix(path, ".evb.part") || has_suffix(path, ".mid.part") || has_suffix(path, ".mid.lz4.part");
         const bool midas = has_suffix(path, ".mid") || has_suffix(path, ".mid.part") || has_suffix(path, ".mid.lz4") ||
@@ -213,7 +254,7 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 s.records += m.event_count;
                 if (m.bor.serial_number == run && m.event_count > 0)
                     s.next_serial = std::max(s.next_serial, m.last_event.serial_number + 1);
-                ids.insert(ids.end(), file_ids.begin(), file_ids.end());
+                for (const std::uint64_t id : file_ids) ids.add(id);
                 if (!part && lz4 && !frame.complete)
                     s.problems.push_back(fmt::format("{}: LZ4 frame: {} (its events before that are counted)", path,
                                                      frame.problem));
@@ -222,8 +263,26 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                                                      m.problems[0].what));
                 continue;
             }
-            // Event ids are in the record headers: a COMPRESSED record is not decoded.
-            const ScanResult scanned = scan_stored(image.bytes());
+            // Event ids are in the record headers: a COMPRESSED record is not decoded,
+            // and the records are taken as the scan accepts them, not kept. The time
+            // modes: the items' sequences, their headers read as a COMPRESSED record
+            // is decoded in pieces (never whole).
+            LayoutVisitor item_headers;
+            item_headers.item = [&](const SectionView& sec, std::uint32_t, const ItemView& it, std::uint64_t) {
+                seqs.try_emplace(sec.source_id, 0, 1).first->second.add(it.sequence);
+            };
+            const ScanResult scanned = scan_stored(image.bytes(), [&](const FileHeader& h, const RecordView& r,
+                                                                      std::span<const std::byte>) {
+                if (is_run_record(r)) return;  // not an event (FORMATS.md 12)
+                ++s.records;
+                if (r.header.run_number != run) return;
+                ids.add(r.header.event_id);
+                if (!items || h.match_mode != match) return;
+                std::string why;
+                if (!walk_layout(r, item_headers, &why))
+                    s.problems.push_back(fmt::format("{}: record at {}: {} (its fragments are not known held)", path,
+                                                     r.file_offset, why));
+            });
             if (!scanned.header_ok) {
                 if (!part || !why_part_holds_no_events(image.bytes()))
                     s.problems.push_back(fmt::format("{}: {}", path, scanned.problems.empty() ? "bad header"
@@ -231,23 +290,6 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 continue;
             }
             s.files.push_back(path);
-            // The time modes: the items' sequences, their headers read as a COMPRESSED
-            // record is decoded in pieces (never whole).
-            LayoutVisitor item_headers;
-            item_headers.item = [&](const SectionView& sec, std::uint32_t, const ItemView& it, std::uint64_t) {
-                seqs[sec.source_id].push_back(it.sequence);
-            };
-            for (const RecordView& r : scanned.records) {
-                if (is_run_record(r)) continue;  // not an event (FORMATS.md 12)
-                ++s.records;
-                if (r.header.run_number != run) continue;
-                ids.push_back(r.header.event_id);
-                if (!items || scanned.header.match_mode != match) continue;
-                std::string why;
-                if (!walk_layout(r, item_headers, &why))
-                    s.problems.push_back(fmt::format("{}: record at {}: {} (its fragments are not known held)", path,
-                                                     r.file_offset, why));
-            }
             if (!part && !scanned.problems.empty())
                 s.problems.push_back(fmt::format("{}: {} (its records before that are counted)", path,
                                                  scanned.problems[0].what));
@@ -255,8 +297,8 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
             s.problems.push_back(e.what());
         }
     }
-    s.held = HeldIds(std::move(ids), builder_id, builders);
-    s.sequences = HeldSequences({std::make_move_iterator(seqs.begin()), std::make_move_iterator(seqs.end())});
+    s.held = std::move(ids).take();
+    s.sequences = HeldSequences(std::move(seqs));
     return s;
 }
 

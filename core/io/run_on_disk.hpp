@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -25,10 +27,26 @@ public:
         std::uint64_t last;  // inclusive; first + k * step
     };
 
+    // Takes ids one at a time as they are read, in any order, and keeps spans, not
+    // ids: what it holds grows with the gaps between the ids, not with their count
+    // (a run of 10^8 events in order is one span). An id seen more than once is
+    // counted in duplicates(), an id outside the share in foreign() (neither is held).
+    class Collector {
+    public:
+        Collector(std::uint32_t builder_id, std::uint32_t builders);
+        void add(std::uint64_t id);
+        HeldIds take() &&;
+
+    private:
+        std::uint32_t step_, share_;
+        std::map<std::uint64_t, std::uint64_t> spans_;  // first -> last (same share)
+        std::set<std::uint64_t> foreign_ids_;           // rare: another builder's
+        std::uint64_t count_ = 0, duplicates_ = 0;
+    };
+
     HeldIds() = default;
-    // `ids` in any order; an id seen more than once is counted in duplicates(), an id
-    // outside the share in foreign() (neither is held).
-    HeldIds(std::vector<std::uint64_t> ids, std::uint32_t builder_id, std::uint32_t builders);
+    // `ids` in any order, as a Collector takes them.
+    HeldIds(const std::vector<std::uint64_t>& ids, std::uint32_t builder_id, std::uint32_t builders);
 
     const std::vector<Span>& spans() const noexcept { return spans_; }
     std::uint32_t step() const noexcept { return step_; }
@@ -58,7 +76,9 @@ class HeldSequences {
 public:
     HeldSequences() = default;
     // Sequences by source id, in any order (an item held twice is counted once).
-    explicit HeldSequences(std::vector<std::pair<std::uint32_t, std::vector<std::uint64_t>>> by_source);
+    explicit HeldSequences(const std::vector<std::pair<std::uint32_t, std::vector<std::uint64_t>>>& by_source);
+    // Each source's sequences as collected (HeldIds::Collector, one share of one).
+    explicit HeldSequences(std::map<std::uint32_t, HeldIds::Collector>&& by_source);
     // The source's held sequences, or nullptr when the files hold none of it.
     const HeldIds* of(std::uint32_t source_id) const noexcept;
     // Every source's held sequences (sources in ascending order).

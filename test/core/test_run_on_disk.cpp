@@ -115,6 +115,35 @@ TEST_CASE("HeldIds keeps a builder's share as spans and counts duplicates and ot
     CHECK(ef::HeldIds().empty());
 }
 
+// Issue 41 (session 24): the start-up survey collected every id of the run in a vector
+// (8 bytes each, sorted at the end) before making spans; a Collector keeps spans only.
+TEST_CASE("HeldIds::Collector keeps spans as ids come in any order, counting repeats and other shares", "[run_on_disk]") {
+    ef::HeldIds::Collector c(1, 3);  // builder 1 of 3: ids 1, 4, 7, ...
+    for (std::uint64_t id = 1; id < 3'000'000; id += 3) c.add(id);  // a million ids in order
+    for (std::uint64_t id : {3'000'004ull, 3'000'010ull, 3'000'007ull, 3'000'001ull})  // a gap filled late joins them
+        c.add(id);
+    c.add(4);       // again
+    c.add(6);       // builder 0's
+    c.add(6);       // builder 0's, again: a repeat, not a second foreign id
+    c.add(9'000'001);
+    const ef::HeldIds h = std::move(c).take();
+    REQUIRE(h.spans().size() == 2);
+    CHECK(h.spans()[0].first == 1);
+    CHECK(h.spans()[0].last == 3'000'010);
+    CHECK(h.spans()[1].first == 9'000'001);
+    CHECK(h.count() == 1'000'000 + 4 + 1);
+    CHECK(h.duplicates() == 2);
+    CHECK(h.foreign() == 1);
+    CHECK(h.contains(2'999'998));
+    CHECK_FALSE(h.contains(2'999'999));
+    // The same ids through the vector constructor give the same answer.
+    const ef::HeldIds v({7, 1, 4, 4, 6, 6, 13}, 1, 3);
+    CHECK(v.spans().size() == 2);
+    CHECK(v.count() == 4);
+    CHECK(v.duplicates() == 2);
+    CHECK(v.foreign() == 1);
+}
+
 TEST_CASE("survey_run recovers the builder's .part files and reads which events of the run they hold", "[run_on_disk]") {
     evb::test::TempDir dir;
     write_file(dir / "run000007_000_00000.evb", 7, 0, 0, {0, 2, 4, 6}, true);

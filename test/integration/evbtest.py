@@ -80,7 +80,7 @@ def config_sets_control_socket(args):
 
 
 class Evbd:
-    def __init__(self, workdir, sets=(), args=(), port=None, auto_control=False):
+    def __init__(self, workdir, sets=(), args=(), port=None, auto_control=False, preexec_fn=None):
         self.workdir = workdir
         self.port = port or free_udp_port()
         self.out = os.path.join(workdir, "data")
@@ -96,7 +96,7 @@ class Evbd:
             cmd += ["--set", "control.socket="]
         cmd += list(args)
         self.log = open(self.logpath, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
         # A test that fails (sys.exit) before stop() leaves no evbd running behind it.
         atexit.register(lambda p=self.proc: p.poll() is None and p.kill())
         self.metrics_url = None

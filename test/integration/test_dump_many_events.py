@@ -6,7 +6,13 @@ Before: the duplicate-id check kept a map entry per event and the scan a RecordV
 per record (about 330 MiB of heap for this file, 511 MiB peak resident with the
 mapping): under LIMIT it said `FAILED, 1 file could not be read` (exit 2). Now the ids
 are kept as ranges and the records are checked as they are told, not kept: `OK`.
-A repeated id is still named with the offset of its first record."""
+A repeated id is still named with the offset of its first record.
+
+evbd's start-up survey (a push-mode evbd going on with run 7 in that directory) read
+the same file the same way (session 24): a RecordView per record and a vector of
+every id of the run before it made spans, about 220 MB for this file. Under an
+address-space limit of what evbd takes on an empty directory plus the file's mapping
+and 96 MiB, it now says the run's files hold all 2 million events."""
 import os
 import shutil
 import struct
@@ -18,7 +24,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "packaging", "python"))
 
 import evbfile  # noqa: E402
-from evbtest import BIN, address_space_limit, check, sanitized_build, workdir  # noqa: E402
+from evbtest import BIN, Evbd, address_space_limit, check, sanitized_build, workdir  # noqa: E402
 
 # Under a sanitizer there is no address-space limit to check against (address_space_limit
 # says so): a tenth of the events keeps the stage short and still reads them all.
@@ -54,6 +60,18 @@ def tiny_file(path, ids):
         f.write(tail + struct.pack("<I", crc(tail)))
 
 
+def survey_start(wd, out, limit):
+    """A push-mode evbd going on with run 7 in `out`: its VmPeak (KiB) once started, and its log."""
+    os.makedirs(os.path.join(wd, "evbd"), exist_ok=True)
+    d = Evbd(os.path.join(wd, "evbd"), sets=["sources=1", "run_number=7", f"output.directory={out}"],
+             preexec_fn=limit)
+    with open(f"/proc/{d.proc.pid}/status") as f:
+        peak = next(int(line.split()[1]) for line in f if line.startswith("VmPeak:"))
+    text = d.log_text()
+    check(d.stop() == 0, f"evbd on {os.path.basename(out)} stops cleanly")
+    return peak, text
+
+
 def main():
     wd = workdir()
     dump = os.path.join(BIN, "evb-dump")
@@ -64,6 +82,17 @@ def main():
     check(r.returncode == 0 and f"verify: OK, 1 file, {EVENTS} events" in r.stdout,
           f"evb-dump --verify of {EVENTS} events within {LIMIT >> 20} MiB of address space (exit {r.returncode}):\n"
           f"{(r.stdout + r.stderr)[-1500:]}")
+
+    # evbd's start-up survey of the same run: within what evbd takes on an empty
+    # directory, the file's mapping and 96 MiB.
+    base = os.path.join(wd, "empty")
+    os.makedirs(base)
+    peak, _ = survey_start(wd, base, None)
+    limit = (peak << 10) + os.path.getsize(path) + (96 << 20)
+    _, text = survey_start(wd, wd, address_space_limit(limit))
+    check(f"hold {EVENTS} of its events" in text,
+          f"evbd's survey of {EVENTS} events within {limit >> 20} MiB of address space (its base {peak >> 10} MiB): "
+          + next((line for line in text.splitlines() if "goes on" in line or "error" in line), text[-800:]))
 
     # A repeated id is named with its first record's offset (found after the scan).
     small = os.path.join(wd, "dup")
