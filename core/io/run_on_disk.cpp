@@ -108,48 +108,24 @@ void add_item_sequences(std::uint32_t source_id, const std::byte* bytes, std::ui
 }  // namespace
 
 HeldIds::Collector::Collector(std::uint32_t builder_id, std::uint32_t builders)
-    : step_(std::max<std::uint32_t>(builders, 1)), share_(builder_id) {}
+    : share_(builder_id), spans_(std::max<std::uint32_t>(builders, 1)) {}
 
 void HeldIds::Collector::add(std::uint64_t id) {
-    if (id % step_ != share_) {
+    if (id % spans_.step() != share_) {
         if (!foreign_ids_.insert(id).second) ++duplicates_;
-        return;
+    } else if (!spans_.insert(id)) {
+        ++duplicates_;
     }
-    auto next = spans_.upper_bound(id);  // the first span starting after id
-    if (next != spans_.begin()) {
-        const auto prev = std::prev(next);
-        if (id <= prev->second) {  // inside it (every id of a span is of the share)
-            ++duplicates_;
-            return;
-        }
-        if (prev->second + step_ == id) {  // just after it: extend, maybe join the next
-            prev->second = id;
-            if (next != spans_.end() && next->first == id + step_) {
-                prev->second = next->second;
-                spans_.erase(next);
-            }
-            ++count_;
-            return;
-        }
-    }
-    if (next != spans_.end() && next->first == id + step_) {  // just before the next: move its start
-        const std::uint64_t last = next->second;
-        spans_.erase(next);
-        spans_.emplace(id, last);
-    } else {
-        spans_.emplace(id, id);
-    }
-    ++count_;
 }
 
 HeldIds HeldIds::Collector::take() && {
     HeldIds h;
-    h.step_ = step_;
-    h.count_ = count_;
+    h.step_ = static_cast<std::uint32_t>(spans_.step());
+    h.count_ = spans_.size();
     h.duplicates_ = duplicates_;
     h.foreign_ = foreign_ids_.size();
-    h.spans_.reserve(spans_.size());
-    for (const auto& [first, last] : spans_) h.spans_.push_back({first, last});
+    h.spans_.reserve(spans_.ranges().size());
+    for (const auto& [first, last] : spans_.ranges()) h.spans_.push_back({first, last});
     return h;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/format/file_format.hpp"
+#include "core/util/id_ranges.hpp"
 
 namespace evb::file {
 
@@ -38,10 +39,10 @@ public:
         HeldIds take() &&;
 
     private:
-        std::uint32_t step_, share_;
-        std::map<std::uint64_t, std::uint64_t> spans_;  // first -> last (same share)
-        std::set<std::uint64_t> foreign_ids_;           // rare: another builder's
-        std::uint64_t count_ = 0, duplicates_ = 0;
+        std::uint32_t share_;
+        IdRanges spans_;                       // of the share: step = builders
+        std::set<std::uint64_t> foreign_ids_;  // rare: another builder's
+        std::uint64_t duplicates_ = 0;
     };
 
     HeldIds() = default;

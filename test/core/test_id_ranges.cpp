@@ -82,3 +82,18 @@ TEST_CASE("IdRanges agrees with std::set on ids out of order", "[id_ranges]") {
         end = last;
     }
 }
+
+// Session 24: one builder's share of a run of several builders (every step-th id) is
+// one range, not one range per id.
+TEST_CASE("IdRanges with a step keeps a builder's share of ids as ranges", "[id_ranges]") {
+    IdRanges r(4);  // builder 2 of 4: 2, 6, 10, ...
+    for (std::uint64_t id = 2; id < 400'000; id += 4) CHECK(r.insert(id));
+    CHECK(r.insert(400'006));  // a gap (400,002)
+    CHECK(r.insert(400'002));  // filled: the three join
+    CHECK_FALSE(r.insert(10));
+    CHECK(r.size() == 100'002);
+    CHECK(ranges_of(r) == Ranges{{2, 400'006}});
+    CHECK(r.contains(399'998));
+    CHECK_FALSE(r.contains(399'999));  // inside the range, another builder's
+    CHECK_FALSE(r.contains(400'010));
+}
