@@ -64,63 +64,10 @@ ServiceLoop::ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapsh
       control_(control),
       signals_(signals),
       started_(start->config),
-      running_(std::move(start)),
-      pin_senders_(started_->input.pin_senders && t_.feeder == nullptr),
-      run_(started_->run_number),
-      running_run_(!started_->control.start_stopped),
       health_(started_, t_.pipeline.counters(), control),
-      summaries_(started_->sources, t_.pipeline.counters(), t_.closed, t_.built_before) {
-    const std::uint64_t now = realtime_ns();
-    if (running_run_) post_writer_settings(running_->writer, run_, now);  // before the inputs admit the run
-    post_rules(running_run_);
-    if (running_run_) mark_run_start(run_, {}, now);
-    control_.run_number.store(run_);
-    control_.run_state.store(static_cast<int>(running_run_ ? monitor::RunState::running : monitor::RunState::stopped));
-    if (!running_run_) log_info("control.start is \"stopped\": waiting for evb-ctl start; datagrams are refused meanwhile");
+      summaries_(started_->sources, t_.pipeline.counters(), t_.closed, t_.built_before),
+      run_control_(std::move(start), t_, control, summaries_) {
     if (opts_.watch_config && !opts_.config_path.empty()) (void)::stat(opts_.config_path.c_str(), &watched_);
-}
-
-void ServiceLoop::mark_run_start(std::uint32_t run, const std::string& metadata, std::uint64_t started_unix_ns) {
-    runs_taken_.push_back(run);
-    control_.run_started_unix_ms.store(started_unix_ns / 1'000'000ull);
-    summaries_.begin(run, running_->config, metadata, started_unix_ns);
-    if (t_.counts != nullptr) {
-        std::lock_guard lock(control_.text_mutex);
-        control_.at_run_start = monitor::run_counts(*t_.counts);
-    }
-}
-
-const AdmissionRules* ServiceLoop::post_rules(bool running) {
-    auto rules = std::make_unique<AdmissionRules>(running_->rules);
-    rules->run_number = run_;
-    rules->running = running;
-    // A run change makes new rules, and with them a new table: sources pin again.
-    if (pin_senders_) rules->pins = std::make_shared<SenderPins>(running_->config->sources);
-    rules_.push_back(std::move(rules));
-    ++rules_posted_;
-    const AdmissionRules* posted = rules_.back().get();
-    for (auto* in : t_.inputs) (void)in->post(posted);
-    // Wait (bounded) until every input admits by the new rules: nothing admitted by
-    // the old ones can follow what comes next (a run-end marker) into a shard. The
-    // inputs ring when they take new rules. (Before the inputs start: no wait.)
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (started_inputs_ && !inputs_apply(posted) && std::chrono::steady_clock::now() < deadline)
-        t_.rules_applied.park(std::chrono::milliseconds(100), [&] { return inputs_apply(posted); });
-    // Rules before the oldest that some input still uses are no longer read.
-    while (rules_.size() > 1) {
-        const AdmissionRules* oldest = rules_.front().get();
-        bool in_use = false;
-        for (const auto* in : t_.inputs) in_use |= in->applied() == oldest;
-        if (in_use) break;
-        rules_.pop_front();
-    }
-    return posted;
-}
-
-bool ServiceLoop::inputs_apply(const AdmissionRules* rules) const noexcept {
-    for (const auto* in : t_.inputs)
-        if (in->applied() != rules) return false;
-    return true;
 }
 
 namespace {
@@ -182,6 +129,7 @@ void ServiceLoop::reload(const char* why) {
     // configuration stays. Past it (generations bumped, the writer told, the snapshot
     // swapped) one is fatal: it leaves reload() and ends evbd with a logged error,
     // rather than a half-applied configuration answered as refused.
+    const std::shared_ptr<const Snapshot> running_now = run_control_.snapshot();
     std::shared_ptr<const Snapshot> next;
     std::vector<std::string> restart;
     try {
@@ -190,9 +138,9 @@ void ServiceLoop::reload(const char* why) {
             opts_.config_path.empty() ? default_config(opts_.overrides, Names::not_resolved)
                                       : load_config_file(opts_.config_path, opts_.overrides, Names::not_resolved);
         if (!validate_reload(why, *loaded)) return;
-        restart = restart_keys_changed(*running_->config, *loaded);
-        next = make_snapshot(merge_live(*running_->config, *loaded), sizing_);
-        reload_applied_ = live_keys_changed(*running_->config, *next->config);
+        restart = restart_keys_changed(*running_now->config, *loaded);
+        next = make_snapshot(merge_live(*running_now->config, *loaded), sizing_);
+        reload_applied_ = live_keys_changed(*running_now->config, *next->config);
     } catch (const ConfigError& e) {
         for (const auto& p : e.problems) log_error("reload ({}): {}", why, p);
         reload_failed(why, refusal_reason(e.problems, opts_.config_path));
@@ -202,7 +150,7 @@ void ServiceLoop::reload(const char* why) {
         reload_failed(why, e.what());
         return;
     }
-    const Config& running = *running_->config;
+    const Config& running = *running_now->config;
     if (!restart.empty())
         log_warn("reload ({}): {} changed but need a restart; they keep their running values", why, key_list(restart));
     const Config& c = *next->config;
@@ -214,34 +162,34 @@ void ServiceLoop::reload(const char* why) {
     // The file's run_number changed: the run changes (evb-ctl may have moved the run
     // on since the last load; an unchanged run_number leaves the run as it is).
     const bool run_number_changed = c.run_number != running.run_number;
-    const bool run_change = run_number_changed && running_run_ && stopping_.phase == StopPhase::none;
+    const bool run_change = run_number_changed && run_control_.running();
     // A change of compression is a change of set too: the writer's file header names
     // the codec, so the new set's records go to a new file.
     const bool codec_change = c.output.compression != running.output.compression ||
                               (c.output.compression != file::Codec::none &&
                                c.output.compression_level != running.output.compression_level);
     const bool set_change = c.sources != running.sources || codec_change;
+    std::uint32_t set_generation = 0;
     if (set_change) {
         // Each change of the expected sources is one transition: every shard sends
         // the writer one marker for it. The writer learns of it first, so it holds
         // the new set's events back until the old set's are written and its file closed.
-        ++set_generation_;
-        ++run_generation_;
+        set_generation = run_control_.count_set_change();
     }
-    post_writer_settings(next->writer, run_);
-    if (set_change) change_sources(c, why);
-    const std::uint32_t old_run = run_;
-    running_ = next;
+    run_control_.post_writer_settings(next->writer, run_control_.run());
+    if (set_change) change_sources(running, c, set_generation, why);
+    const std::uint32_t old_run = run_control_.run();
+    run_control_.take_snapshot(next);
     if (run_change) {
-        end_run(c.run_number);
+        run_control_.end_run(c.run_number);
         log_info("run {} ended: events in flight written, its file closes once they are; run {} started", old_run,
                  c.run_number);
     } else if (run_number_changed) {
-        next_run_ = c.run_number;  // stopped (or stopping): the next start begins it
+        run_control_.set_next_run(c.run_number);  // stopped (or stopping): the next start begins it
         log_info("reload ({}): run_number {} is the next run to start (evbd is {})", why, c.run_number,
-                 running_run_ ? "stopping" : "stopped");
+                 run_control_.stopping() ? "stopping" : "stopped");
     }
-    post_pull_settings();
+    run_control_.post_pull_settings();
     control_.timeout_ms.store(c.building.timeout_ms);
     control_.max_file_bytes.store(c.output.max_file_bytes);
     control_.last_reload_ok.store(true);
@@ -256,33 +204,9 @@ void ServiceLoop::reload(const char* why) {
     sd_notify_state("READY=1\nSTATUS=receiving");
 }
 
-void ServiceLoop::post_writer_settings(const WriterSettings& base, std::uint32_t transition_run,
-                                       std::uint64_t started_unix_ns) {
-    writer_settings_.release_applied(t_.writer.commands_applied());
-    auto ws = std::make_unique<WriterSettings>(base);
-    ws->run_number = transition_run;
-    ws->started_run = transition_run;
-    ws->started_unix_ns = started_unix_ns;
-    ws->set_generation = set_generation_;
-    ws->run_generation = run_generation_;
-    if (!t_.writer.commands().try_push(writer_settings_.post(std::move(ws))))
-        log_warn("the writer has not taken the previous settings yet; output settings apply later");
-}
-
-void ServiceLoop::post_pull_settings() {
-    if (t_.sender == nullptr) return;
-    auto ps = std::make_unique<PullSettings>(running_->pull);
-    ps->run_number = run_;
-    ps->requesting = running_run_ && stopping_.phase == StopPhase::none;
-    pull_settings_.release_applied(t_.sender->commands_applied());
-    if (!t_.sender->commands().try_push(pull_settings_.post(std::move(ps))))
-        log_warn("the request sender has not taken the previous settings yet");
-}
-
 // Events from now on have a section per expected source only; the writer (told
 // first) closes the file once the earlier set's events are through.
-void ServiceLoop::change_sources(const Config& next, const char* why) {
-    const Config& before = *running_->config;
+void ServiceLoop::change_sources(const Config& before, const Config& next, std::uint32_t set_generation, const char* why) {
     std::vector<std::uint8_t> expected(started_->sources.size(), 0);
     std::string out, back;
     for (std::size_t i = 0; i < started_->sources.size(); ++i) {
@@ -293,7 +217,7 @@ void ServiceLoop::change_sources(const Config& next, const char* why) {
         if (was && !now) out += (out.empty() ? "" : ", ") + std::to_string(id);
         if (!was && now) back += (back.empty() ? "" : ", ") + std::to_string(id);
     }
-    t_.pipeline.set_expected_sources(expected, set_generation_, next.output.record_codec(), next.output.compression_level);
+    t_.pipeline.set_expected_sources(expected, set_generation, next.output.record_codec(), next.output.compression_level);
     control_.expected_sources.store(next.sources.size());
     if (next.output.compression != before.output.compression || next.output.compression_level != before.output.compression_level)
         log_info("reload ({}): output.compression {} (level {}) from the next file on", why,
@@ -304,249 +228,22 @@ void ServiceLoop::change_sources(const Config& next, const char* why) {
              why, next.sources.size(), out.empty() ? "" : "; taken out: " + out, back.empty() ? "" : "; back in: " + back);
 }
 
-// Ends the current run: the writer learns of it first (it closes the run's file
-// once every shard's run-end marker is through, holding back events of the next
-// run meanwhile), the inputs admit by the next run's rules (or refuse everything,
-// for a stop), then every shard hands on what it holds of other runs and a marker.
-// A reload's run change and a stop both come here. kNoRun: no next run (stop).
-void ServiceLoop::end_run(std::uint32_t next_run) {
-    ++run_generation_;
-    // Its summary is written once the writer has closed its files (RunSummaries::collect).
-    summaries_.end(next_run != kNoRun ? "run change" : "stop", run_generation_, control_.busy.run_busy_ns.load());
-    const bool next = next_run != kNoRun;
-    const std::uint64_t now = realtime_ns();
-    post_writer_settings(running_->writer, next_run, next ? now : 0);
-    if (next) run_ = next_run;
-    post_rules(next);
-    t_.pipeline.end_run(t_.feeder != nullptr ? t_.feeder->last_capture_ns() : realtime_ns(), next_run);
-    t_.pipeline.wait_idle();  // its markers are on their way before the next transition
-    if (next) {
-        mark_run_start(run_, {}, now);
-        control_.run_number.store(run_);
-    }
-}
-
-// ---- run control ----
-
-void ServiceLoop::answer(std::uint64_t id, nlohmann::json reply) {
-    if (t_.control == nullptr) return;
-    const bool ok = reply.value("ok", false);
-    t_.control->answer({id, ok, json_text(reply)});
-}
-
-void ServiceLoop::refuse(std::uint64_t id, const char* command, const std::string& why) {
-    log_warn("evb-ctl {}: {}", command, why);
-    answer(id, {{"ok", false}, {"error", why}});
-}
-
 void ServiceLoop::take_command() {
     if (t_.control == nullptr) return;
     const std::optional<ControlCommand> c = t_.control->take();
     if (!c) return;
     // What a command may refuse it answers (a reload refuses what its file holds
     // before anything changes); an exception past that point is fatal (reload()).
-    carry_out(*c);
-}
-
-void ServiceLoop::carry_out(const ControlCommand& c) {
-    switch (c.op) {
-        case ControlCommand::Op::start: {
-            std::uint32_t run = c.has_run ? c.run : next_run_.value_or(run_ + 1);
-            if (!running_run_ && stopping_.phase == StopPhase::none && runs_taken_.empty() && !c.has_run &&
-                !next_run_)
-                run = run_;  // started stopped: the first start builds run_number
-            start_run(run, c.id, c.text);
-            break;
-        }
-        case ControlCommand::Op::stop: begin_stop(c.id, true); break;
-        case ControlCommand::Op::comment: add_comment(c); break;
-        case ControlCommand::Op::reload: {
-            const std::uint64_t before = control_.reloads.load();
-            reload("evb-ctl");
-            std::string message;
-            {
-                std::lock_guard lock(control_.text_mutex);
-                message = control_.last_reload_message;
-            }
-            const bool ok = control_.reloads.load() != before;
-            t_.control->answer({c.id, ok, reload_answer(ok, message, reload_applied_, reload_restart_)});
-            break;
-        }
-    }
-}
-
-const char* ServiceLoop::why_no_run_record() const noexcept {
-    if (!running_run_ || stopping_.phase != StopPhase::none)
-        return "no run is running: a run record goes into a running run's file";
-    if (!running_->writer.run_records || t_.notes == nullptr)
-        return "run records are off (output.run_records, or output.format \"midas\")";
-    return nullptr;
-}
-
-// evb-ctl comment: a COMMENT run record in the running run's file, where the writer is.
-void ServiceLoop::add_comment(const ControlCommand& c) {
-    if (const char* why = why_no_run_record()) return refuse(c.id, "comment", why);
-    RunNote n{run_, static_cast<std::uint32_t>(file::RunRecordKind::comment),
-              json_text(nlohmann::ordered_json{{"text", c.text}})};
-    if (!t_.notes->try_push(std::move(n)))
-        return refuse(c.id, "comment", fmt::format("{} run records wait for the writer already; try again",
-                                                   RunNotes::kCapacity));
-    t_.control->answer({c.id, true, json_text(nlohmann::json{{"ok", true}, {"comment", fmt::format("added to run {}", run_)}})});
-}
-
-// POST /runrecord: each post the HTTP thread checked becomes a run record of the
-// running run, through the channel evb-ctl comment uses; the HTTP thread sends the answer.
-void ServiceLoop::take_posts() {
-    if (t_.posts == nullptr) return;
-    using monitor::PostRefusal;
-    monitor::RunRecordPost p;
-    for (std::size_t i = 0; i < monitor::RunRecordPosts::kCapacity && t_.posts->try_pop(p); ++i) {
-        if (!p.answer->claim()) {  // answered 503 already (the loop was late): not written
-            t_.posts->count_refusal(PostRefusal::busy);
-            continue;
-        }
-        if (const char* why = why_no_run_record()) {
-            t_.posts->refuse(p, PostRefusal::no_run, 409, why);
-            continue;
-        }
-        const auto kind = p.comment ? file::RunRecordKind::comment : file::RunRecordKind::user;
-        if (!t_.notes->try_push(RunNote{run_, static_cast<std::uint32_t>(kind), std::move(p.body)})) {
-            t_.posts->refuse(p, PostRefusal::busy, 503,
-                             fmt::format("{} run records wait for the writer already; try again", RunNotes::kCapacity));
-            continue;
-        }
-        t_.posts->accept(p, run_);
-    }
-}
-
-void ServiceLoop::start_run(std::uint32_t run, std::uint64_t reply_id, const std::string& metadata) {
-    if (stopping_.phase != StopPhase::none)
-        return refuse(reply_id, "start", fmt::format("run {} is still stopping; try again when it has", run_));
-    if (running_run_) return refuse(reply_id, "start", fmt::format("run {} is running; stop it first", run_));
-    if (run > 999999) return refuse(reply_id, "start", fmt::format("run {} is out of range (0 .. 999999)", run));
-    if (std::find(runs_taken_.begin(), runs_taken_.end(), run) != runs_taken_.end())
-        return refuse(reply_id, "start",
-                      fmt::format("run {} was already built by this evbd; start another run number", run));
-    // The run's metadata reaches the writer before any event of the run can: the
-    // inputs admit the run only below (post_rules).
-    if (!metadata.empty() && (!running_->writer.run_records || t_.notes == nullptr ||
-                              !t_.notes->try_push(RunNote{run, 0, metadata})))
-        return refuse(reply_id, "start", "the run's metadata cannot be handed to the writer (run records off, or its queue is full)");
-    run_ = run;
-    next_run_.reset();
-    running_run_ = true;
-    t_.pipeline.set_opening(true);
-    const std::uint64_t now = realtime_ns();
-    post_writer_settings(running_->writer, run_, now);  // the run's start time, before the inputs admit it
-    post_rules(true);
-    post_pull_settings();
-    mark_run_start(run_, metadata, now);
-    control_.run_number.store(run_);
-    control_.run_state.store(static_cast<int>(monitor::RunState::running));
+    if (c->op != ControlCommand::Op::reload) return run_control_.carry_out(*c);
+    const std::uint64_t before = control_.reloads.load();
+    reload("evb-ctl");
+    std::string message;
     {
         std::lock_guard lock(control_.text_mutex);
-        control_.transition = fmt::format("run {} started", run_);
+        message = control_.last_reload_message;
     }
-    log_info("run {} started (evb-ctl)", run_);
-    answer(reply_id, {{"ok", true}, {"state", "running"}, {"run", run_}});
-}
-
-// Stop, phase 1: no new events (the matchers refuse to open one, the request
-// sender asks for none); those in flight complete or time out.
-void ServiceLoop::begin_stop(std::uint64_t reply_id, bool asked) {
-    if (!running_run_ || stopping_.phase != StopPhase::none) {
-        refuse(reply_id, "stop",
-               stopping_.phase != StopPhase::none ? fmt::format("run {} is already stopping", run_)
-                                                  : fmt::format("evbd is stopped (last run {})", run_));
-        return;
-    }
-    stopping_ = {StopPhase::draining, monotonic_ns() + (std::uint64_t{running_->config->building.timeout_ms} + 100) * 1'000'000ull,
-                 reply_id, asked};
-    t_.pipeline.set_opening(false);
-    post_pull_settings();
-    control_.run_state.store(static_cast<int>(monitor::RunState::stopping));
-    {
-        std::lock_guard lock(control_.text_mutex);
-        control_.transition = fmt::format("run {} stopping: events in flight finish", run_);
-    }
-    log_info("run {} stopping: no new events; those in flight complete or time out (building.timeout_ms)", run_);
-}
-
-// Each tick while stopping.
-void ServiceLoop::advance_stop() {
-    const std::uint64_t now = monotonic_ns();
-    if (stopping_.phase == StopPhase::draining) {
-        // Phase 2: once nothing is in flight (or the timeout has passed: the
-        // matchers' ticks have written the rest INCOMPLETE by then), end the run.
-        if (t_.pipeline.events_in_flight() != 0 && now < stopping_.deadline_ns) return;
-        end_run(kNoRun);
-        stopping_.phase = StopPhase::closing;
-        // The writer has this long to write what it holds and close the file.
-        stopping_.deadline_ns = now + 30'000'000'000ull;
-        std::lock_guard lock(control_.text_mutex);
-        control_.transition = fmt::format("run {} stopping: the writer closes the file", run_);
-        return;
-    }
-    // Phase 3: every built event written (or counted lost) and no file open.
-    const monitor::RunCounts n = monitor::run_counts(*t_.counts);
-    const bool written = n.written + n.lost == n.complete + n.incomplete;
-    // Closed once the writer has reported the run's files (its summary is written).
-    const bool summarised = !summaries_.waiting_for(run_);
-    const bool closed = written && t_.writer.current_file().empty() && summarised;
-    if (closed) return finish_stop(true, "");
-    if (now >= stopping_.deadline_ns)
-        finish_stop(false, fmt::format("the writer has not finished in 30 s: {} built events not yet written{}",
-                                       n.complete + n.incomplete - std::min(n.complete + n.incomplete, n.written + n.lost),
-                                       t_.counts->writer != nullptr && t_.counts->writer->output_blocked.get() != 0
-                                           ? " (output blocked: is the disk full?)"
-                                           : ""));
-}
-
-void ServiceLoop::finish_stop(bool closed, const std::string& why) {
-    const Stopping s = stopping_;
-    stopping_ = {};
-    running_run_ = false;
-    control_.run_state.store(static_cast<int>(monitor::RunState::stopped));
-    const monitor::RunCounts now = monitor::run_counts(*t_.counts);
-    monitor::RunCounts at;
-    {
-        std::lock_guard lock(control_.text_mutex);
-        at = control_.at_run_start;
-    }
-    const monitor::RunRecords r = monitor::run_records(*t_.counts, run_);  // as its files hold them
-    nlohmann::json reply = {{"ok", closed},
-                            {"state", "stopped"},
-                            {"run", run_},
-                            {"events_complete", r.records - r.incomplete},
-                            {"events_incomplete", r.incomplete},
-                            {"events_written", now.written - at.written},
-                            {"events_lost", now.lost - at.lost},
-                            {"files", now.files_closed - at.files_closed},
-                            {"payload_bytes", r.payload_bytes},
-                            {"record_bytes", r.record_bytes}};
-    if (const RunSummaries::RunWritten& w = summaries_.last_written(); w.valid && w.run == run_) {
-        // The run's own files, as its summary lists them (written by this process).
-        reply["files"] = w.files;
-        reply["events_written"] = w.events;
-        reply["file_bytes"] = w.bytes;
-        reply["events_by_status"] = nlohmann::json::parse(json_text(file::to_json(w.status)));
-        reply["events_lost_whole"] = w.lost_whole;
-    }
-    if (!closed) reply["error"] = why;
-    {
-        std::lock_guard lock(control_.text_mutex);
-        control_.transition = closed ? fmt::format("run {} stopped", run_)
-                                     : fmt::format("run {} stop did not finish: {}", run_, why);
-    }
-    if (closed)
-        log_info("run {} stopped: {} events complete, {} incomplete, {} written in {} file(s), {} payload bytes, "
-                 "{} events lost whole",
-                 run_, r.records - r.incomplete, r.incomplete, reply["events_written"].get<std::uint64_t>(),
-                 reply["files"].get<std::uint64_t>(), r.payload_bytes,
-                 reply.contains("events_lost_whole") ? reply["events_lost_whole"].get<std::uint64_t>() : 0);
-    else
-        log_error("run {} stop did not finish: {}", run_, why);
-    if (s.asked) answer(s.reply_id, std::move(reply));
+    const bool ok = control_.reloads.load() != before;
+    t_.control->answer({c->id, ok, reload_answer(ok, message, reload_applied_, reload_restart_)});
 }
 
 // Once a second: the totals the status page's rates and plots are made from.
@@ -571,7 +268,7 @@ bool ServiceLoop::config_file_changed() {
 }
 
 void ServiceLoop::run() {
-    started_inputs_ = true;
+    run_control_.inputs_started();
     sd_notify_state("READY=1\nSTATUS=receiving");
     // Timeout ticks; a replay checks often for its end, so that the time it reports
     // is its own.
@@ -588,21 +285,23 @@ void ServiceLoop::run() {
         if (sig == SIGHUP) reload("SIGHUP");
         if (config_file_changed()) reload("config file changed");
         take_command();
-        take_posts();
-        if (stopping_.phase != StopPhase::none) advance_stop();
+        run_control_.take_posts();
+        run_control_.tick();
         if (t_.feeder != nullptr) {
             if (t_.feeder->finished()) break;  // replay time comes from the capture, not from here
             show_replay_progress(false);
         } else {
             t_.pipeline.tick(realtime_ns());
         }
-        health_.report(false, rules_.back()->pins.get(), rules_posted_, running_->config->building.disorder_ticks);
-        health_.report_states(*running_->config, run_);
+        const Snapshot& running = *run_control_.snapshot();
+        health_.report(false, run_control_.pins(), run_control_.rules_posted(), running.config->building.disorder_ticks);
+        health_.report_states(*running.config, run_control_.run());
         sample_rates();
-        summaries_.collect(running_->writer);
+        summaries_.collect(running.writer);
     }
     if (t_.feeder != nullptr) show_replay_progress(true);
-    health_.report(true, rules_.back()->pins.get(), rules_posted_, running_->config->building.disorder_ticks);  // what the last second saw
+    health_.report(true, run_control_.pins(), run_control_.rules_posted(),
+                   run_control_.snapshot()->config->building.disorder_ticks);  // what the last second saw
 }
 
 // A replay on a terminal shows how far it is, twice a second, on one line that it
@@ -637,7 +336,7 @@ void ServiceLoop::show_replay_progress(bool last) {
 
 void ServiceLoop::finish_summaries() {
     // The run going on (or still draining for a stop) ends with the process.
-    summaries_.finish(running_->writer, running_run_ && stopping_.phase != StopPhase::closing,
+    summaries_.finish(run_control_.snapshot()->writer, run_control_.run_going_on(),
                       control_.busy.run_busy_ns.load());
 }
 
