@@ -51,7 +51,8 @@ private:
     std::uint64_t released_ = 0;
 };
 
-// The threads the service loop talks to, through their command rings and the pipeline.
+// The threads the service loop's parts talk to, through their command rings and
+// the pipeline; named where the process is wired (run_daemon).
 struct ServiceTargets {
     Pipeline& pipeline;
     DiskWriter& writer;
@@ -60,11 +61,9 @@ struct ServiceTargets {
     ReplayFeeder* feeder = nullptr;    // replay only
     Doorbell& rules_applied;           // rung by the inputs on each new rule set
     ControlMailbox* control = nullptr;  // the control socket's commands, if any
-    const monitor::Sources* counts = nullptr;  // summed counters (run summaries)
-    ClosedFiles* closed = nullptr;  // the writer's closed files (run summaries)
+    const monitor::Sources* counts = nullptr;  // summed counters (a stop's answer, rates)
     RunNotes* notes = nullptr;      // run records for the writer (evb-ctl comment, POST /runrecord)
     monitor::RunRecordPosts* posts = nullptr;  // POST /runrecord, checked by the HTTP thread
-    BuiltBefore built_before = {};  // a restart within a run: what its files held (run summaries)
 };
 
 class RunControl {
@@ -73,7 +72,8 @@ public:
 
     // Posts the first admission rules to the inputs (before they start): running
     // the configuration's run_number, or stopped (control.start). `t` and
-    // `summaries` must outlive this object; `t.control` may be cleared later.
+    // `summaries` must outlive this object; `t.control` may be cleared later
+    // (no control server after all).
     RunControl(std::shared_ptr<const Snapshot> start, const ServiceTargets& t, monitor::ControlState& control,
                RunSummaries& summaries);
 

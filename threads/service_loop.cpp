@@ -50,16 +50,12 @@ sigset_t block_signals() {
     return sigs;
 }
 
-ServiceLoop::ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapshot> start, const Sizing& sizing,
-                         ServiceTargets targets, monitor::ControlState& control, sigset_t signals)
-    : t_(std::move(targets)),
+ServiceLoop::ServiceLoop(const ServiceTargets& t, ServiceParts parts, monitor::ControlState& control, sigset_t signals)
+    : t_(t),
+      parts_(parts),
       control_(control),
       signals_(signals),
-      started_(start->config),
-      health_(started_, t_.pipeline.counters(), control),
-      summaries_(started_->sources, t_.pipeline.counters(), t_.closed, t_.built_before),
-      run_control_(std::move(start), t_, control, summaries_),
-      reloader_(opts, sizing, started_, run_control_, t_.pipeline, control) {}
+      started_timeout_ms_(parts.run_control.snapshot()->config->building.timeout_ms) {}
 
 void ServiceLoop::take_command() {
     if (t_.control == nullptr) return;
@@ -67,8 +63,8 @@ void ServiceLoop::take_command() {
     if (!c) return;
     // What a command may refuse it answers (a reload refuses what its file holds
     // before anything changes); an exception past that point is fatal (reload()).
-    if (c->op == ControlCommand::Op::reload) return t_.control->answer(reloader_.reload_asked(c->id));
-    run_control_.carry_out(*c);
+    if (c->op == ControlCommand::Op::reload) return t_.control->answer(parts_.reloader.reload_asked(c->id));
+    parts_.run_control.carry_out(*c);
 }
 
 // Once a second: the totals the status page's rates and plots are made from.
@@ -83,12 +79,13 @@ void ServiceLoop::sample_rates() {
 }
 
 void ServiceLoop::run() {
-    run_control_.inputs_started();
+    auto& [run_control, reloader, summaries, health] = parts_;
+    run_control.inputs_started();
     sd_notify_state("READY=1\nSTATUS=receiving");
     // Timeout ticks; a replay checks often for its end, so that the time it reports
     // is its own.
     const std::uint32_t tick_ms =
-        t_.feeder != nullptr ? 1 : std::clamp<std::uint32_t>(started_->building.timeout_ms / 4, 1, 50);
+        t_.feeder != nullptr ? 1 : std::clamp<std::uint32_t>(started_timeout_ms_ / 4, 1, 50);
     const timespec ts{0, static_cast<long>(tick_ms) * 1'000'000L};
     while (true) {
         int sig = ::sigtimedwait(&signals_, nullptr, &ts);
@@ -97,26 +94,26 @@ void ServiceLoop::run() {
             log_info("{}: stopping intake, draining events in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT");
             break;
         }
-        if (sig == SIGHUP) reloader_.reload("SIGHUP");
-        if (reloader_.config_file_changed()) reloader_.reload("config file changed");
+        if (sig == SIGHUP) reloader.reload("SIGHUP");
+        if (reloader.config_file_changed()) reloader.reload("config file changed");
         take_command();
-        run_control_.take_posts();
-        run_control_.tick();
+        run_control.take_posts();
+        run_control.tick();
         if (t_.feeder != nullptr) {
             if (t_.feeder->finished()) break;  // replay time comes from the capture, not from here
             show_replay_progress(false);
         } else {
             t_.pipeline.tick(realtime_ns());
         }
-        const Snapshot& running = *run_control_.snapshot();
-        health_.report(false, run_control_.pins(), run_control_.rules_posted(), running.config->building.disorder_ticks);
-        health_.report_states(*running.config, run_control_.run());
+        const Snapshot& running = *run_control.snapshot();
+        health.report(false, run_control.pins(), run_control.rules_posted(), running.config->building.disorder_ticks);
+        health.report_states(*running.config, run_control.run());
         sample_rates();
-        summaries_.collect(running.writer);
+        summaries.collect(running.writer);
     }
     if (t_.feeder != nullptr) show_replay_progress(true);
-    health_.report(true, run_control_.pins(), run_control_.rules_posted(),
-                   run_control_.snapshot()->config->building.disorder_ticks);  // what the last second saw
+    health.report(true, run_control.pins(), run_control.rules_posted(),
+                  run_control.snapshot()->config->building.disorder_ticks);  // what the last second saw
 }
 
 // A replay on a terminal shows how far it is, twice a second, on one line that it
@@ -151,7 +148,7 @@ void ServiceLoop::show_replay_progress(bool last) {
 
 void ServiceLoop::finish_summaries() {
     // The run going on (or still draining for a stop) ends with the process.
-    summaries_.finish(run_control_.snapshot()->writer, run_control_.run_going_on(),
+    parts_.summaries.finish(parts_.run_control.snapshot()->writer, parts_.run_control.run_going_on(),
                       control_.busy.run_busy_ns.load());
 }
 

@@ -16,7 +16,6 @@
 
 #include "core/config/snapshot.hpp"
 #include "monitor/exporter.hpp"
-#include "threads/options.hpp"
 #include "threads/reloader.hpp"
 #include "threads/run_control.hpp"
 #include "threads/run_summaries.hpp"
@@ -28,40 +27,42 @@ namespace evb {
 // (they inherit the mask); the service loop takes them with sigtimedwait.
 sigset_t block_signals();
 
+// What the loop ticks, made where the process is wired (run_daemon).
+struct ServiceParts {
+    RunControl& run_control;  // the run and its changes (evb-ctl start, stop, comment)
+    Reloader& reloader;       // SIGHUP, --watch-config, evb-ctl reload
+    RunSummaries& summaries;  // written as the writer closes each run's files
+    SourceHealth& health;     // source trouble, logged from the counters
+};
+
 class ServiceLoop {
 public:
-    // Posts the first admission rules to the inputs (before they start): running
-    // run_number, or stopped (control.start).
-    ServiceLoop(const DaemonOptions& opts, std::shared_ptr<const Snapshot> start, const Sizing& sizing,
-                ServiceTargets targets, monitor::ControlState& control, sigset_t signals);
+    // `t` (shared with RunControl) must outlive the loop; t.control may be cleared
+    // before run(): there is no control server after all (control.socket "auto"
+    // was taken or unusable), no command comes and none is answered.
+    ServiceLoop(const ServiceTargets& t, ServiceParts parts, monitor::ControlState& control, sigset_t signals);
 
     // Until SIGTERM/SIGINT, or the replay's end.
     void run();
     // Once the writer has stopped (every file closed): the summaries of runs still
     // waiting for their files, and of the run that was going on (it ends here).
     void finish_summaries();
-    // Before run(): there is no control server after all (control.socket "auto" was
-    // taken or unusable); no command will come and none is answered.
-    void drop_run_control() { t_.control = nullptr; }
 
 private:
     void take_command();
     void sample_rates();
     void show_replay_progress(bool last);
 
-    ServiceTargets t_;
+    const ServiceTargets& t_;
+    ServiceParts parts_;
     monitor::ControlState& control_;
     sigset_t signals_;
-    const std::shared_ptr<const Config> started_;  // the pools were made for its sources
+    const std::uint32_t started_timeout_ms_;  // building.timeout_ms at the start: the tick
     std::uint64_t next_rate_sample_ns_ = 0;
     struct {
         bool decided = false, on_terminal = false;
         std::uint64_t started_ns = 0, next_ns = 0;
     } progress_;  // replay progress on a terminal
-    SourceHealth health_;     // source trouble, logged from the counters
-    RunSummaries summaries_;  // written as the writer closes each run's files
-    RunControl run_control_;  // the run and its changes (evb-ctl start, stop, comment)
-    Reloader reloader_;       // SIGHUP, --watch-config, evb-ctl reload
 };
 
 }  // namespace evb

@@ -42,8 +42,7 @@ struct ServiceRig {
           writer(snap->writer, pipeline.writer_rings(), pipeline.done_rings(), pools, 1, writer_counters, bell,
                  nullptr, &closed),
           summaries(config->sources, pipeline.counters(), &closed),
-          targets{pipeline, writer, nullptr, {&inbox}, nullptr, rules_applied, &mailbox, &counts, &closed, &notes,
-                  nullptr, {}} {
+          targets{pipeline, writer, nullptr, {&inbox}, nullptr, rules_applied, &mailbox, &counts, &notes, nullptr} {
         for (const auto& m : pipeline.counters()) counts.matchers.push_back(m.get());
         counts.writer = &writer_counters;
         workers.start();
