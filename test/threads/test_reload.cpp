@@ -112,3 +112,16 @@ TEST_CASE("Reloader while stopped makes the file's new run_number the next run t
     CHECK(nlohmann::json::parse(a->json)["run"] == 9);
     CHECK(fx.rc.run() == 9);
 }
+
+TEST_CASE("Reloader with --watch-config sees each change of the file once", "[reload]") {
+    test::TempDir files;
+    test::ServiceRig rig({"run_number=5"});
+    const DaemonOptions opts{files / "evbd.json", test::ServiceRig::base_settings(rig.dir), true, {}, "max"};
+    std::ofstream(opts.config_path) << R"({"run_number": 5})";
+    RunControl rc(rig.snap, rig.targets, rig.control, rig.summaries);
+    Reloader reloader(opts, Sizing{1, 1, 64}, rig.config, rc, rig.pipeline, rig.control);
+    CHECK_FALSE(reloader.config_file_changed());  // as it was at the start
+    std::ofstream(opts.config_path) << R"({"run_number": 5, "building": {"timeout_ms": 300}})";
+    CHECK(reloader.config_file_changed());
+    CHECK_FALSE(reloader.config_file_changed());  // seen once
+}
