@@ -13,9 +13,10 @@
 //                                                          closed files (run summaries)
 //   evb-request     RequestSender  written ids, built ids  REQUEST/CLEAR datagrams;
 //                                                          give-ups into the inboxes
-//   main            ServiceLoop    signals, config file,   ticks, run ends, reloads,
-//                                  control commands,       control answers, run
-//                                  closed files            summaries
+//   main            ServiceLoop    signals, control        ticks its parts: RunControl
+//                                  commands, config file,  (start, stop, run ends),
+//                                  closed files            Reloader, RunSummaries,
+//                                                          SourceHealth; control answers
 //   evb-control     ControlServer  control.socket          commands to the service loop
 //   evb-busy        BusySender     fill gauges, run state  BUSY datagrams (busy.targets);
 //                                                          busy gauges (metrics, dead time)
@@ -47,11 +48,15 @@
 #include "threads/disk_writer.hpp"
 #include "threads/graph_workers.hpp"
 #include "threads/pipeline.hpp"
+#include "threads/reloader.hpp"
 #include "threads/replay_feeder.hpp"
 #include "threads/request_sender.hpp"
+#include "threads/run_control.hpp"
+#include "threads/run_summaries.hpp"
 #include "threads/runner.hpp"
 #include "threads/service_loop.hpp"
 #include "threads/socket_reader.hpp"
+#include "threads/source_health.hpp"
 #include "threads/startup.hpp"
 #include "threads/tcp_reader.hpp"
 
@@ -382,12 +387,16 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     for (auto& r : tcp_readers) input_rules.push_back(&r->rules());
     if (feeder) input_rules.push_back(&feeder->rules());
     for (auto* in : input_rules) in->ring_when_applied(rules_applied);
-    // The service loop posts the first admission rules to the inputs now.
-    ServiceLoop service(opts, snap, sizing,
-                        {pipeline, writer, sender.get(), input_rules, feeder.get(), rules_applied,
-                         cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc, &closed_files, &run_notes,
-                         &run_record_posts, {cfg->run_number, held_ids, held_sequences}},
-                        control, signals);
+    // The service loop's parts, on the main thread: what they read and post to.
+    ServiceTargets service_targets{pipeline, writer, sender.get(), input_rules, feeder.get(), rules_applied,
+                                   cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc, &run_notes,
+                                   &run_record_posts};
+    SourceHealth health(snap->config, pipeline.counters(), control);
+    RunSummaries summaries(snap->config->sources, pipeline.counters(), &closed_files,
+                           {cfg->run_number, held_ids, held_sequences});
+    RunControl run_control(snap, service_targets, control, summaries);  // posts the first admission rules now
+    Reloader reloader(opts, sizing, snap->config, run_control, pipeline, control);
+    ServiceLoop service(service_targets, {run_control, reloader, summaries, health}, control, signals);
 
     // BUSY: reads the fill gauges above and the run state the service loop keeps in
     // `control`; writes the busy gauges there. Not for a replay (nobody to hold back).
@@ -431,7 +440,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         } catch (const std::runtime_error& e) {
             if (!automatic) throw;
             log_warn("{}: no run control (set control.socket to choose a path)", e.what());
-            service.drop_run_control();
+            service_targets.control = nullptr;  // no command comes, none is answered
         }
     }
 
