@@ -26,6 +26,8 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       restart_copies_(s.match == file::MatchMode::timestamp ? s.held_sequences : nullptr, source_index_, s.built_before_run),
       returns_(slot_returns),
       counters_(counters),
+      gatherer_(s.sources.size(), s.max_slots_per_source, s.match == file::MatchMode::timestamp, s.described_chunks,
+                slot_returns, counters),
       events_(arena, s.max_events),
       states_(arena, std::size_t{s.max_events} * s.sources.size()),
       meta_(arena, std::size_t{s.max_events} * event_meta_bytes(s.sources.size())),
@@ -34,9 +36,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       next_recent_(s.late_window),
       pool_size_(s.max_events),
       max_solo_(s.sources.size() > 1 && s.match != file::MatchMode::time_slice ? s.max_solo_events_per_source : 0),
-      max_slots_(s.max_slots_per_source),
       solo_events_(s.sources.size(), 0),
-      held_slots_(s.sources.size(), 0),
       // A slice waits for watermarks, not for a fragment of every source: dead-source
       // detection does not apply (a silent source's slices time out, UNCONFIRMED).
       source_timeout_ns_(s.sources.size() > 1 && s.match != file::MatchMode::time_slice ? s.source_timeout_ns : 0),
@@ -58,15 +58,8 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
     free_.reserve(s.max_events);
     absent_list_.reserve(s.sources.size());
     const std::size_t n = source_index_.size();
-    if (match_ == file::MatchMode::timestamp) {
-        timed_history_.assign(n, SourceHistory{});
-        waiting_.assign(n, nullptr);
-    }
-    if (s.described_chunks) {
-        ungathered_.assign(n, nullptr);
-        gathered_.assign(n, RecentlyGathered{});
-        if (lookahead_ns_ != 0) lookahead_.assign(n, Lookahead{});
-    }
+    if (match_ == file::MatchMode::timestamp) timed_history_.assign(n, SourceHistory{});
+    if (lookahead_ns_ != 0) lookahead_.assign(n, Lookahead{});
     if (match_ == file::MatchMode::time_slice) {
         watermark_.assign(n, 0);
         seen_seq_.assign(n, SeqWindow{});
@@ -156,7 +149,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
                 for (ChunkMeta* c = s.partial; c != nullptr; c = c->next) {
                     (complete ? counters_.late_after_complete : counters_.late_after_incomplete).add();
                     counters_.source_late[i].add();
-                    --held_slots_[i];
+                    gatherer_.release(i);
                 }
                 drop_chain(s.partial);
                 s.partial = nullptr;
@@ -256,7 +249,7 @@ RecentSet& Matcher::history(std::uint32_t run) noexcept {
 }
 
 void Matcher::drop_fragment(SourceState& s, std::size_t idx) noexcept {
-    held_slots_[idx] -= s.received;
+    gatherer_.release(idx, s.received);
     for (ChunkMeta* c = s.head; c != nullptr;) {
         ChunkMeta* next = c->next;
         drop(c);
@@ -283,7 +276,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         return;
     }
     if (match_ == file::MatchMode::time_slice) {
-        (void)add_sliced(c, idx, now_ns, out, false);
+        (void)add_sliced(c, idx, now_ns, out);
         return;
     }
     if (match_ == file::MatchMode::timestamp) {
@@ -293,11 +286,11 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         }
         if (Event* e = event_by_time(c, idx, now_ns)) {
             ledger_built(c->run_number, c->event_id);  // its sequence number is in an event
-            accept(e, c, idx, now_ns, out, true);
+            accept(e, c, idx, now_ns, out);
         }
         return;
     }
-    if (Event* e = event_by_id(c, idx, now_ns)) accept(e, c, idx, now_ns, out, false);
+    if (Event* e = event_by_id(c, idx, now_ns)) accept(e, c, idx, now_ns, out);
 }
 
 // A whole fragment (first and the chunks linked after it, in order) finds its event
@@ -316,40 +309,15 @@ Event* Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, Even
     first->next = rest;
     for (ChunkMeta* k = first; k != nullptr;) {
         ChunkMeta* next = k->next;
-        accept(e, k, idx, now_ns, out, true);
+        accept(e, k, idx, now_ns, out);
         k = next;
     }
     return e;
 }
 
-void Matcher::expire_waiting(std::uint64_t now_ns, bool all) noexcept {
-    // Both kinds of waiting chunk keep in spare() the time they began to wait.
-    auto expire_lists = [&](std::vector<ChunkMeta*>& lists, std::size_t& chunks) {
-        if (chunks == 0) return;
-        for (std::size_t i = 0; i < lists.size(); ++i) {
-            ChunkMeta** link = &lists[i];
-            while (*link != nullptr) {
-                ChunkMeta* k = *link;
-                if (all || wire::load_u64(k->spare()) + timeout_ns_ <= now_ns) {
-                    *link = k->next;
-                    --held_slots_[i];
-                    --chunks;
-                    counters_.stale_chunks.add();
-                    drop(k);
-                } else {
-                    link = &k->next;
-                }
-            }
-        }
-    };
-    expire_lists(waiting_, waiting_chunks_);
-    expire_lists(ungathered_, ungathered_chunks_);
-}
-
 // A chunk joins event e: checks, duplicate detection, the fragment's chunk list,
-// and the event handed on when it is done. `whole`: the chunk's fragment is whole
-// already (timestamp mode), so no share of receive slots applies.
-void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept {
+// and the event handed on when it is done.
+void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
     SourceState& s = e->src[idx];
     if (s.state & SourceState::kRemoved) {  // the event started after its source was removed
         counters_.unknown_source.add();
@@ -402,12 +370,8 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         s.fragment_length = c->fragment_length;
         s.chunk_count = c->chunk_count;
     }
-    // Only a chunk that would be held counts against the share: one that completes
-    // its fragment (a single-chunk fragment, say) frees the fragment's slots for
-    // the writer at once, so the source's own genuine data still gets through.
-    if (!whole && max_slots_ != 0 && held_slots_[idx] >= max_slots_ && s.received + 1u < s.chunk_count) {
-        counters_.source_slot_limit_drops.add();
-        counters_.source_slot_limit[idx].add();
+    // The source's share of receive slots (FragmentGatherer::refused_for_share).
+    if (gatherer_.refused_for_share(static_cast<std::size_t>(idx), s.received + 1u >= s.chunk_count, c)) {
         if (s.head == nullptr) {
             // Nothing of the fragment is held: the source is unseen again, so that
             // in timestamp mode its later chunks still find this event by their sequence.
@@ -454,7 +418,7 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         after->next = c;
     }
     if (c->next == nullptr) s.tail = c;
-    ++held_slots_[idx];
+    gatherer_.hold(static_cast<std::size_t>(idx));
     if (c->chunk_index < 64) s.bitmap |= std::uint64_t{1} << c->chunk_index;
     if (c->flags & wire::fragment_flags::empty) s.state |= SourceState::kEmpty;
     if (c->flags & wire::fragment_flags::source_error) {
@@ -466,13 +430,7 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         // fragment: each starts where the previous one ended and the last ends at
         // fragment_length. Otherwise the record would not hold the bytes its
         // length claims; the fragment is dropped and counted instead.
-        std::uint64_t end = 0;
-        bool tiles = true;
-        for (const ChunkMeta* k = s.head; k != nullptr && tiles; k = k->next) {
-            tiles = k->chunk_offset == end;
-            end += k->payload_length;
-        }
-        if (!tiles || end != s.fragment_length) {
+        if (!FragmentGatherer::tiles(s.head, s.fragment_length)) {
             counters_.inconsistent_chunks.add();
             drop_fragment(s, static_cast<std::size_t>(idx));
             e->claimed_bytes -= fragment_claim(*e, s.fragment_length);
@@ -481,7 +439,7 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
             s.state = keep;  // unseen again: a correct resend can still complete it
             return;
         }
-        held_slots_[idx] -= s.received;  // complete: its slots wait for the writer, not for data
+        gatherer_.release(static_cast<std::size_t>(idx), s.received);  // complete: its slots wait for the writer, not for data
         s.state |= SourceState::kComplete;
         if (s.state & SourceState::kNotAwaited) --e->not_awaited;
         counters_.fragments.add();
@@ -562,82 +520,6 @@ Event* Matcher::own_record(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept
     return e;
 }
 
-// A chunk of a fragment of several joins the fragment's other chunks in `list` (a
-// source's unfinished fragments, by (sequence, chunk_index)). When it completes
-// the fragment, the fragment's chunks leave the list as first..last, checked to
-// tile it. Refused chunks are counted and dropped here.
-Matcher::Gather Matcher::gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, ChunkMeta*& first,
-                                ChunkMeta*& last, bool whole) noexcept {
-    const std::uint64_t seq = c->event_id;
-    ChunkMeta* after = nullptr;
-    ChunkMeta* run_first = nullptr;  // first chunk of this fragment, and the one before it
-    ChunkMeta* before_run = nullptr;
-    std::uint32_t have = 0;
-    for (ChunkMeta* p = list; p != nullptr && p->event_id <= seq; p = p->next) {
-        if (p->event_id == seq) {
-            if (p->chunk_index == c->chunk_index) {
-                counters_.duplicate_chunks.add();
-                drop(c);
-                return Gather::duplicate;
-            }
-            if (p->fragment_length != c->fragment_length || p->chunk_count != c->chunk_count ||
-                p->timestamp != c->timestamp || p->run_number != c->run_number) {
-                counters_.inconsistent_chunks.add();
-                drop(c);
-                return Gather::refused;
-            }
-            if (p->chunk_index > c->chunk_index) break;  // c goes before it
-            if (run_first == nullptr) {
-                run_first = p;
-                before_run = after;
-            }
-            ++have;
-        }
-        after = p;
-    }
-    if (max_slots_ != 0 && !whole && held_slots_[i] >= max_slots_ && have + 1u < c->chunk_count) {
-        counters_.source_slot_limit_drops.add();
-        counters_.source_slot_limit[i].add();
-        drop(c);
-        return Gather::refused;
-    }
-    if (after != nullptr) {
-        c->next = after->next;
-        after->next = c;
-    } else {
-        c->next = list;
-        list = c;
-    }
-    ++held_slots_[i];
-    // Chunks of this fragment after the new one.
-    for (ChunkMeta* p = c->next; p != nullptr && p->event_id == seq; p = p->next) ++have;
-    if (have + 1u < c->chunk_count) return Gather::held;
-    // Complete: its chunks are a run of the list; take them out and check that
-    // they tile the fragment.
-    if (run_first == nullptr || run_first->chunk_index > c->chunk_index) {
-        run_first = c;
-        before_run = after;
-    }
-    last = run_first;
-    while (last->next != nullptr && last->next->event_id == seq) last = last->next;
-    if (before_run != nullptr) before_run->next = last->next; else list = last->next;
-    last->next = nullptr;
-    first = run_first;
-    held_slots_[i] -= c->chunk_count;
-    std::uint64_t end = 0;
-    bool tiles = true;
-    for (const ChunkMeta* q = first; q != nullptr && tiles; q = q->next) {
-        tiles = q->chunk_offset == end;
-        end += q->payload_length;
-    }
-    if (!tiles || end != c->fragment_length) {
-        counters_.inconsistent_chunks.add();
-        drop_chain(first);
-        return Gather::broken;
-    }
-    return Gather::complete;
-}
-
 void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation, file::Codec codec) {
     codec_ = codec;
     for (std::size_t i = 0; i < expected_.size(); ++i) {
@@ -672,7 +554,7 @@ void Matcher::add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out) 
 }
 
 void Matcher::expire(std::uint64_t now_ns, EventList& out) {
-    expire_waiting(now_ns, false);
+    gatherer_.expire(now_ns, timeout_ns_, false);
     release_lookaheads(now_ns, out, false);
     find_absent(now_ns, out);
     while (oldest_ != nullptr && oldest_->first_fragment_unix_ns + timeout_ns_ <= now_ns)
@@ -697,7 +579,7 @@ void Matcher::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uin
 }
 
 void Matcher::flush(std::uint64_t now_ns, EventList& out) {
-    expire_waiting(now_ns, true);
+    gatherer_.expire(now_ns, timeout_ns_, true);
     release_lookaheads(now_ns, out, true);
     while (oldest_ != nullptr) finish(oldest_, false, now_ns, out);
     ledger_end(RunLedgers::kNone);

@@ -14,6 +14,7 @@
 #include "core/model/disorder_gauge.hpp"
 #include "core/model/event.hpp"
 #include "core/model/flat_map.hpp"
+#include "core/model/fragment_gatherer.hpp"
 #include "core/model/fragment_places.hpp"
 #include "core/model/lost_ledger.hpp"
 #include "core/model/restart_copies.hpp"
@@ -157,28 +158,14 @@ private:
     void finish(Event* ev, bool complete, std::uint64_t now_ns, EventList& out) noexcept;
     void drop(ChunkMeta* c) noexcept { returns_.add(c->owner, c->slot); }
     void add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexcept;
-    void accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept;
+    void accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     void add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
-    // Timestamp mode: chunks of fragments not yet whole, per source (see gather).
-    void expire_waiting(std::uint64_t now_ns, bool all) noexcept;
     // A whole fragment (its chunks linked from `first`; event_id and timestamp modes)
     // joins its event, which is returned; nullptr when it had none and was dropped.
     Event* join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // Described frames: a chunk not gathered yet waits for its fragment's other
     // chunks; the whole fragment then goes on to its event.
     void gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
-    // The (run, event) keys of the fragments a source's chunks completed lately: a
-    // copy of one of their chunks is a duplicate, not the start of a new wait.
-    // With each, its chunk count (0: dropped as inconsistent, a false last bit).
-    struct RecentlyGathered {
-        static constexpr std::size_t kDepth = 8;
-        std::uint64_t event[kDepth];
-        std::uint32_t run[kDepth];
-        std::uint32_t chunks[kDepth];
-        std::uint8_t count, next;
-        int chunks_of(std::uint64_t e, std::uint32_t r) const noexcept;  // -1: not there
-        void insert(std::uint64_t e, std::uint32_t r, std::uint32_t n) noexcept;
-    };
     // `e`: the time modes, the event or slice in flight that holds the fragment, if known.
     void late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n, Event* e = nullptr) noexcept;
     std::uint32_t chunks_in_event(const Event& e, std::size_t i, const ChunkMeta* c) const noexcept;
@@ -203,13 +190,6 @@ private:
     static std::uint64_t fragment_claim(const Event& e, std::uint32_t length) noexcept {
         return file::padded8(length) + (e.has_items() ? file::kItemHeaderBytes : 0);
     }
-    // held: waiting for more chunks; complete: first..last is the whole fragment;
-    // duplicate, refused: the chunk was dropped; broken: whole but not tiling, every
-    // chunk of it dropped. `whole`: the chunk's fragment is known whole already (a
-    // gathered described fragment), so the source's share of slots does not apply.
-    enum class Gather { held, complete, duplicate, refused, broken };
-    Gather gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, ChunkMeta*& first, ChunkMeta*& last,
-                  bool whole) noexcept;
     // The event a chunk belongs to, started if need be; nullptr when the chunk was
     // counted and dropped. By event id, or (timestamp mode) by time.
     Event* event_by_id(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
@@ -257,11 +237,10 @@ private:
     // time_slice mode (docs/FORMATS.md section 5): chunks to slices, fragments to
     // their source's items in (timestamp, sequence) order, watermarks.
     // True when the chunk completed its fragment and the fragment is in its slice.
-    // `whole` as for gather().
-    bool add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept;
+    bool add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // False (nothing linked) when an item of the same (timestamp, sequence) is there.
     bool insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noexcept;
-    void drop_chain(ChunkMeta* c) noexcept;
+    void drop_chain(ChunkMeta* c) noexcept { gatherer_.drop_chain(c); }
     void advance_watermark(std::size_t idx, std::uint64_t t) noexcept;
     // Writes every slice whose end all expected sources' watermarks have passed.
     void release_slices(std::uint64_t now_ns, EventList& out) noexcept;
@@ -317,11 +296,6 @@ private:
     std::uint64_t tolerance_;
     std::vector<SourceHistory> timed_history_;  // timestamp mode, per source
     ClockSteps clock_steps_;                    // timestamp mode
-    std::vector<ChunkMeta*> waiting_;           // timestamp mode, per source: chunks of unfinished fragments
-    std::size_t waiting_chunks_ = 0;
-    std::vector<ChunkMeta*> ungathered_;  // described chunks, per source: by (run, event, chunk index)
-    std::size_t ungathered_chunks_ = 0;
-    std::vector<RecentlyGathered> gathered_;  // per source
     std::uint64_t slice_ticks_;
     std::vector<std::uint64_t> watermark_;  // time_slice, per source: largest timestamp + 1 (0: none yet)
     std::uint64_t min_watermark_ = 0;       // over the expected sources
@@ -337,6 +311,7 @@ private:
     RestartCopies restart_copies_;  // timestamp mode
     alloc::ReturnBatcher& returns_;
     stats::MatcherCounters& counters_;
+    FragmentGatherer gatherer_;  // chunks to whole fragments; the share of receive slots
 
     alloc::ArenaArray<Event> events_;
     alloc::ArenaArray<SourceState> states_;
@@ -353,9 +328,7 @@ private:
     bool next_valid_ = false;
     std::size_t pool_size_;
     std::uint32_t max_solo_;   // 0: no limit
-    std::uint32_t max_slots_;  // 0: no limit
     std::vector<std::uint32_t> solo_events_;  // per source: events it opened that nobody joined yet
-    std::vector<std::uint32_t> held_slots_;   // per source: slots in its incomplete fragments
     // Dead-source detection: events started in this shard, the start times of the
     // latest of them (a ring), and per source the count at its last chunk: the
     // first event it missed is number seen_at_event_ (absent sources listed).

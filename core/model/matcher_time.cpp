@@ -135,14 +135,6 @@ void Matcher::SeqWindow::insert(std::uint64_t seq) noexcept {
     bits[(seq % kSpan) / 64] |= std::uint64_t{1} << (seq % 64);
 }
 
-void Matcher::drop_chain(ChunkMeta* c) noexcept {
-    while (c != nullptr) {
-        ChunkMeta* next = c->next;
-        drop(c);
-        c = next;
-    }
-}
-
 void Matcher::advance_watermark(std::size_t idx, std::uint64_t t) noexcept {
     if (disorder_.observe(idx, t)) counters_.source_disorder_ticks[idx].set(disorder_.largest(idx));
     if (t < disorder_ticks_) return;  // the watermark stays disorder_ticks behind the newest
@@ -186,7 +178,7 @@ bool Matcher::insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noe
     return true;
 }
 
-bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept {
+bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
     const auto i = static_cast<std::size_t>(idx);
     const std::uint64_t seq = c->event_id;
     const bool crc_bad = (c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c;
@@ -261,7 +253,8 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         return false;
     }
     if (c->chunk_count > 1) {
-        const Gather g = gather(s.partial, c, i, first, last, whole);
+        using Gather = FragmentGatherer::Gather;
+        const Gather g = gatherer_.gather(s.partial, c, i, first, last);
         if (g == Gather::duplicate) e->status |= file::record_status::duplicates;
         if (g != Gather::complete) return false;
     }
@@ -311,25 +304,12 @@ void Matcher::release_slices(std::uint64_t now_ns, EventList& out) noexcept {
     }
 }
 
-// Timestamp mode: a complete fragment joins an event (section 5), so the chunks of a
-// fragment of several wait in their source's list until it is whole, then find
-// their event once, by its timestamp, and join it in order. A chunk that waits
-// longer than building.timeout_ms for the others is dropped (expire_waiting).
+// Timestamp mode: a fragment of several chunks is gathered whole first
+// (FragmentGatherer::add_waiting), then finds its event once, by its timestamp.
 void Matcher::add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
-    const auto i = static_cast<std::size_t>(idx);
-    if ((c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c) {
-        counters_.crc_failures.add();  // no event holds it yet to be marked CORRUPT_DROPPED
-        drop(c);
-        return;
-    }
-    wire::store_u64(c->spare(), now_ns);  // when it began to wait
     ChunkMeta* first = nullptr;
-    ChunkMeta* last = nullptr;
-    const Gather g = gather(waiting_[i], c, i, first, last, false);
-    if (g == Gather::held) ++waiting_chunks_;
-    // Whole or broken, the fragment's other chunks have stopped waiting.
-    if (g == Gather::complete || g == Gather::broken) waiting_chunks_ -= c->chunk_count - 1u;
-    if (g == Gather::complete) (void)join_whole(first, idx, now_ns, out);
+    if (gatherer_.add_waiting(c, static_cast<std::size_t>(idx), now_ns, first) == FragmentGatherer::Gather::complete)
+        (void)join_whole(first, idx, now_ns, out);
 }
 
 }  // namespace evb
