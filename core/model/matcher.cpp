@@ -9,21 +9,28 @@
 
 namespace evb {
 
+Matcher::Policy Matcher::make_policy(const MatcherSettings& s, const SourceIndex& index) {
+    const std::size_t n = s.sources.size();
+    switch (s.match) {
+    case file::MatchMode::timestamp:
+        return Policy{std::in_place_type<TimestampPolicy>, n, s.tolerance_ticks, s.step_ticks, s.timeout_ns,
+                      s.held_sequences, index, s.built_before_run};
+    case file::MatchMode::time_slice:
+        return Policy{std::in_place_type<SlicePolicy>, n, s.slice_ticks, s.disorder_ticks};
+    default:
+        return Policy{std::in_place_type<IdPolicy>, s.refuse_whole && s.ledger_unit != 0};
+    }
+}
+
 Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& arena,
                  alloc::ReturnBatcher& slot_returns, stats::MatcherCounters& counters)
     : shard_(shard),
       source_index_(s.sources),
       match_(s.match),
-      tolerance_(s.tolerance_ticks),
-      clock_steps_(s.match == file::MatchMode::timestamp ? s.sources.size() : 0,
-                   s.match == file::MatchMode::timestamp ? s.step_ticks : 0, s.timeout_ns),
-      slice_ticks_(s.slice_ticks == 0 ? 1 : s.slice_ticks),
-      disorder_ticks_(s.disorder_ticks),
-      disorder_(s.match == file::MatchMode::time_slice ? s.sources.size() : 0),
+      policy_(make_policy(s, source_index_)),
       timeout_ns_(s.timeout_ns),
       built_before_(s.built_before != nullptr && !s.built_before->empty() ? s.built_before : nullptr),
       built_before_run_(s.built_before_run),
-      restart_copies_(s.match == file::MatchMode::timestamp ? s.held_sequences : nullptr, source_index_, s.built_before_run),
       returns_(slot_returns),
       counters_(counters),
       gatherer_(s.sources.size(), s.max_slots_per_source, s.match == file::MatchMode::timestamp, s.described_chunks,
@@ -50,7 +57,6 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       ledger_unit_(s.ledger_unit),
       ledgers_(kLostRangesKept, counters.lost_whole, 2 * std::size_t{s.max_events},  // ids of events in flight, twice
                counters.lost_whole_revoked),
-      refused_(s.refuse_whole && s.match == file::MatchMode::event_id && s.ledger_unit != 0 ? kRefusedSlots : 0),
       places_(s.described_chunks && s.match != file::MatchMode::event_id ? s.max_events : 0),
       lookahead_ns_(s.described_chunks && s.match != file::MatchMode::time_slice ? s.lookahead_ns : 0) {
     codec_ = s.codec;
@@ -58,12 +64,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
     free_.reserve(s.max_events);
     absent_list_.reserve(s.sources.size());
     const std::size_t n = source_index_.size();
-    if (match_ == file::MatchMode::timestamp) timed_history_.assign(n, SourceHistory{});
     if (lookahead_ns_ != 0) lookahead_.assign(n, Lookahead{});
-    if (match_ == file::MatchMode::time_slice) {
-        watermark_.assign(n, 0);
-        seen_seq_.assign(n, SeqWindow{});
-    }
     const RecordLayout layout = s.record_version == 1                   ? RecordLayout::v1
                                 : s.match == file::MatchMode::event_id  ? RecordLayout::v2
                                 : s.match == file::MatchMode::timestamp ? RecordLayout::v2_items
@@ -137,7 +138,8 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
 void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& out) noexcept {
     bool empty_slice = false;  // a slice no whole fragment fell into is not written
     if (match_ == file::MatchMode::time_slice) {
-        const std::uint64_t end = slice_end(*e);
+        const SlicePolicy& slices = by_slice();
+        const std::uint64_t end = slices.slice_end(e->event_id);
         empty_slice = true;
         for (std::uint32_t i = 0; i < e->section_count && empty_slice; ++i) empty_slice = e->src[i].head == nullptr;
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
@@ -154,7 +156,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
                 drop_chain(s.partial);
                 s.partial = nullptr;
             }
-            if (!complete && !empty_slice && watermark_[i] <= end) {
+            if (!complete && !empty_slice && slices.watermark[i] <= end) {
                 s.state |= SourceState::kUnconfirmed;
                 counters_.source_missing[i].add();
             }
@@ -201,26 +203,18 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
                 smallest = e->src[i].head->timestamp;
         e->event_id = smallest == UINT64_MAX ? e->anchor : smallest;
         e->timestamp = e->event_id;
-        if (clock_steps_.any_desync())  // a desynchronised source's MISSING sections say so
+        TimestampPolicy& time = by_time();
+        if (time.clock_steps.any_desync())  // a desynchronised source's MISSING sections say so
             for (std::uint32_t i = 0; i < e->section_count; ++i)
-                if (clock_steps_.desync(i, e->run_number) && !(e->src[i].state & SourceState::kComplete))
+                if (time.clock_steps.desync(i, e->run_number) && !(e->src[i].state & SourceState::kComplete))
                     e->src[i].marks |= SourceState::kDesync;
         // What a later fragment is checked against (see event_by_time): each
         // fragment written, and for each source missing, the event's anchor. A
         // record of a desynchronised source's own is no trigger the others missed.
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
             if (!e->section_in_record(i) || (e->own_record && !(e->src[i].state & SourceState::kComplete))) continue;
-            SourceHistory& h = timed_history_[i];
-            if (h.run != e->run_number) h = SourceHistory{{}, {}, e->run_number, 0, 0, 0, 0};
-            if (e->src[i].state & SourceState::kComplete) {
-                h.written_seq[h.seq_next] = e->src[i].head->event_id;
-                h.seq_next = static_cast<std::uint8_t>((h.seq_next + 1) % SourceHistory::kDepth);
-                if (h.seq_count < SourceHistory::kDepth) ++h.seq_count;
-            } else {
-                h.missing_anchor[h.missing_next] = e->anchor;
-                h.missing_next = static_cast<std::uint8_t>((h.missing_next + 1) % SourceHistory::kDepth);
-                if (h.missing_count < SourceHistory::kDepth) ++h.missing_count;
-            }
+            const bool present = e->src[i].state & SourceState::kComplete;
+            time.remember(i, e->run_number, present, present ? e->src[i].head->event_id : 0, e->anchor);
         }
     } else {
         map_.erase(map_key(e->event_id, e->run_number));
@@ -532,7 +526,7 @@ void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint3
     for (std::size_t i = 0; i < expected_.size(); ++i)
         if (!expected_[i]) removed_list_.push_back(static_cast<std::uint32_t>(i));
     set_generation_ = generation;
-    watermark_moved_ = match_ == file::MatchMode::time_slice;  // the minimum is over another set now
+    if (auto* p = std::get_if<SlicePolicy>(&policy_)) p->watermark_moved = true;  // the minimum is over another set now
     // Every event in flight now belongs to an earlier set; they finish under it.
     older_in_flight_ = in_flight_;
     ++pending_markers_;
@@ -611,18 +605,14 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     history_run_ = next_run;
     history_set_ = true;
     // Watermarks and sequence numbers are the run's.
-    watermark_run_ = next_run;
-    watermark_run_set_ = true;
-    std::fill(watermark_.begin(), watermark_.end(), 0);
-    for (std::size_t i = 0; i < watermark_.size(); ++i) {
-        counters_.source_watermark[i].set(0);
-        counters_.source_disorder_ticks[i].set(0);
+    if (auto* p = std::get_if<SlicePolicy>(&policy_)) {
+        p->new_run(next_run);
+        for (std::size_t i = 0; i < p->watermark.size(); ++i) {
+            counters_.source_watermark[i].set(0);
+            counters_.source_disorder_ticks[i].set(0);
+        }
     }
-    std::fill(seen_seq_.begin(), seen_seq_.end(), SeqWindow{});
-    clock_steps_.new_run(next_run);  // a reset board is in step again
-    disorder_.new_run();
-    min_watermark_ = 0;
-    watermark_moved_ = false;
+    if (auto* p = std::get_if<TimestampPolicy>(&policy_)) p->clock_steps.new_run(next_run);  // a reset board is in step again
     // Every source starts the new run present; the silence clocks restart with it.
     while (!absent_list_.empty()) set_absent(absent_list_.back(), false);
     std::fill(seen_at_event_.begin(), seen_at_event_.end(), events_started_);

@@ -57,14 +57,10 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
             late_described_chunk(c, idx, n, e);
             return;
         }
-        if (match_ == file::MatchMode::timestamp && timed_history_[i].run == c->run_number) {
-            const SourceHistory& h = timed_history_[i];
-            for (std::uint32_t k = 0; k < h.seq_count; ++k)
-                if (h.written_seq[k] == c->event_id) {
-                    counters_.duplicate_chunks.add();
-                    drop(c);
-                    return;
-                }
+        if (match_ == file::MatchMode::timestamp && by_time().written(i, c->run_number, c->event_id)) {
+            counters_.duplicate_chunks.add();
+            drop(c);
+            return;
         }
     }
     const std::uint64_t event = c->event_id;  // the chunks may be dropped below
@@ -89,7 +85,7 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         joined = e != nullptr;
         if (match_ == file::MatchMode::timestamp) places_.remember(i, run, event, e);
     } else {
-        const std::uint64_t slice = first->timestamp / slice_ticks_;
+        const std::uint64_t slice = first->timestamp / by_slice().slice_ticks;
         for (ChunkMeta* k = first; k != nullptr;) {
             ChunkMeta* next = k->next;
             joined = add_sliced(k, idx, now_ns, out) || joined;

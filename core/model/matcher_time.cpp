@@ -12,8 +12,9 @@
 
 namespace evb {
 
-std::uint64_t Matcher::bucket_key(std::uint64_t ticks, std::uint32_t run) const noexcept {
-    const std::uint64_t bucket = tolerance_ == UINT64_MAX ? 0 : ticks / (tolerance_ + 1);
+std::uint64_t Matcher::bucket_key(std::uint64_t ticks, std::uint32_t run) noexcept {
+    const std::uint64_t tolerance = by_time().tolerance;
+    const std::uint64_t bucket = tolerance == UINT64_MAX ? 0 : ticks / (tolerance + 1);
     return map_key(bucket, run);
 }
 
@@ -51,25 +52,27 @@ void Matcher::bucket_remove(Event* e) noexcept {
 Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
     const std::uint64_t t = c->timestamp;
     const std::uint32_t run = c->run_number;
-    if (restart_copies_.held(static_cast<std::size_t>(idx), run, c->event_id)) {  // before any clock is read
+    TimestampPolicy& time = by_time();
+    const std::uint64_t tolerance = time.tolerance;
+    if (time.restart_copies.held(static_cast<std::size_t>(idx), run, c->event_id)) {  // before any clock is read
         counters_.late_before_start.add();
         ledger_built(run, c->event_id);  // in the run's files
         counters_.source_late[idx].add();
         drop(c);
         return nullptr;
     }
-    if (clock_steps_.observe(static_cast<std::size_t>(idx), run, t, now_ns)) counters_.source_clock_steps[idx].add();
-    const bool desync = clock_steps_.desync(static_cast<std::size_t>(idx), run);
+    if (time.clock_steps.observe(static_cast<std::size_t>(idx), run, t, now_ns)) counters_.source_clock_steps[idx].add();
+    const bool desync = time.clock_steps.desync(static_cast<std::size_t>(idx), run);
     Event* best = nullptr;
     std::uint64_t best_distance = 0;
-    const std::uint64_t b = tolerance_ == UINT64_MAX ? 0 : t / (tolerance_ + 1);
+    const std::uint64_t b = tolerance == UINT64_MAX ? 0 : t / (tolerance + 1);
     const std::uint64_t last_bucket = b == UINT64_MAX ? b : b + 1;
     for (std::uint64_t k = b == 0 ? 0 : b - 1; k <= last_bucket; ++k) {
         const std::uint64_t key = map_key(k, run);
         for (Event* e = map_.find(key); e != nullptr; e = e->same_bucket) {
             if (e->run_number != run) continue;
             const std::uint64_t d = t > e->anchor ? t - e->anchor : e->anchor - t;
-            if (d > tolerance_) continue;
+            if (d > tolerance) continue;
             const SourceState& s = e->src[idx];
             if (s.state & SourceState::kSeen) {
                 if (s.head != nullptr && s.head->event_id == c->event_id) return e;  // its fragment
@@ -92,20 +95,17 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
         drop(c);
         return nullptr;
     }
-    const SourceHistory& h = timed_history_[idx];
-    if (h.run == run) {
-        for (std::uint32_t i = 0; i < h.seq_count; ++i)
-            if (h.written_seq[i] == c->event_id) {  // a copy of a fragment already written
-                counters_.duplicate_chunks.add();
-                drop(c);
-                return nullptr;
-            }
+    if (time.written(static_cast<std::size_t>(idx), run, c->event_id)) {  // a copy of a fragment already written
+        counters_.duplicate_chunks.add();
+        drop(c);
+        return nullptr;
     }
+    const TimestampPolicy::SourceHistory& h = time.history[static_cast<std::size_t>(idx)];
     if (desync) return own_record(c, idx, now_ns);  // never late, never opens an event
     if (h.run == run) {
         for (std::uint32_t i = 0; i < h.missing_count; ++i) {
             const std::uint64_t a = h.missing_anchor[i];
-            if ((t > a ? t - a : a - t) <= tolerance_) {  // its event was written without it
+            if ((t > a ? t - a : a - t) <= tolerance) {  // its event was written without it
                 counters_.late_after_incomplete.add();
                 ledger_refused(c, LostReason::late);
                 counters_.source_late[idx].add();
@@ -117,32 +117,15 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
     return open_event(c, idx, t, now_ns);
 }
 
-void Matcher::SeqWindow::insert(std::uint64_t seq) noexcept {
-    if (!any) {
-        any = true;
-        base = seq >= kSpan / 2 ? seq - kSpan / 2 : 0;  // room for fragments that come a little out of order
-    }
-    if (seq < base) return;  // older than the window: not remembered
-    if (seq - base >= kSpan) {
-        const std::uint64_t new_base = seq - kSpan + 1;
-        if (new_base - base >= kSpan) {
-            std::fill(std::begin(bits), std::end(bits), 0);
-        } else {
-            for (std::uint64_t q = base; q < new_base; ++q) bits[(q % kSpan) / 64] &= ~(std::uint64_t{1} << (q % 64));
-        }
-        base = new_base;
-    }
-    bits[(seq % kSpan) / 64] |= std::uint64_t{1} << (seq % 64);
-}
-
 void Matcher::advance_watermark(std::size_t idx, std::uint64_t t) noexcept {
-    if (disorder_.observe(idx, t)) counters_.source_disorder_ticks[idx].set(disorder_.largest(idx));
-    if (t < disorder_ticks_) return;  // the watermark stays disorder_ticks behind the newest
-    t -= disorder_ticks_;
+    SlicePolicy& sl = by_slice();
+    if (sl.disorder.observe(idx, t)) counters_.source_disorder_ticks[idx].set(sl.disorder.largest(idx));
+    if (t < sl.disorder_ticks) return;  // the watermark stays disorder_ticks behind the newest
+    t -= sl.disorder_ticks;
     const std::uint64_t w = t == UINT64_MAX ? t : t + 1;
-    if (w > watermark_[idx]) {
-        watermark_[idx] = w;
-        watermark_moved_ = true;
+    if (w > sl.watermark[idx]) {
+        sl.watermark[idx] = w;
+        sl.watermark_moved = true;
         counters_.source_watermark[idx].set(w);
     }
 }
@@ -182,23 +165,24 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
     const auto i = static_cast<std::size_t>(idx);
     const std::uint64_t seq = c->event_id;
     const bool crc_bad = (c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c;
-    const std::uint64_t k = c->timestamp / slice_ticks_;
+    SlicePolicy& sl = by_slice();
+    const std::uint64_t k = c->timestamp / sl.slice_ticks;
     const std::uint32_t run = c->run_number;
-    if (!watermark_run_set_) {
-        watermark_run_set_ = true;
-        watermark_run_ = run;
+    if (!sl.watermark_run_set) {
+        sl.watermark_run_set = true;
+        sl.watermark_run = run;
     }
     // The readers take the next run's datagrams before its run-end marker reaches
     // this shard; its clock may have started again, so its fragments move no
     // watermark until end_run makes it the current run.
-    const bool current_run = run == watermark_run_;
+    const bool current_run = run == sl.watermark_run;
     if (c->flags & wire::fragment_flags::empty) {  // a heartbeat: moves the watermark, is not stored
         if (crc_bad) {
             counters_.crc_failures.add();
-        } else if (seen_seq_[i].contains(seq)) {
+        } else if (sl.seen_seq[i].contains(seq)) {
             counters_.duplicate_chunks.add();
         } else if (current_run) {
-            seen_seq_[i].insert(seq);
+            sl.seen_seq[i].insert(seq);
             advance_watermark(i, c->timestamp);
         }
         drop(c);
@@ -223,7 +207,7 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         if (e == nullptr) return false;
         e->solo_source = -1;  // a slice is nobody's alone
         --solo_events_[i];
-        e->timestamp = k * slice_ticks_;
+        e->timestamp = k * sl.slice_ticks;
     }
     SourceState& s = e->src[idx];
     if (s.state & SourceState::kRemoved) {
@@ -239,7 +223,7 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         return false;
     }
     c->payload_crc32c = c->received_crc32c;
-    if (seen_seq_[i].contains(seq)) {  // its fragment is already in a slice
+    if (sl.seen_seq[i].contains(seq)) {  // its fragment is already in a slice
         e->status |= file::record_status::duplicates;
         counters_.duplicate_chunks.add();
         drop(c);
@@ -271,7 +255,7 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         return false;
     }
     e->claimed_bytes += bytes;
-    seen_seq_[i].insert(seq);
+    sl.seen_seq[i].insert(seq);
     s.state |= SourceState::kComplete;
     for (const ChunkMeta* q = first; q != nullptr; q = q->next)
         if (q->flags & wire::fragment_flags::source_error) {
@@ -283,18 +267,19 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
     if (!current_run) return true;
     advance_watermark(i, c->timestamp);
     // A slice whose end every watermark had already passed is written at once.
-    if (slice_end(*e) < min_watermark_) finish(e, true, now_ns, out);
+    if (slice_end(*e) < sl.min_watermark) finish(e, true, now_ns, out);
     return true;
 }
 
 void Matcher::release_slices(std::uint64_t now_ns, EventList& out) noexcept {
-    if (!watermark_moved_) return;
-    watermark_moved_ = false;
+    SlicePolicy& sl = by_slice();
+    if (!sl.watermark_moved) return;
+    sl.watermark_moved = false;
     std::uint64_t w = UINT64_MAX;
-    for (std::size_t i = 0; i < watermark_.size(); ++i)
-        if (expected_[i]) w = std::min(w, watermark_[i]);
-    const bool rose = w > min_watermark_;
-    min_watermark_ = w;  // may fall: a source the operator brought back has its own
+    for (std::size_t i = 0; i < sl.watermark.size(); ++i)
+        if (expected_[i]) w = std::min(w, sl.watermark[i]);
+    const bool rose = w > sl.min_watermark;
+    sl.min_watermark = w;  // may fall: a source the operator brought back has its own
     if (!rose) return;
     // Slice k is complete once every watermark (largest timestamp) is >= (k+1) x W.
     for (Event* e = oldest_; e != nullptr;) {
