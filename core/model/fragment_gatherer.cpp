@@ -27,11 +27,9 @@ FragmentGatherer::FragmentGatherer(std::size_t sources, std::uint32_t max_slots,
     }
 }
 
-bool FragmentGatherer::refused_for_share(std::size_t i, bool completes, const ChunkMeta* c) noexcept {
-    if (max_slots_ == 0 || completes || (c->flags & chunk_flags::whole) || held_[i] < max_slots_) return false;
+void FragmentGatherer::count_share_refusal(std::size_t i) noexcept {
     counters_.source_slot_limit_drops.add();
     counters_.source_slot_limit[i].add();
-    return true;
 }
 
 bool FragmentGatherer::tiles(const ChunkMeta* first, std::uint64_t length) noexcept {

@@ -32,7 +32,12 @@ public:
     // that would be held counts against it (one that completes its fragment frees
     // the fragment's slots at once), and a chunk of a fragment this gatherer made
     // whole (chunk_flags::whole) never. A refusal is counted; the caller drops c.
-    bool refused_for_share(std::size_t i, bool completes, const ChunkMeta* c) noexcept;
+    // Inline: every chunk of event_id mode asks.
+    bool refused_for_share(std::size_t i, bool completes, const ChunkMeta* c) noexcept {
+        if (max_slots_ == 0 || completes || (c->flags & chunk_flags::whole) || held_[i] < max_slots_) return false;
+        count_share_refusal(i);
+        return true;
+    }
     // Slots source i's unfinished fragments hold: taken by a chunk that waits,
     // given back when its fragment is whole or its chunks are dropped.
     void hold(std::size_t i, std::uint32_t n = 1) noexcept { held_[i] += n; }
@@ -102,6 +107,7 @@ private:
     // Fills in what an EVB chunk says of its fragment in the described chunks
     // first.. (n of them), now that they are known.
     void fill_in_described(ChunkMeta* first, std::uint32_t n) noexcept;
+    void count_share_refusal(std::size_t i) noexcept;
     void expire_lists(std::vector<ChunkMeta*>& lists, std::size_t& chunks, std::uint64_t now_ns,
                       std::uint64_t timeout_ns, bool all) noexcept;
 
