@@ -234,6 +234,14 @@ private:
     // their source's items in (timestamp, sequence) order, watermarks.
     // True when the chunk completed its fragment and the fragment is in its slice.
     bool add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    // The same for a fragment the gatherer made whole (described chunks).
+    bool add_sliced_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    // The slice chunk c goes into (opened if need be), once c passed the checks
+    // every chunk meets there; nullptr when c was counted and dropped (a heartbeat
+    // moves its source's watermark and is dropped too).
+    Event* slice_for(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
+    bool add_to_slice(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    bool place_item(Event* e, int idx, ChunkMeta* first, ChunkMeta* last, std::uint64_t now_ns, EventList& out) noexcept;
     // False (nothing linked) when an item of the same (timestamp, sequence) is there.
     bool insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noexcept;
     void drop_chain(ChunkMeta* c) noexcept { gatherer_.drop_chain(c); }

@@ -70,8 +70,8 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
     if (gatherer_.add_described(c, i, now_ns, first, n) != FragmentGatherer::Described::whole) return;
     // The whole fragment joins its event by the match mode's rules, the steps a whole
     // EVB fragment takes; its share of slots was applied while it waited in the
-    // gatherer. In time_slice mode its chunks go through the slice gathering one by
-    // one, marked chunk_flags::whole so that the share is not applied there again.
+    // gatherer (its chunks are marked chunk_flags::whole: the share is not applied
+    // again). In time_slice mode it goes into its slice whole (add_sliced_whole).
     // Remembered as gathered (a copy of one of its chunks is a duplicate) only once it
     // is in its event or slice: a fragment refused there (no room for its event, the
     // run stopping) is taken when it comes again.
@@ -86,11 +86,7 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         if (match_ == file::MatchMode::timestamp) places_.remember(i, run, event, e);
     } else {
         const std::uint64_t slice = first->timestamp / by_slice().slice_ticks;
-        for (ChunkMeta* k = first; k != nullptr;) {
-            ChunkMeta* next = k->next;
-            joined = add_sliced(k, idx, now_ns, out) || joined;
-            k = next;
-        }
+        joined = add_sliced_whole(first, idx, now_ns, out);
         if (joined) places_.remember(i, run, event, map_.find(map_key(slice, run)));
     }
     if (joined) gatherer_.remember_gathered(i, event, run, n);

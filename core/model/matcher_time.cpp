@@ -162,6 +162,50 @@ bool Matcher::insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noe
 }
 
 bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    Event* e = slice_for(c, idx, now_ns);
+    return e != nullptr && add_to_slice(e, c, idx, now_ns, out);
+}
+
+// A described fragment the gatherer made whole goes into its slice at once, not
+// gathered a second time in the slice's section. Its first chunk meets the checks
+// every chunk meets there; the others, of the same slice, source, run and sequence,
+// would pass them alike. Where one might not (the first chunk dropped, a chunk that
+// fails its CRC, chunks of the fragment in the section already), the chunks go one
+// by one, as EVB chunks do.
+bool Matcher::add_sliced_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    ChunkMeta* rest = first->next;
+    bool clean = rest != nullptr;
+    for (const ChunkMeta* k = first; k != nullptr && clean; k = k->next)
+        clean = !(k->flags & wire::fragment_flags::has_crc) || k->received_crc32c == k->payload_crc32c;
+    first->next = nullptr;
+    Event* e = clean ? slice_for(first, idx, now_ns) : nullptr;
+    bool joined = false;
+    if (e != nullptr && e->src[idx].partial == nullptr) {
+        ChunkMeta* last = first;
+        for (ChunkMeta* k = rest; k != nullptr; k = k->next) {
+            if (k->flags & chunk_flags::copy_seen) e->status |= file::record_status::duplicates;  // while it was gathered
+            k->payload_crc32c = k->received_crc32c;
+            last = k;
+        }
+        first->next = rest;
+        return place_item(e, idx, first, last, now_ns, out);
+    }
+    if (e != nullptr) {
+        joined = add_to_slice(e, first, idx, now_ns, out);
+    } else if (!clean) {  // none of it went in yet
+        first->next = rest;
+        rest = first;
+    }
+    for (ChunkMeta* k = rest; k != nullptr;) {
+        ChunkMeta* next = k->next;
+        k->next = nullptr;
+        joined = add_sliced(k, idx, now_ns, out) || joined;
+        k = next;
+    }
+    return joined;
+}
+
+Event* Matcher::slice_for(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
     const auto i = static_cast<std::size_t>(idx);
     const std::uint64_t seq = c->event_id;
     const bool crc_bad = (c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c;
@@ -186,14 +230,14 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
             advance_watermark(i, c->timestamp);
         }
         drop(c);
-        return false;
+        return nullptr;
     }
     Event* e = map_.find(map_key(k, run));
     if (e == nullptr) {
         if (!expected_[idx]) {
             counters_.unknown_source.add();
             drop(c);
-            return false;
+            return nullptr;
         }
         if (stats::Counter* late = late_counter(k, run)) {  // its slice is written
             late->add();
@@ -201,10 +245,10 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
             // Still a complete fragment received: the source is past its time.
             if (c->chunk_count == 1 && !crc_bad && current_run) advance_watermark(i, c->timestamp);
             drop(c);
-            return false;
+            return nullptr;
         }
         e = open_event(c, idx, k, now_ns);
-        if (e == nullptr) return false;
+        if (e == nullptr) return nullptr;
         e->solo_source = -1;  // a slice is nobody's alone
         --solo_events_[i];
         e->timestamp = k * sl.slice_ticks;
@@ -213,22 +257,29 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
     if (s.state & SourceState::kRemoved) {
         counters_.unknown_source.add();
         drop(c);
-        return false;
+        return nullptr;
     }
     if (c->flags & chunk_flags::copy_seen) e->status |= file::record_status::duplicates;  // while it was gathered
     if (crc_bad) {
         e->status |= file::record_status::corrupt_dropped;
         counters_.crc_failures.add();
         drop(c);
-        return false;
+        return nullptr;
     }
     c->payload_crc32c = c->received_crc32c;
     if (sl.seen_seq[i].contains(seq)) {  // its fragment is already in a slice
         e->status |= file::record_status::duplicates;
         counters_.duplicate_chunks.add();
         drop(c);
-        return false;
+        return nullptr;
     }
+    return e;
+}
+
+// Chunk c, past slice_for's checks, goes into slice e: whole, or gathered with the
+// rest of its fragment in the section.
+bool Matcher::add_to_slice(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    SourceState& s = e->src[idx];
     ChunkMeta* first = c;
     ChunkMeta* last = c;
     if (c->chunk_count == 1 && c->chunk_offset != 0) {  // a whole fragment starts at its first byte
@@ -238,11 +289,20 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
     }
     if (c->chunk_count > 1) {
         using Gather = FragmentGatherer::Gather;
-        const Gather g = gatherer_.gather(s.partial, c, i, first, last);
+        const Gather g = gatherer_.gather(s.partial, c, static_cast<std::size_t>(idx), first, last);
         if (g == Gather::duplicate) e->status |= file::record_status::duplicates;
         if (g != Gather::complete) return false;
     }
-    const std::uint64_t bytes = fragment_claim(*e, c->fragment_length);
+    return place_item(e, idx, first, last, now_ns, out);
+}
+
+// A whole fragment, first..last, becomes an item of source idx's section of slice e.
+bool Matcher::place_item(Event* e, int idx, ChunkMeta* first, ChunkMeta* last, std::uint64_t now_ns,
+                         EventList& out) noexcept {
+    const auto i = static_cast<std::size_t>(idx);
+    SlicePolicy& sl = by_slice();
+    SourceState& s = e->src[idx];
+    const std::uint64_t bytes = fragment_claim(*e, first->fragment_length);
     if (e->claimed_bytes + bytes > kMaxRecordBytes) {
         counters_.event_too_large.add();
         drop_chain(first);
@@ -255,7 +315,7 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         return false;
     }
     e->claimed_bytes += bytes;
-    sl.seen_seq[i].insert(seq);
+    sl.seen_seq[i].insert(first->event_id);
     s.state |= SourceState::kComplete;
     for (const ChunkMeta* q = first; q != nullptr; q = q->next)
         if (q->flags & wire::fragment_flags::source_error) {
@@ -264,8 +324,8 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         }
     counters_.fragments.add();
     counters_.source_fragments[idx].add();
-    if (!current_run) return true;
-    advance_watermark(i, c->timestamp);
+    if (first->run_number != sl.watermark_run) return true;  // the next run's: moves no watermark yet
+    advance_watermark(i, first->timestamp);
     // A slice whose end every watermark had already passed is written at once.
     if (slice_end(*e) < sl.min_watermark) finish(e, true, now_ns, out);
     return true;
