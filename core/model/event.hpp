@@ -31,6 +31,9 @@ inline constexpr std::uint16_t ungathered = 1u << 13;
 inline constexpr std::uint16_t last_chunk = 1u << 12;  // with `ungathered`: the board's last-packet bit
 // A copy of this chunk came while it waited to be gathered: its event is marked DUPLICATES.
 inline constexpr std::uint16_t copy_seen = 1u << 11;
+// The chunk's fragment was made whole by the FragmentGatherer before it went to its
+// event (timestamp mode, described chunks): the source's share of slots does not apply.
+inline constexpr std::uint16_t whole = 1u << 10;
 }
 
 // Bytes a reader that decodes described frames leaves before every datagram in a

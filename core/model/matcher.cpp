@@ -9,23 +9,32 @@
 
 namespace evb {
 
+Matcher::Policy Matcher::make_policy(const MatcherSettings& s, const SourceIndex& index) {
+    const std::size_t n = s.sources.size();
+    switch (s.match) {
+    case file::MatchMode::timestamp:
+        return Policy{std::in_place_type<TimestampPolicy>, n, s.tolerance_ticks, s.step_ticks, s.timeout_ns,
+                      s.held_sequences, index, s.built_before_run};
+    case file::MatchMode::time_slice:
+        return Policy{std::in_place_type<SlicePolicy>, n, s.slice_ticks, s.disorder_ticks};
+    default:
+        return Policy{std::in_place_type<IdPolicy>, s.refuse_whole && s.ledger_unit != 0};
+    }
+}
+
 Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& arena,
                  alloc::ReturnBatcher& slot_returns, stats::MatcherCounters& counters)
     : shard_(shard),
       source_index_(s.sources),
       match_(s.match),
-      tolerance_(s.tolerance_ticks),
-      clock_steps_(s.match == file::MatchMode::timestamp ? s.sources.size() : 0,
-                   s.match == file::MatchMode::timestamp ? s.step_ticks : 0, s.timeout_ns),
-      slice_ticks_(s.slice_ticks == 0 ? 1 : s.slice_ticks),
-      disorder_ticks_(s.disorder_ticks),
-      disorder_(s.match == file::MatchMode::time_slice ? s.sources.size() : 0),
+      policy_(make_policy(s, source_index_)),
       timeout_ns_(s.timeout_ns),
       built_before_(s.built_before != nullptr && !s.built_before->empty() ? s.built_before : nullptr),
       built_before_run_(s.built_before_run),
-      restart_copies_(s.match == file::MatchMode::timestamp ? s.held_sequences : nullptr, source_index_, s.built_before_run),
       returns_(slot_returns),
       counters_(counters),
+      gatherer_(s.sources.size(), s.max_slots_per_source, s.match == file::MatchMode::timestamp, s.described_chunks,
+                slot_returns, counters),
       events_(arena, s.max_events),
       states_(arena, std::size_t{s.max_events} * s.sources.size()),
       meta_(arena, std::size_t{s.max_events} * event_meta_bytes(s.sources.size())),
@@ -34,9 +43,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       next_recent_(s.late_window),
       pool_size_(s.max_events),
       max_solo_(s.sources.size() > 1 && s.match != file::MatchMode::time_slice ? s.max_solo_events_per_source : 0),
-      max_slots_(s.max_slots_per_source),
       solo_events_(s.sources.size(), 0),
-      held_slots_(s.sources.size(), 0),
       // A slice waits for watermarks, not for a fragment of every source: dead-source
       // detection does not apply (a silent source's slices time out, UNCONFIRMED).
       source_timeout_ns_(s.sources.size() > 1 && s.match != file::MatchMode::time_slice ? s.source_timeout_ns : 0),
@@ -50,7 +57,6 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       ledger_unit_(s.ledger_unit),
       ledgers_(kLostRangesKept, counters.lost_whole, 2 * std::size_t{s.max_events},  // ids of events in flight, twice
                counters.lost_whole_revoked),
-      refused_(s.refuse_whole && s.match == file::MatchMode::event_id && s.ledger_unit != 0 ? kRefusedSlots : 0),
       places_(s.described_chunks && s.match != file::MatchMode::event_id ? s.max_events : 0),
       lookahead_ns_(s.described_chunks && s.match != file::MatchMode::time_slice ? s.lookahead_ns : 0) {
     codec_ = s.codec;
@@ -58,19 +64,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
     free_.reserve(s.max_events);
     absent_list_.reserve(s.sources.size());
     const std::size_t n = source_index_.size();
-    if (match_ == file::MatchMode::timestamp) {
-        timed_history_.assign(n, SourceHistory{});
-        waiting_.assign(n, nullptr);
-    }
-    if (s.described_chunks) {
-        ungathered_.assign(n, nullptr);
-        gathered_.assign(n, RecentlyGathered{});
-        if (lookahead_ns_ != 0) lookahead_.assign(n, Lookahead{});
-    }
-    if (match_ == file::MatchMode::time_slice) {
-        watermark_.assign(n, 0);
-        seen_seq_.assign(n, SeqWindow{});
-    }
+    if (lookahead_ns_ != 0) lookahead_.assign(n, Lookahead{});
     const RecordLayout layout = s.record_version == 1                   ? RecordLayout::v1
                                 : s.match == file::MatchMode::event_id  ? RecordLayout::v2
                                 : s.match == file::MatchMode::timestamp ? RecordLayout::v2_items
@@ -144,7 +138,8 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
 void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& out) noexcept {
     bool empty_slice = false;  // a slice no whole fragment fell into is not written
     if (match_ == file::MatchMode::time_slice) {
-        const std::uint64_t end = slice_end(*e);
+        const SlicePolicy& slices = by_slice();
+        const std::uint64_t end = slices.slice_end(e->event_id);
         empty_slice = true;
         for (std::uint32_t i = 0; i < e->section_count && empty_slice; ++i) empty_slice = e->src[i].head == nullptr;
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
@@ -156,12 +151,12 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
                 for (ChunkMeta* c = s.partial; c != nullptr; c = c->next) {
                     (complete ? counters_.late_after_complete : counters_.late_after_incomplete).add();
                     counters_.source_late[i].add();
-                    --held_slots_[i];
+                    gatherer_.release(i);
                 }
                 drop_chain(s.partial);
                 s.partial = nullptr;
             }
-            if (!complete && !empty_slice && watermark_[i] <= end) {
+            if (!complete && !empty_slice && slices.watermark[i] <= end) {
                 s.state |= SourceState::kUnconfirmed;
                 counters_.source_missing[i].add();
             }
@@ -208,26 +203,18 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
                 smallest = e->src[i].head->timestamp;
         e->event_id = smallest == UINT64_MAX ? e->anchor : smallest;
         e->timestamp = e->event_id;
-        if (clock_steps_.any_desync())  // a desynchronised source's MISSING sections say so
+        TimestampPolicy& time = by_time();
+        if (time.clock_steps.any_desync())  // a desynchronised source's MISSING sections say so
             for (std::uint32_t i = 0; i < e->section_count; ++i)
-                if (clock_steps_.desync(i, e->run_number) && !(e->src[i].state & SourceState::kComplete))
+                if (time.clock_steps.desync(i, e->run_number) && !(e->src[i].state & SourceState::kComplete))
                     e->src[i].marks |= SourceState::kDesync;
         // What a later fragment is checked against (see event_by_time): each
         // fragment written, and for each source missing, the event's anchor. A
         // record of a desynchronised source's own is no trigger the others missed.
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
             if (!e->section_in_record(i) || (e->own_record && !(e->src[i].state & SourceState::kComplete))) continue;
-            SourceHistory& h = timed_history_[i];
-            if (h.run != e->run_number) h = SourceHistory{{}, {}, e->run_number, 0, 0, 0, 0};
-            if (e->src[i].state & SourceState::kComplete) {
-                h.written_seq[h.seq_next] = e->src[i].head->event_id;
-                h.seq_next = static_cast<std::uint8_t>((h.seq_next + 1) % SourceHistory::kDepth);
-                if (h.seq_count < SourceHistory::kDepth) ++h.seq_count;
-            } else {
-                h.missing_anchor[h.missing_next] = e->anchor;
-                h.missing_next = static_cast<std::uint8_t>((h.missing_next + 1) % SourceHistory::kDepth);
-                if (h.missing_count < SourceHistory::kDepth) ++h.missing_count;
-            }
+            const bool present = e->src[i].state & SourceState::kComplete;
+            time.remember(i, e->run_number, present, present ? e->src[i].head->event_id : 0, e->anchor);
         }
     } else {
         map_.erase(map_key(e->event_id, e->run_number));
@@ -256,7 +243,7 @@ RecentSet& Matcher::history(std::uint32_t run) noexcept {
 }
 
 void Matcher::drop_fragment(SourceState& s, std::size_t idx) noexcept {
-    held_slots_[idx] -= s.received;
+    gatherer_.release(idx, s.received);
     for (ChunkMeta* c = s.head; c != nullptr;) {
         ChunkMeta* next = c->next;
         drop(c);
@@ -283,7 +270,7 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         return;
     }
     if (match_ == file::MatchMode::time_slice) {
-        (void)add_sliced(c, idx, now_ns, out, false);
+        (void)add_sliced(c, idx, now_ns, out);
         return;
     }
     if (match_ == file::MatchMode::timestamp) {
@@ -293,11 +280,11 @@ void Matcher::add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexce
         }
         if (Event* e = event_by_time(c, idx, now_ns)) {
             ledger_built(c->run_number, c->event_id);  // its sequence number is in an event
-            accept(e, c, idx, now_ns, out, true);
+            accept(e, c, idx, now_ns, out);
         }
         return;
     }
-    if (Event* e = event_by_id(c, idx, now_ns)) accept(e, c, idx, now_ns, out, false);
+    if (Event* e = event_by_id(c, idx, now_ns)) accept(e, c, idx, now_ns, out);
 }
 
 // A whole fragment (first and the chunks linked after it, in order) finds its event
@@ -316,40 +303,15 @@ Event* Matcher::join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, Even
     first->next = rest;
     for (ChunkMeta* k = first; k != nullptr;) {
         ChunkMeta* next = k->next;
-        accept(e, k, idx, now_ns, out, true);
+        accept(e, k, idx, now_ns, out);
         k = next;
     }
     return e;
 }
 
-void Matcher::expire_waiting(std::uint64_t now_ns, bool all) noexcept {
-    // Both kinds of waiting chunk keep in spare() the time they began to wait.
-    auto expire_lists = [&](std::vector<ChunkMeta*>& lists, std::size_t& chunks) {
-        if (chunks == 0) return;
-        for (std::size_t i = 0; i < lists.size(); ++i) {
-            ChunkMeta** link = &lists[i];
-            while (*link != nullptr) {
-                ChunkMeta* k = *link;
-                if (all || wire::load_u64(k->spare()) + timeout_ns_ <= now_ns) {
-                    *link = k->next;
-                    --held_slots_[i];
-                    --chunks;
-                    counters_.stale_chunks.add();
-                    drop(k);
-                } else {
-                    link = &k->next;
-                }
-            }
-        }
-    };
-    expire_lists(waiting_, waiting_chunks_);
-    expire_lists(ungathered_, ungathered_chunks_);
-}
-
 // A chunk joins event e: checks, duplicate detection, the fragment's chunk list,
-// and the event handed on when it is done. `whole`: the chunk's fragment is whole
-// already (timestamp mode), so no share of receive slots applies.
-void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept {
+// and the event handed on when it is done.
+void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
     SourceState& s = e->src[idx];
     if (s.state & SourceState::kRemoved) {  // the event started after its source was removed
         counters_.unknown_source.add();
@@ -402,12 +364,8 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         s.fragment_length = c->fragment_length;
         s.chunk_count = c->chunk_count;
     }
-    // Only a chunk that would be held counts against the share: one that completes
-    // its fragment (a single-chunk fragment, say) frees the fragment's slots for
-    // the writer at once, so the source's own genuine data still gets through.
-    if (!whole && max_slots_ != 0 && held_slots_[idx] >= max_slots_ && s.received + 1u < s.chunk_count) {
-        counters_.source_slot_limit_drops.add();
-        counters_.source_slot_limit[idx].add();
+    // The source's share of receive slots (FragmentGatherer::refused_for_share).
+    if (gatherer_.refused_for_share(static_cast<std::size_t>(idx), s.received + 1u >= s.chunk_count, c)) {
         if (s.head == nullptr) {
             // Nothing of the fragment is held: the source is unseen again, so that
             // in timestamp mode its later chunks still find this event by their sequence.
@@ -454,7 +412,7 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         after->next = c;
     }
     if (c->next == nullptr) s.tail = c;
-    ++held_slots_[idx];
+    gatherer_.hold(static_cast<std::size_t>(idx));
     if (c->chunk_index < 64) s.bitmap |= std::uint64_t{1} << c->chunk_index;
     if (c->flags & wire::fragment_flags::empty) s.state |= SourceState::kEmpty;
     if (c->flags & wire::fragment_flags::source_error) {
@@ -466,13 +424,7 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         // fragment: each starts where the previous one ended and the last ends at
         // fragment_length. Otherwise the record would not hold the bytes its
         // length claims; the fragment is dropped and counted instead.
-        std::uint64_t end = 0;
-        bool tiles = true;
-        for (const ChunkMeta* k = s.head; k != nullptr && tiles; k = k->next) {
-            tiles = k->chunk_offset == end;
-            end += k->payload_length;
-        }
-        if (!tiles || end != s.fragment_length) {
+        if (!FragmentGatherer::tiles(s.head, s.fragment_length)) {
             counters_.inconsistent_chunks.add();
             drop_fragment(s, static_cast<std::size_t>(idx));
             e->claimed_bytes -= fragment_claim(*e, s.fragment_length);
@@ -481,7 +433,7 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
             s.state = keep;  // unseen again: a correct resend can still complete it
             return;
         }
-        held_slots_[idx] -= s.received;  // complete: its slots wait for the writer, not for data
+        gatherer_.release(static_cast<std::size_t>(idx), s.received);  // complete: its slots wait for the writer, not for data
         s.state |= SourceState::kComplete;
         if (s.state & SourceState::kNotAwaited) --e->not_awaited;
         counters_.fragments.add();
@@ -562,82 +514,6 @@ Event* Matcher::own_record(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept
     return e;
 }
 
-// A chunk of a fragment of several joins the fragment's other chunks in `list` (a
-// source's unfinished fragments, by (sequence, chunk_index)). When it completes
-// the fragment, the fragment's chunks leave the list as first..last, checked to
-// tile it. Refused chunks are counted and dropped here.
-Matcher::Gather Matcher::gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, ChunkMeta*& first,
-                                ChunkMeta*& last, bool whole) noexcept {
-    const std::uint64_t seq = c->event_id;
-    ChunkMeta* after = nullptr;
-    ChunkMeta* run_first = nullptr;  // first chunk of this fragment, and the one before it
-    ChunkMeta* before_run = nullptr;
-    std::uint32_t have = 0;
-    for (ChunkMeta* p = list; p != nullptr && p->event_id <= seq; p = p->next) {
-        if (p->event_id == seq) {
-            if (p->chunk_index == c->chunk_index) {
-                counters_.duplicate_chunks.add();
-                drop(c);
-                return Gather::duplicate;
-            }
-            if (p->fragment_length != c->fragment_length || p->chunk_count != c->chunk_count ||
-                p->timestamp != c->timestamp || p->run_number != c->run_number) {
-                counters_.inconsistent_chunks.add();
-                drop(c);
-                return Gather::refused;
-            }
-            if (p->chunk_index > c->chunk_index) break;  // c goes before it
-            if (run_first == nullptr) {
-                run_first = p;
-                before_run = after;
-            }
-            ++have;
-        }
-        after = p;
-    }
-    if (max_slots_ != 0 && !whole && held_slots_[i] >= max_slots_ && have + 1u < c->chunk_count) {
-        counters_.source_slot_limit_drops.add();
-        counters_.source_slot_limit[i].add();
-        drop(c);
-        return Gather::refused;
-    }
-    if (after != nullptr) {
-        c->next = after->next;
-        after->next = c;
-    } else {
-        c->next = list;
-        list = c;
-    }
-    ++held_slots_[i];
-    // Chunks of this fragment after the new one.
-    for (ChunkMeta* p = c->next; p != nullptr && p->event_id == seq; p = p->next) ++have;
-    if (have + 1u < c->chunk_count) return Gather::held;
-    // Complete: its chunks are a run of the list; take them out and check that
-    // they tile the fragment.
-    if (run_first == nullptr || run_first->chunk_index > c->chunk_index) {
-        run_first = c;
-        before_run = after;
-    }
-    last = run_first;
-    while (last->next != nullptr && last->next->event_id == seq) last = last->next;
-    if (before_run != nullptr) before_run->next = last->next; else list = last->next;
-    last->next = nullptr;
-    first = run_first;
-    held_slots_[i] -= c->chunk_count;
-    std::uint64_t end = 0;
-    bool tiles = true;
-    for (const ChunkMeta* q = first; q != nullptr && tiles; q = q->next) {
-        tiles = q->chunk_offset == end;
-        end += q->payload_length;
-    }
-    if (!tiles || end != c->fragment_length) {
-        counters_.inconsistent_chunks.add();
-        drop_chain(first);
-        return Gather::broken;
-    }
-    return Gather::complete;
-}
-
 void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation, file::Codec codec) {
     codec_ = codec;
     for (std::size_t i = 0; i < expected_.size(); ++i) {
@@ -650,7 +526,7 @@ void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint3
     for (std::size_t i = 0; i < expected_.size(); ++i)
         if (!expected_[i]) removed_list_.push_back(static_cast<std::uint32_t>(i));
     set_generation_ = generation;
-    watermark_moved_ = match_ == file::MatchMode::time_slice;  // the minimum is over another set now
+    if (auto* p = std::get_if<SlicePolicy>(&policy_)) p->watermark_moved = true;  // the minimum is over another set now
     // Every event in flight now belongs to an earlier set; they finish under it.
     older_in_flight_ = in_flight_;
     ++pending_markers_;
@@ -672,7 +548,7 @@ void Matcher::add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out) 
 }
 
 void Matcher::expire(std::uint64_t now_ns, EventList& out) {
-    expire_waiting(now_ns, false);
+    gatherer_.expire(now_ns, timeout_ns_, false);
     release_lookaheads(now_ns, out, false);
     find_absent(now_ns, out);
     while (oldest_ != nullptr && oldest_->first_fragment_unix_ns + timeout_ns_ <= now_ns)
@@ -697,7 +573,7 @@ void Matcher::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uin
 }
 
 void Matcher::flush(std::uint64_t now_ns, EventList& out) {
-    expire_waiting(now_ns, true);
+    gatherer_.expire(now_ns, timeout_ns_, true);
     release_lookaheads(now_ns, out, true);
     while (oldest_ != nullptr) finish(oldest_, false, now_ns, out);
     ledger_end(RunLedgers::kNone);
@@ -729,18 +605,14 @@ void Matcher::end_run(std::uint32_t next_run, std::uint64_t now_ns, EventList& o
     history_run_ = next_run;
     history_set_ = true;
     // Watermarks and sequence numbers are the run's.
-    watermark_run_ = next_run;
-    watermark_run_set_ = true;
-    std::fill(watermark_.begin(), watermark_.end(), 0);
-    for (std::size_t i = 0; i < watermark_.size(); ++i) {
-        counters_.source_watermark[i].set(0);
-        counters_.source_disorder_ticks[i].set(0);
+    if (auto* p = std::get_if<SlicePolicy>(&policy_)) {
+        p->new_run(next_run);
+        for (std::size_t i = 0; i < p->watermark.size(); ++i) {
+            counters_.source_watermark[i].set(0);
+            counters_.source_disorder_ticks[i].set(0);
+        }
     }
-    std::fill(seen_seq_.begin(), seen_seq_.end(), SeqWindow{});
-    clock_steps_.new_run(next_run);  // a reset board is in step again
-    disorder_.new_run();
-    min_watermark_ = 0;
-    watermark_moved_ = false;
+    if (auto* p = std::get_if<TimestampPolicy>(&policy_)) p->clock_steps.new_run(next_run);  // a reset board is in step again
     // Every source starts the new run present; the silence clocks restart with it.
     while (!absent_list_.empty()) set_absent(absent_list_.back(), false);
     std::fill(seen_at_event_.begin(), seen_at_event_.end(), events_started_);

@@ -5,18 +5,18 @@
 
 #include <cstdint>
 #include <memory>
+#include <variant>
 #include <vector>
 
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
 #include "core/io/run_on_disk.hpp"
-#include "core/model/clock_steps.hpp"
-#include "core/model/disorder_gauge.hpp"
 #include "core/model/event.hpp"
 #include "core/model/flat_map.hpp"
+#include "core/model/fragment_gatherer.hpp"
 #include "core/model/fragment_places.hpp"
 #include "core/model/lost_ledger.hpp"
-#include "core/model/restart_copies.hpp"
+#include "core/model/match_policies.hpp"
 #include "core/model/source_index.hpp"
 #include "core/model/counters.hpp"
 #include "allocators/handoff/spsc_ring.hpp"
@@ -122,7 +122,9 @@ public:
     // never falls (a larger value holds it until the source's newest is that far
     // ahead of it, a smaller one lets it move on at the next fragment), so no slice
     // written is opened again and none is written before its watermarks pass it.
-    void set_disorder_ticks(std::uint64_t ticks) noexcept { disorder_ticks_ = ticks; }
+    void set_disorder_ticks(std::uint64_t ticks) noexcept {
+        if (auto* p = std::get_if<SlicePolicy>(&policy_)) p->disorder_ticks = ticks;
+    }
     // Run control: while a run is stopping, chunks of events in flight are taken
     // but none may open a new event (counted as not_running).
     void set_opening(bool opening) noexcept { opening_ = opening; }
@@ -157,28 +159,14 @@ private:
     void finish(Event* ev, bool complete, std::uint64_t now_ns, EventList& out) noexcept;
     void drop(ChunkMeta* c) noexcept { returns_.add(c->owner, c->slot); }
     void add_one(ChunkMeta* c, std::uint64_t now_ns, EventList& out) noexcept;
-    void accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept;
+    void accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     void add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
-    // Timestamp mode: chunks of fragments not yet whole, per source (see gather).
-    void expire_waiting(std::uint64_t now_ns, bool all) noexcept;
     // A whole fragment (its chunks linked from `first`; event_id and timestamp modes)
     // joins its event, which is returned; nullptr when it had none and was dropped.
     Event* join_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
     // Described frames: a chunk not gathered yet waits for its fragment's other
     // chunks; the whole fragment then goes on to its event.
     void gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
-    // The (run, event) keys of the fragments a source's chunks completed lately: a
-    // copy of one of their chunks is a duplicate, not the start of a new wait.
-    // With each, its chunk count (0: dropped as inconsistent, a false last bit).
-    struct RecentlyGathered {
-        static constexpr std::size_t kDepth = 8;
-        std::uint64_t event[kDepth];
-        std::uint32_t run[kDepth];
-        std::uint32_t chunks[kDepth];
-        std::uint8_t count, next;
-        int chunks_of(std::uint64_t e, std::uint32_t r) const noexcept;  // -1: not there
-        void insert(std::uint64_t e, std::uint32_t r, std::uint32_t n) noexcept;
-    };
     // `e`: the time modes, the event or slice in flight that holds the fragment, if known.
     void late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n, Event* e = nullptr) noexcept;
     std::uint32_t chunks_in_event(const Event& e, std::size_t i, const ChunkMeta* c) const noexcept;
@@ -203,13 +191,6 @@ private:
     static std::uint64_t fragment_claim(const Event& e, std::uint32_t length) noexcept {
         return file::padded8(length) + (e.has_items() ? file::kItemHeaderBytes : 0);
     }
-    // held: waiting for more chunks; complete: first..last is the whole fragment;
-    // duplicate, refused: the chunk was dropped; broken: whole but not tiling, every
-    // chunk of it dropped. `whole`: the chunk's fragment is known whole already (a
-    // gathered described fragment), so the source's share of slots does not apply.
-    enum class Gather { held, complete, duplicate, refused, broken };
-    Gather gather(ChunkMeta*& list, ChunkMeta* c, std::size_t i, ChunkMeta*& first, ChunkMeta*& last,
-                  bool whole) noexcept;
     // The event a chunk belongs to, started if need be; nullptr when the chunk was
     // counted and dropped. By event id, or (timestamp mode) by time.
     Event* event_by_id(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
@@ -223,7 +204,7 @@ private:
     Event* open_event(ChunkMeta* c, int idx, std::uint64_t id, std::uint64_t now_ns, bool own = false) noexcept;
     // Timestamp mode: events in flight are found through buckets of tolerance + 1
     // ticks of their anchor (a chain per bucket, through Event::same_bucket).
-    std::uint64_t bucket_key(std::uint64_t ticks, std::uint32_t run) const noexcept;
+    std::uint64_t bucket_key(std::uint64_t ticks, std::uint32_t run) noexcept;
     // The ledger of events lost whole: an event (timestamp mode: a source's fragment)
     // of this id is in an event, or was refused.
     void ledger_built(std::uint32_t run, std::uint64_t id) noexcept {
@@ -232,23 +213,18 @@ private:
     void ledger_refused(const ChunkMeta* c, LostReason r) noexcept {
         if (ledger_unit_ != 0) ledgers_.refused(c->run_number, c->event_id / ledger_unit_, r);
     }
-    // Refused whole: the events refused for room lately, direct-mapped by their id
-    // in this shard (id / ledger_unit_); an entry is overwritten kRefusedSlots ids on.
-    struct RefusedEvent {
-        std::uint64_t id = 0;
-        std::uint32_t run_plus1 = 0;  // 0: free
-    };
-    static constexpr std::size_t kRefusedSlots = 16384;
-    RefusedEvent& refused_slot(const ChunkMeta* c) noexcept {
-        return refused_[(c->event_id / ledger_unit_) & (kRefusedSlots - 1)];
+    // Refused whole (IdPolicy::refused): nullptr when not kept.
+    IdPolicy::RefusedEvent* refused_slot(const ChunkMeta* c) noexcept {
+        auto* p = std::get_if<IdPolicy>(&policy_);
+        if (p == nullptr || p->refused.empty()) return nullptr;
+        return &p->refused[(c->event_id / ledger_unit_) & (IdPolicy::kRefusedSlots - 1)];
     }
     bool was_refused(const ChunkMeta* c) noexcept {
-        if (refused_.empty()) return false;
-        const RefusedEvent& r = refused_slot(c);
-        return r.run_plus1 == c->run_number + 1u && r.id == c->event_id;
+        const IdPolicy::RefusedEvent* r = refused_slot(c);
+        return r != nullptr && r->run_plus1 == c->run_number + 1u && r->id == c->event_id;
     }
     void remember_refused(const ChunkMeta* c) noexcept {
-        if (!refused_.empty()) refused_slot(c) = {c->event_id, c->run_number + 1u};
+        if (IdPolicy::RefusedEvent* r = refused_slot(c)) *r = {c->event_id, c->run_number + 1u};
     }
     // The run's ledger is settled: to the run summary.
     void ledger_end(std::uint32_t next_run);
@@ -257,38 +233,23 @@ private:
     // time_slice mode (docs/FORMATS.md section 5): chunks to slices, fragments to
     // their source's items in (timestamp, sequence) order, watermarks.
     // True when the chunk completed its fragment and the fragment is in its slice.
-    // `whole` as for gather().
-    bool add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept;
+    bool add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    // The same for a fragment the gatherer made whole (described chunks).
+    bool add_sliced_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    // The slice chunk c goes into (opened if need be), once c passed the checks
+    // every chunk meets there; nullptr when c was counted and dropped (a heartbeat
+    // moves its source's watermark and is dropped too).
+    Event* slice_for(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept;
+    bool add_to_slice(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept;
+    bool place_item(Event* e, int idx, ChunkMeta* first, ChunkMeta* last, std::uint64_t now_ns, EventList& out) noexcept;
     // False (nothing linked) when an item of the same (timestamp, sequence) is there.
     bool insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noexcept;
-    void drop_chain(ChunkMeta* c) noexcept;
+    void drop_chain(ChunkMeta* c) noexcept { gatherer_.drop_chain(c); }
     void advance_watermark(std::size_t idx, std::uint64_t t) noexcept;
     // Writes every slice whose end all expected sources' watermarks have passed.
     void release_slices(std::uint64_t now_ns, EventList& out) noexcept;
     // First tick after slice e (saturating).
-    std::uint64_t slice_end(const Event& e) const noexcept {
-        return e.event_id >= UINT64_MAX / slice_ticks_ ? UINT64_MAX : (e.event_id + 1) * slice_ticks_;
-    }
-    // Sequence numbers a source's fragments used lately (1024 of them): a copy of a
-    // fragment is found as a duplicate whichever slice it is still in.
-    struct SeqWindow {
-        static constexpr std::uint64_t kSpan = 1024;
-        std::uint64_t base = 0;
-        bool any = false;
-        std::uint64_t bits[kSpan / 64] = {};
-        bool contains(std::uint64_t seq) const noexcept {
-            return any && seq >= base && seq - base < kSpan && ((bits[(seq % kSpan) / 64] >> (seq % 64)) & 1u);
-        }
-        void insert(std::uint64_t seq) noexcept;
-    };
-    // Timestamp mode: what each source's written events leave behind (see finish).
-    struct SourceHistory {
-        static constexpr std::size_t kDepth = 64;
-        std::uint64_t written_seq[kDepth];     // sequence numbers of its fragments written
-        std::uint64_t missing_anchor[kDepth];  // anchors of written events it is missing from
-        std::uint32_t run;
-        std::uint8_t seq_count, seq_next, missing_count, missing_next;
-    };
+    std::uint64_t slice_end(const Event& e) noexcept { return by_slice().slice_end(e.event_id); }
     // Built ids of `run`: the current run's, or the next run's while both are about
     // (the readers admit the next run before its run-end marker reaches this shard).
     RecentSet& history(std::uint32_t run) noexcept;
@@ -314,29 +275,20 @@ private:
     std::uint16_t shard_;
     SourceIndex source_index_;  // source id -> section
     file::MatchMode match_;
-    std::uint64_t tolerance_;
-    std::vector<SourceHistory> timed_history_;  // timestamp mode, per source
-    ClockSteps clock_steps_;                    // timestamp mode
-    std::vector<ChunkMeta*> waiting_;           // timestamp mode, per source: chunks of unfinished fragments
-    std::size_t waiting_chunks_ = 0;
-    std::vector<ChunkMeta*> ungathered_;  // described chunks, per source: by (run, event, chunk index)
-    std::size_t ungathered_chunks_ = 0;
-    std::vector<RecentlyGathered> gathered_;  // per source
-    std::uint64_t slice_ticks_;
-    std::vector<std::uint64_t> watermark_;  // time_slice, per source: largest timestamp + 1 (0: none yet)
-    std::uint64_t min_watermark_ = 0;       // over the expected sources
-    std::uint32_t watermark_run_ = 0;       // the run the watermarks are of
-    bool watermark_run_set_ = false;
-    bool watermark_moved_ = false;
-    std::vector<SeqWindow> seen_seq_;       // time_slice, per source
-    std::uint64_t disorder_ticks_;          // time_slice: how far behind its newest a watermark stays
-    DisorderGauge disorder_;                // time_slice: the disorder each source shows
+    // What the match mode keeps of its own (match_policies.hpp): the one of match_.
+    using Policy = std::variant<IdPolicy, TimestampPolicy, SlicePolicy>;
+    Policy policy_;
+    static Policy make_policy(const MatcherSettings& s, const SourceIndex& index);
+    // The policy of match_ (only called in that mode).
+    IdPolicy& by_id() noexcept { return *std::get_if<IdPolicy>(&policy_); }
+    TimestampPolicy& by_time() noexcept { return *std::get_if<TimestampPolicy>(&policy_); }
+    SlicePolicy& by_slice() noexcept { return *std::get_if<SlicePolicy>(&policy_); }
     std::uint64_t timeout_ns_;
     std::shared_ptr<const file::HeldIds> built_before_;  // see MatcherSettings
     std::uint32_t built_before_run_;
-    RestartCopies restart_copies_;  // timestamp mode
     alloc::ReturnBatcher& returns_;
     stats::MatcherCounters& counters_;
+    FragmentGatherer gatherer_;  // chunks to whole fragments; the share of receive slots
 
     alloc::ArenaArray<Event> events_;
     alloc::ArenaArray<SourceState> states_;
@@ -353,9 +305,7 @@ private:
     bool next_valid_ = false;
     std::size_t pool_size_;
     std::uint32_t max_solo_;   // 0: no limit
-    std::uint32_t max_slots_;  // 0: no limit
     std::vector<std::uint32_t> solo_events_;  // per source: events it opened that nobody joined yet
-    std::vector<std::uint32_t> held_slots_;   // per source: slots in its incomplete fragments
     // Dead-source detection: events started in this shard, the start times of the
     // latest of them (a ring), and per source the count at its last chunk: the
     // first event it missed is number seen_at_event_ (absent sources listed).
@@ -381,7 +331,6 @@ private:
     std::vector<Event*> done_scratch_;
     std::uint64_t ledger_unit_;
     RunLedgers ledgers_;
-    std::vector<RefusedEvent> refused_;  // empty unless refuse_whole
     FragmentPlaces places_;              // the time modes with described chunks; else empty
     // Described chunks (MatcherSettings::lookahead_ns), per source: the event its
     // last gathered fragment joined, held from being handed on complete until the

@@ -6,52 +6,20 @@
 namespace evb {
 
 namespace {
-bool same_fragment(const ChunkMeta* a, const ChunkMeta* b) noexcept {
-    return a->run_number == b->run_number && a->event_id == b->event_id;
-}
-bool before(const ChunkMeta* a, const ChunkMeta* b) noexcept {
-    if (a->run_number != b->run_number) return a->run_number < b->run_number;
-    if (a->event_id != b->event_id) return a->event_id < b->event_id;
-    return a->chunk_index < b->chunk_index;
-}
 bool says_last(const ChunkMeta* c) noexcept { return (c->flags & chunk_flags::last_chunk) != 0; }
 }  // namespace
 
-int Matcher::RecentlyGathered::chunks_of(std::uint64_t e, std::uint32_t r) const noexcept {
-    for (std::size_t k = 0; k < count; ++k)
-        if (event[k] == e && run[k] == r) return static_cast<int>(chunks[k]);
-    return -1;
-}
-
-void Matcher::RecentlyGathered::insert(std::uint64_t e, std::uint32_t r, std::uint32_t n) noexcept {
-    for (std::size_t k = 0; k < count; ++k)
-        if (event[k] == e && run[k] == r) {
-            chunks[k] = n;
-            return;
-        }
-    event[next] = e;
-    run[next] = r;
-    chunks[next] = n;
-    next = static_cast<std::uint8_t>((next + 1) % kDepth);
-    if (count < kDepth) ++count;
-}
-
-// A chunk of a described fragment (docs/FORMATS.md 8.3 `chunk`) carries its
-// (source, event) and index, but neither the fragment's length, its own offset in
-// it, the chunk count, nor (first_chunk_only) the timestamp. Its chunks wait here,
-// per source, by (run, event, index), until chunk 0, the one with the last-packet
-// bit and every one between are in; then those fields are filled in from them and
-// the fragment goes on as a whole EVB fragment would. Nothing is guessed: a later
-// chunk whose first has not come waits for it, and a fragment not whole within
-// building.timeout_ms is dropped (stale_chunks), its event written without it.
-// A copy of a waiting chunk, or of one of a fragment gathered lately, is counted a
-// duplicate and dropped (the first is kept) and its event marked DUPLICATES. A chunk
-// past the one with the last-packet bit (a second last bit, or a false one) is
+// A chunk of a described fragment (docs/FORMATS.md 8.3 `chunk`) waits in the
+// gatherer (FragmentGatherer::add_described) until its fragment is whole, which then
+// goes on as a whole EVB fragment would. What needs the events is told here first:
+// a copy of a chunk of a fragment gathered lately, or whose event is written or in
+// flight, is counted a duplicate and dropped and its event marked DUPLICATES; a
+// chunk past the one with the last-packet bit (a second last bit, or a false one) is
 // inconsistent: the fragment is dropped, taken out of its event if it is still in
-// flight there (event_id mode), and its event is written without it, INCOMPLETE.
+// flight there, and its event is written without it, INCOMPLETE.
 void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
     const auto i = static_cast<std::size_t>(idx);
-    if (ungathered_.empty()) {  // not set up for chunks (MatcherSettings::described_chunks)
+    if (!gatherer_.gathers_described()) {  // not set up for chunks (MatcherSettings::described_chunks)
         counters_.inconsistent_chunks.add();
         drop(c);
         return;
@@ -61,7 +29,7 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
     if (lookaheads_ != 0 && lookahead_[i].event != nullptr &&
         (lookahead_[i].seq != c->event_id || lookahead_[i].run != c->run_number))
         end_lookahead(i, now_ns, out);
-    if (const int n = gathered_[i].chunks_of(c->event_id, c->run_number); n >= 0) {
+    if (const int n = gatherer_.gathered_chunks(i, c->event_id, c->run_number); n >= 0) {
         late_described_chunk(c, idx, static_cast<std::uint32_t>(n));
         return;
     }
@@ -89,120 +57,21 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
             late_described_chunk(c, idx, n, e);
             return;
         }
-        if (match_ == file::MatchMode::timestamp && timed_history_[i].run == c->run_number) {
-            const SourceHistory& h = timed_history_[i];
-            for (std::uint32_t k = 0; k < h.seq_count; ++k)
-                if (h.written_seq[k] == c->event_id) {
-                    counters_.duplicate_chunks.add();
-                    drop(c);
-                    return;
-                }
-        }
-    }
-    ChunkMeta* after = nullptr;  // insert after this chunk (nullptr: at the head)
-    ChunkMeta* p = ungathered_[i];
-    while (p != nullptr && before(p, c)) {
-        after = p;
-        p = p->next;
-    }
-    if (p != nullptr && same_fragment(p, c) && p->chunk_index == c->chunk_index) {
-        counters_.duplicate_chunks.add();
-        p->flags = static_cast<std::uint16_t>(p->flags | chunk_flags::copy_seen);  // its event gets DUPLICATES
-        drop(c);
-        return;
-    }
-    c->next = p;
-    if (after != nullptr) after->next = c; else ungathered_[i] = c;
-    wire::store_u64(c->spare(), now_ns);  // when it began to wait (expire_waiting)
-    ++held_slots_[i];
-    ++ungathered_chunks_;
-
-    // The fragment's chunks are a run of the list: whole when they are 0..n-1 and
-    // chunk n-1 is the last.
-    ChunkMeta* before_run = nullptr;
-    ChunkMeta* first = ungathered_[i];
-    while (!same_fragment(first, c)) {
-        before_run = first;
-        first = first->next;
-    }
-    std::uint32_t n = 0;
-    ChunkMeta* last = nullptr;
-    for (ChunkMeta* k = first; k != nullptr && same_fragment(k, c) && k->chunk_index == n; k = k->next) {
-        ++n;
-        if (says_last(k)) {
-            last = k;
-            break;
-        }
-    }
-    if (last == nullptr) {
-        // The share of receive slots one source's unfinished fragments may hold
-        // (MatcherSettings::max_slots_per_source); a chunk that completes its
-        // fragment is always taken.
-        if (max_slots_ != 0 && held_slots_[i] > max_slots_) {
-            if (after != nullptr) after->next = c->next; else ungathered_[i] = c->next;
-            --held_slots_[i];
-            --ungathered_chunks_;
-            counters_.source_slot_limit_drops.add();
-            counters_.source_slot_limit[i].add();
+        if (match_ == file::MatchMode::timestamp && by_time().written(i, c->run_number, c->event_id)) {
+            counters_.duplicate_chunks.add();
             drop(c);
+            return;
         }
-        return;
     }
     const std::uint64_t event = c->event_id;  // the chunks may be dropped below
     const std::uint32_t run = c->run_number;
-    if (last->next != nullptr && same_fragment(last->next, c)) {
-        // Chunks past the last one wait already: a second last bit, or a false one.
-        // Every chunk of the fragment goes; those past the last are inconsistent.
-        ChunkMeta* k = first;
-        while (k != nullptr && same_fragment(k, c)) {
-            ChunkMeta* next = k->next;
-            if (k->chunk_index >= n) counters_.inconsistent_chunks.add();
-            --held_slots_[i];
-            --ungathered_chunks_;
-            drop(k);
-            k = next;
-        }
-        if (before_run != nullptr) before_run->next = k; else ungathered_[i] = k;
-        gathered_[i].insert(event, run, 0);  // none of its chunks is taken again
-        return;
-    }
-    if (before_run != nullptr) before_run->next = last->next; else ungathered_[i] = last->next;
-    last->next = nullptr;
-    held_slots_[i] -= n;
-    ungathered_chunks_ -= n;
-    // What an EVB chunk says of its fragment, now known; the first chunk's timestamp
-    // is every chunk's (first_chunk_only), as each EVB chunk carries it.
-    std::uint32_t offset = 0;
-    for (ChunkMeta* k = first; k != nullptr; k = k->next) {
-        k->chunk_offset = offset;
-        offset += k->payload_length;  // at most 65535 chunks of at most 65535 bytes: no overflow
-        k->chunk_count = static_cast<std::uint16_t>(n);
-        k->timestamp = first->timestamp;
-        k->flags = static_cast<std::uint16_t>(k->flags & ~(chunk_flags::ungathered | chunk_flags::last_chunk));
-    }
-    for (ChunkMeta* k = first; k != nullptr; k = k->next) k->fragment_length = offset;
-    // A heartbeat (its first datagram says EMPTY; docs/FORMATS.md 8.3 `empty`) is one
-    // EMPTY fragment whatever it was sent in, as an EVB one is: length 0, one chunk.
-    // Its other datagrams carry nothing to keep but their `error` bit. A fragment that is not one keeps
-    // no EMPTY on a later datagram either (its chunks would each count as a heartbeat).
-    if (first->flags & wire::fragment_flags::empty) {
-        // An `error` bit on any of its datagrams still flags it (unless first_chunk_only),
-        // and a copy of any of them its event.
-        for (const ChunkMeta* k = first->next; k != nullptr; k = k->next)
-            first->flags = static_cast<std::uint16_t>(
-                first->flags | (k->flags & (wire::fragment_flags::source_error | chunk_flags::copy_seen)));
-        drop_chain(first->next);
-        first->next = nullptr;
-        first->chunk_count = 1;
-        first->fragment_length = first->payload_length = 0;
-    } else {
-        for (ChunkMeta* k = first->next; k != nullptr; k = k->next)
-            k->flags = static_cast<std::uint16_t>(k->flags & ~wire::fragment_flags::empty);
-    }
+    ChunkMeta* first = nullptr;
+    std::uint32_t n = 0;
+    if (gatherer_.add_described(c, i, now_ns, first, n) != FragmentGatherer::Described::whole) return;
     // The whole fragment joins its event by the match mode's rules, the steps a whole
-    // EVB fragment takes; its share of slots was applied while it waited here. In
-    // time_slice mode its chunks go through the slice gathering one by one, marked
-    // whole so that the share is not applied there again.
+    // EVB fragment takes; its share of slots was applied while it waited in the
+    // gatherer (its chunks are marked chunk_flags::whole: the share is not applied
+    // again). In time_slice mode it goes into its slice whole (add_sliced_whole).
     // Remembered as gathered (a copy of one of its chunks is a duplicate) only once it
     // is in its event or slice: a fragment refused there (no room for its event, the
     // run stopping) is taken when it comes again.
@@ -216,15 +85,11 @@ void Matcher::gather_described(ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         joined = e != nullptr;
         if (match_ == file::MatchMode::timestamp) places_.remember(i, run, event, e);
     } else {
-        const std::uint64_t slice = first->timestamp / slice_ticks_;
-        for (ChunkMeta* k = first; k != nullptr;) {
-            ChunkMeta* next = k->next;
-            joined = add_sliced(k, idx, now_ns, out, true) || joined;
-            k = next;
-        }
+        const std::uint64_t slice = first->timestamp / by_slice().slice_ticks;
+        joined = add_sliced_whole(first, idx, now_ns, out);
         if (joined) places_.remember(i, run, event, map_.find(map_key(slice, run)));
     }
-    if (joined) gathered_[i].insert(event, run, n);
+    if (joined) gatherer_.remember_gathered(i, event, run, n);
 }
 
 // A chunk of a fragment gathered lately, its `n` chunks known (0: dropped as
@@ -243,7 +108,7 @@ void Matcher::late_described_chunk(ChunkMeta* c, int idx, std::uint32_t n, Event
         if (e != nullptr) e->status |= file::record_status::duplicates;
     } else {
         counters_.inconsistent_chunks.add();
-        gathered_[i].insert(c->event_id, c->run_number, 0);
+        gatherer_.remember_gathered(i, c->event_id, c->run_number, 0);
         if (match_ != file::MatchMode::event_id && e == nullptr) e = in_flight_with(i, c->event_id, c->run_number);
         if (e != nullptr && match_ == file::MatchMode::time_slice) {
             take_item_back(*e, i, c->event_id);

@@ -12,8 +12,9 @@
 
 namespace evb {
 
-std::uint64_t Matcher::bucket_key(std::uint64_t ticks, std::uint32_t run) const noexcept {
-    const std::uint64_t bucket = tolerance_ == UINT64_MAX ? 0 : ticks / (tolerance_ + 1);
+std::uint64_t Matcher::bucket_key(std::uint64_t ticks, std::uint32_t run) noexcept {
+    const std::uint64_t tolerance = by_time().tolerance;
+    const std::uint64_t bucket = tolerance == UINT64_MAX ? 0 : ticks / (tolerance + 1);
     return map_key(bucket, run);
 }
 
@@ -51,25 +52,27 @@ void Matcher::bucket_remove(Event* e) noexcept {
 Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
     const std::uint64_t t = c->timestamp;
     const std::uint32_t run = c->run_number;
-    if (restart_copies_.held(static_cast<std::size_t>(idx), run, c->event_id)) {  // before any clock is read
+    TimestampPolicy& time = by_time();
+    const std::uint64_t tolerance = time.tolerance;
+    if (time.restart_copies.held(static_cast<std::size_t>(idx), run, c->event_id)) {  // before any clock is read
         counters_.late_before_start.add();
         ledger_built(run, c->event_id);  // in the run's files
         counters_.source_late[idx].add();
         drop(c);
         return nullptr;
     }
-    if (clock_steps_.observe(static_cast<std::size_t>(idx), run, t, now_ns)) counters_.source_clock_steps[idx].add();
-    const bool desync = clock_steps_.desync(static_cast<std::size_t>(idx), run);
+    if (time.clock_steps.observe(static_cast<std::size_t>(idx), run, t, now_ns)) counters_.source_clock_steps[idx].add();
+    const bool desync = time.clock_steps.desync(static_cast<std::size_t>(idx), run);
     Event* best = nullptr;
     std::uint64_t best_distance = 0;
-    const std::uint64_t b = tolerance_ == UINT64_MAX ? 0 : t / (tolerance_ + 1);
+    const std::uint64_t b = tolerance == UINT64_MAX ? 0 : t / (tolerance + 1);
     const std::uint64_t last_bucket = b == UINT64_MAX ? b : b + 1;
     for (std::uint64_t k = b == 0 ? 0 : b - 1; k <= last_bucket; ++k) {
         const std::uint64_t key = map_key(k, run);
         for (Event* e = map_.find(key); e != nullptr; e = e->same_bucket) {
             if (e->run_number != run) continue;
             const std::uint64_t d = t > e->anchor ? t - e->anchor : e->anchor - t;
-            if (d > tolerance_) continue;
+            if (d > tolerance) continue;
             const SourceState& s = e->src[idx];
             if (s.state & SourceState::kSeen) {
                 if (s.head != nullptr && s.head->event_id == c->event_id) return e;  // its fragment
@@ -92,20 +95,17 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
         drop(c);
         return nullptr;
     }
-    const SourceHistory& h = timed_history_[idx];
-    if (h.run == run) {
-        for (std::uint32_t i = 0; i < h.seq_count; ++i)
-            if (h.written_seq[i] == c->event_id) {  // a copy of a fragment already written
-                counters_.duplicate_chunks.add();
-                drop(c);
-                return nullptr;
-            }
+    if (time.written(static_cast<std::size_t>(idx), run, c->event_id)) {  // a copy of a fragment already written
+        counters_.duplicate_chunks.add();
+        drop(c);
+        return nullptr;
     }
+    const TimestampPolicy::SourceHistory& h = time.history[static_cast<std::size_t>(idx)];
     if (desync) return own_record(c, idx, now_ns);  // never late, never opens an event
     if (h.run == run) {
         for (std::uint32_t i = 0; i < h.missing_count; ++i) {
             const std::uint64_t a = h.missing_anchor[i];
-            if ((t > a ? t - a : a - t) <= tolerance_) {  // its event was written without it
+            if ((t > a ? t - a : a - t) <= tolerance) {  // its event was written without it
                 counters_.late_after_incomplete.add();
                 ledger_refused(c, LostReason::late);
                 counters_.source_late[idx].add();
@@ -117,40 +117,15 @@ Event* Matcher::event_by_time(ChunkMeta* c, int idx, std::uint64_t now_ns) noexc
     return open_event(c, idx, t, now_ns);
 }
 
-void Matcher::SeqWindow::insert(std::uint64_t seq) noexcept {
-    if (!any) {
-        any = true;
-        base = seq >= kSpan / 2 ? seq - kSpan / 2 : 0;  // room for fragments that come a little out of order
-    }
-    if (seq < base) return;  // older than the window: not remembered
-    if (seq - base >= kSpan) {
-        const std::uint64_t new_base = seq - kSpan + 1;
-        if (new_base - base >= kSpan) {
-            std::fill(std::begin(bits), std::end(bits), 0);
-        } else {
-            for (std::uint64_t q = base; q < new_base; ++q) bits[(q % kSpan) / 64] &= ~(std::uint64_t{1} << (q % 64));
-        }
-        base = new_base;
-    }
-    bits[(seq % kSpan) / 64] |= std::uint64_t{1} << (seq % 64);
-}
-
-void Matcher::drop_chain(ChunkMeta* c) noexcept {
-    while (c != nullptr) {
-        ChunkMeta* next = c->next;
-        drop(c);
-        c = next;
-    }
-}
-
 void Matcher::advance_watermark(std::size_t idx, std::uint64_t t) noexcept {
-    if (disorder_.observe(idx, t)) counters_.source_disorder_ticks[idx].set(disorder_.largest(idx));
-    if (t < disorder_ticks_) return;  // the watermark stays disorder_ticks behind the newest
-    t -= disorder_ticks_;
+    SlicePolicy& sl = by_slice();
+    if (sl.disorder.observe(idx, t)) counters_.source_disorder_ticks[idx].set(sl.disorder.largest(idx));
+    if (t < sl.disorder_ticks) return;  // the watermark stays disorder_ticks behind the newest
+    t -= sl.disorder_ticks;
     const std::uint64_t w = t == UINT64_MAX ? t : t + 1;
-    if (w > watermark_[idx]) {
-        watermark_[idx] = w;
-        watermark_moved_ = true;
+    if (w > sl.watermark[idx]) {
+        sl.watermark[idx] = w;
+        sl.watermark_moved = true;
         counters_.source_watermark[idx].set(w);
     }
 }
@@ -186,38 +161,83 @@ bool Matcher::insert_item(SourceState& s, ChunkMeta* first, ChunkMeta* last) noe
     return true;
 }
 
-bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out, bool whole) noexcept {
+bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    Event* e = slice_for(c, idx, now_ns);
+    return e != nullptr && add_to_slice(e, c, idx, now_ns, out);
+}
+
+// A described fragment the gatherer made whole goes into its slice at once, not
+// gathered a second time in the slice's section. Its first chunk meets the checks
+// every chunk meets there; the others, of the same slice, source, run and sequence,
+// would pass them alike. Where one might not (the first chunk dropped, a chunk that
+// fails its CRC, chunks of the fragment in the section already), the chunks go one
+// by one, as EVB chunks do.
+bool Matcher::add_sliced_whole(ChunkMeta* first, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    ChunkMeta* rest = first->next;
+    bool clean = rest != nullptr;
+    for (const ChunkMeta* k = first; k != nullptr && clean; k = k->next)
+        clean = !(k->flags & wire::fragment_flags::has_crc) || k->received_crc32c == k->payload_crc32c;
+    first->next = nullptr;
+    Event* e = clean ? slice_for(first, idx, now_ns) : nullptr;
+    bool joined = false;
+    if (e != nullptr && e->src[idx].partial == nullptr) {
+        ChunkMeta* last = first;
+        for (ChunkMeta* k = rest; k != nullptr; k = k->next) {
+            if (k->flags & chunk_flags::copy_seen) e->status |= file::record_status::duplicates;  // while it was gathered
+            k->payload_crc32c = k->received_crc32c;
+            last = k;
+        }
+        first->next = rest;
+        return place_item(e, idx, first, last, now_ns, out);
+    }
+    if (e != nullptr) {
+        joined = add_to_slice(e, first, idx, now_ns, out);
+    } else if (!clean) {  // none of it went in yet
+        first->next = rest;
+        rest = first;
+    }
+    for (ChunkMeta* k = rest; k != nullptr;) {
+        ChunkMeta* next = k->next;
+        k->next = nullptr;
+        joined = add_sliced(k, idx, now_ns, out) || joined;
+        k = next;
+    }
+    return joined;
+}
+
+Event* Matcher::slice_for(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept {
     const auto i = static_cast<std::size_t>(idx);
     const std::uint64_t seq = c->event_id;
     const bool crc_bad = (c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c;
-    const std::uint64_t k = c->timestamp / slice_ticks_;
+    SlicePolicy& sl = by_slice();
+    const std::uint64_t k = c->timestamp / sl.slice_ticks;
     const std::uint32_t run = c->run_number;
-    if (!watermark_run_set_) {
-        watermark_run_set_ = true;
-        watermark_run_ = run;
+    if (!sl.watermark_run_set) {
+        sl.watermark_run_set = true;
+        sl.watermark_run = run;
     }
     // The readers take the next run's datagrams before its run-end marker reaches
     // this shard; its clock may have started again, so its fragments move no
     // watermark until end_run makes it the current run.
-    const bool current_run = run == watermark_run_;
+    const bool current_run = run == sl.watermark_run;
     if (c->flags & wire::fragment_flags::empty) {  // a heartbeat: moves the watermark, is not stored
         if (crc_bad) {
             counters_.crc_failures.add();
-        } else if (seen_seq_[i].contains(seq)) {
+        } else if (sl.seen_seq[i].contains(seq)) {
             counters_.duplicate_chunks.add();
         } else if (current_run) {
-            seen_seq_[i].insert(seq);
+            sl.seen_seq[i].insert(seq);
             advance_watermark(i, c->timestamp);
         }
         drop(c);
-        return false;
+        return nullptr;
     }
     Event* e = map_.find(map_key(k, run));
     if (e == nullptr) {
         if (!expected_[idx]) {
             counters_.unknown_source.add();
             drop(c);
-            return false;
+            return nullptr;
         }
         if (stats::Counter* late = late_counter(k, run)) {  // its slice is written
             late->add();
@@ -225,34 +245,41 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
             // Still a complete fragment received: the source is past its time.
             if (c->chunk_count == 1 && !crc_bad && current_run) advance_watermark(i, c->timestamp);
             drop(c);
-            return false;
+            return nullptr;
         }
         e = open_event(c, idx, k, now_ns);
-        if (e == nullptr) return false;
+        if (e == nullptr) return nullptr;
         e->solo_source = -1;  // a slice is nobody's alone
         --solo_events_[i];
-        e->timestamp = k * slice_ticks_;
+        e->timestamp = k * sl.slice_ticks;
     }
     SourceState& s = e->src[idx];
     if (s.state & SourceState::kRemoved) {
         counters_.unknown_source.add();
         drop(c);
-        return false;
+        return nullptr;
     }
     if (c->flags & chunk_flags::copy_seen) e->status |= file::record_status::duplicates;  // while it was gathered
     if (crc_bad) {
         e->status |= file::record_status::corrupt_dropped;
         counters_.crc_failures.add();
         drop(c);
-        return false;
+        return nullptr;
     }
     c->payload_crc32c = c->received_crc32c;
-    if (seen_seq_[i].contains(seq)) {  // its fragment is already in a slice
+    if (sl.seen_seq[i].contains(seq)) {  // its fragment is already in a slice
         e->status |= file::record_status::duplicates;
         counters_.duplicate_chunks.add();
         drop(c);
-        return false;
+        return nullptr;
     }
+    return e;
+}
+
+// Chunk c, past slice_for's checks, goes into slice e: whole, or gathered with the
+// rest of its fragment in the section.
+bool Matcher::add_to_slice(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
+    SourceState& s = e->src[idx];
     ChunkMeta* first = c;
     ChunkMeta* last = c;
     if (c->chunk_count == 1 && c->chunk_offset != 0) {  // a whole fragment starts at its first byte
@@ -261,11 +288,21 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         return false;
     }
     if (c->chunk_count > 1) {
-        const Gather g = gather(s.partial, c, i, first, last, whole);
+        using Gather = FragmentGatherer::Gather;
+        const Gather g = gatherer_.gather(s.partial, c, static_cast<std::size_t>(idx), first, last);
         if (g == Gather::duplicate) e->status |= file::record_status::duplicates;
         if (g != Gather::complete) return false;
     }
-    const std::uint64_t bytes = fragment_claim(*e, c->fragment_length);
+    return place_item(e, idx, first, last, now_ns, out);
+}
+
+// A whole fragment, first..last, becomes an item of source idx's section of slice e.
+bool Matcher::place_item(Event* e, int idx, ChunkMeta* first, ChunkMeta* last, std::uint64_t now_ns,
+                         EventList& out) noexcept {
+    const auto i = static_cast<std::size_t>(idx);
+    SlicePolicy& sl = by_slice();
+    SourceState& s = e->src[idx];
+    const std::uint64_t bytes = fragment_claim(*e, first->fragment_length);
     if (e->claimed_bytes + bytes > kMaxRecordBytes) {
         counters_.event_too_large.add();
         drop_chain(first);
@@ -278,7 +315,7 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         return false;
     }
     e->claimed_bytes += bytes;
-    seen_seq_[i].insert(seq);
+    sl.seen_seq[i].insert(first->event_id);
     s.state |= SourceState::kComplete;
     for (const ChunkMeta* q = first; q != nullptr; q = q->next)
         if (q->flags & wire::fragment_flags::source_error) {
@@ -287,21 +324,22 @@ bool Matcher::add_sliced(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList&
         }
     counters_.fragments.add();
     counters_.source_fragments[idx].add();
-    if (!current_run) return true;
-    advance_watermark(i, c->timestamp);
+    if (first->run_number != sl.watermark_run) return true;  // the next run's: moves no watermark yet
+    advance_watermark(i, first->timestamp);
     // A slice whose end every watermark had already passed is written at once.
-    if (slice_end(*e) < min_watermark_) finish(e, true, now_ns, out);
+    if (slice_end(*e) < sl.min_watermark) finish(e, true, now_ns, out);
     return true;
 }
 
 void Matcher::release_slices(std::uint64_t now_ns, EventList& out) noexcept {
-    if (!watermark_moved_) return;
-    watermark_moved_ = false;
+    SlicePolicy& sl = by_slice();
+    if (!sl.watermark_moved) return;
+    sl.watermark_moved = false;
     std::uint64_t w = UINT64_MAX;
-    for (std::size_t i = 0; i < watermark_.size(); ++i)
-        if (expected_[i]) w = std::min(w, watermark_[i]);
-    const bool rose = w > min_watermark_;
-    min_watermark_ = w;  // may fall: a source the operator brought back has its own
+    for (std::size_t i = 0; i < sl.watermark.size(); ++i)
+        if (expected_[i]) w = std::min(w, sl.watermark[i]);
+    const bool rose = w > sl.min_watermark;
+    sl.min_watermark = w;  // may fall: a source the operator brought back has its own
     if (!rose) return;
     // Slice k is complete once every watermark (largest timestamp) is >= (k+1) x W.
     for (Event* e = oldest_; e != nullptr;) {
@@ -311,25 +349,12 @@ void Matcher::release_slices(std::uint64_t now_ns, EventList& out) noexcept {
     }
 }
 
-// Timestamp mode: a complete fragment joins an event (section 5), so the chunks of a
-// fragment of several wait in their source's list until it is whole, then find
-// their event once, by its timestamp, and join it in order. A chunk that waits
-// longer than building.timeout_ms for the others is dropped (expire_waiting).
+// Timestamp mode: a fragment of several chunks is gathered whole first
+// (FragmentGatherer::add_waiting), then finds its event once, by its timestamp.
 void Matcher::add_timed_chunk(ChunkMeta* c, int idx, std::uint64_t now_ns, EventList& out) noexcept {
-    const auto i = static_cast<std::size_t>(idx);
-    if ((c->flags & wire::fragment_flags::has_crc) && c->received_crc32c != c->payload_crc32c) {
-        counters_.crc_failures.add();  // no event holds it yet to be marked CORRUPT_DROPPED
-        drop(c);
-        return;
-    }
-    wire::store_u64(c->spare(), now_ns);  // when it began to wait
     ChunkMeta* first = nullptr;
-    ChunkMeta* last = nullptr;
-    const Gather g = gather(waiting_[i], c, i, first, last, false);
-    if (g == Gather::held) ++waiting_chunks_;
-    // Whole or broken, the fragment's other chunks have stopped waiting.
-    if (g == Gather::complete || g == Gather::broken) waiting_chunks_ -= c->chunk_count - 1u;
-    if (g == Gather::complete) (void)join_whole(first, idx, now_ns, out);
+    if (gatherer_.add_waiting(c, static_cast<std::size_t>(idx), now_ns, first) == FragmentGatherer::Gather::complete)
+        (void)join_whole(first, idx, now_ns, out);
 }
 
 }  // namespace evb

@@ -13,6 +13,7 @@
 
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
+#include "core/format/crc32c.hpp"
 #include "core/format/wire.hpp"
 #include "core/model/matcher.hpp"
 #include "test/core/frames_rig.hpp"
@@ -463,6 +464,9 @@ TEST_CASE("described frames: time_slice mode builds gathered chunks into their s
     REQUIRE(s.size() == file::kItemHeaderBytes + file::padded8(50));  // 30 + 20 bytes
     CHECK(Bytes(s.begin() + 24, s.begin() + 54) == a);
     CHECK(Bytes(s.begin() + 54, s.begin() + 74) == b);
+    // Each chunk keeps its payload's CRC, which assembly joins into the record CRC.
+    for (const ChunkMeta* c = out.head->src[0].head; c != nullptr; c = c->next)
+        CHECK(c->payload_crc32c == crc32c(c->payload(), c->payload_length));
 }
 
 // kTimedBoard with a heartbeat bit (byte 3, bit 1) and an error bit (byte 3, bit 2)
