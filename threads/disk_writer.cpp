@@ -10,7 +10,7 @@
 
 #include "core/util/clock.hpp"
 #include "core/util/log.hpp"
-#include "monitor/sampler.hpp"
+#include "monitor/sample_feed.hpp"
 
 namespace evb {
 
@@ -488,7 +488,7 @@ void DiskWriter::write_event(Event* e) {
     batch_bytes_ += size.file_bytes;
     batch_sizes_.push_back(size);
     batch_.push_back(e);
-    if (sampler_ != nullptr && sampler_->wanted()) {
+    if (samples_ != nullptr && samples_->wanted()) {
         // A sample stream's header is this file's but for the sequence number: a
         // stream goes on across files of one run and source set.
         file::FileHeader h{e->run_number, 0, s_.builder_id, e->record_sections(), realtime_ns()};
@@ -496,7 +496,7 @@ void DiskWriter::write_event(Event* e) {
         h.match_mode = s_.match;
         h.window_ticks = s_.window_ticks;
         h.codec = e->codec;
-        sampler_->offer(*e, h, h.created_unix_ns);
+        samples_->offer(*e, h, h.created_unix_ns);
     }
     if (iov_.size() >= kMaxIov || batch_bytes_ >= kMaxBatchBytes || batch_.size() == batch_.capacity()) flush_batch();
     if (file_.is_open() && file_.size() + batch_bytes_ >= s_.max_file_bytes) rotate_due_ = true;

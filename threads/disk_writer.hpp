@@ -31,7 +31,7 @@
 
 namespace evb {
 namespace monitor {
-class Sampler;
+class SampleFeed;
 }
 
 class DiskWriter final : public Agent {
@@ -53,8 +53,8 @@ public:
     std::size_t pending() const noexcept;
     // The file being written, if any (any thread; for the status page).
     std::string current_file() const;
-    // GET /sample: records written are offered to `s` while clients listen. Before start.
-    void set_sampler(monitor::Sampler* s) noexcept { sampler_ = s; }
+    // GET /sample: records written are copied into `feed` while clients listen. Before start.
+    void set_sample_feed(monitor::SampleFeed* feed) noexcept { samples_ = feed; }
     // Run records posted for the running run (evb-ctl comment). Before start.
     void set_run_notes(RunNotes* n) noexcept { notes_ = n; }
     // A restart within `run`: its first MIDAS serial number here is `next_serial`,
@@ -67,7 +67,7 @@ public:
     }
 
 private:
-    monitor::Sampler* sampler_ = nullptr;
+    monitor::SampleFeed* samples_ = nullptr;
     std::size_t drain(std::size_t max_events);
     void write_event(Event* e);
     bool transition_done() const noexcept;

@@ -23,6 +23,7 @@
 #include "core/io/output_file.hpp"
 #include "core/io/output_format.hpp"
 #include "core/model/event.hpp"
+#include "test/built_event.hpp"
 #include "test/temp_dir.hpp"
 
 using namespace evb;
@@ -31,49 +32,7 @@ namespace {
 
 constexpr std::uint32_t kRun = 9;
 constexpr std::uint32_t kSources = 2;
-
-// A built event of two sources (version-2 record), each one chunk of `len` bytes equal to
-// std::byte(event_id), assembled as the assemblers do; its memory lives here.
-struct BuiltEvent {
-    BuiltEvent(std::uint64_t event_id, std::uint32_t len) {
-        for (std::uint32_t i = 0; i < kSources; ++i) {
-            slots[i].assign(alloc::BufferPool::kMetaBytes + wire::kFragmentHeaderBytes + len, std::byte{0});
-            auto* c = ChunkMeta::in_slot(slots[i].data());
-            std::memset(static_cast<void*>(c), 0, sizeof(ChunkMeta));
-            c->event_id = event_id;
-            c->source_id = i;
-            c->run_number = kRun;
-            c->fragment_length = len;
-            c->payload_length = len;
-            c->chunk_count = 1;
-            std::byte* payload = const_cast<std::byte*>(c->payload());
-            std::fill(payload, payload + len, std::byte(event_id));
-            c->payload_crc32c = c->received_crc32c = crc32c(payload, len);
-            SourceState& s = src[i];
-            std::memset(static_cast<void*>(&s), 0, sizeof(SourceState));
-            s.head = s.tail = c;
-            s.fragment_length = len;
-            s.chunk_count = 1;
-            s.received = 1;
-            s.state = SourceState::kSeen | SourceState::kComplete;
-        }
-        std::memset(static_cast<void*>(&ev), 0, sizeof(Event));
-        ev.event_id = event_id;
-        ev.run_number = kRun;
-        ev.built_unix_ns = 1'700'000'000'000'000'000ull + event_id * 1'000'000'000ull;
-        ev.section_count = kSources;
-        ev.layout = RecordLayout::v2;
-        ev.codec = file::Codec::none;
-        ev.src = src;
-        ev.meta = meta;
-        for (std::uint32_t i = 0; i < kSources; ++i) wire::store_u32(ev.section_header(i), i);
-        assemble(ev);
-    }
-    std::vector<std::byte> slots[kSources];
-    SourceState src[kSources];
-    alignas(8) std::byte meta[event_meta_bytes(kSources)];
-    Event ev;
-};
+using test::BuiltEvent;
 
 file::FileHeader header_of(std::uint32_t version) {
     file::FileHeader h{kRun, 0, 1, kSources, 1'700'000'000'000'000'000ull};
@@ -93,7 +52,7 @@ std::string write_run(Format& fmt, const std::string& dir, std::uint32_t version
     std::vector<iovec> iov;
     std::size_t batch = 0;
     for (std::uint32_t k = 0; k < n; ++k) {
-        events.push_back(std::make_unique<BuiltEvent>(100 + k, 40 + 8 * k));
+        events.push_back(std::make_unique<BuiltEvent>(kRun, 100 + k, 40 + 8 * k));
         const Event& e = events.back()->ev;
         REQUIRE(fmt.takes(e));
         REQUIRE(fmt.has_room_for(e));
@@ -157,7 +116,7 @@ TEST_CASE("EVB output format without run records: header, records and index only
     fmt.begin_run({kRun, 1, "{}", "{}", false});
     REQUIRE(fmt.open(f, dir.path(), header_of(1), false) == 0);
     CHECK(f.size() == file::kHeaderBytes);
-    BuiltEvent one(5, 16);
+    BuiltEvent one(kRun, 5, 16);
     CHECK(fmt.takes(one.ev));
     one.ev.codec = file::Codec::lz4;
     CHECK_FALSE(fmt.takes(one.ev));  // a file holds the records of one codec
