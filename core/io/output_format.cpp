@@ -8,7 +8,6 @@
 #include "core/format/midas_odb.hpp"
 #include "core/format/run_record.hpp"
 #include "core/format/wire.hpp"
-#include "core/io/empty_run.hpp"
 #include "core/util/clock.hpp"
 #include "core/util/json_text.hpp"
 #include "core/util/log.hpp"
@@ -39,6 +38,25 @@ int append_piece(OutputFile& f, std::span<const std::byte> bytes, std::uint64_t 
 
 std::uint32_t unix_s(std::uint64_t ns) noexcept { return static_cast<std::uint32_t>(ns / 1'000'000'000ull); }
 }  // namespace
+
+nlohmann::ordered_json midas_end_counts(std::uint32_t sequence, std::uint64_t file_events, const StatusCounts& file_status,
+                                        std::uint64_t bytes, std::optional<std::uint64_t> stored_bytes,
+                                        std::uint32_t run, std::uint64_t run_events, const StatusCounts& run_status) {
+    nlohmann::ordered_json counts;
+    counts["file"] = {{"sequence", sequence}, {"events", file_events}, {"status", to_json(file_status)}, {"bytes", bytes}};
+    if (stored_bytes) counts["file"]["stored_bytes"] = *stored_bytes;
+    counts["run"] = {{"run_number", run}, {"events", run_events}, {"status", to_json(run_status)}};
+    return counts;
+}
+
+std::string end_of_run_body(std::uint64_t end_unix_ns, std::uint32_t run, std::uint64_t events, const StatusCounts& status) {
+    nlohmann::ordered_json b;
+    b["end_unix_ns"] = end_unix_ns;
+    b["run_number"] = run;
+    b["events"] = events;
+    b["status"] = to_json(status);
+    return json_text(b);
+}
 
 // ---- .evb ----
 

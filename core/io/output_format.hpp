@@ -18,11 +18,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/format/file_format.hpp"
 #include "core/format/lz4_frame.hpp"
@@ -73,6 +76,16 @@ struct Gathered {
     std::uint32_t file_bytes = 0;
     std::uint32_t plain_bytes = 0;
 };
+
+// What a MIDAS end-of-run event says (FORMATS.md 9.2): the file's counts and the
+// run's. `stored_bytes`: a `.mid.lz4`'s frame so far.
+nlohmann::ordered_json midas_end_counts(std::uint32_t sequence, std::uint64_t file_events, const StatusCounts& file_status,
+                                        std::uint64_t bytes, std::optional<std::uint64_t> stored_bytes,
+                                        std::uint32_t run, std::uint64_t run_events, const StatusCounts& run_status);
+
+// END_OF_RUN's body (FORMATS.md 12): end_unix_ns and the run's counts as its run
+// summary gives them (events, and events by status).
+std::string end_of_run_body(std::uint64_t end_unix_ns, std::uint32_t run, std::uint64_t events, const StatusCounts& status);
 
 // Room the end of a file takes besides a `.evb`'s index and footer: END_OF_RUN, or a
 // MIDAS end-of-run event and the end of a `.mid.lz4`'s frame.
