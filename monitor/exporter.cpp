@@ -465,8 +465,8 @@ std::vector<FamilyOut> collect(const Sources& s) {
                     "Records not sampled: reason=\"budget\" (the copy budget of the second was spent, once per record), "
                     "reason=\"slow_client\" (a client's buffer was full, per client).",
                     T::counter, {}, {}};
-        f.samples.push_back({{{"reason", "budget"}}, static_cast<double>(c.dropped_budget.get()), {}, 0});
-        f.samples.push_back({{{"reason", "slow_client"}}, static_cast<double>(c.dropped_full.get()), {}, 0});
+        f.samples.push_back({{{"reason", "budget"}}, static_cast<double>(s.sampler->dropped_budget()), {}, 0});
+        f.samples.push_back({{{"reason", "slow_client"}}, static_cast<double>(s.sampler->dropped_slow()), {}, 0});
         out.push_back(std::move(f));
     }
     if (s.posts != nullptr) {

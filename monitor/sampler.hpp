@@ -1,76 +1,80 @@
-// Online sampling of built events (GET /sample on the monitor address): the disk
-// writer copies records it writes into the ring of each client that is listening,
-// the HTTP thread sends them on. A client gets a file header, then whole records, as
-// a file still being written (no index or footer), so evb-dump and the Python reader
-// read it as they read a .part file.
+// Online sampling of built events (GET /sample on the monitor address): the sampler
+// drains the sample feed (monitor/sample_feed.hpp: records the disk writer copied
+// while clients listen) and hands each record to every client listening; the HTTP
+// thread sends them on. A client gets a file header, then whole records, as a file
+// still being written (no index or footer), so evb-dump and the Python reader read
+// it as they read a .part file.
 //
-// Building never waits for a client: at most kClients at once, each with a ring of
-// kRingBytes; the writer copies at most kBytesPerSecond of records a second (all
-// clients together; an online monitor wants hundreds of events a second, not the
-// stream) and skips a record for a client whose ring has no room for it. Both are
-// counted. When nobody listens the writer's cost is one relaxed load per event.
+// Everything here runs on the HTTP thread. Building never waits for a client: at
+// most kClients at once, each with at most kClientBytes waiting to be sent; a record
+// is skipped for a client with no room for it (a slow client). Counted.
 #pragma once
 
-#include <atomic>
+#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/format/file_format.hpp"
 #include "core/model/counters.hpp"
-#include "core/model/event.hpp"
+#include "monitor/sample_feed.hpp"
 
 namespace evb::monitor {
 
 struct SampleCounters {
-    stats::Counter records;          // records copied to a client's ring
-    stats::Counter bytes;            // their bytes
-    stats::Counter dropped_budget;   // skipped: the copy budget of the second was spent
-    stats::Counter dropped_full;     // skipped for a client: its ring was full (a slow client)
-    stats::Counter clients;          // gauge: clients listening now
+    stats::Counter records;       // records handed to a client
+    stats::Counter bytes;         // their bytes
+    stats::Counter dropped_full;  // skipped for a client: it had no room for it (a slow client)
+    stats::Counter clients;       // gauge: clients listening now
 };
 
 class Sampler {
 public:
     static constexpr std::size_t kClients = 4;
-    static constexpr std::size_t kRingBytes = 8u << 20;
-    static constexpr std::uint64_t kBytesPerSecond = 16ull << 20;
+    static constexpr std::size_t kClientBytes = 8u << 20;
 
-    Sampler();
-    ~Sampler();
+    explicit Sampler(SampleFeed& feed) : feed_(feed) {}
     Sampler(const Sampler&) = delete;
     Sampler& operator=(const Sampler&) = delete;
 
-    // ---- the disk writer's side ----
-    bool wanted() const noexcept { return active_.load(std::memory_order_relaxed) != 0; }
-    // Copies the assembled record of e to every listening client. `header` describes
-    // the file the record belongs to: a client gets it before its first record, and
-    // its stream ends where the next record would need another header (a run or
-    // source-set change).
-    void offer(const Event& e, const file::FileHeader& header, std::uint64_t now_ns) noexcept;
-
-    // ---- the HTTP thread's side ----
     // A client slot wanting up to `records` records (0: until it leaves), or -1 when
-    // every slot is taken.
-    int open(std::uint64_t records) noexcept;
-    // Appends to `out` what slot's ring holds, at most `max` bytes and whole records
-    // only. False once the slot is finished (its records all sent, or its stream
-    // ended) and nothing is left.
+    // every slot is taken. It gets the records the writer copies from now on.
+    int open(std::uint64_t records);
+    // Appends to `out` what is waiting for the slot, at most `max` bytes (at least one
+    // record) and whole records only. False once the slot is finished (its records
+    // all sent, or its stream ended) and nothing is left.
     bool take(int slot, std::string& out, std::size_t max);
     void close(int slot) noexcept;
 
     const SampleCounters& counters() const noexcept { return counters_; }
+    // Records not sampled: the writer's copy budget of the second was spent (once per
+    // record), or a client had no room (per client; the feed full counts here too).
+    std::uint64_t dropped_budget() const noexcept { return feed_.dropped_budget().get(); }
+    std::uint64_t dropped_slow() const noexcept { return counters_.dropped_full.get() + feed_.dropped_full().get(); }
 
 private:
-    struct Slot;
-    std::unique_ptr<Slot[]> slots_;
-    std::atomic<std::uint32_t> active_{0};
-    std::atomic<std::uint64_t> in_offer_{0};  // odd while the writer is inside offer()
+    struct Slot {
+        bool active = false;
+        bool ended = false;        // nothing more is added
+        std::uint64_t wanted = 0;  // records (0: no limit)
+        std::uint64_t given = 0;
+        bool header_sent = false;
+        file::FileHeader opened_with;  // the header the stream began with
+        // Entries waiting to be sent from `sent` on: a u32 length, then that many bytes.
+        std::vector<std::byte> queue;
+        std::size_t sent = 0;
+        void put(const void* p, std::size_t n);
+    };
+    // Takes what the feed holds and hands each whole record to the clients.
+    void drain_feed();
+    void hand_out(const file::FileHeader& h, const std::byte* record, std::uint32_t length);
+
+    SampleFeed& feed_;
+    std::array<Slot, kClients> slots_;
+    std::uint32_t active_ = 0;
+    std::vector<std::byte> pending_;  // bytes from the feed; the last entry may not be whole yet
     SampleCounters counters_;
-    // Writer only: the copy budget of the current second.
-    std::uint64_t budget_second_ = 0;
-    std::uint64_t budget_used_ = 0;
 };
 
 }  // namespace evb::monitor

@@ -336,7 +336,7 @@ std::string status_page(const Sources& s) {
     if (s.sampler != nullptr) {
         const SampleCounters& sc = s.sampler->counters();
         const std::uint64_t clients = sc.clients.get();
-        const std::uint64_t slow = sc.dropped_full.get(), budget = sc.dropped_budget.get();
+        const std::uint64_t slow = s.sampler->dropped_slow(), budget = s.sampler->dropped_budget();
         row("sampling (GET /sample)",
             fmt::format("{} of {} clients now; {} records ({}) copied{}", clients, Sampler::kClients, sc.records.get(),
                         bytes_text(static_cast<double>(sc.bytes.get())),

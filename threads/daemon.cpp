@@ -10,7 +10,8 @@
 //                   drivers                                built ids (pull)
 //   evb-writer      DiskWriter     writer rings            files; written ids (pull);
 //                                                          done rings, return rings;
-//                                                          closed files (run summaries)
+//                                                          closed files (run summaries);
+//                                                          the sample feed (/sample)
 //   evb-request     RequestSender  written ids, built ids  REQUEST/CLEAR datagrams;
 //                                                          give-ups into the inboxes
 //   main            ServiceLoop    signals, control        ticks its parts: RunControl
@@ -20,7 +21,8 @@
 //   evb-control     ControlServer  control.socket          commands to the service loop
 //   evb-busy        BusySender     fill gauges, run state  BUSY datagrams (busy.targets);
 //                                                          busy gauges (metrics, dead time)
-//   (exporter)      Exporter       HTTP scrapes            reads the counters only
+//   (exporter)      Exporter       HTTP scrapes,           reads the counters; /sample
+//                                  the sample feed         clients get the feed's records
 #include "threads/daemon.hpp"
 
 #include <unistd.h>
@@ -273,6 +275,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     ControlMailbox control_mailbox;  // control socket thread <-> service loop
     ClosedFiles closed_files;        // writer -> service loop: files closed, runs done (run summaries)
     RunNotes run_notes;              // service loop -> writer: run records posted (evb-ctl comment, POST /runrecord)
+    monitor::SampleFeed sample_feed;  // writer -> sampler (HTTP thread): copies of records written while /sample listens
     monitor::RunRecordPosts run_record_posts;  // HTTP thread -> service loop: POST /runrecord, checked
     std::unique_ptr<WrittenIds> written_ids = pull ? std::make_unique<WrittenIds>(max_credits) : nullptr;
     std::unique_ptr<BuiltIds> built_ids = pull ? std::make_unique<BuiltIds>(max_credits, cfg->builders) : nullptr;
@@ -304,6 +307,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     DiskWriter writer(snap->writer, pipeline.writer_rings(), pipeline.done_rings(), pool_ptrs, sizing.shards,
                       writer_counters, writer_bell, written_ids.get(), &closed_files, &open_files);
     writer.set_run_notes(&run_notes);
+    writer.set_sample_feed(&sample_feed);
     writer.go_on_with_run(cfg->run_number, on_disk.next_serial, on_disk.found_files);
     std::vector<std::unique_ptr<SocketReader>> readers;
     for (std::uint32_t r = 0; r < udp_readers; ++r) {
@@ -373,8 +377,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     msrc.run_number = cfg->run_number;
     msrc.output_directory = cfg->output.directory;
     msrc.control = &control;
-    monitor::Sampler sampler;  // GET /sample: the writer copies records to listening clients
-    writer.set_sampler(&sampler);
+    monitor::Sampler sampler(sample_feed);  // GET /sample: hands what the feed holds to listening clients
     msrc.sampler = &sampler;
     msrc.open_files = &open_files;
     msrc.posts = &run_record_posts;

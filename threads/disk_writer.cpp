@@ -7,16 +7,10 @@
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
-#include "core/format/midas_odb.hpp"
-#include "core/format/run_record.hpp"
-#include "core/format/wire.hpp"
-#include "core/io/empty_run.hpp"
 #include "core/util/clock.hpp"
-#include "core/util/json_text.hpp"
 #include "core/util/log.hpp"
-#include "monitor/sampler.hpp"
+#include "monitor/sample_feed.hpp"
 
 namespace evb {
 
@@ -33,9 +27,19 @@ constexpr std::uint64_t kPushAfterNs = 20'000'000;
 constexpr std::uint64_t kSettlePollNs = 500'000;
 // How often the writer makes sure its open file is still in the file system.
 constexpr std::uint64_t kLinkCheckNs = 100'000'000;
-// MIDAS output: room for the heads and bank headers of a batch (an event of 8
-// sections takes 240 bytes); a batch that fills it is flushed early.
-constexpr std::size_t kMidasArenaBytes = 1u << 20;
+
+file::FormatSettings format_settings(const WriterSettings& s) {
+    file::FormatSettings f;
+    f.builder_id = s.builder_id;
+    f.run_records = s.run_records;
+    f.record_level = s.record_level;
+    f.midas_event_id = s.midas_event_id;
+    f.midas_experiment = s.midas_experiment;
+    f.bank_names = s.bank_names;
+    f.midas_lz4 = s.midas_lz4;
+    f.lz4_level = s.lz4_level;
+    return f;
+}
 
 }  // namespace
 
@@ -52,6 +56,7 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
       written_(written),
       closed_(closed),
       open_(open != nullptr ? *open : own_open_),
+      format_(s.format == OutputFormat::midas, format_settings(s)),
       done_pending_(done_rings_.size()),
       markers_(inputs_.size(), 0),
       held_(inputs_.size()) {
@@ -59,20 +64,13 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
     unsettled_.reserve(std::size_t{1} << 16);
     settled_ids_.reserve(256);
     batch_.reserve(kMaxEventsPerWork);
+    batch_sizes_.reserve(kMaxEventsPerWork);
     scratch_.reserve(kMaxEventsPerWork);
     for (auto& d : done_pending_) d.reserve(kMaxEventsPerWork);
     for (std::size_t k = 0; k < held_.size(); ++k) held_[k].reserve(inputs_[k]->capacity());
     // 64 Ki index entries (1 MiB) up front; beyond that the index doubles a few
     // times during the first large file and then keeps its capacity.
     file_.reserve_index(std::size_t{1} << 16);
-    if (s_.format == OutputFormat::midas) {
-        midas_arena_.resize(kMidasArenaBytes);
-        batch_file_bytes_.reserve(kMaxEventsPerWork);
-        if (s_.midas_lz4) {
-            lz4_ = std::make_unique<lz4f::FrameWriter>();
-            lz4_out_.resize(lz4_->bound(kMaxBatchBytes + kMidasArenaBytes));
-        }
-    }
 }
 
 std::size_t DiskWriter::pending() const noexcept {
@@ -98,13 +96,10 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         // When the run started (run control's time; else now), not when its first
         // event came: BEGIN_OF_RUN's start_unix_ns, MIDAS's /Runinfo/Start time.
         const std::uint64_t started_ns = s_.started_unix_ns != 0 && s_.started_run == run ? s_.started_unix_ns : now;
-        run_start_unix_s_ = static_cast<std::uint32_t>(started_ns / 1'000'000'000ull);
         // The metadata the run was started with (evb-ctl start --meta), for every file's
         // begin-of-run: BEGIN_OF_RUN's `metadata`, MIDAS's /Evbd/Metadata.
         run_metadata_ = next_metadata_ && next_metadata_->run_number == run ? next_metadata_->body : s_.run_metadata_json;
-        if (s_.run_records && s_.format != OutputFormat::midas)
-            bor_body_ = file::begin_of_run_body(run, started_ns, s_.config_json, run_metadata_,
-                                                continued_run_ == run && restarted_in_run_);
+        format_.begin_run({run, started_ns, s_.config_json, run_metadata_, continued_run_ == run && restarted_in_run_});
     }
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
     // The header states what the file's records hold: one section per source
@@ -114,30 +109,9 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     h.match_mode = s_.match;
     h.window_ticks = s_.window_ticks;
     h.codec = codec;  // one per expected-source set, as the section count
-    const bool midas = s_.format == OutputFormat::midas;
-    const bool lz4 = midas && lz4_ != nullptr;
-    int e = 0;
-    if (midas) {
-        const auto bor = midas::encode_bor({run, run_start_unix_s_, 0, s_.midas_experiment}, s_.config_json,
-                                           run_metadata_.empty() ? std::string_view("{}") : std::string_view(run_metadata_));
-        // `.mid.lz4`: the frame's header and the begin-of-run event's block stand first.
-        const auto head = lz4 ? lz4_piece(bor, true, false) : std::span<const std::byte>(bor);
-        lz4_content_bytes_ = bor.size();
-        e = head.empty() ? EIO : file_.open_midas(s_.directory, h, head, s_.direct_io, lz4);
-    } else {
-        e = file_.open(s_.directory, h, s_.direct_io);
-        file_codec_ = codec;
-        file_last_event_id_ = 0;
-        // Every file of the run stands alone: it begins with the run's BEGIN_OF_RUN.
-        if (e == 0 && s_.run_records) {
-            e = append_run_record(run, static_cast<std::uint32_t>(file::RunRecordKind::begin_of_run), bor_body_);
-            if (e != 0) file_.discard();
-        }
-    }
-    if (e != 0) {
+    if (const int e = format_.open(file_, s_.directory, h, s_.direct_io); e != 0) {
         counters_.write_errors.add();
-        log_error("cannot open {}/{}: {} (retrying in 1 s)", s_.directory,
-                  midas ? midas::file_name(run, s_.builder_id, seq, true, lz4) : file::file_name(run, s_.builder_id, seq, true),
+        log_error("cannot open {}/{}: {} (retrying in 1 s)", s_.directory, format_.file_name(run, seq, true),
                   std::strerror(e));
         retry_open_after_ns_ = now + 1'000'000'000ull;
         return false;
@@ -146,8 +120,6 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         log_warn("output.direct_io: {} does not support O_DIRECT; writing through the page cache", s_.directory);
         warned_direct_ = true;
     }
-    midas_ = midas;
-    lz4_file_ = lz4;
     rotate_due_ = false;
     rotate_synced_ = false;
     file_run_ = run;
@@ -258,133 +230,16 @@ void DiskWriter::report_closed(bool clean, std::uint64_t events) {
 }
 
 int DiskWriter::close_output(bool sync) {
-    if (!midas_) {
-        // The file closed at the run's end ends with END_OF_RUN: the end time and the
-        // run's counts as this builder wrote them (its run summary's).
-        if (s_.run_records && closing_run_end_) {
-            file::StatusCounts status = run_status_;
-            status += file_status_;
-            const std::string body =
-                file::end_of_run_body(realtime_ns(), file_run_, run_events_ + file_.event_count(), status);
-            if (const int e = append_run_record(file_run_, static_cast<std::uint32_t>(file::RunRecordKind::end_of_run), body);
-                e != 0)
-                return e;
-        }
-        return file_.close_clean(sync);
-    }
-    // Once per file: the end-of-run event with the file's and the run's counts.
-    file::StatusCounts run_status = run_status_;
-    run_status += file_status_;
-    // bytes: as MIDAS readers see them; a `.mid.lz4`'s stored bytes: the frame so far.
-    const nlohmann::ordered_json counts = file::midas_end_counts(
-        file_seq_, file_.event_count(), file_status_, lz4_file_ ? lz4_content_bytes_ : file_.size(),
-        lz4_file_ ? std::optional<std::uint64_t>(file_.size()) : std::nullopt, file_run_,
-        run_events_ + file_.event_count(), run_status);
-    const auto eor = midas::encode_eor(
-        {file_run_, run_start_unix_s_, static_cast<std::uint32_t>(realtime_ns() / 1'000'000'000ull), s_.midas_experiment},
-        json_text(counts));
-    if (!lz4_file_) return file_.close_with_trailer(eor, sync);
-    const auto trailer = lz4_piece(eor, false, true);  // the end-of-run event's block and the frame's end
-    return trailer.empty() ? EIO : file_.close_with_trailer(trailer, sync);
-}
-
-std::span<const std::byte> DiskWriter::lz4_piece(std::span<const std::byte> event, bool begin, bool end) {
-    if (begin) lz4_broken_ = false;
-    // After a failed compression the context may hold part of the failed batch: no
-    // end-of-run event may follow it. The close fails and the file is abandoned at
-    // its last whole batch (a .part that recovery closes).
-    if (lz4_broken_) return {};
-    if (lz4_out_.size() < lz4_->bound(event.size())) lz4_out_.resize(lz4_->bound(event.size()));
-    const std::span<std::byte> out(lz4_out_);
-    std::string why;
-    std::size_t n = 0;
-    if (begin && (n = lz4_->begin(static_cast<int>(s_.lz4_level), out, &why)) == 0) {
-        log_error("output.compression lz4: {}", why);
-        lz4_broken_ = true;
-        return {};
-    }
-    const iovec piece{const_cast<std::byte*>(event.data()), event.size()};
-    const std::size_t body = lz4_->write(&piece, 1, out.subspan(n), &why);
-    if (body == 0) {
-        log_error("output.compression lz4: {}", why);
-        lz4_broken_ = true;
-        return {};
-    }
-    n += body;
-    if (end) {
-        const std::size_t tail = lz4_->end(out.subspan(n), &why);
-        if (tail == 0) {
-            log_error("output.compression lz4: {}", why);
-            lz4_broken_ = true;
-            return {};
-        }
-        n += tail;
-    }
-    return out.first(n);
-}
-
-bool DiskWriter::compress_batch() {
-    // lz4_out_ holds the batch's blocks until the append returns; it grows (rarely:
-    // a batch holding one event larger than any before) only between batches.
-    if (const std::size_t need = lz4_->bound(batch_bytes_); lz4_out_.size() < need) lz4_out_.resize(need);
-    std::string why;
-    const std::size_t n = lz4_->write(iov_.data(), iov_.size(), std::span<std::byte>(lz4_out_), &why);
-    if (n == 0) {
-        log_error("output.compression lz4: {}", why);
-        lz4_broken_ = true;
-        return false;
-    }
-    iov_.clear();
-    iov_.push_back({lz4_out_.data(), n});
-    return true;
-}
-
-bool DiskWriter::reserve_midas(const Event& e) {
-    const std::size_t n = e.record_sections();
-    const std::size_t need = midas::head_bytes(n) + midas::kBankBytes * n;
-    if (midas_used_ + need <= midas_arena_.size()) return true;
-    flush_batch();  // the gather list points into the arena: empty it first
-    if (blocked_) return false;
-    if (need > midas_arena_.size()) midas_arena_.resize(need);  // an event larger than any before
-    return true;
-}
-
-std::size_t DiskWriter::gather_midas(const Event& e) {
-    midas_sections_.clear();
-    for (std::uint32_t i = 0; i < e.section_count; ++i) {
-        if (!e.section_in_record(i)) continue;
-        const std::byte* h = e.section_header(i);  // as assembled for the .evb record
-        midas_sections_.push_back({wire::load_u32(h), wire::load_u32(h + 4), wire::load_u32(h + 8)});
-    }
-    midas::BuiltEvent b;
-    b.event_id = s_.midas_event_id;
-    b.serial_number = file_first_serial_ + static_cast<std::uint32_t>(file_.event_count() - 1);
-    b.time_stamp = static_cast<std::uint32_t>(e.built_unix_ns / 1'000'000'000ull);
-    b.evb_event_id = e.event_id;
-    b.timestamp = e.layout == RecordLayout::v1 ? 0 : e.timestamp;
-    b.status = e.status;
-    std::byte* p = midas_arena_.data() + midas_used_;
-    const std::size_t total = midas::encode_head(b, midas_sections_, p);
-    const std::size_t head = midas::head_bytes(midas_sections_.size());
-    iov_.push_back({p, head});
-    p += head;
-    auto gather = [this](const void* piece, std::size_t len) { iov_.push_back({const_cast<void*>(piece), len}); };
-    std::size_t k = 0;
-    for (std::uint32_t i = 0; i < e.section_count; ++i) {
-        if (!e.section_in_record(i)) continue;
-        const midas::SectionInfo& info = midas_sections_[k++];
-        if (!info.has_bank()) continue;
-        midas::BankName name;
-        if (s_.bank_names == nullptr || !s_.bank_names->of(info.source_id, name))
-            name = midas::default_bank_name(info.source_id);  // not reached: the configuration names every source
-        midas::encode_section_bank(name, info.length, p);
-        iov_.push_back({p, midas::kBankBytes});
-        p += midas::kBankBytes;
-        for_each_section_piece(e, i, gather);
-    }
-    midas_used_ = static_cast<std::size_t>(p - midas_arena_.data());
-    batch_file_bytes_.push_back(static_cast<std::uint32_t>(total));
-    return total;
+    file::FileEnd end;
+    end.run = file_run_;
+    end.sequence = file_seq_;
+    end.file_status = file_status_;
+    end.run_events = run_events_ + file_.event_count();
+    end.run_status = run_status_;
+    end.run_status += file_status_;
+    end.run_end = closing_run_end_;
+    end.end_unix_ns = realtime_ns();
+    return format_.close(file_, end, sync);
 }
 
 void DiskWriter::block_output(int err, const char* what) {
@@ -428,9 +283,9 @@ void DiskWriter::block_output(int err, const char* what) {
     open_.clear();
     held_for_retry_.insert(held_for_retry_.begin(), batch_.begin(), batch_.end());
     batch_.clear();
-    batch_file_bytes_.clear();
+    batch_sizes_.clear();
     iov_.clear();
-    midas_used_ = 0;
+    format_.batch_done(0);
     batch_bytes_ = 0;
     retry_write_after_ns_ = realtime_ns() + 1'000'000'000ull;
     hold_output();
@@ -463,21 +318,19 @@ bool DiskWriter::try_resume() {
     return true;
 }
 
-std::uint64_t DiskWriter::closing_bytes() const noexcept {
-    return kRunEndBytes + (midas_ ? 0 : file_.index_and_footer_bytes());
-}
-
 void DiskWriter::flush_batch() {
+    std::size_t written = 0;
     if (!iov_.empty()) {
-        if (lz4_file_ && !compress_batch()) {
+        // The bytes the batch takes in the file (`.mid.lz4`: compressed now).
+        const std::uint64_t batch = format_.seal_batch(iov_, batch_bytes_);
+        if (batch == 0) {
             block_output(EIO, "compressing for");
             return;
         }
         // Room for the batch and for closing the file after it: a full disk refuses
         // the batch before any of it is written, and the file closes clean at the
         // records before it (block_output), in the room the last batch reserved.
-        const std::uint64_t batch = lz4_file_ ? iov_[0].iov_len : batch_bytes_;
-        if (const int e = file_.reserve_room(batch + closing_bytes()); e != 0) {
+        if (const int e = file_.reserve_room(batch + format_.closing_bytes(file_)); e != 0) {
             block_output(e, "writing");
             return;
         }
@@ -485,11 +338,11 @@ void DiskWriter::flush_batch() {
             block_output(e, "writing");
             return;
         }
-        if (lz4_file_) lz4_content_bytes_ += batch_bytes_;
+        written = batch_bytes_;
         counters_.writes.add();
     }
     iov_.clear();
-    midas_used_ = 0;
+    format_.batch_done(written);
     batch_bytes_ = 0;
     release_batch();
 }
@@ -500,12 +353,13 @@ void DiskWriter::release_batch(bool lost) {
     std::uint64_t end = batch_start_offset_;
     // `.mid.lz4`: the batch is whole blocks that end where the file now ends; each of
     // its events is with the kernel once that end is.
+    const bool at_batch_end = format_.records_end_with_batch();
     const std::uint64_t blocks_end = file_.size();
     for (std::size_t k = 0; k < batch_.size(); ++k) {
         Event* e = batch_[k];
-        // Its size in the file: the .evb record, or the MIDAS event (events lost
-        // while output was blocked were never gathered, and are in no file).
-        const std::uint32_t file_bytes = !midas_ ? e->record_length : k < batch_file_bytes_.size() ? batch_file_bytes_[k] : 0;
+        // Its size in the file (events lost while output was blocked were never
+        // gathered, and are in no file).
+        const file::Gathered size = k < batch_sizes_.size() ? batch_sizes_[k] : file::Gathered{};
         std::uint64_t event_payload = 0;
         for (std::uint32_t i = 0; i < e->section_count; ++i) {
             if (!e->section_present(i)) continue;
@@ -516,9 +370,9 @@ void DiskWriter::release_batch(bool lost) {
                 c = next;
             }
         }
-        end = lz4_file_ ? blocks_end : end + file_bytes;
+        end = at_batch_end ? blocks_end : end + size.file_bytes;
         if (!lost) {
-            unsettled_.push_back({end, e->event_id, event_payload, file_bytes, midas_ ? file_bytes : e->plain_length, now,
+            unsettled_.push_back({end, e->event_id, event_payload, size.file_bytes, size.plain_bytes, now,
                                   (e->status & file::record_status::incomplete) != 0});
             file_status_.add(e->status);
         }
@@ -536,7 +390,7 @@ void DiskWriter::release_batch(bool lost) {
     }
     if (lost) counters_.events_lost_write_error.add(batch_.size());
     batch_.clear();
-    batch_file_bytes_.clear();
+    batch_sizes_.clear();
     // The slots went back already: the bytes are in the file's pages or staging
     // buffer. Whether the kernel has them is another matter (settle, in do_work).
 }
@@ -603,7 +457,7 @@ void DiskWriter::write_event(Event* e) {
     // (The sections and codec match the set's as run control told them when the
     // run's first file opened at its start; checked all the same, as the header states them.)
     if (file_.is_open() && (rotate_due_ || e->run_number != file_run_ || e->set_generation != file_set_ ||
-                            e->record_sections() != file_expected_ || (!midas_ && e->codec != file_codec_)))
+                            e->record_sections() != file_expected_ || !format_.takes(*e)))
         close_file();
     if (blocked_) {
         held_for_retry_.push_back(e);
@@ -615,9 +469,13 @@ void DiskWriter::write_event(Event* e) {
         hold_output();
         return;
     }
-    if (midas_ && !reserve_midas(*e)) {
-        held_for_retry_.push_back(e);
-        return;
+    if (!format_.has_room_for(*e)) {
+        flush_batch();  // the gather list points into the format's arena: empty it first
+        if (blocked_) {
+            held_for_retry_.push_back(e);
+            return;
+        }
+        format_.make_room_for(*e);
     }
     if (batch_.empty()) {
         batch_start_offset_ = file_.size();
@@ -625,16 +483,12 @@ void DiskWriter::write_event(Event* e) {
     }
     const std::uint64_t offset = file_.size() + batch_bytes_;
     file_.note_record(e->event_id, offset);
-    file_last_event_id_ = e->event_id;
-    if (midas_) {
-        batch_bytes_ += gather_midas(*e);
-    } else {
-        iov_.push_back({e->record_header(), e->record_header_bytes()});
-        for_each_record_piece(*e, [this](const void* p, std::size_t len) { iov_.push_back({const_cast<void*>(p), len}); });
-        batch_bytes_ += e->record_length;
-    }
+    const std::uint32_t serial = file_first_serial_ + static_cast<std::uint32_t>(file_.event_count() - 1);
+    const file::Gathered size = format_.gather(*e, serial, iov_);
+    batch_bytes_ += size.file_bytes;
+    batch_sizes_.push_back(size);
     batch_.push_back(e);
-    if (sampler_ != nullptr && sampler_->wanted()) {
+    if (samples_ != nullptr && samples_->wanted()) {
         // A sample stream's header is this file's but for the sequence number: a
         // stream goes on across files of one run and source set.
         file::FileHeader h{e->run_number, 0, s_.builder_id, e->record_sections(), realtime_ns()};
@@ -642,7 +496,7 @@ void DiskWriter::write_event(Event* e) {
         h.match_mode = s_.match;
         h.window_ticks = s_.window_ticks;
         h.codec = e->codec;
-        sampler_->offer(*e, h, h.created_unix_ns);
+        samples_->offer(*e, h, h.created_unix_ns);
     }
     if (iov_.size() >= kMaxIov || batch_bytes_ >= kMaxBatchBytes || batch_.size() == batch_.capacity()) flush_batch();
     if (file_.is_open() && file_.size() + batch_bytes_ >= s_.max_file_bytes) rotate_due_ = true;

@@ -21,7 +21,7 @@
 #include "allocators/buffer_pool.hpp"
 #include "core/model/event.hpp"
 #include "core/io/output_file.hpp"
-#include "core/format/lz4_frame.hpp"
+#include "core/io/output_format.hpp"
 #include "core/model/counters.hpp"
 #include "core/io/open_files.hpp"
 #include "threads/channels.hpp"
@@ -31,7 +31,7 @@
 
 namespace evb {
 namespace monitor {
-class Sampler;
+class SampleFeed;
 }
 
 class DiskWriter final : public Agent {
@@ -53,8 +53,8 @@ public:
     std::size_t pending() const noexcept;
     // The file being written, if any (any thread; for the status page).
     std::string current_file() const;
-    // GET /sample: records written are offered to `s` while clients listen. Before start.
-    void set_sampler(monitor::Sampler* s) noexcept { sampler_ = s; }
+    // GET /sample: records written are copied into `feed` while clients listen. Before start.
+    void set_sample_feed(monitor::SampleFeed* feed) noexcept { samples_ = feed; }
     // Run records posted for the running run (evb-ctl comment). Before start.
     void set_run_notes(RunNotes* n) noexcept { notes_ = n; }
     // A restart within `run`: its first MIDAS serial number here is `next_serial`,
@@ -67,7 +67,7 @@ public:
     }
 
 private:
-    monitor::Sampler* sampler_ = nullptr;
+    monitor::SampleFeed* samples_ = nullptr;
     std::size_t drain(std::size_t max_events);
     void write_event(Event* e);
     bool transition_done() const noexcept;
@@ -82,12 +82,6 @@ private:
     bool check_linked(bool now = false);
     std::uint64_t next_link_check_ns_ = 0;
     void flush_batch();
-    // The room closing the open file takes after its records: index and footer (.evb)
-    // and kRunEndBytes (file::OutputFile::reserve_room keeps it on the disk).
-    std::uint64_t closing_bytes() const noexcept;
-    // Room for what closes a file besides the index: END_OF_RUN, or a MIDAS file's
-    // end-of-run event (its counts) and the end of a `.mid.lz4`'s frame.
-    static constexpr std::uint64_t kRunEndBytes = 4096;
     // Returns the batch's slots and events to their owners; `lost`: they could not
     // be written (counted as lost, no written hook, so no CLEAR in pull mode).
     void release_batch(bool lost = false);
@@ -104,14 +98,9 @@ private:
         bool incomplete;           // written INCOMPLETE (the run's counts, publish_run_counts)
     };
     void settle(std::uint64_t kernel_offset);
-    // Closes the open file clean: index and footer for `.evb`, the end-of-run event
-    // for MIDAS. Returns 0 or an errno value.
+    // Closes the open file clean as its format ends a file (at the run's end, with
+    // the run's end). Returns 0 or an errno value.
     int close_output(bool sync);
-    // MIDAS output: makes room in midas_arena_ for e's head and bank headers
-    // (flushing the batch first if need be); false when that flush failed.
-    bool reserve_midas(const Event& e);
-    // Appends e's MIDAS event to the gather list; returns its size in the file.
-    std::size_t gather_midas(const Event& e);
     // The file is closed: settled up to `kernel_offset`, the rest counted lost.
     void settle_or_lose(std::uint64_t kernel_offset);
 
@@ -156,36 +145,20 @@ private:
     bool try_resume();
     bool warned_direct_ = false;
 
-    // MIDAS output (docs/FORMATS.md section 9), chosen per file at open: the heads
-    // and bank headers of the batch being gathered (iov_ points into the arena, so it
-    // grows only while no batch is open), each event's size in the file, and the
-    // serial number of the open file's first event. Counts of the run's closed files
-    // go into each end-of-run event.
-    bool midas_ = false;
-    // `.mid.lz4` (output.compression "lz4"): the open file is one LZ4 frame; each
-    // batch is compressed here into lz4_out_ as whole blocks and appended as one piece.
-    bool lz4_file_ = false;
-    bool lz4_broken_ = false;  // the codec failed in this file: its frame cannot go on (the file is abandoned)
-    std::uint64_t lz4_content_bytes_ = 0;  // the open file's MIDAS bytes before compression
-    std::unique_ptr<lz4f::FrameWriter> lz4_;
-    std::vector<std::byte> lz4_out_;
-    bool compress_batch();
-    std::span<const std::byte> lz4_piece(std::span<const std::byte> event, bool begin, bool end);
-    std::vector<std::byte> midas_arena_;
-    std::size_t midas_used_ = 0;
-    std::vector<std::uint32_t> batch_file_bytes_;
-    std::vector<midas::SectionInfo> midas_sections_;
+    // What the files look like (output.format): their head, how an event and a run
+    // record are encoded, MIDAS's lz4 frame, their end. The writer stages, rotates,
+    // syncs and counts.
+    file::RunFileFormat format_;
+    std::vector<file::Gathered> batch_sizes_;  // per event of batch_: its size in the file, and plain
+    // The run's number of the open file's first event (lost ones included): the
+    // MIDAS serial numbers go on across the run's files.
     std::uint32_t file_first_serial_ = 0;
     bool run_known_ = false;
     std::optional<std::uint32_t> continued_run_;  // go_on_with_run, until that run's first file
     std::uint32_t continued_serial_ = 0;
-    // .evb run records (FORMATS.md 12): the run's BEGIN_OF_RUN body (made once per run,
-    // the same bytes in each of its files), the last event record's id in the open
-    // file, and whether the file being closed is the run's last (END_OF_RUN).
+    // The run's files on disk when this builder started (its begin-of-run says restart),
+    // and whether the file being closed is the run's last (.evb: END_OF_RUN).
     bool restarted_in_run_ = false;
-    std::string bor_body_;
-    std::uint64_t file_last_event_id_ = 0;
-    file::Codec file_codec_ = file::Codec::none;
     bool closing_run_end_ = false;
     // The open file reached output.max_file_bytes: it is closed before the next event
     // is written, or at the run's end (END_OF_RUN last), whichever comes first.
@@ -204,11 +177,6 @@ private:
     // A run transition is done: notes of runs other than `running` wait for a file
     // that will not open (their run built no event); they go, logged.
     void forget_notes_of_ended_runs(std::uint32_t running);
-    // Appends a run record of `kind` with `body` to the open file (no batch open).
-    // Returns 0 or an errno value; on an error the file is cut back to where it was.
-    int append_run_record(std::uint32_t run, std::uint32_t kind, const std::string& body);
-    // The same for a COMMENT or USER note in a MIDAS file (a message or USER event).
-    int append_midas_note(const RunNote& n);
     // close_file at the run's end: END_OF_RUN goes in first.
     void close_run_file();
     // A run's first file is opened when the run starts (FORMATS.md 12), not by its
@@ -225,7 +193,6 @@ private:
     void close_set_file();
     std::uint64_t file_head_end_ = 0;       // the open file's size once its begin-of-run was written
     std::uint32_t file_expected_ = 0;       // the sources its header states
-    std::uint32_t run_start_unix_s_ = 0;
     std::uint64_t run_events_ = 0;
     file::StatusCounts run_status_;
     // Records of the run written by this process (settled), and those INCOMPLETE

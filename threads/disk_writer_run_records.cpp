@@ -1,45 +1,15 @@
-// The disk writer's run records (docs/FORMATS.md section 12): BEGIN_OF_RUN at each
-// file's start, END_OF_RUN at the run's end, and the notes posted for the running run
-// (evb-ctl comment), written between batches; run control's commands and the run's
-// first file, opened at its start; and the sync of the open file. Split from
-// disk_writer.cpp.
-#include <sys/uio.h>
-
+// The disk writer's run records (docs/FORMATS.md section 12): the notes posted for
+// the running run (evb-ctl comment), written between batches as the output format
+// encodes them; run control's commands and the run's first file, opened at its
+// start; and the sync of the open file. Split from disk_writer.cpp.
 #include <cstring>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "core/format/midas_format.hpp"
 #include "core/format/run_record.hpp"
-#include "core/util/clock.hpp"
 #include "core/util/log.hpp"
 #include "threads/disk_writer.hpp"
 
 namespace evb {
-
-int DiskWriter::append_run_record(std::uint32_t run, std::uint32_t kind, const std::string& body) {
-    file::RunRecordFields f;
-    f.kind = static_cast<file::RunRecordKind>(kind);
-    f.body = body;
-    f.event_id = file_last_event_id_;
-    f.run_number = run;
-    f.made_unix_ns = realtime_ns();
-    f.codec = file_codec_;
-    f.level = s_.record_level;
-    std::vector<std::byte> rec = file::encode_run_record(f);
-    // Room for the record and for closing the file after it (as for a batch);
-    // END_OF_RUN goes into the room kept for it.
-    if (f.kind != file::RunRecordKind::end_of_run)
-        if (const int e = file_.reserve_room(rec.size() + closing_bytes()); e != 0) return e;
-    const iovec v{rec.data(), rec.size()};
-    // A write that failed may have put part of the record in the file: cut back to
-    // the last whole record, so that what follows (events, the index) is readable.
-    const std::uint64_t at = file_.size();
-    const int e = file_.append(&v, 1);
-    if (e != 0) (void)file_.rollback(at, file_.event_count());
-    return e;
-}
 
 void DiskWriter::take_notes() {
     if (notes_ == nullptr) return;
@@ -60,33 +30,6 @@ void DiskWriter::take_notes() {
     if (!waiting_notes_.empty() && file_.is_open() && !blocked_) write_waiting_notes();
 }
 
-// A COMMENT or USER note in a MIDAS file (FORMATS.md 9.2): a message event or a USER
-// event between built events, compressed as a block of its own in a `.mid.lz4`.
-int DiskWriter::append_midas_note(const RunNote& n) {
-    const auto now_s = static_cast<std::uint32_t>(realtime_ns() / 1'000'000'000ull);
-    std::vector<std::byte> ev;
-    if (n.kind == static_cast<std::uint32_t>(file::RunRecordKind::comment)) {
-        const nlohmann::json body = nlohmann::json::parse(n.body, nullptr, false);
-        const auto text = body.is_object() ? body.find("text") : body.end();
-        ev = midas::encode_message(now_s, text != body.end() && text->is_string() ? text->get<std::string>() : n.body);
-    } else {
-        ev = midas::encode_user_event(now_s, n.body);
-    }
-    const std::size_t stored = lz4_file_ ? lz4_->bound(ev.size()) : ev.size();
-    if (const int e = file_.reserve_room(stored + closing_bytes()); e != 0) return e;
-    const std::span<const std::byte> piece = lz4_file_ ? lz4_piece(ev, false, false) : std::span<const std::byte>(ev);
-    if (piece.empty()) return EIO;
-    const iovec v{const_cast<std::byte*>(piece.data()), piece.size()};
-    const std::uint64_t at = file_.size();
-    const int e = file_.append(&v, 1);
-    if (e != 0) {
-        (void)file_.rollback(at, file_.event_count());
-        return e;
-    }
-    if (lz4_file_) lz4_content_bytes_ += ev.size();
-    return 0;
-}
-
 void DiskWriter::write_waiting_notes() {
     if (!s_.run_records) {
         waiting_notes_.clear();
@@ -100,7 +43,7 @@ void DiskWriter::write_waiting_notes() {
             waiting_notes_[kept++] = std::move(n);  // a later run's: its file is not open yet
             continue;
         }
-        if (const int e = midas_ ? append_midas_note(n) : append_run_record(file_run_, n.kind, n.body); e != 0) {
+        if (const int e = format_.append_note(file_, file_run_, n.kind, n.body); e != 0) {
             counters_.write_errors.add();
             log_error("writing a {} run record to {}: {}; it is not written", file::run_record_kind_name(n.kind),
                       file_.part_path(), std::strerror(e));

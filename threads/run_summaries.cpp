@@ -66,13 +66,10 @@ std::optional<file::SummaryFile> empty_run_file(const WriterSettings& w, const C
     e.config_json = w.config_json;
     e.experiment = w.midas_experiment;
     e.metadata_json = metadata.empty() ? "{}" : metadata;
-    e.started_unix_s = static_cast<std::uint32_t>(started_unix_ms / 1000);
+    e.started_unix_ns = started_unix_ms * 1'000'000ull;
     e.lz4_level = w.lz4_level;
     e.sync = w.fsync != FsyncPolicy::never;
     e.run_records = w.run_records && w.format != OutputFormat::midas;
-    if (e.run_records)
-        e.bor_body = file::begin_of_run_body(run, started_unix_ms * 1'000'000ull, w.config_json,
-                                              e.metadata_json, false);
     e.record_level = w.record_level;
     std::string err;
     const std::string name = file::write_empty_run_file(e, err);

@@ -26,7 +26,9 @@ public:
     explicit SpscRing(std::size_t min_capacity)
         : capacity_(std::bit_ceil(min_capacity < 2 ? std::size_t{2} : min_capacity)),
           mask_(capacity_ - 1),
-          items_(std::make_unique<T[]>(capacity_)) {}
+          // Not zeroed: an item is written before it is read, and a large ring (the
+          // sample feed's 8 MiB of bytes) takes memory only as it is used.
+          items_(std::make_unique_for_overwrite<T[]>(capacity_)) {}
 
     SpscRing(const SpscRing&) = delete;
     SpscRing& operator=(const SpscRing&) = delete;

@@ -138,7 +138,7 @@ std::vector<fs::path> files_in(const std::string& dir) {
 
 }  // namespace
 
-TEST_CASE("DiskWriter writes what its ring holds, returns slots and events, and passes the ids on") {
+TEST_CASE("DiskWriter writes what its ring holds, returns slots and events, and passes the ids on", "[disk_writer]") {
     test::TempDir dir;
     WriterRig rig(dir.path());
     for (std::uint64_t e = 0; e < 10; ++e) rig.build(e);
@@ -172,7 +172,7 @@ TEST_CASE("DiskWriter writes what its ring holds, returns slots and events, and 
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
 
-TEST_CASE("DiskWriter reports each file it closes and each run transition it finishes (run summaries)") {
+TEST_CASE("DiskWriter reports each file it closes and each run transition it finishes (run summaries)", "[disk_writer]") {
     test::TempDir dir;
     WriterRig rig(dir.path());
     for (std::uint64_t e = 0; e < 6; ++e) rig.build(e);
@@ -209,7 +209,7 @@ TEST_CASE("DiskWriter reports each file it closes and each run transition it fin
     rig.writer.on_close();
 }
 
-TEST_CASE("DiskWriter writes MIDAS files: BOR and one event per built event with serials across rotated files and EOR") {
+TEST_CASE("DiskWriter writes MIDAS files: BOR and one event per built event with serials across rotated files and EOR", "[disk_writer]") {
     test::TempDir dir;
     WriterSettings ws = WriterRig::writer_settings(dir.path());
     ws.format = OutputFormat::midas;
@@ -278,7 +278,7 @@ TEST_CASE("DiskWriter writes MIDAS files: BOR and one event per built event with
     CHECK(rig.pool.free_count() == kSlots);
 }
 
-TEST_CASE("DiskWriter goes on with a run's MIDAS serial numbers after a restart, even when its first open fails") {
+TEST_CASE("DiskWriter goes on with a run's MIDAS serial numbers after a restart, even when its first open fails", "[disk_writer]") {
     test::TempDir dir;
     const std::string out = dir / "out";
     { std::ofstream blocker(out); }  // a file where the directory should be: the first open fails
@@ -303,7 +303,7 @@ TEST_CASE("DiskWriter goes on with a run's MIDAS serial numbers after a restart,
     CHECK(s.events[0].header.serial_number == 500);
 }
 
-TEST_CASE("DiskWriter writes .mid.lz4: one LZ4 frame holding the MIDAS file and every event counted written in order") {
+TEST_CASE("DiskWriter writes .mid.lz4: one LZ4 frame holding the MIDAS file and every event counted written in order", "[disk_writer]") {
     test::TempDir dir;
     WriterSettings ws = WriterRig::writer_settings(dir.path());
     ws.format = OutputFormat::midas;
@@ -353,7 +353,7 @@ TEST_CASE("DiskWriter writes .mid.lz4: one LZ4 frame holding the MIDAS file and 
     for (std::uint64_t e = 0; e < kEvents; ++e) CHECK(ids[e] == 200 + e);
 }
 
-TEST_CASE("DiskWriter ends a run with END_OF_RUN when the run's last event fills its file") {
+TEST_CASE("DiskWriter ends a run with END_OF_RUN when the run's last event fills its file", "[disk_writer]") {
     test::TempDir dir;
     WriterSettings ws = WriterRig::writer_settings(dir.path());
     ws.format_version = 2;
@@ -393,7 +393,7 @@ TEST_CASE("DiskWriter ends a run with END_OF_RUN when the run's last event fills
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
 
-TEST_CASE("DiskWriter takes a COMMENT whose write failed back out of the file") {
+TEST_CASE("DiskWriter takes a COMMENT whose write failed back out of the file", "[disk_writer]") {
     test::TempDir dir;
     WriterSettings ws = WriterRig::writer_settings(dir.path());
     ws.format_version = 2;
@@ -437,7 +437,7 @@ TEST_CASE("DiskWriter takes a COMMENT whose write failed back out of the file") 
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
 
-TEST_CASE("DiskWriter's MIDAS begin- and end-of-run events give the run's start time, not the first file's open") {
+TEST_CASE("DiskWriter's MIDAS begin- and end-of-run events give the run's start time, not the first file's open", "[disk_writer]") {
     test::TempDir dir;
     WriterSettings ws = WriterRig::writer_settings(dir.path());
     ws.format = OutputFormat::midas;
@@ -460,7 +460,7 @@ TEST_CASE("DiskWriter's MIDAS begin- and end-of-run events give the run's start 
     CHECK(eor_runinfo["Start time binary"] == "0x5f5e1000");
 }
 
-TEST_CASE("DiskWriter syncs a full file that waits for the next event to rotate, once") {
+TEST_CASE("DiskWriter syncs a full file that waits for the next event to rotate, once", "[disk_writer]") {
     test::TempDir dir;
     WriterSettings ws = WriterRig::writer_settings(dir.path());
     ws.fsync = FsyncPolicy::on_close;
@@ -478,7 +478,7 @@ TEST_CASE("DiskWriter syncs a full file that waits for the next event to rotate,
     rig.writer.on_close();
 }
 
-TEST_CASE("DiskWriter in pull mode hands a partial O_DIRECT stage over as soon as its events run out") {
+TEST_CASE("DiskWriter in pull mode hands a partial O_DIRECT stage over as soon as its events run out", "[disk_writer]") {
     // The request sender spends a credit again only when the writer says the event is
     // written; with O_DIRECT that is once its stage reached the kernel. Waiting 20 ms
     // for more events (as push mode does, to write each block fewer times) held pull
@@ -532,7 +532,7 @@ WriterSettings start_of_run(const WriterSettings& ws) {
 
 }  // namespace
 
-TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes its notes at once") {
+TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes its notes at once", "[disk_writer]") {
     test::TempDir dir;
     WriterSettings ws = run_record_settings(dir.path());
     WriterRig rig(ws);
@@ -586,7 +586,7 @@ TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes i
     }
 }
 
-TEST_CASE("DiskWriter restarted within a run opens its next file at its start, BEGIN_OF_RUN saying restart") {
+TEST_CASE("DiskWriter restarted within a run opens its next file at its start, BEGIN_OF_RUN saying restart", "[disk_writer]") {
     test::TempDir dir;
     WriterSettings ws = run_record_settings(dir.path());
     ws.config_json = "{}";
@@ -613,7 +613,7 @@ TEST_CASE("DiskWriter restarted within a run opens its next file at its start, B
     CHECK(records_of(dir / file::file_name(kRun, 0, 5, false)) == V{"B", "E", "clean"});
 }
 
-TEST_CASE("DiskWriter keeps the notes of a run's first file when its first event's write fails") {
+TEST_CASE("DiskWriter keeps the notes of a run's first file when its first event's write fails", "[disk_writer]") {
     test::TempDir dir;
     const WriterSettings ws = run_record_settings(dir.path());
     WriterRig rig(ws);

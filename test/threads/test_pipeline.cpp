@@ -139,7 +139,7 @@ TEST_CASE("Pipeline: a run change while the new run's data already arrives write
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
 
-TEST_CASE("DiskWriter with O_DIRECT passes on as written only the records the kernel has") {
+TEST_CASE("DiskWriter with O_DIRECT passes on as written only the records the kernel has", "[disk_writer]") {
     test::TempDir dir;
     {
         // Where the filesystem refuses O_DIRECT (tmpfs) the writer falls back to the

@@ -1,0 +1,114 @@
+// The sample feed and the sampler alone: the writer's side copies records into the
+// feed (a bounded SPSC byte ring) while a client listens, never waiting; the
+// sampler's side drains it into each client's stream: a file header, then whole
+// records, as a .part file.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/format/file_format.hpp"
+#include "monitor/sample_feed.hpp"
+#include "monitor/sampler.hpp"
+#include "test/built_event.hpp"
+
+using namespace evb;
+using test::BuiltEvent;
+
+namespace {
+
+constexpr std::uint32_t kRun = 3;
+constexpr std::uint64_t kNow = 1'700'000'000'000'000'000ull;
+
+file::FileHeader header_of(std::uint32_t run) {
+    file::FileHeader h{run, 0, 1, BuiltEvent::kSources, kNow};
+    h.version = 2;
+    return h;
+}
+
+std::string as_text(const std::vector<std::byte>& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
+
+std::string header_text(const file::FileHeader& h) {
+    std::byte out[file::kHeaderBytes];
+    file::encode_file_header(h, out);
+    return std::string(reinterpret_cast<const char*>(out), file::kHeaderBytes);
+}
+
+}  // namespace
+
+TEST_CASE("sampler: a client gets the file header, then the records the writer fed after it opened", "[sampler]") {
+    monitor::SampleFeed feed;
+    monitor::Sampler sampler(feed);
+    CHECK_FALSE(feed.wanted());
+    const int slot = sampler.open(2);
+    REQUIRE(slot >= 0);
+    CHECK(feed.wanted());
+    BuiltEvent a(kRun, 10, 100), b(kRun, 11, 60), c(kRun, 12, 60);
+    for (const BuiltEvent* e : {&a, &b, &c}) feed.offer(e->ev, header_of(kRun), kNow);
+    std::string out;
+    CHECK_FALSE(sampler.take(slot, out, 1u << 20));  // its two records given: finished
+    CHECK(out == header_text(header_of(kRun)) + as_text(a.record()) + as_text(b.record()));
+    CHECK(sampler.counters().records.get() == 2);
+    sampler.close(slot);
+    CHECK_FALSE(feed.wanted());
+}
+
+TEST_CASE("sampler: a stream ends where the next record would need another header", "[sampler]") {
+    monitor::SampleFeed feed;
+    monitor::Sampler sampler(feed);
+    const int slot = sampler.open(0);
+    BuiltEvent a(kRun, 10, 100), b(kRun + 1, 11, 60);
+    feed.offer(a.ev, header_of(kRun), kNow);
+    feed.offer(b.ev, header_of(kRun + 1), kNow);
+    std::string out;
+    CHECK_FALSE(sampler.take(slot, out, 1u << 20));
+    CHECK(out == header_text(header_of(kRun)) + as_text(a.record()));
+    sampler.close(slot);
+}
+
+TEST_CASE("sample feed: the writer never waits; a full feed or a spent budget skips a record, counted", "[sampler]") {
+    monitor::SampleFeed feed;
+    monitor::Sampler sampler(feed);
+    const int slot = sampler.open(0);
+    // Records of a little over 1 MiB: the 8 MiB feed takes 7 while nobody drains it.
+    std::vector<std::unique_ptr<BuiltEvent>> events;
+    for (std::uint64_t k = 0; k < 9; ++k) {
+        events.push_back(std::make_unique<BuiltEvent>(kRun, 100 + k, 512 * 1024));
+        feed.offer(events.back()->ev, header_of(kRun), kNow);  // returns at once, full or not
+    }
+    const std::uint64_t fed = 9 - feed.dropped_full().get();
+    CHECK(fed == 7);
+    CHECK(sampler.dropped_slow() == 2);
+    std::string out;
+    for (int i = 0; i < 100 && out.size() < file::kHeaderBytes + fed * events[0]->ev.record_length; ++i)
+        REQUIRE(sampler.take(slot, out, 1u << 20));
+    REQUIRE(out.size() == file::kHeaderBytes + fed * events[0]->ev.record_length);
+    CHECK(out.substr(file::kHeaderBytes, events[0]->ev.record_length) == as_text(events[0]->record()));
+    // Drained: the same second's budget (16 MiB) is spent after 15 of these (a little over 1 MiB each).
+    const std::uint64_t fit = monitor::SampleFeed::kBytesPerSecond / events[0]->ev.record_length;
+    REQUIRE(fit == 15);
+    for (std::uint64_t k = 0; k < 12; ++k) {
+        feed.offer(events[k % 9]->ev, header_of(kRun), kNow);
+        out.clear();
+        (void)sampler.take(slot, out, 16u << 20);
+    }
+    CHECK(sampler.dropped_budget() == fed + 12 - fit);
+    feed.offer(events[0]->ev, header_of(kRun), kNow + 1'000'000'000ull);  // the next second: a new budget
+    CHECK(sampler.dropped_budget() == fed + 12 - fit);
+    CHECK(sampler.dropped_slow() == 2);
+    // Two clients: each record fed counts twice against the budget of the second.
+    const int second = sampler.open(0);
+    REQUIRE(second >= 0);
+    const std::uint64_t before = sampler.dropped_budget();
+    for (std::uint64_t k = 0; k < 9; ++k) {
+        feed.offer(events[k]->ev, header_of(kRun), kNow + 2'000'000'000ull);
+        out.clear();
+        (void)sampler.take(slot, out, 16u << 20);
+        (void)sampler.take(second, out, 16u << 20);
+    }
+    CHECK(sampler.dropped_budget() - before == 9 - fit / 2);
+    sampler.close(second);
+    sampler.close(slot);
+}
