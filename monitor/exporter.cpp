@@ -463,7 +463,7 @@ std::vector<FamilyOut> collect(const Sources& s) {
         out.push_back(scalar("evb_sample_bytes_total", "Record bytes copied to sampling clients.", T::counter, static_cast<double>(c.bytes.get())));
         FamilyOut f{"evb_sample_dropped_total",
                     "Records not sampled: reason=\"budget\" (the copy budget of the second was spent, once per record), "
-                    "reason=\"slow_client\" (a client's buffer was full, per client).",
+                    "reason=\"slow_client\" (a client's buffer was full, per client; or the writer's feed was full, once per record).",
                     T::counter, {}, {}};
         f.samples.push_back({{{"reason", "budget"}}, static_cast<double>(s.sampler->dropped_budget()), {}, 0});
         f.samples.push_back({{{"reason", "slow_client"}}, static_cast<double>(s.sampler->dropped_slow()), {}, 0});

@@ -1,6 +1,7 @@
 #include "monitor/sample_feed.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <type_traits>
 
 namespace evb::monitor {
@@ -27,7 +28,10 @@ void SampleFeed::offer(const Event& e, const file::FileHeader& h, std::uint64_t 
         dropped_full_.add();
         return;
     }
-    auto push = [this](const void* p, std::size_t n) { (void)ring_.try_push_n(static_cast<const std::byte*>(p), n); };
+    auto push = [this](const void* p, std::size_t n) {
+        [[maybe_unused]] const std::size_t pushed = ring_.try_push_n(static_cast<const std::byte*>(p), n);
+        assert(pushed == n && "the room checked above holds the whole entry");
+    };
     const auto length = static_cast<std::uint32_t>(sizeof(file::FileHeader) + e.record_length);
     push(&length, 4);
     push(&h, sizeof(file::FileHeader));

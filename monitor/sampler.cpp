@@ -22,6 +22,10 @@ void Sampler::drain_feed() {
     while (pending_.size() - pos >= SampleFeed::kEntryHeadBytes) {
         std::uint32_t length = 0;
         std::memcpy(&length, pending_.data() + pos, 4);
+        if (length < sizeof(file::FileHeader)) {  // cannot be: the feed writes whole entries; never read past it
+            pos = pending_.size();
+            break;
+        }
         if (pending_.size() - pos - 4 < length) break;  // the writer is still pushing it
         file::FileHeader h;
         std::memcpy(&h, pending_.data() + pos + 4, sizeof h);

@@ -108,24 +108,63 @@ void add_item_sequences(std::uint32_t source_id, const std::byte* bytes, std::ui
 }  // namespace
 
 HeldIds::Collector::Collector(std::uint32_t builder_id, std::uint32_t builders)
-    : share_(builder_id), spans_(std::max<std::uint32_t>(builders, 1)) {}
+    : step_(std::max<std::uint32_t>(builders, 1)), share_(builder_id) {}
 
 void HeldIds::Collector::add(std::uint64_t id) {
-    if (id % spans_.step() != share_) {
-        if (!foreign_ids_.insert(id).second) ++duplicates_;
-    } else if (!spans_.insert(id)) {
-        ++duplicates_;
+    const auto share = static_cast<std::uint32_t>(id % step_);
+    Share& s = share == share_ ? own_ : others_[share];
+    s.pending.push_back(id);
+    if (s.pending.size() >= kPending) take_pending(s);
+}
+
+// Merges the ids taken lately into the spans: both sorted, one pass. An id inside a
+// span, or taken twice, is a repeat; an id one step after a span's last (or before
+// its first) extends it, and spans that meet are joined.
+void HeldIds::Collector::take_pending(Share& s) {
+    if (s.pending.empty()) return;
+    std::sort(s.pending.begin(), s.pending.end());
+    std::vector<Span> out;
+    out.reserve(s.spans.size() + 1);
+    const auto put_span = [&](const Span& sp) {
+        if (!out.empty() && out.back().last + step_ == sp.first)
+            out.back().last = sp.last;
+        else
+            out.push_back(sp);
+    };
+    const auto put_id = [&](std::uint64_t id) {
+        if (!out.empty() && out.back().last >= id) {
+            ++duplicates_;
+        } else {
+            ++s.count;
+            put_span({id, id});
+        }
+    };
+    std::size_t i = 0, j = 0;
+    while (i < s.spans.size() || j < s.pending.size()) {
+        if (j < s.pending.size() && (i == s.spans.size() || s.pending[j] < s.spans[i].first)) {
+            put_id(s.pending[j++]);
+        } else if (j < s.pending.size() && s.pending[j] <= s.spans[i].last) {
+            ++duplicates_;  // inside span i
+            ++j;
+        } else {
+            put_span(s.spans[i++]);
+        }
     }
+    s.spans = std::move(out);
+    s.pending.clear();
 }
 
 HeldIds HeldIds::Collector::take() && {
+    take_pending(own_);
     HeldIds h;
-    h.step_ = static_cast<std::uint32_t>(spans_.step());
-    h.count_ = spans_.size();
+    h.step_ = step_;
+    h.count_ = own_.count;
+    h.spans_ = std::move(own_.spans);
+    for (auto& [share, s] : others_) {
+        take_pending(s);
+        h.foreign_ += s.count;
+    }
     h.duplicates_ = duplicates_;
-    h.foreign_ = foreign_ids_.size();
-    h.spans_.reserve(spans_.ranges().size());
-    for (const auto& [first, last] : spans_.ranges()) h.spans_.push_back({first, last});
     return h;
 }
 

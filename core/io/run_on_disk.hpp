@@ -8,14 +8,12 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/format/file_format.hpp"
-#include "core/util/id_ranges.hpp"
 
 namespace evb::file {
 
@@ -30,8 +28,11 @@ public:
 
     // Takes ids one at a time as they are read, in any order, and keeps spans, not
     // ids: what it holds grows with the gaps between the ids, not with their count
-    // (a run of 10^8 events in order is one span). An id seen more than once is
-    // counted in duplicates(), an id outside the share in foreign() (neither is held).
+    // (a run of 10^8 events in order is one span): 16 bytes a span in a flat vector
+    // (twice that while a merge makes the next one), and up to 64 Ki ids of 8 bytes
+    // taken since the last merge, per share. Ids far apart (timestamp mode's record
+    // ids are times) cost a span each. An id seen more than once is counted in
+    // duplicates(), an id outside the share in foreign() (neither is held).
     class Collector {
     public:
         Collector(std::uint32_t builder_id, std::uint32_t builders);
@@ -39,9 +40,19 @@ public:
         HeldIds take() &&;
 
     private:
-        std::uint32_t share_;
-        IdRanges spans_;                       // of the share: step = builders
-        std::set<std::uint64_t> foreign_ids_;  // rare: another builder's
+        // One share's ids: sorted disjoint spans (16 bytes each), and the ids taken
+        // since they were last merged in (at most kPending, 8 bytes each).
+        struct Share {
+            std::vector<Span> spans;
+            std::vector<std::uint64_t> pending;
+            std::uint64_t count = 0;  // distinct ids in spans
+        };
+        static constexpr std::size_t kPending = std::size_t{1} << 16;
+        void take_pending(Share& s);
+
+        std::uint32_t step_, share_;
+        Share own_;
+        std::map<std::uint32_t, Share> others_;  // other builders' shares, by id % step (rare)
         std::uint64_t duplicates_ = 0;
     };
 
