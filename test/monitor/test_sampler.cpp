@@ -68,7 +68,7 @@ TEST_CASE("sampler: a stream ends where the next record would need another heade
     sampler.close(slot);
 }
 
-TEST_CASE("sample feed: the writer never waits; a full feed or a spent budget skips a record, counted", "[sampler]") {
+TEST_CASE("sample feed: the writer never waits, a full feed or a spent budget skips a record, counted", "[sampler]") {
     monitor::SampleFeed feed;
     monitor::Sampler sampler(feed);
     const int slot = sampler.open(0);
