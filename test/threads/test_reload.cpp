@@ -28,6 +28,7 @@ struct Fixture {
           reloader(opts, Sizing{1, 1, 64}, rig.config, rc, rig.pipeline, rig.control) {
         write(file);
     }
+    ~Fixture() { rig.stop_threads(); }  // before rc, which owns what the writer reads, goes
     void write(const std::string& text) { std::ofstream(opts.config_path) << text; }
     nlohmann::json reload_asked() {
         const ControlReply r = reloader.reload_asked(7);

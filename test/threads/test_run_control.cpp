@@ -17,6 +17,7 @@ struct Fixture {
     RunControl rc;
     explicit Fixture(std::vector<std::string> settings)
         : rig(std::move(settings)), rc(rig.snap, rig.targets, rig.control, rig.summaries) {}
+    ~Fixture() { rig.stop_threads(); }  // before rc, which owns what the writer reads, goes
     // (The inputs are not started: a new rule set is not waited for, the test's
     // ticks take it as an input would.)
     // Carries out `c` and ticks (as the service loop does) until it is answered.
