@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-struct stat;
+#include "core/format/mapped_file.hpp"
 
 namespace evb::file {
 
@@ -218,12 +218,11 @@ ScanResult scan(std::span<const std::byte> image, const RecordVisitor& visit = {
 // The same walk reading what each record stores, not what it holds: a COMPRESSED
 // record is checked as stored (record CRC, stored_length, padding) and never
 // decoded, so memory stays bounded whatever its content_length says. For a reader
-// that needs only the record headers.
-ScanResult scan_stored(std::span<const std::byte> image);
-// The same, each good record told to `visit` as it is accepted and not kept in
-// ScanResult::records, so memory does not grow with the file's record count (evbd's
-// start-up survey). The area given is the record's as stored: not decoded.
-ScanResult scan_stored(std::span<const std::byte> image, const RecordVisitor& visit);
+// that needs only the record headers. With `visit`, each good record is told to it
+// as it is accepted and not kept in ScanResult::records, so memory does not grow with
+// the file's record count (evbd's start-up survey); the area given is the record's as
+// stored, not decoded.
+ScanResult scan_stored(std::span<const std::byte> image, const RecordVisitor& visit = {});
 
 // At most this many bytes are decoded for one COMPRESSED record (scan,
 // parse_sections, sections_area): a record whose content_length says more is refused
@@ -253,24 +252,5 @@ bool split_sections(const RecordView& r, std::span<const std::byte> area, std::v
 // frame, held to content_length and content_crc32c) into this thread's decoding
 // buffer for a COMPRESSED one. The one place a codec plugs in.
 bool sections_area(const RecordView& r, std::span<const std::byte>& area, std::string* why);
-
-// Why a file of this stat is not one to read as data ("not a regular file (a
-// FIFO), skipped"), or "" for a regular file.
-std::string not_regular_file(const struct stat& st);
-
-// A read-only mapping of a file. Empty span for an empty file. Anything but a
-// regular file (a FIFO, a device, a directory) is refused, never waited on.
-class MappedFile {
-public:
-    explicit MappedFile(const std::string& path);  // throws std::runtime_error naming path
-    ~MappedFile();
-    MappedFile(const MappedFile&) = delete;
-    MappedFile& operator=(const MappedFile&) = delete;
-    std::span<const std::byte> bytes() const noexcept { return {data_, size_}; }
-
-private:
-    const std::byte* data_ = nullptr;
-    std::size_t size_ = 0;
-};
 
 }  // namespace evb::file
