@@ -57,8 +57,9 @@ FragmentGatherer::Gather FragmentGatherer::gather(ChunkMeta*& list, ChunkMeta* c
     ChunkMeta* after = nullptr;
     ChunkMeta* run_first = nullptr;  // first chunk of this fragment, and the one before it
     ChunkMeta* before_run = nullptr;
-    std::uint32_t have = 0;
-    for (ChunkMeta* p = list; p != nullptr && p->event_id <= seq; p = p->next) {
+    std::uint32_t have = 0;  // this fragment's chunks in the list before c's place
+    ChunkMeta* p = list;
+    for (; p != nullptr && p->event_id <= seq; p = p->next) {
         if (p->event_id == seq) {
             if (p->chunk_index == c->chunk_index) {
                 counters_.duplicate_chunks.add();
@@ -80,7 +81,11 @@ FragmentGatherer::Gather FragmentGatherer::gather(ChunkMeta*& list, ChunkMeta* c
         }
         after = p;
     }
-    if (refused_for_share(i, have + 1u >= c->chunk_count, c)) {
+    // Its chunks after c's place count too: a chunk that completes the fragment
+    // is taken over the share, wherever it falls among the waiting ones.
+    std::uint32_t behind = 0;
+    for (; p != nullptr && p->event_id == seq; p = p->next) ++behind;
+    if (refused_for_share(i, have + behind + 1u >= c->chunk_count, c)) {
         drop(c);
         return Gather::refused;
     }
@@ -92,9 +97,7 @@ FragmentGatherer::Gather FragmentGatherer::gather(ChunkMeta*& list, ChunkMeta* c
         list = c;
     }
     hold(i);
-    // Chunks of this fragment after the new one.
-    for (ChunkMeta* p = c->next; p != nullptr && p->event_id == seq; p = p->next) ++have;
-    if (have + 1u < c->chunk_count) return Gather::held;
+    if (have + behind + 1u < c->chunk_count) return Gather::held;
     // Complete: its chunks are a run of the list; take them out and check that
     // they tile the fragment.
     if (run_first == nullptr || run_first->chunk_index > c->chunk_index) {

@@ -143,6 +143,27 @@ TEST_CASE("gatherer: a source's share of slots refuses chunks that would wait, n
     CHECK(r.counters.source_slot_limit_drops.get() == 2);
 }
 
+TEST_CASE("gatherer: a chunk that completes its fragment ahead of its waiting chunks is taken over the share", "[gatherer][matcher]") {
+    GatherRig r(2);
+    ChunkMeta* first = nullptr;
+    // Chunks 1 and 2 of 3 wait and fill source 0's share of 2; chunk 0, which
+    // completes the fragment, arrives last and goes before both in the list.
+    CHECK(r.g.add_waiting(r.chunk(5, 2, 3), 0, 10, first) == Gather::held);
+    CHECK(r.g.add_waiting(r.chunk(5, 1, 3), 0, 10, first) == Gather::held);
+    CHECK(r.g.held(0) == 2);
+    CHECK(r.g.add_waiting(r.chunk(5, 0, 3), 0, 10, first) == Gather::complete);
+    CHECK(indexes(first) == std::vector<std::uint16_t>{0, 1, 2});
+    CHECK(r.counters.source_slot_limit_drops.get() == 0);
+    CHECK(r.g.held(0) == 0);
+    CHECK(r.g.waiting_chunks() == 0);
+    // The middle one completing, with the first and last waiting, is taken too.
+    CHECK(r.g.add_waiting(r.chunk(6, 0, 3), 0, 10, first) == Gather::held);
+    CHECK(r.g.add_waiting(r.chunk(6, 2, 3), 0, 10, first) == Gather::held);
+    CHECK(r.g.add_waiting(r.chunk(6, 1, 3), 0, 10, first) == Gather::complete);
+    CHECK(indexes(first) == std::vector<std::uint16_t>{0, 1, 2});
+    CHECK(r.counters.source_slot_limit_drops.get() == 0);
+}
+
 TEST_CASE("gatherer: a described fragment is whole at its last bit, its fields filled in", "[gatherer][matcher][described]") {
     GatherRig r;
     ChunkMeta* first = nullptr;
