@@ -678,8 +678,10 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
     if (!read_file_header(base, res)) return res;
     res.header_ok = true;
 
-    // Where the footer says the index starts, if the footer is intact.
+    // Where the footer says the index starts, if the footer is intact. Its entries
+    // are read where they lie in the image, never copied, unless records are kept.
     std::uint64_t index_offset = size;
+    std::uint64_t index_count = 0;
     if (size >= kHeaderBytes + kIndexHeaderBytes + kFooterBytes &&
         std::memcmp(base + size - kFooterBytes, kFooterMagic, 8) == 0) {
         const std::byte* f = base + size - kFooterBytes;
@@ -700,10 +702,13 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
             res.has_footer = true;
             index_offset = off;
             res.index_offset = off;
-            res.index.reserve(count);
-            for (std::uint64_t i = 0; i < count; ++i) {
-                const std::byte* e = base + off + kIndexHeaderBytes + i * kIndexEntryBytes;
-                res.index.push_back({load_u64(e), load_u64(e + 8)});
+            index_count = count;
+            if (keep) {  // a reader that keeps its records keeps the index too
+                res.index.reserve(count);
+                for (std::uint64_t i = 0; i < count; ++i) {
+                    const std::byte* e = base + off + kIndexHeaderBytes + i * kIndexEntryBytes;
+                    res.index.push_back({load_u64(e), load_u64(e + 8)});
+                }
             }
         }
     } else {
@@ -726,8 +731,12 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
         if (visit) visit(res.header, v, area);
         if (layout) tell_layout(res.header, v, area, decode, *layout);
         if (!is_run_record(v)) {
-            index_match = index_match && indexed < res.index.size() && res.index[indexed].event_id == v.header.event_id &&
-                          res.index[indexed].file_offset == v.file_offset;
+            if (index_match && indexed < index_count) {
+                const std::byte* e = base + index_offset + kIndexHeaderBytes + indexed * kIndexEntryBytes;
+                index_match = load_u64(e) == v.header.event_id && load_u64(e + 8) == v.file_offset;
+            } else {
+                index_match = false;
+            }
             ++indexed;
         }
         if (keep) res.records.push_back(v);
@@ -747,7 +756,7 @@ ScanResult scan_image(std::span<const std::byte> img, const RecordVisitor& visit
             res.cut_record = load_u32(tail) == kRecordMarker && len % 8 == 0 && len >= hb && len > left;
         }
     }
-    if (res.has_footer && pos == index_offset && !(index_match && indexed == res.index.size()))
+    if (res.has_footer && pos == index_offset && !(index_match && indexed == index_count))
         res.problems.push_back({index_offset, "index does not match the records"});
     return res;
 }

@@ -192,7 +192,7 @@ struct ScanResult {
     // No footer, and the bytes after good_bytes are the start of a record the file
     // ends inside: a write cut short (a crash), not damage.
     bool cut_record = false;
-    std::vector<IndexEntry> index;
+    std::vector<IndexEntry> index;    // the footer's index, filled only when records are kept
     std::vector<Problem> problems;    // empty when the file is clean and consistent
 };
 
