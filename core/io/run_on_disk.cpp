@@ -247,13 +247,13 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 // A MIDAS file (`.mid.lz4`: its frame decoded): the built events' ids
                 // are in their EVBH banks; the begin-of-run event names the run.
                 // Read block by block, the event ids taken as the events come: the
-                // frame is never decoded whole.
+                // frame is never decoded whole, and no list of the file's ids is made
+                // (the scanner tells an event only after a good begin-of-run event).
                 const bool lz4 = lz4f::is_frame(image.bytes());
-                std::vector<std::uint64_t> file_ids;
                 midas::DecodedEvent d;
                 midas::Scanner scanner([&](const midas::EventView& e) {
                     if (scanner.result().bor.serial_number != run || !midas::decode_built(e, d)) return;
-                    file_ids.push_back(d.evb_event_id);
+                    ids.add(d.evb_event_id);
                     if (items)  // the time modes: the sequences each source's items hold
                         for (const midas::DecodedSection& sec : d.sections)
                             if (sec.info.has_bank()) add_item_sequences(sec.info.source_id, sec.bytes, sec.info.length, seqs);
@@ -269,7 +269,6 @@ RunSurvey survey_run(const std::string& directory, std::uint32_t run, std::uint3
                 s.records += m.event_count;
                 if (m.bor.serial_number == run && m.event_count > 0)
                     s.next_serial = std::max(s.next_serial, m.last_event.serial_number + 1);
-                for (const std::uint64_t id : file_ids) ids.add(id);
                 if (!part && lz4 && !frame.complete)
                     s.problems.push_back(fmt::format("{}: LZ4 frame: {} (its events before that are counted)", path,
                                                      frame.problem));

@@ -20,6 +20,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -27,7 +28,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "core/format/area_walk.hpp"
@@ -792,11 +792,18 @@ bool midas_items(const evb::midas::DecodedSection& sec, std::vector<ef::ItemView
     return true;
 }
 
+// A MIDAS file's event ids, kept as ranges, and the problems naming a repeated one,
+// whose first offset a second reading fills in (repeats are rare, their problems capped).
+struct MidasRepeats {
+    evb::IdRanges ids;
+    std::vector<std::pair<std::size_t, std::uint64_t>> again;  // problem index, id
+};
+
 // One built event of a MIDAS file: its status bits, sections and banks against the
 // run's configuration (and the payload pattern with --pattern).
 void check_midas_event(const evb::midas::EventView& ev, const MidasRun& run, const Options& o, FileReport& rep,
                        evb::midas::DecodedEvent& d, std::vector<ef::ItemView>& items,
-                       std::unordered_map<std::uint64_t, std::uint64_t>& seen, bool& first) {
+                       MidasRepeats& seen, bool& first) {
     namespace em = evb::midas;
     const ef::FileHeader& fh = rep.header;
     const bool item_mode = fh.match_mode != ef::MatchMode::event_id;
@@ -811,8 +818,10 @@ void check_midas_event(const evb::midas::EventView& ev, const MidasRun& run, con
     first = false;
     for (std::size_t b = 0; b < record_bits; ++b)
         if (d.status & kRecordBits[b].first) ++rep.record_bits[b];
-    if (const auto [it, fresh] = seen.emplace(d.evb_event_id, at); !fresh)
-        rep.add_problem(at, fmt::format("event {} appears again (first at offset {})", d.evb_event_id, it->second));
+    if (!seen.ids.insert(d.evb_event_id)) {  // the first offset named after the scan
+        if (rep.problems.size() < kMaxProblemsKept) seen.again.push_back({rep.problems.size(), d.evb_event_id});
+        rep.add_problem(at, fmt::format("event {} appears again", d.evb_event_id));
+    }
     if (d.sections.size() != rep.header.expected_sources)
         rep.add_problem(at, fmt::format("event {} has {} sections, the file's first event {}", d.evb_event_id,
                                         d.sections.size(), rep.header.expected_sources));
@@ -897,6 +906,26 @@ bool held_by_writer(const std::string& path);
 // Feeds a MIDAS file's bytes to a scanner: the mapped image, or a frame's blocks.
 using MidasFeed = std::function<void(evb::midas::Scanner&)>;
 
+// Names in each problem of `again` the offset of the first built event holding its
+// id: the file read once more, only when an id was repeated.
+void name_first_midas(const MidasFeed& feed, const std::vector<std::pair<std::size_t, std::uint64_t>>& again,
+                      std::vector<ef::Problem>& problems) {
+    namespace em = evb::midas;
+    std::map<std::uint64_t, std::uint64_t> first;  // id -> offset (absent: not yet found)
+    for (const auto& [index, id] : again) first.emplace(id, UINT64_MAX);
+    em::DecodedEvent d;
+    em::Scanner scanner([&](const em::EventView& ev) {
+        if (!em::decode_built(ev, d)) return;
+        if (const auto it = first.find(d.evb_event_id); it != first.end() && it->second == UINT64_MAX)
+            it->second = ev.file_offset;
+    });
+    feed(scanner);
+    (void)scanner.finish();
+    for (const auto& [index, id] : again)
+        if (index < problems.size())
+            problems[index].what = fmt::format("event {} appears again (first at offset {})", id, first.at(id));
+}
+
 // Checks a MIDAS file event by event as its bytes come (a `.mid.lz4` block by
 // block): memory is a block and the largest event, not the file's decoded size.
 void examine_midas(const MidasFeed& feed, const Options& o, FileReport& rep) {
@@ -905,7 +934,7 @@ void examine_midas(const MidasFeed& feed, const Options& o, FileReport& rep) {
     std::optional<MidasRun> run;
     em::DecodedEvent d;
     std::vector<ef::ItemView> items;
-    std::unordered_map<std::uint64_t, std::uint64_t> seen;
+    MidasRepeats seen;
     bool first = true;
     em::Scanner scanner([&](const em::EventView& ev) {
         if (!run) {
@@ -922,6 +951,7 @@ void examine_midas(const MidasFeed& feed, const Options& o, FileReport& rep) {
     });
     feed(scanner);
     const em::ScanResult s = scanner.finish();
+    if (!seen.again.empty()) name_first_midas(feed, seen.again, rep.problems);
     rep.header_ok = s.bor_ok;
     rep.has_footer = s.has_eor;  // a clean close: the end-of-run event
     rep.good_bytes = s.good_bytes;
@@ -976,7 +1006,8 @@ FileReport examine(const std::string& path, const Options& o) {
             std::uint64_t content_bytes = 0;
             bool midas = true;
             examine_midas(
-                [&](evb::midas::Scanner& scanner) {
+                [&](evb::midas::Scanner& scanner) {  // read again to name a repeated id's first event
+                    content_bytes = 0;
                     f = evb::lz4f::read_frame(img, [&](std::span<const std::byte> block) {
                         if (content_bytes == 0) midas = looks_midas(block);
                         content_bytes += block.size();
