@@ -589,6 +589,7 @@ bool sections_area(const RecordView& r, std::span<const std::byte>& area, std::s
 }
 
 void set_decoded_bytes_limit(std::size_t bytes) noexcept { g_decoded_bytes_limit.store(bytes, std::memory_order_relaxed); }
+std::size_t decoded_bytes_limit() noexcept { return g_decoded_bytes_limit.load(std::memory_order_relaxed); }
 
 bool check_record_at(std::span<const std::byte> image, const FileHeader& header, std::uint64_t offset,
                      std::uint64_t end, RecordView& out, std::string& why) {

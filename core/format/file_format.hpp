@@ -230,6 +230,8 @@ ScanResult scan_stored(std::span<const std::byte> image, const RecordVisitor& vi
 // nothing allocated for it. No bound by default (content_length is 32 bits: 4 GiB);
 // the fuzz targets set one. Set before reading starts.
 void set_decoded_bytes_limit(std::size_t bytes) noexcept;
+// The bound set (the most a MIDAS event is collected to, too: midas::Scanner).
+std::size_t decoded_bytes_limit() noexcept;
 
 // Checks the record at `offset` as scan() without a visitor does (in pieces), the file's records ending at `end`
 // (the index, or the file's size): false and why when it is not a good record. For

@@ -331,6 +331,12 @@ std::size_t Scanner::parse(std::span<const std::byte> bytes, std::uint64_t at) {
                 state_ = State::done;
                 break;
             }
+            if (r_.bor.data_size > file::decoded_bytes_limit()) {  // never collected: a bound, named
+                problem(0, fmt::format("begin-of-run event: data_size {} is more than this reader decodes ({} bytes)",
+                                       r_.bor.data_size, file::decoded_bytes_limit()));
+                state_ = State::done;
+                break;
+            }
             if (r_.bor.data_size > left - kEventHeaderBytes) return pos;
             r_.bor_ok = true;
             r_.bor_text.assign(reinterpret_cast<const char*>(h) + kEventHeaderBytes, r_.bor.data_size);
@@ -347,6 +353,16 @@ std::size_t Scanner::parse(std::span<const std::byte> bytes, std::uint64_t at) {
             break;
         }
         const EventView e{at + pos, decode_event_header(h), h};
+        // An event is held whole while it is parsed: one that says it is larger than
+        // the reader's bound is refused before its bytes are collected, whatever
+        // follows (a made-up data_size in a frame of zeros would otherwise be
+        // collected to 4 GiB).
+        if (e.header.data_size > file::decoded_bytes_limit()) {
+            problem(e.file_offset, fmt::format("event serial {}: data_size {} is more than this reader decodes ({} bytes)",
+                                               e.header.serial_number, e.header.data_size, file::decoded_bytes_limit()));
+            state_ = State::stopped;
+            break;
+        }
         if (e.header.data_size > left - kEventHeaderBytes) return pos;  // the rest is still to come
         if (e.header.event_id == kEventIdEor) {
             if (e.header.trigger_mask != kMidasMagic || e.header.serial_number != r_.bor.serial_number) {

@@ -6,7 +6,14 @@ the whole frame into memory and failed (exit 2, FAILED: the file could not be re
 now it holds a block and the event being parsed, and says OK with every event
 counted. Recovery (evb-dump --recover, and evbd's start, which runs the same
 recovery on a `.mid.lz4.part`) reads such a file the same way: before, it ran out
-of memory; now it keeps every event and writes the closed file."""
+of memory; now it keeps every event and writes the closed file.
+
+A made-up event header (session 25): after a good event, a header whose data_size
+says 4 GiB - 16, followed by 1.5 GiB of zeros (a few MiB stored). The scanner holds
+an event whole while it parses it, so it collected the zeros waiting for the rest:
+under the same limit, `std::bad_alloc` and "could not be read". Now an event larger
+than the reader's decoded-size bound (`--max-record-bytes`, 1 GiB by default) is
+refused before its bytes are collected, named with its offset, as a bound."""
 import os
 import shutil
 import struct
@@ -56,6 +63,24 @@ def write_file(path, closed=True):
         check(lz4.wait() == 0, "lz4 compressed the test file")
 
 
+def write_made_up(path):
+    """A begin-of-run event, one good event, then an event header claiming 4 GiB - 16
+    of data and 1.5 GiB of zeros after it."""
+    with open(path, "wb") as out:
+        lz4 = subprocess.Popen(["lz4", "-q", "-c", "-1", "-B7", "-BI", "--no-frame-crc"], stdin=subprocess.PIPE,
+                               stdout=out)
+        lz4.stdin.write(marker(0x8000, b'{"building":{"match":"event_id"}}'))
+        lz4.stdin.write(event_head(0))
+        lz4.stdin.write(bytes(PAYLOAD))
+        lz4.stdin.write(struct.pack("<HHIII", 1, 0, 1, 1700000000, 0xFFFFFFF0))
+        zeros = bytes(PAYLOAD)
+        for _ in range(1536):
+            lz4.stdin.write(zeros)
+        lz4.stdin.close()
+        check(lz4.wait() == 0, "lz4 compressed the made-up file")
+    return len(marker(0x8000, b'{"building":{"match":"event_id"}}')) + len(event_head(0)) + PAYLOAD
+
+
 def main():
     limited = address_space_limit(LIMIT)
     if limited is None:
@@ -85,6 +110,19 @@ def main():
     r = subprocess.run([DUMP, "--verify", done], capture_output=True, text=True, timeout=300, preexec_fn=limited)
     check(r.returncode == 0 and f"{EVENTS} events" in r.stdout,
           f"... which holds every one of the {EVENTS} events:\n{(r.stdout + r.stderr)[-2000:]}")
+
+    # An event header that claims more than the bound: refused before it is collected.
+    made_up = os.path.join(wd, "made_up")
+    os.makedirs(made_up)
+    path = os.path.join(made_up, f"run{RUN:06}_000_00000.mid.lz4")
+    at = write_made_up(path)
+    r = subprocess.run([DUMP, "--verify", path], capture_output=True, text=True, timeout=300, preexec_fn=limited)
+    out = r.stdout + r.stderr
+    check(r.returncode == 1 and f"{path}:{at}: event serial 1: data_size {0xFFFFFFF0} is more than this reader "
+          f"decodes ({1 << 30} bytes) (a bound, not damage: --max-record-bytes raises it)" in out
+          and "could not be read" not in out,
+          f"evb-dump --verify on a .mid.lz4 whose event at {at} claims 4 GiB, under the {LIMIT >> 20} MiB limit, "
+          f"names it as past the bound (exit {r.returncode}):\n{out[-2000:]}")
 
 
 if __name__ == "__main__":
