@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -353,7 +354,11 @@ struct FileReport {
     std::uint64_t stored_bytes = 0;
     std::uint64_t content_bytes = 0;
     std::uint64_t compressed = 0;
-    std::vector<EventInfo> events;     // with --events
+    // With --events: each event's listing line (a text row, or its JSON with --json),
+    // written to a temporary file as the event is checked and printed from it at the
+    // end, so that the listing takes no memory per event.
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> events_spill{nullptr, &std::fclose};
+    std::uint64_t events_listed = 0;
     std::vector<RunRecordInfo> run_records;  // in file order
 
     void add_problem(std::uint64_t offset, std::string what) {
@@ -536,6 +541,10 @@ void check_record_time(const ef::RecordView& r, const ef::FileHeader& fh, std::o
 // which needs the payloads whole): fields that must agree across the header, the
 // records and the sections (and, in v2, the items), and the test payload when asked
 // for. The file's own fields are check_file_fields'.
+std::string section_notes(const EventInfo& e, const ef::FileHeader& fh);
+// Adds an event checked to its file's listing (--events).
+void list_event(FileReport& rep, const EventInfo& e, const ef::FileHeader& fh, const Options& o);
+
 struct RecordChecks {
     const Options& o;
     FileReport& rep;
@@ -722,7 +731,7 @@ void RecordChecks::record_end() {
         if (!any_missing && incomplete)
             rep.add_problem(at + 20, fmt::format("event {} is INCOMPLETE but no section is MISSING", h.event_id));
     }
-    if (o.events) rep.events.push_back(std::move(ev));
+    if (o.events) list_event(rep, ev, fh, o);
 }
 
 // ---- MIDAS files (docs/FORMATS.md section 9) ----
@@ -898,7 +907,7 @@ void check_midas_event(const evb::midas::EventView& ev, const MidasRun& run, con
         rep.add_problem(at, fmt::format("event {} is {}INCOMPLETE but {} section is {}", d.evb_event_id,
                                         incomplete ? "" : "not ", marked ? "a" : "no",
                                         time_slice ? "UNCONFIRMED" : "MISSING"));
-    if (o.events) rep.events.push_back(std::move(info));
+    if (o.events) list_event(rep, info, rep.header, o);
 }
 
 bool held_by_writer(const std::string& path);
@@ -1379,6 +1388,71 @@ Json event_json(const EventInfo& e, const ef::FileHeader& fh) {
     return j;
 }
 
+void list_event(FileReport& rep, const EventInfo& e, const ef::FileHeader& fh, const Options& o) {
+    if (!rep.events_spill) {
+        rep.events_spill.reset(std::tmpfile());
+        if (!rep.events_spill)
+            throw std::runtime_error(fmt::format("--events: no temporary file for the listing ({})", std::strerror(errno)));
+    }
+    std::string line;
+    if (o.json) {
+        line = evb::json_text(event_json(e, fh));
+    } else {
+        const auto names = bit_names(e.status, record_bit_names(fh.version));
+        line = fmt::format("  {:>20} {:>12} {:>9}  {:<28} {}", e.event_id, e.offset, e.length,
+                           names.empty() ? std::string("-") : join(names, ","), section_notes(e, fh));
+    }
+    line += '\n';
+    if (std::fwrite(line.data(), 1, line.size(), rep.events_spill.get()) != line.size())
+        throw std::runtime_error(fmt::format("--events: writing the listing's temporary file: {}", std::strerror(errno)));
+    ++rep.events_listed;
+}
+
+// Prints the listing spilled for `r`, its lines joined by `between` (JSON: ",").
+void copy_spill(const FileReport& r, std::string_view between) {
+    if (!r.events_spill) return;
+    std::FILE* f = r.events_spill.get();
+    std::rewind(f);
+    char buf[1 << 16];
+    bool first = true;
+    std::string line;
+    while (std::fgets(buf, sizeof buf, f) != nullptr) {
+        line += buf;
+        if (line.empty() || line.back() != '\n') continue;  // a line longer than the buffer
+        line.pop_back();
+        if (!first) std::fwrite(between.data(), 1, between.size(), stdout);
+        first = false;
+        std::fwrite(line.data(), 1, line.size(), stdout);
+        if (between.empty()) std::fputc('\n', stdout);
+        line.clear();
+    }
+    if (std::ferror(f)) throw std::runtime_error("--events: reading the listing's temporary file back failed");
+}
+
+// Where a file's spilled events go in the JSON document: a string no file name or
+// message can hold (its control characters are escaped as \u0001), replaced by the
+// events' array as the document is printed.
+std::string events_placeholder(const FileReport& r) {
+    return fmt::format("\x01evb-dump events of report {}\x01", static_cast<const void*>(&r));
+}
+
+// Prints the JSON document, each report's events placeholder replaced by its listing.
+void print_json_with_events(const std::string& text, const std::vector<FileReport>& reports) {
+    std::size_t at = 0;
+    for (const FileReport& r : reports) {
+        const std::string mark = evb::json_text(Json(events_placeholder(r)));
+        const std::size_t pos = text.find(mark, at);
+        if (pos == std::string::npos) continue;
+        std::fwrite(text.data() + at, 1, pos - at, stdout);
+        std::fputc('[', stdout);
+        copy_spill(r, ",\n");
+        std::fputc(']', stdout);
+        at = pos + mark.size();
+    }
+    std::fwrite(text.data() + at, 1, text.size() - at, stdout);
+    std::fputc('\n', stdout);
+}
+
 Json file_json(const FileReport& r, const Options& o) {
     Json j;
     j["path"] = r.path;
@@ -1422,11 +1496,7 @@ Json file_json(const FileReport& r, const Options& o) {
                        {"made_unix_ns", rr.made_unix_ns}, {"compressed", rr.compressed}, {"body", body}});
     }
     j["run_records"] = rrs;
-    if (o.events) {
-        Json evs = Json::array();
-        for (const auto& e : r.events) evs.push_back(event_json(e, r.header));
-        j["events"] = evs;
-    }
+    if (o.events) j["events"] = events_placeholder(r);  // the spilled listing goes here as it is printed
     return j;
 }
 
@@ -1538,13 +1608,9 @@ void print_events_text(const FileReport& r) {
     fmt::print("{}: run {}, builder {}, sequence {}, {} expected sources, {} events{}\n", r.path,
                r.header.run_number, r.header.builder_id, r.header.file_sequence, r.header.expected_sources,
                r.event_count, v2);
-    if (r.events.empty()) return;
+    if (r.events_listed == 0) return;
     fmt::print("  {:>20} {:>12} {:>9}  {:<28} {}\n", "event_id", "offset", "length", "status", "sections");
-    for (const auto& e : r.events) {
-        const auto names = bit_names(e.status, record_bit_names(r.header.version));
-        fmt::print("  {:>20} {:>12} {:>9}  {:<28} {}\n", e.event_id, e.offset, e.length,
-                   names.empty() ? std::string("-") : join(names, ","), section_notes(e, r.header));
-    }
+    copy_spill(r, "");
     fmt::print("\n");
 }
 
@@ -1748,7 +1814,8 @@ int main(int argc, char** argv) {
         doc["pattern_checked"] = o.pattern;
         doc["problem_count"] = total_problems;
         doc["exit_status"] = status;
-        fmt::print("{}\n", evb::json_text(doc, 2));
+        std::fflush(stdout);
+        print_json_with_events(evb::json_text(doc, 2), reports);
         return status;
     }
 

@@ -7,6 +7,8 @@ per record (about 330 MiB of heap for this file, 511 MiB peak resident with the
 mapping): under 400 MiB it said `FAILED, 1 file could not be read` (exit 2). Now the
 ids are kept as ranges, the records are checked as they are told, not kept, and the
 footer's index is read where it lies (session 25): `OK` within the file's size + 24 MiB.
+`evb-dump --events` lists every event under the same limit (its rows are spilled to
+a temporary file as they come, session 25).
 A repeated id is still named with the offset of its first record.
 
 evbd's start-up survey (a push-mode evbd going on with run 7 in that directory) read
@@ -88,6 +90,26 @@ def main():
           f"evb-dump --verify of {EVENTS} events within {limit >> 20} MiB of address space "
           f"(the file and {HEADROOM >> 20} MiB; exit {r.returncode}):\n"
           f"{(r.stdout + r.stderr)[-1500:]}")
+
+    # The listing (--events) of every event under the same limit: each row goes to a
+    # temporary file as its event is checked, not into a list (session 25; before,
+    # std::bad_alloc: about 180 bytes an event).
+    listing = os.path.join(wd, "listing.txt")
+    with open(listing, "w") as out:
+        r = subprocess.run([dump, "--events", path], stdout=out, stderr=subprocess.PIPE, text=True, timeout=300,
+                           preexec_fn=address_space_limit(limit))
+    rows = 0
+    last = None
+    with open(listing) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 4 and fields[0].isdigit() and fields[1].isdigit():
+                rows += 1
+                last = int(fields[0])
+    check(r.returncode == 0 and rows == EVENTS and last == EVENTS - 1,
+          f"evb-dump --events lists all {EVENTS} events within {limit >> 20} MiB of address space "
+          f"({rows} rows, the last event {last}; exit {r.returncode}): {r.stderr[-800:]}")
+    os.remove(listing)
 
     # evbd's start-up survey of the same run: within what evbd takes on an empty
     # directory, the file's mapping and 96 MiB.
