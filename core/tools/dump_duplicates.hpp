@@ -1,5 +1,6 @@
-// evb-dump's duplicate event-id check: the ids seen kept as ranges (IdRanges), so its
-// memory grows with the gaps between ids, not with the file's event count. A repeated
+// evb-dump's duplicate event-id check: the ids seen kept as ranges (IdRanges, of the
+// stride the file's ids have), so its memory grows with the gaps between ids, not with
+// the file's event count. A repeated
 // id is reported at once; the offset of its first record, which the ranges do not
 // keep, is found after the scan from the record headers (repeats are rare and their
 // problems capped).
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <numeric>
 #include <span>
 #include <vector>
 
@@ -19,6 +21,50 @@
 #include "core/util/id_ranges.hpp"
 
 namespace evb::dump {
+
+// The ids of one file, kept as ranges whatever share of a run the file holds: a run
+// built by several builders gives each builder every n-th id (a file does not say n),
+// and ranges of step 1 would cost a map entry per id. The stride is learnt from the
+// first kProbe ids (the greatest common divisor of their distances from the first);
+// ids are then kept as ranges of that step, one IdRanges per residue, so an id of
+// any other residue is still kept exactly (at worst a range each, as with step 1).
+class StridedIds {
+public:
+    static constexpr std::size_t kProbe = 64;
+
+    bool contains(std::uint64_t id) const {
+        if (step_ == 0) return std::find(probe_.begin(), probe_.end(), id) != probe_.end();
+        const auto it = by_residue_.find(id % step_);
+        return it != by_residue_.end() && it->second.contains(id);
+    }
+    void insert(std::uint64_t id) {
+        if (step_ == 0) {
+            probe_.push_back(id);
+            if (probe_.size() == kProbe) settle();
+            return;
+        }
+        by_residue_.try_emplace(id % step_, step_).first->second.insert(id);
+    }
+    std::uint64_t step() const noexcept { return step_; }  // 0 until kProbe ids were seen
+    std::size_t ranges() const noexcept {
+        std::size_t n = 0;
+        for (const auto& [residue, r] : by_residue_) n += r.ranges().size();
+        return n;
+    }
+
+private:
+    void settle() {
+        std::uint64_t g = 0;
+        for (const std::uint64_t v : probe_) g = std::gcd(g, v > probe_[0] ? v - probe_[0] : probe_[0] - v);
+        step_ = g == 0 ? 1 : g;
+        std::vector<std::uint64_t> ids;
+        ids.swap(probe_);
+        for (const std::uint64_t v : ids) insert(v);
+    }
+    std::vector<std::uint64_t> probe_;  // the first ids, while the stride is not known
+    std::uint64_t step_ = 0;
+    std::map<std::uint64_t, IdRanges> by_residue_;
+};
 
 class DuplicateIds {
 public:
@@ -60,7 +106,7 @@ private:
         std::size_t problem;
         std::uint64_t id;
     };
-    IdRanges seen_;
+    StridedIds seen_;
     std::vector<Again> again_;
 };
 

@@ -804,7 +804,7 @@ bool midas_items(const evb::midas::DecodedSection& sec, std::vector<ef::ItemView
 // A MIDAS file's event ids, kept as ranges, and the problems naming a repeated one,
 // whose first offset a second reading fills in (repeats are rare, their problems capped).
 struct MidasRepeats {
-    evb::IdRanges ids;
+    evb::dump::StridedIds ids;
     std::vector<std::pair<std::size_t, std::uint64_t>> again;  // problem index, id
 };
 
@@ -827,9 +827,11 @@ void check_midas_event(const evb::midas::EventView& ev, const MidasRun& run, con
     first = false;
     for (std::size_t b = 0; b < record_bits; ++b)
         if (d.status & kRecordBits[b].first) ++rep.record_bits[b];
-    if (!seen.ids.insert(d.evb_event_id)) {  // the first offset named after the scan
+    if (seen.ids.contains(d.evb_event_id)) {  // the first offset named after the scan
         if (rep.problems.size() < kMaxProblemsKept) seen.again.push_back({rep.problems.size(), d.evb_event_id});
         rep.add_problem(at, fmt::format("event {} appears again", d.evb_event_id));
+    } else {
+        seen.ids.insert(d.evb_event_id);
     }
     if (d.sections.size() != rep.header.expected_sources)
         rep.add_problem(at, fmt::format("event {} has {} sections, the file's first event {}", d.evb_event_id,

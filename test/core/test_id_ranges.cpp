@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/tools/dump_duplicates.hpp"
 #include "core/util/id_ranges.hpp"
 
 using evb::IdRanges;
@@ -96,4 +97,59 @@ TEST_CASE("IdRanges with a step keeps a builder's share of ids as ranges", "[id_
     CHECK(r.contains(399'998));
     CHECK_FALSE(r.contains(399'999));  // inside the range, another builder's
     CHECK_FALSE(r.contains(400'010));
+}
+
+// Session 25: evb-dump's ids of one file learn the file's stride (a builder's share of
+// a run of several builders) and stay exact for ids of any other residue.
+TEST_CASE("StridedIds learns a file's stride and agrees with a set on any ids", "[id_ranges]") {
+    SECTION("builder 1 of 3: one range") {
+        evb::dump::StridedIds ids;
+        for (std::uint64_t id = 1; id < 300'000; id += 3) {
+            CHECK_FALSE(ids.contains(id));
+            ids.insert(id);
+        }
+        CHECK(ids.step() == 3);
+        CHECK(ids.ranges() == 1);
+        CHECK(ids.contains(299'998));
+        CHECK_FALSE(ids.contains(299'999));
+        CHECK_FALSE(ids.contains(2));
+    }
+    SECTION("strided, then ids of other residues and repeats, against std::set") {
+        evb::dump::StridedIds ids;
+        std::set<std::uint64_t> s;
+        std::uint64_t x = 88172645463325252ull;  // xorshift
+        auto next = [&x] {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            return x;
+        };
+        for (std::uint64_t k = 0; k < 50'000; ++k) {
+            std::uint64_t id = 0;
+            if (k < 20'000) id = 5 + 4 * k;                // stride 4 while the probe learns it
+            else if (k % 3 == 0) id = next() % 200'000;    // any residue, some repeats
+            else id = 5 + 4 * (next() % 60'000);           // the stride's own, some repeats
+            CHECK(ids.contains(id) == (s.count(id) == 1));
+            ids.insert(id);
+            s.insert(id);
+        }
+        CHECK(ids.step() == 4);
+        for (std::uint64_t id = 0; id < 250'000; ++id) {
+            if (ids.contains(id) != (s.count(id) == 1)) {
+                FAIL("id " << id << ": StridedIds says " << ids.contains(id));
+            }
+        }
+    }
+    SECTION("fewer ids than the probe, and ids with no common stride") {
+        evb::dump::StridedIds few;
+        for (std::uint64_t id : {10u, 20u, 30u}) few.insert(id);
+        CHECK(few.step() == 0);
+        CHECK(few.contains(20));
+        CHECK_FALSE(few.contains(25));
+        evb::dump::StridedIds mixed;
+        for (std::uint64_t id = 0; id < 100; ++id) mixed.insert(id * id);
+        CHECK(mixed.step() == 1);
+        for (std::uint64_t id = 0; id < 100; ++id) CHECK(mixed.contains(id * id));
+        CHECK_FALSE(mixed.contains(2));
+    }
 }

@@ -39,11 +39,11 @@ HEADROOM = 24 << 20
 NAME = "run000007_000_00000.evb"
 
 
-def tiny_file(path, ids):
+def tiny_file(path, ids, builder=0):
     """A closed v2 `.evb` of run 7, one source: a record per id in `ids`, one empty
     section each, written as it is made."""
     crc = evbfile.crc32c
-    h = struct.pack("<8sIIIIIIQHHIQI", b"EVBFILE1", 2, 64, 7, 0, 0, 1, 123, 0, 0, 0, 0, 0)
+    h = struct.pack("<8sIIIIIIQHHIQI", b"EVBFILE1", 2, 64, 7, 0, builder, 1, 123, 0, 0, 0, 0, 0)
     body = struct.pack("<IIII", 0, 0, 0, 0)
     after = struct.pack("<Q", 0) + body
     body_crc = struct.pack("<I", crc(body))
@@ -90,6 +90,21 @@ def main():
           f"evb-dump --verify of {EVENTS} events within {limit >> 20} MiB of address space "
           f"(the file and {HEADROOM >> 20} MiB; exit {r.returncode}):\n"
           f"{(r.stdout + r.stderr)[-1500:]}")
+
+    # One builder's share of a run of three (ids 1, 4, 7, ...: a file does not say how
+    # many builders made its run) under the same rule: before session 25 each id was a
+    # range of its own (about 64 bytes an id); now the stride is learnt from the file.
+    shared = os.path.join(wd, "builder1")
+    os.makedirs(shared)
+    share = os.path.join(shared, "run000007_001_00000.evb")
+    tiny_file(share, range(1, 3 * (EVENTS // 2), 3), builder=1)
+    share_limit = os.path.getsize(share) + HEADROOM
+    r = subprocess.run([dump, "--verify", share], capture_output=True, text=True, timeout=120,
+                       preexec_fn=address_space_limit(share_limit))
+    check(r.returncode == 0 and f"verify: OK, 1 file, {EVENTS // 2} events" in r.stdout,
+          f"evb-dump --verify of builder 1 of 3's {EVENTS // 2} events within {share_limit >> 20} MiB of address "
+          f"space (exit {r.returncode}):\n{(r.stdout + r.stderr)[-1500:]}")
+    shutil.rmtree(shared)
 
     # The listing (--events) of every event under the same limit: each row goes to a
     # temporary file as its event is checked, not into a list (session 25; before,
