@@ -42,4 +42,7 @@ std::uint32_t crc32c_extend_portable(std::uint32_t crc, const void* data, std::s
 // True when the SSE4.2 crc32 instruction is used.
 bool crc32c_hardware() noexcept;
 
+// True when buffers of 1 KiB or more are folded with VPCLMULQDQ (AVX-512) first.
+bool crc32c_folding() noexcept;
+
 }  // namespace evb
