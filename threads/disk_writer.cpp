@@ -43,7 +43,7 @@ file::FormatSettings format_settings(const WriterSettings& s) {
 
 }  // namespace
 
-DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,
+DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<WriterItem>*> inputs,
                        std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
                        std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell,
                        WrittenIds* written, ClosedFiles* closed, file::OpenFiles* open)
@@ -58,7 +58,7 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
       open_(open != nullptr ? *open : own_open_),
       format_(s.format == OutputFormat::midas, format_settings(s)),
       done_pending_(done_rings_.size()),
-      markers_(inputs_.size(), 0),
+      shard_epochs_(inputs_.size(), 0),
       held_(inputs_.size()) {
     iov_.reserve(kMaxIov + 4096);
     unsettled_.reserve(std::size_t{1} << 16);
@@ -441,8 +441,8 @@ void DiskWriter::settle_or_lose(std::uint64_t kernel_offset) {
 }
 
 bool DiskWriter::transition_done() const noexcept {
-    for (auto m : markers_)
-        if (m < transition_generation_) return false;
+    for (const std::uint64_t passed : shard_epochs_)
+        if (passed < transition_generation_) return false;
     return true;
 }
 
@@ -525,14 +525,15 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
     }
     open_started_run();
     for (std::size_t k = 0; k < inputs_.size(); ++k) {
-        // A shard with new-run events held back is still read: its run-end marker
-        // may be behind them (the readers admit the new run before the marker is
-        // put), and only reading on reaches it.
+        // A shard with new-run events held back is still read: its epoch mark may
+        // be behind them (the readers admit the new run before the shard takes the
+        // run's end), and only reading on reaches it.
         const std::size_t n = inputs_[k]->try_pop_n(scratch_.data(), std::min(max_events - total, scratch_.capacity()));
         for (std::size_t i = 0; i < n; ++i) {
-            Event* e = scratch_[i];
-            if (e == nullptr) {
-                ++markers_[k];
+            const WriterItem item = scratch_[i];
+            Event* const e = item.event();
+            if (item.is_mark()) {
+                shard_epochs_[k] = item.epoch();
             } else if (transition_generation_ != 0 && e->run_number == transition_run_ &&
                        e->set_generation == transition_set_) {
                 held_[k].push_back(e);  // in order; the old run's events go on being written

@@ -19,6 +19,7 @@
 
 #include "core/config/snapshot.hpp"
 #include "allocators/buffer_pool.hpp"
+#include "core/model/epoch.hpp"
 #include "core/model/event.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/output_format.hpp"
@@ -36,7 +37,7 @@ class SampleFeed;
 
 class DiskWriter final : public Agent {
 public:
-    DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,
+    DiskWriter(const WriterSettings& s, std::vector<SpscRing<WriterItem>*> inputs,
                std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
                std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell,
                WrittenIds* written = nullptr, ClosedFiles* closed = nullptr, file::OpenFiles* open = nullptr);
@@ -105,7 +106,7 @@ private:
     void settle_or_lose(std::uint64_t kernel_offset);
 
     WriterSettings s_;
-    std::vector<SpscRing<Event*>*> inputs_;
+    std::vector<SpscRing<WriterItem>*> inputs_;
     std::vector<SpscRing<Event*>*> done_rings_;
     alloc::ReturnBatcher returns_;
     stats::WriterCounters& counters_;
@@ -205,9 +206,9 @@ private:
     std::vector<std::uint64_t> settled_ids_;
     std::vector<iovec> iov_;          // gather list of the batch being written
     std::vector<Event*> batch_;       // events in iov_
-    std::vector<Event*> scratch_;     // popped from one ring
+    std::vector<WriterItem> scratch_;  // popped from one ring
     std::vector<std::vector<Event*>> done_pending_;  // per shard
-    std::vector<std::uint64_t> markers_;             // run-end markers seen per shard
+    std::vector<std::uint64_t> shard_epochs_;        // per shard: every epoch up to this has passed it (its last mark)
     std::vector<std::vector<Event*>> held_;          // per shard: new-run events held back
     std::uint64_t transition_generation_ = 0;        // 0: no transition pending
     std::uint32_t transition_run_ = 0;

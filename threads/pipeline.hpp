@@ -29,6 +29,7 @@
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
 #include "core/config/snapshot.hpp"
+#include "core/model/epoch.hpp"
 #include "core/model/matcher.hpp"
 #include "core/model/counters.hpp"
 #include "threads/channels.hpp"
@@ -93,7 +94,7 @@ public:
     // Waits until every message put so far has been processed.
     void wait_idle();
 
-    std::vector<SpscRing<Event*>*> writer_rings();
+    std::vector<SpscRing<WriterItem>*> writer_rings();
     std::vector<SpscRing<Event*>*> done_rings();
     std::size_t events_in_flight() const noexcept;
     const std::vector<std::unique_ptr<stats::MatcherCounters>>& counters() const noexcept { return counters_; }

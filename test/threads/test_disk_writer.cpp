@@ -89,7 +89,7 @@ struct WriterRig {
         REQUIRE(out.head != nullptr);
         for (Event* e = out.head; e != nullptr; e = e->next_out) {
             assemble(*e);
-            REQUIRE(to_writer.try_push(e));
+            REQUIRE(to_writer.try_push(WriterItem(e)));
         }
     }
 
@@ -98,7 +98,7 @@ struct WriterRig {
     alloc::ReturnBatcher returns;
     stats::MatcherCounters matcher_counters;
     Matcher matcher;
-    SpscRing<Event*> to_writer;
+    SpscRing<WriterItem> to_writer;
     WrittenIds written;
     ClosedFiles closed{16};
     stats::WriterCounters writer_counters;
@@ -184,13 +184,13 @@ TEST_CASE("DiskWriter reports each file it closes and each run transition it fin
     CHECK(rig.writer_counters.run_records.get() == 6);
     CHECK(rig.writer_counters.run_incomplete.get() == 0);
 
-    // The run ends: the writer learns of it, then the shard's run-end marker arrives.
+    // The run ends: the writer learns of it, then the shard's epoch mark arrives.
     WriterSettings next = WriterRig::writer_settings(dir.path());
     next.run_number = kRun + 1;
     next.run_generation = 1;
     REQUIRE(rig.writer.commands().try_push(&next));
     rig.writer.do_work();
-    REQUIRE(rig.to_writer.try_push(nullptr));
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
     for (int i = 0; i < 10; ++i) rig.writer.do_work();
 
     REQUIRE(rig.closed.pop(got, 8) == 2);
@@ -371,7 +371,7 @@ TEST_CASE("DiskWriter ends a run with END_OF_RUN when the run's last event fills
         next.run_generation = 1;
         REQUIRE(rig.writer.commands().try_push(&next));
         rig.writer.do_work();
-        REQUIRE(rig.to_writer.try_push(nullptr));  // the shard's run-end marker
+        REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));  // the shard's epoch mark
         for (int i = 0; i < 10; ++i) rig.writer.do_work();
         const std::vector<fs::path> files = files_in(dir.path());
         REQUIRE(files.size() == 3);  // one per event, none without events
@@ -558,7 +558,7 @@ TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes i
         set.run_generation = 1;
         REQUIRE(rig.writer.commands().try_push(&set));
         rig.writer.do_work();
-        REQUIRE(rig.to_writer.try_push(nullptr));  // the shard's marker
+        REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));  // the shard's epoch mark
         for (int i = 0; i < 4; ++i) rig.writer.do_work();
         const std::vector<fs::path> files = files_in(dir.path());
         REQUIRE(files.size() == 2);
@@ -571,7 +571,7 @@ TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes i
         stop.run_generation = 1;
         REQUIRE(rig.writer.commands().try_push(&stop));
         rig.writer.do_work();
-        REQUIRE(rig.to_writer.try_push(nullptr));
+        REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
         for (int i = 0; i < 4; ++i) rig.writer.do_work();
         const std::vector<fs::path> files = files_in(dir.path());
         REQUIRE(files.size() == 1);
