@@ -71,8 +71,8 @@ private:
     monitor::SampleFeed* samples_ = nullptr;
     std::size_t drain(std::size_t max_events);
     void write_event(Event* e);
-    bool transition_done() const noexcept;
-    bool open_file(std::uint32_t run_number, std::uint32_t set_generation, std::uint32_t expected_sources,
+    bool epoch_passed() const noexcept;  // the awaited epoch has passed every shard
+    bool open_file(std::uint32_t run_number, std::uint32_t source_set, std::uint32_t expected_sources,
                    file::Codec codec);
     void close_file();
     void finish_close();  // close_file once the batch is flushed and the file is where it was
@@ -128,8 +128,7 @@ private:
     file::OpenFiles own_open_;  // when the wiring names none
     file::OpenFiles& open_;      // the file open now: set per file, read per scrape
     std::uint32_t file_run_ = 0;
-    std::uint32_t file_set_ = 0;
-    std::uint32_t transition_set_ = 0;
+    std::uint32_t file_set_ = 0;  // Epoch::set of the open file's events
     std::uint32_t next_seq_ = 0;
     std::uint32_t file_seq_ = 0;  // sequence number of the file open
     std::uint64_t last_sync_ns_ = 0;
@@ -210,8 +209,9 @@ private:
     std::vector<std::vector<Event*>> done_pending_;  // per shard
     std::vector<std::uint64_t> shard_epochs_;        // per shard: every epoch up to this has passed it (its last mark)
     std::vector<std::vector<Event*>> held_;          // per shard: new-run events held back
-    std::uint64_t transition_generation_ = 0;        // 0: no transition pending
-    std::uint32_t transition_run_ = 0;
+    // An epoch begun (run control's settings) that has not passed every shard yet:
+    // the events of its run and set are held back (held_) until it has.
+    std::optional<Epoch> awaited_;
     std::size_t batch_bytes_ = 0;
 };
 

@@ -3,7 +3,6 @@
 #include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/task_arena.h>
 
-#include <array>
 #include <bit>
 #include <thread>
 #include <variant>
@@ -68,9 +67,9 @@ struct Tick {  // timeouts
 struct Flush {  // every event in flight handed on
     std::uint64_t now_ns;
 };
-struct EndRun {  // the run ends; next_run goes on (kNoRun in Matcher: none)
+struct EndRun {  // the run ends, an epoch begins: epoch.run goes on (kNoRun in Matcher: none)
     std::uint64_t now_ns;
-    std::uint32_t next_run;
+    Epoch epoch;
 };
 struct SetTimeout {
     std::uint64_t timeout_ns;
@@ -83,11 +82,14 @@ struct GiveUp {  // pull mode: the request sender gave up on an event
     std::uint32_t run_number;
     std::uint64_t now_ns;
 };
-struct SetSources {  // a new expected-source set (kept alive by the poster until idle)
+struct SourceSet {  // what SetSources points to
     const std::vector<std::uint8_t>* expected;
-    std::uint32_t generation;
+    Epoch epoch;  // the epoch the change begins
     file::Codec codec;
     std::uint32_t level;
+};
+struct SetSources {  // a new expected-source set (kept alive by the poster until idle)
+    const SourceSet* change;
 };
 struct SetOpening {  // run control: whether chunks may open events
     bool opening;
@@ -96,6 +98,9 @@ struct SetOpening {  // run control: whether chunks may open events
 using ShardInput =
     std::variant<in::Chunks, in::Tick, in::Flush, in::EndRun, in::SetTimeout, in::SetDisorder, in::GiveUp,
                  in::SetSources, in::SetOpening>;
+// Every reader batch is one of these in an inbox: the rare messages stay as small
+// as the largest common one (a rare message's bulk goes behind a pointer).
+static_assert(sizeof(ShardInput) <= 32);
 template <typename... F>
 struct Overloaded : F... {
     using F::operator()...;
@@ -254,8 +259,10 @@ struct Pipeline::Shard {
     // or source change at most (reloads wait for the graph, so they do not pile up
     // while it works).
     static constexpr std::size_t kMarkRoom = 1024;
-    // The match body's: the epochs this shard has marked as passed (Epoch::number).
-    std::uint64_t epochs_marked = 0;
+    // The match body's: the newest epoch this shard has taken (EndRun, SetSources),
+    // and the newest its mark has said passed (Epoch::number).
+    std::uint64_t epoch_taken = 0;
+    std::uint64_t epoch_marked = 0;
     std::atomic<bool> tick_queued{false};
     MpscQueue<ShardInput> inbox;  // the shard's inbox
     Driver* driver = nullptr;
@@ -375,7 +382,6 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                         // thread, dispatched inside libtbb, out of TSan's view.
                         handoff_acquire(&sh->matcher);
                         EventList built;
-                        std::uint32_t passed = 0;  // epochs that pass this shard with the events built here
                         Matcher& m = sh->matcher;
                         std::visit(
                             Overloaded{
@@ -386,26 +392,29 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                 },
                                 [&](const in::Flush& f) { m.flush(f.now_ns, built); },
                                 [&](const in::EndRun& r) {
-                                    m.end_run(r.next_run, r.now_ns, built);
-                                    ++passed;
+                                    m.end_run(r.epoch.run, r.now_ns, built);
+                                    sh->epoch_taken = r.epoch.number;
                                 },
                                 [&](const in::SetTimeout& t) { m.set_timeout_ns(t.timeout_ns); },
                                 [&](const in::SetDisorder& sd) { m.set_disorder_ticks(sd.ticks); },
                                 [&](const in::SetOpening& o) { m.set_opening(o.opening); },
                                 [&](const in::GiveUp& g) { m.give_up(g.event_id, g.run_number, g.now_ns, built); },
                                 [&](const in::SetSources& ss) {
-                                    m.set_expected(*ss.expected, ss.generation, ss.codec);
+                                    const in::SourceSet& c = *ss.change;
+                                    m.set_expected(*c.expected, c.epoch.set, c.codec);
+                                    sh->epoch_taken = c.epoch.number;
                                     // Not on the hot path: a zstd level above any before sizes
                                     // its working memory here, and the ring is made on first use.
-                                    sh->compressor.configure(ss.codec, ss.level);
+                                    sh->compressor.configure(c.codec, c.level);
                                 },
                             },
                             input);
-                        // An expected-source set ends once none of its events is in flight
-                        // here: its epoch passes then, as a run's end passes at once.
-                        passed += sh->matcher.take_set_markers();
-                        std::uint64_t mark = 0;  // the epoch mark that follows the events built here
-                        if (passed > 0) mark = sh->epochs_marked += passed;
+                        // The epoch mark that follows the events built here: an epoch has
+                        // passed this shard once the shard took it and no event of an earlier
+                        // source set is in flight here (a run's end hands them all on at once).
+                        std::uint64_t mark = 0;
+                        if (sh->epoch_taken != sh->epoch_marked && !m.earlier_set_in_flight())
+                            mark = sh->epoch_marked = sh->epoch_taken;
                         if (built.head && built_ != nullptr)
                             for (const Event* e = built.head; e != nullptr; e = e->next_out) built_->mark(e->event_id);
                         if ((built.head || mark != 0) && several) {
@@ -550,8 +559,8 @@ void Pipeline::flush(std::uint64_t now_ns) noexcept {
     for (auto& s : shards_) s->put(in::Flush{now_ns});
 }
 
-void Pipeline::end_run(std::uint64_t now_ns, std::uint32_t next_run) noexcept {
-    for (auto& s : shards_) s->put(in::EndRun{now_ns, next_run});
+void Pipeline::end_run(std::uint64_t now_ns, const Epoch& epoch) noexcept {
+    for (auto& s : shards_) s->put(in::EndRun{now_ns, epoch});
 }
 
 void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
@@ -561,10 +570,11 @@ void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::ui
     shards_[shard]->put(in::GiveUp{event_id, run_number, now_ns});
 }
 
-void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation,
-                                    file::Codec codec, std::uint32_t level) {
-    for (auto& s : shards_) s->put(in::SetSources{&expected, generation, codec, level});
-    wait_idle();  // every shard has copied `expected`
+void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, const Epoch& epoch, file::Codec codec,
+                                    std::uint32_t level) {
+    const in::SourceSet change{&expected, epoch, codec, level};
+    for (auto& s : shards_) s->put(in::SetSources{&change});
+    wait_idle();  // every shard has read `change` and copied `expected`
 }
 
 void Pipeline::set_opening(bool opening) noexcept {
