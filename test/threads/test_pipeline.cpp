@@ -311,3 +311,48 @@ TEST_CASE("Pipeline: with more workers than shards, records are compressed concu
     }
     CHECK(compressed == c.records_compressed.get());
 }
+
+TEST_CASE("Pipeline: a run's end with no event in flight hands the writer its epoch mark alone, with one worker or several") {
+    test::TempDir dir;
+    PipelineSettings ps = two_sources(1, 64);
+    ps.workers = GENERATE(1u, 3u);  // the assemble node, or compress -> order -> push with two helpers
+    WriterSettings ws = writer_into(dir.path());
+    ws.epoch.run = 1;
+    test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20);
+    rig.start();
+    const int out = net::open_udp_for(rig.to, 1u << 20);
+    auto wait_for = [](auto&& cond) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!cond() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        return cond();
+    };
+    for (std::uint64_t e = 0; e < 4; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send_fragment(out, rig.to, 1, s, e);
+    REQUIRE(wait_for([&] { return rig.writer_counters.events_written.get() == 4; }));
+    REQUIRE(rig.pipeline.events_in_flight() == 0);
+    // As run control ends a run: the writer first, then the readers, then the shard.
+    // The shard builds nothing, so its batch holds the mark alone; the writer closes
+    // run 1's file on it, before any event of run 2.
+    WriterSettings next = ws;
+    next.epoch = {1, 2, 0};
+    REQUIRE(rig.writer.commands().try_push(&next));
+    AdmissionRules run2;
+    run2.run_number = 2;
+    REQUIRE(rig.reader.rules().post(&run2));
+    REQUIRE(wait_for([&] { return rig.reader.rules().applied() == &run2; }));
+    rig.pipeline.end_run(0, next.epoch);
+    CHECK(wait_for([&] { return rig.writer_counters.files_closed.get() == 1; }));
+    CHECK(rig.writer_counters.events_written.get() == 4);
+    for (std::uint64_t e = 0; e < 3; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send_fragment(out, rig.to, 2, s, e);
+    CHECK(wait_for([&] { return rig.writer_counters.events_written.get() == 7; }));
+    rig.stop();
+    ::close(out);
+    std::vector<std::string> files;
+    for (const auto& f : std::filesystem::directory_iterator(dir.path())) files.push_back(f.path().filename());
+    std::sort(files.begin(), files.end());
+    INFO(files.size() << " files");
+    REQUIRE(files.size() == 2);  // run 1's (closed at its end) and run 2's
+    CHECK(files[0].find("run000001") != std::string::npos);
+    CHECK(files[1].find("run000002") != std::string::npos);
+}
