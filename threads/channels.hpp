@@ -61,7 +61,7 @@ struct FileClosed {
     std::uint64_t events = 0;
     file::StatusCounts status;
     bool clean = false;                   // closed with index and footer (else left .part)
-    std::uint64_t transition_done = 0;    // not 0: no file; run transitions up to this generation are done
+    std::uint64_t epoch_passed = 0;       // not 0: no file; every epoch up to this has passed the writer (Epoch::number)
 };
 class ClosedFiles {
 public:

@@ -43,7 +43,7 @@ file::FormatSettings format_settings(const WriterSettings& s) {
 
 }  // namespace
 
-DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,
+DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<WriterItem>*> inputs,
                        std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
                        std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell,
                        WrittenIds* written, ClosedFiles* closed, file::OpenFiles* open)
@@ -58,7 +58,7 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> i
       open_(open != nullptr ? *open : own_open_),
       format_(s.format == OutputFormat::midas, format_settings(s)),
       done_pending_(done_rings_.size()),
-      markers_(inputs_.size(), 0),
+      shard_epochs_(inputs_.size(), 0),
       held_(inputs_.size()) {
     iov_.reserve(kMaxIov + 4096);
     unsettled_.reserve(std::size_t{1} << 16);
@@ -440,9 +440,9 @@ void DiskWriter::settle_or_lose(std::uint64_t kernel_offset) {
     unsettled_head_ = 0;
 }
 
-bool DiskWriter::transition_done() const noexcept {
-    for (auto m : markers_)
-        if (m < transition_generation_) return false;
+bool DiskWriter::epoch_passed() const noexcept {
+    for (const std::uint64_t passed : shard_epochs_)
+        if (passed < awaited_->number) return false;
     return true;
 }
 
@@ -456,14 +456,14 @@ void DiskWriter::write_event(Event* e) {
     // run's last, the run's end would find no file to end with END_OF_RUN).
     // (The sections and codec match the set's as run control told them when the
     // run's first file opened at its start; checked all the same, as the header states them.)
-    if (file_.is_open() && (rotate_due_ || e->run_number != file_run_ || e->set_generation != file_set_ ||
+    if (file_.is_open() && (rotate_due_ || e->run_number != file_run_ || e->source_set != file_set_ ||
                             e->record_sections() != file_expected_ || !format_.takes(*e)))
         close_file();
     if (blocked_) {
         held_for_retry_.push_back(e);
         return;
     }
-    if (!file_.is_open() && !open_file(e->run_number, e->set_generation, e->record_sections(), e->codec)) {
+    if (!file_.is_open() && !open_file(e->run_number, e->source_set, e->record_sections(), e->codec)) {
         // No file to write to: hold the event (and all after it) until a retry works.
         held_for_retry_.push_back(e);
         hold_output();
@@ -504,18 +504,18 @@ void DiskWriter::write_event(Event* e) {
 
 std::size_t DiskWriter::drain(std::size_t max_events) {
     std::size_t total = 0;
-    if (transition_generation_ != 0 && transition_done()) {
-        // Every event of the old run is written: close its file, then release the
-        // new run's events held back meanwhile, in their order.
-        const std::uint64_t done = transition_generation_;
-        transition_generation_ = 0;
+    if (awaited_ && epoch_passed()) {
+        // Every event of the old run (or set) is written: close its file, then
+        // release the new epoch's events held back meanwhile, in their order.
+        const Epoch passed = *awaited_;
+        awaited_.reset();
         flush_batch();
-        if (file_.is_open() && file_run_ != transition_run_)
+        if (file_.is_open() && file_run_ != passed.run)
             close_run_file();  // the run ended: its last file
-        else if (file_.is_open() && file_set_ != transition_set_)
+        else if (file_.is_open() && file_set_ != passed.set)
             close_set_file();
-        if (closed_ != nullptr) closed_->push({0, 0, 0, {}, false, done});  // after the old run's last file
-        forget_notes_of_ended_runs(transition_run_);
+        if (closed_ != nullptr) closed_->push({0, 0, 0, {}, false, passed.number});  // after the old run's last file
+        forget_notes_of_ended_runs(passed.run);
         open_started_run();  // the next run's first file (or the run's, of the new set), before its events
         for (auto& h : held_) {
             for (Event* e : h) write_event(e);
@@ -525,16 +525,16 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
     }
     open_started_run();
     for (std::size_t k = 0; k < inputs_.size(); ++k) {
-        // A shard with new-run events held back is still read: its run-end marker
-        // may be behind them (the readers admit the new run before the marker is
-        // put), and only reading on reaches it.
+        // A shard with new-run events held back is still read: its epoch mark may
+        // be behind them (the readers admit the new run before the shard takes the
+        // run's end), and only reading on reaches it.
         const std::size_t n = inputs_[k]->try_pop_n(scratch_.data(), std::min(max_events - total, scratch_.capacity()));
         for (std::size_t i = 0; i < n; ++i) {
-            Event* e = scratch_[i];
-            if (e == nullptr) {
-                ++markers_[k];
-            } else if (transition_generation_ != 0 && e->run_number == transition_run_ &&
-                       e->set_generation == transition_set_) {
+            const WriterItem item = scratch_[i];
+            Event* const e = item.event();
+            if (item.is_mark()) {
+                shard_epochs_[k] = item.epoch();
+            } else if (awaited_ && e->run_number == awaited_->run && e->source_set == awaited_->set) {
                 held_[k].push_back(e);  // in order; the old run's events go on being written
             } else {
                 write_event(e);
@@ -634,7 +634,7 @@ void DiskWriter::on_close() {
         release_batch(/*lost=*/true);  // counts them in events_lost_write_error
         return;
     }
-    transition_generation_ = 0;
+    awaited_.reset();
     for (auto& h : held_) {
         for (Event* e : h) write_event(e);
         h.clear();

@@ -19,6 +19,7 @@
 
 #include "core/config/snapshot.hpp"
 #include "allocators/buffer_pool.hpp"
+#include "core/model/epoch.hpp"
 #include "core/model/event.hpp"
 #include "core/io/output_file.hpp"
 #include "core/io/output_format.hpp"
@@ -36,7 +37,7 @@ class SampleFeed;
 
 class DiskWriter final : public Agent {
 public:
-    DiskWriter(const WriterSettings& s, std::vector<SpscRing<Event*>*> inputs,
+    DiskWriter(const WriterSettings& s, std::vector<SpscRing<WriterItem>*> inputs,
                std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
                std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell,
                WrittenIds* written = nullptr, ClosedFiles* closed = nullptr, file::OpenFiles* open = nullptr);
@@ -70,8 +71,8 @@ private:
     monitor::SampleFeed* samples_ = nullptr;
     std::size_t drain(std::size_t max_events);
     void write_event(Event* e);
-    bool transition_done() const noexcept;
-    bool open_file(std::uint32_t run_number, std::uint32_t set_generation, std::uint32_t expected_sources,
+    bool epoch_passed() const noexcept;  // the awaited epoch has passed every shard
+    bool open_file(std::uint32_t run_number, std::uint32_t source_set, std::uint32_t expected_sources,
                    file::Codec codec);
     void close_file();
     void finish_close();  // close_file once the batch is flushed and the file is where it was
@@ -105,7 +106,7 @@ private:
     void settle_or_lose(std::uint64_t kernel_offset);
 
     WriterSettings s_;
-    std::vector<SpscRing<Event*>*> inputs_;
+    std::vector<SpscRing<WriterItem>*> inputs_;
     std::vector<SpscRing<Event*>*> done_rings_;
     alloc::ReturnBatcher returns_;
     stats::WriterCounters& counters_;
@@ -127,8 +128,7 @@ private:
     file::OpenFiles own_open_;  // when the wiring names none
     file::OpenFiles& open_;      // the file open now: set per file, read per scrape
     std::uint32_t file_run_ = 0;
-    std::uint32_t file_set_ = 0;
-    std::uint32_t transition_set_ = 0;
+    std::uint32_t file_set_ = 0;  // Epoch::set of the open file's events
     std::uint32_t next_seq_ = 0;
     std::uint32_t file_seq_ = 0;  // sequence number of the file open
     std::uint64_t last_sync_ns_ = 0;
@@ -205,12 +205,13 @@ private:
     std::vector<std::uint64_t> settled_ids_;
     std::vector<iovec> iov_;          // gather list of the batch being written
     std::vector<Event*> batch_;       // events in iov_
-    std::vector<Event*> scratch_;     // popped from one ring
+    std::vector<WriterItem> scratch_;  // popped from one ring
     std::vector<std::vector<Event*>> done_pending_;  // per shard
-    std::vector<std::uint64_t> markers_;             // run-end markers seen per shard
+    std::vector<std::uint64_t> shard_epochs_;        // per shard: every epoch up to this has passed it (its last mark)
     std::vector<std::vector<Event*>> held_;          // per shard: new-run events held back
-    std::uint64_t transition_generation_ = 0;        // 0: no transition pending
-    std::uint32_t transition_run_ = 0;
+    // An epoch begun (run control's settings) that has not passed every shard yet:
+    // the events of its run and set are held back (held_) until it has.
+    std::optional<Epoch> awaited_;
     std::size_t batch_bytes_ = 0;
 };
 

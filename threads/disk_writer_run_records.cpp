@@ -77,7 +77,7 @@ void DiskWriter::take_commands() {
         s_.max_file_bytes = next->max_file_bytes;
         s_.fsync = next->fsync;
         s_.fsync_period_ms = next->fsync_period_ms;
-        s_.set_generation = next->set_generation;
+        s_.epoch.set = next->epoch.set;
         s_.expected_sources = next->expected_sources;
         s_.record_codec = next->record_codec;
         if (next->started_unix_ns != 0) {  // a run started (before any of its events can come)
@@ -89,20 +89,17 @@ void DiskWriter::take_commands() {
             // (a reload while stopped may have changed them since the last transition).
             s_.config_json = next->config_json;
             s_.run_metadata_json = next->run_metadata_json;
-        } else if (run_going_ && next->run_number != *run_going_) {
+        } else if (run_going_ && next->epoch.run != *run_going_) {
             run_going_.reset();  // a stop: no run, no file
         }
-        if (next->run_generation > s_.run_generation) {
-            if (next->run_number != s_.run_number) {
+        if (next->epoch.number > s_.epoch.number) {
+            if (next->epoch.run != s_.epoch.run) {
                 // A new run: its BEGIN_OF_RUN holds the configuration and metadata it starts with.
                 s_.config_json = next->config_json;
                 s_.run_metadata_json = next->run_metadata_json;
             }
-            s_.run_generation = next->run_generation;
-            s_.run_number = next->run_number;
-            transition_generation_ = next->run_generation;
-            transition_run_ = next->run_number;
-            transition_set_ = next->set_generation;
+            s_.epoch = next->epoch;
+            awaited_ = next->epoch;  // its events wait for every shard's mark
         }
         // Release: every read of *next happens before the poster may free it.
         commands_applied_.fetch_add(1, std::memory_order_release);
@@ -110,7 +107,7 @@ void DiskWriter::take_commands() {
 }
 
 void DiskWriter::open_started_run() {
-    if (!open_due_ || !run_going_ || transition_generation_ != 0 || blocked_) return;
+    if (!open_due_ || !run_going_ || awaited_ || blocked_) return;
     if (file_.is_open()) {
         open_due_ = file_run_ != *run_going_;  // (a file of another run is closed by its transition)
         return;
@@ -119,7 +116,7 @@ void DiskWriter::open_started_run() {
         open_due_ = false;
         return;
     }
-    if (open_file(*run_going_, s_.set_generation, s_.expected_sources, s_.record_codec)) open_due_ = false;
+    if (open_file(*run_going_, s_.epoch.set, s_.expected_sources, s_.record_codec)) open_due_ = false;
 }
 
 void DiskWriter::close_set_file() {

@@ -3,7 +3,6 @@
 #include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/task_arena.h>
 
-#include <array>
 #include <bit>
 #include <thread>
 #include <variant>
@@ -68,9 +67,9 @@ struct Tick {  // timeouts
 struct Flush {  // every event in flight handed on
     std::uint64_t now_ns;
 };
-struct EndRun {  // the run ends; next_run goes on (kNoRun in Matcher: none)
+struct EndRun {  // the run ends, an epoch begins: epoch.run goes on (kNoRun in Matcher: none)
     std::uint64_t now_ns;
-    std::uint32_t next_run;
+    Epoch epoch;
 };
 struct SetTimeout {
     std::uint64_t timeout_ns;
@@ -83,11 +82,14 @@ struct GiveUp {  // pull mode: the request sender gave up on an event
     std::uint32_t run_number;
     std::uint64_t now_ns;
 };
-struct SetSources {  // a new expected-source set (kept alive by the poster until idle)
+struct SourceSet {  // what SetSources points to
     const std::vector<std::uint8_t>* expected;
-    std::uint32_t generation;
+    Epoch epoch;  // the epoch the change begins
     file::Codec codec;
     std::uint32_t level;
+};
+struct SetSources {  // a new expected-source set (kept alive by the poster until idle)
+    const SourceSet* change;
 };
 struct SetOpening {  // run control: whether chunks may open events
     bool opening;
@@ -96,14 +98,17 @@ struct SetOpening {  // run control: whether chunks may open events
 using ShardInput =
     std::variant<in::Chunks, in::Tick, in::Flush, in::EndRun, in::SetTimeout, in::SetDisorder, in::GiveUp,
                  in::SetSources, in::SetOpening>;
+// Every reader batch is one of these in an inbox: the rare messages stay as small
+// as the largest common one (a rare message's bulk goes behind a pointer).
+static_assert(sizeof(ShardInput) <= 32);
 template <typename... F>
 struct Overloaded : F... {
     using F::operator()...;
 };
 template <typename... F>
 Overloaded(F...) -> Overloaded<F...>;  // clang 14 deduces no aggregate's arguments without it
-// What a shard's matcher hands on: built events (and run or source-set markers)
-// linked through next_out. With one worker for the shard the list goes whole to
+// What a shard's matcher hands on: built events linked through next_out, and the
+// shard's epoch mark when one follows them. With one worker for the shard the list goes whole to
 // the serial assembler. With more, the matcher's body assembles the records and
 // prepares their compression in order, and cuts the list into batches that the
 // compress node takes concurrently; `seq` restores their order before the writer.
@@ -112,7 +117,12 @@ struct Batch {
     Event* head = nullptr;
     std::uint32_t level = 1;          // the compression level of its records
     RecordCompressor::Tally tally;  // what prepare() and finish() did to them
+    std::uint64_t mark = 0;         // not 0: the shard's epoch mark, after the events
+    // What the TSan annotations of the hand-off name: the list, or (a mark alone) a fixed address.
+    void* handoff_token() const noexcept;
 };
+int g_mark_only_token;
+void* Batch::handoff_token() const noexcept { return head != nullptr ? static_cast<void*>(head) : &g_mark_only_token; }
 using MatchNode = flow::multifunction_node<ShardInput, std::tuple<Batch>>;
 using AssembleNode = flow::function_node<Batch, flow::continue_msg>;  // one worker
 using CompressNode = flow::function_node<Batch, Batch>;               // several workers
@@ -229,7 +239,7 @@ struct Pipeline::Shard {
           returns(std::move(pools), id),
           matcher(id, ps.matcher, arena, returns, c),
           compressor(arena, ps.compression_ring_bytes, c),
-          to_writer(ps.matcher.max_events + kMarkerRoom),
+          to_writer(ps.matcher.max_events + kMarkRoom),
           inbox(inbox_capacity) {
         compressor.configure(ps.matcher.codec, ps.compression_level);
     }
@@ -243,20 +253,16 @@ struct Pipeline::Shard {
     // compress node's tasks fill the blocks with their own encoders, the push node
     // counts (RecordCompressor::prepare, finish, count).
     RecordCompressor compressor;
-    SpscRing<Event*> to_writer;
+    SpscRing<WriterItem> to_writer;
     Crc32cJoiner joiner;  // used by the serial assemble body only
-    // Room in to_writer for "run ended" / "source set ended" markers (nullptr) the
-    // writer has not taken yet: one per run or source change (reloads wait for the
-    // graph, so they do not pile up while it works).
-    static constexpr std::size_t kMarkerRoom = 1024;
-    // On the matcher -> assembler edge a marker node stands for `record_length`
-    // markers in a row. A list can hold a node once only (it is linked through the
-    // node), so each body that sends markers takes the next of these nodes; a
-    // node comes round again only after 16 more marker lists, long after the
-    // assembler has passed it (a reload waits for the graph before the next).
-    std::array<Event, 16> markers{};
-    std::size_t next_marker = 0;
-    bool is_marker(const Event* e) const noexcept { return e >= markers.data() && e < markers.data() + markers.size(); }
+    // Room in to_writer for epoch marks the writer has not taken yet: one per run
+    // or source change at most (reloads wait for the graph, so they do not pile up
+    // while it works).
+    static constexpr std::size_t kMarkRoom = 1024;
+    // The match body's: the newest epoch this shard has taken (EndRun, SetSources),
+    // and the newest its mark has said passed (Epoch::number).
+    std::uint64_t epoch_taken = 0;
+    std::uint64_t epoch_marked = 0;
     std::atomic<bool> tick_queued{false};
     MpscQueue<ShardInput> inbox;  // the shard's inbox
     Driver* driver = nullptr;
@@ -270,53 +276,55 @@ struct Pipeline::Shard {
     std::unique_ptr<PushNode> push;
     std::uint64_t next_seq = 0;  // the match body's
     // The match body, several workers: assembles each record, prepares its
-    // compression, and puts the list as batches; true when any has bytes to compress.
-    bool put_batches(Event* e, MatchNode::output_ports_type& out);
-    // The last serial step: events and markers into the writer's ring, in order.
-    void to_writer_ring(Event* e) noexcept;
+    // compression, and puts the list as batches, the last one carrying `mark`;
+    // true when any has bytes to compress.
+    bool put_batches(Event* e, std::uint64_t mark, MatchNode::output_ports_type& out);
+    // The last serial step: events, then the epoch mark if any, into the writer's ring.
+    void to_writer_ring(Event* e, std::uint64_t mark) noexcept;
 };
 
-bool Pipeline::Shard::put_batches(Event* e, MatchNode::output_ports_type& out) {
+bool Pipeline::Shard::put_batches(Event* e, std::uint64_t mark, MatchNode::output_ports_type& out) {
     bool work = false;
-    Batch b{next_seq, e, compressor.level(), {}};
+    Batch b{next_seq, e, compressor.level(), {}, 0};
     std::size_t bytes = 0, events = 0;
     while (e != nullptr) {
         Event* next = e->next_out;
-        if (!is_marker(e)) {
-            evb::assemble(*e, joiner);
-            compressor.prepare(*e, b.tally, [this] { matcher.reclaim(); });
-            if (e->stored != nullptr) bytes += e->plain_length;
-        }
-        if (next == nullptr || bytes >= kBatchBytes || ++events >= kBatchEvents) {
+        evb::assemble(*e, joiner);
+        compressor.prepare(*e, b.tally, [this] { matcher.reclaim(); });
+        if (e->stored != nullptr) bytes += e->plain_length;
+        if (next != nullptr && (bytes >= kBatchBytes || ++events >= kBatchEvents)) {
             e->next_out = nullptr;  // the batch ends here
             work = work || bytes != 0;
-            handoff_release(b.head);
+            handoff_release(b.handoff_token());
             std::get<0>(out).try_put(b);
-            b = Batch{++next_seq, next, b.level, {}};
+            b = Batch{++next_seq, next, b.level, {}, 0};
             bytes = events = 0;
         }
         e = next;
     }
+    // The last batch (or, no event built, a batch of the mark alone).
+    b.mark = mark;
+    work = work || bytes != 0;
+    handoff_release(b.handoff_token());
+    std::get<0>(out).try_put(b);
+    ++next_seq;
     return work;
 }
 
-void Pipeline::Shard::to_writer_ring(Event* e) noexcept {
-    Event* batch[64];
+void Pipeline::Shard::to_writer_ring(Event* e, std::uint64_t mark) noexcept {
+    WriterItem batch[64];
     std::size_t n = 0;
+    // Cannot fail: the ring holds the shard's whole event pool and kMarkRoom marks.
     while (e != nullptr) {
-        Event* next = e->next_out;
-        const std::uint32_t copies = is_marker(e) ? e->record_length : 1;
-        for (std::uint32_t k = 0; k < copies; ++k) {
-            batch[n++] = is_marker(e) ? nullptr : e;  // the writer counts markers per shard
-            if (n == 64) {
-                // Cannot fail: the ring holds the shard's whole event pool and
-                // kMarkerRoom markers.
-                (void)to_writer.try_push_n(batch, n);
-                n = 0;
-            }
+        Event* next = e->next_out;  // read before the writer may have it
+        batch[n++] = WriterItem(e);
+        if (n == 64) {
+            (void)to_writer.try_push_n(batch, n);
+            n = 0;
         }
         e = next;
     }
+    if (mark != 0) batch[n++] = WriterItem::mark(mark);  // n < 64 here
     if (n > 0) (void)to_writer.try_push_n(batch, n);
 }
 
@@ -374,7 +382,6 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                         // thread, dispatched inside libtbb, out of TSan's view.
                         handoff_acquire(&sh->matcher);
                         EventList built;
-                        std::uint32_t markers = 0;  // to follow the events built here
                         Matcher& m = sh->matcher;
                         std::visit(
                             Overloaded{
@@ -385,37 +392,36 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                 },
                                 [&](const in::Flush& f) { m.flush(f.now_ns, built); },
                                 [&](const in::EndRun& r) {
-                                    m.end_run(r.next_run, r.now_ns, built);
-                                    ++markers;
+                                    m.end_run(r.epoch.run, r.now_ns, built);
+                                    sh->epoch_taken = r.epoch.number;
                                 },
                                 [&](const in::SetTimeout& t) { m.set_timeout_ns(t.timeout_ns); },
                                 [&](const in::SetDisorder& sd) { m.set_disorder_ticks(sd.ticks); },
                                 [&](const in::SetOpening& o) { m.set_opening(o.opening); },
                                 [&](const in::GiveUp& g) { m.give_up(g.event_id, g.run_number, g.now_ns, built); },
                                 [&](const in::SetSources& ss) {
-                                    m.set_expected(*ss.expected, ss.generation, ss.codec);
+                                    const in::SourceSet& c = *ss.change;
+                                    m.set_expected(*c.expected, c.epoch.set, c.codec);
+                                    sh->epoch_taken = c.epoch.number;
                                     // Not on the hot path: a zstd level above any before sizes
                                     // its working memory here, and the ring is made on first use.
-                                    sh->compressor.configure(ss.codec, ss.level);
+                                    sh->compressor.configure(c.codec, c.level);
                                 },
                             },
                             input);
-                        // An expected-source set ends once none of its events is in flight
-                        // here: its marker follows them to the writer (as a run's does).
-                        markers += sh->matcher.take_set_markers();
-                        if (markers > 0) {
-                            Event& marker = sh->markers[sh->next_marker++ % sh->markers.size()];
-                            marker.record_length = markers;
-                            built.push(&marker);
-                        }
+                        // The epoch mark that follows the events built here: an epoch has
+                        // passed this shard once the shard took it and no event of an earlier
+                        // source set is in flight here (a run's end hands them all on at once).
+                        std::uint64_t mark = 0;
+                        if (sh->epoch_taken != sh->epoch_marked && !m.earlier_set_in_flight())
+                            mark = sh->epoch_marked = sh->epoch_taken;
                         if (built.head && built_ != nullptr)
-                            for (const Event* e = built.head; e != nullptr; e = e->next_out)
-                                if (!sh->is_marker(e)) built_->mark(e->event_id);
-                        if (built.head && several) {
-                            if (sh->put_batches(built.head, out)) d->wake_helpers();
-                        } else if (built.head) {
+                            for (const Event* e = built.head; e != nullptr; e = e->next_out) built_->mark(e->event_id);
+                        if ((built.head || mark != 0) && several) {
+                            if (sh->put_batches(built.head, mark, out)) d->wake_helpers();
+                        } else if (built.head || mark != 0) {
                             handoff_release(&sh->assemble);
-                            std::get<0>(out).try_put(Batch{0, built.head, 1, {}});
+                            std::get<0>(out).try_put(Batch{0, built.head, 1, {}, mark});
                         }
                         handoff_release(&sh->matcher);
                     });
@@ -423,28 +429,28 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                     sh->compress = std::make_unique<CompressNode>(
                         *dp->graph, concurrency, [sh](const Batch& msg) {
                             Batch b = handoff_take(msg);
-                            handoff_acquire(b.head);
+                            handoff_acquire(b.handoff_token());
                             codec::Encoder& enc = sh->compressor.encoder(
                                 static_cast<std::size_t>(oneapi::tbb::this_task_arena::current_thread_index()));
                             bool configured = false;
                             for (Event* e = b.head; e != nullptr; e = e->next_out) {
-                                if (sh->is_marker(e) || e->stored == nullptr) continue;
+                                if (e->stored == nullptr) continue;
                                 if (!configured) configured = RecordCompressor::configure(enc, e->codec, b.level);
                                 if (configured) RecordCompressor::finish(*e, enc, b.tally);
                                 else RecordCompressor::give_back(*e, b.tally);
                             }
                             b.tally.on_helper = t_on_helper;
-                            handoff_release(b.head);
+                            handoff_release(b.handoff_token());
                             return b;
                         });
                     sh->order = std::make_unique<OrderNode>(*dp->graph, [](const Batch& b) { return b.seq; });
                     sh->push = std::make_unique<PushNode>(
                         *dp->graph, flow::serial, [sh, &writer_doorbell](const Batch& msg) {
                             const Batch b = handoff_take(msg);
-                            handoff_acquire(b.head);
+                            handoff_acquire(b.handoff_token());
                             handoff_acquire(&sh->to_writer);  // previous run of this serial body
                             sh->compressor.count(b.tally);
-                            sh->to_writer_ring(b.head);
+                            sh->to_writer_ring(b.head, b.mark);
                             handoff_release(&sh->to_writer);
                             writer_doorbell.ring();
                             return flow::continue_msg();
@@ -456,11 +462,10 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                 }
                 sh->assemble = std::make_unique<AssembleNode>(
                     *dp->graph, flow::serial, [sh, &writer_doorbell](const Batch& msg) {
-                        Event* const head = handoff_take(msg).head;
+                        const Batch b = handoff_take(msg);
                         handoff_acquire(&sh->assemble);
                         handoff_acquire(&sh->to_writer);  // previous run of this serial body
-                        for (Event* e = head; e != nullptr; e = e->next_out) {
-                            if (sh->is_marker(e)) continue;
+                        for (Event* e = b.head; e != nullptr; e = e->next_out) {
                             assemble(*e, sh->joiner);
                             sh->compressor.compress(*e, [sh] {
                                 handoff_acquire(&sh->matcher);
@@ -468,7 +473,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                 handoff_release(&sh->matcher);
                             });
                         }
-                        sh->to_writer_ring(head);
+                        sh->to_writer_ring(b.head, b.mark);
                         handoff_release(&sh->to_writer);
                         writer_doorbell.ring();
                         return flow::continue_msg();
@@ -554,8 +559,8 @@ void Pipeline::flush(std::uint64_t now_ns) noexcept {
     for (auto& s : shards_) s->put(in::Flush{now_ns});
 }
 
-void Pipeline::end_run(std::uint64_t now_ns, std::uint32_t next_run) noexcept {
-    for (auto& s : shards_) s->put(in::EndRun{now_ns, next_run});
+void Pipeline::end_run(std::uint64_t now_ns, const Epoch& epoch) noexcept {
+    for (auto& s : shards_) s->put(in::EndRun{now_ns, epoch});
 }
 
 void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
@@ -565,10 +570,11 @@ void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::ui
     shards_[shard]->put(in::GiveUp{event_id, run_number, now_ns});
 }
 
-void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation,
-                                    file::Codec codec, std::uint32_t level) {
-    for (auto& s : shards_) s->put(in::SetSources{&expected, generation, codec, level});
-    wait_idle();  // every shard has copied `expected`
+void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, const Epoch& epoch, file::Codec codec,
+                                    std::uint32_t level) {
+    const in::SourceSet change{&expected, epoch, codec, level};
+    for (auto& s : shards_) s->put(in::SetSources{&change});
+    wait_idle();  // every shard has read `change` and copied `expected`
 }
 
 void Pipeline::set_opening(bool opening) noexcept {
@@ -603,8 +609,8 @@ void Pipeline::wait_idle() {
     }
 }
 
-std::vector<SpscRing<Event*>*> Pipeline::writer_rings() {
-    std::vector<SpscRing<Event*>*> v;
+std::vector<SpscRing<WriterItem>*> Pipeline::writer_rings() {
+    std::vector<SpscRing<WriterItem>*> v;
     for (auto& s : shards_) v.push_back(&s->to_writer);
     return v;
 }

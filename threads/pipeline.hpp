@@ -29,6 +29,7 @@
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
 #include "core/config/snapshot.hpp"
+#include "core/model/epoch.hpp"
 #include "core/model/matcher.hpp"
 #include "core/model/counters.hpp"
 #include "threads/channels.hpp"
@@ -71,29 +72,30 @@ public:
     Room settled_room(std::uint32_t shard) override;
     // Every event in flight is handed on (INCOMPLETE unless complete).
     void flush(std::uint64_t now_ns) noexcept;
-    // Ends the run: every event of a run other than next_run is handed on and its
-    // id forgotten, then a marker (nullptr) follows them into each shard's writer
-    // ring so the writer knows every event of the old run has reached it. Events of
-    // next_run admitted before the end keep building.
-    void end_run(std::uint64_t now_ns, std::uint32_t next_run) noexcept;
+    // Ends the run (`epoch`: the change; epoch.run goes on, kNoRun for none): every
+    // event of a run other than epoch.run is handed on and its id forgotten, then
+    // each shard's epoch mark follows them into its writer ring, so that the writer
+    // knows every event of the old run has reached it. Events of epoch.run admitted
+    // before the end keep building.
+    void end_run(std::uint64_t now_ns, const Epoch& epoch) noexcept;
     void set_timeout_ns(std::uint64_t ns) noexcept;
     // time_slice: building.disorder_ticks from the fragments each shard takes next on.
     void set_disorder_ticks(std::uint64_t ticks) noexcept;
     // Run control: whether chunks may open new events (false while a run stops).
     void set_opening(bool opening) noexcept;
-    // The expected sources change (index i of the source list: expected[i]);
-    // `generation` numbers the change (see Matcher::set_expected). Returns once
-    // every shard has taken it. Each shard hands the writer one marker when the
-    // last event of the earlier set has gone by.
+    // The expected sources change (index i of the source list: expected[i]) and
+    // `epoch` begins (epoch.set numbers the new set: Matcher::set_expected). Returns
+    // once every shard has taken it. Each shard hands the writer its epoch mark when
+    // the last event of the earlier set has gone by.
     // `codec` and `level` (output.compression): how the new set's records are stored.
-    void set_expected_sources(const std::vector<std::uint8_t>& expected, std::uint32_t generation,
-                              file::Codec codec, std::uint32_t level);
+    void set_expected_sources(const std::vector<std::uint8_t>& expected, const Epoch& epoch, file::Codec codec,
+                              std::uint32_t level);
     void give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
                  std::uint64_t now_ns) noexcept override;
     // Waits until every message put so far has been processed.
     void wait_idle();
 
-    std::vector<SpscRing<Event*>*> writer_rings();
+    std::vector<SpscRing<WriterItem>*> writer_rings();
     std::vector<SpscRing<Event*>*> done_rings();
     std::size_t events_in_flight() const noexcept;
     const std::vector<std::unique_ptr<stats::MatcherCounters>>& counters() const noexcept { return counters_; }

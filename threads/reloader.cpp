@@ -72,7 +72,7 @@ void Reloader::reload(const char* why) {
     reload_restart_.clear();
     // Up to the commit point (loading, validation, the new snapshot) an exception
     // refuses the reload and changes nothing: whatever a file holds, the running
-    // configuration stays. Past it (generations bumped, the writer told, the snapshot
+    // configuration stays. Past it (an epoch begun, the writer told, the snapshot
     // swapped) one is fatal: it leaves reload() and ends evbd with a logged error,
     // rather than a half-applied configuration answered as refused.
     const std::shared_ptr<const Snapshot> running_now = run_control_.snapshot();
@@ -115,15 +115,14 @@ void Reloader::reload(const char* why) {
                               (c.output.compression != file::Codec::none &&
                                c.output.compression_level != running.output.compression_level);
     const bool set_change = c.sources != running.sources || codec_change;
-    std::uint32_t set_generation = 0;
-    if (set_change) {
-        // Each change of the expected sources is one transition: every shard sends
-        // the writer one marker for it. The writer learns of it first, so it holds
-        // the new set's events back until the old set's are written and its file closed.
-        set_generation = run_control_.count_set_change();
-    }
+    // Each change of the expected sources (or codec) begins an epoch: every shard
+    // sends the writer its mark once its events of the old set are through. The
+    // writer learns of it first, so it holds the new set's events back until the
+    // old set's are written and its file closed.
+    Epoch set_epoch;
+    if (set_change) set_epoch = run_control_.change_set();
     run_control_.post_writer_settings(next->writer, run_control_.run());
-    if (set_change) change_sources(running, c, set_generation, why);
+    if (set_change) change_sources(running, c, set_epoch, why);
     const std::uint32_t old_run = run_control_.run();
     run_control_.take_snapshot(next);
     if (run_change) {
@@ -152,7 +151,7 @@ void Reloader::reload(const char* why) {
 
 // Events from now on have a section per expected source only; the writer (told
 // first) closes the file once the earlier set's events are through.
-void Reloader::change_sources(const Config& before, const Config& next, std::uint32_t set_generation, const char* why) {
+void Reloader::change_sources(const Config& before, const Config& next, const Epoch& epoch, const char* why) {
     std::vector<std::uint8_t> expected(started_->sources.size(), 0);
     std::string out, back;
     for (std::size_t i = 0; i < started_->sources.size(); ++i) {
@@ -163,7 +162,7 @@ void Reloader::change_sources(const Config& before, const Config& next, std::uin
         if (was && !now) out += (out.empty() ? "" : ", ") + std::to_string(id);
         if (!was && now) back += (back.empty() ? "" : ", ") + std::to_string(id);
     }
-    pipeline_.set_expected_sources(expected, set_generation, next.output.record_codec(), next.output.compression_level);
+    pipeline_.set_expected_sources(expected, epoch, next.output.record_codec(), next.output.compression_level);
     control_.expected_sources.store(next.sources.size());
     if (next.output.compression != before.output.compression || next.output.compression_level != before.output.compression_level)
         log_info("reload ({}): output.compression {} (level {}) from the next file on", why,

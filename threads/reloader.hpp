@@ -40,7 +40,7 @@ public:
 private:
     bool validate_reload(const char* why, const Config& loaded);
     void reload_failed(const char* why, const std::string& message);
-    void change_sources(const Config& before, const Config& next, std::uint32_t set_generation, const char* why);
+    void change_sources(const Config& before, const Config& next, const Epoch& epoch, const char* why);
 
     const DaemonOptions& opts_;
     const Sizing sizing_;

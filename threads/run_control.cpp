@@ -50,7 +50,7 @@ const AdmissionRules* RunControl::post_rules(bool running) {
     const AdmissionRules* posted = rules_.back().get();
     for (auto* in : t_.inputs) (void)in->post(posted);
     // Wait (bounded) until every input admits by the new rules: nothing admitted by
-    // the old ones can follow what comes next (a run-end marker) into a shard. The
+    // the old ones can follow what comes next (the run's end) into a shard. The
     // inputs ring when they take new rules. (Before the inputs start: no wait.)
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     while (started_inputs_ && !inputs_apply(posted) && std::chrono::steady_clock::now() < deadline)
@@ -76,11 +76,9 @@ void RunControl::post_writer_settings(const WriterSettings& base, std::uint32_t 
                                        std::uint64_t started_unix_ns) {
     writer_settings_.release_applied(t_.writer.commands_applied());
     auto ws = std::make_unique<WriterSettings>(base);
-    ws->run_number = transition_run;
+    ws->epoch = {epoch_.number, transition_run, epoch_.set};
     ws->started_run = transition_run;
     ws->started_unix_ns = started_unix_ns;
-    ws->set_generation = set_generation_;
-    ws->run_generation = run_generation_;
     if (!t_.writer.commands().try_push(writer_settings_.post(std::move(ws))))
         log_warn("the writer has not taken the previous settings yet; output settings apply later");
 }
@@ -95,22 +93,23 @@ void RunControl::post_pull_settings() {
         log_warn("the request sender has not taken the previous settings yet");
 }
 
-// Ends the current run: the writer learns of it first (it closes the run's file
-// once every shard's run-end marker is through, holding back events of the next
-// run meanwhile), the inputs admit by the next run's rules (or refuse everything,
-// for a stop), then every shard hands on what it holds of other runs and a marker.
-// A reload's run change and a stop both come here. kNoRun: no next run (stop).
+// Ends the current run, beginning an epoch: the writer learns of it first (it
+// closes the run's file once every shard's epoch mark has passed it, holding back
+// events of the next run meanwhile), the inputs admit by the next run's rules (or
+// refuse everything, for a stop), then every shard hands on what it holds of other
+// runs and its mark. A reload's run change and a stop both come here. kNoRun: no
+// next run (stop).
 void RunControl::end_run(std::uint32_t next_run) {
-    ++run_generation_;
+    epoch_ = {epoch_.number + 1, next_run, epoch_.set};
     // Its summary is written once the writer has closed its files (RunSummaries::collect).
-    summaries_.end(next_run != kNoRun ? "run change" : "stop", run_generation_, control_.busy.run_busy_ns.load());
+    summaries_.end(next_run != kNoRun ? "run change" : "stop", epoch_.number, control_.busy.run_busy_ns.load());
     const bool next = next_run != kNoRun;
     const std::uint64_t now = realtime_ns();
     post_writer_settings(running_->writer, next_run, next ? now : 0);
     if (next) run_ = next_run;
     post_rules(next);
-    t_.pipeline.end_run(t_.feeder != nullptr ? t_.feeder->last_capture_ns() : realtime_ns(), next_run);
-    t_.pipeline.wait_idle();  // its markers are on their way before the next transition
+    t_.pipeline.end_run(t_.feeder != nullptr ? t_.feeder->last_capture_ns() : realtime_ns(), epoch_);
+    t_.pipeline.wait_idle();  // its marks are on their way before the next change
     if (next) {
         mark_run_start(run_, {}, now);
         control_.run_number.store(run_);

@@ -98,13 +98,13 @@ public:
     const SenderPins* pins() const noexcept { return rules_.back()->pins.get(); }
     std::uint64_t rules_posted() const noexcept { return rules_posted_; }
 
-    // For a reload, in this order: a change of the source set or codec counted
-    // (the writer's next settings say so), the writer's settings posted, the new
-    // snapshot in force, then the run changed or the next run noted, and the
+    // For a reload, in this order: a change of the source set or codec begins an
+    // epoch (the writer's next settings say so), the writer's settings posted, the
+    // new snapshot in force, then the run changed or the next run noted, and the
     // request sender's settings posted.
-    std::uint32_t count_set_change() noexcept {
-        ++run_generation_;
-        return ++set_generation_;
+    const Epoch& change_set() noexcept {
+        epoch_ = {epoch_.number + 1, run_, epoch_.set + 1};
+        return epoch_;
     }
     // `started_unix_ns`: run `transition_run` starts now (its BEGIN_OF_RUN's time); 0: no start.
     void post_writer_settings(const WriterSettings& base, std::uint32_t transition_run, std::uint64_t started_unix_ns = 0);
@@ -152,8 +152,9 @@ private:
     std::uint64_t rules_posted_ = 0;
     Posted<WriterSettings> writer_settings_;
     Posted<PullSettings> pull_settings_;
-    std::uint64_t run_generation_ = 0;
-    std::uint32_t set_generation_ = 0;
+    // The last change (docs/ARCHITECTURE.md, "Run and source-set changes"): a run's
+    // end, or a change of the source set or codec; each begins an epoch.
+    Epoch epoch_;
     // The run being built, or the last one while stopped; a reload changes it only
     // when the file's run_number changes (evb-ctl start may have moved on).
     std::uint32_t run_ = 0;

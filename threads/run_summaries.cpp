@@ -95,8 +95,8 @@ void RunSummaries::begin(std::uint32_t run, std::shared_ptr<const Config> config
     current_ = {run, (started_unix_ns != 0 ? started_unix_ns : realtime_ns()) / 1'000'000ull, std::move(config), match_totals(), std::move(metadata)};
 }
 
-void RunSummaries::end(const char* end, std::uint64_t writer_generation, std::uint64_t dead_time_ns) {
-    ended_.push_back({current_, match_totals(), realtime_ns() / 1'000'000ull, writer_generation, end, dead_time_ns});
+void RunSummaries::end(const char* end, std::uint64_t epoch, std::uint64_t dead_time_ns) {
+    ended_.push_back({current_, match_totals(), realtime_ns() / 1'000'000ull, epoch, end, dead_time_ns});
 }
 
 bool RunSummaries::waiting_for(std::uint32_t run) const {
@@ -185,11 +185,11 @@ void RunSummaries::collect(const WriterSettings& w) {
     std::size_t n = 0;
     while ((n = closed_->pop(got, std::size(got))) > 0) {
         for (std::size_t i = 0; i < n; ++i) {
-            if (got[i].transition_done == 0) {
+            if (got[i].epoch_passed == 0) {
                 closed_files_.push_back(got[i]);
                 continue;
             }
-            while (!ended_.empty() && ended_.front().writer_generation <= got[i].transition_done) {
+            while (!ended_.empty() && ended_.front().epoch <= got[i].epoch_passed) {
                 write(w, ended_.front());
                 ended_.pop_front();
             }

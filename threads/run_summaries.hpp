@@ -43,9 +43,9 @@ public:
     void begin(std::uint32_t run, std::shared_ptr<const Config> config, std::string metadata = {},
                std::uint64_t started_unix_ns = 0);
     // The run begun last ends now (`end`: "stop", "run change"); its summary is
-    // written once the writer reports transition `writer_generation` done.
+    // written once the writer reports epoch `epoch` passed (its files closed).
     // `dead_time_ns`: the time the builder was busy in the run (BUSY).
-    void end(const char* end, std::uint64_t writer_generation, std::uint64_t dead_time_ns = 0);
+    void end(const char* end, std::uint64_t epoch, std::uint64_t dead_time_ns = 0);
     // Each tick: the files the writer closed; summaries of runs whose files are all closed.
     void collect(const WriterSettings& w);
     // After the writer stopped: every summary still due, and the run going on
@@ -83,7 +83,7 @@ private:
         RunStart start;
         MatchTotals at_end;
         std::uint64_t stopped_unix_ms = 0;
-        std::uint64_t writer_generation = 0;  // done once the writer reports this transition
+        std::uint64_t epoch = 0;              // done once the writer reports this epoch passed
         const char* end = "";                 // "stop", "run change", "shutdown"
         std::uint64_t dead_time_ns = 0;       // busy in the run (BUSY: the busy sender's count at its end)
     };

@@ -109,7 +109,7 @@ WriterSettings writer_settings(const Config& c) {
     w.window_ticks = c.building.match == MatchMode::timestamp    ? c.building.tolerance_ticks
                      : c.building.match == MatchMode::time_slice ? c.building.slice_ticks
                                                                  : 0;
-    w.run_number = c.run_number;
+    w.epoch.run = c.run_number;
     w.expected_sources = static_cast<std::uint32_t>(c.sources.size());
     w.record_codec = c.output.record_codec();
     w.format = c.output.format;

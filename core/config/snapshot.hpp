@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/config/config.hpp"
+#include "core/model/epoch.hpp"
 #include "core/model/matcher.hpp"
 #include "core/model/sender_pins.hpp"
 
@@ -50,15 +51,12 @@ struct WriterSettings {
     std::uint32_t format_version = 1;
     MatchMode match = MatchMode::event_id;
     std::uint64_t window_ticks = 0;
-    // Run transition: when run_generation grows, the writer holds back events of
-    // run_number until every shard's run-end marker number run_generation has
-    // arrived, then closes the old run's file.
-    std::uint32_t run_number = 0;
-    std::uint64_t run_generation = 0;
-    // The expected-source set (Matcher::set_expected) these settings go with: its
-    // events are held back the same way when run_generation grows. (A file's header
-    // states the sections its events have, taken from the events.)
-    std::uint32_t set_generation = 0;
+    // The run and the expected-source set these settings go with (epoch.run,
+    // epoch.set). When epoch.number grows, the writer holds back the events of that
+    // run and set until every shard's epoch mark has passed it, then closes the old
+    // run's (or set's) file. (A file's header states the sections its events have,
+    // taken from the events.)
+    Epoch epoch;
     // output.format; for MIDAS files also the built events' event_id, the bank names
     // and the configuration text their begin-of-run events hold.
     OutputFormat format = OutputFormat::evb;
@@ -122,7 +120,7 @@ struct Snapshot {
     std::shared_ptr<const Config> config;
     MatcherSettings matcher;  // one shard's
     AdmissionRules rules;     // pins not made (a run change makes its own table)
-    WriterSettings writer;    // transition fields left 0 (the reload numbers them)
+    WriterSettings writer;    // epoch.number and epoch.set left 0 (run control numbers them)
     PullSettings pull;
 };
 

@@ -139,7 +139,7 @@ struct Event {
     std::int32_t solo_source;     // source that opened the event while no other has joined, else -1
     std::uint32_t not_awaited;    // sources marked kNotAwaited and not complete
     std::uint32_t removed_count;  // sources marked kRemoved: the record has section_count - this sections
-    std::uint32_t set_generation; // the expected-source set the event started under (see Matcher)
+    std::uint32_t source_set;     // the expected-source set (and codec) it started under: Epoch::set
     std::uint64_t claimed_bytes;  // record bytes the fragments seen so far will take
     std::uint64_t timestamp;      // v2 record's timestamp field (assembly fills event_id mode's)
     std::uint64_t anchor;         // timestamp mode: the first fragment's timestamp

@@ -118,7 +118,7 @@ Event* Matcher::start_event(std::uint64_t event_id, std::uint32_t run_number, st
     // Sources the operator removed: no section in the record, nothing to wait for.
     e->removed_count = static_cast<std::uint32_t>(removed_list_.size());
     for (const std::uint32_t i : removed_list_) e->src[i].state = SourceState::kNotAwaited | SourceState::kRemoved;
-    e->set_generation = set_generation_;
+    e->source_set = set_;
     e->codec = codec_;
     started_ns_[events_started_ % started_ns_.size()] = now_ns;
     e->started = events_started_++;
@@ -192,7 +192,7 @@ void Matcher::finish(Event* e, bool complete, std::uint64_t now_ns, EventList& o
     if (e->older) e->older->newer = e->newer; else oldest_ = e->newer;
     if (e->newer) e->newer->older = e->older; else newest_ = e->older;
     if (e->solo_source >= 0) --solo_events_[static_cast<std::size_t>(e->solo_source)];
-    if (e->set_generation != set_generation_ && older_in_flight_ > 0) --older_in_flight_;
+    if (e->source_set != set_ && older_in_flight_ > 0) --older_in_flight_;
     if (match_ == file::MatchMode::timestamp) {
         if (!e->own_record) bucket_remove(e);
         // The record's event id (and timestamp) is the smallest timestamp of the
@@ -514,7 +514,7 @@ Event* Matcher::own_record(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept
     return e;
 }
 
-void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation, file::Codec codec) {
+void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t set, file::Codec codec) {
     codec_ = codec;
     for (std::size_t i = 0; i < expected_.size(); ++i) {
         const std::uint8_t was = expected_[i];
@@ -525,11 +525,10 @@ void Matcher::set_expected(const std::vector<std::uint8_t>& expected, std::uint3
     removed_list_.clear();
     for (std::size_t i = 0; i < expected_.size(); ++i)
         if (!expected_[i]) removed_list_.push_back(static_cast<std::uint32_t>(i));
-    set_generation_ = generation;
+    set_ = set;
     if (auto* p = std::get_if<SlicePolicy>(&policy_)) p->watermark_moved = true;  // the minimum is over another set now
     // Every event in flight now belongs to an earlier set; they finish under it.
     older_in_flight_ = in_flight_;
-    ++pending_markers_;
 }
 
 void Matcher::add_chunks(ChunkMeta* head, std::uint64_t now_ns, EventList& out) {

@@ -132,18 +132,13 @@ public:
     // The operator changed the expected sources (by reload, within the set the
     // matcher was built with): expected[i] for source index i. Events from now on
     // have no section for the others and do not wait for them; events in flight
-    // finish under the set they started with. `generation` numbers the sets; once
-    // no event of an earlier set is in flight, take_set_markers() says how many
-    // "set ended" markers to hand to the writer (one per change).
+    // finish under the set they started with. `set` numbers the sets (Epoch::set:
+    // each event carries its own); the shard's epoch mark waits while
+    // earlier_set_in_flight() (docs/ARCHITECTURE.md, "Run and source-set changes").
     // `codec`: the records of the new set's events are compressed with it (their
     // files' headers name it), so a change of output.compression is a new set too.
-    void set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t generation, file::Codec codec);
-    std::uint32_t take_set_markers() noexcept {
-        if (older_in_flight_ != 0) return 0;
-        const std::uint32_t n = pending_markers_;
-        pending_markers_ = 0;
-        return n;
-    }
+    void set_expected(const std::vector<std::uint8_t>& expected, std::uint32_t set, file::Codec codec);
+    bool earlier_set_in_flight() const noexcept { return older_in_flight_ != 0; }
     // Events the writer has finished with come back here (the writer is the producer).
     SpscRing<Event*>& done_ring() noexcept { return done_; }
     std::size_t in_flight() const noexcept { return in_flight_; }
@@ -251,7 +246,7 @@ private:
     // First tick after slice e (saturating).
     std::uint64_t slice_end(const Event& e) noexcept { return by_slice().slice_end(e.event_id); }
     // Built ids of `run`: the current run's, or the next run's while both are about
-    // (the readers admit the next run before its run-end marker reaches this shard).
+    // (the readers admit the next run before the current run's end reaches this shard).
     RecentSet& history(std::uint32_t run) noexcept;
     // The counter a chunk of an event no longer in flight goes to, or nullptr when
     // its event was never built (the chunk starts it).
@@ -321,10 +316,9 @@ private:
     // Expected-source set (live removal and return by the operator).
     std::vector<std::uint8_t> expected_;      // per source index
     std::vector<std::uint32_t> removed_list_;
-    std::uint32_t set_generation_ = 0;
+    std::uint32_t set_ = 0;  // Epoch::set of the expected set in force
     file::Codec codec_ = file::Codec::none;
     std::size_t older_in_flight_ = 0;         // events in flight of an earlier set
-    std::uint32_t pending_markers_ = 0;
     Event* oldest_ = nullptr;
     Event* newest_ = nullptr;
     SpscRing<Event*> done_;

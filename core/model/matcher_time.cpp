@@ -216,7 +216,7 @@ Event* Matcher::slice_for(ChunkMeta* c, int idx, std::uint64_t now_ns) noexcept 
         sl.watermark_run_set = true;
         sl.watermark_run = run;
     }
-    // The readers take the next run's datagrams before its run-end marker reaches
+    // The readers take the next run's datagrams before the run's end reaches
     // this shard; its clock may have started again, so its fragments move no
     // watermark until end_run makes it the current run.
     const bool current_run = run == sl.watermark_run;

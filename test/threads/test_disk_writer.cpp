@@ -89,7 +89,7 @@ struct WriterRig {
         REQUIRE(out.head != nullptr);
         for (Event* e = out.head; e != nullptr; e = e->next_out) {
             assemble(*e);
-            REQUIRE(to_writer.try_push(e));
+            REQUIRE(to_writer.try_push(WriterItem(e)));
         }
     }
 
@@ -98,7 +98,7 @@ struct WriterRig {
     alloc::ReturnBatcher returns;
     stats::MatcherCounters matcher_counters;
     Matcher matcher;
-    SpscRing<Event*> to_writer;
+    SpscRing<WriterItem> to_writer;
     WrittenIds written;
     ClosedFiles closed{16};
     stats::WriterCounters writer_counters;
@@ -184,24 +184,23 @@ TEST_CASE("DiskWriter reports each file it closes and each run transition it fin
     CHECK(rig.writer_counters.run_records.get() == 6);
     CHECK(rig.writer_counters.run_incomplete.get() == 0);
 
-    // The run ends: the writer learns of it, then the shard's run-end marker arrives.
+    // The run ends: the writer learns of it, then the shard's epoch mark arrives.
     WriterSettings next = WriterRig::writer_settings(dir.path());
-    next.run_number = kRun + 1;
-    next.run_generation = 1;
+    next.epoch = {1, kRun + 1, 0};
     REQUIRE(rig.writer.commands().try_push(&next));
     rig.writer.do_work();
-    REQUIRE(rig.to_writer.try_push(nullptr));
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
     for (int i = 0; i < 10; ++i) rig.writer.do_work();
 
     REQUIRE(rig.closed.pop(got, 8) == 2);
-    CHECK(got[0].transition_done == 0);
+    CHECK(got[0].epoch_passed == 0);
     CHECK(got[0].run_number == kRun);
     CHECK(got[0].file_sequence == 0);
     CHECK(got[0].events == 6);
     CHECK(got[0].status.complete == 6);
     CHECK(got[0].status.incomplete == 0);
     CHECK(got[0].clean);
-    CHECK(got[1].transition_done == 1);  // after the run's last file
+    CHECK(got[1].epoch_passed == 1);  // after the run's last file
     CHECK(rig.closed.dropped() == 0);
     // Still the ended run's, until the next run's first file opens.
     CHECK(rig.writer_counters.run_written_plus1.get() == kRun + 1);
@@ -367,11 +366,10 @@ TEST_CASE("DiskWriter ends a run with END_OF_RUN when the run's last event fills
         for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 3; ++i) rig.writer.do_work();
         REQUIRE(rig.writer_counters.events_written.get() == 3);
         WriterSettings next = ws;
-        next.run_number = kRun + 1;
-        next.run_generation = 1;
+        next.epoch = {1, kRun + 1, 0};
         REQUIRE(rig.writer.commands().try_push(&next));
         rig.writer.do_work();
-        REQUIRE(rig.to_writer.try_push(nullptr));  // the shard's run-end marker
+        REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));  // the shard's epoch mark
         for (int i = 0; i < 10; ++i) rig.writer.do_work();
         const std::vector<fs::path> files = files_in(dir.path());
         REQUIRE(files.size() == 3);  // one per event, none without events
@@ -524,7 +522,7 @@ WriterSettings run_record_settings(const std::string& dir) {
 // Run control's start of run kRun (evbd's start, evb-ctl start), under `ws`.
 WriterSettings start_of_run(const WriterSettings& ws) {
     WriterSettings start = ws;
-    start.run_number = kRun;
+    start.epoch.run = kRun;
     start.started_run = kRun;
     start.started_unix_ns = 1'600'000'000ull * 1'000'000'000ull;
     return start;
@@ -554,11 +552,10 @@ TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes i
     SECTION("a change of the expected sources: the run goes on in a file of the new set") {
         WriterSettings set = start;
         set.started_unix_ns = 0;
-        set.set_generation = 1;
-        set.run_generation = 1;
+        set.epoch = {1, kRun, 1};
         REQUIRE(rig.writer.commands().try_push(&set));
         rig.writer.do_work();
-        REQUIRE(rig.to_writer.try_push(nullptr));  // the shard's marker
+        REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));  // the shard's epoch mark
         for (int i = 0; i < 4; ++i) rig.writer.do_work();
         const std::vector<fs::path> files = files_in(dir.path());
         REQUIRE(files.size() == 2);
@@ -567,11 +564,10 @@ TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes i
     }
     SECTION("the run stops with no event: its one file holds the notes between BEGIN_OF_RUN and END_OF_RUN") {
         WriterSettings stop = ws;
-        stop.run_number = UINT32_MAX;  // no run follows
-        stop.run_generation = 1;
+        stop.epoch = {1, UINT32_MAX, 0};  // no run follows
         REQUIRE(rig.writer.commands().try_push(&stop));
         rig.writer.do_work();
-        REQUIRE(rig.to_writer.try_push(nullptr));
+        REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
         for (int i = 0; i < 4; ++i) rig.writer.do_work();
         const std::vector<fs::path> files = files_in(dir.path());
         REQUIRE(files.size() == 1);

@@ -73,9 +73,9 @@ TEST_CASE("Pipeline marks every event it hands on as built, complete or not") {
     while (rig.writer_counters.events_written.get() < 4 && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     CHECK(built_ids() == std::vector<std::uint64_t>{0, 1, 2, 3});  // event 4 is still open
-    // The run ends: event 4 is handed on INCOMPLETE; the run-end marker behind it
+    // The run ends: event 4 is handed on INCOMPLETE; the epoch mark behind it
     // is no event.
-    rig.pipeline.end_run(0, 2);
+    rig.pipeline.end_run(0, {1, 2, 0});
     rig.pipeline.wait_idle();
     CHECK(built_ids() == std::vector<std::uint64_t>{0, 1, 2, 3, 4});
     rig.stop();
@@ -89,7 +89,7 @@ TEST_CASE("Pipeline: a run change while the new run's data already arrives write
     PipelineSettings ps = two_sources(2, 64);
     ps.workers = 1;
     WriterSettings ws = writer_into(dir.path());
-    ws.run_number = 1;
+    ws.epoch.run = 1;
     test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20);
     rig.start();
     const int out = net::open_udp_for(rig.to, 1u << 20);
@@ -112,10 +112,9 @@ TEST_CASE("Pipeline: a run change while the new run's data already arrives write
     REQUIRE(wait_for([&] { return rig.writer_counters.events_written.get() == 8; }));
 
     // The run changes as a reload does it: the writer learns first, then the reader
-    // admits run 2, and run 2's data arrives (and is built) before the run-end marker.
+    // admits run 2, and run 2's data arrives (and is built) before the epoch mark.
     WriterSettings next = ws;
-    next.run_number = 2;
-    next.run_generation = 1;
+    next.epoch = {1, 2, 0};
     REQUIRE(rig.writer.commands().try_push(&next));
     AdmissionRules run2;
     run2.run_number = 2;
@@ -123,9 +122,9 @@ TEST_CASE("Pipeline: a run change while the new run's data already arrives write
     REQUIRE(wait_for([&] { return rig.reader.rules().applied() == &run2; }));
     for (std::uint64_t e = 0; e < 8; ++e)
         for (std::uint32_t s = 0; s < 2; ++s) send(2, s, e);
-    send(2, 0, 8);  // run 2's event 8 is open when the run-end marker passes
+    send(2, 0, 8);  // run 2's event 8 is open when the epoch mark passes
     REQUIRE(wait_for([&] { return built() == 16; }));
-    rig.pipeline.end_run(0, 2);
+    rig.pipeline.end_run(0, {1, 2, 0});
     // Run 1's event 8 is written INCOMPLETE, run 2's eight complete events follow.
     CHECK(wait_for([&] { return rig.writer_counters.events_written.get() == 8 + 1 + 8; }));
     send(2, 1, 8);  // completes run 2's event 8, which the run end left open
@@ -202,11 +201,11 @@ TEST_CASE("DiskWriter with O_DIRECT passes on as written only the records the ke
     CHECK(missing_from_disk.empty());
 }
 
-TEST_CASE("Pipeline: one reload that changes both the run and the expected sources hands the writer both markers") {
+TEST_CASE("Pipeline: one reload that changes both the run and the expected sources passes both epochs to the writer") {
     test::TempDir dir;
     PipelineSettings ps = two_sources(1, 64);
     WriterSettings ws = writer_into(dir.path());
-    ws.run_number = 1;
+    ws.epoch.run = 1;
     test::PipelineRig rig(ps, ws, 1024, 256, 8u << 20);
     rig.start();
     const int out = net::open_udp_for(rig.to, 1u << 20);
@@ -219,19 +218,17 @@ TEST_CASE("Pipeline: one reload that changes both the run and the expected sourc
     REQUIRE(wait_for([&] { return rig.pipeline.events_in_flight() == 1; }));
     // As the daemon's reload: the writer first (two transitions), then the sources,
     // then the readers and the run end. The old set's last event leaves with the run
-    // end, so one matcher body sends both markers.
+    // end, so one matcher body marks both epochs.
     WriterSettings next = ws;
-    next.run_number = 2;
-    next.run_generation = 2;
-    next.set_generation = 1;
+    next.epoch = {2, 2, 1};
     REQUIRE(rig.writer.commands().try_push(&next));
     const std::vector<std::uint8_t> expected{1, 1};
-    rig.pipeline.set_expected_sources(expected, 1, evb::file::Codec::none, 1);
+    rig.pipeline.set_expected_sources(expected, {1, 1, 1}, evb::file::Codec::none, 1);
     AdmissionRules run2;
     run2.run_number = 2;
     REQUIRE(rig.reader.rules().post(&run2));
     REQUIRE(wait_for([&] { return rig.reader.rules().applied() == &run2; }));
-    rig.pipeline.end_run(0, 2);
+    rig.pipeline.end_run(0, {2, 2, 1});
     rig.pipeline.wait_idle();
     for (std::uint64_t e = 0; e < 4; ++e)
         for (std::uint32_t s = 0; s < 2; ++s) send_fragment(out, rig.to, 2, s, e);
@@ -313,4 +310,49 @@ TEST_CASE("Pipeline: with more workers than shards, records are compressed concu
         compressed += r.records[i].compressed ? 1 : 0;
     }
     CHECK(compressed == c.records_compressed.get());
+}
+
+TEST_CASE("Pipeline: a run's end with no event in flight hands the writer its epoch mark alone, with one worker or several") {
+    test::TempDir dir;
+    PipelineSettings ps = two_sources(1, 64);
+    ps.workers = GENERATE(1u, 3u);  // the assemble node, or compress -> order -> push with two helpers
+    WriterSettings ws = writer_into(dir.path());
+    ws.epoch.run = 1;
+    test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20);
+    rig.start();
+    const int out = net::open_udp_for(rig.to, 1u << 20);
+    auto wait_for = [](auto&& cond) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!cond() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        return cond();
+    };
+    for (std::uint64_t e = 0; e < 4; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send_fragment(out, rig.to, 1, s, e);
+    REQUIRE(wait_for([&] { return rig.writer_counters.events_written.get() == 4; }));
+    REQUIRE(rig.pipeline.events_in_flight() == 0);
+    // As run control ends a run: the writer first, then the readers, then the shard.
+    // The shard builds nothing, so its batch holds the mark alone; the writer closes
+    // run 1's file on it, before any event of run 2.
+    WriterSettings next = ws;
+    next.epoch = {1, 2, 0};
+    REQUIRE(rig.writer.commands().try_push(&next));
+    AdmissionRules run2;
+    run2.run_number = 2;
+    REQUIRE(rig.reader.rules().post(&run2));
+    REQUIRE(wait_for([&] { return rig.reader.rules().applied() == &run2; }));
+    rig.pipeline.end_run(0, next.epoch);
+    CHECK(wait_for([&] { return rig.writer_counters.files_closed.get() == 1; }));
+    CHECK(rig.writer_counters.events_written.get() == 4);
+    for (std::uint64_t e = 0; e < 3; ++e)
+        for (std::uint32_t s = 0; s < 2; ++s) send_fragment(out, rig.to, 2, s, e);
+    CHECK(wait_for([&] { return rig.writer_counters.events_written.get() == 7; }));
+    rig.stop();
+    ::close(out);
+    std::vector<std::string> files;
+    for (const auto& f : std::filesystem::directory_iterator(dir.path())) files.push_back(f.path().filename());
+    std::sort(files.begin(), files.end());
+    INFO(files.size() << " files");
+    REQUIRE(files.size() == 2);  // run 1's (closed at its end) and run 2's
+    CHECK(files[0].find("run000001") != std::string::npos);
+    CHECK(files[1].find("run000002") != std::string::npos);
 }

@@ -39,9 +39,9 @@ struct Fixture {
         f.clean = true;
         closed.push(f);
     }
-    void transition_done(std::uint64_t generation) {
+    void epoch_passed(std::uint64_t epoch) {
         FileClosed f;
-        f.transition_done = generation;
+        f.epoch_passed = epoch;
         closed.push(f);
     }
 };
@@ -61,7 +61,7 @@ TEST_CASE("a run's summary waits for the writer to close its files", "[run_summa
     CHECK_FALSE(file::read_summary(fx.dir.path(), 7, 0).is_object());
 
     fx.file_closed(7, 1, 2, 50);  // the run's last file, closed at its end
-    fx.transition_done(1);
+    fx.epoch_passed(1);
     s.collect(fx.w);
     CHECK_FALSE(s.waiting_for(7));
     const auto doc = file::read_summary(fx.dir.path(), 7, 0);
@@ -91,7 +91,7 @@ TEST_CASE("files of the next run wait for their own run's summary", "[run_summar
     fx.matchers[0]->source_fragments[1].add(4);  // run 2's
     fx.file_closed(1, 0, 1, 10);
     fx.file_closed(2, 0, 4, 40);  // run 2's first file closed before run 1's transition was reported
-    fx.transition_done(1);
+    fx.epoch_passed(1);
     s.collect(fx.w);
     const auto one = file::read_summary(fx.dir.path(), 1, 0);
     REQUIRE(one.is_object());
@@ -152,7 +152,7 @@ struct Restarted : Fixture {
         matchers[0]->source_fragments[0].add(1);
         file_closed(7, 1, 1, 10);
         s.end("stop", 1);
-        transition_done(1);
+        epoch_passed(1);
         s.collect(w);
         const auto doc = file::read_summary(dir.path(), 7, w.builder_id);
         REQUIRE(doc.is_object());
