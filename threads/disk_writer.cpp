@@ -65,7 +65,7 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<WriterItem>
     settled_ids_.reserve(256);
     batch_.reserve(kMaxEventsPerWork);
     batch_sizes_.reserve(kMaxEventsPerWork);
-    scratch_.reserve(kMaxEventsPerWork);
+    scratch_.resize(kMaxEventsPerWork);  // sized: try_pop_n writes into it
     for (auto& d : done_pending_) d.reserve(kMaxEventsPerWork);
     for (std::size_t k = 0; k < held_.size(); ++k) held_[k].reserve(inputs_[k]->capacity());
     // 64 Ki index entries (1 MiB) up front; beyond that the index doubles a few
@@ -528,7 +528,7 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
         // A shard with new-run events held back is still read: its epoch mark may
         // be behind them (the readers admit the new run before the shard takes the
         // run's end), and only reading on reaches it.
-        const std::size_t n = inputs_[k]->try_pop_n(scratch_.data(), std::min(max_events - total, scratch_.capacity()));
+        const std::size_t n = inputs_[k]->try_pop_n(scratch_.data(), std::min(max_events - total, scratch_.size()));
         for (std::size_t i = 0; i < n; ++i) {
             const WriterItem item = scratch_[i];
             Event* const e = item.event();
