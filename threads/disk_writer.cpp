@@ -533,7 +533,7 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
             const WriterItem item = scratch_[i];
             Event* const e = item.event();
             if (item.is_mark()) {
-                shard_epochs_[k] = item.epoch();
+                shard_epochs_[k] = std::max(shard_epochs_[k], item.epoch());  // marks only ever grow
             } else if (awaited_ && e->run_number == awaited_->run && e->source_set == awaited_->set) {
                 held_[k].push_back(e);  // in order; the old run's events go on being written
             } else {

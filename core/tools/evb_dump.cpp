@@ -16,6 +16,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -355,10 +356,12 @@ struct FileReport {
     std::uint64_t content_bytes = 0;
     std::uint64_t compressed = 0;
     // With --events: each event's listing line (a text row, or its JSON with --json),
-    // written to a temporary file as the event is checked and printed from it at the
-    // end, so that the listing takes no memory per event.
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> events_spill{nullptr, &std::fclose};
+    // written to the process's one spill file (events_spill()) as the event is
+    // checked and printed from it at the end, so that the listing takes no memory
+    // per event. This file's lines are the `events_bytes` from `events_at` on.
     std::uint64_t events_listed = 0;
+    std::uint64_t events_at = 0;
+    std::uint64_t events_bytes = 0;
     std::vector<RunRecordInfo> run_records;  // in file order
 
     void add_problem(std::uint64_t offset, std::string what) {
@@ -934,7 +937,10 @@ void name_first_midas(const MidasFeed& feed, const std::vector<std::pair<std::si
     (void)scanner.finish();
     for (const auto& [index, id] : again)
         if (index < problems.size())
-            problems[index].what = fmt::format("event {} appears again (first at offset {})", id, first.at(id));
+            problems[index].what =
+                first.at(id) == UINT64_MAX  // the file changed between the two readings
+                    ? fmt::format("event {} appears again (its first offset could not be found again)", id)
+                    : fmt::format("event {} appears again (first at offset {})", id, first.at(id));
 }
 
 // Checks a MIDAS file event by event as its bytes come (a `.mid.lz4` block by
@@ -1390,12 +1396,28 @@ Json event_json(const EventInfo& e, const ef::FileHeader& fh) {
     return j;
 }
 
-void list_event(FileReport& rep, const EventInfo& e, const ef::FileHeader& fh, const Options& o) {
-    if (!rep.events_spill) {
-        rep.events_spill.reset(std::tmpfile());
-        if (!rep.events_spill)
-            throw std::runtime_error(fmt::format("--events: no temporary file for the listing ({})", std::strerror(errno)));
+// The one file every report's listing is spilled to, in $TMPDIR (or /tmp), unlinked
+// at once: one descriptor whatever the number of files examined.
+std::FILE* events_spill() {
+    static std::unique_ptr<std::FILE, int (*)(std::FILE*)> spill{nullptr, &std::fclose};
+    if (spill) return spill.get();
+    const char* dir = std::getenv("TMPDIR");
+    std::string name = fmt::format("{}/evb-dump-events-XXXXXX", dir != nullptr && *dir != '\0' ? dir : "/tmp");
+    const int fd = ::mkstemp(name.data());
+    if (fd < 0)
+        throw std::runtime_error(fmt::format("--events: no temporary file for the listing in {} ({}); set TMPDIR",
+                                             name.substr(0, name.rfind('/')), std::strerror(errno)));
+    ::unlink(name.c_str());
+    spill.reset(::fdopen(fd, "w+"));
+    if (!spill) {
+        ::close(fd);
+        throw std::runtime_error(fmt::format("--events: temporary file: {}", std::strerror(errno)));
     }
+    return spill.get();
+}
+
+void list_event(FileReport& rep, const EventInfo& e, const ef::FileHeader& fh, const Options& o) {
+    std::FILE* f = events_spill();
     std::string line;
     if (o.json) {
         line = evb::json_text(event_json(e, fh));
@@ -1405,30 +1427,49 @@ void list_event(FileReport& rep, const EventInfo& e, const ef::FileHeader& fh, c
                            names.empty() ? std::string("-") : join(names, ","), section_notes(e, fh));
     }
     line += '\n';
-    if (std::fwrite(line.data(), 1, line.size(), rep.events_spill.get()) != line.size())
+    if (rep.events_listed == 0) {  // this report's lines start here (a report examined again starts anew)
+        const off_t end = ::ftello(f);
+        rep.events_at = end < 0 ? 0 : static_cast<std::uint64_t>(end);
+        rep.events_bytes = 0;
+    }
+    if (std::fwrite(line.data(), 1, line.size(), f) != line.size())
         throw std::runtime_error(fmt::format("--events: writing the listing's temporary file: {}", std::strerror(errno)));
+    rep.events_bytes += line.size();
     ++rep.events_listed;
 }
 
 // Prints the listing spilled for `r`, its lines joined by `between` (JSON: ",").
 void copy_spill(const FileReport& r, std::string_view between) {
-    if (!r.events_spill) return;
-    std::FILE* f = r.events_spill.get();
-    std::rewind(f);
+    if (r.events_listed == 0) return;
+    std::FILE* f = events_spill();
+    if (std::fflush(f) != 0 || ::fseeko(f, static_cast<off_t>(r.events_at), SEEK_SET) != 0)
+        throw std::runtime_error(fmt::format("--events: reading the listing's temporary file back: {}", std::strerror(errno)));
     char buf[1 << 16];
-    bool first = true;
-    std::string line;
-    while (std::fgets(buf, sizeof buf, f) != nullptr) {
-        line += buf;
-        if (line.empty() || line.back() != '\n') continue;  // a line longer than the buffer
-        line.pop_back();
-        if (!first) std::fwrite(between.data(), 1, between.size(), stdout);
-        first = false;
-        std::fwrite(line.data(), 1, line.size(), stdout);
-        if (between.empty()) std::fputc('\n', stdout);
-        line.clear();
+    std::uint64_t left = r.events_bytes;
+    bool first = true, line_start = true;
+    while (left > 0) {
+        const std::size_t n = std::fread(buf, 1, static_cast<std::size_t>(std::min<std::uint64_t>(left, sizeof buf)), f);
+        if (n == 0) throw std::runtime_error("--events: the listing's temporary file ended early");
+        left -= n;
+        if (between.empty()) {  // text: the rows as they are
+            std::fwrite(buf, 1, n, stdout);
+            continue;
+        }
+        // JSON: one event a line; the lines joined by `between`, no newline kept.
+        for (std::size_t k = 0; k < n;) {
+            if (buf[k] == '\n') {
+                line_start = true;
+                ++k;
+                continue;
+            }
+            if (line_start && !first) std::fwrite(between.data(), 1, between.size(), stdout);
+            first = line_start = false;
+            const char* nl = static_cast<const char*>(std::memchr(buf + k, '\n', n - k));
+            const std::size_t upto = nl != nullptr ? static_cast<std::size_t>(nl - buf) : n;
+            std::fwrite(buf + k, 1, upto - k, stdout);
+            k = upto;
+        }
     }
-    if (std::ferror(f)) throw std::runtime_error("--events: reading the listing's temporary file back failed");
 }
 
 // Where a file's spilled events go in the JSON document: a string no file name or

@@ -16,6 +16,7 @@ the same file the same way (session 24): a RecordView per record and a vector of
 every id of the run before it made spans, about 220 MB for this file. Under an
 address-space limit of what evbd takes on an empty directory plus the file's mapping
 and 96 MiB, it now says the run's files hold all 2 million events."""
+import json
 import os
 import shutil
 import struct
@@ -125,6 +126,28 @@ def main():
           f"evb-dump --events lists all {EVENTS} events within {limit >> 20} MiB of address space "
           f"({rows} rows, the last event {last}; exit {r.returncode}): {r.stderr[-800:]}")
     os.remove(listing)
+
+    # The listing of many files at once, under a descriptor limit of 32: every file's
+    # rows go to one spill file (session 25's first spill took a file per report, so
+    # the 30th file failed with "no temporary file").
+    many = os.path.join(wd, "many")
+    os.makedirs(many)
+    for k in range(200):
+        tiny_file(os.path.join(many, f"run000007_000_{k:05}.evb"), range(10 * k, 10 * k + 10))
+    names = sorted(os.path.join(many, n) for n in os.listdir(many))
+
+    def few_descriptors():
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
+    r = subprocess.run([dump, "--events", "--json"] + names, capture_output=True, text=True, timeout=120,
+                       preexec_fn=few_descriptors)
+    listed = []
+    if r.returncode == 0:
+        listed = [e["event_id"] for f in json.loads(r.stdout)["files"] for e in f["events"]]
+    check(r.returncode == 0 and listed == list(range(2000)),
+          f"evb-dump --events --json of 200 files with 32 descriptors lists their 2000 events in order "
+          f"(exit {r.returncode}, {len(listed)} listed): {r.stderr[-600:]}")
+    shutil.rmtree(many)
 
     # evbd's start-up survey of the same run: within what evbd takes on an empty
     # directory, the file's mapping and 96 MiB.

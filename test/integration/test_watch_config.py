@@ -45,6 +45,8 @@ def main():
         check(any(n.startswith("run000002_") for n in names), f"events of run 2 are in run 2's file: {names}")
 
         # (2) Rewritten in place with an unknown key: refused, named, evbd goes on.
+        # (open "w" truncates first: evbd may read the empty file once, a syntax error,
+        # before the whole text; the waits below are for the whole text's verdict.)
         with open(cfg, "w") as f:
             f.write(json.dumps({"sources": 4, "building": {"timeot_ms": 5}, "run_number": 2}))
         d.wait_log("building.timeot_ms: unknown key", timeout=30)
@@ -53,7 +55,8 @@ def main():
         run_source(send + ["--events", 500, "--first", 1000, "--run", 2])
         m = d.wait_settled()
         check(d.proc.poll() is None, "evbd runs on after a bad file")
-        check(reloads(d) == 1, "a file that did not change again is not reloaded again")
+        tries = d.log_text().count("building.timeot_ms: unknown key")
+        check(tries == 1, f"a file that did not change again is not read again ({tries} tries logged)")
 
         # (3) Valid again, in place.
         with open(cfg, "w") as f:
