@@ -24,6 +24,14 @@
 using namespace evb;
 
 namespace {
+
+// Polls `cond` until it holds or 10 s pass; its value then (the caller's CHECK says what was awaited).
+template <typename Cond>
+bool wait_for(Cond&& cond) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!cond() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return cond();
+}
 // One single-chunk fragment of 100 bytes, sent to the rig's socket.
 void send_fragment(int fd, const net::Endpoint& to, std::uint32_t run, std::uint32_t source, std::uint64_t event) {
     const auto d = test::fragment_datagram(run, source, event, 100, std::byte{0x5a});
@@ -95,11 +103,6 @@ TEST_CASE("Pipeline: a run change while the new run's data already arrives write
     const int out = net::open_udp_for(rig.to, 1u << 20);
     auto send = [&](std::uint32_t run, std::uint32_t source, std::uint64_t event) {
         send_fragment(out, rig.to, run, source, event);
-    };
-    auto wait_for = [](auto&& cond) {
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (!cond() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        return cond();
     };
     auto built = [&] {
         std::uint64_t n = 0;
@@ -209,11 +212,6 @@ TEST_CASE("Pipeline: one reload that changes both the run and the expected sourc
     test::PipelineRig rig(ps, ws, 1024, 256, 8u << 20);
     rig.start();
     const int out = net::open_udp_for(rig.to, 1u << 20);
-    auto wait_for = [](auto&& cond) {
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (!cond() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        return cond();
-    };
     send_fragment(out, rig.to, 1, 0, 0);  // run 1's event 0 stays open
     REQUIRE(wait_for([&] { return rig.pipeline.events_in_flight() == 1; }));
     // As the daemon's reload: the writer first (two transitions), then the sources,
@@ -321,11 +319,6 @@ TEST_CASE("Pipeline: a run's end with no event in flight hands the writer its ep
     test::PipelineRig rig(ps, ws, 2048, 256, 8u << 20);
     rig.start();
     const int out = net::open_udp_for(rig.to, 1u << 20);
-    auto wait_for = [](auto&& cond) {
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (!cond() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        return cond();
-    };
     for (std::uint64_t e = 0; e < 4; ++e)
         for (std::uint32_t s = 0; s < 2; ++s) send_fragment(out, rig.to, 1, s, e);
     REQUIRE(wait_for([&] { return rig.writer_counters.events_written.get() == 4; }));
