@@ -68,6 +68,7 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<WriterItem>
     scratch_.resize(kMaxEventsPerWork);  // sized: try_pop_n writes into it
     for (auto& d : done_pending_) d.reserve(kMaxEventsPerWork);
     for (std::size_t k = 0; k < held_.size(); ++k) held_[k].reserve(inputs_[k]->capacity());
+    awaited_.reserve(16);  // as many as run control's commands ring holds: none allocated when they come
     // 64 Ki index entries (1 MiB) up front; beyond that the index doubles a few
     // times during the first large file and then keeps its capacity.
     file_.reserve_index(std::size_t{1} << 16);
@@ -440,10 +441,46 @@ void DiskWriter::settle_or_lose(std::uint64_t kernel_offset) {
     unsettled_head_ = 0;
 }
 
-bool DiskWriter::epoch_passed() const noexcept {
+bool DiskWriter::epoch_passed(std::uint64_t number) const noexcept {
     for (const std::uint64_t passed : shard_epochs_)
-        if (passed < awaited_->number) return false;
+        if (passed < number) return false;
     return true;
+}
+
+const Epoch* DiskWriter::awaiting(const Event& e) const noexcept {
+    for (const Epoch& a : awaited_)
+        if (e.run_number == a.run && e.source_set == a.set) return &a;
+    return nullptr;
+}
+
+std::size_t DiskWriter::pass_oldest_epoch() {
+    // Every event of the old run (or set) is written: close its file, then write
+    // the events of the passed epoch held back meanwhile, in their order; those of
+    // later epochs stay held.
+    const Epoch passed = awaited_.front();
+    awaited_.erase(awaited_.begin());
+    flush_batch();
+    if (file_.is_open() && file_run_ != passed.run)
+        close_run_file();  // the run ended: its last file
+    else if (file_.is_open() && file_set_ != passed.set)
+        close_set_file();
+    if (closed_ != nullptr) closed_->push({0, 0, 0, {}, false, passed.number});  // after the old run's last file
+    if (awaited_.empty()) forget_notes_of_ended_runs(passed.run);
+    open_started_run();  // the next run's first file (or the run's, of the new set), before its events
+    std::size_t total = 0;
+    for (auto& h : held_) {
+        std::size_t kept = 0;
+        for (Event* e : h) {
+            if (e->run_number == passed.run && e->source_set == passed.set) {
+                write_event(e);
+                ++total;
+            } else {
+                h[kept++] = e;  // a later epoch's
+            }
+        }
+        h.resize(kept);
+    }
+    return total;
 }
 
 void DiskWriter::write_event(Event* e) {
@@ -504,25 +541,7 @@ void DiskWriter::write_event(Event* e) {
 
 std::size_t DiskWriter::drain(std::size_t max_events) {
     std::size_t total = 0;
-    if (awaited_ && epoch_passed()) {
-        // Every event of the old run (or set) is written: close its file, then
-        // release the new epoch's events held back meanwhile, in their order.
-        const Epoch passed = *awaited_;
-        awaited_.reset();
-        flush_batch();
-        if (file_.is_open() && file_run_ != passed.run)
-            close_run_file();  // the run ended: its last file
-        else if (file_.is_open() && file_set_ != passed.set)
-            close_set_file();
-        if (closed_ != nullptr) closed_->push({0, 0, 0, {}, false, passed.number});  // after the old run's last file
-        forget_notes_of_ended_runs(passed.run);
-        open_started_run();  // the next run's first file (or the run's, of the new set), before its events
-        for (auto& h : held_) {
-            for (Event* e : h) write_event(e);
-            total += h.size();
-            h.clear();
-        }
-    }
+    while (!awaited_.empty() && epoch_passed(awaited_.front().number)) total += pass_oldest_epoch();
     open_started_run();
     for (std::size_t k = 0; k < inputs_.size(); ++k) {
         // A shard with new-run events held back is still read: its epoch mark may
@@ -534,7 +553,7 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
             Event* const e = item.event();
             if (item.is_mark()) {
                 shard_epochs_[k] = std::max(shard_epochs_[k], item.epoch());  // marks only ever grow
-            } else if (awaited_ && e->run_number == awaited_->run && e->source_set == awaited_->set) {
+            } else if (!awaited_.empty() && awaiting(*e) != nullptr) {
                 held_[k].push_back(e);  // in order; the old run's events go on being written
             } else {
                 write_event(e);
@@ -634,8 +653,9 @@ void DiskWriter::on_close() {
         release_batch(/*lost=*/true);  // counts them in events_lost_write_error
         return;
     }
-    awaited_.reset();
-    for (auto& h : held_) {
+    // The shards are done: the awaited epochs pass in turn (each closing the file it ends).
+    while (!awaited_.empty()) (void)pass_oldest_epoch();
+    for (auto& h : held_) {  // (none left: every held event is of an awaited epoch)
         for (Event* e : h) write_event(e);
         h.clear();
     }

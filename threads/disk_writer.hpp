@@ -71,7 +71,12 @@ private:
     monitor::SampleFeed* samples_ = nullptr;
     std::size_t drain(std::size_t max_events);
     void write_event(Event* e);
-    bool epoch_passed() const noexcept;  // the awaited epoch has passed every shard
+    bool epoch_passed(std::uint64_t number) const noexcept;  // every shard's mark is at `number` or later
+    // The oldest awaited epoch has passed every shard: the file of the run (or set)
+    // it ends is closed, then that epoch's events held back are written.
+    std::size_t pass_oldest_epoch();
+    // The awaited epoch whose events `e` is of (its run and set), if any.
+    const Epoch* awaiting(const Event& e) const noexcept;
     bool open_file(std::uint32_t run_number, std::uint32_t source_set, std::uint32_t expected_sources,
                    file::Codec codec);
     void close_file();
@@ -208,10 +213,13 @@ private:
     std::vector<WriterItem> scratch_;  // popped from one ring
     std::vector<std::vector<Event*>> done_pending_;  // per shard
     std::vector<std::uint64_t> shard_epochs_;        // per shard: every epoch up to this has passed it (its last mark)
-    std::vector<std::vector<Event*>> held_;          // per shard: new-run events held back
-    // An epoch begun (run control's settings) that has not passed every shard yet:
-    // the events of its run and set are held back (held_) until it has.
-    std::optional<Epoch> awaited_;
+    std::vector<std::vector<Event*>> held_;          // per shard: events of awaited epochs held back, in order
+    // Epochs begun (run control's settings) that have not passed every shard yet,
+    // oldest first: a set change and a run change can follow each other before the
+    // shards' marks come. The events of each one's run and set are held back (held_)
+    // until it and every epoch before it have passed; then the file it ends closes
+    // and they are written, one epoch after the other.
+    std::vector<Epoch> awaited_;
     std::size_t batch_bytes_ = 0;
 };
 

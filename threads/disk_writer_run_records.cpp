@@ -99,7 +99,7 @@ void DiskWriter::take_commands() {
                 s_.run_metadata_json = next->run_metadata_json;
             }
             s_.epoch = next->epoch;
-            awaited_ = next->epoch;  // its events wait for every shard's mark
+            awaited_.push_back(next->epoch);  // its events wait for every shard's mark (after the epochs before it)
         }
         // Release: every read of *next happens before the poster may free it.
         commands_applied_.fetch_add(1, std::memory_order_release);
@@ -107,7 +107,7 @@ void DiskWriter::take_commands() {
 }
 
 void DiskWriter::open_started_run() {
-    if (!open_due_ || !run_going_ || awaited_ || blocked_) return;
+    if (!open_due_ || !run_going_ || !awaited_.empty() || blocked_) return;
     if (file_.is_open()) {
         open_due_ = file_run_ != *run_going_;  // (a file of another run is closed by its transition)
         return;

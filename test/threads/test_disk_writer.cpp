@@ -68,8 +68,11 @@ struct WriterRig {
         return w;
     }
     // Both sources' fragments of one event, as a reader would admit them; the
-    // matcher completes it and it is assembled and handed to the writer.
-    void build(std::uint64_t event_id) {
+    // matcher completes it and it is assembled and handed to the writer, of run
+    // `run` and, as a shard that has taken a change of the expected sources would
+    // tag it, of source set `set`.
+    void build(std::uint64_t event_id, std::uint32_t run = kRun, std::uint32_t set = 0) {
+        rules.run_number = run;
         ChunkMeta* head = nullptr;
         ChunkMeta* tail = nullptr;
         for (std::uint32_t s = 0; s < 2; ++s) {
@@ -77,7 +80,7 @@ struct WriterRig {
             pool.reclaim();
             REQUIRE(pool.try_take(idx));
             std::byte* d = pool.data(idx);
-            test::write_fragment_header(d, kRun, s, event_id, 40);
+            test::write_fragment_header(d, run, s, event_id, 40);
             std::fill(d + wire::kFragmentHeaderBytes, d + wire::kFragmentHeaderBytes + 40, std::byte(event_id));
             REQUIRE(admit_datagram(pool, idx, wire::kFragmentHeaderBytes + 40, rules, 1, reader_counters) == 0);
             ChunkMeta* c = ChunkMeta::in_slot(pool.meta(idx));
@@ -88,6 +91,7 @@ struct WriterRig {
         matcher.add_chunks(head, 1, out);
         REQUIRE(out.head != nullptr);
         for (Event* e = out.head; e != nullptr; e = e->next_out) {
+            e->source_set = set;
             assemble(*e);
             REQUIRE(to_writer.try_push(WriterItem(e)));
         }
@@ -580,6 +584,74 @@ TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes i
         rig.writer.on_close();  // stopped: no file opens
         CHECK(files_in(dir.path()).size() == 1);
     }
+}
+
+TEST_CASE("DiskWriter passes a set change and a run change posted back to back in turn, one file after the other", "[disk_writer]") {
+    // A reload that changes the expected sources, then a run change (or a stop),
+    // both posted before the shard's marks reach the writer: each epoch is awaited
+    // in turn. The events of the old run built under the new set go into a file of
+    // their own that closes with the run's END_OF_RUN, before the next run's first
+    // file opens; none goes into a file of the old set, none after END_OF_RUN.
+    test::TempDir dir;
+    WriterSettings ws = run_record_settings(dir.path());
+    WriterRig rig(ws);
+    using V = std::vector<std::string>;
+    WriterSettings start = start_of_run(ws);
+    REQUIRE(rig.writer.commands().try_push(&start));
+    rig.writer.do_work();
+    for (std::uint64_t e = 0; e < 2; ++e) rig.build(e);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 2; ++i) rig.writer.do_work();
+    REQUIRE(rig.writer_counters.events_written.get() == 2);
+
+    WriterSettings set = start;  // epoch 1: the run goes on with the new set
+    set.started_unix_ns = 0;
+    set.epoch = {1, kRun, 1};
+    WriterSettings change = start;  // epoch 2: the next run, with that set
+    change.epoch = {2, kRun + 1, 1};
+    change.started_run = kRun + 1;
+    change.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
+    REQUIRE(rig.writer.commands().try_push(&set));
+    rig.writer.do_work();
+    rig.build(2, kRun, 0);  // of the old set, still in flight
+    rig.build(3, kRun, 1);  // of the new set, ahead of the shard's mark
+    rig.writer.do_work();
+    REQUIRE(rig.writer.commands().try_push(&change));
+    rig.writer.do_work();
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
+    rig.build(4, kRun, 1);
+    rig.build(5, kRun + 1, 1);  // the readers admit the next run before the shard takes the run's end
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));
+    rig.build(6, kRun + 1, 1);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 7; ++i) rig.writer.do_work();
+    CHECK(rig.writer_counters.events_written.get() == 7);
+
+    const std::string kOpen = "problem: no footer: the file was not closed cleanly";
+    const std::vector<fs::path> files = files_in(dir.path());
+    std::string listing;  // named on failure
+    for (const fs::path& f : files) {
+        listing += f.filename().string() + ":";
+        for (const std::string& r : records_of(f)) listing += " " + r;
+        listing += "\n";
+    }
+    CAPTURE(listing);
+    REQUIRE(files.size() == 3);
+    CHECK(files[0].filename() == file::file_name(kRun, 0, 0, false));
+    CHECK(records_of(files[0]) == V{"B", "0", "1", "2", "clean"});
+    CHECK(files[1].filename() == file::file_name(kRun, 0, 1, false));
+    CHECK(records_of(files[1]) == V{"B", "3", "4", "E", "clean"});
+    CHECK(files[2].filename() == file::file_name(kRun + 1, 0, 0, true));
+    CHECK(records_of(files[2]) == V{"B", "5", "6", kOpen, "part"});
+    // Run summaries hear of each epoch once the files before it are closed.
+    FileClosed got[8];
+    REQUIRE(rig.closed.pop(got, 8) == 4);
+    CHECK(got[0].file_sequence == 0);
+    CHECK(got[1].epoch_passed == 1);
+    CHECK(got[2].file_sequence == 1);
+    CHECK(got[2].run_number == kRun);
+    CHECK(got[3].epoch_passed == 2);
+    rig.writer.on_close();
+    CHECK(records_of(files_in(dir.path())[2]) == V{"B", "5", "6", "E", "clean"});
+    CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
 
 TEST_CASE("DiskWriter restarted within a run opens its next file at its start, BEGIN_OF_RUN saying restart", "[disk_writer]") {
