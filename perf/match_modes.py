@@ -23,8 +23,18 @@ then the ratio time mode / event_id mode of the median throughput, with the spre
 The time modes must lose nothing: every trigger one complete event, every slice
 complete, and evb-dump --verify --pattern passes on the output of the last round.
 
-Standard library only. Example:
+With `--old OTHER/bin` it compares two builds instead (issue 42: a change of the
+matcher's structure must cost nothing in any mode): every scenario in every match
+mode (event_id, then the time mode), replayed into the old and the new build in
+turn, the order flipping every round, and reported as the ratio new / old of the
+datagrams/s and of the CPU seconds per GB per round (median, min..max). Both builds
+must build the same events. `--datagram jumbo` makes the captures of 8972-byte
+datagrams (alpha-g: one 8932-byte fragment per board and trigger; stream: hits of
+2-8 KB) instead of 1472-byte ones.
+
+Standard library only. Examples:
     python3 perf/match_modes.py --bin build/bin --dir /var/tmp/evb-match --rounds 5
+    python3 perf/match_modes.py --bin build/bin --old /work/old/build/bin --rounds 5 --datagram jumbo
 """
 import argparse
 import json
@@ -58,10 +68,25 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def make_capture(bin_dir, path, name, amount):
+# --datagram jumbo: the same scenarios with 8972-byte datagrams.
+JUMBO_ARGS = {
+    "alpha-g": ["--size", "8932", "--chunk", "8932"],
+    "stream": ["--size", "2000:8000", "--chunk", "8932"],
+}
+
+
+def source_args(name, datagram):
+    args = list(SCENARIOS[name]["source_args"])
+    if datagram == "jumbo":
+        for flag, value in zip(JUMBO_ARGS[name][::2], JUMBO_ARGS[name][1::2]):
+            args[args.index(flag) + 1] = value
+    return args
+
+
+def make_capture(bin_dir, path, name, amount, datagram="standard"):
     sc = SCENARIOS[name]
     cmd = [os.path.join(bin_dir, "evb-source"), "--to", "127.0.0.1:7400", "--sources", str(sc["sources"]),
-           sc["count_arg"], str(amount), "--dry-run", "--pcap-out", path, "--json"] + sc["source_args"]
+           sc["count_arg"], str(amount), "--dry-run", "--pcap-out", path, "--json"] + source_args(name, datagram)
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"evb-source failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
@@ -104,6 +129,49 @@ def verify(bin_dir, out_dir):
     return r.returncode == 0, (r.stdout + r.stderr)[-1500:]
 
 
+def compare(a, name, capture, size):
+    """--old: the old and the new build in turn, in each match mode; returns the figures."""
+    sc = SCENARIOS[name]
+    builds = {"old": a.old, "new": a.bin}
+    out = {}
+    for mode in ("event_id", "time"):
+        sets = sc["time_sets"] if mode == "time" else ["building.match=event_id"]
+        runs = {"old": [], "new": []}
+        counts = {}
+        # One run of each first, not counted: the first replay after the capture was
+        # written cost several times the CPU of the next in trials (the same binary
+        # twice: 6.99 against 1.30 s/GB).
+        for build in ("old", "new"):
+            replay(builds[build], capture, os.path.join(a.dir, f"out-{name}-{mode}-{build}"), sc["sources"], sets)
+        for r in range(a.rounds):
+            for build in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                seconds, cpu, c = replay(builds[build], capture, os.path.join(a.dir, f"out-{name}-{mode}-{build}"),
+                                         sc["sources"], sets)
+                runs[build].append({"dgram_per_s": c["fed"] / seconds, "cpu_s_per_gb": cpu / (size / 1e9)})
+                counts[build] = c
+                log(f"  {name} {mode:8} round {r} {build}: {c['fed'] / seconds / 1e3:7.1f} k datagrams/s, "
+                    f"cpu {cpu / (size / 1e9):5.2f} s/GB; {c['complete']} complete, {c['incomplete']} incomplete")
+        same = counts["old"]["complete"] == counts["new"]["complete"] and \
+            counts["old"]["incomplete"] == counts["new"]["incomplete"]
+        ok, text = verify(a.bin, os.path.join(a.dir, f"out-{name}-{mode}-new"))
+        fig = {"counts": counts, "runs": runs, "same_events": same, "verify": ok}
+        for key in ("dgram_per_s", "cpu_s_per_gb"):
+            ratios = [n[key] / o[key] for n, o in zip(runs["new"], runs["old"])]
+            fig[key] = {"new_over_old": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                        "old": statistics.median(x[key] for x in runs["old"]),
+                        "new": statistics.median(x[key] for x in runs["new"])}
+        out[mode] = fig
+        d, c = fig["dgram_per_s"], fig["cpu_s_per_gb"]
+        print(f"| {name} | {a.datagram} | {mode if mode == 'event_id' else sc['time_sets'][0].split('=')[1]} | "
+              f"{d['old'] / 1e3:.1f} | {d['new'] / 1e3:.1f} | **{d['new_over_old']:.3f}** ({d['min']:.3f}..{d['max']:.3f}) | "
+              f"{c['old']:.2f} | {c['new']:.2f} | **{c['new_over_old']:.3f}** ({c['min']:.3f}..{c['max']:.3f}) | "
+              f"{'same' if same else 'DIFFER'}, {counts['new']['complete']} complete | {'OK' if ok else 'FAILS'} |",
+              flush=True)
+        if not ok:
+            print(text)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default="build/bin")
@@ -113,16 +181,26 @@ def main():
     ap.add_argument("--duration", type=int, default=20_000_000, help="stream: ticks of 100 MHz clock (default 0.2 s)")
     ap.add_argument("--only", choices=sorted(SCENARIOS), help="one scenario")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--old", help="another build's bin directory: compare the two builds in every mode")
+    ap.add_argument("--datagram", choices=["standard", "jumbo"], default="standard",
+                    help="1472-byte datagrams (default) or 8972-byte ones")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     results = {}
+    if a.old:
+        print("| scenario | datagrams | mode | old k dgram/s | new k dgram/s | new / old, median (min..max) | "
+              "old CPU s/GB | new CPU s/GB | new / old | events | verify |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in ([a.only] if a.only else sorted(SCENARIOS)):
         sc = SCENARIOS[name]
         capture = os.path.join(a.dir, f"{name}.pcap")
         amount = a.triggers if name == "alpha-g" else a.duration
-        sent = make_capture(a.bin, capture, name, amount)
+        sent = make_capture(a.bin, capture, name, amount, a.datagram)
         size = os.path.getsize(capture)
         log(f"{name}: capture of {size / 1e6:.1f} MB")
+        if a.old:
+            results[name] = compare(a, name, capture, size)
+            continue
         runs = {"event_id": [], "time": []}
         counts = {}
         for r in range(a.rounds):
@@ -159,6 +237,8 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
+    if a.old:
+        return 0 if all(m["same_events"] and m["verify"] for r in results.values() for m in r.values()) else 1
     return 0 if all(r["lossless"] for r in results.values()) else 1
 
 
