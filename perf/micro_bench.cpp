@@ -65,7 +65,7 @@ public:
           fragment_bytes_(fragment_bytes),
           pool_(arena_, 0, 4 * std::size_t{sources}, wire::kFragmentHeaderBytes + fragment_bytes, 2),
           returns_(std::vector<alloc::BufferPool*>{&pool_}, 0),
-          matcher_(0, settings(sources), arena_, returns_, matcher_counters_) {
+          matcher_(0, settings(sources), arena_, returns_, matcher_counters_, done_) {
         rules_.run_number = kRun;
         // Every slot carries the same payload, so its CRC is computed once here; only
         // the header (event and source id) changes per chunk.
@@ -143,6 +143,7 @@ private:
     alloc::ReturnBatcher returns_;
     stats::MatcherCounters matcher_counters_;
     stats::ReaderCounters reader_counters_;
+    SpscRing<Event*> done_{1 << 16};  // the writer's way back (threads/shard_channels.hpp): any test's event pool
     Matcher matcher_;
     AdmissionRules rules_;
 };

@@ -34,9 +34,10 @@ struct PipelineRig {
           arena("reader-0"),
           pool(arena, 0, slots, slot_bytes, ps.shards + 1),  // return ports: the shards and the writer
           pools{&pool},
-          pipeline(ps, pools, bell, built),
+          channels(ps.shards, slots, ps.matcher.max_events),
+          pipeline(ps, channels, pools, bell, built),
           workers(pipeline),
-          writer(ws, pipeline.writer_rings(), pipeline.done_rings(), pools, ps.shards, writer_counters, bell, written),
+          writer(ws, channels.writer_rings(), channels.done_rings(), pools, ps.shards, writer_counters, bell, written),
           reader(0, sock.fd, pool, pipeline, 64, reader_counters, 0, frames, net::local_port(sock.fd)) {
         rules.run_number = 1;
         (void)reader.rules().post(&rules);
@@ -78,6 +79,7 @@ struct PipelineRig {
     std::vector<alloc::BufferPool*> pools;
     Doorbell bell;
     NoTbbWorkers no_tbb_workers;
+    PipelineChannels channels;
     Pipeline pipeline;
     GraphWorkers workers;
     stats::WriterCounters writer_counters;

@@ -3,8 +3,8 @@
 // in order. docs/ARCHITECTURE.md draws the same picture.
 //
 //   thread          role object    input                   output
-//   evb-rx-N        SocketReader   socket N                shard inboxes (Pipeline)
-//   evb-tcp-N       TcpReader      TCP connections         shard inboxes (Pipeline)
+//   evb-rx-N        SocketReader   socket N                shard inboxes (PipelineChannels)
+//   evb-tcp-N       TcpReader      TCP connections         shard inboxes (PipelineChannels)
 //   evb-replay      ReplayFeeder   capture files           shard inboxes
 //   evb-worker-N    Pipeline's     shard inboxes           writer rings (one per shard),
 //                   drivers                                built ids (pull)
@@ -267,8 +267,13 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         pool_ptrs.push_back(pools.back().get());
     }
 
-    // Channels besides the pipeline's own rings (shard inboxes, writer rings, done
-    // rings) and the pools' return rings.
+    // The channels between the threads (besides the pools' return ports: one per
+    // shard, one for the writer). Each shard's inbox (readers, feeder, run control,
+    // request sender -> its matcher), writer ring (its assembler -> the writer: events
+    // and epoch marks) and done ring (writer -> its matcher: events for reuse):
+    std::size_t all_slots = 0;
+    for (const auto* p : pool_ptrs) all_slots += p->slot_count();
+    PipelineChannels shard_channels(sizing.shards, all_slots, snap->matcher.max_events);
     const std::size_t max_credits = max_credits_for(*cfg);
     Doorbell writer_bell;    // assemblers -> writer: events in its rings
     Doorbell rules_applied;  // inputs -> service loop: new admission rules in force
@@ -302,9 +307,9 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         pipeline_settings.matcher.built_before_run = cfg->run_number;
         pipeline_settings.matcher.held_sequences = held_sequences;
     }
-    Pipeline pipeline(pipeline_settings, pool_ptrs, writer_bell, built_ids.get());
+    Pipeline pipeline(pipeline_settings, shard_channels, pool_ptrs, writer_bell, built_ids.get());
     file::OpenFiles open_files;  // writer -> status page, evb-ctl status
-    DiskWriter writer(snap->writer, pipeline.writer_rings(), pipeline.done_rings(), pool_ptrs, sizing.shards,
+    DiskWriter writer(snap->writer, shard_channels.writer_rings(), shard_channels.done_rings(), pool_ptrs, sizing.shards,
                       writer_counters, writer_bell, written_ids.get(), &closed_files, &open_files);
     writer.set_run_notes(&run_notes);
     writer.set_sample_feed(&sample_feed);

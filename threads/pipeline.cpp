@@ -4,6 +4,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <bit>
+#include <stdexcept>
 #include <thread>
 #include <variant>
 
@@ -55,52 +56,6 @@ inline T handoff_take(const T& in) noexcept {
 }  // namespace
 
 namespace {
-// What a shard's inbox carries: one of these messages, each with its own fields.
-namespace in {
-struct Chunks {  // a reader's batch for this shard
-    ChunkMeta* head;
-    std::uint64_t now_ns;
-};
-struct Tick {  // timeouts
-    std::uint64_t now_ns;
-};
-struct Flush {  // every event in flight handed on
-    std::uint64_t now_ns;
-};
-struct EndRun {  // the run ends, an epoch begins: epoch.run goes on (kNoRun in Matcher: none)
-    std::uint64_t now_ns;
-    Epoch epoch;
-};
-struct SetTimeout {
-    std::uint64_t timeout_ns;
-};
-struct SetDisorder {  // time_slice: building.disorder_ticks reloaded
-    std::uint64_t ticks;
-};
-struct GiveUp {  // pull mode: the request sender gave up on an event
-    std::uint64_t event_id;
-    std::uint32_t run_number;
-    std::uint64_t now_ns;
-};
-struct SourceSet {  // what SetSources points to
-    const std::vector<std::uint8_t>* expected;
-    Epoch epoch;  // the epoch the change begins
-    file::Codec codec;
-    std::uint32_t level;
-};
-struct SetSources {  // a new expected-source set (kept alive by the poster until idle)
-    const SourceSet* change;
-};
-struct SetOpening {  // run control: whether chunks may open events
-    bool opening;
-};
-}  // namespace in
-using ShardInput =
-    std::variant<in::Chunks, in::Tick, in::Flush, in::EndRun, in::SetTimeout, in::SetDisorder, in::GiveUp,
-                 in::SetSources, in::SetOpening>;
-// Every reader batch is one of these in an inbox: the rare messages stay as small
-// as the largest common one (a rare message's bulk goes behind a pointer).
-static_assert(sizeof(ShardInput) <= 32);
 template <typename... F>
 struct Overloaded : F... {
     using F::operator()...;
@@ -233,14 +188,14 @@ void Pipeline::Driver::wake_helpers() noexcept {
 }
 
 struct Pipeline::Shard {
-    Shard(std::uint16_t id, const PipelineSettings& ps, std::vector<alloc::BufferPool*> pools,
-          stats::MatcherCounters& c, std::size_t inbox_capacity)
+    Shard(std::uint16_t id, const PipelineSettings& ps, ShardChannels& ch, std::vector<alloc::BufferPool*> pools,
+          stats::MatcherCounters& c)
         : arena(fmt::format("shard-{}", id)),
           returns(std::move(pools), id),
-          matcher(id, ps.matcher, arena, returns, c),
+          matcher(id, ps.matcher, arena, returns, c, ch.done),
           compressor(arena, ps.compression_ring_bytes, c),
-          to_writer(ps.matcher.max_events + kMarkRoom),
-          inbox(inbox_capacity) {
+          to_writer(ch.to_writer),
+          inbox(ch.inbox) {
         compressor.configure(ps.matcher.codec, ps.compression_level);
     }
     alloc::Arena arena;
@@ -253,18 +208,14 @@ struct Pipeline::Shard {
     // compress node's tasks fill the blocks with their own encoders, the push node
     // counts (RecordCompressor::prepare, finish, count).
     RecordCompressor compressor;
-    SpscRing<WriterItem> to_writer;
+    SpscRing<WriterItem>& to_writer;  // the shard's channels (run_daemon's)
     Crc32cJoiner joiner;  // used by the serial assemble body only
-    // Room in to_writer for epoch marks the writer has not taken yet: one per run
-    // or source change at most (reloads wait for the graph, so they do not pile up
-    // while it works).
-    static constexpr std::size_t kMarkRoom = 1024;
     // The match body's: the newest epoch this shard has taken (EndRun, SetSources),
     // and the newest its mark has said passed (Epoch::number).
     std::uint64_t epoch_taken = 0;
     std::uint64_t epoch_marked = 0;
     std::atomic<bool> tick_queued{false};
-    MpscQueue<ShardInput> inbox;  // the shard's inbox
+    MpscQueue<ShardInput>& inbox;
     Driver* driver = nullptr;
     // Any thread: queues m for this shard's matcher and wakes its driver.
     std::uint64_t put(const ShardInput& m) noexcept;
@@ -328,19 +279,14 @@ void Pipeline::Shard::to_writer_ring(Event* e, std::uint64_t mark) noexcept {
     if (n > 0) (void)to_writer.try_push_n(batch, n);
 }
 
-Pipeline::Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> pools, Doorbell& writer_doorbell,
-                   BuiltIds* built)
+Pipeline::Pipeline(const PipelineSettings& s, PipelineChannels& channels, std::vector<alloc::BufferPool*> pools,
+                   Doorbell& writer_doorbell, BuiltIds* built)
     : built_(built) {
-    // Every batch holds one receive slot at least, and events are spread over the
-    // shards by id: twice a shard's share of the slots (at most 64 k messages) is
-    // room enough; a full inbox makes its putter wait for the driver.
-    std::size_t slots = 0;
-    for (const auto* p : pools) slots += p->slot_count();
-    const std::size_t inbox_capacity = std::min<std::size_t>(2 * slots / std::max<std::uint32_t>(s.shards, 1) + 1024, 65536);
+    if (channels.size() != s.shards) throw std::invalid_argument("the pipeline's channels are not one set per shard");
     for (std::uint32_t k = 0; k < s.shards; ++k) {
         counters_.push_back(std::make_unique<stats::MatcherCounters>());
-        shards_.push_back(std::make_unique<Shard>(static_cast<std::uint16_t>(k), s, pools, *counters_.back(),
-                                                  inbox_capacity));
+        shards_.push_back(std::make_unique<Shard>(static_cast<std::uint16_t>(k), s, channels.shard(k), pools,
+                                                  *counters_.back()));
     }
     const std::uint32_t drivers = std::max<std::uint32_t>(1, std::min<std::uint32_t>(s.workers, s.shards));
     const std::uint32_t helpers = std::max<std::uint32_t>(s.workers, drivers) - drivers;
@@ -607,18 +553,6 @@ void Pipeline::wait_idle() {
              c = d->completed.load(std::memory_order_acquire))
             d->completed.wait(c, std::memory_order_acquire);
     }
-}
-
-std::vector<SpscRing<WriterItem>*> Pipeline::writer_rings() {
-    std::vector<SpscRing<WriterItem>*> v;
-    for (auto& s : shards_) v.push_back(&s->to_writer);
-    return v;
-}
-
-std::vector<SpscRing<Event*>*> Pipeline::done_rings() {
-    std::vector<SpscRing<Event*>*> v;
-    for (auto& s : shards_) v.push_back(&s->matcher.done_ring());
-    return v;
 }
 
 std::size_t Pipeline::events_in_flight() const noexcept {

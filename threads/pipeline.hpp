@@ -34,6 +34,7 @@
 #include "core/model/counters.hpp"
 #include "threads/channels.hpp"
 #include "threads/runner.hpp"
+#include "threads/shard_channels.hpp"
 #include "allocators/handoff/spsc_ring.hpp"
 #include "allocators/handoff/wait.hpp"
 
@@ -54,8 +55,9 @@ public:
     // returns dropped slots through return port k of each pool). built (pull mode):
     // the id of every event the matchers hand on is marked there, so the request
     // sender does not ask again for an event it already has.
-    Pipeline(const PipelineSettings& s, std::vector<alloc::BufferPool*> pools, Doorbell& writer_doorbell,
-             BuiltIds* built = nullptr);
+    // channels: one set per shard (threads/shard_channels.hpp), made by the wiring.
+    Pipeline(const PipelineSettings& s, PipelineChannels& channels, std::vector<alloc::BufferPool*> pools,
+             Doorbell& writer_doorbell, BuiltIds* built = nullptr);
     // The workers must have been stopped (GraphWorkers::stop).
     ~Pipeline() override;
 
@@ -95,8 +97,6 @@ public:
     // Waits until every message put so far has been processed.
     void wait_idle();
 
-    std::vector<SpscRing<WriterItem>*> writer_rings();
-    std::vector<SpscRing<Event*>*> done_rings();
     std::size_t events_in_flight() const noexcept;
     const std::vector<std::unique_ptr<stats::MatcherCounters>>& counters() const noexcept { return counters_; }
 

@@ -3,6 +3,7 @@
 #include "core/model/record_compressor.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 #include <cstring>
 
 #include "core/format/crc32c.hpp"
@@ -23,7 +24,7 @@ Matcher::Policy Matcher::make_policy(const MatcherSettings& s, const SourceIndex
 }
 
 Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& arena,
-                 alloc::ReturnBatcher& slot_returns, stats::MatcherCounters& counters)
+                 alloc::ReturnBatcher& slot_returns, stats::MatcherCounters& counters, SpscRing<Event*>& done)
     : shard_(shard),
       source_index_(s.sources),
       match_(s.match),
@@ -52,7 +53,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       started_ns_(std::max<std::size_t>(s.source_timeout_events, 4096), 0),
       absent_(s.sources.size(), 0),
       expected_(s.sources.size(), 1),
-      done_(s.max_events),
+      done_(done),
       done_scratch_(s.max_events),
       ledger_unit_(s.ledger_unit),
       ledgers_(kLostRangesKept, counters.lost_whole, 2 * std::size_t{s.max_events},  // ids of events in flight, twice
@@ -61,6 +62,8 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       lookahead_ns_(s.described_chunks && s.match != file::MatchMode::time_slice ? s.lookahead_ns : 0) {
     codec_ = s.codec;
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
+    if (done_.capacity() < s.max_events)
+        throw std::invalid_argument("the matcher's done ring holds fewer events than its event pool");
     free_.reserve(s.max_events);
     absent_list_.reserve(s.sources.size());
     const std::size_t n = source_index_.size();

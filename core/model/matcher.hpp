@@ -99,8 +99,10 @@ struct MatcherSettings {
 
 class Matcher {
 public:
+    // done: the ring the writer gives events back through (its capacity at least
+    // s.max_events); the wiring's (threads/shard_channels.hpp).
     Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& arena,
-            alloc::ReturnBatcher& slot_returns, stats::MatcherCounters& counters);
+            alloc::ReturnBatcher& slot_returns, stats::MatcherCounters& counters, SpscRing<Event*>& done);
 
     // Takes ownership of a list of chunks (linked by ChunkMeta::next) received at
     // now_ns; appends every event this completes or times out to `out`.
@@ -321,7 +323,7 @@ private:
     std::size_t older_in_flight_ = 0;         // events in flight of an earlier set
     Event* oldest_ = nullptr;
     Event* newest_ = nullptr;
-    SpscRing<Event*> done_;
+    SpscRing<Event*>& done_;
     std::vector<Event*> done_scratch_;
     std::uint64_t ledger_unit_;
     RunLedgers ledgers_;

@@ -25,12 +25,13 @@ struct Rig {
     alloc::ReturnBatcher returns{{&pool}, 0};
     stats::MatcherCounters counters;
     stats::ReaderCounters reader_counters;
+    SpscRing<Event*> done{1 << 16};  // the writer's way back (threads/shard_channels.hpp): any test's event pool
     Matcher matcher;
     AdmissionRules rules;
 
     explicit Rig(std::vector<std::uint32_t> sources, std::uint32_t max_events = 16, std::uint64_t timeout_ns = 1000)
         : Rig(MatcherSettings{std::move(sources), max_events, 64, timeout_ns}) {}
-    explicit Rig(const MatcherSettings& ms) : matcher(0, ms, arena, returns, counters) { rules.run_number = 1; }
+    explicit Rig(const MatcherSettings& ms) : matcher(0, ms, arena, returns, counters, done) { rules.run_number = 1; }
 
     // Encodes one chunk of (event, source)'s pattern fragment into a free slot and
     // admits it as the reader does. Returns the chunk, or nullptr if rejected.

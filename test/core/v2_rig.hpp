@@ -24,6 +24,7 @@ struct V2Rig {
     alloc::ReturnBatcher returns{{&pool}, 0};
     stats::MatcherCounters counters;
     stats::ReaderCounters reader_counters;
+    SpscRing<Event*> done{1 << 16};  // the writer's way back (threads/shard_channels.hpp): any test's event pool
     Matcher matcher;
     AdmissionRules rules;
     std::vector<std::uint64_t> next_seq;  // per source: its next sequence number
@@ -41,7 +42,7 @@ struct V2Rig {
         return ms;
     }
     V2Rig(std::uint32_t sources, file::MatchMode mode, std::uint64_t window, std::uint64_t first_seq = 0)
-        : matcher(0, settings(sources, mode, window), arena, returns, counters), next_seq(sources, first_seq) {
+        : matcher(0, settings(sources, mode, window), arena, returns, counters, done), next_seq(sources, first_seq) {
         rules.run_number = 1;
         rules.match = mode;
         if (mode == file::MatchMode::time_slice) rules.slice_ticks = window;
@@ -50,7 +51,7 @@ struct V2Rig {
     // Any settings (one of the time modes), and a pool of `slots` receive slots.
     V2Rig(const MatcherSettings& ms, std::uint32_t slots, std::uint64_t first_seq = 0)
         : pool{arena, 0, slots, 2048, 2},
-          matcher(0, ms, arena, returns, counters),
+          matcher(0, ms, arena, returns, counters, done),
           next_seq(ms.sources.size(), first_seq) {
         rules.run_number = 1;
         rules.match = ms.match;

@@ -23,7 +23,8 @@ struct Rig {
     alloc::ReturnBatcher returns{{&pool}, 0};
     stats::MatcherCounters counters;
     stats::ReaderCounters rc;
-    Matcher matcher{0, MatcherSettings{{0, 1, 2, 70000}, 8, 32, 50}, arena, returns, counters};
+    SpscRing<Event*> done{64};  // the writer's way back (threads/shard_channels.hpp): any test's event pool
+    Matcher matcher{0, MatcherSettings{{0, 1, 2, 70000}, 8, 32, 50}, arena, returns, counters, done};
     AdmissionRules rules;
     std::vector<std::byte> image;
     Rig() { rules.run_number = 1; }

@@ -37,9 +37,10 @@ struct ServiceRig {
           arena("reader-0"),
           pool(arena, 0, 64, 2048, 2),  // return ports: the shard and the writer
           pools{&pool},
-          pipeline(PipelineSettings{1, 1, snap->matcher}, pools, bell),
+          channels(1, pool.slot_count(), snap->matcher.max_events),
+          pipeline(PipelineSettings{1, 1, snap->matcher}, channels, pools, bell),
           workers(pipeline),
-          writer(snap->writer, pipeline.writer_rings(), pipeline.done_rings(), pools, 1, writer_counters, bell,
+          writer(snap->writer, channels.writer_rings(), channels.done_rings(), pools, 1, writer_counters, bell,
                  nullptr, &closed),
           summaries(config->sources, pipeline.counters(), &closed),
           targets{pipeline, writer, nullptr, {&inbox}, nullptr, rules_applied, &mailbox, &counts, &notes, nullptr} {
@@ -104,6 +105,7 @@ struct ServiceRig {
     std::vector<alloc::BufferPool*> pools;
     Doorbell bell;
     NoTbbWorkers no_tbb_workers;
+    PipelineChannels channels;
     Pipeline pipeline;
     GraphWorkers workers;
     stats::WriterCounters writer_counters;

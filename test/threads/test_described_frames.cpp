@@ -43,6 +43,7 @@ struct FramesRig {
     stats::MatcherCounters counters;
     stats::ReaderCounters reader_counters;
     FrameDecoding frames;
+    SpscRing<Event*> done{1 << 16};  // the writer's way back (threads/shard_channels.hpp): any test's event pool
     Matcher matcher;
     AdmissionRules rules;
 
@@ -51,7 +52,7 @@ struct FramesRig {
               std::make_shared<const frames::FrameTable>(frames_rig::compile(
                   descriptions, frames::FrameLimits{ms.match, 2048, builder_clock_hz})),
               ms.sources, nullptr, 0}),
-          matcher(0, ms, arena, returns, counters) {
+          matcher(0, ms, arena, returns, counters, done) {
         rules.run_number = 1;
         rules.match = ms.match;
     }

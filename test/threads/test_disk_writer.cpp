@@ -45,7 +45,7 @@ struct WriterRig {
         : arena("test-writer"),
           pool(arena, 0, kSlots, 512, 2),  // return ports: the shard (0), the writer (1)
           returns(std::vector<alloc::BufferPool*>{&pool}, 0),
-          matcher(0, settings(ws.format_version), arena, returns, matcher_counters),
+          matcher(0, settings(ws.format_version), arena, returns, matcher_counters, done),
           to_writer(64),
           written(64),
           writer(ws, {&to_writer}, {&matcher.done_ring()}, {&pool}, 1, writer_counters, bell,
@@ -101,6 +101,7 @@ struct WriterRig {
     alloc::BufferPool pool;
     alloc::ReturnBatcher returns;
     stats::MatcherCounters matcher_counters;
+    SpscRing<Event*> done{1 << 16};  // the writer's way back (threads/shard_channels.hpp): any test's event pool
     Matcher matcher;
     SpscRing<WriterItem> to_writer;
     WrittenIds written;
