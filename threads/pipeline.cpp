@@ -210,7 +210,7 @@ struct Pipeline::Shard {
     RecordCompressor compressor;
     SpscRing<WriterItem>& to_writer;  // the shard's channels (run_daemon's)
     Crc32cJoiner joiner;  // used by the serial assemble body only
-    // The match body's: the newest epoch this shard has taken (EndRun, SetSources),
+    // The match body's: the newest epoch this shard has taken (BeginEpoch),
     // and the newest its mark has said passed (Epoch::number).
     std::uint64_t epoch_taken = 0;
     std::uint64_t epoch_marked = 0;
@@ -337,22 +337,21 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                                     m.expire(t.now_ns, built);
                                 },
                                 [&](const in::Flush& f) { m.flush(f.now_ns, built); },
-                                [&](const in::EndRun& r) {
-                                    m.end_run(r.epoch.run, r.now_ns, built);
-                                    sh->epoch_taken = r.epoch.number;
+                                [&](const in::BeginEpoch& b) {
+                                    const in::EpochChange& c = *b.change;
+                                    if (c.expected != nullptr) {
+                                        m.set_expected(*c.expected, c.epoch.set, c.codec);
+                                        // Not on the hot path: a zstd level above any before sizes
+                                        // its working memory here, and the ring is made on first use.
+                                        sh->compressor.configure(c.codec, c.level);
+                                    }
+                                    if (c.run_ends) m.end_run(c.epoch.run, c.now_ns, built);
+                                    sh->epoch_taken = c.epoch.number;
                                 },
                                 [&](const in::SetTimeout& t) { m.set_timeout_ns(t.timeout_ns); },
                                 [&](const in::SetDisorder& sd) { m.set_disorder_ticks(sd.ticks); },
                                 [&](const in::SetOpening& o) { m.set_opening(o.opening); },
                                 [&](const in::GiveUp& g) { m.give_up(g.event_id, g.run_number, g.now_ns, built); },
-                                [&](const in::SetSources& ss) {
-                                    const in::SourceSet& c = *ss.change;
-                                    m.set_expected(*c.expected, c.epoch.set, c.codec);
-                                    sh->epoch_taken = c.epoch.number;
-                                    // Not on the hot path: a zstd level above any before sizes
-                                    // its working memory here, and the ring is made on first use.
-                                    sh->compressor.configure(c.codec, c.level);
-                                },
                             },
                             input);
                         // The epoch mark that follows the events built here: an epoch has
@@ -505,8 +504,10 @@ void Pipeline::flush(std::uint64_t now_ns) noexcept {
     for (auto& s : shards_) s->put(in::Flush{now_ns});
 }
 
-void Pipeline::end_run(std::uint64_t now_ns, const Epoch& epoch) noexcept {
-    for (auto& s : shards_) s->put(in::EndRun{now_ns, epoch});
+void Pipeline::end_run(std::uint64_t now_ns, const Epoch& epoch) {
+    const in::EpochChange change{epoch, now_ns, true, nullptr, file::Codec::none, 0};
+    for (auto& s : shards_) s->put(in::BeginEpoch{&change});
+    wait_idle();  // every shard has read `change`
 }
 
 void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
@@ -518,8 +519,8 @@ void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::ui
 
 void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, const Epoch& epoch, file::Codec codec,
                                     std::uint32_t level) {
-    const in::SourceSet change{&expected, epoch, codec, level};
-    for (auto& s : shards_) s->put(in::SetSources{&change});
+    const in::EpochChange change{epoch, 0, false, &expected, codec, level};
+    for (auto& s : shards_) s->put(in::BeginEpoch{&change});
     wait_idle();  // every shard has read `change` and copied `expected`
 }
 

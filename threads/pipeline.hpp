@@ -78,8 +78,9 @@ public:
     // event of a run other than epoch.run is handed on and its id forgotten, then
     // each shard's epoch mark follows them into its writer ring, so that the writer
     // knows every event of the old run has reached it. Events of epoch.run admitted
-    // before the end keep building.
-    void end_run(std::uint64_t now_ns, const Epoch& epoch) noexcept;
+    // before the end keep building. Returns once every shard has taken it (the graph
+    // workers must be running).
+    void end_run(std::uint64_t now_ns, const Epoch& epoch);
     void set_timeout_ns(std::uint64_t ns) noexcept;
     // time_slice: building.disorder_ticks from the fragments each shard takes next on.
     void set_disorder_ticks(std::uint64_t ticks) noexcept;

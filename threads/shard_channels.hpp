@@ -37,10 +37,6 @@ struct Tick {  // timeouts
 struct Flush {  // every event in flight handed on
     std::uint64_t now_ns;
 };
-struct EndRun {  // the run ends, an epoch begins: epoch.run goes on (kNoRun in Matcher: none)
-    std::uint64_t now_ns;
-    Epoch epoch;
-};
 struct SetTimeout {
     std::uint64_t timeout_ns;
 };
@@ -52,22 +48,27 @@ struct GiveUp {  // pull mode: the request sender gave up on an event
     std::uint32_t run_number;
     std::uint64_t now_ns;
 };
-struct SourceSet {  // what SetSources points to
-    const std::vector<std::uint8_t>* expected;
-    Epoch epoch;  // the epoch the change begins
-    file::Codec codec;
+// A change of what the files hold: the run ends, or the expected sources (or the
+// codec) change, or both; `epoch` begins (docs/ARCHITECTURE.md, "Run and source-set
+// changes"). Kept alive by the poster until the shards are idle.
+struct EpochChange {
+    Epoch epoch;
+    std::uint64_t now_ns;
+    bool run_ends;  // every event of a run other than epoch.run is handed on (epoch.run kNoRun in Matcher: none goes on)
+    const std::vector<std::uint8_t>* expected;  // not null: the new expected-source set, from now on
+    file::Codec codec;   // with expected: how the new set's records are stored
     std::uint32_t level;
 };
-struct SetSources {  // a new expected-source set (kept alive by the poster until idle)
-    const SourceSet* change;
+struct BeginEpoch {  // the one message of every epoch
+    const EpochChange* change;
 };
 struct SetOpening {  // run control: whether chunks may open events
     bool opening;
 };
 }  // namespace in
 using ShardInput =
-    std::variant<in::Chunks, in::Tick, in::Flush, in::EndRun, in::SetTimeout, in::SetDisorder, in::GiveUp,
-                 in::SetSources, in::SetOpening>;
+    std::variant<in::Chunks, in::Tick, in::Flush, in::BeginEpoch, in::SetTimeout, in::SetDisorder, in::GiveUp,
+                 in::SetOpening>;
 // Every reader batch is one of these in an inbox: the rare messages stay as small
 // as the largest common one (a rare message's bulk goes behind a pointer).
 static_assert(sizeof(ShardInput) <= 32);
