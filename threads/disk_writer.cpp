@@ -448,8 +448,8 @@ bool DiskWriter::epoch_passed(std::uint64_t number) const noexcept {
 }
 
 const Epoch* DiskWriter::awaiting(const Event& e) const noexcept {
-    for (const Epoch& a : awaited_)
-        if (e.run_number == a.run && e.source_set == a.set) return &a;
+    for (const Awaited& a : awaited_)
+        if (e.run_number == a.epoch.run && e.source_set == a.epoch.set) return &a.epoch;
     return nullptr;
 }
 
@@ -457,7 +457,8 @@ std::size_t DiskWriter::pass_oldest_epoch() {
     // Every event of the old run (or set) is written: close its file, then write
     // the events of the passed epoch held back meanwhile, in their order; those of
     // later epochs stay held.
-    const Epoch passed = awaited_.front();
+    const Awaited passed_epoch = awaited_.front();
+    const Epoch& passed = passed_epoch.epoch;
     awaited_.erase(awaited_.begin());
     flush_batch();
     if (file_.is_open() && file_run_ != passed.run)
@@ -466,7 +467,8 @@ std::size_t DiskWriter::pass_oldest_epoch() {
         close_set_file();
     if (closed_ != nullptr) closed_->push({0, 0, 0, {}, false, passed.number});  // after the old run's last file
     if (awaited_.empty()) forget_notes_of_ended_runs(passed.run);
-    open_started_run();  // the next run's first file (or the run's, of the new set), before its events
+    open_epoch_file(passed_epoch);  // the next run's first file (or the run's, of the new set), before its events
+    open_started_run();
     std::size_t total = 0;
     for (auto& h : held_) {
         std::size_t kept = 0;
@@ -541,7 +543,7 @@ void DiskWriter::write_event(Event* e) {
 
 std::size_t DiskWriter::drain(std::size_t max_events) {
     std::size_t total = 0;
-    while (!awaited_.empty() && epoch_passed(awaited_.front().number)) total += pass_oldest_epoch();
+    while (!awaited_.empty() && epoch_passed(awaited_.front().epoch.number)) total += pass_oldest_epoch();
     open_started_run();
     for (std::size_t k = 0; k < inputs_.size(); ++k) {
         // A shard with new-run events held back is still read: its epoch mark may
@@ -553,7 +555,15 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
             Event* const e = item.event();
             if (item.is_mark()) {
                 shard_epochs_[k] = std::max(shard_epochs_[k], item.epoch());  // marks only ever grow
-            } else if (!awaited_.empty() && awaiting(*e) != nullptr) {
+                continue;
+            }
+            // An event of a change the writer has not taken yet: run control posts
+            // the writer's settings before the shards (and the readers) hear of it,
+            // so they are in the commands ring by now. Taken at once, so that the
+            // event is held as its epoch's (not written between the old set's).
+            if (e->source_set > s_.epoch.set || (e->run_number != s_.epoch.run && e->run_number != file_run_))
+                take_commands();
+            if (!awaited_.empty() && awaiting(*e) != nullptr) {
                 held_[k].push_back(e);  // in order; the old run's events go on being written
             } else {
                 write_event(e);

@@ -219,7 +219,20 @@ private:
     // shards' marks come. The events of each one's run and set are held back (held_)
     // until it and every epoch before it have passed; then the file it ends closes
     // and they are written, one epoch after the other.
-    std::vector<Epoch> awaited_;
+    struct Awaited {
+        Epoch epoch;
+        // What the file the epoch begins holds, as its settings said: a run goes on
+        // after it (false: a stop, or a change while stopped), and the header's
+        // sources (0: not told) and codec.
+        bool run_going;
+        std::uint32_t expected_sources;
+        file::Codec codec;
+    };
+    std::vector<Awaited> awaited_;
+    // The passed epoch's file opens at once, before its events, and before a later
+    // epoch passes: a run's end that follows a set change then has the new set's
+    // file to end with END_OF_RUN, even when no event of that set came.
+    void open_epoch_file(const Awaited& passed);
     std::size_t batch_bytes_ = 0;
 };
 

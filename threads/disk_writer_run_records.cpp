@@ -99,7 +99,9 @@ void DiskWriter::take_commands() {
                 s_.run_metadata_json = next->run_metadata_json;
             }
             s_.epoch = next->epoch;
-            awaited_.push_back(next->epoch);  // its events wait for every shard's mark (after the epochs before it)
+            // Its events wait for every shard's mark (after the epochs before it).
+            awaited_.push_back({next->epoch, run_going_ && *run_going_ == next->epoch.run, next->expected_sources,
+                                next->record_codec});
         }
         // Release: every read of *next happens before the poster may free it.
         commands_applied_.fetch_add(1, std::memory_order_release);
@@ -117,6 +119,11 @@ void DiskWriter::open_started_run() {
         return;
     }
     if (open_file(*run_going_, s_.epoch.set, s_.expected_sources, s_.record_codec)) open_due_ = false;
+}
+
+void DiskWriter::open_epoch_file(const Awaited& passed) {
+    if (!passed.run_going || file_.is_open() || blocked_ || passed.expected_sources == 0) return;
+    (void)open_file(passed.epoch.run, passed.epoch.set, passed.expected_sources, passed.codec);  // else its first event retries
 }
 
 void DiskWriter::close_set_file() {

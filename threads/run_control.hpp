@@ -68,7 +68,7 @@ struct ServiceTargets {
 
 class RunControl {
 public:
-    static constexpr std::uint32_t kNoRun = UINT32_MAX;  // no run follows (a stop)
+    static constexpr std::uint32_t kNoRun = Epoch::kNoRun;  // no run follows (a stop)
 
     // Posts the first admission rules to the inputs (before they start): running
     // the configuration's run_number, or stopped (control.start). `t` and

@@ -16,6 +16,7 @@
 namespace evb {
 
 struct Epoch {
+    static constexpr std::uint32_t kNoRun = UINT32_MAX;  // `run` when no run follows (a stop)
     std::uint64_t number = 0;  // changes so far (0: none since the start); the writer's marks count in these
     std::uint32_t run = 0;     // the run whose events follow the change
     std::uint32_t set = 0;     // changes of the source set or codec so far: events carry theirs (Event::set)

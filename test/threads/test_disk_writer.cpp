@@ -655,6 +655,97 @@ TEST_CASE("DiskWriter passes a set change and a run change posted back to back i
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
 
+TEST_CASE("DiskWriter ends the run in the new set's file when a set change and the run's end pass together", "[disk_writer]") {
+    // One reload changes the expected sources and the run (or a set change is
+    // followed by a stop), and every shard's mark for both comes at once, with no
+    // event of the old run under the new set: the new set's file still opens, so
+    // that the run's END_OF_RUN has a file to go in (before: no END_OF_RUN at all).
+    test::TempDir dir;
+    WriterSettings ws = run_record_settings(dir.path());
+    WriterRig rig(ws);
+    using V = std::vector<std::string>;
+    const std::string kOpen = "problem: no footer: the file was not closed cleanly";
+    WriterSettings start = start_of_run(ws);
+    REQUIRE(rig.writer.commands().try_push(&start));
+    rig.writer.do_work();
+    for (std::uint64_t e = 0; e < 2; ++e) rig.build(e);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 2; ++i) rig.writer.do_work();
+    REQUIRE(rig.writer_counters.events_written.get() == 2);
+    WriterSettings set = start;
+    set.started_unix_ns = 0;
+    set.epoch = {1, kRun, 1};
+    REQUIRE(rig.writer.commands().try_push(&set));
+
+    SECTION("a run change") {
+        WriterSettings change = start;
+        change.epoch = {2, kRun + 1, 1};
+        change.started_run = kRun + 1;
+        change.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
+        REQUIRE(rig.writer.commands().try_push(&change));
+        rig.writer.do_work();
+        REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));  // the shard's mark for both
+        rig.build(2, kRun + 1, 1);
+        for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 3; ++i) rig.writer.do_work();
+        const std::vector<fs::path> files = files_in(dir.path());
+        REQUIRE(files.size() == 3);
+        CHECK(records_of(files[0]) == V{"B", "0", "1", "clean"});
+        CHECK(files[1].filename() == file::file_name(kRun, 0, 1, false));
+        CHECK(records_of(files[1]) == V{"B", "E", "clean"});
+        CHECK(records_of(files[2]) == V{"B", "2", kOpen, "part"});
+    }
+    SECTION("a stop") {
+        WriterSettings stop = ws;
+        stop.epoch = {2, Epoch::kNoRun, 1};
+        REQUIRE(rig.writer.commands().try_push(&stop));
+        rig.writer.do_work();
+        REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));
+        for (int i = 0; i < 4; ++i) rig.writer.do_work();
+        const std::vector<fs::path> files = files_in(dir.path());
+        REQUIRE(files.size() == 2);
+        CHECK(records_of(files[0]) == V{"B", "0", "1", "clean"});
+        CHECK(records_of(files[1]) == V{"B", "E", "clean"});
+    }
+    rig.writer.on_close();
+    CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
+}
+
+TEST_CASE("DiskWriter holds an event of a set change whose settings it had not taken when the event came", "[disk_writer]") {
+    // Run control posts the writer's settings before the shards take the change,
+    // but the writer may be in the middle of a pass when they come: an event of the
+    // new set read in that pass must still be held, not written between the old
+    // set's (before: the run's files went set 0, 1, 0). The final drain at a stop,
+    // which takes no settings before it, shows it.
+    test::TempDir dir;
+    WriterSettings ws = run_record_settings(dir.path());
+    WriterRig rig(ws);
+    using V = std::vector<std::string>;
+    WriterSettings start = start_of_run(ws);
+    REQUIRE(rig.writer.commands().try_push(&start));
+    rig.writer.do_work();
+    for (std::uint64_t e = 0; e < 2; ++e) rig.build(e);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 2; ++i) rig.writer.do_work();
+    WriterSettings set = start;
+    set.started_unix_ns = 0;
+    set.epoch = {1, kRun, 1};
+    REQUIRE(rig.writer.commands().try_push(&set));  // posted, not yet taken
+    rig.build(3, kRun, 1);  // shard A: of the new set
+    rig.build(2, kRun, 0);  // shard B: of the old set, still in flight
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
+    rig.writer.on_close();
+    const std::vector<fs::path> files = files_in(dir.path());
+    std::string listing;  // named on failure
+    for (const fs::path& f : files) {
+        listing += f.filename().string() + ":";
+        for (const std::string& r : records_of(f)) listing += " " + r;
+        listing += "\n";
+    }
+    CAPTURE(listing);
+    REQUIRE(files.size() == 2);
+    CHECK(records_of(files[0]) == V{"B", "0", "1", "2", "clean"});
+    CHECK(records_of(files[1]) == V{"B", "3", "E", "clean"});
+    CHECK(rig.writer_counters.events_written.get() == 4);
+}
+
 TEST_CASE("DiskWriter restarted within a run opens its next file at its start, BEGIN_OF_RUN saying restart", "[disk_writer]") {
     test::TempDir dir;
     WriterSettings ws = run_record_settings(dir.path());
