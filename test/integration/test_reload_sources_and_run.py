@@ -18,16 +18,17 @@ in a file has one section per source its header expects, the END_OF_RUN record i
 the last record of the run's last file and no file of the run follows it; every
 built event is written once, in a file of the run its fragments carried; the run
 summaries agree with the files."""
+import atexit
 import json
 import os
 import signal
 import subprocess
 
-from evbtest import BIN, Evbd, check, ctl, dump, fail, run_source, verify, workdir
+from evbtest import BIN, Evbd, check, ctl, dump, fail, run_source, verify, wait_until, workdir
 
 BUILT = ('evb_events_built_total{status="complete"}', 'evb_events_built_total{status="incomplete"}')
 RATE = 3000  # events per second per sender: moderate, so events are in flight at every change
-TIMEOUT_MS = 1500  # how long the incomplete event holds its shard's mark back at the stop
+TIMEOUT_MS = 3000  # how long an incomplete event can hold its shard's mark back (the stop waits for it)
 # Event ids each sender uses: the run-1 and run-2 senders, and the one incomplete
 # event sent before each change (its run's payload, an id of its own).
 RUN1_IDS, RUN2_IDS = range(0, 100000), range(1000000, 1100000)
@@ -64,6 +65,7 @@ def main():
                               "--run", str(run), "--first", str(ids.start), "--events", str(len(ids)),
                               "--rate", str(RATE), "--size", "256"], stdout=subprocess.DEVNULL)
         senders.append(p)
+        atexit.register(lambda: p.poll() is None and p.kill())  # a failed check leaves no sender behind
         return p
 
     def leave_incomplete(run, silent):
@@ -100,6 +102,11 @@ def main():
     d.wait_metric(BUILT[0], lambda v: v >= now + 300, timeout=20)  # run 2's events are built
     old.kill()  # run 1's datagrams are refused from now on
     old.wait(timeout=20)
+
+    # Run 1's end has passed the writer (its summary is written once its files are
+    # closed) before the next change: the two phases do not overlap.
+    wait_until(lambda: os.path.exists(os.path.join(d.out, "run000001_000.summary.json")), 20,
+               "run 1's summary is not written")
 
     # 2. A set change, and a stop right after it.
     leave_incomplete(2, 2)
