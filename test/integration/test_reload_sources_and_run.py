@@ -70,7 +70,8 @@ def main():
 
     def leave_incomplete(run, silent):
         """One event of `run` whose source `silent` sends nothing, admitted before the
-        next change (the datagrams sent after it are built first: one socket, read in order)."""
+        next change: once 100 more events are built it has been read (one socket, read
+        in order)."""
         run_source(["--to", f"127.0.0.1:{d.port}", "--sources", 4, "--run", run, "--first", STRAGGLER[run],
                     "--events", 1, "--silent", silent, "--size", 256])
         now = built(d.metrics())
