@@ -10,6 +10,10 @@ the writer while it still awaits the first, and events of the run built under th
 new set are held meanwhile. The writer that kept one awaited epoch (before 55126e4)
 let the second replace the first: run 1's events of the new set went into a file
 of their own after the one holding END_OF_RUN.
+The scenario runs twice: then with phase 1 as ONE reload that changes both, after
+run 1's traffic has ended, so that no event of run 1 comes under the new set. Both
+epochs then pass the writer in one step; before 166cc7d (the passed epoch's file opens
+at once) run 1 closed with no END_OF_RUN anywhere and no file of the new set.
 
 Checked from the files: each verifies with the test payloads; each run's files
 follow in sequence, one per source set in the order the sets came ([4, 3] for run 1,
@@ -39,7 +43,8 @@ def built(m):
     return sum(m.get(k, 0) for k in BUILT)
 
 
-def main():
+def main(one_reload):
+    print(f"== phase 1 as {'one reload changing sources and run' if one_reload else 'two reloads'}", flush=True)
     wd = workdir()
     cfg = os.path.join(wd, "evbd.json")
     sock = os.path.join(wd, "ctl.sock")
@@ -85,6 +90,38 @@ def main():
         d.proc.send_signal(signal.SIGHUP)
         d.wait_log("configuration applied", 20, count=reloads)
 
+    if one_reload:
+        # 1. One reload changes the sources and the run while an event of the old set
+        # is incomplete, after run 1's traffic has ended.
+        old = send(1, RUN1_IDS)
+        d.wait_metric(BUILT[0], lambda v: v >= 300, timeout=20)
+        leave_incomplete(1, 3)
+        old.kill()
+        old.wait(timeout=20)
+        last = [None]
+
+        def quiet():  # two scrapes in a row with no new datagram: the sender's last is read
+            v = d.metrics().get("evb_datagrams_received_total")
+            same, last[0] = v == last[0], v
+            return same
+        wait_until(quiet, 20, "datagrams still arriving", interval=0.3)
+        write_config(3, 2)
+        reload()
+        d.wait_metric("evb_run_number", lambda v: v == 2, timeout=20)
+        send(2, RUN2_IDS)
+        now = built(d.metrics())
+        d.wait_metric(BUILT[0], lambda v: v >= now + 300, timeout=20)  # run 2's events are built
+    else:
+        phase1_two_reloads(d, send, leave_incomplete, write_config, reload)
+
+    # Run 1's end has passed the writer (its summary is written once its files are
+    # closed) before the next change: the two phases do not overlap.
+    wait_until(lambda: os.path.exists(os.path.join(d.out, "run000001_000.summary.json")), 20,
+               "run 1's summary is not written")
+    phase2_and_check(d, sock, senders, leave_incomplete, write_config, reload)
+
+
+def phase1_two_reloads(d, send, leave_incomplete, write_config, reload):
     # 1. A set change, then a run change right behind it; the next run's traffic is
     # already arriving (refused as wrong_run until the change).
     old = send(1, RUN1_IDS)
@@ -104,11 +141,8 @@ def main():
     old.kill()  # run 1's datagrams are refused from now on
     old.wait(timeout=20)
 
-    # Run 1's end has passed the writer (its summary is written once its files are
-    # closed) before the next change: the two phases do not overlap.
-    wait_until(lambda: os.path.exists(os.path.join(d.out, "run000001_000.summary.json")), 20,
-               "run 1's summary is not written")
 
+def phase2_and_check(d, sock, senders, leave_incomplete, write_config, reload):
     # 2. A set change, and a stop right after it.
     leave_incomplete(2, 2)
     write_config(4, 2)
@@ -178,4 +212,5 @@ def describe(f):
 
 
 if __name__ == "__main__":
-    main()
+    main(one_reload=False)
+    main(one_reload=True)
