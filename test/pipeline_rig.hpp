@@ -37,7 +37,8 @@ struct PipelineRig {
           channels(ps.shards, slots, ps.matcher.max_events),
           pipeline(ps, channels, pools, bell, built),
           workers(pipeline),
-          writer(ws, channels.writer_rings(), channels.done_rings(), pools, ps.shards, writer_counters, bell, written),
+          writer(ws, channels.writer_rings(), channels.done_rings(), pools, ps.shards, writer_settings, writer_counters, bell,
+                 written),
           reader(0, sock.fd, pool, pipeline, 64, reader_counters, 0, frames, net::local_port(sock.fd)) {
         rules.run_number = 1;
         (void)reader.rules().post(&rules);
@@ -83,6 +84,7 @@ struct PipelineRig {
     Pipeline pipeline;
     GraphWorkers workers;
     stats::WriterCounters writer_counters;
+    SettingsChannel<WriterSettings> writer_settings;
     DiskWriter writer;
     stats::ReaderCounters reader_counters;
     SocketReader reader;

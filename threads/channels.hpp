@@ -141,6 +141,27 @@ private:
     Doorbell* bell_ = nullptr;
 };
 
+// Run control (on the service loop) -> a thread's live settings (the disk writer's
+// WriterSettings, the request sender's PullSettings); and back, how many it has
+// taken, so that the poster frees each once its reader is done with it.
+template <typename T>
+class SettingsChannel {
+public:
+    bool post(const T* settings) noexcept { return ring_.try_push(settings); }
+    // The consuming thread: the next settings posted, if any.
+    bool take(const T*& next) noexcept { return ring_.try_pop(next); }
+    // The consuming thread, after its last read of what `take` gave.
+    void done_with_one() noexcept { applied_.fetch_add(1, std::memory_order_release); }
+    // Settings taken and applied so far: the poster may free every one before that.
+    std::uint64_t applied() const noexcept { return applied_.load(std::memory_order_acquire); }
+    // Tests: the ring itself.
+    SpscRing<const T*>& ring() noexcept { return ring_; }
+
+private:
+    SpscRing<const T*> ring_{16};
+    std::atomic<std::uint64_t> applied_{0};
+};
+
 // Disk writer -> request sender (pull mode): ids of events whose records the
 // kernel has, in file order. One producer (the writer), one consumer.
 class WrittenIds {

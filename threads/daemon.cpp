@@ -278,6 +278,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     Doorbell writer_bell;    // assemblers -> writer: events in its rings
     Doorbell rules_applied;  // inputs -> service loop: new admission rules in force
     ControlMailbox control_mailbox;  // control socket thread <-> service loop
+    SettingsChannel<WriterSettings> writer_settings;  // run control -> writer: live settings, epochs
+    SettingsChannel<PullSettings> pull_settings;      // run control -> request sender (pull mode)
     ClosedFiles closed_files;        // writer -> service loop: files closed, runs done (run summaries)
     RunNotes run_notes;              // service loop -> writer: run records posted (evb-ctl comment, POST /runrecord)
     monitor::SampleFeed sample_feed;  // writer -> sampler (HTTP thread): copies of records written while /sample listens
@@ -310,7 +312,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     Pipeline pipeline(pipeline_settings, shard_channels, pool_ptrs, writer_bell, built_ids.get());
     file::OpenFiles open_files;  // writer -> status page, evb-ctl status
     DiskWriter writer(snap->writer, shard_channels.writer_rings(), shard_channels.done_rings(), pool_ptrs, sizing.shards,
-                      writer_counters, writer_bell, written_ids.get(), &closed_files, &open_files);
+                      writer_settings, writer_counters, writer_bell, written_ids.get(), &closed_files, &open_files);
     writer.set_run_notes(&run_notes);
     writer.set_sample_feed(&sample_feed);
     writer.go_on_with_run(cfg->run_number, on_disk.next_serial, on_disk.found_files);
@@ -337,7 +339,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     std::unique_ptr<RequestSender> sender;
     if (pull)
         sender = std::make_unique<RequestSender>(snap->pull, sockets[0].fd, std::move(pull_sources), *written_ids,
-                                                 *built_ids, pipeline, pull_counters, max_credits,
+                                                 *built_ids, pipeline, pull_settings, pull_counters, max_credits,
                                                  held_ids != nullptr ? *held_ids : file::HeldIds{});
 
     // The thread table: name, role, CPU (-1: any), wait strategy.
@@ -396,7 +398,8 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     if (feeder) input_rules.push_back(&feeder->rules());
     for (auto* in : input_rules) in->ring_when_applied(rules_applied);
     // The service loop's parts, on the main thread: what they read and post to.
-    ServiceTargets service_targets{pipeline, writer, sender.get(), input_rules, feeder.get(), rules_applied,
+    ServiceTargets service_targets{pipeline,      writer,       writer_settings, sender.get(),
+                                   sender ? &pull_settings : nullptr, input_rules, feeder.get(), rules_applied,
                                    cfg->control.socket.empty() ? nullptr : &control_mailbox, &msrc, &run_notes,
                                    &run_record_posts};
     SourceHealth health(snap->config, pipeline.counters(), control);

@@ -45,14 +45,16 @@ file::FormatSettings format_settings(const WriterSettings& s) {
 
 DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<WriterItem>*> inputs,
                        std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
-                       std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell,
-                       WrittenIds* written, ClosedFiles* closed, file::OpenFiles* open)
+                       std::size_t return_port, SettingsChannel<WriterSettings>& settings,
+                       stats::WriterCounters& counters, Doorbell& doorbell, WrittenIds* written, ClosedFiles* closed,
+                       file::OpenFiles* open)
     : s_(s),
       inputs_(std::move(inputs)),
       done_rings_(std::move(done_rings)),
       returns_(std::move(pools), return_port),
       counters_(counters),
       doorbell_(doorbell),
+      commands_(settings),
       written_(written),
       closed_(closed),
       open_(open != nullptr ? *open : own_open_),

@@ -39,17 +39,14 @@ class DiskWriter final : public Agent {
 public:
     DiskWriter(const WriterSettings& s, std::vector<SpscRing<WriterItem>*> inputs,
                std::vector<SpscRing<Event*>*> done_rings, std::vector<alloc::BufferPool*> pools,
-               std::size_t return_port, stats::WriterCounters& counters, Doorbell& doorbell,
-               WrittenIds* written = nullptr, ClosedFiles* closed = nullptr, file::OpenFiles* open = nullptr);
+               std::size_t return_port, SettingsChannel<WriterSettings>& settings, stats::WriterCounters& counters,
+               Doorbell& doorbell, WrittenIds* written = nullptr, ClosedFiles* closed = nullptr,
+               file::OpenFiles* open = nullptr);
 
     std::size_t do_work() override;
     void on_idle() override;
     void on_close() override;
 
-    // Control: new live settings (rotation size, fsync policy). Caller keeps it alive.
-    SpscRing<const WriterSettings*>& commands() noexcept { return commands_; }
-    // Commands taken and applied so far: the poster may free every one before that.
-    std::uint64_t commands_applied() const noexcept { return commands_applied_.load(std::memory_order_acquire); }
     // Events queued in the input rings (approximate, any thread).
     std::size_t pending() const noexcept;
     // The file being written, if any (any thread; for the status page).
@@ -116,8 +113,7 @@ private:
     alloc::ReturnBatcher returns_;
     stats::WriterCounters& counters_;
     Doorbell& doorbell_;  // rung by the assemblers after each hand-off
-    SpscRing<const WriterSettings*> commands_{16};
-    std::atomic<std::uint64_t> commands_applied_{0};
+    SettingsChannel<WriterSettings>& commands_;  // run control's live settings (rotation, fsync, epochs)
     // Pull mode: the ids of events whose records the kernel has (the write returned,
     // or the O_DIRECT write completed), in file order, durable as far as the fsync
     // policy goes; the request sender returns credits and CLEARs them.

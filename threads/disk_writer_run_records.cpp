@@ -73,7 +73,7 @@ void DiskWriter::sync_open_file() {
 
 void DiskWriter::take_commands() {
     const WriterSettings* next = nullptr;
-    for (int i = 0; i < 4 && commands_.try_pop(next); ++i) {
+    for (int i = 0; i < 4 && commands_.take(next); ++i) {
         s_.max_file_bytes = next->max_file_bytes;
         s_.fsync = next->fsync;
         s_.fsync_period_ms = next->fsync_period_ms;
@@ -104,7 +104,7 @@ void DiskWriter::take_commands() {
                                 next->record_codec});
         }
         // Release: every read of *next happens before the poster may free it.
-        commands_applied_.fetch_add(1, std::memory_order_release);
+        commands_.done_with_one();
     }
 }
 

@@ -17,7 +17,8 @@ constexpr std::size_t kClearIdsPerDatagram = (1472 - wire::kRequestHeaderBytes) 
 }  // namespace
 
 RequestSender::RequestSender(const PullSettings& s, int socket_fd, std::vector<net::Endpoint> sources,
-                             WrittenIds& written, BuiltIds& built, ShardSink& give_up_to, stats::PullCounters& counters,
+                             WrittenIds& written, BuiltIds& built, ShardSink& give_up_to,
+                             SettingsChannel<PullSettings>& settings, stats::PullCounters& counters,
                              std::size_t max_credits, file::HeldIds held)
     : s_(s),
       fd_(socket_fd),
@@ -27,6 +28,7 @@ RequestSender::RequestSender(const PullSettings& s, int socket_fd, std::vector<n
       give_up_to_(give_up_to),
       counters_(counters),
       max_credits_(max_credits),
+      commands_(settings),
       outstanding_(max_credits),
       entries_(max_credits),
       retry_queue_(max_credits * 4),
@@ -244,12 +246,12 @@ std::size_t RequestSender::retry_due(std::uint64_t now) {
 
 std::size_t RequestSender::do_work() {
     const PullSettings* next = nullptr;
-    for (int i = 0; i < 4 && commands_.try_pop(next); ++i) {
+    for (int i = 0; i < 4 && commands_.take(next); ++i) {
         apply(*next);
         if (s_.credits > max_credits_)
             log_warn("pull.credits {} is above the {} this builder was started with; using {} until a restart",
                      s_.credits, max_credits_, max_credits_);
-        commands_applied_.fetch_add(1, std::memory_order_release);  // *next is no longer read
+        commands_.done_with_one();  // *next is no longer read
     }
     const std::uint64_t now = monotonic_ns();
     std::size_t work = take_written(now);

@@ -50,17 +50,14 @@ public:
     // matchers (re-requests skipped), `give_up_to` into the graph (out of retries).
     // `written` and `built` are sized for max_credits. `held`: the run's events this
     // builder's files already hold (a restart), never requested.
+    // `settings`: run control's live settings (credits, batch, retry period, retries).
     RequestSender(const PullSettings& s, int socket_fd, std::vector<net::Endpoint> sources, WrittenIds& written,
-                  BuiltIds& built, ShardSink& give_up_to, stats::PullCounters& counters, std::size_t max_credits,
-                  file::HeldIds held = {});
+                  BuiltIds& built, ShardSink& give_up_to, SettingsChannel<PullSettings>& settings,
+                  stats::PullCounters& counters, std::size_t max_credits, file::HeldIds held = {});
 
     std::size_t do_work() override;
     void on_idle() override;
 
-    // Control: new live settings (credits, batch, retry period, retries).
-    SpscRing<const PullSettings*>& commands() noexcept { return commands_; }
-    // Commands taken and applied so far: the poster may free every one before that.
-    std::uint64_t commands_applied() const noexcept { return commands_applied_.load(std::memory_order_acquire); }
     // True once pull.events events have been requested and written.
     bool done() const noexcept { return done_.load(std::memory_order_acquire); }
 
@@ -92,8 +89,7 @@ private:
     stats::PullCounters& counters_;
     std::size_t max_credits_;
     RetryTimer retry_timer_;
-    SpscRing<const PullSettings*> commands_{16};
-    std::atomic<std::uint64_t> commands_applied_{0};
+    SettingsChannel<PullSettings>& commands_;
 
     FlatMap<Entry> outstanding_;
     std::vector<Entry> entries_;          // storage for outstanding_ values

@@ -74,12 +74,12 @@ bool RunControl::inputs_apply(const AdmissionRules* rules) const noexcept {
 
 void RunControl::post_writer_settings(const WriterSettings& base, std::uint32_t transition_run,
                                        std::uint64_t started_unix_ns) {
-    writer_settings_.release_applied(t_.writer.commands_applied());
+    writer_settings_.release_applied(t_.writer_settings.applied());
     auto ws = std::make_unique<WriterSettings>(base);
     ws->epoch = {epoch_.number, transition_run, epoch_.set};
     ws->started_run = transition_run;
     ws->started_unix_ns = started_unix_ns;
-    if (!t_.writer.commands().try_push(writer_settings_.post(std::move(ws))))
+    if (!t_.writer_settings.post(writer_settings_.post(std::move(ws))))
         log_warn("the writer has not taken the previous settings yet; output settings apply later");
 }
 
@@ -88,8 +88,8 @@ void RunControl::post_pull_settings() {
     auto ps = std::make_unique<PullSettings>(running_->pull);
     ps->run_number = run_;
     ps->requesting = running_run_ && stopping_.phase == StopPhase::none;
-    pull_settings_.release_applied(t_.sender->commands_applied());
-    if (!t_.sender->commands().try_push(pull_settings_.post(std::move(ps))))
+    pull_settings_.release_applied(t_.pull_settings->applied());
+    if (!t_.pull_settings->post(pull_settings_.post(std::move(ps))))
         log_warn("the request sender has not taken the previous settings yet");
 }
 

@@ -56,7 +56,9 @@ private:
 struct ServiceTargets {
     Pipeline& pipeline;
     DiskWriter& writer;
+    SettingsChannel<WriterSettings>& writer_settings;  // run control -> the writer
     RequestSender* sender = nullptr;   // pull mode
+    SettingsChannel<PullSettings>* pull_settings = nullptr;  // run control -> the request sender (pull mode)
     std::vector<RulesInbox*> inputs;   // the readers' or the replay feeder's
     ReplayFeeder* feeder = nullptr;    // replay only
     Doorbell& rules_applied;           // rung by the inputs on each new rule set

@@ -40,10 +40,11 @@ struct ServiceRig {
           channels(1, pool.slot_count(), snap->matcher.max_events),
           pipeline(PipelineSettings{1, 1, snap->matcher}, channels, pools, bell),
           workers(pipeline),
-          writer(snap->writer, channels.writer_rings(), channels.done_rings(), pools, 1, writer_counters, bell,
+          writer(snap->writer, channels.writer_rings(), channels.done_rings(), pools, 1, writer_settings, writer_counters, bell,
                  nullptr, &closed),
           summaries(config->sources, pipeline.counters(), &closed),
-          targets{pipeline, writer, nullptr, {&inbox}, nullptr, rules_applied, &mailbox, &counts, &notes, nullptr} {
+          targets{pipeline, writer, writer_settings, nullptr, nullptr, {&inbox}, nullptr, rules_applied, &mailbox, &counts, &notes,
+                  nullptr} {
         for (const auto& m : pipeline.counters()) counts.matchers.push_back(m.get());
         counts.writer = &writer_counters;
         workers.start();
@@ -110,6 +111,7 @@ struct ServiceRig {
     GraphWorkers workers;
     stats::WriterCounters writer_counters;
     ClosedFiles closed;
+    SettingsChannel<WriterSettings> writer_settings;
     DiskWriter writer;
     AgentRunner writer_thread{"evb-writer", writer};
     RulesInbox inbox;

@@ -48,7 +48,7 @@ struct WriterRig {
           matcher(0, settings(ws.format_version), arena, returns, matcher_counters, done),
           to_writer(64),
           written(64),
-          writer(ws, {&to_writer}, {&matcher.done_ring()}, {&pool}, 1, writer_counters, bell,
+          writer(ws, {&to_writer}, {&matcher.done_ring()}, {&pool}, 1, settings_channel, writer_counters, bell,
                  &written, &closed) {
         rules.run_number = kRun;
     }
@@ -108,6 +108,7 @@ struct WriterRig {
     ClosedFiles closed{16};
     stats::WriterCounters writer_counters;
     Doorbell bell;
+    SettingsChannel<WriterSettings> settings_channel;
     DiskWriter writer;
     AdmissionRules rules;
     stats::ReaderCounters reader_counters;
@@ -192,7 +193,7 @@ TEST_CASE("DiskWriter reports each file it closes and each run transition it fin
     // The run ends: the writer learns of it, then the shard's epoch mark arrives.
     WriterSettings next = WriterRig::writer_settings(dir.path());
     next.epoch = {1, kRun + 1, 0};
-    REQUIRE(rig.writer.commands().try_push(&next));
+    REQUIRE(rig.settings_channel.post(&next));
     rig.writer.do_work();
     REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
     for (int i = 0; i < 10; ++i) rig.writer.do_work();
@@ -372,7 +373,7 @@ TEST_CASE("DiskWriter ends a run with END_OF_RUN when the run's last event fills
         REQUIRE(rig.writer_counters.events_written.get() == 3);
         WriterSettings next = ws;
         next.epoch = {1, kRun + 1, 0};
-        REQUIRE(rig.writer.commands().try_push(&next));
+        REQUIRE(rig.settings_channel.post(&next));
         rig.writer.do_work();
         REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));  // the shard's epoch mark
         for (int i = 0; i < 10; ++i) rig.writer.do_work();
@@ -545,7 +546,7 @@ TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes i
     const std::string kOpen = "problem: no footer: the file was not closed cleanly";  // still open
     // Run control starts run kRun (evb-ctl start): no event of it has come.
     WriterSettings start = start_of_run(ws);
-    REQUIRE(rig.writer.commands().try_push(&start));
+    REQUIRE(rig.settings_channel.post(&start));
     rig.writer.do_work();
     REQUIRE(files_in(dir.path()).size() == 1);
     CHECK(files_in(dir.path())[0].filename() == file::file_name(kRun, 0, 0, true));
@@ -558,7 +559,7 @@ TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes i
         WriterSettings set = start;
         set.started_unix_ns = 0;
         set.epoch = {1, kRun, 1};
-        REQUIRE(rig.writer.commands().try_push(&set));
+        REQUIRE(rig.settings_channel.post(&set));
         rig.writer.do_work();
         REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));  // the shard's epoch mark
         for (int i = 0; i < 4; ++i) rig.writer.do_work();
@@ -570,7 +571,7 @@ TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes i
     SECTION("the run stops with no event: its one file holds the notes between BEGIN_OF_RUN and END_OF_RUN") {
         WriterSettings stop = ws;
         stop.epoch = {1, UINT32_MAX, 0};  // no run follows
-        REQUIRE(rig.writer.commands().try_push(&stop));
+        REQUIRE(rig.settings_channel.post(&stop));
         rig.writer.do_work();
         REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
         for (int i = 0; i < 4; ++i) rig.writer.do_work();
@@ -598,7 +599,7 @@ TEST_CASE("DiskWriter passes a set change and a run change posted back to back i
     WriterRig rig(ws);
     using V = std::vector<std::string>;
     WriterSettings start = start_of_run(ws);
-    REQUIRE(rig.writer.commands().try_push(&start));
+    REQUIRE(rig.settings_channel.post(&start));
     rig.writer.do_work();
     for (std::uint64_t e = 0; e < 2; ++e) rig.build(e);
     for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 2; ++i) rig.writer.do_work();
@@ -611,12 +612,12 @@ TEST_CASE("DiskWriter passes a set change and a run change posted back to back i
     change.epoch = {2, kRun + 1, 1};
     change.started_run = kRun + 1;
     change.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
-    REQUIRE(rig.writer.commands().try_push(&set));
+    REQUIRE(rig.settings_channel.post(&set));
     rig.writer.do_work();
     rig.build(2, kRun, 0);  // of the old set, still in flight
     rig.build(3, kRun, 1);  // of the new set, ahead of the shard's mark
     rig.writer.do_work();
-    REQUIRE(rig.writer.commands().try_push(&change));
+    REQUIRE(rig.settings_channel.post(&change));
     rig.writer.do_work();
     REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
     rig.build(4, kRun, 1);
@@ -666,7 +667,7 @@ TEST_CASE("DiskWriter ends the run in the new set's file when a set change and t
     using V = std::vector<std::string>;
     const std::string kOpen = "problem: no footer: the file was not closed cleanly";
     WriterSettings start = start_of_run(ws);
-    REQUIRE(rig.writer.commands().try_push(&start));
+    REQUIRE(rig.settings_channel.post(&start));
     rig.writer.do_work();
     for (std::uint64_t e = 0; e < 2; ++e) rig.build(e);
     for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 2; ++i) rig.writer.do_work();
@@ -674,14 +675,14 @@ TEST_CASE("DiskWriter ends the run in the new set's file when a set change and t
     WriterSettings set = start;
     set.started_unix_ns = 0;
     set.epoch = {1, kRun, 1};
-    REQUIRE(rig.writer.commands().try_push(&set));
+    REQUIRE(rig.settings_channel.post(&set));
 
     SECTION("a run change") {
         WriterSettings change = start;
         change.epoch = {2, kRun + 1, 1};
         change.started_run = kRun + 1;
         change.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
-        REQUIRE(rig.writer.commands().try_push(&change));
+        REQUIRE(rig.settings_channel.post(&change));
         rig.writer.do_work();
         REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));  // the shard's mark for both
         rig.build(2, kRun + 1, 1);
@@ -696,7 +697,7 @@ TEST_CASE("DiskWriter ends the run in the new set's file when a set change and t
     SECTION("a stop") {
         WriterSettings stop = ws;
         stop.epoch = {2, Epoch::kNoRun, 1};
-        REQUIRE(rig.writer.commands().try_push(&stop));
+        REQUIRE(rig.settings_channel.post(&stop));
         rig.writer.do_work();
         REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));
         for (int i = 0; i < 4; ++i) rig.writer.do_work();
@@ -720,14 +721,14 @@ TEST_CASE("DiskWriter holds an event of a set change whose settings it had not t
     WriterRig rig(ws);
     using V = std::vector<std::string>;
     WriterSettings start = start_of_run(ws);
-    REQUIRE(rig.writer.commands().try_push(&start));
+    REQUIRE(rig.settings_channel.post(&start));
     rig.writer.do_work();
     for (std::uint64_t e = 0; e < 2; ++e) rig.build(e);
     for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 2; ++i) rig.writer.do_work();
     WriterSettings set = start;
     set.started_unix_ns = 0;
     set.epoch = {1, kRun, 1};
-    REQUIRE(rig.writer.commands().try_push(&set));  // posted, not yet taken
+    REQUIRE(rig.settings_channel.post(&set));  // posted, not yet taken
     rig.build(3, kRun, 1);  // shard A: of the new set
     rig.build(2, kRun, 0);  // shard B: of the old set, still in flight
     REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
@@ -755,7 +756,7 @@ TEST_CASE("DiskWriter restarted within a run opens its next file at its start, B
     std::ofstream(dir / file::file_name(kRun, 0, 4, false)) << "";  // the killed process's files end at 4
     rig.writer.go_on_with_run(kRun, 0, true);
     WriterSettings start = start_of_run(ws);  // evbd's start, going on with its run
-    REQUIRE(rig.writer.commands().try_push(&start));
+    REQUIRE(rig.settings_channel.post(&start));
     rig.writer.do_work();
     const fs::path part = dir / file::file_name(kRun, 0, 5, true);
     REQUIRE(fs::exists(part));
@@ -780,7 +781,7 @@ TEST_CASE("DiskWriter keeps the notes of a run's first file when its first event
     RunNotes notes;
     rig.writer.set_run_notes(&notes);
     WriterSettings start = start_of_run(ws);
-    REQUIRE(rig.writer.commands().try_push(&start));
+    REQUIRE(rig.settings_channel.post(&start));
     rig.writer.do_work();
     REQUIRE(notes.try_push({kRun, static_cast<std::uint32_t>(file::RunRecordKind::comment), R"({"text": "a"})"}));
     rig.writer.do_work();

@@ -118,7 +118,7 @@ TEST_CASE("Pipeline: a run change while the new run's data already arrives write
     // admits run 2, and run 2's data arrives (and is built) before the epoch mark.
     WriterSettings next = ws;
     next.epoch = {1, 2, 0};
-    REQUIRE(rig.writer.commands().try_push(&next));
+    REQUIRE(rig.writer_settings.post(&next));
     AdmissionRules run2;
     run2.run_number = 2;
     REQUIRE(rig.reader.rules().post(&run2));
@@ -219,7 +219,7 @@ TEST_CASE("Pipeline: one reload that changes both the run and the expected sourc
     // end, so one matcher body marks both epochs.
     WriterSettings next = ws;
     next.epoch = {2, 2, 1};
-    REQUIRE(rig.writer.commands().try_push(&next));
+    REQUIRE(rig.writer_settings.post(&next));
     const std::vector<std::uint8_t> expected{1, 1};
     rig.pipeline.set_expected_sources(expected, {1, 1, 1}, evb::file::Codec::none, 1);
     AdmissionRules run2;
@@ -328,7 +328,7 @@ TEST_CASE("Pipeline: a run's end with no event in flight hands the writer its ep
     // run 1's file on it, before any event of run 2.
     WriterSettings next = ws;
     next.epoch = {1, 2, 0};
-    REQUIRE(rig.writer.commands().try_push(&next));
+    REQUIRE(rig.writer_settings.post(&next));
     AdmissionRules run2;
     run2.run_number = 2;
     REQUIRE(rig.reader.rules().post(&run2));

@@ -132,6 +132,7 @@ struct Channels {
     evb::WrittenIds written;
     evb::BuiltIds built;
     GiveUps give_ups;
+    evb::SettingsChannel<evb::PullSettings> settings;  // run control's live settings
 };
 
 }  // namespace
@@ -142,7 +143,7 @@ TEST_CASE("RequestSender learns a slow round trip and stops re-requesting events
     const evb::PullSettings s = one_at_a_time(20, 5, 6000, 4);  // cap: 6000 / 6 = 1 s
     evb::stats::PullCounters counters;
     Channels ch(4);
-    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 4);
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, ch.settings, counters, 4);
     const auto& given_up = ch.give_ups.ids;
 
     // Event 0: written 150 ms after its request, measured before any retry is looked at.
@@ -187,7 +188,7 @@ TEST_CASE("RequestSender gives up after pull.max_retries at the floor period") {
     const evb::PullSettings s = one_at_a_time(5, 2, 1000, 1);
     evb::stats::PullCounters counters;
     Channels ch(4);
-    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 4);
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, ch.settings, counters, 4);
     const auto& given_up = ch.give_ups.ids;
     rs.do_work();
     for (int i = 0; i < 200 && given_up.empty(); ++i) {
@@ -210,7 +211,7 @@ TEST_CASE("RequestSender learns a round trip longer than pull.retry_ms when poll
     const evb::PullSettings s = one_at_a_time(20, 20, 60000, kEvents);
     evb::stats::PullCounters counters;
     Channels ch(4);
-    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 4);
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, ch.settings, counters, 4);
     std::vector<std::chrono::steady_clock::time_point> first(kEvents);
     std::vector<int> asked(kEvents, 0);
     // An event this thread wrote well after its 150 ms (a stall of the test on a
@@ -269,7 +270,7 @@ TEST_CASE("RequestSender holds a partial batch only while more than half the cre
         // Very large events get few credits; waiting for both would idle the sources
         // while the builder writes the second.
         Channels ch(8);
-        evb::RequestSender rs(settings(2, 2), fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 8);
+        evb::RequestSender rs(settings(2, 2), fd, {src.at()}, ch.written, ch.built, ch.give_ups, ch.settings, counters, 8);
         rs.do_work();
         CHECK(src.requested() == Ids{0, 1});
         write(ch, rs, 0, 1);
@@ -279,7 +280,7 @@ TEST_CASE("RequestSender holds a partial batch only while more than half the cre
     }
     SECTION("three credits, batch three: held while two are out, not while one is") {
         Channels ch(12);
-        evb::RequestSender rs(settings(3, 3), fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 12);
+        evb::RequestSender rs(settings(3, 3), fd, {src.at()}, ch.written, ch.built, ch.give_ups, ch.settings, counters, 12);
         rs.do_work();
         CHECK(src.requested() == Ids{0, 1, 2});
         write(ch, rs, 0, 1);
@@ -289,7 +290,7 @@ TEST_CASE("RequestSender holds a partial batch only while more than half the cre
     }
     SECTION("sixteen credits, batch sixteen: requests go out in halves") {
         Channels ch(64);
-        evb::RequestSender rs(settings(16, 16), fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 64);
+        evb::RequestSender rs(settings(16, 16), fd, {src.at()}, ch.written, ch.built, ch.give_ups, ch.settings, counters, 64);
         rs.do_work();
         CHECK(src.requested().size() == 16);
         write(ch, rs, 0, 7);
@@ -299,7 +300,7 @@ TEST_CASE("RequestSender holds a partial batch only while more than half the cre
     }
     SECTION("64 credits, batch 16: full batches only") {
         Channels ch(256);
-        evb::RequestSender rs(settings(64, 16), fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 256);
+        evb::RequestSender rs(settings(64, 16), fd, {src.at()}, ch.written, ch.built, ch.give_ups, ch.settings, counters, 256);
         rs.do_work();
         CHECK(src.requested().size() == 64);
         CHECK(counters.requests_sent.get() == 4);
@@ -326,7 +327,7 @@ TEST_CASE("RequestSender does not ask again for an event the matcher has built, 
     s.timeout_ms = 60000;
     evb::stats::PullCounters counters;
     Channels ch(8);
-    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 8);
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, ch.settings, counters, 8);
     const auto& given_up = ch.give_ups.ids;
     using Ids = std::vector<std::uint64_t>;
 
@@ -410,7 +411,7 @@ TEST_CASE("RequestSender after a restart CLEARs the events its files hold, then 
     const evb::PullSettings s = restarted_run(10, 0, 1);
     evb::stats::PullCounters counters;
     Channels ch(400);
-    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 400,
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, ch.settings, counters, 400,
                           evb::file::HeldIds({2, 3, 4, 7, 12}, 0, 1));
     rs.do_work();
     const std::vector<Datagram> got = received(src);
@@ -432,7 +433,7 @@ TEST_CASE("RequestSender skips held events within its share of several builders"
     const evb::PullSettings s = restarted_run(5, 1, 2);  // ids 1 3 5 7 9
     evb::stats::PullCounters counters;
     Channels ch(400);
-    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 400,
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, ch.settings, counters, 400,
                           evb::file::HeldIds({1, 3, 9}, 1, 2));
     rs.do_work();
     std::vector<std::uint64_t> requested;
@@ -454,12 +455,12 @@ TEST_CASE("RequestSender forgets the held events when the run changes before it 
     s.requesting = false;
     evb::stats::PullCounters counters;
     Channels ch(400);
-    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, counters, 400,
+    evb::RequestSender rs(s, fd, {src.at()}, ch.written, ch.built, ch.give_ups, ch.settings, counters, 400,
                           evb::file::HeldIds({0, 1, 2}, 0, 1));
     evb::PullSettings next = s;
     next.run_number = 2;
     next.requesting = true;
-    REQUIRE(rs.commands().try_push(&next));
+    REQUIRE(ch.settings.post(&next));
     rs.do_work();
     const std::vector<Datagram> got = received(src);
     REQUIRE(got.size() == 1);
