@@ -154,8 +154,6 @@ public:
     void done_with_one() noexcept { applied_.fetch_add(1, std::memory_order_release); }
     // Settings taken and applied so far: the poster may free every one before that.
     std::uint64_t applied() const noexcept { return applied_.load(std::memory_order_acquire); }
-    // Tests: the ring itself.
-    SpscRing<const T*>& ring() noexcept { return ring_; }
 
 private:
     SpscRing<const T*> ring_{16};

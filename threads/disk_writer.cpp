@@ -70,7 +70,7 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<WriterItem>
     scratch_.resize(kMaxEventsPerWork);  // sized: try_pop_n writes into it
     for (auto& d : done_pending_) d.reserve(kMaxEventsPerWork);
     for (std::size_t k = 0; k < held_.size(); ++k) held_[k].reserve(inputs_[k]->capacity());
-    awaited_.reserve(16);  // as many as run control's commands ring holds: none allocated when they come
+    awaited_.reserve(16);  // as many as run control's settings ring holds (more, while the output is blocked, allocate)
     // 64 Ki index entries (1 MiB) up front; beyond that the index doubles a few
     // times during the first large file and then keeps its capacity.
     file_.reserve_index(std::size_t{1} << 16);
@@ -459,16 +459,17 @@ std::size_t DiskWriter::pass_oldest_epoch() {
     // Every event of the old run (or set) is written: close its file, then write
     // the events of the passed epoch held back meanwhile, in their order; those of
     // later epochs stay held.
+    flush_batch();
+    if (blocked_) return 0;  // the old epoch's events wait for the output: the epoch passes once they are written
     const Awaited passed_epoch = awaited_.front();
     const Epoch& passed = passed_epoch.epoch;
     awaited_.erase(awaited_.begin());
-    flush_batch();
-    if (file_.is_open() && file_run_ != passed.run)
+    if (file_.is_open() && passed_epoch.ended_run != Epoch::kNoRun && file_run_ == passed_epoch.ended_run)
         close_run_file();  // the run ended: its last file
-    else if (file_.is_open() && file_set_ != passed.set)
+    else if (file_.is_open() && file_run_ == passed.run && file_set_ != passed.set)
         close_set_file();
     if (closed_ != nullptr) closed_->push({0, 0, 0, {}, false, passed.number});  // after the old run's last file
-    if (awaited_.empty()) forget_notes_of_ended_runs(passed.run);
+    if (awaited_.empty()) forget_notes_of_ended_runs(run_going_.value_or(passed.run));
     open_epoch_file(passed_epoch);  // the next run's first file (or the run's, of the new set), before its events
     open_started_run();
     std::size_t total = 0;
@@ -545,7 +546,7 @@ void DiskWriter::write_event(Event* e) {
 
 std::size_t DiskWriter::drain(std::size_t max_events) {
     std::size_t total = 0;
-    while (!awaited_.empty() && epoch_passed(awaited_.front().epoch.number)) total += pass_oldest_epoch();
+    while (!awaited_.empty() && !blocked_ && epoch_passed(awaited_.front().epoch.number)) total += pass_oldest_epoch();
     open_started_run();
     for (std::size_t k = 0; k < inputs_.size(); ++k) {
         // A shard with new-run events held back is still read: its epoch mark may
@@ -650,28 +651,27 @@ void DiskWriter::on_close() {
     }
     while (!blocked_ && drain(kMaxEventsPerWork) > 0) {
     }
-    if (blocked_) {
-        while (true) {
-            const std::size_t n = drain(kMaxEventsPerWork);  // drained into held_for_retry_
-            if (n == 0) break;
-        }
-        for (auto& h : held_) {  // new-run events held back by a run transition are lost too
-            held_for_retry_.insert(held_for_retry_.end(), h.begin(), h.end());
+    // The shards are done: the awaited epochs pass in turn (each closing the file it
+    // ends), then what is still held goes out and the run ends here.
+    while (!blocked_ && !awaited_.empty()) (void)pass_oldest_epoch();
+    if (!blocked_) {
+        for (auto& h : held_) {  // (none left: every held event is of an awaited epoch)
+            for (Event* e : h) write_event(e);
             h.clear();
         }
-        log_error("stopping with the output still failing: {} built events could not be written",
-                  held_for_retry_.size());
-        batch_.swap(held_for_retry_);
-        release_batch(/*lost=*/true);  // counts them in events_lost_write_error
-        return;
+        close_run_file();  // evbd stops: the run ends here
     }
-    // The shards are done: the awaited epochs pass in turn (each closing the file it ends).
-    while (!awaited_.empty()) (void)pass_oldest_epoch();
-    for (auto& h : held_) {  // (none left: every held event is of an awaited epoch)
-        for (Event* e : h) write_event(e);
+    if (!blocked_ && held_for_retry_.empty()) return;
+    // The output still fails: everything not written is counted lost.
+    while (drain(kMaxEventsPerWork) > 0) {  // drained into held_for_retry_ (no epoch passes while blocked)
+    }
+    for (auto& h : held_) {  // events held back by a run transition are lost too
+        held_for_retry_.insert(held_for_retry_.end(), h.begin(), h.end());
         h.clear();
     }
-    close_run_file();  // evbd stops: the run ends here
+    log_error("stopping with the output still failing: {} built events could not be written", held_for_retry_.size());
+    batch_.swap(held_for_retry_);
+    release_batch(/*lost=*/true);  // counts them in events_lost_write_error
 }
 
 }  // namespace evb

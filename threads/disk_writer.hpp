@@ -217,6 +217,7 @@ private:
     // and they are written, one epoch after the other.
     struct Awaited {
         Epoch epoch;
+        std::uint32_t ended_run;  // the run whose end the epoch is (Epoch::kNoRun: a set change, or while stopped)
         // What the file the epoch begins holds, as its settings said: a run goes on
         // after it (false: a stop, or a change while stopped), and the header's
         // sources (0: not told) and codec.

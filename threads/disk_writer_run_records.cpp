@@ -73,7 +73,8 @@ void DiskWriter::sync_open_file() {
 
 void DiskWriter::take_commands() {
     const WriterSettings* next = nullptr;
-    for (int i = 0; i < 4 && commands_.take(next); ++i) {
+    for (int i = 0; i < 16 && commands_.take(next); ++i) {  // all the ring holds: an event may wait for the newest
+        const std::optional<std::uint32_t> going_before = run_going_;
         s_.max_file_bytes = next->max_file_bytes;
         s_.fsync = next->fsync;
         s_.fsync_period_ms = next->fsync_period_ms;
@@ -98,10 +99,15 @@ void DiskWriter::take_commands() {
                 s_.config_json = next->config_json;
                 s_.run_metadata_json = next->run_metadata_json;
             }
-            s_.epoch = next->epoch;
             // Its events wait for every shard's mark (after the epochs before it).
-            awaited_.push_back({next->epoch, run_going_ && *run_going_ == next->epoch.run, next->expected_sources,
-                                next->record_codec});
+            // The run it ends: the one going until now (started by run control; else, for
+            // a writer told of no start, the open file's, or the last epoch's), unless it
+            // goes on (a set change).
+            const std::uint32_t before = going_before ? *going_before : file_.is_open() ? file_run_ : s_.epoch.run;
+            const std::uint32_t ended = before != next->epoch.run ? before : Epoch::kNoRun;
+            s_.epoch = next->epoch;
+            awaited_.push_back({next->epoch, ended, run_going_ && *run_going_ == next->epoch.run,
+                                next->expected_sources, next->record_codec});
         }
         // Release: every read of *next happens before the poster may free it.
         commands_.done_with_one();

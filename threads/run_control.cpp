@@ -1,5 +1,8 @@
 #include "threads/run_control.hpp"
 
+#include <chrono>
+#include <thread>
+
 #include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
@@ -79,8 +82,17 @@ void RunControl::post_writer_settings(const WriterSettings& base, std::uint32_t 
     ws->epoch = {epoch_.number, transition_run, epoch_.set};
     ws->started_run = transition_run;
     ws->started_unix_ns = started_unix_ns;
-    if (!t_.writer_settings.post(writer_settings_.post(std::move(ws))))
-        log_warn("the writer has not taken the previous settings yet; output settings apply later");
+    // An epoch must reach the writer (it holds the new epoch's events and closes the
+    // old run's file by it): the writer takes settings at every pass, even while its
+    // output is blocked, so room comes soon; wait for it, bounded.
+    const WriterSettings* posted = writer_settings_.post(std::move(ws));
+    for (int waited = 0; !t_.writer_settings.post(posted); ++waited) {
+        if (waited == 500) {
+            log_error("the writer has taken no settings for 5 s; these (epoch {}) are not applied", epoch_.number);
+            return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
 }
 
 void RunControl::post_pull_settings() {

@@ -49,7 +49,7 @@ struct GiveUp {  // pull mode: the request sender gave up on an event
     std::uint64_t now_ns;
 };
 // A change of what the files hold: the run ends, or the expected sources (or the
-// codec) change, or both; `epoch` begins (docs/ARCHITECTURE.md, "Run and source-set
+// codec) change (run control makes each its own epoch); `epoch` begins (docs/ARCHITECTURE.md, "Run and source-set
 // changes"). Kept alive by the poster until the shards are idle.
 struct EpochChange {
     Epoch epoch;

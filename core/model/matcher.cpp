@@ -3,8 +3,8 @@
 #include "core/model/record_compressor.hpp"
 
 #include <algorithm>
-#include <stdexcept>
 #include <cstring>
+#include <stdexcept>
 
 #include "core/format/crc32c.hpp"
 

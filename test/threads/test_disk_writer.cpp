@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -729,8 +730,8 @@ TEST_CASE("DiskWriter holds an event of a set change whose settings it had not t
     set.started_unix_ns = 0;
     set.epoch = {1, kRun, 1};
     REQUIRE(rig.settings_channel.post(&set));  // posted, not yet taken
-    rig.build(3, kRun, 1);  // shard A: of the new set
-    rig.build(2, kRun, 0);  // shard B: of the old set, still in flight
+    rig.build(3, kRun, 1);  // of the new set (from one shard)
+    rig.build(2, kRun, 0);  // of the old set, still in flight (from another: one ring stands for both)
     REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
     rig.writer.on_close();
     const std::vector<fs::path> files = files_in(dir.path());
@@ -810,5 +811,134 @@ TEST_CASE("DiskWriter keeps the notes of a run's first file when its first event
     }
     rig.writer.on_close();
     CHECK(records_of(dir / file::file_name(kRun, 0, 1, false)) == V{"B", "0", "E", "clean"});
+    CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
+}
+
+TEST_CASE("DiskWriter does not end a run started while a set change made when stopped is awaited", "[disk_writer]") {
+    // Stopped after run 7, a reload changes the expected sources (an epoch of run
+    // control's last run, 7), then evb-ctl start begins run 8, which is not an epoch.
+    // The set change's mark and run 8's first events are read in one pass: the pass
+    // must not put END_OF_RUN into run 8's file (before: run 8 went B 2 3 E, then a
+    // second file B 4), since the epoch ended no run.
+    test::TempDir dir;
+    WriterSettings ws = run_record_settings(dir.path());
+    WriterRig rig(ws);
+    WriterSettings start = start_of_run(ws);
+    REQUIRE(rig.settings_channel.post(&start));
+    rig.writer.do_work();
+    for (std::uint64_t e = 0; e < 2; ++e) rig.build(e);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 2; ++i) rig.writer.do_work();
+    // stop
+    WriterSettings stop = ws;
+    stop.epoch = {1, Epoch::kNoRun, 0};
+    REQUIRE(rig.settings_channel.post(&stop));
+    rig.writer.do_work();
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
+    for (int i = 0; i < 4; ++i) rig.writer.do_work();
+    // set change while stopped: run control's run_ is still kRun
+    WriterSettings set = ws;
+    set.epoch = {2, kRun, 1};
+    set.started_run = kRun;
+    set.started_unix_ns = 0;
+    REQUIRE(rig.settings_channel.post(&set));
+    rig.writer.do_work();
+    // evb-ctl start run kRun+1 (not an epoch)
+    WriterSettings start2 = start_of_run(ws);
+    start2.epoch = {2, kRun + 1, 1};
+    start2.started_run = kRun + 1;
+    start2.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
+    REQUIRE(rig.settings_channel.post(&start2));
+    rig.writer.do_work();
+    // the shard's mark of epoch 2 and the new run's first events, read in one pass
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));
+    rig.build(2, kRun + 1, 1);
+    rig.build(3, kRun + 1, 1);
+    for (int i = 0; i < 10; ++i) rig.writer.do_work();
+    rig.build(4, kRun + 1, 1);
+    for (int i = 0; i < 10; ++i) rig.writer.do_work();
+    std::string listing;
+    for (const fs::path& f : files_in(dir.path())) {
+        listing += f.filename().string() + ":";
+        for (const std::string& r : records_of(f)) listing += " " + r;
+        listing += "\n";
+    }
+    CAPTURE(listing);
+    const std::vector<fs::path> files = files_in(dir.path());
+    REQUIRE(files.size() == 2);
+    using V = std::vector<std::string>;
+    CHECK(records_of(files[0]) == V{"B", "0", "1", "E", "clean"});
+    CHECK(records_of(files[1]) == V{"B", "2", "3", "4", "problem: no footer: the file was not closed cleanly", "part"});
+    rig.writer.on_close();
+}
+
+TEST_CASE("DiskWriter passes no epoch while the output is blocked: the run's END_OF_RUN follows its last events", "[disk_writer]") {
+    // One reload changes the sources and the run; the shard's mark for both comes
+    // with the old run's events of the new set held. Passing the set change writes
+    // them, and that write fails (the file size limit): the run's end must wait for
+    // the output, not pass at once with no file open (before: run 7's epoch was
+    // reported passed before its events were in a file, which then had no
+    // END_OF_RUN).
+    test::TempDir dir;
+    WriterSettings ws = run_record_settings(dir.path());
+    WriterRig rig(ws);
+    WriterSettings start = start_of_run(ws);
+    REQUIRE(rig.settings_channel.post(&start));
+    rig.writer.do_work();
+    REQUIRE(files_in(dir.path()).size() == 1);
+    const std::uintmax_t bare = fs::file_size(files_in(dir.path())[0]);  // header + BEGIN_OF_RUN
+    WriterSettings set = start;
+    set.started_unix_ns = 0;
+    set.epoch = {1, kRun, 1};
+    WriterSettings change = start;
+    change.epoch = {2, kRun + 1, 1};
+    change.started_run = kRun + 1;
+    change.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
+    REQUIRE(rig.settings_channel.post(&set));
+    REQUIRE(rig.settings_channel.post(&change));
+    rig.writer.do_work();
+    rig.build(2, kRun, 1);
+    rig.build(3, kRun, 1);
+    rig.build(4, kRun + 1, 1);
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));
+    rig.writer.do_work();  // reads them: held
+    CHECK(rig.writer_counters.events_written.get() == 0);
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = static_cast<rlim_t>(bare + 30);
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    rig.writer.do_work();  // both epochs pass; writing run kRun's new-set events fails
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(rig.writer_counters.write_errors.get() >= 1);
+    FileClosed got[8];
+    const std::size_t n = rig.closed.pop(got, 8);
+    std::string closed;
+    for (std::size_t i = 0; i < n; ++i)
+        closed += fmt::format("run {} seq {} events {} epoch_passed {}\n", got[i].run_number, got[i].file_sequence,
+                              got[i].events, got[i].epoch_passed);
+    // The writer retries its output 1 s after the failure: wait for that, bounded.
+    for (int i = 0; i < 50 && rig.writer_counters.events_written.get() < 3; ++i) {
+        rig.writer.do_work();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    rig.writer.on_close();
+    std::string listing;
+    for (const fs::path& f : files_in(dir.path())) {
+        listing += f.filename().string() + ":";
+        for (const std::string& r : records_of(f)) listing += " " + r;
+        listing += "\n";
+    }
+    CAPTURE(closed);
+    CAPTURE(listing);
+    CHECK(closed.find("epoch_passed 2") == std::string::npos);  // not while run 7's events wait
+    using V = std::vector<std::string>;
+    const std::vector<fs::path> files = files_in(dir.path());
+    REQUIRE(files.size() == 2);
+    CHECK(records_of(files[0]) == V{"B", "2", "3", "E", "clean"});
+    CHECK(files[1].filename() == file::file_name(kRun + 1, 0, 0, false));
+    CHECK(records_of(files[1]) == V{"B", "4", "E", "clean"});
+    CHECK(rig.writer_counters.events_written.get() == 3);
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
