@@ -143,6 +143,17 @@ std::vector<fs::path> files_in(const std::string& dir) {
     return files;
 }
 
+// Every file of the directory and its records, one line each: named on failure.
+std::string listing_of(const std::string& dir) {
+    std::string listing;
+    for (const fs::path& f : files_in(dir)) {
+        listing += f.filename().string() + ":";
+        for (const std::string& r : records_of(f)) listing += " " + r;
+        listing += "\n";
+    }
+    return listing;
+}
+
 }  // namespace
 
 TEST_CASE("DiskWriter writes what its ring holds, returns slots and events, and passes the ids on", "[disk_writer]") {
@@ -630,12 +641,7 @@ TEST_CASE("DiskWriter passes a set change and a run change posted back to back i
 
     const std::string kOpen = "problem: no footer: the file was not closed cleanly";
     const std::vector<fs::path> files = files_in(dir.path());
-    std::string listing;  // named on failure
-    for (const fs::path& f : files) {
-        listing += f.filename().string() + ":";
-        for (const std::string& r : records_of(f)) listing += " " + r;
-        listing += "\n";
-    }
+    const std::string listing = listing_of(dir.path());
     CAPTURE(listing);
     REQUIRE(files.size() == 3);
     CHECK(files[0].filename() == file::file_name(kRun, 0, 0, false));
@@ -735,12 +741,7 @@ TEST_CASE("DiskWriter holds an event of a set change whose settings it had not t
     REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
     rig.writer.on_close();
     const std::vector<fs::path> files = files_in(dir.path());
-    std::string listing;  // named on failure
-    for (const fs::path& f : files) {
-        listing += f.filename().string() + ":";
-        for (const std::string& r : records_of(f)) listing += " " + r;
-        listing += "\n";
-    }
+    const std::string listing = listing_of(dir.path());
     CAPTURE(listing);
     REQUIRE(files.size() == 2);
     CHECK(records_of(files[0]) == V{"B", "0", "1", "2", "clean"});
@@ -856,12 +857,7 @@ TEST_CASE("DiskWriter does not end a run started while a set change made when st
     for (int i = 0; i < 10; ++i) rig.writer.do_work();
     rig.build(4, kRun + 1, 1);
     for (int i = 0; i < 10; ++i) rig.writer.do_work();
-    std::string listing;
-    for (const fs::path& f : files_in(dir.path())) {
-        listing += f.filename().string() + ":";
-        for (const std::string& r : records_of(f)) listing += " " + r;
-        listing += "\n";
-    }
+    const std::string listing = listing_of(dir.path());
     CAPTURE(listing);
     const std::vector<fs::path> files = files_in(dir.path());
     REQUIRE(files.size() == 2);
@@ -924,12 +920,7 @@ TEST_CASE("DiskWriter passes no epoch while the output is blocked: the run's END
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     rig.writer.on_close();
-    std::string listing;
-    for (const fs::path& f : files_in(dir.path())) {
-        listing += f.filename().string() + ":";
-        for (const std::string& r : records_of(f)) listing += " " + r;
-        listing += "\n";
-    }
+    const std::string listing = listing_of(dir.path());
     CAPTURE(closed);
     CAPTURE(listing);
     CHECK(closed.find("epoch_passed 2") == std::string::npos);  // not while run 7's events wait
