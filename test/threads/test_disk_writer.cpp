@@ -98,6 +98,16 @@ struct WriterRig {
         }
     }
 
+    // Run control starts the run (`start`: kept alive by the caller), and events 0
+    // and 1 of it are written.
+    void start_and_write_two(const WriterSettings& start) {
+        REQUIRE(settings_channel.post(&start));
+        writer.do_work();
+        for (std::uint64_t e = 0; e < 2; ++e) build(e);
+        for (int i = 0; i < 1000 && writer_counters.events_written.get() < 2; ++i) writer.do_work();
+        REQUIRE(writer_counters.events_written.get() == 2);
+    }
+
     alloc::Arena arena;
     alloc::BufferPool pool;
     alloc::ReturnBatcher returns;
@@ -611,11 +621,7 @@ TEST_CASE("DiskWriter passes a set change and a run change posted back to back i
     WriterRig rig(ws);
     using V = std::vector<std::string>;
     WriterSettings start = start_of_run(ws);
-    REQUIRE(rig.settings_channel.post(&start));
-    rig.writer.do_work();
-    for (std::uint64_t e = 0; e < 2; ++e) rig.build(e);
-    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 2; ++i) rig.writer.do_work();
-    REQUIRE(rig.writer_counters.events_written.get() == 2);
+    rig.start_and_write_two(start);
 
     WriterSettings set = start;  // epoch 1: the run goes on with the new set
     set.started_unix_ns = 0;
@@ -674,11 +680,7 @@ TEST_CASE("DiskWriter ends the run in the new set's file when a set change and t
     using V = std::vector<std::string>;
     const std::string kOpen = "problem: no footer: the file was not closed cleanly";
     WriterSettings start = start_of_run(ws);
-    REQUIRE(rig.settings_channel.post(&start));
-    rig.writer.do_work();
-    for (std::uint64_t e = 0; e < 2; ++e) rig.build(e);
-    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 2; ++i) rig.writer.do_work();
-    REQUIRE(rig.writer_counters.events_written.get() == 2);
+    rig.start_and_write_two(start);
     WriterSettings set = start;
     set.started_unix_ns = 0;
     set.epoch = {1, kRun, 1};
@@ -728,10 +730,7 @@ TEST_CASE("DiskWriter holds an event of a set change whose settings it had not t
     WriterRig rig(ws);
     using V = std::vector<std::string>;
     WriterSettings start = start_of_run(ws);
-    REQUIRE(rig.settings_channel.post(&start));
-    rig.writer.do_work();
-    for (std::uint64_t e = 0; e < 2; ++e) rig.build(e);
-    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 2; ++i) rig.writer.do_work();
+    rig.start_and_write_two(start);
     WriterSettings set = start;
     set.started_unix_ns = 0;
     set.epoch = {1, kRun, 1};
@@ -825,10 +824,7 @@ TEST_CASE("DiskWriter does not end a run started while a set change made when st
     WriterSettings ws = run_record_settings(dir.path());
     WriterRig rig(ws);
     WriterSettings start = start_of_run(ws);
-    REQUIRE(rig.settings_channel.post(&start));
-    rig.writer.do_work();
-    for (std::uint64_t e = 0; e < 2; ++e) rig.build(e);
-    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 2; ++i) rig.writer.do_work();
+    rig.start_and_write_two(start);
     // stop
     WriterSettings stop = ws;
     stop.epoch = {1, Epoch::kNoRun, 0};
