@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--events", type=int, default=3000,
                     help="event_id: events of 8 x 35728 bytes; time_slice: about this many x 30 hits")
     ap.add_argument("--modes", default="event_id,time_slice")
+    ap.add_argument("--codecs", default="lz4,zstd", help="of lz4, zstd (level 1 each)")
     ap.add_argument("--json", help="write every figure here")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
@@ -68,7 +69,7 @@ def main():
         units = a.events if mode == "event_id" else a.events * 30
         make_capture(a.bin, cap, spec["args"](units))
         log(f"{mode}: capture {os.path.getsize(cap) / 1e9:.2f} GB")
-        for codec, level in CODECS:
+        for codec, level in [c for c in CODECS if c[0] in a.codecs.split(",")]:
             runs = {1: [], 2: []}
             for r in range(a.rounds):
                 for workers in ((1, 2) if r % 2 == 0 else (2, 1)):

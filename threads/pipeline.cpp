@@ -78,7 +78,8 @@ struct Batch {
 };
 int g_mark_only_token;
 void* Batch::handoff_token() const noexcept { return head != nullptr ? static_cast<void*>(head) : &g_mark_only_token; }
-using MatchNode = flow::multifunction_node<ShardInput, std::tuple<Batch>>;
+// The match node's message is a poke: its body takes the shard's inbox itself.
+using MatchNode = flow::multifunction_node<flow::continue_msg, std::tuple<Batch>>;
 using AssembleNode = flow::function_node<Batch, flow::continue_msg>;  // one worker
 using CompressNode = flow::function_node<Batch, Batch>;               // several workers
 using OrderNode = flow::sequencer_node<Batch>;
@@ -88,6 +89,9 @@ using PushNode = flow::function_node<Batch, flow::continue_msg>;
 // enough that a task costs nothing beside compressing it.
 constexpr std::size_t kBatchBytes = 1u << 20;
 constexpr std::size_t kBatchEvents = 64;
+// Inbox messages one run of a match body takes: what they build is handed on
+// before the next are matched.
+constexpr std::size_t kInboxTake = 16;
 }  // namespace
 
 namespace {
@@ -197,6 +201,7 @@ struct Pipeline::Shard {
           to_writer(ch.to_writer),
           inbox(ch.inbox) {
         compressor.configure(ps.matcher.codec, ps.compression_level);
+        room_free.store(matcher.pool_free(), std::memory_order_relaxed);
     }
     alloc::Arena arena;
     alloc::ReturnBatcher returns;
@@ -226,6 +231,39 @@ struct Pipeline::Shard {
     std::unique_ptr<OrderNode> order;
     std::unique_ptr<PushNode> push;
     std::uint64_t next_seq = 0;  // the match body's
+    // Queues a run of the match body unless one is queued and not yet begun. Inside
+    // the driver's arena (the driver, or a graph task on any of its workers).
+    void poke() noexcept {
+        if (poked.exchange(true, std::memory_order_acq_rel)) return;
+        handoff_release(&match);
+        match->try_put(flow::continue_msg());
+    }
+    // A graph task's last step: pokes when messages came in while it ran, so that a
+    // worker left idle matches them while the driver is still busy compressing.
+    void poke_if_waiting() noexcept {
+        if (inbox.waiting()) poke();
+    }
+    std::atomic<bool> poked{false};
+    // Published by each run of the match body: the matcher's free pool and events in
+    // flight, then the inbox position it had taken everything below (settled_room).
+    std::atomic<std::size_t> room_free{0}, room_in_flight{0};
+    std::atomic<std::size_t> matched{0};
+    // The events the writer returned back into the pool (the compression ring was
+    // full), and the pool's new size published.
+    void reclaim() noexcept {
+        matcher.reclaim();
+        room_free.store(matcher.pool_free(), std::memory_order_relaxed);
+    }
+    // The match body: takes up to kInboxTake messages from the inbox into the
+    // matcher and hands on what they built, followed by the epoch mark when the
+    // shard passes one; pokes again when messages are left. `helpers`: the driver
+    // whose helpers compress (several workers), or nullptr (one worker).
+    void take_inbox(BuiltIds* built_ids, Driver* helpers, MatchNode::output_ports_type& out);
+    // One inbox message into the matcher; its built events appended to `built`.
+    void take(const ShardInput& input, EventList& built);
+    // What take_inbox hands on: `built` (may be empty), then `mark` when not 0.
+    void hand_on(EventList& built, std::uint64_t mark, BuiltIds* built_ids, Driver* helpers,
+                 MatchNode::output_ports_type& out);
     // The match body, several workers: assembles each record, prepares its
     // compression, and puts the list as batches, the last one carrying `mark`;
     // true when any has bytes to compress.
@@ -234,6 +272,72 @@ struct Pipeline::Shard {
     void to_writer_ring(Event* e, std::uint64_t mark) noexcept;
 };
 
+void Pipeline::Shard::take(const ShardInput& input, EventList& built) {
+    Matcher& m = matcher;
+    std::visit(Overloaded{
+                   [&](const in::Chunks& c) { m.add_chunks(c.head, c.now_ns, built); },
+                   [&](const in::Tick& t) {
+                       tick_queued.store(false, std::memory_order_relaxed);
+                       m.expire(t.now_ns, built);
+                   },
+                   [&](const in::Flush& f) { m.flush(f.now_ns, built); },
+                   [&](const in::BeginEpoch& b) {
+                       const in::EpochChange& c = *b.change;
+                       if (c.expected != nullptr) {
+                           m.set_expected(*c.expected, c.epoch.set, c.codec);
+                           // Not on the hot path: a zstd level above any before sizes its
+                           // working memory here, and the ring is made on first use.
+                           compressor.configure(c.codec, c.level);
+                       }
+                       if (c.run_ends) m.end_run(c.epoch.run, c.now_ns, built);
+                       epoch_taken = c.epoch.number;
+                   },
+                   [&](const in::SetTimeout& t) { m.set_timeout_ns(t.timeout_ns); },
+                   [&](const in::SetDisorder& sd) { m.set_disorder_ticks(sd.ticks); },
+                   [&](const in::SetOpening& o) { m.set_opening(o.opening); },
+                   [&](const in::GiveUp& g) { m.give_up(g.event_id, g.run_number, g.now_ns, built); },
+               },
+               input);
+}
+
+void Pipeline::Shard::take_inbox(BuiltIds* built_ids, Driver* helpers, MatchNode::output_ports_type& out) {
+    poked.store(false, std::memory_order_release);  // a poke from now on queues another run
+    EventList built;
+    inbox.drain(
+        [&](const ShardInput& input) {
+            take(input, built);
+            // The epoch mark that follows the events built so far: an epoch has passed
+            // this shard once the shard took it and no event of an earlier source set
+            // is in flight here (a run's end hands them all on at once).
+            if (epoch_taken != epoch_marked && !matcher.earlier_set_in_flight()) {
+                epoch_marked = epoch_taken;
+                hand_on(built, epoch_marked, built_ids, helpers, out);
+                built = EventList{};
+            }
+        },
+        kInboxTake);
+    hand_on(built, 0, built_ids, helpers, out);
+    // For settled_room: the pool as matching left it, then how far the inbox was taken.
+    room_free.store(matcher.pool_free(), std::memory_order_relaxed);
+    room_in_flight.store(matcher.in_flight(), std::memory_order_relaxed);
+    matched.store(inbox.taken(), std::memory_order_release);
+    matched.notify_all();
+    if (inbox.waiting()) poke();  // the rest in a run of its own: the workers take what this one built
+}
+
+void Pipeline::Shard::hand_on(EventList& built, std::uint64_t mark, BuiltIds* built_ids, Driver* helpers,
+                              MatchNode::output_ports_type& out) {
+    if (built.head == nullptr && mark == 0) return;
+    if (built.head && built_ids != nullptr)
+        for (const Event* e = built.head; e != nullptr; e = e->next_out) built_ids->mark(e->event_id);
+    if (helpers != nullptr) {
+        if (put_batches(built.head, mark, out)) helpers->wake_helpers();
+    } else {
+        handoff_release(&assemble);
+        std::get<0>(out).try_put(Batch{0, built.head, 1, {}, mark});
+    }
+}
+
 bool Pipeline::Shard::put_batches(Event* e, std::uint64_t mark, MatchNode::output_ports_type& out) {
     bool work = false;
     Batch b{next_seq, e, compressor.level(), {}, 0};
@@ -241,7 +345,7 @@ bool Pipeline::Shard::put_batches(Event* e, std::uint64_t mark, MatchNode::outpu
     while (e != nullptr) {
         Event* next = e->next_out;
         evb::assemble(*e, joiner);
-        compressor.prepare(*e, b.tally, [this] { matcher.reclaim(); });
+        compressor.prepare(*e, b.tally, [this] { reclaim(); });
         if (e->stored != nullptr) bytes += e->plain_length;
         if (next != nullptr && (bytes >= kBatchBytes || ++events >= kBatchEvents)) {
             e->next_out = nullptr;  // the batch ends here
@@ -321,53 +425,13 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
             const std::size_t concurrency = 1 + dp->helpers.size();
             for (Shard* sh : dp->shards) {
                 sh->match = std::make_unique<MatchNode>(
-                    *dp->graph, flow::serial, [this, sh, several, d = dp.get()](const ShardInput& msg, MatchNode::output_ports_type& out) {
-                        const ShardInput input = handoff_take(msg);
+                    *dp->graph, flow::serial,
+                    [this, sh, several, d = dp.get()](const flow::continue_msg&, MatchNode::output_ports_type& out) {
                         handoff_acquire(&sh->match);
-                        // A serial node's bodies run one after the other on the driver's
-                        // thread, dispatched inside libtbb, out of TSan's view.
+                        // A serial node's bodies run one after the other, on the driver's
+                        // thread or a helper's, dispatched inside libtbb, out of TSan's view.
                         handoff_acquire(&sh->matcher);
-                        EventList built;
-                        Matcher& m = sh->matcher;
-                        std::visit(
-                            Overloaded{
-                                [&](const in::Chunks& c) { m.add_chunks(c.head, c.now_ns, built); },
-                                [&](const in::Tick& t) {
-                                    sh->tick_queued.store(false, std::memory_order_relaxed);
-                                    m.expire(t.now_ns, built);
-                                },
-                                [&](const in::Flush& f) { m.flush(f.now_ns, built); },
-                                [&](const in::BeginEpoch& b) {
-                                    const in::EpochChange& c = *b.change;
-                                    if (c.expected != nullptr) {
-                                        m.set_expected(*c.expected, c.epoch.set, c.codec);
-                                        // Not on the hot path: a zstd level above any before sizes
-                                        // its working memory here, and the ring is made on first use.
-                                        sh->compressor.configure(c.codec, c.level);
-                                    }
-                                    if (c.run_ends) m.end_run(c.epoch.run, c.now_ns, built);
-                                    sh->epoch_taken = c.epoch.number;
-                                },
-                                [&](const in::SetTimeout& t) { m.set_timeout_ns(t.timeout_ns); },
-                                [&](const in::SetDisorder& sd) { m.set_disorder_ticks(sd.ticks); },
-                                [&](const in::SetOpening& o) { m.set_opening(o.opening); },
-                                [&](const in::GiveUp& g) { m.give_up(g.event_id, g.run_number, g.now_ns, built); },
-                            },
-                            input);
-                        // The epoch mark that follows the events built here: an epoch has
-                        // passed this shard once the shard took it and no event of an earlier
-                        // source set is in flight here (a run's end hands them all on at once).
-                        std::uint64_t mark = 0;
-                        if (sh->epoch_taken != sh->epoch_marked && !m.earlier_set_in_flight())
-                            mark = sh->epoch_marked = sh->epoch_taken;
-                        if (built.head && built_ != nullptr)
-                            for (const Event* e = built.head; e != nullptr; e = e->next_out) built_->mark(e->event_id);
-                        if ((built.head || mark != 0) && several) {
-                            if (sh->put_batches(built.head, mark, out)) d->wake_helpers();
-                        } else if (built.head || mark != 0) {
-                            handoff_release(&sh->assemble);
-                            std::get<0>(out).try_put(Batch{0, built.head, 1, {}, mark});
-                        }
+                        sh->take_inbox(built_, several ? d : nullptr, out);
                         handoff_release(&sh->matcher);
                     });
                 if (several) {
@@ -386,6 +450,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                             }
                             b.tally.on_helper = t_on_helper;
                             handoff_release(b.handoff_token());
+                            sh->poke_if_waiting();  // what came in while this compressed
                             return b;
                         });
                     sh->order = std::make_unique<OrderNode>(*dp->graph, [](const Batch& b) { return b.seq; });
@@ -414,7 +479,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                             assemble(*e, sh->joiner);
                             sh->compressor.compress(*e, [sh] {
                                 handoff_acquire(&sh->matcher);
-                                sh->matcher.reclaim();
+                                sh->reclaim();
                                 handoff_release(&sh->matcher);
                             });
                         }
@@ -461,21 +526,18 @@ void Pipeline::release_graphs() noexcept {
 std::size_t Pipeline::Driver::do_work() {
     const std::uint64_t target = puts.load(std::memory_order_acquire);
     if (target == done_puts) return 0;
-    std::size_t n = 0;
     run_in_arena(arena, [&] {
-        // Put from inside the arena: the tasks go to this thread's own slot, and
-        // wait_for_all runs them and everything they put downstream.
-        for (Shard* sh : shards)
-            n += sh->inbox.drain([sh](const ShardInput& m) {
-                handoff_release(&sh->match);
-                sh->match->try_put(m);
-            });
+        // Poke from inside the arena: the match task goes to this thread's own slot,
+        // and wait_for_all runs it and everything it puts downstream. The graph is
+        // idle only once a match body found its inbox empty, so every message put
+        // before `target` was read has gone through.
+        for (Shard* sh : shards) sh->poke();
         graph->wait_for_all();
     });
     done_puts = target;
     completed.store(target, std::memory_order_release);
     completed.notify_all();
-    return n + 1;
+    return 1;
 }
 
 std::uint64_t Pipeline::Shard::put(const ShardInput& m) noexcept {
@@ -537,11 +599,27 @@ void Pipeline::set_disorder_ticks(std::uint64_t ticks) noexcept {
 }
 
 ShardSink::Room Pipeline::settled_room(std::uint32_t shard) {
-    wait_idle();  // the matcher's pool is read after the last put has gone through it
-    Matcher& m = shards_[shard]->matcher;
-    const std::size_t free = m.pool_free() + m.done_ring().size_approx();
-    const std::size_t used = m.pool_size() - std::min(m.pool_size(), free);
-    return {free, used - std::min(used, m.in_flight())};
+    // Waits only until the matcher has taken everything put so far, not for the
+    // events it built to be compressed and handed on: the feeder goes on filling
+    // while the workers compress.
+    Shard& sh = *shards_[shard];
+    const std::size_t upto = sh.inbox.claimed();
+    std::size_t m = sh.matched.load(std::memory_order_acquire);
+    if (static_cast<std::ptrdiff_t>(upto - m) > 0) {
+        // A driver with helpers may be compressing: a match run poked from here is
+        // taken by whichever of its workers is free first. The driver is rung after
+        // the poke, so that a driver which had just found its graph idle comes back
+        // to run it. (A lone driver's arena would start a oneTBB worker for a task
+        // put from outside it: its own loop pokes once it is done.)
+        if (!sh.driver->helpers.empty()) sh.poke();
+        sh.driver->notify();
+        for (; static_cast<std::ptrdiff_t>(upto - m) > 0; m = sh.matched.load(std::memory_order_acquire))
+            sh.matched.wait(m, std::memory_order_acquire);
+    }
+    Matcher& mt = sh.matcher;
+    const std::size_t free = sh.room_free.load(std::memory_order_relaxed) + mt.done_ring().size_approx();
+    const std::size_t used = mt.pool_size() - std::min(mt.pool_size(), free);
+    return {free, used - std::min(used, sh.room_in_flight.load(std::memory_order_relaxed))};
 }
 
 void Pipeline::wait_idle() {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <bit>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <type_traits>
 
@@ -51,14 +52,15 @@ public:
     // and any complete after it; returns how many. A cell claimed but not yet
     // filled is waited for (its putter fills it without blocking), so nothing put
     // before the call is left behind a gap.
+    // At most `max` messages when given: the rest wait for the next call.
     template <typename F>
-    std::size_t drain(F&& f) {
+    std::size_t drain(F&& f, std::size_t max = SIZE_MAX) {
         const std::size_t claimed = tail_.load(std::memory_order_acquire);
         std::size_t n = 0;
-        for (;;) {
+        while (n < max) {
             Cell& c = cells_[head_ & mask_];
             if (c.seq.load(std::memory_order_acquire) != head_ + 1) {
-                if (static_cast<std::ptrdiff_t>(claimed - head_) <= 0) return n;
+                if (static_cast<std::ptrdiff_t>(claimed - head_) <= 0) break;
 #if defined(__x86_64__)
                 __builtin_ia32_pause();
 #endif
@@ -70,6 +72,18 @@ public:
             ++n;
             f(m);
         }
+        taken_.store(head_, std::memory_order_release);
+        return n;
+    }
+    // Any thread: where the next put goes (every put before this call is below it),
+    // and how far the drains have taken (taken() >= claimed() read earlier: all of
+    // those messages were handed to a drain's f, and it returned).
+    std::size_t claimed() const noexcept { return tail_.load(std::memory_order_acquire); }
+    std::size_t taken() const noexcept { return taken_.load(std::memory_order_acquire); }
+    // Any thread: true when a message was put that no drain has taken yet (one put
+    // while this runs may or may not count).
+    bool waiting() const noexcept {
+        return tail_.load(std::memory_order_acquire) != taken_.load(std::memory_order_acquire);
     }
 
 private:
@@ -81,6 +95,7 @@ private:
     std::unique_ptr<Cell[]> cells_;
     alignas(kFalseSharingBytes) std::atomic<std::size_t> tail_{0};
     alignas(kFalseSharingBytes) std::size_t head_ = 0;  // consumer only
+    std::atomic<std::size_t> taken_{0};                 // head_ as of the last drain, for waiting()
 };
 
 }  // namespace evb

@@ -58,3 +58,21 @@ TEST_CASE("MpscQueue with four producers: nothing lost or doubled, each producer
     for (std::uint32_t p = 0; p < kProducers; ++p) CHECK(next[p] == kEach);
     CHECK(q.drain([](const Msg&) {}) == 0);
 }
+
+TEST_CASE("MpscQueue drains at most the count asked, and says what is waiting and how far it has taken") {
+    MpscQueue<Msg> q(64);
+    CHECK_FALSE(q.waiting());
+    for (std::uint32_t i = 0; i < 10; ++i) REQUIRE(q.try_put({0, i}));
+    CHECK(q.waiting());
+    CHECK(q.claimed() == 10);
+    CHECK(q.taken() == 0);
+    std::vector<std::uint32_t> got;
+    CHECK(q.drain([&](const Msg& m) { got.push_back(m.seq); }, 4) == 4);
+    CHECK(q.taken() == 4);
+    CHECK(q.waiting());  // six left
+    CHECK(q.drain([&](const Msg& m) { got.push_back(m.seq); }, 100) == 6);
+    CHECK(q.taken() == 10);
+    CHECK_FALSE(q.waiting());
+    REQUIRE(got.size() == 10);
+    for (std::uint32_t i = 0; i < 10; ++i) CHECK(got[i] == i);
+}

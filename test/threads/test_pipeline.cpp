@@ -10,7 +10,11 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -348,4 +352,60 @@ TEST_CASE("Pipeline: a run's end with no event in flight hands the writer its ep
     REQUIRE(files.size() == 2);  // run 1's (closed at its end) and run 2's
     CHECK(files[0].find("run000001") != std::string::npos);
     CHECK(files[1].find("run000002") != std::string::npos);
+}
+
+TEST_CASE("Pipeline: settled_room returns once the matcher has taken every put, while the workers compress") {
+    // What the replay feeder does: put a chunk, then ask for the room. With a
+    // helper, the call pokes a match run into the graph from outside it; a driver
+    // that had just found its graph idle must still come back for that run (it once
+    // did not, and the feeder waited for ever). Thousands of rounds, each racing
+    // the driver. This thread is the feeder: the rig's socket reader is not run.
+    test::TempDir dir;
+    PipelineSettings ps = two_sources(1, 4096);
+    ps.workers = 2;  // one driver and one helper for the one shard
+    ps.matcher.record_version = 2;
+    ps.matcher.codec = file::Codec::lz4;
+    WriterSettings ws = writer_into(dir.path());
+    ws.format_version = 2;
+    test::PipelineRig rig(ps, ws, 8192, 256, 1u << 20);
+    rig.workers.start();
+    rig.writer_runner.start();
+    constexpr std::uint64_t kRounds = 20000;
+    std::promise<void> settled_all;
+    std::atomic<std::uint64_t> round{0}, refused{0};
+    std::thread feeder([&] {
+        for (std::uint64_t e = 0; e < kRounds; ++e) {
+            for (std::uint32_t s = 0; s < 2; ++s) {
+                std::uint32_t idx = 0;
+                while (!rig.pool.try_take(idx)) {
+                    if (rig.pool.reclaim() == 0) std::this_thread::yield();
+                }
+                const auto d = test::fragment_datagram(1, s, e, 100, std::byte{0x5a});
+                std::memcpy(rig.pool.data(idx), d.data(), d.size());
+                if (admit_datagram(rig.pool, idx, d.size(), rig.rules, 1, rig.reader_counters) != 0) {
+                    refused.store(1);
+                    return;
+                }
+                ChunkMeta* c = ChunkMeta::in_slot(rig.pool.meta(idx));
+                c->next = nullptr;
+                rig.pipeline.submit(0, c, 0);
+            }
+            (void)rig.pipeline.settled_room(0);
+            round.store(e + 1);
+        }
+        settled_all.set_value();
+    });
+    // A lost run leaves the feeder waiting for ever: give up on the process, not the test alone.
+    if (settled_all.get_future().wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+        std::fprintf(stderr, "settled_room did not return within 60 s (round %llu, refused %llu)\n",
+                     static_cast<unsigned long long>(round.load()), static_cast<unsigned long long>(refused.load()));
+        std::abort();
+    }
+    feeder.join();
+    REQUIRE(wait_for([&] { return rig.writer_counters.events_written.get() == kRounds; }));
+    rig.pipeline.flush(0);
+    rig.pipeline.wait_idle();
+    rig.writer_runner.stop();
+    rig.workers.stop();
+    CHECK(rig.writer_counters.events_written.get() == kRounds);
 }
