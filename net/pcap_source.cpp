@@ -1,6 +1,10 @@
 #include "net/pcap_source.hpp"
 
+#include <fcntl.h>
 #include <pcap/pcap.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -321,14 +325,98 @@ ReplayFilter parse_replay_filter(const std::string& text, std::uint16_t default_
 
 bool CaptureReader::link_type_supported(int dlt) noexcept { return link_of(dlt) != Link::unsupported; }
 
+// A classic pcap file (version 2.4, microsecond or nanosecond, either byte order)
+// read through a mapping of it: no read() per packet and no copy into libpcap's
+// buffer. A record that is not plainly well formed (cut short, or longer than the
+// file's snapshot length), and the end of the mapping, hand the rest of the file
+// to libpcap, positioned at that record, so that what libpcap makes of it (and
+// its error, or the end) is what replay reports, exactly as before.
+class MappedCapture {
+public:
+    // Maps `path` when it is a regular file holding a classic pcap header; otherwise
+    // active() is false and libpcap reads the file.
+    explicit MappedCapture(const std::string& path) noexcept {
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return;
+        struct stat st {};
+        u8 h[24];
+        if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 24 && ::pread(fd, h, 24, 0) == 24 &&
+            read_header(h)) {
+            void* m = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+            if (m != MAP_FAILED) {
+                base_ = static_cast<const u8*>(m);
+                size_ = static_cast<std::size_t>(st.st_size);
+                (void)::madvise(m, size_, MADV_SEQUENTIAL);
+            }
+        }
+        ::close(fd);
+    }
+    ~MappedCapture() {
+        if (base_) ::munmap(const_cast<u8*>(base_), size_);
+    }
+    MappedCapture(const MappedCapture&) = delete;
+    MappedCapture& operator=(const MappedCapture&) = delete;
+
+    bool active() const noexcept { return base_ != nullptr && !handed_over_; }
+    std::size_t offset() const noexcept { return at_; }
+    enum class Next { packet, hand_over };
+    // The next record into h and data (valid while this object lives).
+    Next next(pcap_pkthdr& h, const u_char*& data) noexcept {
+        // The end of the mapping too: libpcap says whether the file ends there (or grew).
+        if (size_ - at_ < 16) return hand_over();
+        const u8* r = base_ + at_;
+        const std::uint32_t caplen = field(r + 8), len = field(r + 12);
+        if (caplen > snaplen_ || caplen > 262144 || size_ - at_ - 16 < caplen) return hand_over();
+        const auto sec = static_cast<std::int32_t>(field(r));
+        const auto frac = static_cast<std::int32_t>(field(r + 4));
+        h.ts.tv_sec = sec;
+        h.ts.tv_usec = nano_ ? frac : static_cast<suseconds_t>(frac) * 1000;  // read at nanosecond precision
+        h.caplen = caplen;
+        h.len = len;
+        data = r + 16;
+        at_ += 16 + caplen;
+        return Next::packet;
+    }
+
+private:
+    bool read_header(const u8* h) noexcept {
+        const std::uint32_t magic = le32(h);
+        if (magic == 0xa1b2c3d4u || magic == 0xa1b23c4du) {
+            swapped_ = false;
+        } else if (magic == 0xd4c3b2a1u || magic == 0x4d3cb2a1u) {
+            swapped_ = true;
+        } else {
+            return false;  // pcapng, or a variant libpcap knows and this does not
+        }
+        nano_ = magic == 0xa1b23c4du || magic == 0x4d3cb2a1u;
+        const std::uint32_t version = field(h + 4);  // major, minor as two 16-bit fields
+        const std::uint32_t major = swapped_ ? version >> 16 : version & 0xFFFFu;
+        const std::uint32_t minor = swapped_ ? version & 0xFFFFu : version >> 16;
+        snaplen_ = field(h + 16);
+        return major == 2 && minor == 4;
+    }
+    std::uint32_t field(const u8* p) const noexcept { return swapped_ ? be32(p) : le32(p); }
+    Next hand_over() noexcept {
+        handed_over_ = true;
+        return Next::hand_over;
+    }
+    const u8* base_ = nullptr;
+    std::size_t size_ = 0;
+    std::size_t at_ = 24;
+    bool swapped_ = false, nano_ = false, handed_over_ = false;
+    std::uint32_t snaplen_ = 0;
+};
+
 struct CaptureReader::Impl {
     pcap_t* handle = nullptr;
+    std::unique_ptr<MappedCapture> mapped;  // the packets of a classic pcap file, else null
     bpf_program program{};
     bool have_program = false;
     Link link = Link::unsupported;
     Ipv4Reassembler reassembler;
     std::size_t delivered_slot = Ipv4Reassembler::kNone;  // handed out by the last next()
     std::uint64_t clock_ns = 0;                             // latest capture time seen
+    pcap_pkthdr mapped_header{};                            // the mapped record next() hands on
 
     Impl(const ReassemblyLimits& limits, std::uint64_t& dropped) : reassembler(limits, dropped) {}
     ~Impl() {
@@ -346,6 +434,9 @@ CaptureReader::CaptureReader(const std::string& path, const ReplayFilter& filter
     char errbuf[PCAP_ERRBUF_SIZE] = "";
     impl_->handle = pcap_open_offline_with_tstamp_precision(path.c_str(), PCAP_TSTAMP_PRECISION_NANO, errbuf);
     if (!impl_->handle) throw std::runtime_error(fmt::format("{}: cannot read capture: {}", path, errbuf));
+    // libpcap has checked the file; a classic one is then read through a mapping.
+    impl_->mapped = std::make_unique<MappedCapture>(path);
+    if (!impl_->mapped->active()) impl_->mapped.reset();
     link_type_ = pcap_datalink(impl_->handle);
     impl_->link = link_of(link_type_);
     if (impl_->link == Link::unsupported) {
@@ -376,7 +467,28 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
     while (true) {
         pcap_pkthdr* h = nullptr;
         const u_char* data = nullptr;
-        const int rc = pcap_next_ex(im.handle, &h, &data);
+        int rc = 0;
+        if (im.mapped && im.mapped->active()) {
+            switch (im.mapped->next(im.mapped_header, data)) {
+                case MappedCapture::Next::packet:
+                    h = &im.mapped_header;
+                    rc = 1;
+                    break;
+                case MappedCapture::Next::hand_over: {
+                    // libpcap reads on from this record (its file stands after the header).
+                    FILE* f = pcap_file(im.handle);
+                    if (f == nullptr || std::fseek(f, static_cast<long>(im.mapped->offset()), SEEK_SET) != 0) {
+                        im.reassembler.drop_all();
+                        error_ = fmt::format("{}: packet {}: cannot seek in the capture", path_, packets_ + 1);
+                        return Status::error;
+                    }
+                    rc = pcap_next_ex(im.handle, &h, &data);
+                    break;
+                }
+            }
+        } else {
+            rc = pcap_next_ex(im.handle, &h, &data);
+        }
         if (rc == PCAP_ERROR_BREAK) {
             im.reassembler.drop_all();
             return Status::end;
@@ -542,6 +654,7 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
 
 std::uint64_t CaptureReader::file_offset() const noexcept {
     if (impl_ == nullptr || impl_->handle == nullptr) return 0;
+    if (impl_->mapped && impl_->mapped->active()) return impl_->mapped->offset();
     FILE* f = pcap_file(impl_->handle);
     const long at = f != nullptr ? std::ftell(f) : -1;
     return at > 0 ? static_cast<std::uint64_t>(at) : 0;
