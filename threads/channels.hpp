@@ -47,6 +47,10 @@ public:
         std::size_t writing = 0;
     };
     virtual Room settled_room(std::uint32_t /*shard*/) { return {}; }
+    // The same without waiting, for an input that has submitted `fed` chunks to the
+    // shard in all: a lower bound on `free` (each chunk not yet matched is counted
+    // as an event it may start). When this is room enough, settled_room would say so too.
+    virtual Room room_now(std::uint32_t /*shard*/, std::uint64_t /*fed*/) { return {}; }
 };
 
 // Writer -> service loop: each file the writer closed (or had to leave as

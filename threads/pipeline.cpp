@@ -248,6 +248,8 @@ struct Pipeline::Shard {
     // flight, then the inbox position it had taken everything below (settled_room).
     std::atomic<std::size_t> room_free{0}, room_in_flight{0};
     std::atomic<std::size_t> matched{0};
+    std::uint64_t chunks_taken = 0;                // the match body's count of chunks in what it took
+    std::atomic<std::uint64_t> chunks_matched{0};  // chunks_taken as of the last publication
     // The events the writer returned back into the pool (the compression ring was
     // full), and the pool's new size published.
     void reclaim() noexcept {
@@ -275,7 +277,10 @@ struct Pipeline::Shard {
 void Pipeline::Shard::take(const ShardInput& input, EventList& built) {
     Matcher& m = matcher;
     std::visit(Overloaded{
-                   [&](const in::Chunks& c) { m.add_chunks(c.head, c.now_ns, built); },
+                   [&](const in::Chunks& c) {
+                       for (const ChunkMeta* k = c.head; k != nullptr; k = k->next) ++chunks_taken;  // for room_now
+                       m.add_chunks(c.head, c.now_ns, built);
+                   },
                    [&](const in::Tick& t) {
                        tick_queued.store(false, std::memory_order_relaxed);
                        m.expire(t.now_ns, built);
@@ -320,6 +325,7 @@ void Pipeline::Shard::take_inbox(BuiltIds* built_ids, Driver* helpers, MatchNode
     // For settled_room: the pool as matching left it, then how far the inbox was taken.
     room_free.store(matcher.pool_free(), std::memory_order_relaxed);
     room_in_flight.store(matcher.in_flight(), std::memory_order_relaxed);
+    chunks_matched.store(chunks_taken, std::memory_order_release);
     matched.store(inbox.taken(), std::memory_order_release);
     matched.notify_all();
     if (inbox.waiting()) poke();  // the rest in a run of its own: the workers take what this one built
@@ -486,6 +492,7 @@ void Pipeline::build_graphs(Doorbell& writer_doorbell) {
                         sh->to_writer_ring(b.head, b.mark);
                         handoff_release(&sh->to_writer);
                         writer_doorbell.ring();
+                        sh->poke_if_waiting();  // match what came in while this compressed
                         return flow::continue_msg();
                     });
                 flow::make_edge(flow::output_port<0>(*sh->match), *sh->assemble);
@@ -620,6 +627,16 @@ ShardSink::Room Pipeline::settled_room(std::uint32_t shard) {
     const std::size_t free = sh.room_free.load(std::memory_order_relaxed) + mt.done_ring().size_approx();
     const std::size_t used = mt.pool_size() - std::min(mt.pool_size(), free);
     return {free, used - std::min(used, sh.room_in_flight.load(std::memory_order_relaxed))};
+}
+
+ShardSink::Room Pipeline::room_now(std::uint32_t shard, std::uint64_t fed) {
+    // The taken count first: the pool read after it is at least as new, so every
+    // chunk counted as pending below is one the pool may not have seen yet.
+    Shard& sh = *shards_[shard];
+    const std::uint64_t taken = sh.chunks_matched.load(std::memory_order_acquire);
+    const std::size_t pending = static_cast<std::size_t>(fed - std::min(fed, taken));
+    const std::size_t free = sh.room_free.load(std::memory_order_relaxed) + sh.matcher.done_ring().size_approx();
+    return {free - std::min(free, pending), 0};
 }
 
 void Pipeline::wait_idle() {

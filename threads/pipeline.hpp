@@ -72,6 +72,7 @@ public:
     // tick is still queued).
     void tick(std::uint64_t now_ns) noexcept override;
     Room settled_room(std::uint32_t shard) override;
+    Room room_now(std::uint32_t shard, std::uint64_t fed) override;
     // Every event in flight is handed on (INCOMPLETE unless complete).
     void flush(std::uint64_t now_ns) noexcept;
     // Ends the run (`epoch`: the change; epoch.run goes on, kNoRun for none): every

@@ -15,7 +15,7 @@ namespace evb {
 ReplayFeeder::ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, ShardSink& sink,
                            stats::ReaderCounters& counters, const FrameInputSettings& frames)
     : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()), frames_(frames), budget_(sink.shard_count(), 0),
-      unsent_(sink.shard_count(), 0) {
+      unsent_(sink.shard_count(), 0), fed_(sink.shard_count(), 0) {
     for (const std::string& f : s_.files) {
         struct stat st {};
         if (::stat(f.c_str(), &st) == 0) total_bytes_ += static_cast<std::uint64_t>(st.st_size);
@@ -30,7 +30,14 @@ void ReplayFeeder::wait_for_room(std::uint32_t shard) {
     // write the same bytes. Only when the room is used up is the batch sent early
     // (as it is when every receive slot is in use, or with --replay-speed pacing):
     // then the bytes may differ between replays, the events do not.
-    ShardSink::Room room = sink_.settled_room(shard);
+    // First without waiting: a lower bound on the room. When that is enough, the
+    // settled room would have been too, and the workers are not waited for.
+    ShardSink::Room room = sink_.room_now(shard, fed_[shard]);
+    if (room.free > unsent_[shard]) {
+        budget_[shard] = room.free - unsent_[shard];
+        return;
+    }
+    room = sink_.settled_room(shard);
     if (room.free > unsent_[shard]) {
         budget_[shard] = room.free - unsent_[shard];
         return;
@@ -80,6 +87,7 @@ ReplayFeeder::~ReplayFeeder() = default;
 
 void ReplayFeeder::submit() {
     batches_.submit_all(sink_, last_capture_ns_);
+    for (std::size_t k = 0; k < unsent_.size(); ++k) fed_[k] += unsent_[k];
     std::fill(unsent_.begin(), unsent_.end(), 0);
 }
 
