@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <pcap/pcap.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <vector>
 
 namespace evb::net {
 
@@ -326,47 +326,42 @@ ReplayFilter parse_replay_filter(const std::string& text, std::uint16_t default_
 bool CaptureReader::link_type_supported(int dlt) noexcept { return link_of(dlt) != Link::unsupported; }
 
 // A classic pcap file (version 2.4, microsecond or nanosecond, either byte order)
-// read through a mapping of it: no read() per packet and no copy into libpcap's
-// buffer. A record that is not plainly well formed (cut short, or longer than the
-// file's snapshot length), and the end of the mapping, hand the rest of the file
-// to libpcap, positioned at that record, so that what libpcap makes of it (and
-// its error, or the end) is what replay reports, exactly as before.
-class MappedCapture {
+// read in large windows with pread on libpcap's own descriptor, the records taken
+// in place: one system call per window instead of one or two per packet, and no
+// copy into libpcap's buffer. (Not a mapping: a file cut short while mapped would
+// kill the process with SIGBUS; pread just returns less.) A record that is not
+// plainly well formed (cut short, or longer than the file's snapshot length), and
+// the end of the file as first read, hand the rest to libpcap, positioned at that
+// record, so that what libpcap makes of it (its error, the end, or a file that
+// grew) is what replay reports, exactly as before.
+class WindowedCapture {
 public:
-    // Maps `path` when it is a regular file holding a classic pcap header; otherwise
-    // active() is false and libpcap reads the file.
-    explicit MappedCapture(const std::string& path) noexcept {
-        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) return;
+    static constexpr std::size_t kWindowBytes = 4u << 20;  // > the largest record libpcap takes (262144 + 16)
+
+    // Reads through `f` (libpcap's file, standing after the header it checked) when it
+    // is a regular file with a classic pcap header; otherwise active() is false and
+    // libpcap reads it all.
+    explicit WindowedCapture(FILE* f) {
+        fd_ = f != nullptr ? ::fileno(f) : -1;
         struct stat st {};
         u8 h[24];
-        if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 24 && ::pread(fd, h, 24, 0) == 24 &&
-            read_header(h)) {
-            void* m = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-            if (m != MAP_FAILED) {
-                base_ = static_cast<const u8*>(m);
-                size_ = static_cast<std::size_t>(st.st_size);
-                (void)::madvise(m, size_, MADV_SEQUENTIAL);
-            }
-        }
-        ::close(fd);
+        if (fd_ < 0 || ::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode) || ::pread(fd_, h, 24, 0) != 24 ||
+            !read_header(h))
+            return;
+        window_.resize(kWindowBytes);  // at open, not per packet
+        active_ = true;
     }
-    ~MappedCapture() {
-        if (base_) ::munmap(const_cast<u8*>(base_), size_);
-    }
-    MappedCapture(const MappedCapture&) = delete;
-    MappedCapture& operator=(const MappedCapture&) = delete;
-
-    bool active() const noexcept { return base_ != nullptr && !handed_over_; }
-    std::size_t offset() const noexcept { return at_; }
+    bool active() const noexcept { return active_; }
+    std::uint64_t offset() const noexcept { return at_; }
     enum class Next { packet, hand_over };
-    // The next record into h and data (valid while this object lives).
+    // The next record into h and data (valid until the next call).
     Next next(pcap_pkthdr& h, const u_char*& data) noexcept {
-        // The end of the mapping too: libpcap says whether the file ends there (or grew).
-        if (size_ - at_ < 16) return hand_over();
-        const u8* r = base_ + at_;
+        const u8* r = bytes(at_, 16);
+        if (r == nullptr) return hand_over();
         const std::uint32_t caplen = field(r + 8), len = field(r + 12);
-        if (caplen > snaplen_ || caplen > 262144 || size_ - at_ - 16 < caplen) return hand_over();
+        if (caplen > snaplen_ || caplen > 262144) return hand_over();
+        r = bytes(at_, 16 + std::size_t{caplen});
+        if (r == nullptr) return hand_over();
         const auto sec = static_cast<std::int32_t>(field(r));
         const auto frac = static_cast<std::int32_t>(field(r + 4));
         h.ts.tv_sec = sec;
@@ -379,6 +374,22 @@ public:
     }
 
 private:
+    // n bytes of the file from `pos`, in the window (read again from `pos` when they
+    // are not all there); nullptr when the file holds fewer.
+    const u8* bytes(std::uint64_t pos, std::size_t n) noexcept {
+        if (pos < window_at_ || pos + n > window_at_ + window_len_) {
+            window_at_ = pos;
+            window_len_ = 0;
+            while (window_len_ < window_.size()) {
+                const ssize_t got = ::pread(fd_, window_.data() + window_len_, window_.size() - window_len_,
+                                            static_cast<off_t>(pos + window_len_));
+                if (got <= 0) break;  // the end (or an error libpcap will meet and report)
+                window_len_ += static_cast<std::size_t>(got);
+            }
+            if (n > window_len_) return nullptr;
+        }
+        return window_.data() + (pos - window_at_);
+    }
     bool read_header(const u8* h) noexcept {
         const std::uint32_t magic = le32(h);
         if (magic == 0xa1b2c3d4u || magic == 0xa1b23c4du) {
@@ -397,26 +408,28 @@ private:
     }
     std::uint32_t field(const u8* p) const noexcept { return swapped_ ? be32(p) : le32(p); }
     Next hand_over() noexcept {
-        handed_over_ = true;
+        active_ = false;
         return Next::hand_over;
     }
-    const u8* base_ = nullptr;
-    std::size_t size_ = 0;
-    std::size_t at_ = 24;
-    bool swapped_ = false, nano_ = false, handed_over_ = false;
+    int fd_ = -1;
+    bool active_ = false, swapped_ = false, nano_ = false;
     std::uint32_t snaplen_ = 0;
+    std::uint64_t at_ = 24;  // the next record
+    std::vector<u8> window_;
+    std::uint64_t window_at_ = 0;
+    std::size_t window_len_ = 0;
 };
 
 struct CaptureReader::Impl {
     pcap_t* handle = nullptr;
-    std::unique_ptr<MappedCapture> mapped;  // the packets of a classic pcap file, else null
+    std::unique_ptr<WindowedCapture> windowed;  // the packets of a classic pcap file, else null
     bpf_program program{};
     bool have_program = false;
     Link link = Link::unsupported;
     Ipv4Reassembler reassembler;
     std::size_t delivered_slot = Ipv4Reassembler::kNone;  // handed out by the last next()
     std::uint64_t clock_ns = 0;                             // latest capture time seen
-    pcap_pkthdr mapped_header{};                            // the mapped record next() hands on
+    pcap_pkthdr windowed_header{};                          // the windowed record next() hands on
 
     Impl(const ReassemblyLimits& limits, std::uint64_t& dropped) : reassembler(limits, dropped) {}
     ~Impl() {
@@ -434,9 +447,9 @@ CaptureReader::CaptureReader(const std::string& path, const ReplayFilter& filter
     char errbuf[PCAP_ERRBUF_SIZE] = "";
     impl_->handle = pcap_open_offline_with_tstamp_precision(path.c_str(), PCAP_TSTAMP_PRECISION_NANO, errbuf);
     if (!impl_->handle) throw std::runtime_error(fmt::format("{}: cannot read capture: {}", path, errbuf));
-    // libpcap has checked the file; a classic one is then read through a mapping.
-    impl_->mapped = std::make_unique<MappedCapture>(path);
-    if (!impl_->mapped->active()) impl_->mapped.reset();
+    // libpcap has checked the file; a classic one is then read in windows.
+    impl_->windowed = std::make_unique<WindowedCapture>(pcap_file(impl_->handle));
+    if (!impl_->windowed->active()) impl_->windowed.reset();
     link_type_ = pcap_datalink(impl_->handle);
     impl_->link = link_of(link_type_);
     if (impl_->link == Link::unsupported) {
@@ -468,16 +481,16 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
         pcap_pkthdr* h = nullptr;
         const u_char* data = nullptr;
         int rc = 0;
-        if (im.mapped && im.mapped->active()) {
-            switch (im.mapped->next(im.mapped_header, data)) {
-                case MappedCapture::Next::packet:
-                    h = &im.mapped_header;
+        if (im.windowed && im.windowed->active()) {
+            switch (im.windowed->next(im.windowed_header, data)) {
+                case WindowedCapture::Next::packet:
+                    h = &im.windowed_header;
                     rc = 1;
                     break;
-                case MappedCapture::Next::hand_over: {
+                case WindowedCapture::Next::hand_over: {
                     // libpcap reads on from this record (its file stands after the header).
                     FILE* f = pcap_file(im.handle);
-                    if (f == nullptr || std::fseek(f, static_cast<long>(im.mapped->offset()), SEEK_SET) != 0) {
+                    if (f == nullptr || ::fseeko(f, static_cast<off_t>(im.windowed->offset()), SEEK_SET) != 0) {
                         im.reassembler.drop_all();
                         error_ = fmt::format("{}: packet {}: cannot seek in the capture", path_, packets_ + 1);
                         return Status::error;
@@ -654,7 +667,7 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
 
 std::uint64_t CaptureReader::file_offset() const noexcept {
     if (impl_ == nullptr || impl_->handle == nullptr) return 0;
-    if (impl_->mapped && impl_->mapped->active()) return impl_->mapped->offset();
+    if (impl_->windowed && impl_->windowed->active()) return impl_->windowed->offset();
     FILE* f = pcap_file(impl_->handle);
     const long at = f != nullptr ? std::ftell(f) : -1;
     return at > 0 ? static_cast<std::uint64_t>(at) : 0;

@@ -201,7 +201,7 @@ struct Pipeline::Shard {
           to_writer(ch.to_writer),
           inbox(ch.inbox) {
         compressor.configure(ps.matcher.codec, ps.compression_level);
-        room_free.store(matcher.pool_free(), std::memory_order_relaxed);
+        room_free.store(matcher.pool_free(), std::memory_order_release);
     }
     alloc::Arena arena;
     alloc::ReturnBatcher returns;
@@ -238,6 +238,13 @@ struct Pipeline::Shard {
         handoff_release(&match);
         match->try_put(flow::continue_msg());
     }
+    // From a thread outside the arena (settled_room): a run of its own, not marked
+    // in `poked`. Marked, it could make the driver skip its own poke while this one
+    // is not in the graph yet, and find the graph idle with messages untaken.
+    void poke_from_outside() noexcept {
+        handoff_release(&match);
+        match->try_put(flow::continue_msg());
+    }
     // A graph task's last step: pokes when messages came in while it ran, so that a
     // worker left idle matches them while the driver is still busy compressing.
     void poke_if_waiting() noexcept {
@@ -254,7 +261,7 @@ struct Pipeline::Shard {
     // full), and the pool's new size published.
     void reclaim() noexcept {
         matcher.reclaim();
-        room_free.store(matcher.pool_free(), std::memory_order_relaxed);
+        room_free.store(matcher.pool_free(), std::memory_order_release);
     }
     // The match body: takes up to kInboxTake messages from the inbox into the
     // matcher and hands on what they built, followed by the epoch mark when the
@@ -323,7 +330,7 @@ void Pipeline::Shard::take_inbox(BuiltIds* built_ids, Driver* helpers, MatchNode
         kInboxTake);
     hand_on(built, 0, built_ids, helpers, out);
     // For settled_room: the pool as matching left it, then how far the inbox was taken.
-    room_free.store(matcher.pool_free(), std::memory_order_relaxed);
+    room_free.store(matcher.pool_free(), std::memory_order_release);
     room_in_flight.store(matcher.in_flight(), std::memory_order_relaxed);
     chunks_matched.store(chunks_taken, std::memory_order_release);
     matched.store(inbox.taken(), std::memory_order_release);
@@ -618,13 +625,15 @@ ShardSink::Room Pipeline::settled_room(std::uint32_t shard) {
         // the poke, so that a driver which had just found its graph idle comes back
         // to run it. (A lone driver's arena would start a oneTBB worker for a task
         // put from outside it: its own loop pokes once it is done.)
-        if (!sh.driver->helpers.empty()) sh.poke();
+        if (!sh.driver->helpers.empty()) sh.poke_from_outside();
         sh.driver->notify();
         for (; static_cast<std::ptrdiff_t>(upto - m) > 0; m = sh.matched.load(std::memory_order_acquire))
             sh.matched.wait(m, std::memory_order_acquire);
     }
     Matcher& mt = sh.matcher;
-    const std::size_t free = sh.room_free.load(std::memory_order_relaxed) + mt.done_ring().size_approx();
+    // The pool, then the events returned since: one the matcher moves from the ring
+    // into the pool in between is counted in neither, never in both.
+    const std::size_t free = sh.room_free.load(std::memory_order_acquire) + mt.done_ring().size_at_least();
     const std::size_t used = mt.pool_size() - std::min(mt.pool_size(), free);
     return {free, used - std::min(used, sh.room_in_flight.load(std::memory_order_relaxed))};
 }
@@ -635,7 +644,7 @@ ShardSink::Room Pipeline::room_now(std::uint32_t shard, std::uint64_t fed) {
     Shard& sh = *shards_[shard];
     const std::uint64_t taken = sh.chunks_matched.load(std::memory_order_acquire);
     const std::size_t pending = static_cast<std::size_t>(fed - std::min(fed, taken));
-    const std::size_t free = sh.room_free.load(std::memory_order_relaxed) + sh.matcher.done_ring().size_approx();
+    const std::size_t free = sh.room_free.load(std::memory_order_acquire) + sh.matcher.done_ring().size_at_least();
     return {free - std::min(free, pending), 0};
 }
 

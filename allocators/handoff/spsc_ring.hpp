@@ -73,6 +73,14 @@ public:
         return n;
     }
 
+    // A third thread, while both sides run: no more than the ring held at the
+    // moment of the call's last read (the tail is read first, and a head that has
+    // since passed it counts as empty), so it never wraps to a huge count.
+    std::size_t size_at_least() const noexcept {
+        const std::uint64_t tail = producer_.tail.load(std::memory_order_acquire);
+        const std::uint64_t head = consumer_.head.load(std::memory_order_acquire);
+        return tail > head ? static_cast<std::size_t>(tail - head) : 0;
+    }
     // Either side, approximate (for metrics).
     std::size_t size_approx() const noexcept {
         return static_cast<std::size_t>(producer_.tail.load(std::memory_order_relaxed) -

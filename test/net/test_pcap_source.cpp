@@ -900,3 +900,38 @@ TEST_CASE("pcap: each datagram's sender address and port and its destination por
     CHECK(ntohs(v6->sin6_port) == 40002);
     CHECK(d.destination_port == kPort);
 }
+
+TEST_CASE("pcap: records on both sides of the reader's 4 MiB windows, and a file cut short after a window was read", "[pcap]") {
+    // 1500 datagrams of 3000 to 5000 bytes (about 6 MB): records straddle the
+    // window ends, in both byte orders. Every datagram comes back whole, in order.
+    TempDir dir;
+    for (const bool big : {false, true}) {
+        Capture cap(kEthernet);
+        if (big) cap.big_endian();
+        std::vector<Bytes> sent;
+        for (std::size_t i = 0; i < 1500; ++i) {
+            sent.push_back(payload(3000 + (i * 37) % 2001, static_cast<std::uint8_t>(i)));
+            cap.add(ether(0x0800, ipv4(udp(sent.back()))));
+        }
+        const auto r = read(cap.write(dir, big ? "big.pcap" : "little.pcap"));
+        CHECK(r.status == CaptureReader::Status::end);
+        REQUIRE(r.datagrams.size() == sent.size());
+        CHECK(r.datagrams == sent);
+        CHECK(r.ts_ns.back() == Capture::kStart + 1499 * 1'000'000ull);
+    }
+    // Cut short while being read: what the first window holds comes back, then the
+    // rest is libpcap's (here the end of the file); no signal, no error.
+    Capture cap(kEthernet);
+    for (std::size_t i = 0; i < 1500; ++i) cap.add(ether(0x0800, ipv4(udp(payload(4000, static_cast<std::uint8_t>(i))))));
+    const std::string path = cap.write(dir, "shrinks.pcap");
+    CaptureReader reader(path, port_filter());
+    CapturedDatagram d;
+    REQUIRE(reader.next(d) == CaptureReader::Status::datagram);
+    REQUIRE(::truncate(path.c_str(), 3u << 20) == 0);  // inside the first window: it was read whole
+    std::size_t got = 1;
+    CaptureReader::Status st;
+    while ((st = reader.next(d)) == CaptureReader::Status::datagram) ++got;
+    CHECK(st == CaptureReader::Status::end);
+    CHECK(got > 700);   // the first 4 MiB of records
+    CHECK(got < 1500);  // not the ones the cut took away
+}
