@@ -449,10 +449,17 @@ bool DiskWriter::epoch_passed(std::uint64_t number) const noexcept {
     return true;
 }
 
-const Epoch* DiskWriter::awaiting(const Event& e) const noexcept {
+namespace {
+// An event is of an epoch when it has the epoch's run and source set.
+bool of_epoch(const Event& e, const Epoch& epoch) noexcept {
+    return e.run_number == epoch.run && e.source_set == epoch.set;
+}
+}  // namespace
+
+bool DiskWriter::awaiting(const Event& e) const noexcept {
     for (const Awaited& a : awaited_)
-        if (e.run_number == a.epoch.run && e.source_set == a.epoch.set) return &a.epoch;
-    return nullptr;
+        if (of_epoch(e, a.epoch)) return true;
+    return false;
 }
 
 std::size_t DiskWriter::pass_oldest_epoch() {
@@ -476,7 +483,7 @@ std::size_t DiskWriter::pass_oldest_epoch() {
     for (auto& h : held_) {
         std::size_t kept = 0;
         for (Event* e : h) {
-            if (e->run_number == passed.run && e->source_set == passed.set) {
+            if (of_epoch(*e, passed)) {
                 write_event(e);
                 ++total;
             } else {
@@ -566,7 +573,7 @@ std::size_t DiskWriter::drain(std::size_t max_events) {
             // event is held as its epoch's (not written between the old set's).
             if (e->source_set > s_.epoch.set || (e->run_number != s_.epoch.run && e->run_number != file_run_))
                 take_commands();
-            if (!awaited_.empty() && awaiting(*e) != nullptr) {
+            if (!awaited_.empty() && awaiting(*e)) {
                 held_[k].push_back(e);  // in order; the old run's events go on being written
             } else {
                 write_event(e);

@@ -72,8 +72,8 @@ private:
     // The oldest awaited epoch has passed every shard: the file of the run (or set)
     // it ends is closed, then that epoch's events held back are written.
     std::size_t pass_oldest_epoch();
-    // The awaited epoch whose events `e` is of (its run and set), if any.
-    const Epoch* awaiting(const Event& e) const noexcept;
+    // Whether `e` is of an awaited epoch (its run and set): it is held until that epoch passes.
+    bool awaiting(const Event& e) const noexcept;
     bool open_file(std::uint32_t run_number, std::uint32_t source_set, std::uint32_t expected_sources,
                    file::Codec codec);
     void close_file();

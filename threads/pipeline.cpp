@@ -580,10 +580,13 @@ void Pipeline::flush(std::uint64_t now_ns) noexcept {
     for (auto& s : shards_) s->put(in::Flush{now_ns});
 }
 
-void Pipeline::end_run(std::uint64_t now_ns, const Epoch& epoch) {
-    const in::EpochChange change{epoch, now_ns, true, nullptr, file::Codec::none, 0};
+void Pipeline::begin_epoch(const in::EpochChange& change) {
     for (auto& s : shards_) s->put(in::BeginEpoch{&change});
-    wait_idle();  // every shard has read `change`
+    wait_idle();  // every shard has read `change` (and copied its expected set)
+}
+
+void Pipeline::end_run(std::uint64_t now_ns, const Epoch& epoch) {
+    begin_epoch(in::EpochChange{epoch, now_ns, true, nullptr, file::Codec::none, 0});
 }
 
 void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::uint32_t builders,
@@ -595,9 +598,7 @@ void Pipeline::give_up(std::uint64_t event_id, std::uint32_t run_number, std::ui
 
 void Pipeline::set_expected_sources(const std::vector<std::uint8_t>& expected, const Epoch& epoch, file::Codec codec,
                                     std::uint32_t level) {
-    const in::EpochChange change{epoch, 0, false, &expected, codec, level};
-    for (auto& s : shards_) s->put(in::BeginEpoch{&change});
-    wait_idle();  // every shard has read `change` and copied `expected`
+    begin_epoch(in::EpochChange{epoch, 0, false, &expected, codec, level});
 }
 
 void Pipeline::set_opening(bool opening) noexcept {

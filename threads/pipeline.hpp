@@ -103,6 +103,9 @@ public:
     const std::vector<std::unique_ptr<stats::MatcherCounters>>& counters() const noexcept { return counters_; }
 
 private:
+    // Puts `change` into every shard's inbox and returns once each has taken it
+    // (end_run, set_expected_sources): `change` may live on the caller's stack.
+    void begin_epoch(const in::EpochChange& change);
     struct Shard;
     struct Driver;
     struct Helper;
