@@ -79,6 +79,8 @@ MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
     m.ledger_unit = c.building.match == MatchMode::event_id    ? std::uint64_t{c.builders} * z.shards
                     : c.building.match == MatchMode::timestamp ? 1
                                                                : 0;
+    m.builder_id = c.builder_id;
+    m.builders = c.builders;
     m.refuse_whole = c.mode == Mode::push;
     return m;
 }

@@ -23,9 +23,10 @@ LostLedger::LostLedger(std::size_t max_ranges, stats::Counter* live, std::size_t
     out_.ranges.reserve(std::min<std::size_t>(max_ranges, 1024));
 }
 
-void LostLedger::begin(std::uint32_t run) noexcept {
+void LostLedger::begin(std::uint32_t run, const HeldBefore* held) noexcept {
     (void)finish();
     run_ = run;
+    held_ = held;
 }
 
 void LostLedger::note(std::uint64_t j, std::uint8_t state) noexcept {
@@ -221,17 +222,29 @@ void LostLedger::emit(std::uint64_t first, std::uint64_t last, LostReason r) noe
     }
 }
 
+void LostLedger::emit_unless_held(std::uint64_t first, std::uint64_t last, LostReason r) noexcept {
+    // Asked id by id up to a window's worth; a longer skip (a run that jumped ahead)
+    // is counted whole here, and the run summary takes the held ids out of it
+    // (RunSummaries::lost_events, from the start-up survey's spans).
+    if (held_ == nullptr || last - first >= window_) {
+        emit(first, last, r);
+        return;
+    }
+    for (std::uint64_t j = first; j <= last; ++j)
+        if (!(*held_)(j)) emit(j, j, r);
+}
+
 void LostLedger::settle_to(std::uint64_t j_end) noexcept {
     if (!any_ || j_end <= lo_) return;
     const std::uint64_t known_end = std::min(j_end, hi_);
     for (std::uint64_t j = lo_; j < known_end; ++j) {
         std::uint8_t& s = ring_[j & (window_ - 1)];
-        if (s == kUnknown) emit(j, j, LostReason::never_received);
-        else if (s != kBuilt) emit(j, j, static_cast<LostReason>(s - kRefused));
+        if (s != kBuilt && (held_ == nullptr || !(*held_)(j)))
+            emit(j, j, s == kUnknown ? LostReason::never_received : static_cast<LostReason>(s - kRefused));
         s = kUnknown;
     }
     // Ids above every one known, below a confirmed region far above them: skipped.
-    if (j_end > hi_) emit(hi_, j_end - 1, LostReason::never_received);
+    if (j_end > hi_) emit_unless_held(hi_, j_end - 1, LostReason::never_received);
     lo_ = j_end;
     settled_any_ = true;
 }
@@ -254,12 +267,12 @@ LostRun LostLedger::finish() {
 LostLedger* RunLedgers::of(std::uint32_t run) noexcept {
     if (!cur_set_) {
         cur_set_ = true;
-        cur_.begin(run);
+        cur_.begin(run, held_of(run));
     }
     if (run == cur_.run()) return &cur_;
     if (!next_set_ || next_.run() != run) {
         next_set_ = true;
-        next_.begin(run);  // a third run at once: the older next's ids are forgotten
+        next_.begin(run, held_of(run));  // a third run at once: the older next's ids are forgotten
     }
     return &next_;
 }
@@ -282,7 +295,7 @@ LostRun RunLedgers::end_run(std::uint32_t next_run) {
         (void)next_.finish();
     } else {
         cur_set_ = next_run != kNone;
-        if (cur_set_) cur_.begin(next_run);
+        if (cur_set_) cur_.begin(next_run, held_of(next_run));
         if (next_set_) (void)next_.finish();
         next_set_ = false;
     }

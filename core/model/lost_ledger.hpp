@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -64,6 +65,11 @@ struct LostRun {
     }
 };
 
+// Ids an earlier process of the run built (a restart within a run: the run's files
+// held them at this process's start), by a ledger's dense id. Such an id is settled as
+// built whatever this process saw of it (nothing, or a refused copy).
+using HeldBefore = std::function<bool(std::uint64_t j)>;
+
 class LostLedger {
 public:
     static constexpr std::size_t kWindow = std::size_t{1} << 17;  // the least window: ids open at once
@@ -75,7 +81,8 @@ public:
     LostLedger(std::size_t max_ranges, stats::Counter* live, std::size_t window = kWindow,
                stats::Counter* revoked = nullptr);
     std::size_t window() const noexcept { return window_; }
-    void begin(std::uint32_t run) noexcept;
+    // `held`: the run's ids built before this process (or nullptr), kept by the caller.
+    void begin(std::uint32_t run, const HeldBefore* held = nullptr) noexcept;
     std::uint32_t run() const noexcept { return run_; }
     void built(std::uint64_t j) noexcept { note(j, kBuilt); }
     void refused(std::uint64_t j, LostReason r) noexcept { note(j, static_cast<std::uint8_t>(kRefused + static_cast<std::uint8_t>(r))); }
@@ -109,6 +116,7 @@ private:
     void settle_to(std::uint64_t j_end) noexcept;
     void unsettle(std::uint64_t j) noexcept;  // j, settled lost, was built after all
     void emit(std::uint64_t first, std::uint64_t last, LostReason r) noexcept;
+    void emit_unless_held(std::uint64_t first, std::uint64_t last, LostReason r) noexcept;
 
     std::size_t window_;              // a power of two
     std::vector<std::uint8_t> ring_;  // window_ states, of ids lo_..hi_-1 (others kUnknown)
@@ -118,6 +126,7 @@ private:
     Far far_[kFar];
     std::size_t far_used_ = 0, far_evict_ = 0;
     std::uint32_t run_ = 0;
+    const HeldBefore* held_ = nullptr;
     std::size_t max_ranges_;
     stats::Counter* live_;
     stats::Counter* revoked_;
@@ -131,6 +140,8 @@ public:
     RunLedgers(std::size_t max_ranges, stats::Counter* live, std::size_t window = LostLedger::kWindow,
                stats::Counter* revoked = nullptr)
         : cur_(max_ranges, live, window, revoked), next_(max_ranges, live, window, revoked) {}
+    RunLedgers(const RunLedgers&) = delete;  // its ledgers point at held_
+    RunLedgers& operator=(const RunLedgers&) = delete;
     void built(std::uint32_t run, std::uint64_t j) noexcept {
         if (LostLedger* l = of(run)) l->built(j);
     }
@@ -143,10 +154,18 @@ public:
     // The run ends; `next_run` (or none: kNone) goes on. Returns the ended run's ledger.
     LostRun end_run(std::uint32_t next_run);
     static constexpr std::uint32_t kNone = 0xFFFFFFFFu;
+    // A restart within `run`: the ids its files held at start (before the first id).
+    void held_before(std::uint32_t run, HeldBefore held) {
+        held_run_ = run;
+        held_ = std::move(held);
+    }
 
 private:
     LostLedger* of(std::uint32_t run) noexcept;
+    const HeldBefore* held_of(std::uint32_t run) const noexcept { return held_ && run == held_run_ ? &held_ : nullptr; }
     LostLedger cur_, next_;
+    HeldBefore held_;
+    std::uint32_t held_run_ = kNone;
     bool cur_set_ = false, next_set_ = false;
     std::uint64_t mark_top_ = 0, mark_ns_ = 0;
 };

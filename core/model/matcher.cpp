@@ -61,6 +61,7 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
       places_(s.described_chunks && s.match != file::MatchMode::event_id ? s.max_events : 0),
       lookahead_ns_(s.described_chunks && s.match != file::MatchMode::time_slice ? s.lookahead_ns : 0) {
     codec_ = s.codec;
+    held_before_in_ledger(s);
     if (counters_.sources != s.sources.size()) counters_.size_sources(s.sources.size());
     if (done_.capacity() < s.max_events)
         throw std::invalid_argument("the matcher's done ring holds fewer events than its event pool");
@@ -83,6 +84,27 @@ Matcher::Matcher(std::uint16_t shard, const MatcherSettings& s, alloc::Arena& ar
         for (std::size_t k = 0; k < n; ++k) wire::store_u32(e.section_header(static_cast<std::uint32_t>(k)), source_index_.id(k));
         free_.push_back(&e);
     }
+}
+
+void Matcher::held_before_in_ledger(const MatcherSettings& s) {
+    if (ledger_unit_ == 0) return;
+    if (s.match == file::MatchMode::timestamp) {
+        // Dense ids are sequence numbers: a trigger is not lost whole when any source's
+        // fragment of it is in the run's files (as the run summary counts it).
+        if (s.held_sequences == nullptr || s.held_sequences->empty()) return;
+        ledgers_.held_before(s.built_before_run, [held = s.held_sequences](std::uint64_t j) {
+            const std::vector<file::HeldIds>& by_source = held->by_source();
+            return std::any_of(by_source.begin(), by_source.end(), [j](const file::HeldIds& h) { return h.contains(j); });
+        });
+        return;
+    }
+    // event_id mode: ids of this builder's share, step builders, unless builders
+    // changed since they were written (then they are another share's ids).
+    if (built_before_ == nullptr || built_before_->step() != s.builders) return;
+    const std::uint64_t first = s.builder_id + std::uint64_t{s.builders} * shard_;  // the shard's id of dense id 0
+    ledgers_.held_before(s.built_before_run, [held = built_before_, first, unit = ledger_unit_](std::uint64_t j) {
+        return held->contains(first + unit * j);
+    });
 }
 
 void Matcher::reclaim() noexcept {

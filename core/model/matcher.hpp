@@ -88,8 +88,11 @@ struct MatcherSettings {
     // (RestartCopies); a copy of one is late before_start.
     std::shared_ptr<const file::HeldSequences> held_sequences = nullptr;
     // The ledger of events lost whole (lost_ledger.hpp): a chunk's dense id there is
-    // its event_id / ledger_unit; 0: no ledger (time_slice mode).
+    // its event_id / ledger_unit; 0: no ledger (time_slice mode). event_id mode: shard
+    // k's dense id j is event id builder_id + builders x k + ledger_unit x j.
     std::uint64_t ledger_unit = 0;
+    std::uint32_t builder_id = 0;
+    std::uint32_t builders = 1;
     // Push mode, event_id matching: an event refused for room (the pool full) is
     // refused whole (issue 43): its later chunks are refused too, even once there is
     // room, rather than opening an event that would be written INCOMPLETE. Not in pull
@@ -225,6 +228,8 @@ private:
     }
     // The run's ledger is settled: to the run summary.
     void ledger_end(std::uint32_t next_run);
+    // A restart within a run: the ids its files held count as built in the ledger.
+    void held_before_in_ledger(const MatcherSettings& s);
     void bucket_insert(Event* e) noexcept;
     void bucket_remove(Event* e) noexcept;
     // time_slice mode (docs/FORMATS.md section 5): chunks to slices, fragments to

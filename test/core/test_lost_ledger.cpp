@@ -207,3 +207,36 @@ TEST_CASE("lost ledger: a shard's tick does not settle the run's ids by the age 
     CHECK(r.count[1] == 1);
     CHECK(r.outliers == std::vector<std::uint64_t>{std::uint64_t{1} << 40});
 }
+
+TEST_CASE("lost ledger: after a restart within the run, ids its files held are not lost whatever this process saw",
+          "[lost_ledger]") {
+    evb::stats::Counter live[evb::kLostReasons];
+    evb::RunLedgers rl(100, live);
+    // The earlier process wrote ids 0-399 and 600-609 of run 5 (and ids of run 6 are none).
+    rl.held_before(5, [](std::uint64_t j) { return j < 400 || (j >= 600 && j < 610); });
+    for (std::uint64_t j = 100; j < 200; ++j) rl.built(5, j);  // copies of held ones, counted late
+    for (std::uint64_t j = 400; j < 800; ++j)
+        if (j != 450 && j != 605) rl.built(5, j);
+    rl.refused(5, 300, LostReason::in_flight_limit);  // a copy refused for room: still held
+    rl.refused(5, 605, LostReason::in_flight_limit);
+    const LostRun r = rl.end_run(6);
+    CHECK(r.run == 5);
+    CHECK(r.total() == 1);  // 200-399 and 605 were written before; 450 is lost
+    CHECK(as_triples(r.ranges) == std::vector<std::vector<std::uint64_t>>{{450, 450, 0}});
+    CHECK(live[0].get() + live[1].get() == 1);
+    // The next run is no restart's: its gaps count.
+    rl.built(6, 10);
+    rl.built(6, 13);
+    const LostRun next = rl.end_run(evb::RunLedgers::kNone);
+    CHECK(next.total() == 2);
+
+    SECTION("a skip ahead longer than a window is counted whole: the run summary takes the held ids out") {
+        evb::RunLedgers skip(100, nullptr);
+        const std::uint64_t far = 4 * LostLedger::kWindow;
+        skip.held_before(5, [far](std::uint64_t j) { return j >= far - 10 && j < far; });
+        for (std::uint64_t j = 0; j < 10; ++j) skip.built(5, j);
+        for (std::uint64_t j = far; j < far + 10; ++j) skip.built(5, j);  // confirmed: the run is there
+        const LostRun s = skip.end_run(evb::RunLedgers::kNone);
+        CHECK(s.total() == far - 10);
+    }
+}

@@ -22,7 +22,7 @@ import subprocess
 import time
 
 from evbtest import (BIN, Evbd, check, data_files, dump, event_ids, fail, free_udp_port, sanitized_build, serve_source,
-                    settled_serve_stats, verify, workdir)
+                    settled_serve_stats, verify, wait_until, workdir)
 
 SLOW = sanitized_build()
 # Under a sanitizer two kills per mode: the sanitizer looks at the same restart paths,
@@ -103,6 +103,18 @@ def digests(out, names):
     return result
 
 
+def open_part_with_records(out):
+    """A .part file of the run longer than its 64-byte header (records written)."""
+    for n in data_files(out):
+        if n.endswith(".part"):
+            try:
+                if os.path.getsize(os.path.join(out, n)) > 64:
+                    return True
+            except FileNotFoundError:  # closed (renamed) meanwhile
+                pass
+    return False
+
+
 def push_cycles(wd, rng):
     out = os.path.join(wd, "push-data")
     port = free_udp_port()
@@ -122,6 +134,14 @@ def push_cycles(wd, rng):
                       + next((l for l in text.splitlines() if "goes on" in l), "(no line)")[-140:])
             # Fixed on purpose: the kill (or stop) lands at a random moment of the run.
             time.sleep(rng.uniform(0.2, 0.8))
+            if cycle < CYCLES:
+                # ... of a file being written: one whose records are on disk (it is a
+                # .part until closed). A full file is closed only when the next event
+                # comes (DiskWriter::write_event); were the stream to pause, the kill
+                # would leave no unclean file to recover, which is what this part tests.
+                wait_until(lambda: open_part_with_records(out), 60,
+                           f"push cycle {cycle}: a .part file with records on disk while evbd runs\n"
+                           + "\n".join(d.log_text().splitlines()[-20:]))
             if cycle == CYCLES:
                 src.kill()
                 src.wait()
