@@ -20,7 +20,8 @@ namespace evb::net {
 namespace {
 constexpr std::array<std::string_view, kSkipReasonCount> kSkipReasonNames = {
     "not_ip",       "not_udp",        "other_port",       "filtered",       "truncated",
-    "ip_fragment",  "bad_ip_header",  "bad_udp_length",   "unsupported_link", "bad_link_header"};
+    "ip_fragment",  "bad_ip_header",  "bad_udp_length",   "unsupported_link", "bad_link_header",
+    "bad_tcp_header"};
 
 using u8 = std::uint8_t;
 
@@ -430,8 +431,12 @@ struct CaptureReader::Impl {
     std::size_t delivered_slot = Ipv4Reassembler::kNone;  // handed out by the last next()
     std::uint64_t clock_ns = 0;                             // latest capture time seen
     pcap_pkthdr windowed_header{};                          // the windowed record next() hands on
+    TcpStreams streams;
+    bool draining = false;        // the last segment's connection may hold more messages
+    std::uint64_t segment_ns = 0;  // that segment's capture time
 
-    Impl(const ReassemblyLimits& limits, std::uint64_t& dropped) : reassembler(limits, dropped) {}
+    Impl(const ReassemblyLimits& limits, std::uint64_t& dropped, const TcpStreams::Limits& tcp)
+        : reassembler(limits, dropped), streams(tcp) {}
     ~Impl() {
         if (have_program) pcap_freecode(&program);
         if (handle) pcap_close(handle);
@@ -443,7 +448,9 @@ struct CaptureReader::Impl {
 CaptureReader::CaptureReader(const std::string& path, const ReplayFilter& filter, const ReassemblyLimits& limits)
     : path_(path), filter_(filter) {
     // Built here rather than in the initialiser list: skipped_ is declared after impl_.
-    impl_ = std::make_unique<Impl>(limits, skipped_[static_cast<std::size_t>(SkipReason::ip_fragment)]);
+    TcpStreams::Limits tcp;
+    tcp.max_message_bytes = filter.max_message_bytes;
+    impl_ = std::make_unique<Impl>(limits, skipped_[static_cast<std::size_t>(SkipReason::ip_fragment)], tcp);
     char errbuf[PCAP_ERRBUF_SIZE] = "";
     impl_->handle = pcap_open_offline_with_tstamp_precision(path.c_str(), PCAP_TSTAMP_PRECISION_NANO, errbuf);
     if (!impl_->handle) throw std::runtime_error(fmt::format("{}: cannot read capture: {}", path, errbuf));
@@ -477,6 +484,10 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
         im.delivered_slot = Ipv4Reassembler::kNone;
     }
     auto count = [&](SkipReason r, std::uint64_t n = 1) { skipped_[static_cast<std::size_t>(r)] += n; };
+    if (im.draining) {
+        if (take_message(out)) return Status::datagram;
+        im.draining = false;
+    }
     while (true) {
         pcap_pkthdr* h = nullptr;
         const u_char* data = nullptr;
@@ -504,10 +515,12 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
         }
         if (rc == PCAP_ERROR_BREAK) {
             im.reassembler.drop_all();
+            im.streams.finish();
             return Status::end;
         }
         if (rc == PCAP_ERROR) {
             im.reassembler.drop_all();
+            im.streams.finish();
             error_ = fmt::format("{}: packet {}: {}", path_, packets_ + 1, pcap_geterr(im.handle));
             return Status::error;
         }
@@ -553,13 +566,18 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
                 count(bad_length());
                 continue;
             }
-            if (ip[9] != IPPROTO_UDP) {
-                count(SkipReason::not_udp);
-                continue;
-            }
             const std::uint16_t frag = be16(ip + 6);
             const bool more = (frag & 0x2000u) != 0;
             const std::size_t offset = (frag & 0x1FFFu) * 8u;
+            if (ip[9] == IPPROTO_TCP && filter_.reads_tcp() && !more && offset == 0) {
+                if (take_segment(ip + 12, ip + 16, 4, ip + ihl, total - ihl, *h, data, ts_ns) && take_message(out))
+                    return Status::datagram;
+                continue;
+            }
+            if (ip[9] != IPPROTO_UDP) {
+                count(SkipReason::not_udp);  // TCP fragments too: not reassembled
+                continue;
+            }
             if (more || offset != 0) {
                 // Only the fragment at offset 0 holds the UDP header a BPF expression
                 // looks at; its verdict decides for the whole datagram.
@@ -594,7 +612,7 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
             unsigned next_header = ip[6];
             std::optional<SkipReason> verdict;
             while (!verdict) {
-                if (next_header == IPPROTO_UDP) break;
+                if (next_header == IPPROTO_UDP || (next_header == IPPROTO_TCP && filter_.reads_tcp())) break;
                 if (next_header == 0 || next_header == 43 || next_header == 60) {
                     // Hop-by-hop, routing, destination options: (next, length in 8-byte
                     // units not counting the first 8, ...). Each is at least 8 bytes,
@@ -613,6 +631,11 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
             }
             if (verdict) {
                 count(*verdict);
+                continue;
+            }
+            if (next_header == IPPROTO_TCP) {
+                if (take_segment(ip + 8, ip + 24, 16, ip + at, end - at, *h, data, ts_ns) && take_message(out))
+                    return Status::datagram;
                 continue;
             }
             udp = ip + at;
@@ -664,6 +687,67 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
         return Status::datagram;
     }
 }
+
+bool CaptureReader::take_segment(const std::uint8_t* src, const std::uint8_t* dst, std::size_t address_bytes,
+                                 const std::uint8_t* tcp, std::size_t len, const ::pcap_pkthdr& h,
+                                 const std::uint8_t* packet, std::uint64_t capture_ns) {
+    Impl& im = *impl_;
+    const auto skip = [&](SkipReason r) {
+        ++skipped_[static_cast<std::size_t>(r)];
+        return false;
+    };
+    if (len < 4) return skip(SkipReason::bad_tcp_header);
+    TcpFlow flow;
+    flow.v6 = address_bytes == 16;
+    std::memcpy(flow.src.data(), src, address_bytes);
+    std::memcpy(flow.dst.data(), dst, address_bytes);
+    flow.sport = be16(tcp);
+    flow.dport = be16(tcp + 2);
+    if (filter_.kind == ReplayFilter::Kind::port &&
+        std::find(filter_.tcp_ports.begin(), filter_.tcp_ports.end(), flow.dport) == filter_.tcp_ports.end())
+        return skip(SkipReason::other_port);
+    // Rejected by the expression: TCP not read, as before TCP was (not_udp).
+    if (filter_.kind == ReplayFilter::Kind::bpf && pcap_offline_filter(&im.program, &h, packet) == 0)
+        return skip(SkipReason::not_udp);
+    if (!im.streams.add(flow, tcp, len, capture_ns)) return skip(SkipReason::bad_tcp_header);
+    ++stream_packets_;
+    im.draining = true;
+    im.segment_ns = capture_ns;
+    return true;
+}
+
+bool CaptureReader::take_message(CapturedDatagram& out) {
+    Impl& im = *impl_;
+    std::span<const std::byte> message;
+    const TcpFlow* flow = nullptr;
+    if (!im.streams.next(message, flow)) {
+        im.draining = false;
+        return false;
+    }
+    ++stream_messages_;
+    out.payload = message.data();
+    out.length = message.size();
+    out.capture_unix_ns = im.segment_ns;
+    out.packet_number = packets_;  // the segment that completed it
+    out.sender = sockaddr_storage{};
+    if (!flow->v6) {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        std::memcpy(&a.sin_addr, flow->src.data(), 4);
+        a.sin_port = htons(flow->sport);
+        std::memcpy(&out.sender, &a, sizeof a);
+    } else {
+        sockaddr_in6 a{};
+        a.sin6_family = AF_INET6;
+        std::memcpy(&a.sin6_addr, flow->src.data(), 16);
+        a.sin6_port = htons(flow->sport);
+        std::memcpy(&out.sender, &a, sizeof a);
+    }
+    out.destination_port = flow->dport;
+    return true;
+}
+
+const TcpStreams::Counts& CaptureReader::streams() const noexcept { return impl_->streams.counts(); }
 
 std::uint64_t CaptureReader::file_offset() const noexcept {
     if (impl_ == nullptr || impl_->handle == nullptr) return 0;

@@ -14,6 +14,10 @@
 #include <string_view>
 #include <vector>
 
+#include "net/tcp_streams.hpp"
+
+struct pcap_pkthdr;  // libpcap's record header
+
 namespace evb::net {
 
 // Why a captured packet was not handed on. Values index counters; keep
@@ -31,6 +35,7 @@ enum class SkipReason : std::uint8_t {
     bad_udp_length,    // UDP length field disagrees with the packet
     unsupported_link,  // a cooked-header packet from a non-Ethernet-like interface (netlink, CAN)
     bad_link_header,   // link-layer header shorter than its type requires, though not truncated
+    bad_tcp_header,    // a TCP segment the filter takes whose header does not fit
     count_
 };
 inline constexpr std::size_t kSkipReasonCount = static_cast<std::size_t>(SkipReason::count_);
@@ -38,8 +43,14 @@ std::string_view skip_reason_name(SkipReason r) noexcept;
 
 struct ReplayFilter {
     enum class Kind { port, any_udp, bpf } kind = Kind::port;
-    std::uint16_t port = 0;  // for Kind::port: UDP destination port
+    std::uint16_t port = 0;  // for Kind::port: UDP destination port (0: none)
     std::string bpf;         // for Kind::bpf: a libpcap filter expression
+    // TCP connections read as streams of framed datagrams (docs/FORMATS.md section
+    // 11): Kind::port, those to these destination ports (input.listen's tcp://
+    // entries); Kind::bpf, every TCP segment the expression takes.
+    std::vector<std::uint16_t> tcp_ports;
+    std::size_t max_message_bytes = 65536;  // input.max_datagram_bytes: a longer TCP message loses the framing
+    bool reads_tcp() const noexcept { return kind == Kind::bpf || (kind == Kind::port && !tcp_ports.empty()); }
 };
 // "port" (the given default port), "udp", or anything else as a BPF expression.
 ReplayFilter parse_replay_filter(const std::string& text, std::uint16_t default_port);
@@ -87,6 +98,12 @@ public:
     const std::array<std::uint64_t, kSkipReasonCount>& skipped() const noexcept { return skipped_; }
     std::uint64_t datagram_packets() const noexcept { return datagram_packets_; }  // packets of datagrams handed on
     std::uint64_t reassembled() const noexcept { return reassembled_; }            // datagrams rebuilt from fragments
+    // TCP: segments taken into connections (every packet is in skipped(),
+    // datagram_packets() or here), the messages handed on from them, and what was
+    // not framed.
+    std::uint64_t stream_packets() const noexcept { return stream_packets_; }
+    std::uint64_t stream_messages() const noexcept { return stream_messages_; }
+    const TcpStreams::Counts& streams() const noexcept;
     int link_type() const noexcept { return link_type_; }
     // How far into the file reading has come, in bytes (progress display).
     std::uint64_t file_offset() const noexcept;
@@ -95,6 +112,14 @@ public:
     static bool link_type_supported(int dlt) noexcept;
 
 private:
+    // A TCP segment the filter may take (source and destination addresses of 4 or
+    // 16 bytes): into its connection (true), or counted under the reason it is not.
+    bool take_segment(const std::uint8_t* src, const std::uint8_t* dst, std::size_t address_bytes,
+                      const std::uint8_t* tcp, std::size_t len, const ::pcap_pkthdr& h, const std::uint8_t* packet,
+                      std::uint64_t capture_ns);
+    // The next message of the connection last fed, into `out` (false: none).
+    bool take_message(CapturedDatagram& out);
+
     struct Impl;
     std::unique_ptr<Impl> impl_;
     std::string path_;
@@ -102,6 +127,8 @@ private:
     std::uint64_t packets_ = 0;
     std::uint64_t datagram_packets_ = 0;
     std::uint64_t reassembled_ = 0;
+    std::uint64_t stream_packets_ = 0;
+    std::uint64_t stream_messages_ = 0;
     std::array<std::uint64_t, kSkipReasonCount> skipped_{};
     int link_type_ = 0;
     ReplayFilter filter_;

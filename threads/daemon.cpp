@@ -194,6 +194,13 @@ int report_replay(const ReplayFeeder& feeder, const stats::ReaderCounters& rc, c
             skipped += fmt::format(" {}={}", net::skip_reason_name(static_cast<net::SkipReason>(i)), feeder.skipped()[i]);
     log_info("replay: {} packets read, {} datagrams fed, skipped:{}", feeder.packets(), rc.datagrams.get(),
              skipped.empty() ? " none" : skipped);
+    if (const ReplayFeeder::TcpTotals& t = feeder.tcp(); t.segments > 0) {
+        const net::TcpStreams::Counts& c = t.streams;
+        log_info("replay: tcp: {} connections, {} segments, {} messages framed; joined midway={} framing_lost={} "
+                 "ended_in_message={} dropped_connections={} unframed_bytes={}",
+                 c.connections, t.segments, t.messages, c.joined_midway, c.framing_lost, c.ended_in_message,
+                 c.dropped_connections, c.unframed_bytes);
+    }
     log_info("replay time: {:.3f} s from intake start to the last write ({:.1f} MB/s of payload)", seconds,
              static_cast<double>(w.payload_bytes.get()) / 1e6 / std::max(seconds, 1e-9));
     int exit_code = feeder.failed() ? 1 : 0;

@@ -103,6 +103,15 @@ void ReplayFeeder::close_reader() {
     bytes_read_.store(closed_bytes_, std::memory_order_relaxed);
     for (std::size_t i = 0; i < skipped_.size(); ++i) skipped_[i] += reader_->skipped()[i];
     packets_ += reader_->packets();
+    tcp_.segments += reader_->stream_packets();
+    tcp_.messages += reader_->stream_messages();
+    const net::TcpStreams::Counts& c = reader_->streams();
+    tcp_.streams.connections += c.connections;
+    tcp_.streams.joined_midway += c.joined_midway;
+    tcp_.streams.framing_lost += c.framing_lost;
+    tcp_.streams.ended_in_message += c.ended_in_message;
+    tcp_.streams.unframed_bytes += c.unframed_bytes;
+    tcp_.streams.dropped_connections += c.dropped_connections;
     reader_.reset();
 }
 

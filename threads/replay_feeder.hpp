@@ -46,6 +46,13 @@ public:
     // Packets skipped by reason, over every file so far (read after finished()).
     const std::array<std::uint64_t, net::kSkipReasonCount>& skipped() const noexcept { return skipped_; }
     std::uint64_t packets() const noexcept { return packets_; }
+    // TCP connections read as streams, over every file so far (read after finished()):
+    // segments taken, messages framed, and what was not framed.
+    struct TcpTotals {
+        std::uint64_t segments = 0, messages = 0;
+        net::TcpStreams::Counts streams;
+    };
+    const TcpTotals& tcp() const noexcept { return tcp_; }
 
     // Times the feeder waited for a shard's event pool (the writer was behind), and
     // gave up waiting because the pool stayed full (events waiting for data only
@@ -74,6 +81,7 @@ private:
 
     std::size_t next_file_ = 0;
     std::unique_ptr<net::CaptureReader> reader_;
+    TcpTotals tcp_;
     net::CapturedDatagram pending_;  // read but not yet placed (no free slot)
     bool have_pending_ = false;
     std::uint64_t last_capture_ns_ = 0;

@@ -122,14 +122,26 @@ std::optional<ReplaySettings> replay_settings(const DaemonOptions& opts, const C
             return std::nullopt;
         }
     }
-    r.filter = net::parse_replay_filter(c.replay_filter, net::parse_endpoint(c.input.listen).port());
-    if (r.filter.kind == net::ReplayFilter::Kind::port && c.input.listen_addresses.size() > 1) {
-        // "port" with several listen addresses: datagrams to any of their ports.
-        std::string ports;
-        for (const std::string& a : c.input.listen_addresses)
-            ports += fmt::format("{}dst port {}", ports.empty() ? "" : " or ", net::parse_endpoint(a).port());
-        r.filter = net::ReplayFilter{net::ReplayFilter::Kind::bpf, 0, fmt::format("udp and ({})", ports)};
+    const std::uint16_t udp_port =
+        c.input.listen_addresses.empty() ? 0 : net::parse_endpoint(c.input.listen_addresses.front()).port();
+    r.filter = net::parse_replay_filter(c.replay_filter, udp_port);
+    if (r.filter.kind == net::ReplayFilter::Kind::port) {
+        // TCP listen addresses: the connections to their ports are read as streams.
+        for (const std::string& a : c.input.tcp_addresses) r.filter.tcp_ports.push_back(net::parse_endpoint(a).port());
+        if (c.input.listen_addresses.size() > 1) {
+            // "port" with several UDP listen addresses: datagrams to any of their ports.
+            std::string ports;
+            for (const std::string& a : c.input.listen_addresses)
+                ports += fmt::format("{}dst port {}", ports.empty() ? "" : " or ", net::parse_endpoint(a).port());
+            std::string tcp;
+            for (const std::uint16_t p : r.filter.tcp_ports)
+                tcp += fmt::format("{}dst port {}", tcp.empty() ? "" : " or ", p);
+            r.filter.kind = net::ReplayFilter::Kind::bpf;
+            r.filter.bpf = tcp.empty() ? fmt::format("udp and ({})", ports)
+                                       : fmt::format("(udp and ({})) or (tcp and ({}))", ports, tcp);
+        }
     }
+    r.filter.max_message_bytes = c.input.max_datagram_bytes;
     r.tick_ns = std::uint64_t{std::clamp<std::uint32_t>(c.building.timeout_ms / 4, 1, 50)} * 1'000'000ull;
     r.batch = c.input.batch;
     return r;

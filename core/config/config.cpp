@@ -116,7 +116,7 @@ const std::vector<Key>& schema() {
         {"busy.interval_ms", Kind::uint, 100, 10, 1000, false, "BUSY: the current state is sent again this often (a change of state is sent at once); a trigger takes a builder it has not heard from for three of these as busy. Also the shortest time a busy state lasts: at least this and 250 ms, so that a steady overload gives a few transitions a second."},
         {"busy.high_permille", Kind::uint, 800, 1, 1000, false, "BUSY: the builder is busy once any watched fill reaches this many thousandths of its capacity: events in flight (building.max_events_in_flight), receive slots (building.max_buffer_bytes), the writer's queue, the kernel's socket buffer. The rest is room for what arrives while the trigger reacts: 20% of the default 4096 events in flight is 800 events, 8 ms at 100 kHz."},
         {"busy.low_permille", Kind::uint, 500, 0, 999, false, "BUSY: ready again once every watched fill is below this many thousandths (must be below busy.high_permille)."},
-        {"replay.filter", Kind::string, "port", 0, 0, false, "--replay: which captured UDP datagrams are fed in: \"port\" (destination port of input.listen), \"udp\" (all), or a libpcap filter expression."},
+        {"replay.filter", Kind::string, "port", 0, 0, false, "--replay: which captured packets are fed in: \"port\" (UDP to input.listen's port, and TCP connections to its tcp:// ports, docs/REPLAY.md 8), \"udp\" (all UDP), or a libpcap filter expression (TCP segments it takes are read as connections)."},
         {"log.level", Kind::choice, "info", 0, 0, true, "Log level.", {"debug", "info", "warn", "error"}},
         {"user", Kind::string, "", 0, 0, false, "When started as root: the user to switch to after binding sockets."},
     };

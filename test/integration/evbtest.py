@@ -276,6 +276,20 @@ def run_source(args, check_rc=True):
     return json.loads(p.stdout) if p.stdout.strip() else {}
 
 
+def replay(files, out_dir, listen, sets=(), timeout=120):
+    """evbd --replay FILES into out_dir, input.listen `listen`; returns (exit code, log text)."""
+    cmd = [os.path.join(BIN, "evbd"), "--set", f"input.listen={listen}",
+           "--set", f"output.directory={out_dir}", "--set", "monitor.listen="]
+    for s in sets:
+        cmd += ["--set", s]
+    cmd += ["--replay", *files]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        fail(f"evbd --replay {' '.join(files)} did not finish within {timeout} s")
+    return p.returncode, p.stdout + p.stderr
+
+
 def dump(paths, *flags):
     cmd = [os.path.join(BIN, "evb-dump"), "--json", *flags] + list(paths)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -25,6 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import evbtest  # noqa: E402
 from evbtest import BIN, Evbd, check, events_in, fail, read_records, run_source, verify, wait_text, wait_until, workdir  # noqa: E402
 
 SOURCES = 4
@@ -63,16 +64,7 @@ def verify_clean(label, out_dir):
 
 def replay(files, out_dir, port, sets=(), timeout=120):
     """evbd --replay FILES into out_dir; returns (exit code, log text)."""
-    cmd = [os.path.join(BIN, "evbd"), "--set", f"input.listen=127.0.0.1:{port}",
-           "--set", f"output.directory={out_dir}", "--set", "monitor.listen="]
-    for s in sets:
-        cmd += ["--set", s]
-    cmd += ["--replay", *files]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        fail(f"evbd --replay {' '.join(files)} did not finish within {timeout} s")
-    return p.returncode, p.stdout + p.stderr
+    return evbtest.replay(files, out_dir, f"127.0.0.1:{port}", sets, timeout)
 
 
 def replay_summary(log):
