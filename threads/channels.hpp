@@ -31,7 +31,8 @@ class ShardSink {
 public:
     virtual ~ShardSink() = default;
     virtual std::uint32_t shard_count() const noexcept = 0;
-    virtual void submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept = 0;
+    // A batch of `count` chunks for `shard`, linked through ChunkMeta::next.
+    virtual void submit(std::uint32_t shard, ChunkMeta* head, std::uint32_t count, std::uint64_t now_ns) noexcept = 0;
     // Time has reached now_ns: every shard times out what is due.
     virtual void tick(std::uint64_t now_ns) noexcept = 0;
     // Pull mode: write this event INCOMPLETE now (out of retries).
@@ -49,7 +50,9 @@ public:
     virtual Room settled_room(std::uint32_t /*shard*/) { return {}; }
     // The same without waiting, for an input that has submitted `fed` chunks to the
     // shard in all: a lower bound on `free` (each chunk not yet matched is counted
-    // as an event it may start). When this is room enough, settled_room would say so too.
+    // as an event it may start). When this is room enough, settled_room would say so
+    // too. The caller must be the shard's only source of chunks (replay: no socket
+    // reader runs), else chunks it did not count take room it does not see.
     virtual Room room_now(std::uint32_t /*shard*/, std::uint64_t /*fed*/) { return {}; }
 };
 

@@ -257,6 +257,12 @@ struct Pipeline::Shard {
     std::atomic<std::size_t> matched{0};
     std::uint64_t chunks_taken = 0;                // the match body's count of chunks in what it took
     std::atomic<std::uint64_t> chunks_matched{0};  // chunks_taken as of the last publication
+    // Events the shard can start, from outside the match body: the pool as matching
+    // last published it, then the events the writer returned since (one the matcher
+    // moves from the ring into the pool in between is counted in neither, never in both).
+    std::size_t free_now() noexcept {
+        return room_free.load(std::memory_order_acquire) + matcher.done_ring().size_at_least();
+    }
     // The events the writer returned back into the pool (the compression ring was
     // full), and the pool's new size published.
     void reclaim() noexcept {
@@ -285,7 +291,7 @@ void Pipeline::Shard::take(const ShardInput& input, EventList& built) {
     Matcher& m = matcher;
     std::visit(Overloaded{
                    [&](const in::Chunks& c) {
-                       for (const ChunkMeta* k = c.head; k != nullptr; k = k->next) ++chunks_taken;  // for room_now
+                       chunks_taken += c.count;  // for room_now
                        m.add_chunks(c.head, c.now_ns, built);
                    },
                    [&](const in::Tick& t) {
@@ -564,8 +570,8 @@ std::uint64_t Pipeline::Shard::put(const ShardInput& m) noexcept {
 
 Pipeline::~Pipeline() { release_graphs(); }
 
-void Pipeline::submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept {
-    shards_[shard]->put(in::Chunks{head, now_ns});
+void Pipeline::submit(std::uint32_t shard, ChunkMeta* head, std::uint32_t count, std::uint64_t now_ns) noexcept {
+    shards_[shard]->put(in::Chunks{head, count, now_ns});
 }
 
 void Pipeline::tick(std::uint64_t now_ns) noexcept {
@@ -631,11 +637,9 @@ ShardSink::Room Pipeline::settled_room(std::uint32_t shard) {
         for (; static_cast<std::ptrdiff_t>(upto - m) > 0; m = sh.matched.load(std::memory_order_acquire))
             sh.matched.wait(m, std::memory_order_acquire);
     }
-    Matcher& mt = sh.matcher;
-    // The pool, then the events returned since: one the matcher moves from the ring
-    // into the pool in between is counted in neither, never in both.
-    const std::size_t free = sh.room_free.load(std::memory_order_acquire) + mt.done_ring().size_at_least();
-    const std::size_t used = mt.pool_size() - std::min(mt.pool_size(), free);
+    const std::size_t free = sh.free_now();
+    const std::size_t pool = sh.matcher.pool_size();
+    const std::size_t used = pool - std::min(pool, free);
     return {free, used - std::min(used, sh.room_in_flight.load(std::memory_order_relaxed))};
 }
 
@@ -645,7 +649,7 @@ ShardSink::Room Pipeline::room_now(std::uint32_t shard, std::uint64_t fed) {
     Shard& sh = *shards_[shard];
     const std::uint64_t taken = sh.chunks_matched.load(std::memory_order_acquire);
     const std::size_t pending = static_cast<std::size_t>(fed - std::min(fed, taken));
-    const std::size_t free = sh.room_free.load(std::memory_order_acquire) + sh.matcher.done_ring().size_at_least();
+    const std::size_t free = sh.free_now();
     return {free - std::min(free, pending), 0};
 }
 

@@ -66,7 +66,7 @@ public:
     void wake_workers() noexcept;
 
     std::uint32_t shard_count() const noexcept override { return static_cast<std::uint32_t>(shards_.size()); }
-    void submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t now_ns) noexcept override;
+    void submit(std::uint32_t shard, ChunkMeta* head, std::uint32_t count, std::uint64_t now_ns) noexcept override;
 
     // Timeout sweep on every shard at time now_ns (skipped for a shard whose last
     // tick is still queued).

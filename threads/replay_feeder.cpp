@@ -15,7 +15,7 @@ namespace evb {
 ReplayFeeder::ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, ShardSink& sink,
                            stats::ReaderCounters& counters, const FrameInputSettings& frames)
     : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()), frames_(frames), budget_(sink.shard_count(), 0),
-      unsent_(sink.shard_count(), 0), fed_(sink.shard_count(), 0) {
+      fed_(sink.shard_count(), 0) {
     for (const std::string& f : s_.files) {
         struct stat st {};
         if (::stat(f.c_str(), &st) == 0) total_bytes_ += static_cast<std::uint64_t>(st.st_size);
@@ -32,14 +32,15 @@ void ReplayFeeder::wait_for_room(std::uint32_t shard) {
     // then the bytes may differ between replays, the events do not.
     // First without waiting: a lower bound on the room. When that is enough, the
     // settled room would have been too, and the workers are not waited for.
+    const std::size_t unsent = batches_.count(shard);
     ShardSink::Room room = sink_.room_now(shard, fed_[shard]);
-    if (room.free > unsent_[shard]) {
-        budget_[shard] = room.free - unsent_[shard];
+    if (room.free > unsent) {
+        budget_[shard] = room.free - unsent;
         return;
     }
     room = sink_.settled_room(shard);
-    if (room.free > unsent_[shard]) {
-        budget_[shard] = room.free - unsent_[shard];
+    if (room.free > unsent) {
+        budget_[shard] = room.free - unsent;
         return;
     }
     submit();
@@ -86,9 +87,8 @@ void ReplayFeeder::wait_for_room(std::uint32_t shard) {
 ReplayFeeder::~ReplayFeeder() = default;
 
 void ReplayFeeder::submit() {
+    for (std::uint32_t k = 0; k < fed_.size(); ++k) fed_[k] += batches_.count(k);
     batches_.submit_all(sink_, last_capture_ns_);
-    for (std::size_t k = 0; k < unsent_.size(); ++k) fed_[k] += unsent_[k];
-    std::fill(unsent_.begin(), unsent_.end(), 0);
 }
 
 void ReplayFeeder::finish(bool failed) {
@@ -203,7 +203,6 @@ std::size_t ReplayFeeder::do_work() {
         // Each datagram may start an event: it goes only where one could start.
         if (budget_[shard] == 0) wait_for_room(static_cast<std::uint32_t>(shard));
         --budget_[shard];
-        ++unsent_[shard];
         batches_.add(static_cast<std::uint32_t>(shard), ChunkMeta::in_slot(pool_.meta(idx)));
     }
     submit();

@@ -92,7 +92,6 @@ private:
     std::array<std::uint64_t, net::kSkipReasonCount> skipped_{};
     std::uint64_t packets_ = 0;
     std::vector<std::size_t> budget_;  // per shard: events it can still start, as last settled
-    std::vector<std::size_t> unsent_;  // per shard: datagrams batched since the last submit
     std::vector<std::uint64_t> fed_;   // per shard: datagrams submitted in all (room_now)
     // Sends the batches to the shards, timed by the latest capture time fed.
     void submit();

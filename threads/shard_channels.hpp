@@ -29,6 +29,7 @@ namespace evb {
 namespace in {
 struct Chunks {  // a reader's batch for this shard
     ChunkMeta* head;
+    std::uint32_t count;  // chunks in the list
     std::uint64_t now_ns;
 };
 struct Tick {  // timeouts

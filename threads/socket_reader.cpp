@@ -15,8 +15,9 @@ namespace evb {
 void ShardBatches::submit_all(ShardSink& sink, std::uint64_t now_ns) noexcept {
     for (std::size_t s = 0; s < heads_.size(); ++s) {
         if (heads_[s] == nullptr) continue;
-        sink.submit(static_cast<std::uint32_t>(s), heads_[s], now_ns);
+        sink.submit(static_cast<std::uint32_t>(s), heads_[s], counts_[s], now_ns);
         heads_[s] = tails_[s] = nullptr;
+        counts_[s] = 0;
     }
 }
 

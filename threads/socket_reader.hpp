@@ -110,16 +110,20 @@ int admit_datagram(alloc::BufferPool& pool, std::uint32_t idx, std::size_t lengt
 // Chunk lists being collected for each shard during one batch.
 class ShardBatches {
 public:
-    explicit ShardBatches(std::uint32_t shards) : heads_(shards, nullptr), tails_(shards, nullptr) {}
+    explicit ShardBatches(std::uint32_t shards) : heads_(shards, nullptr), tails_(shards, nullptr), counts_(shards, 0) {}
     void add(std::uint32_t shard, ChunkMeta* c) noexcept {
         c->next = nullptr;
         if (tails_[shard]) tails_[shard]->next = c; else heads_[shard] = c;
         tails_[shard] = c;
+        ++counts_[shard];
     }
+    // Chunks batched for `shard` since the last submit_all.
+    std::uint32_t count(std::uint32_t shard) const noexcept { return counts_[shard]; }
     void submit_all(ShardSink& sink, std::uint64_t now_ns) noexcept;
 
 private:
     std::vector<ChunkMeta*> heads_, tails_;
+    std::vector<std::uint32_t> counts_;
 };
 
 class SocketReader final : public Agent {

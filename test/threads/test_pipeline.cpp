@@ -389,7 +389,7 @@ TEST_CASE("Pipeline: settled_room returns once the matcher has taken every put, 
                 }
                 ChunkMeta* c = ChunkMeta::in_slot(rig.pool.meta(idx));
                 c->next = nullptr;
-                rig.pipeline.submit(0, c, 0);
+                rig.pipeline.submit(0, c, 1, 0);
             }
             // room_now is a lower bound of what settled_room then says (events the
             // writer returns in between only add to the latter).

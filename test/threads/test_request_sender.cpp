@@ -120,7 +120,7 @@ evb::PullSettings one_at_a_time(std::uint32_t retry_ms, std::uint32_t max_retrie
 // The sender's channels: written ids in, built ids in, give-ups out (recorded).
 struct GiveUps final : evb::ShardSink {
     std::uint32_t shard_count() const noexcept override { return 1; }
-    void submit(std::uint32_t, evb::ChunkMeta*, std::uint64_t) noexcept override {}
+    void submit(std::uint32_t, evb::ChunkMeta*, std::uint32_t, std::uint64_t) noexcept override {}
     void tick(std::uint64_t) noexcept override {}
     void give_up(std::uint64_t event_id, std::uint32_t, std::uint32_t, std::uint64_t) noexcept override {
         ids.push_back(event_id);

@@ -25,10 +25,13 @@ namespace {
 struct RecordingSink final : ShardSink {
     explicit RecordingSink(std::uint32_t shards) : shards_(shards) {}
     std::uint32_t shard_count() const noexcept override { return shards_; }
-    void submit(std::uint32_t shard, ChunkMeta* head, std::uint64_t) noexcept override {
+    void submit(std::uint32_t shard, ChunkMeta* head, std::uint32_t count, std::uint64_t) noexcept override {
         ++batches;
-        for (ChunkMeta* c = head; c != nullptr; c = c->next) ids[shard].push_back(c->event_id);
+        std::uint32_t n = 0;
+        for (ChunkMeta* c = head; c != nullptr; c = c->next, ++n) ids[shard].push_back(c->event_id);
+        if (n != count) miscounted = true;
     }
+    bool miscounted = false;
     void tick(std::uint64_t) noexcept override {}
     std::uint32_t shards_;
     std::map<std::uint32_t, std::vector<std::uint64_t>> ids;
@@ -90,7 +93,7 @@ TEST_CASE("SocketReader reads nothing before it has admission rules") {
     CHECK(rig.reader.rules().applied() == &rules);
 }
 
-TEST_CASE("SocketReader hands each event's chunks to the shard its id routes to, in order") {
+TEST_CASE("SocketReader hands each event's chunks to the shard its id routes to, in order, counted") {
     ReaderRig rig(3);
     AdmissionRules rules;
     rules.run_number = 1;
@@ -109,6 +112,7 @@ TEST_CASE("SocketReader hands each event's chunks to the shard its id routes to,
     CHECK(handed == 30);
     CHECK(rig.sink.ids.size() == 3);
     CHECK(rig.sink.batches < 30);  // batched: fewer hand-offs than datagrams
+    CHECK_FALSE(rig.sink.miscounted);  // each batch says how many chunks it holds
 }
 
 TEST_CASE("SocketReader refuses and counts another run's and another builder's datagrams") {
