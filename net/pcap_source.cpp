@@ -431,12 +431,19 @@ struct CaptureReader::Impl {
     std::size_t delivered_slot = Ipv4Reassembler::kNone;  // handed out by the last next()
     std::uint64_t clock_ns = 0;                             // latest capture time seen
     pcap_pkthdr windowed_header{};                          // the windowed record next() hands on
-    TcpStreams streams;
+    std::unique_ptr<TcpStreams> own_streams;  // when no one lends the reader theirs
+    TcpStreams* streams;
     bool draining = false;        // the last segment's connection may hold more messages
     std::uint64_t segment_ns = 0;  // that segment's capture time
 
-    Impl(const ReassemblyLimits& limits, std::uint64_t& dropped, const TcpStreams::Limits& tcp)
-        : reassembler(limits, dropped), streams(tcp) {}
+    Impl(const ReassemblyLimits& limits, std::uint64_t& dropped, const TcpStreams::Limits& tcp, TcpStreams* lent)
+        : reassembler(limits, dropped),
+          own_streams(lent == nullptr ? std::make_unique<TcpStreams>(tcp) : nullptr),
+          streams(lent != nullptr ? lent : own_streams.get()) {}
+    // The file ends: connections end with it, unless they go on in the next file.
+    void end_streams() {
+        if (own_streams) streams->finish();
+    }
     ~Impl() {
         if (have_program) pcap_freecode(&program);
         if (handle) pcap_close(handle);
@@ -445,12 +452,13 @@ struct CaptureReader::Impl {
     Impl& operator=(const Impl&) = delete;
 };
 
-CaptureReader::CaptureReader(const std::string& path, const ReplayFilter& filter, const ReassemblyLimits& limits)
+CaptureReader::CaptureReader(const std::string& path, const ReplayFilter& filter, const ReassemblyLimits& limits,
+                             TcpStreams* streams)
     : path_(path), filter_(filter) {
     // Built here rather than in the initialiser list: skipped_ is declared after impl_.
     TcpStreams::Limits tcp;
     tcp.max_message_bytes = filter.max_message_bytes;
-    impl_ = std::make_unique<Impl>(limits, skipped_[static_cast<std::size_t>(SkipReason::ip_fragment)], tcp);
+    impl_ = std::make_unique<Impl>(limits, skipped_[static_cast<std::size_t>(SkipReason::ip_fragment)], tcp, streams);
     char errbuf[PCAP_ERRBUF_SIZE] = "";
     impl_->handle = pcap_open_offline_with_tstamp_precision(path.c_str(), PCAP_TSTAMP_PRECISION_NANO, errbuf);
     if (!impl_->handle) throw std::runtime_error(fmt::format("{}: cannot read capture: {}", path, errbuf));
@@ -515,12 +523,12 @@ CaptureReader::Status CaptureReader::next(CapturedDatagram& out) {
         }
         if (rc == PCAP_ERROR_BREAK) {
             im.reassembler.drop_all();
-            im.streams.finish();
+            im.end_streams();
             return Status::end;
         }
         if (rc == PCAP_ERROR) {
             im.reassembler.drop_all();
-            im.streams.finish();
+            im.end_streams();
             error_ = fmt::format("{}: packet {}: {}", path_, packets_ + 1, pcap_geterr(im.handle));
             return Status::error;
         }
@@ -709,7 +717,7 @@ bool CaptureReader::take_segment(const std::uint8_t* src, const std::uint8_t* ds
     // Rejected by the expression: TCP not read, as before TCP was (not_udp).
     if (filter_.kind == ReplayFilter::Kind::bpf && pcap_offline_filter(&im.program, &h, packet) == 0)
         return skip(SkipReason::not_udp);
-    if (!im.streams.add(flow, tcp, len, capture_ns)) return skip(SkipReason::bad_tcp_header);
+    if (!im.streams->add(flow, tcp, len, capture_ns)) return skip(SkipReason::bad_tcp_header);
     ++stream_packets_;
     im.draining = true;
     im.segment_ns = capture_ns;
@@ -720,7 +728,7 @@ bool CaptureReader::take_message(CapturedDatagram& out) {
     Impl& im = *impl_;
     std::span<const std::byte> message;
     const TcpFlow* flow = nullptr;
-    if (!im.streams.next(message, flow)) {
+    if (!im.streams->next(message, flow)) {
         im.draining = false;
         return false;
     }
@@ -747,7 +755,7 @@ bool CaptureReader::take_message(CapturedDatagram& out) {
     return true;
 }
 
-const TcpStreams::Counts& CaptureReader::streams() const noexcept { return impl_->streams.counts(); }
+const TcpStreams::Counts& CaptureReader::streams() const noexcept { return impl_->streams->counts(); }
 
 std::uint64_t CaptureReader::file_offset() const noexcept {
     if (impl_ == nullptr || impl_->handle == nullptr) return 0;

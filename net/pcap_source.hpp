@@ -46,11 +46,12 @@ struct ReplayFilter {
     std::uint16_t port = 0;  // for Kind::port: UDP destination port (0: none)
     std::string bpf;         // for Kind::bpf: a libpcap filter expression
     // TCP connections read as streams of framed datagrams (docs/FORMATS.md section
-    // 11): Kind::port, those to these destination ports (input.listen's tcp://
-    // entries); Kind::bpf, every TCP segment the expression takes.
+    // 11), only when input.listen has tcp:// entries (their ports here): Kind::port,
+    // the connections to these destination ports; Kind::bpf, every TCP segment the
+    // expression takes.
     std::vector<std::uint16_t> tcp_ports;
     std::size_t max_message_bytes = 65536;  // input.max_datagram_bytes: a longer TCP message loses the framing
-    bool reads_tcp() const noexcept { return kind == Kind::bpf || (kind == Kind::port && !tcp_ports.empty()); }
+    bool reads_tcp() const noexcept { return kind != Kind::any_udp && !tcp_ports.empty(); }
 };
 // "port" (the given default port), "udp", or anything else as a BPF expression.
 ReplayFilter parse_replay_filter(const std::string& text, std::uint16_t default_port);
@@ -79,7 +80,11 @@ public:
     // Opens `path`. Throws std::runtime_error naming the file and the reason: libpcap's
     // for an unreadable file, a link type this reader does not decode, or a BPF
     // expression that does not compile.
-    CaptureReader(const std::string& path, const ReplayFilter& filter, const ReassemblyLimits& limits = {});
+    // `streams`: the TCP connections to go on with, when the capture was split into
+    // several files (the caller ends them after the last, TcpStreams::finish); by
+    // default the reader keeps its own, ended with the file.
+    CaptureReader(const std::string& path, const ReplayFilter& filter, const ReassemblyLimits& limits = {},
+                  TcpStreams* streams = nullptr);
     ~CaptureReader();
     CaptureReader(const CaptureReader&) = delete;
     CaptureReader& operator=(const CaptureReader&) = delete;
@@ -100,7 +105,7 @@ public:
     std::uint64_t reassembled() const noexcept { return reassembled_; }            // datagrams rebuilt from fragments
     // TCP: segments taken into connections (every packet is in skipped(),
     // datagram_packets() or here), the messages handed on from them, and what was
-    // not framed.
+    // not framed (of the streams lent, over every file read with them).
     std::uint64_t stream_packets() const noexcept { return stream_packets_; }
     std::uint64_t stream_messages() const noexcept { return stream_messages_; }
     const TcpStreams::Counts& streams() const noexcept;

@@ -27,11 +27,17 @@ constexpr std::size_t kJoinLook = kTcpPrefixBytes + sizeof kMagic;
 }  // namespace
 
 TcpStreams::TcpStreams(const Limits& limits) : limits_(limits) {
+    limits_.max_streams = std::max<std::size_t>(limits_.max_streams, 1);
     streams_.reserve(limits_.max_streams);  // never moved: current_ points into it
 }
 
+bool TcpStreams::ended(const Stream& s) noexcept {
+    // At a RST; at the FIN once every byte before it is in (or nothing more is framed).
+    return s.rst || (s.fin && (s.lost || (s.seq_known && static_cast<std::int32_t>(s.next_seq - s.fin_seq) >= 0)));
+}
+
 bool TcpStreams::add(const TcpFlow& flow, const u8* tcp, std::size_t len, std::uint64_t capture_ns) {
-    if (current_ != nullptr && current_->ending) close(*current_);  // its messages were read
+    if (current_ != nullptr && !current_->closed && ended(*current_)) close(*current_);  // its messages were read
     current_ = nullptr;
     if (len < 20) return false;
     const std::size_t header = (tcp[12] >> 4) * 4u;
@@ -47,9 +53,18 @@ bool TcpStreams::add(const TcpFlow& flow, const u8* tcp, std::size_t len, std::u
             s = &x;
             break;
         }
-    if (s == nullptr && !syn && n == 0) return true;  // an ACK or FIN of a connection not followed
-    if (s != nullptr && syn) close(*s);  // the address pair reused (or the SYN sent again): a new connection
-    if (s == nullptr || !s->used) s = &stream_for(flow, capture_ns);
+    if (s == nullptr) {
+        if (!syn && n == 0) return true;  // an ACK or FIN of a connection not followed
+        s = &stream_for(flow, capture_ns);
+    } else if (syn) {
+        if (!s->closed) close(*s);  // the address pair reused (or the SYN sent again): a new connection
+        open(*s, flow, capture_ns);
+    } else if (s->closed) {
+        // After its end: what it sends again was taken before. New data on the pair
+        // without a SYN seen is a connection the capture joins midway.
+        if (n == 0 || static_cast<std::int32_t>(seq + static_cast<std::uint32_t>(n) - s->next_seq) <= 0) return true;
+        open(*s, flow, capture_ns);
+    }
     current_ = s;
     s->last_ns = capture_ns;
     if (syn && !s->seq_known) {
@@ -57,14 +72,24 @@ bool TcpStreams::add(const TcpFlow& flow, const u8* tcp, std::size_t len, std::u
         s->next_seq = seq;
     }
     if (n > 0) {
+        if (!s->counted) {
+            s->counted = true;
+            ++counts_.connections;
+        }
         if (s->lost) counts_.unframed_bytes += n;
         else take_bytes(*s, seq, tcp + header, n);
     }
-    if ((flags & (kFin | kRst)) != 0) s->ending = true;
+    if ((flags & kRst) != 0) s->rst = true;
+    if ((flags & kFin) != 0 && !s->fin) {
+        s->fin = true;
+        s->fin_seq = seq + static_cast<std::uint32_t>(n);
+    }
     return true;
 }
 
 TcpStreams::Stream& TcpStreams::stream_for(const TcpFlow& flow, std::uint64_t capture_ns) {
+    // A place never used, else the connection ended longest ago, else (every place
+    // open) the one idle longest gives way.
     Stream* s = nullptr;
     for (Stream& x : streams_)
         if (!x.used) {
@@ -73,22 +98,30 @@ TcpStreams::Stream& TcpStreams::stream_for(const TcpFlow& flow, std::uint64_t ca
         }
     if (s == nullptr && streams_.size() < limits_.max_streams) s = &streams_.emplace_back();
     if (s == nullptr) {
-        // Every place taken: the connection idle longest gives way.
-        s = &*std::min_element(streams_.begin(), streams_.end(),
-                               [](const Stream& a, const Stream& b) { return a.last_ns < b.last_ns; });
-        close(*s);
-        ++counts_.dropped_connections;
+        const auto idle = [](const Stream& a, const Stream& b) {
+            return a.closed != b.closed ? a.closed : a.last_ns < b.last_ns;
+        };
+        s = &*std::min_element(streams_.begin(), streams_.end(), idle);
+        if (!s->closed) {
+            close(*s);
+            ++counts_.dropped_connections;
+        }
     }
-    s->used = true;
-    s->flow = flow;
-    s->seq_known = s->joining = s->lost = s->ending = false;
-    s->next_seq = 0;
-    s->buf.clear();
-    s->head = 0;
-    s->held.clear();
-    s->last_ns = capture_ns;
-    ++counts_.connections;
+    open(*s, flow, capture_ns);
     return *s;
+}
+
+void TcpStreams::open(Stream& s, const TcpFlow& flow, std::uint64_t capture_ns) {
+    s.used = true;
+    s.closed = s.seq_known = s.joining = s.lost = s.counted = s.fin = s.rst = false;
+    s.flow = flow;
+    s.fin_seq = s.next_seq = 0;
+    s.buf.clear();
+    s.head = 0;
+    held_total_ -= s.held_bytes;
+    s.held.clear();
+    s.held_bytes = 0;
+    s.last_ns = capture_ns;
 }
 
 void TcpStreams::take_bytes(Stream& s, std::uint32_t seq, const u8* p, std::size_t n) {
@@ -101,12 +134,15 @@ void TcpStreams::take_bytes(Stream& s, std::uint32_t seq, const u8* p, std::size
     const auto ahead = static_cast<std::int32_t>(seq - s.next_seq);
     if (ahead > 0) {
         // Beyond a hole: held until the hole fills (a reordered or retransmitted segment).
-        if (s.held.size() >= limits_.max_held) {
+        if (s.held.size() >= limits_.max_held || s.held_bytes + n > limits_.max_held_bytes ||
+            held_total_ + n > limits_.max_held_total) {
             lose_framing(s);
             counts_.unframed_bytes += n;
             return;
         }
         s.held.push_back({seq, std::vector<u8>(p, p + n)});
+        s.held_bytes += n;
+        held_total_ += n;
         return;
     }
     const auto behind = static_cast<std::size_t>(-static_cast<std::int64_t>(ahead));
@@ -121,6 +157,8 @@ void TcpStreams::take_bytes(Stream& s, std::uint32_t seq, const u8* p, std::size
             if (d > 0) continue;
             const auto skip = static_cast<std::size_t>(-static_cast<std::int64_t>(d));
             if (skip < h.bytes.size()) append(s, h.bytes.data() + skip, h.bytes.size() - skip);
+            s.held_bytes -= h.bytes.size();
+            held_total_ -= h.bytes.size();
             s.held.erase(s.held.begin() + static_cast<std::ptrdiff_t>(i));
             joined = true;
             break;
@@ -191,7 +229,9 @@ void TcpStreams::lose_framing(Stream& s) {
     s.lost = true;
     s.buf.clear();
     s.head = 0;
+    held_total_ -= s.held_bytes;
     s.held.clear();
+    s.held_bytes = 0;
 }
 
 void TcpStreams::close(Stream& s) {
@@ -203,16 +243,20 @@ void TcpStreams::close(Stream& s) {
             counts_.unframed_bytes += s.buf.size() - s.head;
         }
     }
-    s.used = false;
+    s.closed = true;  // its flow and end stay, for what it sends again
     s.buf.clear();
     s.head = 0;
+    held_total_ -= s.held_bytes;
     s.held.clear();
+    s.held_bytes = 0;
     if (current_ == &s) current_ = nullptr;
 }
 
 void TcpStreams::finish() {
-    for (Stream& s : streams_)
-        if (s.used) close(s);
+    for (Stream& s : streams_) {
+        if (s.used && !s.closed) close(s);
+        s.used = false;
+    }
     current_ = nullptr;
 }
 

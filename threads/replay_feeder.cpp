@@ -14,8 +14,13 @@ namespace evb {
 
 ReplayFeeder::ReplayFeeder(const ReplaySettings& s, alloc::BufferPool& pool, ShardSink& sink,
                            stats::ReaderCounters& counters, const FrameInputSettings& frames)
-    : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()), frames_(frames), budget_(sink.shard_count(), 0),
-      fed_(sink.shard_count(), 0) {
+    : s_(s), pool_(pool), sink_(sink), counters_(counters), batches_(sink.shard_count()), frames_(frames),
+      tcp_streams_([&] {
+          net::TcpStreams::Limits l;
+          l.max_message_bytes = s.filter.max_message_bytes;
+          return l;
+      }()),
+      budget_(sink.shard_count(), 0), fed_(sink.shard_count(), 0) {
     for (const std::string& f : s_.files) {
         struct stat st {};
         if (::stat(f.c_str(), &st) == 0) total_bytes_ += static_cast<std::uint64_t>(st.st_size);
@@ -93,6 +98,8 @@ void ReplayFeeder::submit() {
 
 void ReplayFeeder::finish(bool failed) {
     failed_ = failed;
+    tcp_streams_.finish();  // the connections still open end with the last file
+    tcp_.streams = tcp_streams_.counts();
     // Release: the service loop reads failed_ and the counters after seeing this.
     finished_.store(true, std::memory_order_release);
 }
@@ -105,13 +112,6 @@ void ReplayFeeder::close_reader() {
     packets_ += reader_->packets();
     tcp_.segments += reader_->stream_packets();
     tcp_.messages += reader_->stream_messages();
-    const net::TcpStreams::Counts& c = reader_->streams();
-    tcp_.streams.connections += c.connections;
-    tcp_.streams.joined_midway += c.joined_midway;
-    tcp_.streams.framing_lost += c.framing_lost;
-    tcp_.streams.ended_in_message += c.ended_in_message;
-    tcp_.streams.unframed_bytes += c.unframed_bytes;
-    tcp_.streams.dropped_connections += c.dropped_connections;
     reader_.reset();
 }
 
@@ -120,7 +120,7 @@ bool ReplayFeeder::open_next() {
     if (next_file_ >= s_.files.size()) return false;
     const std::string& path = s_.files[next_file_++];
     try {
-        reader_ = std::make_unique<net::CaptureReader>(path, s_.filter);
+        reader_ = std::make_unique<net::CaptureReader>(path, s_.filter, net::ReassemblyLimits{}, &tcp_streams_);
         log_info("replaying {}", path);
     } catch (const std::exception& e) {
         log_error("{}", e.what());

@@ -81,6 +81,7 @@ private:
 
     std::size_t next_file_ = 0;
     std::unique_ptr<net::CaptureReader> reader_;
+    net::TcpStreams tcp_streams_;  // lent to each file's reader: a connection goes on across files
     TcpTotals tcp_;
     net::CapturedDatagram pending_;  // read but not yet placed (no free slot)
     bool have_pending_ = false;

@@ -125,9 +125,10 @@ std::optional<ReplaySettings> replay_settings(const DaemonOptions& opts, const C
     const std::uint16_t udp_port =
         c.input.listen_addresses.empty() ? 0 : net::parse_endpoint(c.input.listen_addresses.front()).port();
     r.filter = net::parse_replay_filter(c.replay_filter, udp_port);
+    // TCP listen addresses: TCP connections are read as streams (with "port", those to
+    // their ports; with an expression, those it takes).
+    for (const std::string& a : c.input.tcp_addresses) r.filter.tcp_ports.push_back(net::parse_endpoint(a).port());
     if (r.filter.kind == net::ReplayFilter::Kind::port) {
-        // TCP listen addresses: the connections to their ports are read as streams.
-        for (const std::string& a : c.input.tcp_addresses) r.filter.tcp_ports.push_back(net::parse_endpoint(a).port());
         if (c.input.listen_addresses.size() > 1) {
             // "port" with several UDP listen addresses: datagrams to any of their ports.
             std::string ports;

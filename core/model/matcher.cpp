@@ -91,10 +91,22 @@ void Matcher::held_before_in_ledger(const MatcherSettings& s) {
     if (s.match == file::MatchMode::timestamp) {
         // Dense ids are sequence numbers: a trigger is not lost whole when any source's
         // fragment of it is in the run's files (as the run summary counts it).
+        // The sources' spans merged once here, so that a question costs one search,
+        // not one per source.
         if (s.held_sequences == nullptr || s.held_sequences->empty()) return;
-        ledgers_.held_before(s.built_before_run, [held = s.held_sequences](std::uint64_t j) {
-            const std::vector<file::HeldIds>& by_source = held->by_source();
-            return std::any_of(by_source.begin(), by_source.end(), [j](const file::HeldIds& h) { return h.contains(j); });
+        std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // (first, last), step 1
+        for (const file::HeldIds& h : s.held_sequences->by_source())  // collected with step 1 (run_on_disk.cpp)
+            for (const file::HeldIds::Span& sp : h.spans()) spans.emplace_back(sp.first, sp.last);
+        std::sort(spans.begin(), spans.end());
+        std::vector<std::pair<std::uint64_t, std::uint64_t>> merged;
+        for (const auto& sp : spans) {
+            if (!merged.empty() && sp.first <= merged.back().second + 1) merged.back().second = std::max(merged.back().second, sp.second);
+            else merged.push_back(sp);
+        }
+        ledgers_.held_before(s.built_before_run, [merged = std::move(merged)](std::uint64_t j) {
+            const auto it = std::upper_bound(merged.begin(), merged.end(), j,
+                                             [](std::uint64_t v, const auto& sp) { return v < sp.first; });
+            return it != merged.begin() && j <= std::prev(it)->second;
         });
         return;
     }

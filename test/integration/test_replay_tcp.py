@@ -6,7 +6,7 @@
 (ii)  The emulator's datagrams, written by this test as 4 TCP connections in a capture
       (segments of 1 to 3000 bytes, some sent twice, some swapped, one connection over
       IPv6, the connections' segments interleaved), replay to the same records as the
-      same datagrams captured as UDP.
+      same datagrams captured as UDP; so does that capture cut into two files.
 (iii) The same capture with one connection joined midway (its SYN and first 5000 bytes
       not captured) and one with a segment the capture lost: the summary counts both
       (joined midway, framing lost), the other connections' data is built, and the
@@ -14,6 +14,7 @@
 import os
 import random
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -169,6 +170,22 @@ def tcp_capture(path, datagrams, port, rng, midway=None, hole=None):
         f.write(b"".join(out))
 
 
+def split_capture(path, wd):
+    """The capture as two files, cut at the record in the middle."""
+    with open(path, "rb") as f:
+        data = f.read()
+    at, starts = 24, []
+    while at + 16 <= len(data):
+        starts.append(at)
+        at += 16 + struct.unpack_from("<I", data, at + 8)[0]
+    cut = starts[len(starts) // 2]
+    names = [os.path.join(wd, "split-1.pcap"), os.path.join(wd, "split-2.pcap")]
+    for name, body in zip(names, (data[24:cut], data[cut:])):
+        with open(name, "wb") as f:
+            f.write(data[:24] + body)
+    return names
+
+
 def written_captures(wd):
     udp = os.path.join(wd, "udp.pcap")
     run_source(["--sources", SOURCES, "--events", EVENTS, "--size", "100:3000", "--seed", "12", "--dry-run",
@@ -191,6 +208,16 @@ def written_captures(wd):
           f"(ii) every datagram is framed from the 4 connections, resent and swapped segments included: {tcp_line(log)}")
     same_records("(ii) the TCP capture against the same datagrams over UDP", want, out)
 
+    # Split in two files (tcpdump -C/-G): the connections go on across the cut.
+    parts = split_capture(tcp, wd)
+    out = os.path.join(wd, "tcp-split-replay")
+    rc, log = replay(parts, out, '["tcp://127.0.0.1:7400"]')
+    c = tcp_counts(log)
+    check(rc == 0 and c.get("midway") == 0 and c.get("ended_in_message") == 0 and c.get("unframed_bytes") == 0
+          and f"{len(datagrams)} messages framed" in tcp_line(log),
+          f"(ii) the capture split in two files replays as one: {tcp_line(log)}")
+    same_records("(ii) the split capture against the same datagrams over UDP", want, out)
+
     broken = os.path.join(wd, "broken.pcap")
     tcp_capture(broken, datagrams, 7400, random.Random(45), midway=0, hole=1)
     out = os.path.join(wd, "broken-replay")
@@ -201,7 +228,8 @@ def written_captures(wd):
           f"(iii) the connection joined midway and the one with a hole are counted: {tcp_line(log)}")
     stop = re.search(r"stopped: (\d+) events complete, (\d+) incomplete", log)
     complete, incomplete = (int(stop.group(1)), int(stop.group(2))) if stop else (0, 0)
-    check(complete + incomplete == EVENTS and complete > 0 and incomplete > 0 and "0 events lost whole" in log,
+    check(complete + incomplete == EVENTS and complete > 0 and incomplete > 0 and
+          re.search(r", 0 events lost whole", log) is not None,
           f"(iii) every event is written, those that lost data INCOMPLETE ({complete} complete, "
           f"{incomplete} incomplete)")
     rc, text = verify([out])
@@ -210,7 +238,11 @@ def written_captures(wd):
 
 def main():
     wd = workdir()
-    live_and_tcpdump(wd)
+    if shutil.which("tcpdump") is None:
+        # Not a pass for (i): said, and (ii) and (iii) still run.
+        print("note: SKIPPED (i), the live capture: no tcpdump on this machine", flush=True)
+    else:
+        live_and_tcpdump(wd)
     written_captures(wd)
     print("1 passed, 0 failed")
 

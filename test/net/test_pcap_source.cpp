@@ -271,6 +271,9 @@ struct Result {
     std::uint64_t packets = 0;
     std::uint64_t datagram_packets = 0;
     std::uint64_t reassembled = 0;
+    std::uint64_t stream_packets = 0;
+    evb::net::TcpStreams::Counts streams;
+    std::vector<std::uint16_t> sender_ports;
 };
 
 ReplayFilter port_filter() { return evb::net::parse_replay_filter("port", kPort); }
@@ -284,15 +287,18 @@ Result read(const std::string& path, const ReplayFilter& filter = port_filter(),
         res.datagrams.emplace_back(p, p + d.length);
         res.ts_ns.push_back(d.capture_unix_ns);
         res.packet_numbers.push_back(d.packet_number);
+        res.sender_ports.push_back(ntohs(reinterpret_cast<const sockaddr_in&>(d.sender).sin_port));
     }
     res.error = r.error();
     res.skipped = r.skipped();
     res.packets = r.packets();
     res.datagram_packets = r.datagram_packets();
     res.reassembled = r.reassembled();
-    // Every packet is either part of a datagram handed on or counted once as skipped.
+    res.stream_packets = r.stream_packets();
+    res.streams = r.streams();
+    // Every packet is part of a datagram handed on, a TCP segment taken, or counted once as skipped.
     const std::uint64_t skipped = std::accumulate(res.skipped.begin(), res.skipped.end(), std::uint64_t{0});
-    CHECK(res.packets == res.datagram_packets + skipped);
+    CHECK(res.packets == res.datagram_packets + res.stream_packets + skipped);
     return res;
 }
 
@@ -934,4 +940,94 @@ TEST_CASE("pcap: records on both sides of the reader's 4 MiB windows, and a file
     CHECK(st == CaptureReader::Status::end);
     CHECK(got > 700);   // the first 4 MiB of records
     CHECK(got < 1500);  // not the ones the cut took away
+}
+
+namespace {
+
+// A TCP segment (20-byte header) from `sport` to `dport`.
+Bytes tcp(std::uint32_t seq, std::uint8_t flags, const Bytes& data, std::uint16_t dport = kPort,
+          std::uint16_t sport = 40000) {
+    Bytes b;
+    put16be(b, sport);
+    put16be(b, dport);
+    put32be(b, seq);
+    put32be(b, 0);
+    b.push_back(5 << 4);
+    b.push_back(flags);
+    put16be(b, 65535);
+    put32be(b, 0);
+    return cat(b, data);
+}
+
+// Datagrams framed as over TCP (FORMATS.md 11): each behind its u32 length.
+Bytes framed(const std::vector<Bytes>& datagrams) {
+    Bytes b;
+    for (const Bytes& d : datagrams) {
+        put32le(b, static_cast<std::uint32_t>(d.size()));
+        b.insert(b.end(), d.begin(), d.end());
+    }
+    return b;
+}
+
+}  // namespace
+
+TEST_CASE("pcap: TCP connections framed, IPv4 and IPv6, by the port and BPF filters; only with a TCP input",
+          "[pcap][tcp_streams]") {
+    TempDir dir;
+    const Bytes a = payload(100, 1), b = payload(300, 2), c = payload(50, 3);
+    const Bytes stream = framed({a, b, c});
+    constexpr std::uint8_t kSyn = 0x02, kAck = 0x10, kFin = 0x01;
+    Capture cap(kEthernet);
+    Ip4 tcp4;
+    tcp4.protocol = 6;
+    cap.add(ether(0x0800, ipv4(tcp(1000, kSyn, {}), tcp4)));
+    cap.add(ether(0x0800, ipv4(tcp(1001, kAck, Bytes(stream.begin(), stream.begin() + 150)), tcp4)));
+    cap.add(ether(0x86DD, ipv6(tcp(7, kSyn, {}, kPort, 40001), 6)));
+    cap.add(ether(0x0800, ipv4(udp(payload(20, 9)))));  // UDP beside it
+    cap.add(ether(0x0800, ipv4(tcp(1151, kAck | kFin, Bytes(stream.begin() + 150, stream.end())), tcp4)));
+    cap.add(ether(0x86DD, ipv6(tcp(8, kAck, stream, kPort, 40001), 6)));
+    cap.add(ether(0x0800, ipv4(tcp(1, kAck, stream, kPort + 1), tcp4)));  // another port
+    const Bytes whole = tcp(1, kAck, {});
+    cap.add(ether(0x0800, ipv4(Bytes(whole.begin(), whole.begin() + 10), tcp4)));  // no room for a TCP header
+    cap.add(ether(0x0800, ipv4(tcp(1, 0x10, {}), tcp4)));               // an ACK of no connection followed
+    const std::string path = cap.write(dir, "tcp.pcap");
+
+    SECTION("no TCP input: TCP is not read") {
+        const Result r = read(path);
+        CHECK(r.datagrams.size() == 1);
+        expect_skips(r, {{SkipReason::not_udp, 8}});
+    }
+    SECTION("the port filter with the TCP input's port") {
+        ReplayFilter f = port_filter();
+        f.tcp_ports = {kPort};
+        const Result r = read(path, f);
+        // a (IPv4, whole in the first data segment), the UDP datagram, b and c (the
+        // second segment completes both), then a, b, c (IPv6).
+        REQUIRE(r.datagrams.size() == 7);
+        CHECK(r.datagrams[0] == a);
+        CHECK(r.datagrams[1] == payload(20, 9));
+        CHECK(r.datagrams[2] == b);
+        CHECK(r.datagrams[3] == c);
+        CHECK(r.datagrams[4] == a);
+        CHECK(r.datagrams[6] == c);
+        CHECK(r.sender_ports[0] == 40000);
+        CHECK(r.sender_ports[4] == 40001);
+        CHECK(r.packet_numbers[2] == 5);  // completed by packet 5
+        CHECK(r.stream_packets == 6);     // the SYNs, the data, the ACK after the FIN
+        expect_skips(r, {{SkipReason::other_port, 1}, {SkipReason::bad_tcp_header, 1}});
+        CHECK(r.streams.connections == 2);
+        CHECK(r.streams.ended_in_message == 0);
+        CHECK(r.streams.unframed_bytes == 0);
+    }
+    SECTION("a BPF expression: the TCP segments it takes") {
+        ReplayFilter f = evb::net::parse_replay_filter("tcp and src port 40001", kPort);
+        f.tcp_ports = {kPort};
+        const Result r = read(path, f);
+        REQUIRE(r.datagrams.size() == 3);  // the IPv6 connection only
+        CHECK(r.datagrams[1] == b);
+        CHECK(r.stream_packets == 2);
+        // TCP the expression refuses (the short header too) is not read, counted as
+        // before TCP was; the UDP datagram is filtered.
+        expect_skips(r, {{SkipReason::not_udp, 6}, {SkipReason::filtered, 1}});
+    }
 }

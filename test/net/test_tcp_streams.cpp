@@ -160,3 +160,38 @@ TEST_CASE("tcp streams: more connections than places: the one idle longest gives
     CHECK(t.counts().dropped_connections == 1);
     CHECK(feed(t, flow(3), segment(1, kAck, bytes.data(), bytes.size())) == std::vector<std::string>{"ax10"});
 }
+
+TEST_CASE("tcp streams: a FIN ends a connection once the bytes before it are in; "
+          "what it sends again afterwards is ignored",
+          "[pcap][tcp_streams]") {
+    TcpStreams t({});
+    const TcpFlow f = flow(50000);
+    const std::vector<std::uint8_t> bytes = framed({{100, 'a'}, {100, 'b'}});
+    (void)feed(t, f, segment(0, kSyn));
+    CHECK(feed(t, f, segment(1 + 108, kAck, bytes.data() + 108, 108)).empty());  // b, ahead of a
+    // The FIN is captured before a's segment (reordered): the connection waits for it.
+    CHECK(feed(t, f, segment(1 + 216, kFin | kAck)).empty());
+    CHECK(feed(t, f, segment(1, kAck, bytes.data(), 108)) == std::vector<std::string>{"ax100", "bx100"});
+    // Sent again after the end (its ACK was lost): taken before, no new connection.
+    CHECK(feed(t, f, segment(1, kAck, bytes.data(), 108)).empty());
+    CHECK(feed(t, f, segment(1 + 216, kFin | kAck)).empty());
+    t.finish();
+    CHECK(t.counts().connections == 1);
+    CHECK(t.counts().joined_midway == 0);
+    CHECK(t.counts().framing_lost == 0);
+    CHECK(t.counts().unframed_bytes == 0);
+}
+
+TEST_CASE("tcp streams: the bytes held beyond a hole are bounded per connection", "[pcap][tcp_streams]") {
+    TcpStreams::Limits limits;
+    limits.max_held_bytes = 1000;
+    TcpStreams t(limits);
+    const TcpFlow f = flow(50001);
+    const std::vector<std::uint8_t> bytes = framed({{2000, 'a'}});
+    (void)feed(t, f, segment(0, kSyn));
+    CHECK(feed(t, f, segment(1 + 100, kAck, bytes.data() + 100, 900)).empty());  // held: 900 bytes
+    CHECK(t.counts().framing_lost == 0);
+    CHECK(feed(t, f, segment(1 + 1000, kAck, bytes.data() + 1000, 200)).empty());  // 1100 held: too many
+    CHECK(t.counts().framing_lost == 1);
+    CHECK(t.counts().unframed_bytes == 1100);
+}
