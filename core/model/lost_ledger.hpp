@@ -23,6 +23,7 @@
 // far below it come before kConfirm near it did.
 #pragma once
 
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -154,8 +155,10 @@ public:
     // The run ends; `next_run` (or none: kNone) goes on. Returns the ended run's ledger.
     LostRun end_run(std::uint32_t next_run);
     static constexpr std::uint32_t kNone = 0xFFFFFFFFu;
-    // A restart within `run`: the ids its files held at start (before the first id).
+    // A restart within `run`: the ids its files held at start. Before the first id:
+    // a ledger already begun would not ask it.
     void held_before(std::uint32_t run, HeldBefore held) {
+        assert(!cur_set_ && !next_set_);
         held_run_ = run;
         held_ = std::move(held);
     }
