@@ -971,7 +971,7 @@ Bytes framed(const std::vector<Bytes>& datagrams) {
 
 }  // namespace
 
-TEST_CASE("pcap: TCP connections framed, IPv4 and IPv6, by the port and BPF filters; only with a TCP input",
+TEST_CASE("pcap: TCP connections framed, IPv4 and IPv6, by the port and BPF filters, only with a TCP input",
           "[pcap][tcp_streams]") {
     TempDir dir;
     const Bytes a = payload(100, 1), b = payload(300, 2), c = payload(50, 3);

@@ -161,7 +161,7 @@ TEST_CASE("tcp streams: more connections than places: the one idle longest gives
     CHECK(feed(t, flow(3), segment(1, kAck, bytes.data(), bytes.size())) == std::vector<std::string>{"ax10"});
 }
 
-TEST_CASE("tcp streams: a FIN ends a connection once the bytes before it are in; "
+TEST_CASE("tcp streams: a FIN ends a connection once the bytes before it are in, "
           "what it sends again afterwards is ignored",
           "[pcap][tcp_streams]") {
     TcpStreams t({});
