@@ -69,7 +69,12 @@ def main():
     with open(cfg, "w") as f:
         json.dump({"sources": 4, "control": {"socket": sock}}, f)
     d = Evbd(wd, args=["--config", cfg])
-    base_fds = len(os.listdir(f"/proc/{d.proc.pid}/fd"))  # with no control client
+    # With no control client, once start-up is done: the writer opens the run's first
+    # file (and its directory) after the "building run" line Evbd waits for, so the
+    # count is taken once that file is there (under TSan it came after: 8, then 10).
+    wait_until(lambda: any(n.endswith(".part") for n in os.listdir(d.out)) if os.path.isdir(d.out) else False, 20,
+               "the run's first file is open")
+    base_fds = len(os.listdir(f"/proc/{d.proc.pid}/fd"))
 
     idle = []
     for _ in range(IDLE):
