@@ -128,19 +128,19 @@ std::optional<ReplaySettings> replay_settings(const DaemonOptions& opts, const C
     // TCP listen addresses: TCP connections are read as streams (with "port", those to
     // their ports; with an expression, those it takes).
     for (const std::string& a : c.input.tcp_addresses) r.filter.tcp_ports.push_back(net::parse_endpoint(a).port());
-    if (r.filter.kind == net::ReplayFilter::Kind::port) {
-        if (c.input.listen_addresses.size() > 1) {
-            // "port" with several UDP listen addresses: datagrams to any of their ports.
-            std::string ports;
-            for (const std::string& a : c.input.listen_addresses)
-                ports += fmt::format("{}dst port {}", ports.empty() ? "" : " or ", net::parse_endpoint(a).port());
-            std::string tcp;
-            for (const std::uint16_t p : r.filter.tcp_ports)
-                tcp += fmt::format("{}dst port {}", tcp.empty() ? "" : " or ", p);
-            r.filter.kind = net::ReplayFilter::Kind::bpf;
-            r.filter.bpf = tcp.empty() ? fmt::format("udp and ({})", ports)
-                                       : fmt::format("(udp and ({})) or (tcp and ({}))", ports, tcp);
-        }
+    if (r.filter.kind == net::ReplayFilter::Kind::port && c.input.listen_addresses.size() > 1) {
+        // "port" with several UDP listen addresses: datagrams to any of their ports.
+        const auto any_dst_port = [](const auto& ports, auto port_of) {
+            std::string text;
+            for (const auto& p : ports) text += fmt::format("{}dst port {}", text.empty() ? "" : " or ", port_of(p));
+            return text;
+        };
+        const std::string udp = any_dst_port(c.input.listen_addresses,
+                                             [](const std::string& a) { return net::parse_endpoint(a).port(); });
+        const std::string tcp = any_dst_port(r.filter.tcp_ports, [](std::uint16_t p) { return p; });
+        r.filter.kind = net::ReplayFilter::Kind::bpf;
+        r.filter.bpf = tcp.empty() ? fmt::format("udp and ({})", udp)
+                                   : fmt::format("(udp and ({})) or (tcp and ({}))", udp, tcp);
     }
     r.filter.max_message_bytes = c.input.max_datagram_bytes;
     r.tick_ns = std::uint64_t{std::clamp<std::uint32_t>(c.building.timeout_ms / 4, 1, 50)} * 1'000'000ull;
