@@ -1,6 +1,7 @@
 #include "net/tcp.hpp"
 
 #include <fcntl.h>
+#include <linux/filter.h>
 #include <netinet/tcp.h>
 #include <unistd.h>
 
@@ -27,6 +28,41 @@ int listen_tcp(const Endpoint& at, bool reuse_port, int backlog) {
     if (::bind(fd, reinterpret_cast<const sockaddr*>(&at.addr), at.len) != 0) fail("bind");
     if (::listen(fd, backlog) != 0) fail("listen on");
     return fd;
+}
+
+void steer_by_peer_address(int fd, const Endpoint& at, unsigned sockets) {
+    // The program sees the SYN with its data at the TCP payload; the IP header is
+    // reached through SKF_NET_OFF. IPv4: the source address (bytes 12..15). IPv6:
+    // its four words (bytes 8..23) folded by XOR. Then a multiplicative hash, whose
+    // upper bits are the mixed ones, modulo the number of sockets.
+    const auto stmt = [](std::uint16_t code, std::uint32_t k) { return sock_filter{code, 0, 0, k}; };
+    const auto net = [](std::int32_t offset) { return static_cast<std::uint32_t>(SKF_NET_OFF + offset); };
+    sock_filter code[] = {
+        stmt(BPF_LD | BPF_B | BPF_ABS, net(0)),  // version and header length
+        stmt(BPF_ALU | BPF_RSH | BPF_K, 4),
+        sock_filter{BPF_JMP | BPF_JEQ | BPF_K, 0, 11, 6},  // not IPv6: to the IPv4 load
+        stmt(BPF_LD | BPF_W | BPF_ABS, net(8)),
+        stmt(BPF_MISC | BPF_TAX, 0),
+        stmt(BPF_LD | BPF_W | BPF_ABS, net(12)),
+        stmt(BPF_ALU | BPF_XOR | BPF_X, 0),
+        stmt(BPF_MISC | BPF_TAX, 0),
+        stmt(BPF_LD | BPF_W | BPF_ABS, net(16)),
+        stmt(BPF_ALU | BPF_XOR | BPF_X, 0),
+        stmt(BPF_MISC | BPF_TAX, 0),
+        stmt(BPF_LD | BPF_W | BPF_ABS, net(20)),
+        stmt(BPF_ALU | BPF_XOR | BPF_X, 0),
+        stmt(BPF_JMP | BPF_JA, 1),
+        stmt(BPF_LD | BPF_W | BPF_ABS, net(12)),  // IPv4
+        stmt(BPF_ALU | BPF_MUL | BPF_K, 0x9E3779B1u),
+        stmt(BPF_ALU | BPF_RSH | BPF_K, 16),
+        stmt(BPF_ALU | BPF_MOD | BPF_K, sockets),
+        stmt(BPF_RET | BPF_A, 0),
+    };
+    sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
+    if (sockets < 2) return;
+    if (::setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) != 0)
+        throw std::runtime_error(fmt::format("SO_ATTACH_REUSEPORT_CBPF (one reader per readout PC) on tcp://{}: {}",
+                                             at.to_string(), std::strerror(errno)));
 }
 
 void put_tcp_prefix(std::byte* out, std::uint32_t len) noexcept {

@@ -26,6 +26,14 @@ inline std::string without_scheme(std::string_view text) {
 // over them. Throws std::runtime_error naming the address and errno text.
 int listen_tcp(const Endpoint& at, bool reuse_port, int backlog = 1024);
 
+// Makes the kernel give every connection to one address's listening sockets (`fd`:
+// any of them, once all are listening) to the socket chosen by a hash of the peer's
+// IP address alone, not of its port: a readout PC that connects again, from a new
+// port, reaches the same listener, so the same reader (a classic BPF program on the
+// SO_REUSEPORT group; the socket at index hash % `sockets`, in the order they began
+// to listen). Throws std::runtime_error naming the address and errno text.
+void steer_by_peer_address(int fd, const Endpoint& at, unsigned sockets);
+
 // The length prefix in front of each datagram in a stream: a little-endian u32.
 inline constexpr std::size_t kTcpPrefixBytes = 4;
 // Messages shorter than this cannot be a datagram of any kind (an EVB header is

@@ -49,7 +49,9 @@ struct FrameInputSettings {
 // so a board that sends from one address and port (as boards do) always lands on
 // the same reader; a source whose datagrams come from several senders is extended
 // by each reader on its own share, which still extends correctly as long as each
-// reader sees that source at least once per half of the counter's range.
+// reader sees that source at least once per half of the counter's range. Over TCP,
+// every connection from one address reaches the same reader (steer_by_peer_address),
+// so a readout PC that connects again finds its sources' state there.
 class FrameDecoding {
 public:
     explicit FrameDecoding(const FrameInputSettings& s)

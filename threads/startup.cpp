@@ -153,6 +153,14 @@ std::vector<std::vector<int>> listen_tcp_sockets(const Config& c) {
     for (auto& fds : per_reader)
         for (const std::string& a : c.input.tcp_addresses)
             fds.push_back(net::listen_tcp(net::parse_endpoint(a), per_reader.size() > 1));
+    // Several readers: a readout PC's connections all reach one of them, whatever
+    // its port, so what a reader keeps per source (the wrap extension of described
+    // boards, the numbers it gives boards without a counter) goes on when it connects
+    // again (docs/ARCHITECTURE.md, "Input over TCP").
+    if (per_reader.size() > 1)
+        for (std::size_t a = 0; a < c.input.tcp_addresses.size(); ++a)
+            net::steer_by_peer_address(per_reader[0][a], net::parse_endpoint(c.input.tcp_addresses[a]),
+                                       static_cast<unsigned>(per_reader.size()));
     return per_reader;
 }
 

@@ -27,7 +27,8 @@ std::optional<ReplaySettings> replay_settings(const DaemonOptions& opts, const C
 std::vector<net::BoundSocket> bind_input_sockets(const Config& c);
 
 // Each TCP reader's listening sockets, one per TCP address of input.listen (the
-// readers of an address share it by SO_REUSEPORT). A bind failure throws.
+// readers of an address share it by SO_REUSEPORT, a readout PC's connections all
+// steered to one of them by its address). A bind failure throws.
 std::vector<std::vector<int>> listen_tcp_sockets(const Config& c);
 
 // The receive pools and the event pools are allocated and touched at start:

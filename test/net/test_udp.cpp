@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "net/udp.hpp"
+#include "test/fd_guard.hpp"
 
 using evb::net::BoundSocket;
 using evb::net::Endpoint;
@@ -24,19 +25,9 @@ using evb::net::SendBatch;
 using evb::net::SocketOptions;
 using evb::net::parse_endpoint;
 
-namespace {
+using evb::test::Fd;
 
-// Closes a descriptor at scope exit so a failed REQUIRE does not leak it into the
-// next test case.
-struct Fd {
-    int fd = -1;
-    explicit Fd(int f) : fd(f) {}
-    Fd(const Fd&) = delete;
-    Fd& operator=(const Fd&) = delete;
-    ~Fd() {
-        if (fd >= 0) ::close(fd);
-    }
-};
+namespace {
 
 Endpoint local_endpoint(int fd) {
     Endpoint ep;
