@@ -96,13 +96,23 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         run_events_ = 0;
         run_status_ = {};
         run_records_ = run_incomplete_ = run_payload_bytes_ = run_record_bytes_ = 0;
+        // What run control told when the run began (runs_begun_), else the settings now.
+        const auto begun = std::find_if(runs_begun_.rbegin(), runs_begun_.rend(),
+                                        [run](const RunBegun& b) { return b.run == run; });
+        const bool told = begun != runs_begun_.rend();
         // When the run started (run control's time; else now), not when its first
         // event came: BEGIN_OF_RUN's start_unix_ns, MIDAS's /Runinfo/Start time.
-        const std::uint64_t started_ns = s_.started_unix_ns != 0 && s_.started_run == run ? s_.started_unix_ns : now;
+        const std::uint64_t started_ns = told && begun->started_unix_ns != 0              ? begun->started_unix_ns
+                                         : s_.started_unix_ns != 0 && s_.started_run == run ? s_.started_unix_ns
+                                                                                             : now;
         // The metadata the run was started with (evb-ctl start --meta), for every file's
         // begin-of-run: BEGIN_OF_RUN's `metadata`, MIDAS's /Evbd/Metadata.
-        run_metadata_ = next_metadata_ && next_metadata_->run_number == run ? next_metadata_->body : s_.run_metadata_json;
-        format_.begin_run({run, started_ns, s_.config_json, run_metadata_, continued_run_ == run && restarted_in_run_});
+        run_metadata_ = next_metadata_ && next_metadata_->run_number == run ? next_metadata_->body
+                        : told                                             ? begun->metadata_json
+                                                                           : s_.run_metadata_json;
+        format_.begin_run({run, started_ns, told ? begun->config_json : s_.config_json, run_metadata_,
+                           continued_run_ == run && restarted_in_run_});
+        if (told) runs_begun_.erase(runs_begun_.begin(), begun.base());  // this run's and older ones'
     }
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
     // The header states what the file's records hold: one section per source

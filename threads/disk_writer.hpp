@@ -169,6 +169,17 @@ private:
     std::vector<RunNote> waiting_notes_;  // for a run whose file is not open yet
     std::string run_metadata_;              // the running run's metadata (JSON object text)
     std::optional<RunNote> next_metadata_;  // evb-ctl start --meta: for that run's BEGIN_OF_RUN
+    // What a run's BEGIN_OF_RUN says, as run control told it when the run began (a
+    // start, or a run change by reload), kept until the run's first file opens: run
+    // changes awaited together each keep their own. Oldest first, at most kRunsBegun.
+    struct RunBegun {
+        std::uint32_t run = 0;
+        std::uint64_t started_unix_ns = 0;  // 0: not told (the first file's opening is its start)
+        std::string config_json, metadata_json;
+    };
+    static constexpr std::size_t kRunsBegun = 16;
+    std::vector<RunBegun> runs_begun_;
+    void note_run_begun(std::uint32_t run, std::uint64_t started_unix_ns, const WriterSettings& told);
     // Takes the posted notes: each goes into its run's open file now (between
     // batches), or waits for that file's opening (write_waiting_notes).
     void take_notes();

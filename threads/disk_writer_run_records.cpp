@@ -90,6 +90,7 @@ void DiskWriter::take_commands() {
             // (a reload while stopped may have changed them since the last transition).
             s_.config_json = next->config_json;
             s_.run_metadata_json = next->run_metadata_json;
+            note_run_begun(next->started_run, next->started_unix_ns, *next);
         } else if (run_going_ && next->epoch.run != *run_going_) {
             run_going_.reset();  // a stop: no run, no file
         }
@@ -98,6 +99,7 @@ void DiskWriter::take_commands() {
                 // A new run: its BEGIN_OF_RUN holds the configuration and metadata it starts with.
                 s_.config_json = next->config_json;
                 s_.run_metadata_json = next->run_metadata_json;
+                note_run_begun(next->epoch.run, 0, *next);
             }
             // Its events wait for every shard's mark (after the epochs before it).
             // The run it ends: the one going until now (started by run control; else, for
@@ -112,6 +114,19 @@ void DiskWriter::take_commands() {
         // Release: every read of *next happens before the poster may free it.
         commands_.done_with_one();
     }
+}
+
+void DiskWriter::note_run_begun(std::uint32_t run, std::uint64_t started_unix_ns, const WriterSettings& told) {
+    // Not on the hot path: once per run change.
+    for (RunBegun& b : runs_begun_)
+        if (b.run == run) {  // a run change by reload, then its start (or the same told twice)
+            if (started_unix_ns != 0) b.started_unix_ns = started_unix_ns;
+            b.config_json = told.config_json;
+            b.metadata_json = told.run_metadata_json;
+            return;
+        }
+    if (runs_begun_.size() == kRunsBegun) runs_begun_.erase(runs_begun_.begin());  // runs that never opened a file
+    runs_begun_.push_back({run, started_unix_ns, told.config_json, told.run_metadata_json});
 }
 
 void DiskWriter::open_started_run() {

@@ -929,3 +929,64 @@ TEST_CASE("DiskWriter passes no epoch while the output is blocked: the run's END
     CHECK(rig.writer_counters.events_written.get() == 3);
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
+
+namespace {
+// The BEGIN_OF_RUN body of a .evb file (its first run record), parsed.
+nlohmann::json begin_of_run_in(const fs::path& path) {
+    const file::MappedFile mapped(path.string());
+    nlohmann::json bor;
+    (void)file::scan(mapped.bytes(), [&](const file::FileHeader&, const file::RecordView& r, std::span<const std::byte> area) {
+        if (!file::is_run_record(r) || !bor.is_null()) return;
+        const file::RunRecordView v = file::read_run_record(area);
+        if (v.kind == static_cast<std::uint32_t>(file::RunRecordKind::begin_of_run)) bor = nlohmann::json::parse(v.body);
+    });
+    return bor;
+}
+}  // namespace
+
+TEST_CASE("DiskWriter gives each of two run changes awaited together its own configuration, metadata and start", "[disk_writer]") {
+    // Two run changes posted before the shard's mark of the first reaches the writer
+    // (two quick reloads, or evb-ctl stop and start): each run's BEGIN_OF_RUN holds
+    // what that run began with, not the later one's.
+    test::TempDir dir;
+    WriterSettings ws = run_record_settings(dir.path());
+    ws.config_json = R"({"note": "run 7"})";
+    WriterRig rig(ws);
+    WriterSettings start = start_of_run(ws);
+    rig.start_and_write_two(start);
+
+    const auto run_change = [&](std::uint32_t number, std::uint32_t run) {
+        WriterSettings c = start;
+        c.epoch = {number, run, 0};
+        c.started_run = run;
+        c.started_unix_ns = start.started_unix_ns + std::uint64_t{number} * 1'000'000'000ull;
+        c.config_json = fmt::format(R"({{"note": "run {}"}})", run);
+        c.run_metadata_json = fmt::format(R"({{"shift": {}}})", run);
+        return c;
+    };
+    const WriterSettings second = run_change(1, kRun + 1), third = run_change(2, kRun + 2);
+    REQUIRE(rig.settings_channel.post(&second));
+    rig.writer.do_work();
+    REQUIRE(rig.settings_channel.post(&third));
+    rig.writer.do_work();
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
+    rig.build(2, kRun + 1);
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));
+    rig.build(3, kRun + 2);
+    for (int i = 0; i < 1000 && rig.writer_counters.events_written.get() < 4; ++i) rig.writer.do_work();
+    REQUIRE(rig.writer_counters.events_written.get() == 4);
+    rig.writer.on_close();
+
+    const std::vector<fs::path> files = files_in(dir.path());
+    CAPTURE(listing_of(dir.path()));
+    REQUIRE(files.size() == 3);
+    for (std::uint32_t k = 0; k < 3; ++k) {
+        const nlohmann::json bor = begin_of_run_in(files[k]);
+        CAPTURE(k, bor.dump());
+        REQUIRE(bor.is_object());
+        CHECK(bor["run_number"] == kRun + k);
+        CHECK(bor["start_unix_ns"] == start.started_unix_ns + std::uint64_t{k} * 1'000'000'000ull);
+        CHECK(bor["config"]["note"] == fmt::format("run {}", kRun + k));
+        if (k > 0) CHECK(bor["metadata"]["shift"] == kRun + k);
+    }
+}
