@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -155,16 +156,31 @@ template <typename T>
 class SettingsChannel {
 public:
     bool post(const T* settings) noexcept { return ring_.try_push(settings); }
+    // Posts, waiting up to `timeout` for room: the consumer rings as it takes each
+    // (done_with_one). False: still no room by then.
+    bool post_within(const T* settings, std::chrono::nanoseconds timeout) noexcept {
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        while (!post(settings)) {
+            const auto left = deadline - std::chrono::steady_clock::now();
+            if (left <= std::chrono::nanoseconds::zero()) return false;
+            room_.park(left, [this] { return ring_.size_approx() < ring_.capacity(); });
+        }
+        return true;
+    }
     // The consuming thread: the next settings posted, if any.
     bool take(const T*& next) noexcept { return ring_.try_pop(next); }
     // The consuming thread, after its last read of what `take` gave.
-    void done_with_one() noexcept { applied_.fetch_add(1, std::memory_order_release); }
+    void done_with_one() noexcept {
+        applied_.fetch_add(1, std::memory_order_release);
+        room_.ring();  // a poster waiting for room (post_within)
+    }
     // Settings taken and applied so far: the poster may free every one before that.
     std::uint64_t applied() const noexcept { return applied_.load(std::memory_order_acquire); }
 
 private:
     SpscRing<const T*> ring_{16};
     std::atomic<std::uint64_t> applied_{0};
+    Doorbell room_;
 };
 
 // Disk writer -> request sender (pull mode): ids of events whose records the

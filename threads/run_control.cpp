@@ -1,7 +1,6 @@
 #include "threads/run_control.hpp"
 
 #include <chrono>
-#include <thread>
 
 #include <algorithm>
 #include <chrono>
@@ -86,13 +85,8 @@ void RunControl::post_writer_settings(const WriterSettings& base, std::uint32_t 
     // old run's file by it): the writer takes settings at every pass, even while its
     // output is blocked, so room comes soon; wait for it, bounded.
     const WriterSettings* posted = writer_settings_.post(std::move(ws));
-    for (int waited = 0; !t_.writer_settings.post(posted); ++waited) {
-        if (waited == 500) {
-            log_error("the writer has taken no settings for 5 s; these (epoch {}) are not applied", epoch_.number);
-            return;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    if (!t_.writer_settings.post_within(posted, std::chrono::seconds(5)))
+        log_error("the writer has taken no settings for 5 s; these (epoch {}) are not applied", epoch_.number);
 }
 
 void RunControl::post_pull_settings() {

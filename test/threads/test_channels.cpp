@@ -74,3 +74,27 @@ TEST_CASE("BuiltIds says built only for the very id marked in a slot") {
     b.forget(18);  // requested again: an old mark is void
     CHECK_FALSE(b.built(18));
 }
+
+TEST_CASE("SettingsChannel::post_within waits for the consumer to take one, and gives up at its timeout") {
+    SettingsChannel<int> ch;
+    const int settings[17] = {};
+    for (int i = 0; i < 16; ++i) REQUIRE(ch.post(&settings[i]));
+    REQUIRE_FALSE(ch.post(&settings[16]));  // full
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_FALSE(ch.post_within(&settings[16], std::chrono::milliseconds(30)));  // nobody takes
+    CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(30));
+    // The consumer takes one later: the waiting poster is woken by its doorbell
+    // (were it not, it would wait out the 60 s).
+    std::thread consumer([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        const int* got = nullptr;
+        if (ch.take(got)) ch.done_with_one();
+    });
+    const auto t1 = std::chrono::steady_clock::now();
+    const bool posted = ch.post_within(&settings[16], std::chrono::seconds(60));
+    const auto waited = std::chrono::steady_clock::now() - t1;
+    consumer.join();
+    CHECK(posted);
+    CHECK(waited < std::chrono::seconds(30));
+    CHECK(ch.applied() == 1);
+}
