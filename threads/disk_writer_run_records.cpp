@@ -107,6 +107,10 @@ void DiskWriter::take_commands() {
             // goes on (a set change).
             const std::uint32_t before = going_before ? *going_before : file_.is_open() ? file_run_ : s_.epoch.run;
             const std::uint32_t ended = before != next->epoch.run ? before : Epoch::kNoRun;
+            if (!awaited_.empty())  // rare (two changes in quick succession), and worth seeing
+                log_info("change {} (run {}, source set {}) is held behind change {}: each passes once every "
+                         "shard's events before it are written",
+                         next->epoch.number, next->epoch.run, next->epoch.set, awaited_.back().epoch.number);
             s_.epoch = next->epoch;
             awaited_.push_back({next->epoch, ended, run_going_ && *run_going_ == next->epoch.run,
                                 next->expected_sources, next->record_codec});

@@ -32,7 +32,10 @@ from evbtest import BIN, Evbd, check, ctl, dump, fail, run_source, verify, wait_
 
 BUILT = ('evb_events_built_total{status="complete"}', 'evb_events_built_total{status="incomplete"}')
 RATE = 3000  # events per second per sender: moderate, so events are in flight at every change
-TIMEOUT_MS = 3000  # how long an incomplete event can hold its shard's mark back (the stop waits for it)
+# How long an incomplete event can hold its shard's mark back (the stop waits for it):
+# long enough that the second change of each phase comes while the first is awaited,
+# even on a slow (sanitizer) build; the writer's "is held behind" log line shows it.
+TIMEOUT_MS = 10000
 # Event ids each sender uses: the run-1 and run-2 senders, and the one incomplete
 # event sent before each change (its run's payload, an id of its own).
 RUN1_IDS, RUN2_IDS = range(0, 100000), range(1000000, 1100000)
@@ -114,6 +117,7 @@ def main(one_reload):
     else:
         phase1_two_reloads(d, send, leave_incomplete, write_config, reload)
 
+    d.wait_log("is held behind change", 20)  # the writer awaited the run change behind the set change
     # Run 1's end has passed the writer (its summary is written once its files are
     # closed) before the next change: the two phases do not overlap.
     wait_until(lambda: os.path.exists(os.path.join(d.out, "run000001_000.summary.json")), 20,
