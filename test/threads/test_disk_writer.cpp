@@ -556,6 +556,25 @@ WriterSettings start_of_run(const WriterSettings& ws) {
     return start;
 }
 
+// Run control's change of the expected sources within `start`'s run: epoch `number`,
+// source set `set`.
+WriterSettings set_change(const WriterSettings& start, std::uint32_t number, std::uint32_t set) {
+    WriterSettings c = start;
+    c.started_unix_ns = 0;
+    c.epoch = {number, start.started_run, set};
+    return c;
+}
+
+// Run control's run change to `run` (epoch `number`, source set `set`), started
+// `number` seconds after `start`.
+WriterSettings run_change(const WriterSettings& start, std::uint32_t number, std::uint32_t run, std::uint32_t set) {
+    WriterSettings c = start;
+    c.epoch = {number, run, set};
+    c.started_run = run;
+    c.started_unix_ns = start.started_unix_ns + std::uint64_t{number} * 1'000'000'000ull;
+    return c;
+}
+
 }  // namespace
 
 TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes its notes at once", "[disk_writer]") {
@@ -578,9 +597,7 @@ TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes i
     CHECK(records_of(files_in(dir.path())[0]) == V{"B", "C", "U", kOpen, "part"});  // written at once
 
     SECTION("a change of the expected sources: the run goes on in a file of the new set") {
-        WriterSettings set = start;
-        set.started_unix_ns = 0;
-        set.epoch = {1, kRun, 1};
+        const WriterSettings set = set_change(start, 1, 1);
         REQUIRE(rig.settings_channel.post(&set));
         rig.writer.do_work();
         REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));  // the shard's epoch mark
@@ -623,13 +640,8 @@ TEST_CASE("DiskWriter passes a set change and a run change posted back to back i
     WriterSettings start = start_of_run(ws);
     rig.start_and_write_two(start);
 
-    WriterSettings set = start;  // epoch 1: the run goes on with the new set
-    set.started_unix_ns = 0;
-    set.epoch = {1, kRun, 1};
-    WriterSettings change = start;  // epoch 2: the next run, with that set
-    change.epoch = {2, kRun + 1, 1};
-    change.started_run = kRun + 1;
-    change.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
+    const WriterSettings set = set_change(start, 1, 1);  // epoch 1: the run goes on with the new set
+    const WriterSettings change = run_change(start, 2, kRun + 1, 1);  // epoch 2: the next run, with that set
     REQUIRE(rig.settings_channel.post(&set));
     rig.writer.do_work();
     rig.build(2, kRun, 0);  // of the old set, still in flight
@@ -681,16 +693,11 @@ TEST_CASE("DiskWriter ends the run in the new set's file when a set change and t
     const std::string kOpen = "problem: no footer: the file was not closed cleanly";
     WriterSettings start = start_of_run(ws);
     rig.start_and_write_two(start);
-    WriterSettings set = start;
-    set.started_unix_ns = 0;
-    set.epoch = {1, kRun, 1};
+    const WriterSettings set = set_change(start, 1, 1);
     REQUIRE(rig.settings_channel.post(&set));
 
     SECTION("a run change") {
-        WriterSettings change = start;
-        change.epoch = {2, kRun + 1, 1};
-        change.started_run = kRun + 1;
-        change.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
+        const WriterSettings change = run_change(start, 2, kRun + 1, 1);
         REQUIRE(rig.settings_channel.post(&change));
         rig.writer.do_work();
         REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));  // the shard's mark for both
@@ -731,9 +738,7 @@ TEST_CASE("DiskWriter holds an event of a set change whose settings it had not t
     using V = std::vector<std::string>;
     WriterSettings start = start_of_run(ws);
     rig.start_and_write_two(start);
-    WriterSettings set = start;
-    set.started_unix_ns = 0;
-    set.epoch = {1, kRun, 1};
+    const WriterSettings set = set_change(start, 1, 1);
     REQUIRE(rig.settings_channel.post(&set));  // posted, not yet taken
     rig.build(3, kRun, 1);  // of the new set (from one shard)
     rig.build(2, kRun, 0);  // of the old set, still in flight (from another: one ring stands for both)
@@ -878,13 +883,8 @@ TEST_CASE("DiskWriter passes no epoch while the output is blocked: the run's END
     rig.writer.do_work();
     REQUIRE(files_in(dir.path()).size() == 1);
     const std::uintmax_t bare = fs::file_size(files_in(dir.path())[0]);  // header + BEGIN_OF_RUN
-    WriterSettings set = start;
-    set.started_unix_ns = 0;
-    set.epoch = {1, kRun, 1};
-    WriterSettings change = start;
-    change.epoch = {2, kRun + 1, 1};
-    change.started_run = kRun + 1;
-    change.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
+    const WriterSettings set = set_change(start, 1, 1);
+    const WriterSettings change = run_change(start, 2, kRun + 1, 1);
     REQUIRE(rig.settings_channel.post(&set));
     REQUIRE(rig.settings_channel.post(&change));
     rig.writer.do_work();
@@ -955,16 +955,13 @@ TEST_CASE("DiskWriter gives each of two run changes awaited together its own con
     WriterSettings start = start_of_run(ws);
     rig.start_and_write_two(start);
 
-    const auto run_change = [&](std::uint32_t number, std::uint32_t run) {
-        WriterSettings c = start;
-        c.epoch = {number, run, 0};
-        c.started_run = run;
-        c.started_unix_ns = start.started_unix_ns + std::uint64_t{number} * 1'000'000'000ull;
+    const auto told = [&](std::uint32_t number, std::uint32_t run) {
+        WriterSettings c = run_change(start, number, run, 0);
         c.config_json = fmt::format(R"({{"note": "run {}"}})", run);
         c.run_metadata_json = fmt::format(R"({{"shift": {}}})", run);
         return c;
     };
-    const WriterSettings second = run_change(1, kRun + 1), third = run_change(2, kRun + 2);
+    const WriterSettings second = told(1, kRun + 1), third = told(2, kRun + 2);
     REQUIRE(rig.settings_channel.post(&second));
     rig.writer.do_work();
     REQUIRE(rig.settings_channel.post(&third));
