@@ -714,9 +714,10 @@ bool CaptureReader::take_segment(const std::uint8_t* src, const std::uint8_t* ds
     if (filter_.kind == ReplayFilter::Kind::port &&
         std::find(filter_.tcp_ports.begin(), filter_.tcp_ports.end(), flow.dport) == filter_.tcp_ports.end())
         return skip(SkipReason::other_port);
-    // Rejected by the expression: TCP not read, as before TCP was (not_udp).
+    // Rejected by the expression: counted as a UDP datagram it rejects is (with the
+    // port filter, a segment to another port is other_port, as a datagram is).
     if (filter_.kind == ReplayFilter::Kind::bpf && pcap_offline_filter(&im.program, &h, packet) == 0)
-        return skip(SkipReason::not_udp);
+        return skip(SkipReason::filtered);
     if (!im.streams->add(flow, tcp, len, capture_ns)) return skip(SkipReason::bad_tcp_header);
     ++stream_packets_;
     im.draining = true;

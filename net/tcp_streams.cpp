@@ -103,7 +103,7 @@ TcpStreams::Stream& TcpStreams::stream_for(const TcpFlow& flow, std::uint64_t ca
         };
         s = &*std::min_element(streams_.begin(), streams_.end(), idle);
         if (!s->closed) {
-            close(*s);
+            close(*s, true);
             ++counts_.dropped_connections;
         }
     }
@@ -234,8 +234,13 @@ void TcpStreams::lose_framing(Stream& s) {
     s.held_bytes = 0;
 }
 
-void TcpStreams::close(Stream& s) {
-    if (!s.lost) {
+void TcpStreams::close(Stream& s, bool evicted) {
+    if (evicted) {
+        if (!s.lost) {
+            counts_.unframed_bytes += s.buf.size() - s.head;
+            for (const Held& h : s.held) counts_.unframed_bytes += h.bytes.size();
+        }
+    } else if (!s.lost) {
         if (!s.held.empty()) {
             lose_framing(s);  // a hole the capture never filled
         } else if (s.buf.size() > s.head) {

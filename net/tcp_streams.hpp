@@ -96,7 +96,9 @@ private:
     void append(Stream& s, const std::uint8_t* p, std::size_t n);
     bool join(Stream& s);
     void lose_framing(Stream& s);
-    void close(Stream& s);
+    // Ends s; `evicted`: it gave way to a newer one (counted dropped_connections only:
+    // what it held is counted unframed, not as ended in a message or framing lost).
+    void close(Stream& s, bool evicted = false);
 
     Limits limits_;
     std::vector<Stream> streams_;

@@ -161,6 +161,19 @@ TEST_CASE("tcp streams: more connections than places: the one idle longest gives
     CHECK(feed(t, flow(3), segment(1, kAck, bytes.data(), bytes.size())) == std::vector<std::string>{"ax10"});
 }
 
+TEST_CASE("tcp streams: a connection that gives way inside a message is counted dropped, not ended in one",
+          "[pcap][tcp_streams]") {
+    TcpStreams t({1, 65536, 64});
+    const std::vector<std::uint8_t> bytes = framed({{100, 'a'}});
+    (void)feed(t, flow(1), segment(0, kSyn));
+    CHECK(feed(t, flow(1), segment(1, kAck, bytes.data(), 60)).empty());  // 60 of 108 bytes
+    (void)feed(t, flow(2), segment(0, kSyn));                              // takes its place
+    CHECK(t.counts().dropped_connections == 1);
+    CHECK(t.counts().ended_in_message == 0);
+    CHECK(t.counts().framing_lost == 0);
+    CHECK(t.counts().unframed_bytes == 60);
+}
+
 TEST_CASE("tcp streams: a FIN ends a connection once the bytes before it are in, "
           "what it sends again afterwards is ignored",
           "[pcap][tcp_streams]") {
