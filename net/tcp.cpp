@@ -31,10 +31,12 @@ int listen_tcp(const Endpoint& at, bool reuse_port, int backlog) {
 }
 
 void steer_by_peer_address(int fd, const Endpoint& at, unsigned sockets) {
+    if (sockets < 2) return;
     // The program sees the SYN with its data at the TCP payload; the IP header is
     // reached through SKF_NET_OFF. IPv4: the source address (bytes 12..15). IPv6:
-    // its four words (bytes 8..23) folded by XOR. Then a multiplicative hash, whose
-    // upper bits are the mixed ones, modulo the number of sockets.
+    // its four words (bytes 8..23) folded by XOR. Then a multiplicative hash whose
+    // upper 16 bits (the mixed ones) are scaled to 0..sockets-1: (h x sockets) >> 16,
+    // so consecutive addresses spread evenly (a modulo would use h's low bits only).
     const auto stmt = [](std::uint16_t code, std::uint32_t k) { return sock_filter{code, 0, 0, k}; };
     const auto net = [](std::int32_t offset) { return static_cast<std::uint32_t>(SKF_NET_OFF + offset); };
     sock_filter code[] = {
@@ -53,13 +55,13 @@ void steer_by_peer_address(int fd, const Endpoint& at, unsigned sockets) {
         stmt(BPF_ALU | BPF_XOR | BPF_X, 0),
         stmt(BPF_JMP | BPF_JA, 1),
         stmt(BPF_LD | BPF_W | BPF_ABS, net(12)),  // IPv4
-        stmt(BPF_ALU | BPF_MUL | BPF_K, 0x9E3779B1u),
+        stmt(BPF_ALU | BPF_MUL | BPF_K, kSteerHashMultiplier),
         stmt(BPF_ALU | BPF_RSH | BPF_K, 16),
-        stmt(BPF_ALU | BPF_MOD | BPF_K, sockets),
+        stmt(BPF_ALU | BPF_MUL | BPF_K, sockets),
+        stmt(BPF_ALU | BPF_RSH | BPF_K, 16),
         stmt(BPF_RET | BPF_A, 0),
     };
     sock_fprog prog{static_cast<unsigned short>(sizeof code / sizeof code[0]), code};
-    if (sockets < 2) return;
     if (::setsockopt(fd, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) != 0)
         throw std::runtime_error(fmt::format("SO_ATTACH_REUSEPORT_CBPF (one reader per readout PC) on tcp://{}: {}",
                                              at.to_string(), std::strerror(errno)));

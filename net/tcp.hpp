@@ -32,7 +32,16 @@ int listen_tcp(const Endpoint& at, bool reuse_port, int backlog = 1024);
 // port, reaches the same listener, so the same reader (a classic BPF program on the
 // SO_REUSEPORT group; the socket at index hash % `sockets`, in the order they began
 // to listen). Throws std::runtime_error naming the address and errno text.
+// Assumes the group's sockets stay open while it serves (they close at exit only:
+// closing one would move the last into its place and shift the choice).
 void steer_by_peer_address(int fd, const Endpoint& at, unsigned sockets);
+// The listener steer_by_peer_address picks for a peer whose address folds to `key`
+// (IPv4: the address as a big-endian number; IPv6: the XOR of its four big-endian
+// words), for tests and tools that want to know where a PC goes.
+inline constexpr std::uint32_t kSteerHashMultiplier = 0x9E3779B1u;
+constexpr unsigned steered_listener(std::uint32_t key, unsigned sockets) noexcept {
+    return static_cast<unsigned>((((key * kSteerHashMultiplier) >> 16) * sockets) >> 16);
+}
 
 // The length prefix in front of each datagram in a stream: a little-endian u32.
 inline constexpr std::size_t kTcpPrefixBytes = 4;

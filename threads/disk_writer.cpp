@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
@@ -112,7 +113,6 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
                                                                            : s_.run_metadata_json;
         format_.begin_run({run, started_ns, told ? begun->config_json : s_.config_json, run_metadata_,
                            continued_run_ == run && restarted_in_run_});
-        if (told) runs_begun_.erase(runs_begun_.begin(), begun.base());  // this run's and older ones'
     }
     const std::uint32_t seq = std::max(next_seq_, file::next_file_sequence(s_.directory, run, s_.builder_id));
     // The header states what the file's records hold: one section per source
@@ -135,6 +135,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     }
     rotate_due_ = false;
     rotate_synced_ = false;
+    forget_runs_begun_to(run);  // once open: a failed open is retried with what the run was told
     file_run_ = run;
     continued_run_.reset();  // (kept until an open succeeds: a failed one is retried as the run's first)
     file_set_ = set;

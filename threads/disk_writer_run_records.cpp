@@ -2,6 +2,7 @@
 // the running run (evb-ctl comment), written between batches as the output format
 // encodes them; run control's commands and the run's first file, opened at its
 // start; and the sync of the open file. Split from disk_writer.cpp.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -96,10 +97,11 @@ void DiskWriter::take_commands() {
         }
         if (next->epoch.number > s_.epoch.number) {
             if (next->epoch.run != s_.epoch.run) {
-                // A new run: its BEGIN_OF_RUN holds the configuration and metadata it starts with.
+                // Another run (or a stop): the next run's BEGIN_OF_RUN holds the
+                // configuration and metadata it starts with.
                 s_.config_json = next->config_json;
                 s_.run_metadata_json = next->run_metadata_json;
-                note_run_begun(next->epoch.run, 0, *next);
+                if (next->epoch.run != Epoch::kNoRun) note_run_begun(next->epoch.run, 0, *next);
             }
             // Its events wait for every shard's mark (after the epochs before it).
             // The run it ends: the one going until now (started by run control; else, for
@@ -131,6 +133,12 @@ void DiskWriter::note_run_begun(std::uint32_t run, std::uint64_t started_unix_ns
         }
     if (runs_begun_.size() == kRunsBegun) runs_begun_.erase(runs_begun_.begin());  // runs that never opened a file
     runs_begun_.push_back({run, started_unix_ns, told.config_json, told.run_metadata_json});
+}
+
+void DiskWriter::forget_runs_begun_to(std::uint32_t run) noexcept {
+    const auto last = std::find_if(runs_begun_.rbegin(), runs_begun_.rend(),
+                                   [run](const RunBegun& b) { return b.run == run; });
+    runs_begun_.erase(runs_begun_.begin(), last.base());
 }
 
 void DiskWriter::open_started_run() {

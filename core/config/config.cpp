@@ -495,6 +495,13 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
         if (net::without_scheme(listen_entries[i]).empty())
             problems.push_back(listen_entries.size() == 1 ? std::string("input.listen: must not be empty")
                                                           : fmt::format("input.listen[{}]: must not be empty", i));
+    for (std::size_t i = 0; i < listen_entries.size(); ++i)
+        for (std::size_t j = 0; j < i; ++j)
+            if (listen_entries[i] == listen_entries[j]) {
+                problems.push_back(fmt::format("input.listen[{}]: '{}' is listed twice (also input.listen[{}])", i,
+                                               listen_entries[i], j));
+                break;
+            }
     if (c->mode == Mode::pull && c->input.listen_addresses.empty())
         problems.push_back("input.listen: pull mode needs a UDP address (REQUESTs go out from it; over TCP sources only push)");
     if (!c->input.tcp_addresses.empty() && c->input.tcp_buffer_bytes < c->input.max_datagram_bytes + net::kTcpPrefixBytes)

@@ -272,6 +272,10 @@ TEST_CASE("config: input.listen is one address or a list of them") {
     CHECK(problems_of(R"({"input": {"listen": [""]}})") == std::vector<std::string>{"input.listen: must not be empty"});
     const auto two = problems_of(R"({"input": {"listen": ["127.0.0.1:7401", "127.0.0.1:70000"]}})");
     CHECK(two == std::vector<std::string>{"input.listen[1]: '127.0.0.1:70000': port must be a number 0..65535"});
+    // An address twice would put two sockets of one reader in a port's group (with
+    // several TCP readers, steering by address would miss readers).
+    CHECK(problems_of(R"({"input": {"listen": ["tcp://127.0.0.1:7401", "127.0.0.1:7401", "tcp://127.0.0.1:7401"]}})") ==
+          std::vector<std::string>{"input.listen[2]: 'tcp://127.0.0.1:7401' is listed twice (also input.listen[0])"});
     // Each address gets input.readers readers of its own.
     const auto both = load_config(R"({"input": {"listen": ["127.0.0.1:7401", "127.0.0.1:7402"], "readers": 2}})",
                                   "test.json", {});
