@@ -30,8 +30,8 @@ int listen_tcp(const Endpoint& at, bool reuse_port, int backlog = 1024);
 // any of them, once all are listening) to the socket chosen by a hash of the peer's
 // IP address alone, not of its port: a readout PC that connects again, from a new
 // port, reaches the same listener, so the same reader (a classic BPF program on the
-// SO_REUSEPORT group; the socket at index hash % `sockets`, in the order they began
-// to listen). Throws std::runtime_error naming the address and errno text.
+// SO_REUSEPORT group; the socket at index steered_listener(address, `sockets`), in
+// the order they began to listen). Throws std::runtime_error naming the address and errno text.
 // Assumes the group's sockets stay open while it serves (they close at exit only:
 // closing one would move the last into its place and shift the choice).
 void steer_by_peer_address(int fd, const Endpoint& at, unsigned sockets);

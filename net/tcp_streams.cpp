@@ -222,10 +222,14 @@ bool TcpStreams::next(std::span<const std::byte>& message, const TcpFlow*& flow)
     return true;
 }
 
-void TcpStreams::lose_framing(Stream& s) {
-    ++counts_.framing_lost;
+void TcpStreams::count_unframed(const Stream& s) noexcept {
     counts_.unframed_bytes += s.buf.size() - s.head;
     for (const Held& h : s.held) counts_.unframed_bytes += h.bytes.size();
+}
+
+void TcpStreams::lose_framing(Stream& s) {
+    ++counts_.framing_lost;
+    count_unframed(s);
     s.lost = true;
     s.buf.clear();
     s.head = 0;
@@ -236,10 +240,7 @@ void TcpStreams::lose_framing(Stream& s) {
 
 void TcpStreams::close(Stream& s, bool evicted) {
     if (evicted) {
-        if (!s.lost) {
-            counts_.unframed_bytes += s.buf.size() - s.head;
-            for (const Held& h : s.held) counts_.unframed_bytes += h.bytes.size();
-        }
+        if (!s.lost) count_unframed(s);
     } else if (!s.lost) {
         if (!s.held.empty()) {
             lose_framing(s);  // a hole the capture never filled

@@ -96,6 +96,8 @@ private:
     void append(Stream& s, const std::uint8_t* p, std::size_t n);
     bool join(Stream& s);
     void lose_framing(Stream& s);
+    // What s holds and will never frame (its buffer past head, its held segments): unframed_bytes.
+    void count_unframed(const Stream& s) noexcept;
     // Ends s; `evicted`: it gave way to a newer one (counted dropped_connections only:
     // what it held is counted unframed, not as ended in a message or framing lost).
     void close(Stream& s, bool evicted = false);

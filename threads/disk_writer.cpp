@@ -98,8 +98,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         run_status_ = {};
         run_records_ = run_incomplete_ = run_payload_bytes_ = run_record_bytes_ = 0;
         // What run control told when the run began (runs_begun_), else the settings now.
-        const auto begun = std::find_if(runs_begun_.rbegin(), runs_begun_.rend(),
-                                        [run](const RunBegun& b) { return b.run == run; });
+        const auto begun = last_begun(run);
         const bool told = begun != runs_begun_.rend();
         // When the run started (run control's time; else now), not when its first
         // event came: BEGIN_OF_RUN's start_unix_ns, MIDAS's /Runinfo/Start time.

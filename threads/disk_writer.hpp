@@ -180,6 +180,8 @@ private:
     static constexpr std::size_t kRunsBegun = 16;
     std::vector<RunBegun> runs_begun_;
     void note_run_begun(std::uint32_t run, std::uint64_t started_unix_ns, const WriterSettings& told);
+    // The newest entry of `run` (rend(): none).
+    std::vector<RunBegun>::reverse_iterator last_begun(std::uint32_t run) noexcept;
     // A file of `run` is open: its entry and those before it (runs that opened no file) go.
     void forget_runs_begun_to(std::uint32_t run) noexcept;
     // Takes the posted notes: each goes into its run's open file now (between

@@ -135,10 +135,12 @@ void DiskWriter::note_run_begun(std::uint32_t run, std::uint64_t started_unix_ns
     runs_begun_.push_back({run, started_unix_ns, told.config_json, told.run_metadata_json});
 }
 
+std::vector<DiskWriter::RunBegun>::reverse_iterator DiskWriter::last_begun(std::uint32_t run) noexcept {
+    return std::find_if(runs_begun_.rbegin(), runs_begun_.rend(), [run](const RunBegun& b) { return b.run == run; });
+}
+
 void DiskWriter::forget_runs_begun_to(std::uint32_t run) noexcept {
-    const auto last = std::find_if(runs_begun_.rbegin(), runs_begun_.rend(),
-                                   [run](const RunBegun& b) { return b.run == run; });
-    runs_begun_.erase(runs_begun_.begin(), last.base());
+    runs_begun_.erase(runs_begun_.begin(), last_begun(run).base());
 }
 
 void DiskWriter::open_started_run() {

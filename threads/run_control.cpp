@@ -1,7 +1,5 @@
 #include "threads/run_control.hpp"
 
-#include <chrono>
-
 #include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
