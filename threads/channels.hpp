@@ -47,14 +47,19 @@ public:
     struct Room {
         std::size_t free = SIZE_MAX;
         std::size_t writing = 0;
+        std::size_t ahead = 0;  // room_now: chunks submitted that the matcher has not taken yet
     };
     virtual Room settled_room(std::uint32_t /*shard*/) { return {}; }
     // The same without waiting, for an input that has submitted `fed` chunks to the
     // shard in all: a lower bound on `free` (each chunk not yet matched is counted
-    // as an event it may start). When this is room enough, settled_room would say so
+    // as an event it may start), and how many of the `fed` chunks the matcher has
+    // not taken yet (`ahead`). When this is room enough, settled_room would say so
     // too. The caller must be the shard's only source of chunks (replay: no socket
     // reader runs), else chunks it did not count take room it does not see.
     virtual Room room_now(std::uint32_t /*shard*/, std::uint64_t /*fed*/) { return {}; }
+    // Waits until the matcher has taken all but at most `most` of the `fed` chunks
+    // submitted to shard `shard` (room_now's `ahead`), without waiting for the rest.
+    virtual void wait_ahead(std::uint32_t /*shard*/, std::uint64_t /*fed*/, std::size_t /*most*/) {}
 };
 
 // Writer -> service loop: each file the writer closed (or had to leave as

@@ -650,7 +650,24 @@ ShardSink::Room Pipeline::room_now(std::uint32_t shard, std::uint64_t fed) {
     const std::uint64_t taken = sh.chunks_matched.load(std::memory_order_acquire);
     const std::size_t pending = static_cast<std::size_t>(fed - std::min(fed, taken));
     const std::size_t free = sh.free_now();
-    return {free - std::min(free, pending), 0};
+    return {free - std::min(free, pending), 0, pending};
+}
+
+void Pipeline::wait_ahead(std::uint32_t shard, std::uint64_t fed, std::size_t most) {
+    Shard& sh = *shards_[shard];
+    const auto behind = [&] {
+        const std::uint64_t taken = sh.chunks_matched.load(std::memory_order_acquire);
+        return fed > taken && fed - taken > most;
+    };
+    if (!behind()) return;
+    // As settled_room: a driver with helpers is poked, then rung.
+    if (!sh.driver->helpers.empty()) sh.poke_from_outside();
+    sh.driver->notify();
+    // `matched` is published after chunks_matched: read it before looking, and a
+    // publication in between ends the wait at once.
+    for (std::size_t m = sh.matched.load(std::memory_order_acquire); behind();
+         m = sh.matched.load(std::memory_order_acquire))
+        sh.matched.wait(m, std::memory_order_acquire);
 }
 
 void Pipeline::wait_idle() {

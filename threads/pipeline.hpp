@@ -73,6 +73,7 @@ public:
     void tick(std::uint64_t now_ns) noexcept override;
     Room settled_room(std::uint32_t shard) override;
     Room room_now(std::uint32_t shard, std::uint64_t fed) override;
+    void wait_ahead(std::uint32_t shard, std::uint64_t fed, std::size_t most) override;
     // Every event in flight is handed on (INCOMPLETE unless complete).
     void flush(std::uint64_t now_ns) noexcept;
     // Ends the run (`epoch`: the change; epoch.run goes on, kNoRun for none): every

@@ -37,21 +37,32 @@ void ReplayFeeder::wait_for_room(std::uint32_t shard) {
     // then the bytes may differ between replays, the events do not.
     // First without waiting: a lower bound on the room. When that is enough, the
     // settled room would have been too, and the workers are not waited for.
+    // The feeder also runs at most kRunAhead chunks ahead of matching, whatever the
+    // room: with a large pool (building.max_events_in_flight = 65536) it would
+    // otherwise read tens of MB ahead, and the matcher, the assembler and the writer
+    // would find every chunk gone from the cache (docs/PERFORMANCE.md, "This build
+    // against 57a66b9"). Once that far ahead it waits until matching has caught up
+    // half of it, not all, so that the matcher is never left without input. Waiting
+    // for the matcher cuts no batch.
     const std::size_t unsent = batches_.count(shard);
     ShardSink::Room room = sink_.room_now(shard, fed_[shard]);
-    if (room.free > unsent) {
-        budget_[shard] = room.free - unsent;
+    if (room.ahead + unsent >= kRunAhead) {
+        sink_.wait_ahead(shard, fed_[shard], kRunAhead / 2);
+        room = sink_.room_now(shard, fed_[shard]);
+    }
+    if (room.free > unsent && room.ahead + unsent < kRunAhead) {
+        budget_[shard] = std::min(room.free - unsent, kRunAhead - room.ahead - unsent);
         return;
     }
     room = sink_.settled_room(shard);
     if (room.free > unsent) {
-        budget_[shard] = room.free - unsent;
+        budget_[shard] = std::min(room.free - unsent, kRunAhead - std::min(kRunAhead - 1, unsent));
         return;
     }
     submit();
     room = sink_.settled_room(shard);
     if (room.free > 0) {
-        budget_[shard] = room.free;
+        budget_[shard] = std::min(room.free, kRunAhead);
         return;
     }
     if (writer_stuck_) {  // once waited 10 s in vain (the output is blocked): feed on
@@ -72,7 +83,7 @@ void ReplayFeeder::wait_for_room(std::uint32_t shard) {
         pool_.doorbell().park(std::chrono::milliseconds(10), [] { return false; });
         room = sink_.settled_room(shard);
         if (room.free > 0) {
-            budget_[shard] = room.free;
+            budget_[shard] = std::min(room.free, kRunAhead);
             return;
         }
     }

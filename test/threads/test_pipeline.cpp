@@ -354,6 +354,26 @@ TEST_CASE("Pipeline: a run's end with no event in flight hands the writer its ep
     CHECK(files[1].find("run000002") != std::string::npos);
 }
 
+namespace {
+// What the replay feeder does for one event of two sources: a chunk of each, in a
+// slot of the rig's pool, admitted and submitted to shard 0. False if refused.
+bool feed_event(test::PipelineRig& rig, std::uint64_t e) {
+    for (std::uint32_t s = 0; s < 2; ++s) {
+        std::uint32_t idx = 0;
+        while (!rig.pool.try_take(idx)) {
+            if (rig.pool.reclaim() == 0) std::this_thread::yield();
+        }
+        const auto d = test::fragment_datagram(1, s, e, 100, std::byte{0x5a});
+        std::memcpy(rig.pool.data(idx), d.data(), d.size());
+        if (admit_datagram(rig.pool, idx, d.size(), rig.rules, 1, rig.reader_counters) != 0) return false;
+        ChunkMeta* c = ChunkMeta::in_slot(rig.pool.meta(idx));
+        c->next = nullptr;
+        rig.pipeline.submit(0, c, 1, 0);
+    }
+    return true;
+}
+}  // namespace
+
 TEST_CASE("Pipeline: settled_room returns once the matcher has taken every put, while the workers compress, and room_now is never above it") {
     // What the replay feeder does: put a chunk, then ask for the room. With a
     // helper, the call pokes a match run into the graph from outside it; a driver
@@ -375,21 +395,10 @@ TEST_CASE("Pipeline: settled_room returns once the matcher has taken every put, 
     std::atomic<std::uint64_t> round{0}, refused{0}, above{0};
     std::thread feeder([&] {
         for (std::uint64_t e = 0; e < kRounds; ++e) {
-            for (std::uint32_t s = 0; s < 2; ++s) {
-                std::uint32_t idx = 0;
-                while (!rig.pool.try_take(idx)) {
-                    if (rig.pool.reclaim() == 0) std::this_thread::yield();
-                }
-                const auto d = test::fragment_datagram(1, s, e, 100, std::byte{0x5a});
-                std::memcpy(rig.pool.data(idx), d.data(), d.size());
-                if (admit_datagram(rig.pool, idx, d.size(), rig.rules, 1, rig.reader_counters) != 0) {
-                    refused.store(1);
-                    settled_all.set_value();
-                    return;
-                }
-                ChunkMeta* c = ChunkMeta::in_slot(rig.pool.meta(idx));
-                c->next = nullptr;
-                rig.pipeline.submit(0, c, 1, 0);
+            if (!feed_event(rig, e)) {
+                refused.store(1);
+                settled_all.set_value();
+                return;
             }
             // room_now is a lower bound of what settled_room then says (events the
             // writer returns in between only add to the latter).
@@ -415,4 +424,52 @@ TEST_CASE("Pipeline: settled_room returns once the matcher has taken every put, 
     rig.workers.stop();
     CHECK(rig.writer_counters.events_written.get() == kRounds);
     CHECK(above.load() == 0);
+}
+
+TEST_CASE("Pipeline: wait_ahead returns once the matcher is at most the given chunks behind, and no sooner") {
+    // The replay feeder's bound on how far it reads ahead of matching (kRunAhead):
+    // after each event it waits until at most 0, 1, 2 or 3 of the chunks it fed are
+    // not yet taken, racing the driver as settled_room's test does. A wait that
+    // returned early shows as room_now's `ahead` above the bound; a lost wake-up as
+    // the watchdog's abort.
+    test::TempDir dir;
+    PipelineSettings ps = two_sources(1, 4096);
+    ps.workers = GENERATE(1u, 2u);
+    WriterSettings ws = writer_into(dir.path());
+    test::PipelineRig rig(ps, ws, 8192, 256, 1u << 20);
+    rig.workers.start();
+    rig.writer_runner.start();
+    constexpr std::uint64_t kRounds = 20000;
+    std::promise<void> done;
+    std::atomic<std::uint64_t> round{0}, refused{0}, above{0}, waited_at_zero{0};
+    std::thread feeder([&] {
+        for (std::uint64_t e = 0; e < kRounds; ++e) {
+            if (!feed_event(rig, e)) {
+                refused.store(1);
+                break;
+            }
+            const std::uint64_t fed = 2 * (e + 1);
+            const std::size_t most = e % 4;
+            rig.pipeline.wait_ahead(0, fed, most);
+            const std::size_t ahead = rig.pipeline.room_now(0, fed).ahead;
+            if (ahead > most) above.fetch_add(1);
+            if (most == 0 && ahead == 0) waited_at_zero.fetch_add(1);
+            round.store(e + 1);
+        }
+        done.set_value();
+    });
+    if (done.get_future().wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+        std::fprintf(stderr, "wait_ahead did not return within 60 s (round %llu)\n",
+                     static_cast<unsigned long long>(round.load()));
+        std::abort();
+    }
+    feeder.join();
+    REQUIRE(refused.load() == 0);
+    CHECK(above.load() == 0);
+    CHECK(waited_at_zero.load() == kRounds / 4);
+    REQUIRE(wait_for([&] { return rig.writer_counters.events_written.get() == kRounds; }));
+    rig.pipeline.flush(0);
+    rig.pipeline.wait_idle();
+    rig.writer_runner.stop();
+    rig.workers.stop();
 }
