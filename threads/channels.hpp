@@ -47,7 +47,7 @@ public:
     struct Room {
         std::size_t free = SIZE_MAX;
         std::size_t writing = 0;
-        std::size_t ahead = 0;  // room_now: chunks submitted that the matcher has not taken yet
+        std::size_t ahead = 0;  // room_now: chunks submitted that the matcher has not taken yet (settled_room: 0)
     };
     virtual Room settled_room(std::uint32_t /*shard*/) { return {}; }
     // The same without waiting, for an input that has submitted `fed` chunks to the

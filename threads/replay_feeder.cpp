@@ -41,9 +41,10 @@ void ReplayFeeder::wait_for_room(std::uint32_t shard) {
     // room: with a large pool (building.max_events_in_flight = 65536) it would
     // otherwise read tens of MB ahead, and the matcher, the assembler and the writer
     // would find every chunk gone from the cache (docs/PERFORMANCE.md, "This build
-    // against 57a66b9"). Once that far ahead it waits until matching has caught up
-    // half of it, not all, so that the matcher is never left without input. Waiting
-    // for the matcher cuts no batch.
+    // against 57a66b9"). When its budget is used up it is topped up with what the
+    // matcher has taken since; only a full kRunAhead ahead does it wait, until the
+    // matcher is at most half of it behind (not until it has taken all), so that the
+    // matcher is never left without input. Waiting for the matcher cuts no batch.
     const std::size_t unsent = batches_.count(shard);
     ShardSink::Room room = sink_.room_now(shard, fed_[shard]);
     if (room.ahead + unsent >= kRunAhead) {

@@ -94,6 +94,7 @@ private:
     std::uint64_t packets_ = 0;
     std::vector<std::size_t> budget_;  // per shard: events it can still start, as last settled
     static constexpr std::size_t kRunAhead = 4096;  // chunks fed ahead of matching, at most (wait_for_room)
+    static_assert(kRunAhead / 2 > 1024, "after wait_ahead, room for a whole batch (input.batch is at most 1024)");
     std::vector<std::uint64_t> fed_;   // per shard: datagrams submitted in all (room_now)
     // Sends the batches to the shards, timed by the latest capture time fed.
     void submit();

@@ -53,7 +53,7 @@ def same_records(label, want_dir, got_dir):
 
 
 def captured_streams_whole(path, port, connections):
-    """Whether an Ethernet capture (tcpdump -i lo) holds `connections` connections to
+    """Whether an Ethernet capture (tcpdump -i lo) holds at least `connections` connections to
     `port`, each from its SYN to its FIN with every byte between. Payload bytes are not
     summed: on a loaded loopback TCP sends some segments again, and a sum that counts them
     twice reaches the bytes evbd read before the capture's tail is written."""
@@ -82,7 +82,7 @@ def captured_streams_whole(path, port, connections):
             c["fin"] = seq
         if length > 0:
             c["ranges"].append((seq, length))
-    if len(conns) != connections:
+    if len(conns) < connections:
         return False
     for c in conns.values():
         if c["isn"] is None or c["fin"] is None:

@@ -434,14 +434,17 @@ TEST_CASE("Pipeline: wait_ahead returns once the matcher is at most the given ch
     // the watchdog's abort.
     test::TempDir dir;
     PipelineSettings ps = two_sources(1, 4096);
-    ps.workers = GENERATE(1u, 2u);
+    ps.workers = GENERATE(1u, 2u);  // with 2, a helper compresses while the wait pokes from outside
+    ps.matcher.record_version = 2;
+    ps.matcher.codec = file::Codec::lz4;
     WriterSettings ws = writer_into(dir.path());
+    ws.format_version = 2;
     test::PipelineRig rig(ps, ws, 8192, 256, 1u << 20);
     rig.workers.start();
     rig.writer_runner.start();
     constexpr std::uint64_t kRounds = 20000;
     std::promise<void> done;
-    std::atomic<std::uint64_t> round{0}, refused{0}, above{0}, waited_at_zero{0};
+    std::atomic<std::uint64_t> round{0}, refused{0}, above{0};
     std::thread feeder([&] {
         for (std::uint64_t e = 0; e < kRounds; ++e) {
             if (!feed_event(rig, e)) {
@@ -453,7 +456,6 @@ TEST_CASE("Pipeline: wait_ahead returns once the matcher is at most the given ch
             rig.pipeline.wait_ahead(0, fed, most);
             const std::size_t ahead = rig.pipeline.room_now(0, fed).ahead;
             if (ahead > most) above.fetch_add(1);
-            if (most == 0 && ahead == 0) waited_at_zero.fetch_add(1);
             round.store(e + 1);
         }
         done.set_value();
@@ -466,7 +468,6 @@ TEST_CASE("Pipeline: wait_ahead returns once the matcher is at most the given ch
     feeder.join();
     REQUIRE(refused.load() == 0);
     CHECK(above.load() == 0);
-    CHECK(waited_at_zero.load() == kRounds / 4);
     REQUIRE(wait_for([&] { return rig.writer_counters.events_written.get() == kRounds; }));
     rig.pipeline.flush(0);
     rig.pipeline.wait_idle();
