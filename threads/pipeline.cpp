@@ -238,12 +238,29 @@ struct Pipeline::Shard {
         handoff_release(&match);
         match->try_put(flow::continue_msg());
     }
-    // From a thread outside the arena (settled_room): a run of its own, not marked
+    // From a thread outside the arena (wait_matched): a run of its own, not marked
     // in `poked`. Marked, it could make the driver skip its own poke while this one
     // is not in the graph yet, and find the graph idle with messages untaken.
     void poke_from_outside() noexcept {
         handoff_release(&match);
         match->try_put(flow::continue_msg());
+    }
+    // From outside the arena (the replay feeder): waits while `pending()` holds,
+    // woken by each publication of `matched` (take_inbox), which comes after the
+    // other published counts: `matched` is read before `pending()` looks, so a
+    // publication in between ends the wait at once. A driver with helpers may be
+    // compressing: a match run poked from here is taken by whichever of its workers
+    // is free first. The driver is rung after the poke, so that a driver which had
+    // just found its graph idle comes back to run it. (A lone driver's arena would
+    // start a oneTBB worker for a task put from outside it: its own loop pokes once
+    // it is done.)
+    template <class Pending>
+    void wait_matched(Pending pending) {
+        std::size_t m = matched.load(std::memory_order_acquire);
+        if (!pending()) return;
+        if (!driver->helpers.empty()) poke_from_outside();
+        driver->notify();
+        for (; pending(); m = matched.load(std::memory_order_acquire)) matched.wait(m, std::memory_order_acquire);
     }
     // A graph task's last step: pokes when messages came in while it ran, so that a
     // worker left idle matches them while the driver is still busy compressing.
@@ -625,18 +642,7 @@ ShardSink::Room Pipeline::settled_room(std::uint32_t shard) {
     // while the workers compress.
     Shard& sh = *shards_[shard];
     const std::size_t upto = sh.inbox.claimed();
-    std::size_t m = sh.matched.load(std::memory_order_acquire);
-    if (static_cast<std::ptrdiff_t>(upto - m) > 0) {
-        // A driver with helpers may be compressing: a match run poked from here is
-        // taken by whichever of its workers is free first. The driver is rung after
-        // the poke, so that a driver which had just found its graph idle comes back
-        // to run it. (A lone driver's arena would start a oneTBB worker for a task
-        // put from outside it: its own loop pokes once it is done.)
-        if (!sh.driver->helpers.empty()) sh.poke_from_outside();
-        sh.driver->notify();
-        for (; static_cast<std::ptrdiff_t>(upto - m) > 0; m = sh.matched.load(std::memory_order_acquire))
-            sh.matched.wait(m, std::memory_order_acquire);
-    }
+    sh.wait_matched([&] { return static_cast<std::ptrdiff_t>(upto - sh.matched.load(std::memory_order_acquire)) > 0; });
     const std::size_t free = sh.free_now();
     const std::size_t pool = sh.matcher.pool_size();
     const std::size_t used = pool - std::min(pool, free);
@@ -655,19 +661,10 @@ ShardSink::Room Pipeline::room_now(std::uint32_t shard, std::uint64_t fed) {
 
 void Pipeline::wait_ahead(std::uint32_t shard, std::uint64_t fed, std::size_t most) {
     Shard& sh = *shards_[shard];
-    const auto behind = [&] {
+    sh.wait_matched([&] {
         const std::uint64_t taken = sh.chunks_matched.load(std::memory_order_acquire);
         return fed > taken && fed - taken > most;
-    };
-    if (!behind()) return;
-    // As settled_room: a driver with helpers is poked, then rung.
-    if (!sh.driver->helpers.empty()) sh.poke_from_outside();
-    sh.driver->notify();
-    // `matched` is published after chunks_matched: read it before looking, and a
-    // publication in between ends the wait at once.
-    for (std::size_t m = sh.matched.load(std::memory_order_acquire); behind();
-         m = sh.matched.load(std::memory_order_acquire))
-        sh.matched.wait(m, std::memory_order_acquire);
+    });
 }
 
 void Pipeline::wait_idle() {

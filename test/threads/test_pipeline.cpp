@@ -372,6 +372,54 @@ bool feed_event(test::PipelineRig& rig, std::uint64_t e) {
     }
     return true;
 }
+// The replay feeder's side of the room and run-ahead waits, racing the driver: this
+// thread feeds kRaceRounds events of two sources to shard 0 of a rig that compresses
+// (lz4), so that with 2 workers a helper is in the arena while the waits poke from
+// outside, and calls `after(rig, e)` after each; that returns true for a fault seen.
+// A lost wake-up leaves the feeder waiting for ever: the process is aborted after
+// 60 s, not the test alone. Returns the faults seen, once every event is written and
+// the rig stopped.
+constexpr std::uint64_t kRaceRounds = 20000;
+template <class After>
+std::uint64_t race_the_driver(unsigned workers, const char* what, After after) {
+    test::TempDir dir;
+    PipelineSettings ps = two_sources(1, 4096);
+    ps.workers = workers;  // the driver alone, or a driver and a helper for the one shard
+    ps.matcher.record_version = 2;
+    ps.matcher.codec = file::Codec::lz4;
+    WriterSettings ws = writer_into(dir.path());
+    ws.format_version = 2;
+    test::PipelineRig rig(ps, ws, 8192, 256, 1u << 20);
+    rig.workers.start();
+    rig.writer_runner.start();
+    std::promise<void> done;
+    std::atomic<std::uint64_t> round{0}, refused{0}, faults{0};
+    std::thread feeder([&] {
+        for (std::uint64_t e = 0; e < kRaceRounds; ++e) {
+            if (!feed_event(rig, e)) {
+                refused.store(1);
+                break;
+            }
+            if (after(rig, e)) faults.fetch_add(1);
+            round.store(e + 1);
+        }
+        done.set_value();
+    });
+    if (done.get_future().wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+        std::fprintf(stderr, "%s did not return within 60 s (round %llu, refused %llu)\n", what,
+                     static_cast<unsigned long long>(round.load()), static_cast<unsigned long long>(refused.load()));
+        std::abort();
+    }
+    feeder.join();
+    REQUIRE(refused.load() == 0);
+    REQUIRE(wait_for([&] { return rig.writer_counters.events_written.get() == kRaceRounds; }));
+    rig.pipeline.flush(0);
+    rig.pipeline.wait_idle();
+    rig.writer_runner.stop();
+    rig.workers.stop();
+    CHECK(rig.writer_counters.events_written.get() == kRaceRounds);
+    return faults.load();
+}
 }  // namespace
 
 TEST_CASE("Pipeline: settled_room returns once the matcher has taken every put, while the workers compress, and room_now is never above it") {
@@ -380,50 +428,14 @@ TEST_CASE("Pipeline: settled_room returns once the matcher has taken every put, 
     // that had just found its graph idle must still come back for that run (it once
     // did not, and the feeder waited for ever). Thousands of rounds, each racing
     // the driver. This thread is the feeder: the rig's socket reader is not run.
-    test::TempDir dir;
-    PipelineSettings ps = two_sources(1, 4096);
-    ps.workers = GENERATE(1u, 2u);  // the driver alone, or a driver and a helper for the one shard
-    ps.matcher.record_version = 2;
-    ps.matcher.codec = file::Codec::lz4;
-    WriterSettings ws = writer_into(dir.path());
-    ws.format_version = 2;
-    test::PipelineRig rig(ps, ws, 8192, 256, 1u << 20);
-    rig.workers.start();
-    rig.writer_runner.start();
-    constexpr std::uint64_t kRounds = 20000;
-    std::promise<void> settled_all;
-    std::atomic<std::uint64_t> round{0}, refused{0}, above{0};
-    std::thread feeder([&] {
-        for (std::uint64_t e = 0; e < kRounds; ++e) {
-            if (!feed_event(rig, e)) {
-                refused.store(1);
-                settled_all.set_value();
-                return;
-            }
-            // room_now is a lower bound of what settled_room then says (events the
-            // writer returns in between only add to the latter).
-            const std::size_t now = rig.pipeline.room_now(0, 2 * (e + 1)).free;
-            const std::size_t settled = rig.pipeline.settled_room(0).free;
-            if (now > settled) above.fetch_add(1);
-            round.store(e + 1);
-        }
-        settled_all.set_value();
+    const unsigned workers = GENERATE(1u, 2u);
+    // room_now is a lower bound of what settled_room then says (events the writer
+    // returns in between only add to the latter).
+    const std::uint64_t above = race_the_driver(workers, "settled_room", [](test::PipelineRig& rig, std::uint64_t e) {
+        const std::size_t now = rig.pipeline.room_now(0, 2 * (e + 1)).free;
+        return now > rig.pipeline.settled_room(0).free;
     });
-    // A lost run leaves the feeder waiting for ever: give up on the process, not the test alone.
-    if (settled_all.get_future().wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
-        std::fprintf(stderr, "settled_room did not return within 60 s (round %llu, refused %llu)\n",
-                     static_cast<unsigned long long>(round.load()), static_cast<unsigned long long>(refused.load()));
-        std::abort();
-    }
-    feeder.join();
-    REQUIRE(refused.load() == 0);
-    REQUIRE(wait_for([&] { return rig.writer_counters.events_written.get() == kRounds; }));
-    rig.pipeline.flush(0);
-    rig.pipeline.wait_idle();
-    rig.writer_runner.stop();
-    rig.workers.stop();
-    CHECK(rig.writer_counters.events_written.get() == kRounds);
-    CHECK(above.load() == 0);
+    CHECK(above == 0);
 }
 
 TEST_CASE("Pipeline: wait_ahead returns once the matcher is at most the given chunks behind, and no sooner") {
@@ -432,45 +444,12 @@ TEST_CASE("Pipeline: wait_ahead returns once the matcher is at most the given ch
     // not yet taken, racing the driver as settled_room's test does. A wait that
     // returned early shows as room_now's `ahead` above the bound; a lost wake-up as
     // the watchdog's abort.
-    test::TempDir dir;
-    PipelineSettings ps = two_sources(1, 4096);
-    ps.workers = GENERATE(1u, 2u);  // with 2, a helper compresses while the wait pokes from outside
-    ps.matcher.record_version = 2;
-    ps.matcher.codec = file::Codec::lz4;
-    WriterSettings ws = writer_into(dir.path());
-    ws.format_version = 2;
-    test::PipelineRig rig(ps, ws, 8192, 256, 1u << 20);
-    rig.workers.start();
-    rig.writer_runner.start();
-    constexpr std::uint64_t kRounds = 20000;
-    std::promise<void> done;
-    std::atomic<std::uint64_t> round{0}, refused{0}, above{0};
-    std::thread feeder([&] {
-        for (std::uint64_t e = 0; e < kRounds; ++e) {
-            if (!feed_event(rig, e)) {
-                refused.store(1);
-                break;
-            }
-            const std::uint64_t fed = 2 * (e + 1);
-            const std::size_t most = e % 4;
-            rig.pipeline.wait_ahead(0, fed, most);
-            const std::size_t ahead = rig.pipeline.room_now(0, fed).ahead;
-            if (ahead > most) above.fetch_add(1);
-            round.store(e + 1);
-        }
-        done.set_value();
+    const unsigned workers = GENERATE(1u, 2u);
+    const std::uint64_t above = race_the_driver(workers, "wait_ahead", [](test::PipelineRig& rig, std::uint64_t e) {
+        const std::uint64_t fed = 2 * (e + 1);
+        const std::size_t most = e % 4;
+        rig.pipeline.wait_ahead(0, fed, most);
+        return rig.pipeline.room_now(0, fed).ahead > most;
     });
-    if (done.get_future().wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
-        std::fprintf(stderr, "wait_ahead did not return within 60 s (round %llu)\n",
-                     static_cast<unsigned long long>(round.load()));
-        std::abort();
-    }
-    feeder.join();
-    REQUIRE(refused.load() == 0);
-    CHECK(above.load() == 0);
-    REQUIRE(wait_for([&] { return rig.writer_counters.events_written.get() == kRounds; }));
-    rig.pipeline.flush(0);
-    rig.pipeline.wait_idle();
-    rig.writer_runner.stop();
-    rig.workers.stop();
+    CHECK(above == 0);
 }
