@@ -63,6 +63,10 @@ public:
     std::uint64_t bytes_read() const noexcept { return bytes_read_.load(std::memory_order_relaxed); }
     std::uint64_t total_bytes() const noexcept { return total_bytes_; }
 
+    // Chunks a shard is fed ahead of its matcher, at most (wait_for_room).
+    static constexpr std::size_t kRunAhead = 4096;
+    static_assert(kRunAhead / 2 > 1024, "after wait_ahead, room for a whole batch (input.batch is at most 1024)");
+
 private:
     bool open_next();
     // Makes sure shard `shard` can start one more event, waiting for the pipeline.
@@ -93,8 +97,6 @@ private:
     std::array<std::uint64_t, net::kSkipReasonCount> skipped_{};
     std::uint64_t packets_ = 0;
     std::vector<std::size_t> budget_;  // per shard: events it can still start, as last settled
-    static constexpr std::size_t kRunAhead = 4096;  // chunks fed ahead of matching, at most (wait_for_room)
-    static_assert(kRunAhead / 2 > 1024, "after wait_ahead, room for a whole batch (input.batch is at most 1024)");
     std::vector<std::uint64_t> fed_;   // per shard: datagrams submitted in all (room_now)
     // Sends the batches to the shards, timed by the latest capture time fed.
     void submit();
