@@ -312,6 +312,11 @@ void DiskWriter::hold_output() {
 bool DiskWriter::try_resume() {
     const std::uint64_t now = realtime_ns();
     if (now < retry_write_after_ns_ || now < retry_open_after_ns_) return false;
+    if (epoch_file_due_ && !file_.is_open()) {
+        const Awaited& due = *epoch_file_due_;
+        if (!open_file(due.epoch.run, due.epoch.set, due.expected_sources, due.codec)) return false;
+    }
+    epoch_file_due_.reset();
     std::vector<Event*> again;
     again.swap(held_for_retry_);
     blocked_ = false;

@@ -245,6 +245,10 @@ private:
     // epoch passes: a run's end that follows a set change then has the new set's
     // file to end with END_OF_RUN, even when no event of that set came.
     void open_epoch_file(const Awaited& passed);
+    // That file, when it could not open: the output is held, so that no later epoch
+    // (the run's end) passes with no file to end in and the epoch's events wait in
+    // order, until a retry opens it (try_resume).
+    std::optional<Awaited> epoch_file_due_;
     std::size_t batch_bytes_ = 0;
 };
 

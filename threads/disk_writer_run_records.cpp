@@ -157,8 +157,10 @@ void DiskWriter::open_started_run() {
 }
 
 void DiskWriter::open_epoch_file(const Awaited& passed) {
-    if (!passed.run_going || file_.is_open() || blocked_ || passed.expected_sources == 0) return;
-    (void)open_file(passed.epoch.run, passed.epoch.set, passed.expected_sources, passed.codec);  // else its first event retries
+    if (!passed.run_going || file_.is_open() || passed.expected_sources == 0) return;
+    if (!blocked_ && open_file(passed.epoch.run, passed.epoch.set, passed.expected_sources, passed.codec)) return;
+    epoch_file_due_ = passed;  // retried (after 1 s) before anything else is written
+    hold_output();
 }
 
 void DiskWriter::close_set_file() {

@@ -930,6 +930,68 @@ TEST_CASE("DiskWriter passes no epoch while the output is blocked: the run's END
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
 
+TEST_CASE("DiskWriter holds a run's end until the new set's file opens, when that open fails at first", "[disk_writer]") {
+    // A set change and the run's end pass together with no event of the new set;
+    // the new set's file must hold the run's END_OF_RUN, but its open fails (here
+    // the file size limit refuses its header). The run's end waits for the retry,
+    // as for any blocked output (before: it passed at once, and the run had no
+    // END_OF_RUN anywhere).
+    test::TempDir dir;
+    WriterSettings ws = run_record_settings(dir.path());
+    WriterRig rig(ws);
+    using V = std::vector<std::string>;
+    const WriterSettings start = start_of_run(ws);
+    REQUIRE(rig.settings_channel.post(&start));
+    rig.writer.do_work();
+    REQUIRE(files_in(dir.path()).size() == 1);  // BEGIN_OF_RUN alone: the set change discards it
+    const WriterSettings set = set_change(start, 1, 1);
+    REQUIRE(rig.settings_channel.post(&set));
+    const bool stop = GENERATE(true, false);
+    WriterSettings end = stop ? ws : run_change(start, 2, kRun + 1, 1);
+    if (stop) end.epoch = {2, Epoch::kNoRun, 1};
+    REQUIRE(rig.settings_channel.post(&end));
+    rig.writer.do_work();
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));  // the shard's mark for both
+    if (!stop) rig.build(2, kRun + 1, 1);
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit tiny = old;
+    tiny.rlim_cur = 8;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &tiny) == 0);
+    rig.writer.do_work();  // reads the mark
+    rig.writer.do_work();  // the set change passes; the new set's file does not open
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(rig.writer_counters.write_errors.get() >= 1);
+    FileClosed got[8];
+    std::size_t n = rig.closed.pop(got, 8);
+    bool run_end_passed_early = false;
+    for (std::size_t i = 0; i < n; ++i) run_end_passed_early |= got[i].epoch_passed >= 2;
+    CHECK_FALSE(run_end_passed_early);
+    CHECK(rig.writer_counters.output_blocked.get() == 1);
+    // The writer retries the open 1 s after the failure: wait for the run's end to pass, bounded.
+    bool passed = false;
+    for (int i = 0; i < 100 && !passed; ++i) {
+        rig.writer.do_work();
+        n = rig.closed.pop(got, 8);
+        for (std::size_t k = 0; k < n; ++k) passed |= got[k].epoch_passed >= 2;
+        if (!passed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    CHECK(passed);
+    CHECK(rig.writer_counters.output_blocked.get() == 0);
+    for (int i = 0; i < 100 && !stop && rig.writer_counters.events_written.get() < 1; ++i) rig.writer.do_work();
+    rig.writer.on_close();
+    const std::string listing = listing_of(dir.path());
+    CAPTURE(listing);
+    const std::vector<fs::path> files = files_in(dir.path());
+    REQUIRE(files.size() == (stop ? 1u : 2u));
+    CHECK(files[0].filename() == file::file_name(kRun, 0, 0, false));  // (the bare first file was discarded)
+    CHECK(records_of(files[0]) == V{"B", "E", "clean"});
+    if (!stop) CHECK(records_of(files[1]) == V{"B", "2", "E", "clean"});
+    CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
+}
+
 namespace {
 // The BEGIN_OF_RUN body of a .evb file (its first run record), parsed.
 nlohmann::json begin_of_run_in(const fs::path& path) {
