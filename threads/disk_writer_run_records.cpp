@@ -116,6 +116,18 @@ void DiskWriter::take_commands() {
             s_.epoch = next->epoch;
             awaited_.push_back({next->epoch, ended, run_going_ && *run_going_ == next->epoch.run,
                                 next->expected_sources, next->record_codec});
+        } else if (next->started_unix_ns != 0 && !awaited_.empty() && awaited_.back().epoch.number == next->epoch.number) {
+            // A run started (evb-ctl start) while the stop before it, or a change made
+            // while stopped, is still awaited (the output is blocked): the start is no
+            // epoch of its own, but its events wait behind that epoch as its own would,
+            // so that the ended run's file closes with END_OF_RUN first, and the
+            // started run's file opens as the epoch passes.
+            Awaited& last = awaited_.back();
+            last.epoch.run = next->epoch.run;
+            last.epoch.set = next->epoch.set;
+            last.run_going = true;
+            last.expected_sources = next->expected_sources;
+            last.codec = next->record_codec;
         }
         // Release: every read of *next happens before the poster may free it.
         commands_.done_with_one();

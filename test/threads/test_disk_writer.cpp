@@ -930,6 +930,65 @@ TEST_CASE("DiskWriter passes no epoch while the output is blocked: the run's END
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
 
+TEST_CASE("DiskWriter ends a run whose stop is still awaited before a run started after it, output blocked", "[disk_writer]") {
+    // The output is blocked (a write of run 7 failed); the stop's epoch is awaited,
+    // run control's stop times out, and evb-ctl start begins run 8 (no epoch of its
+    // own). Once the output resumes, run 7's file must end with END_OF_RUN before run
+    // 8's opens (before: run 8's first event closed run 7's file without it).
+    test::TempDir dir;
+    WriterSettings ws = run_record_settings(dir.path());
+    WriterRig rig(ws);
+    WriterSettings start = start_of_run(ws);
+    rig.start_and_write_two(start);
+    const std::uintmax_t written = fs::file_size(files_in(dir.path())[0]);
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = static_cast<rlim_t>(written + 30);
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    rig.build(2);
+    for (int i = 0; i < 4; ++i) rig.writer.do_work();  // its write fails: blocked
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+    std::signal(SIGXFSZ, old_handler);
+    REQUIRE(rig.writer_counters.output_blocked.get() == 1);
+    // stop: the epoch and the shard's mark
+    WriterSettings stop = ws;
+    stop.epoch = {1, Epoch::kNoRun, 0};
+    REQUIRE(rig.settings_channel.post(&stop));
+    rig.writer.do_work();
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
+    // evb-ctl start of run kRun+1, and its first events
+    WriterSettings start2 = start_of_run(ws);
+    start2.epoch = {1, kRun + 1, 0};
+    start2.started_run = kRun + 1;
+    start2.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
+    REQUIRE(rig.settings_channel.post(&start2));
+    rig.writer.do_work();
+    rig.build(3, kRun + 1);
+    rig.build(4, kRun + 1);
+    // The writer retries its output 1 s after the failure: wait for every event, bounded.
+    for (int i = 0; i < 100 && rig.writer_counters.events_written.get() < 5; ++i) {
+        rig.writer.do_work();
+        if (rig.writer_counters.events_written.get() < 5) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    CHECK(rig.writer_counters.events_written.get() == 5);
+    rig.writer.on_close();
+    const std::string listing = listing_of(dir.path());
+    CAPTURE(listing);
+    using V = std::vector<std::string>;
+    // The failed write cut run 7's file back and closed it, or (the size limit also
+    // refusing its index) left it .part: event 2 went into the run's next file.
+    const std::vector<fs::path> files = files_in(dir.path());
+    REQUIRE(files.size() >= 2);
+    const std::vector<std::string> last7 = records_of(files[files.size() - 2]);
+    REQUIRE(last7.size() >= 4);
+    CHECK(V(last7.end() - 3, last7.end()) == V{"2", "E", "clean"});
+    CHECK(files.back().filename() == file::file_name(kRun + 1, 0, 0, false));
+    CHECK(records_of(files.back()) == V{"B", "3", "4", "E", "clean"});
+    CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
+}
+
 TEST_CASE("DiskWriter holds a run's end until the new set's file opens, when that open fails at first", "[disk_writer]") {
     // A set change and the run's end pass together with no event of the new set;
     // the new set's file must hold the run's END_OF_RUN, but its open fails (here
