@@ -125,6 +125,29 @@ struct WriterRig {
     stats::ReaderCounters reader_counters;
 };
 
+// While it lives, files may grow to `bytes` only (RLIMIT_FSIZE, with SIGXFSZ
+// ignored): a write beyond that fails with EFBIG, as on a full disk.
+class FileSizeLimit {
+public:
+    explicit FileSizeLimit(std::uintmax_t bytes) {
+        REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_) == 0);
+        handler_ = std::signal(SIGXFSZ, SIG_IGN);
+        rlimit small = old_;
+        small.rlim_cur = static_cast<rlim_t>(bytes);
+        REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    }
+    ~FileSizeLimit() {
+        ::setrlimit(RLIMIT_FSIZE, &old_);
+        std::signal(SIGXFSZ, handler_);
+    }
+    FileSizeLimit(const FileSizeLimit&) = delete;
+    FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+private:
+    rlimit old_{};
+    void (*handler_)(int) = SIG_DFL;
+};
+
 // A .evb file's records in order: "B", "E", "C", "U" for run records (by kind), the
 // event id for an event record; "clean" or "part" last (footer or not).
 std::vector<std::string> records_of(const fs::path& path) {
@@ -436,19 +459,16 @@ TEST_CASE("DiskWriter takes a COMMENT whose write failed back out of the file", 
 
     // The file may grow by 1000 bytes only (RLIMIT_FSIZE; SIGXFSZ ignored, so the
     // write fails with EFBIG): the 2 KB comment is written in part, then fails.
-    rlimit old{};
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit small = old;
-    small.rlim_cur = static_cast<rlim_t>(size + 1000);
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
-    REQUIRE(notes.try_push({kRun, static_cast<std::uint32_t>(file::RunRecordKind::comment),
-                            "{\"text\": \"" + std::string(2000, 'x') + "\"}"}));
-    rig.writer.do_work();
-    const std::uint64_t errors = rig.writer_counters.write_errors.get();
-    const std::uintmax_t after = fs::file_size(files[0]);
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
-    std::signal(SIGXFSZ, old_handler);
+    std::uint64_t errors = 0;
+    std::uintmax_t after = 0;
+    {
+        const FileSizeLimit limit(size + 1000);
+        REQUIRE(notes.try_push({kRun, static_cast<std::uint32_t>(file::RunRecordKind::comment),
+                                "{\"text\": \"" + std::string(2000, 'x') + "\"}"}));
+        rig.writer.do_work();
+        errors = rig.writer_counters.write_errors.get();
+        after = fs::file_size(files[0]);
+    }
     CHECK(errors == 1);
     CHECK(after == size);  // cut back to the end of the last whole record
 
@@ -794,17 +814,13 @@ TEST_CASE("DiskWriter keeps the notes of a run's first file when its first event
     const fs::path part = dir / file::file_name(kRun, 0, 0, true);
     REQUIRE(fs::exists(part));
     // Room for the index and footer, not for the event (RLIMIT_FSIZE; SIGXFSZ ignored).
-    rlimit old{};
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit small = old;
-    small.rlim_cur = static_cast<rlim_t>(fs::file_size(part) + 64);
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
-    rig.build(0);
-    rig.writer.do_work();
-    const std::uint64_t errors = rig.writer_counters.write_errors.get();
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
-    std::signal(SIGXFSZ, old_handler);
+    std::uint64_t errors = 0;
+    {
+        const FileSizeLimit limit(fs::file_size(part) + 64);
+        rig.build(0);
+        rig.writer.do_work();
+        errors = rig.writer_counters.write_errors.get();
+    }
     CHECK(errors == 1);
     using V = std::vector<std::string>;
     // Closed at the comment, not removed with it; the event goes to the next file.
@@ -894,15 +910,10 @@ TEST_CASE("DiskWriter passes no epoch while the output is blocked: the run's END
     REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));
     rig.writer.do_work();  // reads them: held
     CHECK(rig.writer_counters.events_written.get() == 0);
-    rlimit old{};
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit small = old;
-    small.rlim_cur = static_cast<rlim_t>(bare + 30);
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
-    rig.writer.do_work();  // both epochs pass; writing run kRun's new-set events fails
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
-    std::signal(SIGXFSZ, old_handler);
+    {
+        const FileSizeLimit limit(bare + 30);
+        rig.writer.do_work();  // both epochs pass; writing run kRun's new-set events fails
+    }
     CHECK(rig.writer_counters.write_errors.get() >= 1);
     FileClosed got[8];
     const std::size_t n = rig.closed.pop(got, 8);
@@ -941,16 +952,11 @@ TEST_CASE("DiskWriter ends a run whose stop is still awaited before a run starte
     WriterSettings start = start_of_run(ws);
     rig.start_and_write_two(start);
     const std::uintmax_t written = fs::file_size(files_in(dir.path())[0]);
-    rlimit old{};
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit small = old;
-    small.rlim_cur = static_cast<rlim_t>(written + 30);
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
-    rig.build(2);
-    for (int i = 0; i < 4; ++i) rig.writer.do_work();  // its write fails: blocked
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
-    std::signal(SIGXFSZ, old_handler);
+    {
+        const FileSizeLimit limit(written + 30);
+        rig.build(2);
+        for (int i = 0; i < 4; ++i) rig.writer.do_work();  // its write fails: blocked
+    }
     REQUIRE(rig.writer_counters.output_blocked.get() == 1);
     // stop: the epoch and the shard's mark
     WriterSettings stop = ws;
@@ -1012,16 +1018,11 @@ TEST_CASE("DiskWriter holds a run's end until the new set's file opens, when tha
     rig.writer.do_work();
     REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));  // the shard's mark for both
     if (!stop) rig.build(2, kRun + 1, 1);
-    rlimit old{};
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
-    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit tiny = old;
-    tiny.rlim_cur = 8;
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &tiny) == 0);
-    rig.writer.do_work();  // reads the mark
-    rig.writer.do_work();  // the set change passes; the new set's file does not open
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
-    std::signal(SIGXFSZ, old_handler);
+    {
+        const FileSizeLimit limit(8);  // not even a file header
+        rig.writer.do_work();  // reads the mark
+        rig.writer.do_work();  // the set change passes; the new set's file does not open
+    }
     CHECK(rig.writer_counters.write_errors.get() >= 1);
     FileClosed got[8];
     std::size_t n = rig.closed.pop(got, 8);
