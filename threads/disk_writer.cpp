@@ -667,15 +667,20 @@ void DiskWriter::on_close() {
     // closes, including events held back by a run transition that had not finished.
     // While the disk still refuses data, keep retrying for a bounded time, then
     // count what could not be written.
-    for (int attempt = 0; blocked_ && attempt < 10; ++attempt) {
-        retry_write_after_ns_ = retry_open_after_ns_ = 0;
-        if (!try_resume()) doorbell_.park(std::chrono::milliseconds(200), [] { return false; });
-    }
-    while (!blocked_ && drain(kMaxEventsPerWork) > 0) {
-    }
     // The shards are done: the awaited epochs pass in turn (each closing the file it
-    // ends), then what is still held goes out and the run ends here.
-    while (!blocked_ && !awaited_.empty()) (void)pass_oldest_epoch();
+    // ends), then what is still held goes out and the run ends here. Passing an
+    // epoch may block the output again (its file does not open): retried the same way.
+    for (int attempt = 0; attempt < 10; ++attempt) {
+        retry_write_after_ns_ = retry_open_after_ns_ = 0;
+        if (blocked_ && !try_resume()) {
+            doorbell_.park(std::chrono::milliseconds(200), [] { return false; });
+            continue;
+        }
+        while (!blocked_ && drain(kMaxEventsPerWork) > 0) {
+        }
+        while (!blocked_ && !awaited_.empty()) (void)pass_oldest_epoch();
+        if (!blocked_) break;
+    }
     if (!blocked_) {
         for (auto& h : held_) {  // (none left: every held event is of an awaited epoch)
             for (Event* e : h) write_event(e);

@@ -92,6 +92,9 @@ void DiskWriter::take_commands() {
             s_.config_json = next->config_json;
             s_.run_metadata_json = next->run_metadata_json;
             note_run_begun(next->started_run, next->started_unix_ns, *next);
+            // A start (evb-ctl start) begins no epoch: the epoch's run is now this one,
+            // so that a later change of the sources is not taken for another run.
+            if (next->epoch.number == s_.epoch.number) s_.epoch.run = next->epoch.run;
         } else if (run_going_ && next->epoch.run != *run_going_) {
             run_going_.reset();  // a stop: no run, no file
         }
@@ -116,7 +119,8 @@ void DiskWriter::take_commands() {
             s_.epoch = next->epoch;
             awaited_.push_back({next->epoch, ended, run_going_ && *run_going_ == next->epoch.run,
                                 next->expected_sources, next->record_codec});
-        } else if (next->started_unix_ns != 0 && !awaited_.empty() && awaited_.back().epoch.number == next->epoch.number) {
+        } else if (next->started_unix_ns != 0 && !awaited_.empty() && awaited_.back().epoch.number == next->epoch.number &&
+                   !awaited_.back().run_going) {
             // A run started (evb-ctl start) while the stop before it, or a change made
             // while stopped, is still awaited (the output is blocked): the start is no
             // epoch of its own, but its events wait behind that epoch as its own would,
@@ -165,7 +169,13 @@ void DiskWriter::open_started_run() {
         open_due_ = false;
         return;
     }
-    if (open_file(*run_going_, s_.epoch.set, s_.expected_sources, s_.record_codec)) open_due_ = false;
+    open_due_ = false;
+    if (open_file(*run_going_, s_.epoch.set, s_.expected_sources, s_.record_codec)) return;
+    // Not open (retried after 1 s): the output is held as for an epoch's file, so that
+    // the run's end (a stop) cannot pass with no file for its END_OF_RUN.
+    epoch_file_due_ = Awaited{{s_.epoch.number, *run_going_, s_.epoch.set}, Epoch::kNoRun, true, s_.expected_sources,
+                              s_.record_codec};
+    hold_output();
 }
 
 void DiskWriter::open_epoch_file(const Awaited& passed) {

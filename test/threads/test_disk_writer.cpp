@@ -134,7 +134,9 @@ public:
         handler_ = std::signal(SIGXFSZ, SIG_IGN);
         rlimit small = old_;
         small.rlim_cur = static_cast<rlim_t>(bytes);
-        REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+        const bool limited = ::setrlimit(RLIMIT_FSIZE, &small) == 0;
+        if (!limited) std::signal(SIGXFSZ, handler_);  // (the destructor does not run)
+        REQUIRE(limited);
     }
     ~FileSizeLimit() {
         ::setrlimit(RLIMIT_FSIZE, &old_);
@@ -993,6 +995,49 @@ TEST_CASE("DiskWriter ends a run whose stop is still awaited before a run starte
     CHECK(files.back().filename() == file::file_name(kRun + 1, 0, 0, false));
     CHECK(records_of(files.back()) == V{"B", "3", "4", "E", "clean"});
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
+}
+
+TEST_CASE("DiskWriter holds a stop until the run's first file opens, when that open fails at first", "[disk_writer]") {
+    // Run control starts run 7 and its first file cannot open (the file size limit
+    // refuses its header); no event comes, and the run is stopped. The stop must wait
+    // for the retry, so that the run has its file with BEGIN_OF_RUN and END_OF_RUN
+    // (before: the stop passed at once, and the run had no file at all).
+    test::TempDir dir;
+    WriterSettings ws = run_record_settings(dir.path());
+    WriterRig rig(ws);
+    const WriterSettings start = start_of_run(ws);
+    REQUIRE(rig.settings_channel.post(&start));
+    {
+        const FileSizeLimit limit(8);  // not even a file header
+        rig.writer.do_work();
+    }
+    CHECK(rig.writer_counters.write_errors.get() >= 1);
+    CHECK(rig.writer_counters.output_blocked.get() == 1);
+    CHECK(files_in(dir.path()).empty());
+    WriterSettings stop = ws;
+    stop.epoch = {1, Epoch::kNoRun, 0};
+    REQUIRE(rig.settings_channel.post(&stop));
+    rig.writer.do_work();
+    REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
+    // The writer retries the open 1 s after the failure: wait for the stop to pass, bounded.
+    bool passed = false;
+    FileClosed got[8];
+    for (int i = 0; i < 100 && !passed; ++i) {
+        rig.writer.do_work();
+        const std::size_t n = rig.closed.pop(got, 8);
+        for (std::size_t k = 0; k < n; ++k) passed |= got[k].epoch_passed >= 1;
+        if (!passed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    CHECK(passed);
+    CHECK(rig.writer_counters.output_blocked.get() == 0);
+    rig.writer.on_close();
+    const std::string listing = listing_of(dir.path());
+    CAPTURE(listing);
+    using V = std::vector<std::string>;
+    const std::vector<fs::path> files = files_in(dir.path());
+    REQUIRE(files.size() == 1);
+    CHECK(files[0].filename() == file::file_name(kRun, 0, 0, false));
+    CHECK(records_of(files[0]) == V{"B", "E", "clean"});
 }
 
 TEST_CASE("DiskWriter holds a run's end until the new set's file opens, when that open fails at first", "[disk_writer]") {
