@@ -108,6 +108,20 @@ struct WriterRig {
         REQUIRE(writer_counters.events_written.get() == 2);
     }
 
+    // Runs the writer until it reports epoch `number` passed (ClosedFiles), through its
+    // retries of a failed open or write (1 s apart); false after 5 s.
+    bool run_until_epoch_passed(std::uint64_t number) {
+        FileClosed got[8];
+        for (int i = 0; i < 100; ++i) {
+            writer.do_work();
+            const std::size_t n = closed.pop(got, 8);
+            for (std::size_t k = 0; k < n; ++k)
+                if (got[k].epoch_passed >= number) return true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        return false;
+    }
+
     alloc::Arena arena;
     alloc::BufferPool pool;
     alloc::ReturnBatcher returns;
@@ -1020,15 +1034,7 @@ TEST_CASE("DiskWriter holds a stop until the run's first file opens, when that o
     rig.writer.do_work();
     REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
     // The writer retries the open 1 s after the failure: wait for the stop to pass, bounded.
-    bool passed = false;
-    FileClosed got[8];
-    for (int i = 0; i < 100 && !passed; ++i) {
-        rig.writer.do_work();
-        const std::size_t n = rig.closed.pop(got, 8);
-        for (std::size_t k = 0; k < n; ++k) passed |= got[k].epoch_passed >= 1;
-        if (!passed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    CHECK(passed);
+    CHECK(rig.run_until_epoch_passed(1));
     CHECK(rig.writer_counters.output_blocked.get() == 0);
     rig.writer.on_close();
     const std::string listing = listing_of(dir.path());
@@ -1076,14 +1082,7 @@ TEST_CASE("DiskWriter holds a run's end until the new set's file opens, when tha
     CHECK_FALSE(run_end_passed_early);
     CHECK(rig.writer_counters.output_blocked.get() == 1);
     // The writer retries the open 1 s after the failure: wait for the run's end to pass, bounded.
-    bool passed = false;
-    for (int i = 0; i < 100 && !passed; ++i) {
-        rig.writer.do_work();
-        n = rig.closed.pop(got, 8);
-        for (std::size_t k = 0; k < n; ++k) passed |= got[k].epoch_passed >= 2;
-        if (!passed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    CHECK(passed);
+    CHECK(rig.run_until_epoch_passed(2));
     CHECK(rig.writer_counters.output_blocked.get() == 0);
     for (int i = 0; i < 100 && !stop && rig.writer_counters.events_written.get() < 1; ++i) rig.writer.do_work();
     rig.writer.on_close();
