@@ -249,6 +249,9 @@ private:
     // (the run's end) passes with no file to end in and the epoch's events wait in
     // order, until a retry opens it (try_resume).
     std::optional<Awaited> epoch_file_due_;
+    // Opens the file `a` begins; when that fails (retried after 1 s), holds the
+    // output with `a` as epoch_file_due_.
+    void open_or_hold(const Awaited& a);
     std::size_t batch_bytes_ = 0;
 };
 

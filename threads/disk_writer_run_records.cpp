@@ -170,18 +170,19 @@ void DiskWriter::open_started_run() {
         return;
     }
     open_due_ = false;
-    if (open_file(*run_going_, s_.epoch.set, s_.expected_sources, s_.record_codec)) return;
-    // Not open (retried after 1 s): the output is held as for an epoch's file, so that
-    // the run's end (a stop) cannot pass with no file for its END_OF_RUN.
-    epoch_file_due_ = Awaited{{s_.epoch.number, *run_going_, s_.epoch.set}, Epoch::kNoRun, true, s_.expected_sources,
-                              s_.record_codec};
-    hold_output();
+    // Held as for an epoch's file when it does not open, so that the run's end (a
+    // stop) cannot pass with no file for its END_OF_RUN.
+    open_or_hold({{s_.epoch.number, *run_going_, s_.epoch.set}, Epoch::kNoRun, true, s_.expected_sources, s_.record_codec});
 }
 
 void DiskWriter::open_epoch_file(const Awaited& passed) {
     if (!passed.run_going || file_.is_open() || passed.expected_sources == 0) return;
-    if (!blocked_ && open_file(passed.epoch.run, passed.epoch.set, passed.expected_sources, passed.codec)) return;
-    epoch_file_due_ = passed;  // retried (after 1 s) before anything else is written
+    open_or_hold(passed);
+}
+
+void DiskWriter::open_or_hold(const Awaited& a) {
+    if (open_file(a.epoch.run, a.epoch.set, a.expected_sources, a.codec)) return;
+    epoch_file_due_ = a;  // retried (after 1 s) before anything else is written (try_resume)
     hold_output();
 }
 

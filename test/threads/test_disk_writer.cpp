@@ -611,6 +611,24 @@ WriterSettings run_change(const WriterSettings& start, std::uint32_t number, std
     return c;
 }
 
+// Run control's stop (epoch `number`, no run after it, source set `set`).
+WriterSettings stop_of_run(const WriterSettings& ws, std::uint32_t number, std::uint32_t set = 0) {
+    WriterSettings stop = ws;
+    stop.epoch = {number, Epoch::kNoRun, set};
+    return stop;
+}
+
+// evb-ctl start of run kRun + 1, one second after `start`: no epoch of its own (the
+// stop's `number`, source set `set`).
+WriterSettings start_after_stop(const WriterSettings& ws, const WriterSettings& start, std::uint32_t number,
+                                std::uint32_t set) {
+    WriterSettings next = start_of_run(ws);
+    next.epoch = {number, kRun + 1, set};
+    next.started_run = kRun + 1;
+    next.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
+    return next;
+}
+
 }  // namespace
 
 TEST_CASE("DiskWriter opens a run's first file when the run starts, and writes its notes at once", "[disk_writer]") {
@@ -747,8 +765,7 @@ TEST_CASE("DiskWriter ends the run in the new set's file when a set change and t
         CHECK(records_of(files[2]) == V{"B", "2", kOpen, "part"});
     }
     SECTION("a stop") {
-        WriterSettings stop = ws;
-        stop.epoch = {2, Epoch::kNoRun, 1};
+        const WriterSettings stop = stop_of_run(ws, 2, 1);
         REQUIRE(rig.settings_channel.post(&stop));
         rig.writer.do_work();
         REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));
@@ -863,8 +880,7 @@ TEST_CASE("DiskWriter does not end a run started while a set change made when st
     WriterSettings start = start_of_run(ws);
     rig.start_and_write_two(start);
     // stop
-    WriterSettings stop = ws;
-    stop.epoch = {1, Epoch::kNoRun, 0};
+    const WriterSettings stop = stop_of_run(ws, 1);
     REQUIRE(rig.settings_channel.post(&stop));
     rig.writer.do_work();
     REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
@@ -877,10 +893,7 @@ TEST_CASE("DiskWriter does not end a run started while a set change made when st
     REQUIRE(rig.settings_channel.post(&set));
     rig.writer.do_work();
     // evb-ctl start run kRun+1 (not an epoch)
-    WriterSettings start2 = start_of_run(ws);
-    start2.epoch = {2, kRun + 1, 1};
-    start2.started_run = kRun + 1;
-    start2.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
+    const WriterSettings start2 = start_after_stop(ws, start, 2, 1);
     REQUIRE(rig.settings_channel.post(&start2));
     rig.writer.do_work();
     // the shard's mark of epoch 2 and the new run's first events, read in one pass
@@ -975,16 +988,12 @@ TEST_CASE("DiskWriter ends a run whose stop is still awaited before a run starte
     }
     REQUIRE(rig.writer_counters.output_blocked.get() == 1);
     // stop: the epoch and the shard's mark
-    WriterSettings stop = ws;
-    stop.epoch = {1, Epoch::kNoRun, 0};
+    const WriterSettings stop = stop_of_run(ws, 1);
     REQUIRE(rig.settings_channel.post(&stop));
     rig.writer.do_work();
     REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
     // evb-ctl start of run kRun+1, and its first events
-    WriterSettings start2 = start_of_run(ws);
-    start2.epoch = {1, kRun + 1, 0};
-    start2.started_run = kRun + 1;
-    start2.started_unix_ns = start.started_unix_ns + 1'000'000'000ull;
+    const WriterSettings start2 = start_after_stop(ws, start, 1, 0);
     REQUIRE(rig.settings_channel.post(&start2));
     rig.writer.do_work();
     rig.build(3, kRun + 1);
@@ -1028,8 +1037,7 @@ TEST_CASE("DiskWriter holds a stop until the run's first file opens, when that o
     CHECK(rig.writer_counters.write_errors.get() >= 1);
     CHECK(rig.writer_counters.output_blocked.get() == 1);
     CHECK(files_in(dir.path()).empty());
-    WriterSettings stop = ws;
-    stop.epoch = {1, Epoch::kNoRun, 0};
+    const WriterSettings stop = stop_of_run(ws, 1);
     REQUIRE(rig.settings_channel.post(&stop));
     rig.writer.do_work();
     REQUIRE(rig.to_writer.try_push(WriterItem::mark(1)));
@@ -1063,8 +1071,7 @@ TEST_CASE("DiskWriter holds a run's end until the new set's file opens, when tha
     const WriterSettings set = set_change(start, 1, 1);
     REQUIRE(rig.settings_channel.post(&set));
     const bool stop = GENERATE(true, false);
-    WriterSettings end = stop ? ws : run_change(start, 2, kRun + 1, 1);
-    if (stop) end.epoch = {2, Epoch::kNoRun, 1};
+    const WriterSettings end = stop ? stop_of_run(ws, 2, 1) : run_change(start, 2, kRun + 1, 1);
     REQUIRE(rig.settings_channel.post(&end));
     rig.writer.do_work();
     REQUIRE(rig.to_writer.try_push(WriterItem::mark(2)));  // the shard's mark for both
