@@ -305,6 +305,11 @@ public:
         return out;
     }
     int wake_fd() const noexcept { return wake_fd_; }  // readable when answers are ready
+    // The control thread's poll ends now (its runner is stopping); it finds no answer.
+    void wake() const noexcept {
+        const std::uint64_t one = 1;
+        (void)!::write(wake_fd_, &one, sizeof one);
+    }
 
 private:
     std::mutex m_;

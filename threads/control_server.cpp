@@ -90,7 +90,7 @@ void ControlServer::on_idle() {
     fds.push_back({listen_fd_, POLLIN, 0});
     fds.push_back({mailbox_.wake_fd(), POLLIN, 0});
     for (const auto& c : clients_) fds.push_back({c.fd, POLLIN, 0});
-    ::poll(fds.data(), fds.size(), 100);  // bounded: the runner's stop is seen within 100 ms
+    ::poll(fds.data(), fds.size(), 100);  // the runner's stop ends it at once (wake)
 }
 
 std::size_t ControlServer::accept_clients() {

@@ -28,6 +28,7 @@ public:
     std::size_t do_work() override;
     void on_idle() override;
     void on_close() override;
+    void wake() noexcept override { mailbox_.wake(); }
 
     // A client's whole command line must come within this of its connecting; one
     // that sends none is closed (with an answer saying so), so that idle clients

@@ -659,7 +659,16 @@ void DiskWriter::on_idle() {
     }
     // With records waiting for their stage, wake in time to push it (do_work).
     const bool unsettled = unsettled_head_ < unsettled_.size();
-    doorbell_.park(std::chrono::milliseconds(unsettled ? 10 : 50), [this] { return pending() > 0; });
+    doorbell_.park(std::chrono::milliseconds(unsettled ? 10 : 50), [this] {
+        return pending() > 0 || woken_.exchange(false, std::memory_order_acq_rel);
+    });
+}
+
+void DiskWriter::wake() noexcept {
+    // The flag before the ring: a park that starts after the ring sees the flag (its
+    // check comes after it raises its sleeping flag), one under way is rung awake.
+    woken_.store(true, std::memory_order_release);
+    doorbell_.ring();
 }
 
 void DiskWriter::on_close() {

@@ -25,7 +25,7 @@ void AgentRunner::start() {
 void AgentRunner::stop() {
     if (!thread_.joinable()) return;
     // Release: everything this thread did before asking is visible to the agent.
-    stop_.store(true, std::memory_order_release);
+    request_stop();
     thread_.join();
 }
 

@@ -22,6 +22,10 @@ public:
     virtual void on_idle() = 0;
     // Called once on the agent's own thread after the loop ends (final drain).
     virtual void on_close() {}
+    // Called from the stopping thread once the stop is asked for: an agent whose
+    // on_idle parks for long ends that park now, so that a stop (and a replay's
+    // measured end) does not wait out its timeout. Must not block.
+    virtual void wake() noexcept {}
 };
 
 class AgentRunner {
@@ -34,8 +38,11 @@ public:
     AgentRunner& operator=(const AgentRunner&) = delete;
 
     void start();
-    // Asks the loop to end without waiting (wake the agent after, if it parks).
-    void request_stop() noexcept { stop_.store(true, std::memory_order_release); }
+    // Asks the loop to end without waiting, and wakes the agent (Agent::wake).
+    void request_stop() noexcept {
+        stop_.store(true, std::memory_order_release);
+        agent_.wake();
+    }
     // Asks the loop to end, waits for on_close, joins. Idempotent.
     void stop();
     bool running() const noexcept { return thread_.joinable(); }

@@ -239,6 +239,21 @@ TEST_CASE("DiskWriter writes what its ring holds, returns slots and events, and 
     CHECK(rig.writer_counters.events_lost_write_error.get() == 0);
 }
 
+TEST_CASE("DiskWriter::wake ends its idle park at once (a stop does not wait out the park)", "[disk_writer]") {
+    test::TempDir dir;
+    WriterRig rig(dir.path());
+    // Idle with nothing unsettled, the writer parks 50 ms at a time: twenty parks are
+    // a second at least. Each woken first ends at once; the bound is half of that
+    // second, so a loaded machine does not fail it and a writer that sleeps does.
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 20; ++i) {
+        rig.writer.wake();
+        rig.writer.on_idle();
+    }
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(500));
+    rig.writer.on_close();
+}
+
 TEST_CASE("DiskWriter reports each file it closes and each run transition it finishes (run summaries)", "[disk_writer]") {
     test::TempDir dir;
     WriterRig rig(dir.path());
