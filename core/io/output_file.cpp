@@ -9,10 +9,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -206,43 +202,8 @@ int OutputFile::start_direct(std::span<const std::byte> head) {
     return 0;
 }
 
-void copy_to_stage(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
-#if defined(__x86_64__)
-    constexpr std::size_t kStreamMin = 4096;
-    if (n >= kStreamMin) {
-        const std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16;
-        std::memcpy(dst, src, head);
-        dst += head;
-        src += head;
-        n -= head;
-        for (; n >= 64; n -= 64, dst += 64, src += 64) {
-            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
-            const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
-            const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
-            _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
-            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
-            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
-            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
-        }
-    }
-#endif
-    std::memcpy(dst, src, n);
-}
-
-void stage_fence() noexcept {
-#if defined(__x86_64__)
-    _mm_sfence();
-#endif
-}
-
 int OutputFile::write_direct(const struct iovec* iov, std::size_t iovcnt) {
     if (async_error_ != 0) return async_error_;
-    // The stage's streamed stores are ordered before anything that reads it: the
-    // partial-stage writes and flushes that may follow this call on any return.
-    struct FenceOnReturn {
-        ~FenceOnReturn() { stage_fence(); }
-    } fence;
     for (std::size_t i = 0; i < iovcnt; ++i) {
         const auto* src = static_cast<const std::byte*>(iov[i].iov_base);
         std::size_t len = iov[i].iov_len;
@@ -253,7 +214,7 @@ int OutputFile::write_direct(const struct iovec* iov, std::size_t iovcnt) {
             if (disk_offset_ + kStageBytes > std::max(reserved_end_, allocated_end_))
                 if (const int e = reserve_stage(); e != 0) return e;
             const std::size_t take = std::min(len, kStageBytes - stage_len_);
-            copy_to_stage(stages_ + current_ * kStageBytes + stage_len_, src, take);
+            std::memcpy(stages_ + current_ * kStageBytes + stage_len_, src, take);
             stage_len_ += take;
             offset_ += take;
             src += take;
@@ -268,7 +229,6 @@ int OutputFile::write_direct(const struct iovec* iov, std::size_t iovcnt) {
 // Hands the full current stage to the kernel and moves on to the next stage,
 // waiting for that one's earlier write if it is still in flight.
 int OutputFile::submit_stage() {
-    stage_fence();  // the stage's streamed stores, before the kernel reads it
     std::byte* buf = stages_ + current_ * kStageBytes;
     // Allocate first: a write inside the file's size is not an extending write, which
     // ext4 and XFS would complete synchronously inside io_submit. A full disk shows

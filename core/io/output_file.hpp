@@ -17,14 +17,6 @@
 
 namespace evb::file {
 
-// Copies n bytes into an O_DIRECT stage. Long copies (4 KiB and more) use
-// non-temporal stores: the stage is read by the device, not by this thread, and a
-// cached store would first read each line of the 16 MiB of stages into the cache.
-// The stores are weakly ordered: stage_fence() before the stage is handed to the
-// kernel.
-void copy_to_stage(std::byte* dst, const std::byte* src, std::size_t n) noexcept;
-void stage_fence() noexcept;
-
 class OutputFile {
 public:
     OutputFile() = default;

@@ -211,36 +211,3 @@ TEST_CASE("direct I/O: the header is on disk from the moment the file has a name
     REQUIRE(s.records.size() == 1);
     CHECK(s.records[0].header.event_id == 1);
 }
-
-TEST_CASE("copy_to_stage copies every length at every alignment exactly, and touches nothing beside") {
-    // Short copies take memcpy, long ones (4 KiB and more) stream 64 bytes at a time
-    // after a head up to 16-byte alignment and before a tail: lengths around the
-    // switch and around the 64-byte steps, at each source and destination offset.
-    std::vector<std::byte> src(12000), dst(12100);
-    std::size_t copies = 0;
-    for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>((i * 131 + 7) & 0xFF);
-    for (const std::size_t len : {0u, 1u, 63u, 4095u, 4096u, 4097u, 4159u, 4160u, 4161u, 8191u, 11000u}) {
-        for (std::size_t from = 0; from < 17; ++from) {
-            for (std::size_t to = 0; to < 17; ++to) {
-                std::fill(dst.begin(), dst.end(), std::byte{0xEE});
-                file::copy_to_stage(dst.data() + to, src.data() + from, len);
-                file::stage_fence();
-                const bool same = std::equal(src.begin() + static_cast<std::ptrdiff_t>(from),
-                                             src.begin() + static_cast<std::ptrdiff_t>(from + len),
-                                             dst.begin() + static_cast<std::ptrdiff_t>(to));
-                const bool before = std::all_of(dst.begin(), dst.begin() + static_cast<std::ptrdiff_t>(to),
-                                                [](std::byte b) { return b == std::byte{0xEE}; });
-                const bool after = std::all_of(dst.begin() + static_cast<std::ptrdiff_t>(to + len), dst.end(),
-                                               [](std::byte b) { return b == std::byte{0xEE}; });
-                if (!same || !before || !after) {
-                    INFO("len " << len << " from " << from << " to " << to);
-                    CHECK(same);
-                    CHECK(before);
-                    CHECK(after);
-                }
-                ++copies;
-            }
-        }
-    }
-    REQUIRE(copies == 11 * 17 * 17);
-}
