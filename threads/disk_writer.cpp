@@ -654,22 +654,16 @@ std::size_t DiskWriter::do_work() {
 
 void DiskWriter::on_idle() {
     if (blocked_) {
-        doorbell_.park(std::chrono::milliseconds(100), [] { return false; });
+        doorbell_.park(std::chrono::milliseconds(100), [this] { return woken_.taken(); });
         return;
     }
     // With records waiting for their stage, wake in time to push it (do_work).
     const bool unsettled = unsettled_head_ < unsettled_.size();
-    doorbell_.park(std::chrono::milliseconds(unsettled ? 10 : 50), [this] {
-        return pending() > 0 || woken_.exchange(false, std::memory_order_acq_rel);
-    });
+    doorbell_.park(std::chrono::milliseconds(unsettled ? 10 : 50),
+                   [this] { return pending() > 0 || woken_.taken(); });
 }
 
-void DiskWriter::wake() noexcept {
-    // The flag before the ring: a park that starts after the ring sees the flag (its
-    // check comes after it raises its sleeping flag), one under way is rung awake.
-    woken_.store(true, std::memory_order_release);
-    doorbell_.ring();
-}
+void DiskWriter::wake() noexcept { woken_.wake(doorbell_); }
 
 void DiskWriter::on_close() {
     // Final drain: everything the shards handed over is written before the file

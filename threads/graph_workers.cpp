@@ -19,8 +19,7 @@ void GraphWorkers::start() {
 void GraphWorkers::stop() {
     if (!running_) return;
     pipeline_.wait_idle();
-    for (auto& r : runners_) r->request_stop();
-    pipeline_.wake_workers();  // a parked driver sees the stop now, not at its park timeout
+    for (auto& r : runners_) r->request_stop();  // each wakes its agent (Agent::wake)
     for (auto& r : runners_) r->stop();
     running_ = false;
 }

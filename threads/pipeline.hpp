@@ -61,9 +61,8 @@ public:
     // The workers must have been stopped (GraphWorkers::stop).
     ~Pipeline() override;
 
-    // The graph's drivers, for GraphWorkers to run; wake_workers rings each one.
+    // The graph's drivers and helpers, for GraphWorkers to run (a stop wakes each).
     std::vector<Agent*> workers() noexcept;
-    void wake_workers() noexcept;
 
     std::uint32_t shard_count() const noexcept override { return static_cast<std::uint32_t>(shards_.size()); }
     void submit(std::uint32_t shard, ChunkMeta* head, std::uint32_t count, std::uint64_t now_ns) noexcept override;

@@ -1,6 +1,6 @@
 // One runner owns every dedicated thread: it names it, optionally pins it, loops
-// the agent's do_work() through an idle strategy, and stops it with a release store
-// and a join.
+// the agent's do_work() through an idle strategy, and stops it with a release store,
+// a wake of the agent (Agent::wake) and a join.
 #pragma once
 
 #include <atomic>
@@ -24,8 +24,26 @@ public:
     virtual void on_close() {}
     // Called from the stopping thread once the stop is asked for: an agent whose
     // on_idle parks for long ends that park now, so that a stop (and a replay's
-    // measured end) does not wait out its timeout. Must not block.
+    // measured end) does not wait out its timeout. Must not block; may be called
+    // more than once (request_stop, then stop), while do_work or on_close runs, and
+    // after on_close.
     virtual void wake() noexcept {}
+};
+
+// For an agent that parks on a doorbell: its wake() calls wake(bell), and its parks'
+// has_work takes the flag (taken()). The flag is set before the ring, and park checks
+// has_work after it raises its sleeping flag, so a wake that comes just before a park
+// ends that park too, and one during a park rings it awake.
+class ParkWake {
+public:
+    void wake(Doorbell& bell) noexcept {
+        flag_.store(true, std::memory_order_release);
+        bell.ring();
+    }
+    bool taken() noexcept { return flag_.exchange(false, std::memory_order_acq_rel); }
+
+private:
+    std::atomic<bool> flag_{false};
 };
 
 class AgentRunner {

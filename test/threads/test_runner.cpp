@@ -15,48 +15,59 @@ using namespace evb;
 
 namespace {
 
-// An agent with nothing to do that parks for an hour at a time, unless woken.
+// An agent with nothing to do that parks for 30 s at a time, unless woken.
 class ParkingAgent final : public Agent {
 public:
     std::size_t do_work() override { return 0; }
     void on_idle() override {
         parks.fetch_add(1, std::memory_order_release);
-        bell_.park(std::chrono::hours(1), [this] { return woken_.exchange(false, std::memory_order_acq_rel); });
+        bell_.park(kPark, [this] { return woken_.taken(); });
     }
-    void on_close() override { closes.fetch_add(1, std::memory_order_relaxed); }
-    void wake() noexcept override {
-        woken_.store(true, std::memory_order_release);
-        bell_.ring();
-    }
+    void on_close() override { closes.fetch_add(1, std::memory_order_release); }
+    void wake() noexcept override { woken_.wake(bell_); }
+    static constexpr std::chrono::seconds kPark{30};
     std::atomic<int> parks{0}, closes{0};
 
 private:
     Doorbell bell_;
-    std::atomic<bool> woken_{false};
+    ParkWake woken_;
 };
+
+// Waits (bounded) until the agent has parked once, or is about to.
+void wait_parked(const ParkingAgent& agent) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (agent.parks.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+    REQUIRE(agent.parks.load() > 0);
+}
 
 }  // namespace
 
-TEST_CASE("AgentRunner::stop wakes an agent parked for an hour and joins it", "[runner]") {
+TEST_CASE("AgentRunner::stop wakes an agent parked for 30 s and joins it", "[runner]") {
     ParkingAgent agent;
     // No spins: the first idle loop parks.
     AgentRunner runner("test-parker", agent, -1, WaitStrategy{0, 0});
     runner.start();
-    // Parked (or about to park: the flag set before the ring covers both).
-    while (agent.parks.load(std::memory_order_acquire) == 0) std::this_thread::yield();
+    wait_parked(agent);  // parked, or about to: the wake's flag covers both
     const auto t0 = std::chrono::steady_clock::now();
-    runner.stop();  // without the wake this waits out the hour (ctest's timeout fails it)
-    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::minutes(5));
+    runner.stop();  // without the wake this waits out the park
+    CHECK(std::chrono::steady_clock::now() - t0 < ParkingAgent::kPark / 2);
     CHECK_FALSE(runner.running());
     CHECK(agent.closes.load() == 1);
 }
 
-TEST_CASE("AgentRunner::request_stop wakes the agent, and stop after it joins", "[runner]") {
+TEST_CASE("AgentRunner::request_stop alone wakes the agent: its loop ends before stop is called", "[runner]") {
     ParkingAgent agent;
     AgentRunner runner("test-parker", agent, -1, WaitStrategy{0, 0});
     runner.start();
-    while (agent.parks.load(std::memory_order_acquire) == 0) std::this_thread::yield();
+    wait_parked(agent);
+    const auto t0 = std::chrono::steady_clock::now();
     runner.request_stop();
+    // on_close runs once the loop ends; stop (which wakes again) comes only after.
+    while (agent.closes.load(std::memory_order_acquire) == 0 &&
+           std::chrono::steady_clock::now() - t0 < ParkingAgent::kPark * 2)
+        std::this_thread::yield();
+    CHECK(std::chrono::steady_clock::now() - t0 < ParkingAgent::kPark / 2);
     runner.stop();
     CHECK(agent.closes.load() == 1);
 }
