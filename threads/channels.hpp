@@ -292,8 +292,7 @@ public:
             replies_.push_back(std::move(r));
             busy_ = false;
         }
-        const std::uint64_t one = 1;
-        (void)!::write(wake_fd_, &one, sizeof one);
+        wake();
     }
     // Control thread: answers ready to send.
     std::deque<ControlReply> take_replies() {
@@ -305,7 +304,7 @@ public:
         return out;
     }
     int wake_fd() const noexcept { return wake_fd_; }  // readable when answers are ready
-    // The control thread's poll ends now (its runner is stopping); it finds no answer.
+    // The control thread's poll ends now (an answer is ready, or its runner is stopping).
     void wake() const noexcept {
         const std::uint64_t one = 1;
         (void)!::write(wake_fd_, &one, sizeof one);

@@ -654,16 +654,15 @@ std::size_t DiskWriter::do_work() {
 
 void DiskWriter::on_idle() {
     if (blocked_) {
-        doorbell_.park(std::chrono::milliseconds(100), [this] { return woken_.taken(); });
+        doorbell_.park(std::chrono::milliseconds(100), [] { return false; });
         return;
     }
     // With records waiting for their stage, wake in time to push it (do_work).
     const bool unsettled = unsettled_head_ < unsettled_.size();
-    doorbell_.park(std::chrono::milliseconds(unsettled ? 10 : 50),
-                   [this] { return pending() > 0 || woken_.taken(); });
+    doorbell_.park(std::chrono::milliseconds(unsettled ? 10 : 50), [this] { return pending() > 0; });
 }
 
-void DiskWriter::wake() noexcept { woken_.wake(doorbell_); }
+void DiskWriter::wake() noexcept { doorbell_.interrupt(); }
 
 void DiskWriter::on_close() {
     // Final drain: everything the shards handed over is written before the file

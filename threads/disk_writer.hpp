@@ -114,7 +114,6 @@ private:
     alloc::ReturnBatcher returns_;
     stats::WriterCounters& counters_;
     Doorbell& doorbell_;  // rung by the assemblers after each hand-off
-    ParkWake woken_;  // wake(): the park going on, or the next, ends at once
     SettingsChannel<WriterSettings>& commands_;  // run control's live settings (rotation, fsync, epochs)
     // Pull mode: the ids of events whose records the kernel has (the write returned,
     // or the O_DIRECT write completed), in file order, durable as far as the fsync

@@ -134,10 +134,9 @@ struct Pipeline::Driver final : Agent {
                   oneapi::tbb::task_group_context::default_traits | oneapi::tbb::task_group_context::concurrent_wait) {}
     std::size_t do_work() override;
     void on_idle() override {
-        bell.park(std::chrono::milliseconds(100),
-                  [this] { return puts.load(std::memory_order_acquire) != done_puts || woken.taken(); });
+        bell.park(std::chrono::milliseconds(100), [this] { return puts.load(std::memory_order_acquire) != done_puts; });
     }
-    void wake() noexcept override { woken.wake(bell); }  // a stop: the park ends now
+    void wake() noexcept override { bell.interrupt(); }  // a stop: the park ends now
     void on_close() override {
         while (do_work() != 0) {
         }
@@ -158,7 +157,6 @@ struct Pipeline::Driver final : Agent {
     std::vector<Helper*> helpers;
     alignas(kFalseSharingBytes) std::atomic<std::uint64_t> helper_calls{0};
     Doorbell bell;
-    ParkWake woken;
     alignas(kFalseSharingBytes) std::atomic<std::uint64_t> puts{0};
     std::uint64_t done_puts = 0;  // driver thread only
     alignas(kFalseSharingBytes) std::atomic<std::uint64_t> completed{0};  // puts fully processed
@@ -181,12 +179,11 @@ struct Pipeline::Helper final : Agent {
     }
     void on_idle() override {
         bell.park(std::chrono::milliseconds(100),
-                  [this] { return driver.helper_calls.load(std::memory_order_acquire) != seen || woken.taken(); });
+                  [this] { return driver.helper_calls.load(std::memory_order_acquire) != seen; });
     }
-    void wake() noexcept override { woken.wake(bell); }  // a stop: the park ends now
+    void wake() noexcept override { bell.interrupt(); }  // a stop: the park ends now
     Driver& driver;
     Doorbell bell;
-    ParkWake woken;
     std::uint64_t seen = 0;
 };
 

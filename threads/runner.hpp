@@ -30,22 +30,6 @@ public:
     virtual void wake() noexcept {}
 };
 
-// For an agent that parks on a doorbell: its wake() calls wake(bell), and its parks'
-// has_work takes the flag (taken()). The flag is set before the ring, and park checks
-// has_work after it raises its sleeping flag, so a wake that comes just before a park
-// ends that park too, and one during a park rings it awake.
-class ParkWake {
-public:
-    void wake(Doorbell& bell) noexcept {
-        flag_.store(true, std::memory_order_release);
-        bell.ring();
-    }
-    bool taken() noexcept { return flag_.exchange(false, std::memory_order_acq_rel); }
-
-private:
-    std::atomic<bool> flag_{false};
-};
-
 class AgentRunner {
 public:
     // name: at most 15 characters (the kernel's limit), e.g. "evb-rx-0".

@@ -15,13 +15,20 @@ namespace evb {
 class alignas(kFalseSharingBytes) Doorbell {
 public:
     void ring() noexcept;
+    // Ends the park going on, or the next one if none is, whatever its has_work says
+    // (a stop: Agent::wake). The flag is set before the ring, so an interrupt that
+    // comes just before a park (before it reads seq_) is not lost either.
+    void interrupt() noexcept {
+        interrupted_.store(true, std::memory_order_release);
+        ring();
+    }
     // Parks until rung or `timeout` passes. `has_work` is re-checked after the
     // sleeping flag is raised so a ring between the check and the sleep is not lost.
     template <typename F>
     void park(std::chrono::nanoseconds timeout, F&& has_work) noexcept {
         const std::uint32_t seen = seq_.load(std::memory_order_acquire);
         sleeping_.store(true, std::memory_order_seq_cst);
-        if (!has_work()) wait_changed(seen, timeout);
+        if (!interrupted_.exchange(false, std::memory_order_acq_rel) && !has_work()) wait_changed(seen, timeout);
         sleeping_.store(false, std::memory_order_relaxed);
     }
 
@@ -29,6 +36,7 @@ private:
     void wait_changed(std::uint32_t seen, std::chrono::nanoseconds timeout) noexcept;
     std::atomic<std::uint32_t> seq_{0};
     std::atomic<bool> sleeping_{false};
+    std::atomic<bool> interrupted_{false};
 };
 
 // Then the agent parks: on what, and for how long, is its own choice (on_idle).
