@@ -13,6 +13,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -61,10 +62,17 @@ private:
         std::uint64_t given = 0;
         bool header_sent = false;
         file::FileHeader opened_with;  // the header the stream began with
-        // Entries waiting to be sent from `sent` on: a u32 length, then that many bytes.
-        std::vector<std::byte> queue;
-        std::size_t sent = 0;
-        void put(const void* p, std::size_t n);
+        // Entries waiting to be sent, each a u32 length, then that many bytes, in a
+        // ring of kClientBytes allocated at the slot's first use (its pages taken as
+        // written). An entry is copied in once and out once: nothing is moved up or
+        // regrown, which under load held the HTTP thread for seconds (session 33).
+        std::unique_ptr<std::byte[]> ring;
+        std::uint64_t head = 0;  // running byte counts: the next to send,
+        std::uint64_t tail = 0;  // and past the last put
+        std::size_t held() const noexcept { return static_cast<std::size_t>(tail - head); }
+        void put(const void* p, std::size_t n) noexcept;  // the caller has checked the room
+        void peek(void* p, std::size_t n) const noexcept;
+        void take_into(std::string& out, std::size_t n);  // appends n bytes and drops them here
     };
     // Takes what the feed holds and hands each whole record to the clients.
     void drain_feed();

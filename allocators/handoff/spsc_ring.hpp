@@ -6,6 +6,7 @@
 // with one release store: hand-offs are batched, never one atomic per item.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cstddef>
@@ -49,7 +50,7 @@ public:
             room = capacity_ - static_cast<std::size_t>(tail - producer_.cached_head);
         }
         if (n > room) n = room;
-        for (std::size_t i = 0; i < n; ++i) items_[(tail + i) & mask_] = items[i];
+        copy_in(static_cast<std::size_t>(tail) & mask_, items, n);
         // Release publishes the item stores above before the consumer sees the tail.
         producer_.tail.store(tail + n, std::memory_order_release);
         return n;
@@ -67,7 +68,7 @@ public:
             avail = static_cast<std::size_t>(consumer_.cached_tail - head);
         }
         const std::size_t n = avail < max ? avail : max;
-        for (std::size_t i = 0; i < n; ++i) out[i] = items_[(head + i) & mask_];
+        copy_out(static_cast<std::size_t>(head) & mask_, out, n);
         // Release: our reads of these slots happen before the producer reuses them.
         consumer_.head.store(head + n, std::memory_order_release);
         return n;
@@ -88,6 +89,19 @@ public:
     }
 
 private:
+    // n items to or from the slots from `at` on, wrapping at the end: two block copies
+    // (memmove for trivially copyable items) rather than one masked index per item.
+    void copy_in(std::size_t at, const T* items, std::size_t n) noexcept {
+        const std::size_t first = n < capacity_ - at ? n : capacity_ - at;
+        std::copy_n(items, first, items_.get() + at);
+        std::copy_n(items + first, n - first, items_.get());
+    }
+    void copy_out(std::size_t at, T* out, std::size_t n) const noexcept {
+        const std::size_t first = n < capacity_ - at ? n : capacity_ - at;
+        std::copy_n(items_.get() + at, first, out);
+        std::copy_n(items_.get(), n - first, out + first);
+    }
+
     struct alignas(kFalseSharingBytes) ProducerSide {
         std::atomic<std::uint64_t> tail{0};
         std::uint64_t cached_head = 0;

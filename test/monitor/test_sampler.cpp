@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -169,5 +170,59 @@ TEST_CASE("sample feed: a writer thread feeding while the sampler drains gives w
     CHECK(got == kEvents - sampler.dropped_slow());  // the feed full, or the client's queue (one client)
     CHECK(got > 0);
     CHECK(sampler.counters().records.get() == got);
+    sampler.close(slot);
+}
+
+TEST_CASE("sampler: a writer that feeds without pause does not hold the HTTP thread in take()", "[sampler]") {
+    // take() drains the feed on the HTTP thread. It must stop at what the feed held
+    // when it began: before, it popped until it found the ring empty, so a writer that
+    // pushed as fast as it popped (TSan's byte-wise copies on a loaded CI runner) kept
+    // the thread, and every /metrics and /sample, waiting (session 33).
+    monitor::SampleFeed feed;
+    monitor::Sampler sampler(feed);
+    const int slot = sampler.open(0);
+    REQUIRE(slot >= 0);
+    // Whole feed entries (length, file header, record), pushed raw as fast as the ring
+    // takes them: no budget, no per-record work on the writer's side.
+    std::vector<std::byte> entries;
+    std::size_t entry_bytes = 0;
+    const file::FileHeader h = header_of(kRun);
+    for (std::uint64_t k = 0; k < 16; ++k) {
+        const std::vector<std::byte> rec = BuiltEvent(kRun, k, 4000).record();
+        const auto length = static_cast<std::uint32_t>(sizeof h + rec.size());
+        entry_bytes = 4 + length;
+        const auto* l = reinterpret_cast<const std::byte*>(&length);
+        const auto* hb = reinterpret_cast<const std::byte*>(&h);
+        entries.insert(entries.end(), l, l + 4);
+        entries.insert(entries.end(), hb, hb + sizeof h);
+        entries.insert(entries.end(), rec.begin(), rec.end());
+    }
+    std::atomic<bool> stop{false}, gave_up{false};
+    std::thread writer([&] {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        std::size_t at = 0;
+        while (!stop.load(std::memory_order_relaxed)) {
+            at += feed.ring().try_push_n(entries.data() + at, entries.size() - at);
+            if (at == entries.size()) at = 0;
+            if (std::chrono::steady_clock::now() > deadline) {
+                gave_up.store(true);
+                return;
+            }
+        }
+    });
+    // Let the writer fill the ring first, so that each take() starts on a full feed.
+    while (feed.ring().size_approx() < feed.ring().capacity() / 2) std::this_thread::yield();
+    std::string out;
+    for (int k = 0; k < 5; ++k) {
+        out.clear();
+        (void)sampler.take(slot, out, 1u << 20);
+    }
+    stop.store(true);
+    writer.join();
+    CHECK_FALSE(gave_up.load());  // the five calls returned while the writer still pushed
+    CHECK(out.size() > 0);
+    // Each call took at most one ring's worth (and the part of an entry left over).
+    const std::uint64_t handed = sampler.counters().records.get() + sampler.counters().dropped_full.get();
+    CHECK(handed <= 5 * (feed.ring().capacity() / entry_bytes + 1));
     sampler.close(slot);
 }
