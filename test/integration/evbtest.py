@@ -202,6 +202,25 @@ def wait_until(pred, timeout, what, interval=0.05, required=True):
         time.sleep(interval)
 
 
+def threads_named(pid, names, timeout=10):
+    """{thread name: tid} of pid's threads, once every name in `names` is among them
+    (a thread names itself as it starts, a moment after evbd says it is serving), or
+    what there is after `timeout` seconds: the caller's checks then say what is missing.
+    Several threads of one name (unnamed ones show the process's) give one of their tids."""
+    def named():
+        out = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    out[f.read().strip()] = int(tid)
+            except OSError:  # the thread ended meanwhile
+                continue
+        return out
+    found = [{}]
+    wait_until(lambda: found.append(named()) or all(n in found[-1] for n in names), timeout, "", required=False)
+    return found[-1]
+
+
 def wait_text(path, text, proc=None, timeout=20, count=1, who=None):
     """Waits until the file at `path` (a process's log or stderr) holds `text` `count`
     times; fails if `proc` exits first or the time runs out."""

@@ -14,7 +14,7 @@ import socket
 import struct
 import time
 
-from evbtest import Evbd, check, free_tcp_port, send_tcp_events, wait_until, workdir
+from evbtest import Evbd, check, free_tcp_port, send_tcp_events, threads_named, wait_until, workdir
 
 WINDOW_S = 2.0        # the interval over which the thread's CPU time is measured
 CPU_BOUND = 0.15      # of WINDOW_S: a spinning thread takes most of a core
@@ -53,7 +53,7 @@ def main():
                        "building.max_events_in_flight=16", "building.timeout_ms=600000",
                        "building.source_timeout_ms=3600000", "building.source_timeout_events=1048576"])
     pid = d.proc.pid
-    check(thread_cpu_s(pid, "evb-tcp-0") is not None, "evbd has a thread evb-tcp-0")
+    check("evb-tcp-0" in threads_named(pid, ["evb-tcp-0"]), "evbd has a thread evb-tcp-0")
 
     # (a) a held connection reset by its peer
     s = socket.create_connection(("127.0.0.1", tcp))

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 
-from evbtest import Evbd, check, events_in, free_tcp_port, run_source, verify, workdir, write_text
+from evbtest import Evbd, check, events_in, free_tcp_port, run_source, threads_named, verify, workdir, write_text
 from test_frames_build import BOARD_A
 from test_restart_self_numbered import BOARD
 
@@ -36,8 +36,7 @@ def start(wd, board, sets):
     port = free_tcp_port()
     d = Evbd(wd, sets=[f'input.listen=["tcp://127.0.0.1:{port}"]', "input.tcp_readers=2",
                        "building.timeout_ms=3000", *sets], args=["--config", cfg])
-    threads = sorted(open(f"/proc/{d.proc.pid}/task/{t}/comm").read().strip()
-                     for t in os.listdir(f"/proc/{d.proc.pid}/task"))
+    threads = sorted(threads_named(d.proc.pid, ["evb-tcp-0", "evb-tcp-1"]))
     check("evb-tcp-0" in threads and "evb-tcp-1" in threads, f"two TCP reader threads run ({threads})")
     return d, cfg, port
 

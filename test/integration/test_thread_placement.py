@@ -3,26 +3,8 @@ reader (and only it) to its CPU; a pin to a CPU evbd may not run on is logged na
 the reader and the CPU, and evbd runs on with that reader unpinned."""
 import os
 import shutil
-import time
 
-from evbtest import Evbd, check, wait_until, workdir
-
-
-def threads(pid, timeout=5):
-    """{thread name: tid} of pid, once evb-rx-0 and evb-writer exist."""
-    def named():
-        out = {}
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                    out[f.read().strip()] = int(tid)
-            except OSError:
-                continue
-        return out
-    found = []
-    wait_until(lambda: found.append(named()) or ("evb-rx-0" in found[-1] and "evb-writer" in found[-1]), timeout, "",
-               required=False)
-    return found[-1]
+from evbtest import Evbd, check, threads_named, wait_until, workdir
 
 
 def main():
@@ -32,7 +14,7 @@ def main():
     try:
         d = Evbd(wd, sets=["sources=4", f"input.cpus=[{cpu}]"])
         try:
-            t = threads(d.proc.pid)
+            t = threads_named(d.proc.pid, ["evb-rx-0", "evb-writer"])
             # The thread is named a moment before it pins itself.
             wait_until(lambda: os.sched_getaffinity(t["evb-rx-0"]) == {cpu}, 5, "", required=False)
             check(os.sched_getaffinity(t["evb-rx-0"]) == {cpu},
@@ -45,7 +27,7 @@ def main():
         outside = next(c for c in range(1023, -1, -1) if c not in allowed)
         d = Evbd(wd, sets=["sources=4", f"input.cpus=[{outside}]"])
         try:
-            t = threads(d.proc.pid)
+            t = threads_named(d.proc.pid, ["evb-rx-0", "evb-writer"])
             wait_until(lambda: f"cannot pin to CPU {outside}" in d.log_text(), 5, "", required=False)
             check(f"evb-rx-0: cannot pin to CPU {outside}" in d.log_text(),
                   f"a pin to CPU {outside}, which evbd may not use, is logged naming the reader and the CPU")
