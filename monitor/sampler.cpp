@@ -10,28 +10,31 @@ constexpr std::size_t kRingMask = Sampler::kClientBytes - 1;
 static_assert((Sampler::kClientBytes & kRingMask) == 0, "a slot's ring indexes by mask");
 }  // namespace
 
+// The ring's bytes from running count `pos` on, n of them, as at most two pieces
+// (the second from the ring's start): f(ring piece, its length, offset into the n).
+template <typename F>
+void Sampler::Slot::pieces(std::uint64_t pos, std::size_t n, F&& f) const {
+    const std::size_t at = static_cast<std::size_t>(pos) & kRingMask;
+    const std::size_t first = std::min(n, kClientBytes - at);
+    f(ring.get() + at, first, std::size_t{0});
+    if (first < n) f(ring.get(), n - first, first);
+}
+
 void Sampler::Slot::put(const void* p, std::size_t n) noexcept {
     const auto* b = static_cast<const std::byte*>(p);
-    const std::size_t at = static_cast<std::size_t>(tail) & kRingMask;
-    const std::size_t first = std::min(n, kClientBytes - at);
-    std::memcpy(ring.get() + at, b, first);
-    std::memcpy(ring.get(), b + first, n - first);
+    pieces(tail, n, [b](std::byte* r, std::size_t len, std::size_t off) { std::memcpy(r, b + off, len); });
     tail += n;
 }
 
 void Sampler::Slot::peek(void* p, std::size_t n) const noexcept {
     auto* b = static_cast<std::byte*>(p);
-    const std::size_t at = static_cast<std::size_t>(head) & kRingMask;
-    const std::size_t first = std::min(n, kClientBytes - at);
-    std::memcpy(b, ring.get() + at, first);
-    std::memcpy(b + first, ring.get(), n - first);
+    pieces(head, n, [b](const std::byte* r, std::size_t len, std::size_t off) { std::memcpy(b + off, r, len); });
 }
 
 void Sampler::Slot::take_into(std::string& out, std::size_t n) {
-    const std::size_t at = static_cast<std::size_t>(head) & kRingMask;
-    const std::size_t first = std::min(n, kClientBytes - at);
-    out.append(reinterpret_cast<const char*>(ring.get() + at), first);
-    out.append(reinterpret_cast<const char*>(ring.get()), n - first);
+    pieces(head, n, [&out](const std::byte* r, std::size_t len, std::size_t) {
+        out.append(reinterpret_cast<const char*>(r), len);
+    });
     head += n;
 }
 

@@ -73,6 +73,8 @@ private:
         void put(const void* p, std::size_t n) noexcept;  // the caller has checked the room
         void peek(void* p, std::size_t n) const noexcept;
         void take_into(std::string& out, std::size_t n);  // appends n bytes and drops them here
+        template <typename F>
+        void pieces(std::uint64_t pos, std::size_t n, F&& f) const;
     };
     // Takes what the feed holds and hands each whole record to the clients.
     void drain_feed();

@@ -82,7 +82,9 @@ public:
         const std::uint64_t head = consumer_.head.load(std::memory_order_acquire);
         return tail > head ? static_cast<std::size_t>(tail - head) : 0;
     }
-    // Either side, approximate (for metrics).
+    // Approximate from a third thread (metrics). From the consumer's side it is a lower
+    // bound of what try_pop_n can take now (its own head, a tail that only grows): the
+    // sampler drains exactly that much.
     std::size_t size_approx() const noexcept {
         return static_cast<std::size_t>(producer_.tail.load(std::memory_order_relaxed) -
                                         consumer_.head.load(std::memory_order_relaxed));
