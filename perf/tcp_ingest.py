@@ -28,7 +28,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbperf import Child, Evbd, ToolError, cpu_seconds, free_tcp_port, free_udp_port, log, spread_text  # noqa: E402
+from evbperf import (Child, Evbd, ToolError, cpu_seconds, free_tcp_port, free_udp_port, log, spread_text,  # noqa: E402
+                     thread_cpu_seconds)
 
 SOURCES = 64
 HEADER = 40  # a v1 FRAGMENT's header: the message is header + payload
@@ -63,16 +64,17 @@ def run_sink(bin_dir, wd, transport, connections, payload, events):
     return {"bytes": res["bytes"], "seconds": t1 - t0, "cpu_s": res["cpu_s"]}
 
 
-def run_evbd(bin_dir, wd, transport, connections, payload, events, out_dir):
+def run_evbd(bin_dir, wd, transport, connections, payload, events, out_dir, extra_sets=()):
     port = free_tcp_port()
     sets = [f"sources={SOURCES}", f"input.max_datagram_bytes={max(payload + 48, 9000)}",
-            f"output.directory={out_dir}", "input.socket_buffer_bytes=268435456"]
+            f"output.directory={out_dir}", "input.socket_buffer_bytes=268435456", *extra_sets]
     if transport == "tcp":
         sets.append(f'input.listen=["tcp://127.0.0.1:{port}"]')
     d = Evbd(bin_dir, wd, sets)
     to = f"tcp://127.0.0.1:{port}" if transport == "tcp" else f"127.0.0.1:{d.port}"
     try:
         cpu0 = cpu_seconds(d.pid)
+        threads0 = thread_cpu_seconds(d.pid)
         t0 = time.monotonic()
         src = sender(bin_dir, to, connections, payload, events, os.path.join(wd, "source.out"))
         if src.wait(600) != 0:
@@ -88,11 +90,19 @@ def run_evbd(bin_dir, wd, transport, connections, payload, events, out_dir):
             time.sleep(0.01)
         t1 = last_t
         cpu = cpu_seconds(d.pid) - cpu0
+        threads = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu_seconds(d.pid).items()}
         received = m.get("evb_tcp_received_bytes_total" if transport == "tcp" else "evb_received_bytes_total", 0.0)
     finally:
         stopped = d.stop()
     bytes_in = received or stopped["payload_bytes"] + stopped["written"] * SOURCES * HEADER
-    return {"bytes": bytes_in, "seconds": t1 - t0, "cpu_s": cpu, "written": stopped["written"], "events": events}
+    return {"bytes": bytes_in, "seconds": t1 - t0, "cpu_s": cpu, "written": stopped["written"], "events": events,
+            "threads": threads}
+
+
+def thread_text(threads):
+    """The threads that used at least 0.05 CPU s, busiest first."""
+    busy = sorted(((cpu, name) for name, cpu in threads.items() if cpu >= 0.05), reverse=True)
+    return ", ".join(f"{name} {cpu:.2f}" for cpu, name in busy) or "none"
 
 
 def main():
@@ -102,8 +112,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--mib", type=int, default=2048, help="MiB sent per run")
     ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an evbd setting added to every evbd run (repeatable), to try a setting")
+    ap.add_argument("--only", action="append", default=[], metavar="CASE",
+                    help='run only this case (repeatable), as the table names it: "tcp 4 65507", "udp - 8192"')
     a = ap.parse_args()
     cases = [("tcp", c, p) for c in (4, 64) for p in (65507, 8192)] + [("udp", 1, p) for p in (65507, 8192)]
+    if a.only:
+        known = {f"{t} {c if t == 'tcp' else '-'} {p}": (t, c, p) for t, c, p in cases}
+        unknown = [o for o in a.only if o not in known]
+        if unknown:
+            raise ToolError(f"--only {unknown[0]!r}: no such case; the cases are {', '.join(known)}")
+        cases = [known[o] for o in a.only]
     results = {}
     for transport, conns, message in cases:
         payload = message - HEADER  # the FRAGMENT is the message (TCP adds its 4-byte length)
@@ -119,14 +139,15 @@ def main():
                 if who == "sink":
                     res = run_sink(a.bin, wd, transport, conns, payload, events)
                 else:
-                    res = run_evbd(a.bin, wd, transport, conns, payload, events, os.path.join(wd, "data"))
+                    res = run_evbd(a.bin, wd, transport, conns, payload, events, os.path.join(wd, "data"), a.set)
                 res["gb_per_s"] = res["bytes"] / res["seconds"] / 1e9
                 res["cpu_s_per_gb"] = res["cpu_s"] / max(res["bytes"] / 1e9, 1e-9)
                 runs[who].append(res)
                 shutil.rmtree(wd, ignore_errors=True)
             log(f"{key} round {r + 1}: sink {runs['sink'][-1]['gb_per_s']:.2f} GB/s "
                 f"{runs['sink'][-1]['cpu_s_per_gb']:.2f} CPU s/GB; evbd {runs['evbd'][-1]['gb_per_s']:.2f} GB/s "
-                f"{runs['evbd'][-1]['cpu_s_per_gb']:.2f} CPU s/GB ({runs['evbd'][-1]['written']} of {events} written)")
+                f"{runs['evbd'][-1]['cpu_s_per_gb']:.2f} CPU s/GB ({runs['evbd'][-1]['written']} of {events} written; "
+                f"CPU s by thread: {thread_text(runs['evbd'][-1]['threads'])})")
         results[key] = runs
 
     print(f"\nTCP and UDP ingest against a bare receiver: {SOURCES} sources, {a.mib} MiB per run, {a.rounds} rounds "
