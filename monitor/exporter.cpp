@@ -175,6 +175,14 @@ void collect_tcp(const Sources& s, std::vector<FamilyOut>& out) {
                          T::counter, sum(C, [](auto& b) { return b.held_ns.get(); }) / 1e9));
     out.push_back(scalar("evb_tcp_connections_held", "TCP connections not read now for want of room (back-pressure).",
                          T::gauge, sum(C, [](auto& b) { return b.held_now.get(); })));
+    FamilyOut direct{"evb_tcp_direct_messages_total",
+                     "Messages read from TCP straight into their receive slot, not copied from the connection's buffer: "
+                     "long (16 KiB or more) once their header was in, short by guessing their length from the two "
+                     "before them. The rest of evb_datagrams_received_total's TCP messages were copied.",
+                     T::counter, {}, {}};
+    direct.samples.push_back({{{"size", "long"}}, sum(C, [](auto& b) { return b.direct_long.get(); }), {}, 0});
+    direct.samples.push_back({{{"size", "short"}}, sum(C, [](auto& b) { return b.direct_short.get(); }), {}, 0});
+    out.push_back(std::move(direct));
     // Per connection group (the connections of one input.listen tcp:// address).
     FamilyOut open{"evb_tcp_group_connections", "TCP connections open now, per input.listen address.", T::gauge, {}, {}};
     FamilyOut bytes{"evb_tcp_group_received_bytes_total", "Bytes read from TCP connections, per input.listen address.",

@@ -38,8 +38,10 @@ struct TcpReader::Connection {
     bool any_bytes = false;
     std::uint64_t last_byte_ns = 0;  // monotonic; the time it opened until it sends
     std::uint64_t held_since_ns = 0;
-    Message message;             // a long message being read straight into its slot
+    Message message;             // a message being read straight into its slot
     bool long_messages = false;  // the last message handed on was long: read the buffer a little at a time
+    std::uint32_t last_len = 0;  // the length of the last message handed on (0: none yet)
+    bool same_len = false;       // and the one before it was as long: the next ones are guessed so
     // What it carries, as learnt from what it sent: its sources, the most chunks of a
     // fragment, and whether its messages have no event key (timestamp mode, described
     // frames: each may open an event). Its reserves follow (TcpReader::set_reserve).
@@ -194,10 +196,10 @@ bool TcpReader::room_for(const Connection& c, bool opener) const noexcept {
            (c.held_openers < share(c) && openers_ - openers_in_reserves_ < opener_spare());
 }
 
-bool TcpReader::opens(const Connection& c, std::uint32_t len, std::uint64_t& key, bool& known) const noexcept {
+bool TcpReader::opens(const Connection& c, const std::byte* datagram, std::uint32_t len, std::uint64_t& key,
+                      bool& known) const noexcept {
     known = false;
     wire::FragmentView f;
-    const std::byte* datagram = c.buf + c.begin + net::kTcpPrefixBytes;
     if (wire::parse_fragment({datagram, len}, f) != wire::ParseError::ok) return true;  // a described frame, or refused
     switch (rules_->match) {
         case MatchMode::event_id: key = f.event_id; break;
@@ -252,6 +254,9 @@ std::size_t TcpReader::do_work() {
         counters_.bytes.add(taken_bytes_);
         counters_.receive_batches.add();
         taken_ = taken_bytes_ = 0;
+        if (taken_long_ != 0) tcp_.direct_long.add(taken_long_);
+        if (taken_short_ != 0) tcp_.direct_short.add(taken_short_);
+        taken_long_ = taken_short_ = 0;
     }
     counters_.slots_free.set(pool_.free_count());
     if (now - timeouts_checked_ns_ >= kTimeoutCheckNs) check_timeouts(now);
@@ -261,6 +266,7 @@ std::size_t TcpReader::do_work() {
 std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
     std::size_t work = 0;
     std::size_t budget = kBuffersPerTurn * s_.buffer_bytes;
+    const bool allowed = rules_->allowed_sender_keys.empty() || sender_allowed(rules_->allowed_sender_keys, c.peer);
     // Each pass takes what the buffer holds whole before it reads again, and the turn
     // ends before a read, never after one: what a read brought is always taken (or the
     // connection held), and a connection whose turn ended unread stays readable, so
@@ -287,6 +293,30 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
             std::memmove(c.buf, c.buf + c.begin, c.end - c.begin);
             c.end -= c.begin;
             c.begin = 0;
+        }
+        // Short messages with the buffer empty: straight into their slots, by guess.
+        ssize_t scattered = 0;
+        if (c.begin == c.end && c.same_len && c.last_len < kDirectMinBytes && allowed &&
+            (c.message.slot == kNoSlot || c.message.len == c.last_len) && scatter_read(c, budget, scattered)) {
+            if (scattered > 0) {
+                const auto n = static_cast<std::size_t>(scattered);
+                budget -= std::min(budget, n);
+                tcp_.bytes.add(n);
+                tcp_.group[c.group].bytes.add(n);
+                c.any_bytes = true;
+                c.last_byte_ns = now;
+                ++work;
+                continue;  // read dry or not, what came is taken first
+            }
+            if (scattered < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                c.readable = false;
+                return work;
+            }
+            c.ended = true;  // the end of the stream (or a reset), as below
+            c.end_reason = scattered == 0 ? net::TcpClose::peer_closed : net::TcpClose::read_error;
+            c.readable = false;
+            unwatch(c);
+            continue;
         }
         // Room remains: a part of a message is shorter than input.max_datagram_bytes + 4.
         // A long message's rest goes straight into its slot, and only the start of the
@@ -350,11 +380,23 @@ TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
             // The rest is still on its way. A long message whose header is here goes
             // into its slot now and the rest is read straight after it (serve).
             // (Not when the peer has closed: the message can no longer come whole.)
-            if (c.ended || !allowed || len < kDirectMinBytes || have < std::min<std::size_t>(len, kDirectTailBytes / 2))
+            if (c.ended || !allowed) break;
+            if (len < kDirectMinBytes) {
+                // A short one as long as the two before it: its rest is read by
+                // scatter_read, with the next ones guessed as long. Else (or with no
+                // room for it as an opener) it waits here for its rest.
+                std::uint32_t idx = 0;
+                if (!c.same_len || len != c.last_len || !take_slot(c, true, idx)) break;
+                c.message = Message{idx, len, static_cast<std::uint32_t>(have), true, false, true, 0, Via::short_direct};
+                std::memcpy(pool_.data(idx) + frames_.headroom(), c.buf + c.begin + net::kTcpPrefixBytes, have);
+                c.begin = c.end = 0;
                 break;
+            }
+            if (have < std::min<std::size_t>(len, kDirectTailBytes / 2)) break;
             if (!claim(c, len)) return Taken::no_room;
             std::memcpy(pool_.data(c.message.slot) + frames_.headroom(), c.buf + c.begin + net::kTcpPrefixBytes, have);
             c.message.got = static_cast<std::uint32_t>(have);
+            c.message.via = Via::long_direct;
             c.begin = c.end = 0;
             break;
         }
@@ -377,25 +419,119 @@ TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
 bool TcpReader::claim(Connection& c, std::uint32_t len) noexcept {
     Message& m = c.message;
     m.len = len;
-    m.opener = opens(c, len, m.key, m.known);
-    if (!room_for(c, m.opener)) return false;
+    m.opener = opens(c, c.buf + c.begin + net::kTcpPrefixBytes, len, m.key, m.known);
+    m.unsettled = false;
+    m.via = Via::copied;
     std::uint32_t idx = 0;
+    if (!take_slot(c, m.opener, idx)) return false;
+    m.slot = idx;
+    m.got = 0;
+    return true;
+}
+
+bool TcpReader::take_slot(Connection& c, bool opener, std::uint32_t& idx) noexcept {
+    if (!room_for(c, opener)) return false;
     (void)pool_.try_take(idx);  // room_for saw a free slot
     // Held from now on: a message read into its slot over several reads counts
     // against the connection's share and the take limit while it is read.
     slot_conn_[idx] = static_cast<std::uint32_t>(&c - conns_.data());
     slot_gen_[idx] = c.generation;
-    slot_opener_[idx] = m.opener ? 1 : 0;
+    slot_opener_[idx] = opener ? 1 : 0;
     unaccount(c);
     ++c.held_slots;
     ++in_flight_;
-    if (m.opener) {
+    if (opener) {
         ++c.held_openers;
         ++openers_;
     }
     account(c);
-    m.slot = idx;
-    m.got = 0;
+    return true;
+}
+
+void TcpReader::settle(Connection& c) noexcept {
+    Message& m = c.message;
+    m.unsettled = false;
+    // Claimed as an opener; handed on in order, so c.last_key is the message's before.
+    if (opens(c, pool_.data(m.slot) + frames_.headroom(), m.len, m.key, m.known)) return;
+    m.opener = false;
+    slot_opener_[m.slot] = 0;
+    unaccount(c);
+    --c.held_openers;
+    --openers_;
+    account(c);
+}
+
+bool TcpReader::scatter_read(Connection& c, std::size_t budget, ssize_t& got) noexcept {
+    const std::uint32_t len = c.last_len;
+    const std::size_t each = net::kTcpPrefixBytes + len;
+    iovec iov[2 * kScatterMessages + 2];
+    int parts = 0;
+    // First the rest of the message being read, if one is.
+    const std::size_t rest = c.message.slot != kNoSlot ? c.message.len - c.message.got : 0;
+    if (rest > 0) iov[parts++] = {pool_.data(c.message.slot) + frames_.headroom() + c.message.got, rest};
+    // What the guess gets wrong is moved into the buffer in front of what was read
+    // into it: the guessed messages and the rest of the read share the buffer.
+    const std::size_t most = std::min({kScatterMessages, std::max<std::size_t>((budget - std::min(budget, rest)) / each, 1),
+                                       (s_.buffer_bytes - kDirectTailBytes) / each});
+    std::uint32_t slots[kScatterMessages];
+    std::byte prefixes[kScatterMessages][net::kTcpPrefixBytes];
+    std::size_t k = 0;
+    while (k < most && take_slot(c, true, slots[k])) {  // each may open an event, until seen
+        iov[parts++] = {prefixes[k], net::kTcpPrefixBytes};
+        iov[parts++] = {pool_.data(slots[k]) + frames_.headroom(), len};
+        ++k;
+    }
+    if (k == 0 && rest == 0) return false;
+    const std::size_t front = rest + k * each;  // bytes of the read that go before the buffer
+    iov[parts++] = {c.buf, s_.buffer_bytes - k * each};
+    do {
+        got = ::readv(c.fd, iov, parts);
+    } while (got < 0 && errno == EINTR);
+    const int read_errno = errno;  // for the caller, whatever is called below
+    const std::size_t n = got > 0 ? static_cast<std::size_t>(got) : 0;
+    if (got > 0 && n < rest + s_.buffer_bytes) c.readable = false;  // read dry
+    std::size_t at = std::min(n, rest), j = 0;
+    if (rest > 0) {
+        c.message.got += static_cast<std::uint32_t>(at);
+        if (at == rest) hand_on(c);
+    }
+    // The messages the guess got right, whole, are handed on in order; the first one
+    // cut short stays c.message, read on into its slot.
+    if (c.message.slot == kNoSlot) {
+        for (; j < k && n - at >= net::kTcpPrefixBytes && wire::load_u32(prefixes[j]) == len; ++j) {
+            const std::size_t in_slot = std::min<std::size_t>(n - at - net::kTcpPrefixBytes, len);
+            at += net::kTcpPrefixBytes + in_slot;
+            c.message = Message{slots[j], len, static_cast<std::uint32_t>(in_slot), true, false, true, 0, Via::short_direct};
+            if (in_slot < len) {
+                ++j;
+                break;
+            }
+            hand_on(c);
+        }
+    }
+    // The rest of the read, from the first message guessed wrong (or a prefix cut
+    // short) on, is the stream's: into the buffer in order, before its own part.
+    const std::size_t in_buffer = n - std::min(n, front);
+    const std::size_t misplaced = std::min(n, front) - at;
+    if (misplaced > 0) {
+        std::memmove(c.buf + misplaced, c.buf, in_buffer);
+        std::size_t to = 0;
+        for (std::size_t i = j; to < misplaced; ++i) {
+            const std::size_t p = std::min(misplaced - to, net::kTcpPrefixBytes);
+            std::memcpy(c.buf + to, prefixes[i], p);
+            to += p;
+            const std::size_t b = std::min<std::size_t>(misplaced - to, len);
+            std::memcpy(c.buf + to, pool_.data(slots[i]) + frames_.headroom(), b);
+            to += b;
+        }
+    }
+    c.begin = 0;
+    c.end = misplaced + in_buffer;
+    for (; j < k; ++j) {  // the slots of messages not (or wrongly) guessed go back
+        unclaim(slots[j]);
+        pool_.give_back_local(slots[j]);
+    }
+    errno = read_errno;
     return true;
 }
 
@@ -413,6 +549,12 @@ void TcpReader::unclaim(std::uint32_t idx) noexcept {
 
 void TcpReader::hand_on(Connection& c) noexcept {
     Message& m = c.message;
+    if (m.unsettled) settle(c);
+    // Lengths, admitted or not: two alike and the next are guessed as long (scatter_read).
+    c.same_len = m.len == c.last_len;
+    c.last_len = m.len;
+    if (m.via == Via::long_direct) ++taken_long_;
+    if (m.via == Via::short_direct) ++taken_short_;
     const std::uint32_t idx = m.slot;
     m.slot = kNoSlot;
     ++taken_;
@@ -568,6 +710,8 @@ void TcpReader::accept_from(std::size_t l, std::uint64_t now) noexcept {
         c.has_key = false;
         c.begin = c.end = 0;
         c.held = c.ended = c.any_bytes = c.keyless = c.long_messages = false;
+        c.last_len = 0;
+        c.same_len = false;
         c.sources = 0;
         c.max_chunks = 1;
         set_reserve(c, 0, false);

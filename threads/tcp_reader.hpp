@@ -1,7 +1,8 @@
 // The TCP reader thread (docs/FORMATS.md section 11): serves many readout-PC
 // connections with one epoll set, cuts each stream into its length-prefixed
-// datagrams, puts each into a receive slot of the reader's pool (a short one copied
-// from the connection's buffer, the rest of a long one read straight into the slot)
+// datagrams, puts each into a receive slot of the reader's pool (read straight into
+// the slot: a long one once its header is seen, short ones by guessing their length;
+// otherwise copied from the connection's buffer)
 // and admits it exactly as a socket reader admits a UDP datagram (admit_datagram),
 // handing the chunks on per shard, one list per shard per round.
 //
@@ -13,6 +14,8 @@
 // is held: its EPOLLIN interest is dropped, its buffer stays as it is, the kernel's
 // window closes and the sender waits. Nothing read is refused for want of room.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
@@ -66,16 +69,27 @@ private:
     static constexpr std::uint32_t kNoSlot = ~0u;
     // Messages at least this long are read into their slot from their header on, the
     // rest of them straight from the socket (readv), not copied from the connection's
-    // buffer; the buffer then takes only this much after such a message.
-    // (At 8 KiB a copy costs less than the system call a message then needs.)
+    // buffer; the buffer then takes only this much after such a message. Shorter ones
+    // are read into their slots by guess (scatter_read), many to a read, or copied.
+    // (At 8 KiB a copy costs less than the system call each would need on its own.)
     static constexpr std::uint32_t kDirectMinBytes = 16384;
     static constexpr std::size_t kDirectTailBytes = 512;
+    // Shorter messages, when the buffer is empty, are read straight into the slots of
+    // the next few at once (scatter_read), guessing each is as long as the one before:
+    // at most this many per read.
+    static constexpr std::size_t kScatterMessages = 32;
+    // How a message reached its slot (counted: stats::TcpCounters::direct_long, direct_short).
+    enum class Via : std::uint8_t { copied, long_direct, short_direct };
     // The message a connection is taking (claim): its slot and what decided its room.
     struct Message {
         std::uint32_t slot = kNoSlot;  // kNoSlot: none
         std::uint32_t len = 0, got = 0;  // its length, and the bytes of it in the slot
         bool opener = false, known = false;
+        // Claimed before its header was seen (scatter_read), as an opener: whether it
+        // is one, and its key, are settled from its slot when it is whole (settle).
+        bool unsettled = false;
         std::uint64_t key = 0;
+        Via via = Via::copied;
     };
     void accept_from(std::size_t l, std::uint64_t now) noexcept;
     void watch_listener(std::size_t l, bool watch) noexcept;
@@ -90,14 +104,29 @@ private:
     // Takes a slot for the message at c.begin (length `len`) if c has room for it, and
     // holds it against c's share: c.message. False: no room, nothing taken.
     bool claim(Connection& c, std::uint32_t len) noexcept;
+    // Takes a free slot and holds it against c's share, as an opener or not, if c has
+    // room for it (room_for). False: no room, nothing taken.
+    bool take_slot(Connection& c, bool opener, std::uint32_t& idx) noexcept;
+    // With c's buffer empty and its last two messages of one length: reads the rest
+    // of c.message (if any, of that length too) and c's next messages straight into
+    // slots, guessing that each is as long, with the rest of the read into the buffer; what the guess got wrong is put
+    // into the buffer as it came. The whole messages are handed on; one cut short
+    // stays c.message. `got`: readv's result. False: nothing to read into (no message
+    // being read and no room for a slot), nothing read.
+    bool scatter_read(Connection& c, std::size_t budget, ssize_t& got) noexcept;
+    // c.message claimed unsettled and now whole: its key from its slot, and its
+    // opener count given back if it opens nothing.
+    void settle(Connection& c) noexcept;
     // A claimed slot back: out of its connection's holdings (if still open) and the sums.
     void unclaim(std::uint32_t idx) noexcept;
     // c.message is whole in its slot: admitted and handed on (or refused and given back).
     void hand_on(Connection& c) noexcept;
     static bool inside_message(const Connection& c) noexcept;
-    // Whether the message at c.begin (length `len`) may open an event: its key (event id,
-    // timestamp or slice) differs from the last message taken from c, or is not known.
-    bool opens(const Connection& c, std::uint32_t len, std::uint64_t& key, bool& known) const noexcept;
+    // Whether the message `datagram` (length `len`), c's next, may open an event: its
+    // key (event id, timestamp or slice) differs from the last message taken from c,
+    // or is not known.
+    bool opens(const Connection& c, const std::byte* datagram, std::uint32_t len, std::uint64_t& key,
+               bool& known) const noexcept;
     void hold(Connection& c, std::uint64_t now) noexcept;
     void release(Connection& c, std::uint64_t now) noexcept;
     void close_connection(Connection& c, net::TcpClose why) noexcept;
@@ -142,6 +171,7 @@ private:
     std::size_t openers_ = 0;    // of them, openers
     std::size_t open_ = 0;
     std::uint64_t taken_ = 0, taken_bytes_ = 0;  // messages taken this round (counters_ once a round)
+    std::uint64_t taken_long_ = 0, taken_short_ = 0;  // of them, read straight into their slots (tcp_ once a round)
     std::size_t held_ = 0;       // connections held for want of room
     // Sums over open connections of their reserves (Connection::opener_reserve,
     // ::slot_reserve), and of what each holds within them.
