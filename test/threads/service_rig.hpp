@@ -61,6 +61,13 @@ struct ServiceRig {
     }
     ServiceRig(const ServiceRig&) = delete;
     ServiceRig& operator=(const ServiceRig&) = delete;
+    // Declared after a test's own RunControl: stops the rig's threads before that
+    // RunControl goes, whichever way the test ends (ASan saw the writer read
+    // WriterSettings a RunControl had freed, in a test that did not stop them).
+    struct StopsFirst {
+        ServiceRig& rig;
+        ~StopsFirst() { rig.stop_threads(); }
+    };
 
     // What the rig sets on every configuration it loads (a reload's --set overrides).
     static std::vector<std::string> base_settings(const TempDir& d) {

@@ -120,6 +120,7 @@ TEST_CASE("Reloader with --watch-config sees each change of the file once", "[re
     const DaemonOptions opts{files / "evbd.json", test::ServiceRig::base_settings(rig.dir), true, {}, "max"};
     std::ofstream(opts.config_path) << R"({"run_number": 5})";
     RunControl rc(rig.snap, rig.targets, rig.control, rig.summaries);
+    const test::ServiceRig::StopsFirst stops_first{rig};  // the writer reads what rc posted
     Reloader reloader(opts, Sizing{1, 1, 64}, rig.config, rc, rig.pipeline, rig.control);
     CHECK_FALSE(reloader.config_file_changed());  // as it was at the start
     std::ofstream(opts.config_path) << R"({"run_number": 5, "building": {"timeout_ms": 300}})";
