@@ -266,13 +266,15 @@ std::size_t TcpReader::do_work() {
 std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
     std::size_t work = 0;
     std::size_t budget = kBuffersPerTurn * s_.buffer_bytes;
+    // The peer is the connection's: whether it may send is the same for every message
+    // of this turn (the rules change only between rounds).
     const bool allowed = rules_->allowed_sender_keys.empty() || sender_allowed(rules_->allowed_sender_keys, c.peer);
     // Each pass takes what the buffer holds whole before it reads again, and the turn
     // ends before a read, never after one: what a read brought is always taken (or the
     // connection held), and a connection whose turn ended unread stays readable, so
     // the next round serves it again.
     for (int turn = 0;; ++turn) {
-        const Taken t = take_messages(c);
+        const Taken t = take_messages(c, allowed);
         if (t == Taken::framing_lost) {
             close_connection(c, net::TcpClose::length_out_of_range);
             return work + 1;
@@ -301,10 +303,7 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
             if (scattered > 0) {
                 const auto n = static_cast<std::size_t>(scattered);
                 budget -= std::min(budget, n);
-                tcp_.bytes.add(n);
-                tcp_.group[c.group].bytes.add(n);
-                c.any_bytes = true;
-                c.last_byte_ns = now;
+                note_read(c, n, now);
                 ++work;
                 continue;  // read dry or not, what came is taken first
             }
@@ -312,10 +311,7 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
                 c.readable = false;
                 return work;
             }
-            c.ended = true;  // the end of the stream (or a reset), as below
-            c.end_reason = scattered == 0 ? net::TcpClose::peer_closed : net::TcpClose::read_error;
-            c.readable = false;
-            unwatch(c);
+            end_stream(c, scattered);
             continue;
         }
         // Room remains: a part of a message is shorter than input.max_datagram_bytes + 4.
@@ -343,10 +339,7 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
             space += into_slot;
             // A short read of the buffer alone still costs a buffer's worth of the turn.
             budget -= std::min(budget, into_slot > 0 ? n : s_.buffer_bytes);
-            tcp_.bytes.add(n);
-            tcp_.group[c.group].bytes.add(n);
-            c.any_bytes = true;
-            c.last_byte_ns = now;
+            note_read(c, n, now);
             if (n < space) c.readable = false;  // read dry
             ++work;
             continue;
@@ -356,21 +349,26 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
             c.readable = false;
             return work;
         }
-        // The end of the stream (or a reset): what is whole is still taken.
-        c.ended = true;
-        c.end_reason = got == 0 ? net::TcpClose::peer_closed : net::TcpClose::read_error;
-        c.readable = false;
-        if (c.watched) {
-            ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
-            c.watched = c.reading = false;
-        }
+        end_stream(c, got);
     }
 }
 
-TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
-    // The peer is the connection's: whether it may send is the same for every message
-    // of this call (the rules change only between calls).
-    const bool allowed = rules_->allowed_sender_keys.empty() || sender_allowed(rules_->allowed_sender_keys, c.peer);
+void TcpReader::note_read(Connection& c, std::size_t n, std::uint64_t now) noexcept {
+    tcp_.bytes.add(n);
+    tcp_.group[c.group].bytes.add(n);
+    c.any_bytes = true;
+    c.last_byte_ns = now;
+}
+
+void TcpReader::end_stream(Connection& c, ssize_t got) noexcept {
+    // What is whole is still taken, then the connection is closed (serve).
+    c.ended = true;
+    c.end_reason = got == 0 ? net::TcpClose::peer_closed : net::TcpClose::read_error;
+    c.readable = false;
+    unwatch(c);
+}
+
+TcpReader::Taken TcpReader::take_messages(Connection& c, bool allowed) noexcept {
     while (c.message.slot == kNoSlot && c.end - c.begin >= net::kTcpPrefixBytes) {
         // The length is checked before anything of the message is looked at.
         const std::uint32_t len = wire::load_u32(c.buf + c.begin);
@@ -387,7 +385,7 @@ TcpReader::Taken TcpReader::take_messages(Connection& c) noexcept {
                 // room for it as an opener) it waits here for its rest.
                 std::uint32_t idx = 0;
                 if (!c.same_len || len != c.last_len || !take_slot(c, true, idx)) break;
-                c.message = Message{idx, len, static_cast<std::uint32_t>(have), true, false, true, 0, Via::short_direct};
+                c.message = Message::guessed(idx, len, have);
                 std::memcpy(pool_.data(idx) + frames_.headroom(), c.buf + c.begin + net::kTcpPrefixBytes, have);
                 c.begin = c.end = 0;
                 break;
@@ -420,7 +418,6 @@ bool TcpReader::claim(Connection& c, std::uint32_t len) noexcept {
     Message& m = c.message;
     m.len = len;
     m.opener = opens(c, c.buf + c.begin + net::kTcpPrefixBytes, len, m.key, m.known);
-    m.unsettled = false;
     m.via = Via::copied;
     std::uint32_t idx = 0;
     if (!take_slot(c, m.opener, idx)) return false;
@@ -450,7 +447,6 @@ bool TcpReader::take_slot(Connection& c, bool opener, std::uint32_t& idx) noexce
 
 void TcpReader::settle(Connection& c) noexcept {
     Message& m = c.message;
-    m.unsettled = false;
     // Claimed as an opener; handed on in order, so c.last_key is the message's before.
     if (opens(c, pool_.data(m.slot) + frames_.headroom(), m.len, m.key, m.known)) return;
     m.opener = false;
@@ -501,7 +497,7 @@ bool TcpReader::scatter_read(Connection& c, std::size_t budget, ssize_t& got) no
         for (; j < k && n - at >= net::kTcpPrefixBytes && wire::load_u32(prefixes[j]) == len; ++j) {
             const std::size_t in_slot = std::min<std::size_t>(n - at - net::kTcpPrefixBytes, len);
             at += net::kTcpPrefixBytes + in_slot;
-            c.message = Message{slots[j], len, static_cast<std::uint32_t>(in_slot), true, false, true, 0, Via::short_direct};
+            c.message = Message::guessed(slots[j], len, in_slot);
             if (in_slot < len) {
                 ++j;
                 break;
@@ -527,10 +523,7 @@ bool TcpReader::scatter_read(Connection& c, std::size_t budget, ssize_t& got) no
     }
     c.begin = 0;
     c.end = misplaced + in_buffer;
-    for (; j < k; ++j) {  // the slots of messages not (or wrongly) guessed go back
-        unclaim(slots[j]);
-        pool_.give_back_local(slots[j]);
-    }
+    for (; j < k; ++j) give_back(slots[j]);  // the slots of messages not (or wrongly) guessed
     errno = read_errno;
     return true;
 }
@@ -547,9 +540,14 @@ void TcpReader::unclaim(std::uint32_t idx) noexcept {
     account(c);
 }
 
+void TcpReader::give_back(std::uint32_t idx) noexcept {
+    unclaim(idx);
+    pool_.give_back_local(idx);
+}
+
 void TcpReader::hand_on(Connection& c) noexcept {
     Message& m = c.message;
-    if (m.unsettled) settle(c);
+    if (m.via == Via::short_direct) settle(c);
     // Lengths, admitted or not: two alike and the next are guessed as long (scatter_read).
     c.same_len = m.len == c.last_len;
     c.last_len = m.len;
@@ -569,8 +567,7 @@ void TcpReader::hand_on(Connection& c) noexcept {
         shard = -1;
     }
     if (shard < 0) {
-        unclaim(idx);
-        pool_.give_back_local(idx);
+        give_back(idx);
         return;
     }
     learn(c, *ChunkMeta::in_slot(pool_.meta(idx)), !m.known);
@@ -616,8 +613,7 @@ void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
     if (c.message.slot != kNoSlot) {  // a message cut short: its slot was never handed on
         // Before the generation changes below: unclaim takes the slot out of this
         // connection's holdings only while the slot's generation is the connection's.
-        unclaim(c.message.slot);
-        pool_.give_back_local(c.message.slot);
+        give_back(c.message.slot);
         c.message.slot = kNoSlot;
     }
     ::close(c.fd);  // also takes it out of the epoll set

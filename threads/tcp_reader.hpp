@@ -85,11 +85,14 @@ private:
         std::uint32_t slot = kNoSlot;  // kNoSlot: none
         std::uint32_t len = 0, got = 0;  // its length, and the bytes of it in the slot
         bool opener = false, known = false;
-        // Claimed before its header was seen (scatter_read), as an opener: whether it
-        // is one, and its key, are settled from its slot when it is whole (settle).
-        bool unsettled = false;
         std::uint64_t key = 0;
+        // short_direct: claimed before its header was seen, as an opener; whether it
+        // is one, and its key, are settled from its slot when it is whole (settle).
         Via via = Via::copied;
+        // A guessed message (scatter_read), `got` of its `len` bytes in `slot`.
+        static Message guessed(std::uint32_t slot, std::uint32_t len, std::size_t got) noexcept {
+            return Message{slot, len, static_cast<std::uint32_t>(got), true, false, 0, Via::short_direct};
+        }
     };
     void accept_from(std::size_t l, std::uint64_t now) noexcept;
     void watch_listener(std::size_t l, bool watch) noexcept;
@@ -99,7 +102,8 @@ private:
     std::size_t serve(Connection& c, std::uint64_t now) noexcept;
     enum class Taken { need_bytes, no_room, framing_lost };
     // Takes the whole messages of c's buffer while there is room.
-    Taken take_messages(Connection& c) noexcept;
+    // `allowed`: whether c's peer may send (the rules in force).
+    Taken take_messages(Connection& c, bool allowed) noexcept;
     bool room_for(const Connection& c, bool opener) const noexcept;
     // Takes a slot for the message at c.begin (length `len`) if c has room for it, and
     // holds it against c's share: c.message. False: no room, nothing taken.
@@ -114,11 +118,17 @@ private:
     // stays c.message. `got`: readv's result. False: nothing to read into (no message
     // being read and no room for a slot), nothing read.
     bool scatter_read(Connection& c, std::size_t budget, ssize_t& got) noexcept;
-    // c.message claimed unsettled and now whole: its key from its slot, and its
+    // c.message guessed (Via::short_direct) and now whole: its key from its slot, and its
     // opener count given back if it opens nothing.
     void settle(Connection& c) noexcept;
     // A claimed slot back: out of its connection's holdings (if still open) and the sums.
     void unclaim(std::uint32_t idx) noexcept;
+    // A claimed slot that carries nothing on: unclaimed and back on the pool's stack.
+    void give_back(std::uint32_t idx) noexcept;
+    // n bytes read from c now: counted, and c is not idle.
+    void note_read(Connection& c, std::size_t n, std::uint64_t now) noexcept;
+    // A read found the end of c's stream (0) or failed (-1): c takes what is whole, then closes.
+    void end_stream(Connection& c, ssize_t got) noexcept;
     // c.message is whole in its slot: admitted and handed on (or refused and given back).
     void hand_on(Connection& c) noexcept;
     static bool inside_message(const Connection& c) noexcept;
