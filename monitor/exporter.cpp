@@ -177,11 +177,16 @@ void collect_tcp(const Sources& s, std::vector<FamilyOut>& out) {
                          T::gauge, sum(C, [](auto& b) { return b.held_now.get(); })));
     FamilyOut direct{"evb_tcp_direct_messages_total",
                      "Messages read from TCP straight into their receive slot, not copied from the connection's buffer: "
-                     "long (16 KiB or more) once their header was in, short by guessing their length from the two "
-                     "before them. The rest of evb_datagrams_received_total's TCP messages were copied.",
+                     "size long (16 KiB or more) or short; how: header (a long one, once its header was in) or guess "
+                     "(its length guessed from the two before it). The rest of evb_datagrams_received_total's TCP "
+                     "messages were copied.",
                      T::counter, {}, {}};
-    direct.samples.push_back({{{"size", "long"}}, sum(C, [](auto& b) { return b.direct_long.get(); }), {}, 0});
-    direct.samples.push_back({{{"size", "short"}}, sum(C, [](auto& b) { return b.direct_short.get(); }), {}, 0});
+    direct.samples.push_back(
+        {{{"size", "long"}, {"how", "header"}}, sum(C, [](auto& b) { return b.direct_long.get(); }), {}, 0});
+    direct.samples.push_back(
+        {{{"size", "long"}, {"how", "guess"}}, sum(C, [](auto& b) { return b.guessed_long.get(); }), {}, 0});
+    direct.samples.push_back(
+        {{{"size", "short"}, {"how", "guess"}}, sum(C, [](auto& b) { return b.guessed_short.get(); }), {}, 0});
     out.push_back(std::move(direct));
     // Per connection group (the connections of one input.listen tcp:// address).
     FamilyOut open{"evb_tcp_group_connections", "TCP connections open now, per input.listen address.", T::gauge, {}, {}};

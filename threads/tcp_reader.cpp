@@ -254,9 +254,10 @@ std::size_t TcpReader::do_work() {
         counters_.bytes.add(taken_bytes_);
         counters_.receive_batches.add();
         taken_ = taken_bytes_ = 0;
-        if (taken_long_ != 0) tcp_.direct_long.add(taken_long_);
-        if (taken_short_ != 0) tcp_.direct_short.add(taken_short_);
-        taken_long_ = taken_short_ = 0;
+        if (taken_direct_[0] != 0) tcp_.direct_long.add(taken_direct_[0]);
+        if (taken_direct_[1] != 0) tcp_.guessed_long.add(taken_direct_[1]);
+        if (taken_direct_[2] != 0) tcp_.guessed_short.add(taken_direct_[2]);
+        taken_direct_ = {};
     }
     counters_.slots_free.set(pool_.free_count());
     if (now - timeouts_checked_ns_ >= kTimeoutCheckNs) check_timeouts(now);
@@ -296,9 +297,10 @@ std::size_t TcpReader::serve(Connection& c, std::uint64_t now) noexcept {
             c.end -= c.begin;
             c.begin = 0;
         }
-        // Short messages with the buffer empty: straight into their slots, by guess.
+        // With the buffer empty and the last two messages of one length: the next
+        // ones straight into their slots, by guess.
         ssize_t scattered = 0;
-        if (c.begin == c.end && c.same_len && c.last_len < kDirectMinBytes && allowed &&
+        if (c.begin == c.end && c.same_len && allowed &&
             (c.message.slot == kNoSlot || c.message.len == c.last_len) && scatter_read(c, budget, scattered)) {
             if (scattered > 0) {
                 const auto n = static_cast<std::size_t>(scattered);
@@ -479,13 +481,16 @@ bool TcpReader::scatter_read(Connection& c, std::size_t budget, ssize_t& got) no
     }
     if (k == 0 && rest == 0) return false;
     const std::size_t front = rest + k * each;  // bytes of the read that go before the buffer
-    iov[parts++] = {c.buf, s_.buffer_bytes - k * each};
+    // After long messages only the start of the next one goes into the buffer, as in
+    // serve; short ones share it with the guessed ones.
+    const std::size_t tail = len >= kDirectMinBytes ? kDirectTailBytes : s_.buffer_bytes - k * each;
+    iov[parts++] = {c.buf, tail};
     do {
         got = ::readv(c.fd, iov, parts);
     } while (got < 0 && errno == EINTR);
     const int read_errno = errno;  // for the caller, whatever is called below
     const std::size_t n = got > 0 ? static_cast<std::size_t>(got) : 0;
-    if (got > 0 && n < rest + s_.buffer_bytes) c.readable = false;  // read dry
+    if (got > 0 && n < front + tail) c.readable = false;  // read dry
     std::size_t at = std::min(n, rest), j = 0;
     if (rest > 0) {
         c.message.got += static_cast<std::uint32_t>(at);
@@ -547,12 +552,12 @@ void TcpReader::give_back(std::uint32_t idx) noexcept {
 
 void TcpReader::hand_on(Connection& c) noexcept {
     Message& m = c.message;
-    if (m.via == Via::short_direct) settle(c);
+    if (m.via == Via::by_guess) settle(c);
     // Lengths, admitted or not: two alike and the next are guessed as long (scatter_read).
     c.same_len = m.len == c.last_len;
     c.last_len = m.len;
-    if (m.via == Via::long_direct) ++taken_long_;
-    if (m.via == Via::short_direct) ++taken_short_;
+    if (m.via == Via::long_direct) ++taken_direct_[0];
+    if (m.via == Via::by_guess) ++taken_direct_[m.len >= kDirectMinBytes ? 1 : 2];
     const std::uint32_t idx = m.slot;
     m.slot = kNoSlot;
     ++taken_;

@@ -1,8 +1,8 @@
 // The TCP reader thread (docs/FORMATS.md section 11): serves many readout-PC
 // connections with one epoll set, cuts each stream into its length-prefixed
 // datagrams, puts each into a receive slot of the reader's pool (read straight into
-// the slot: a long one once its header is seen, short ones by guessing their length;
-// otherwise copied from the connection's buffer)
+// the slot: a long one once its header is seen, any by guessing its length from
+// the two before it; otherwise copied from the connection's buffer)
 // and admits it exactly as a socket reader admits a UDP datagram (admit_datagram),
 // handing the chunks on per shard, one list per shard per round.
 //
@@ -17,6 +17,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -70,28 +71,29 @@ private:
     // Messages at least this long are read into their slot from their header on, the
     // rest of them straight from the socket (readv), not copied from the connection's
     // buffer; the buffer then takes only this much after such a message. Shorter ones
-    // are read into their slots by guess (scatter_read), many to a read, or copied.
+    // are copied, many to a read. Both are read into their slots by guess
+    // (scatter_read) when the two before them had one length.
     // (At 8 KiB a copy costs less than the system call each would need on its own.)
     static constexpr std::uint32_t kDirectMinBytes = 16384;
     static constexpr std::size_t kDirectTailBytes = 512;
-    // Shorter messages, when the buffer is empty, are read straight into the slots of
-    // the next few at once (scatter_read), guessing each is as long as the one before:
-    // at most this many per read.
+    // With the buffer empty, the next few messages are read straight into their slots
+    // at once (scatter_read), guessing each is as long as the one before: at most this
+    // many per read (and as many as the buffer could hold).
     static constexpr std::size_t kScatterMessages = 32;
-    // How a message reached its slot (counted: stats::TcpCounters::direct_long, direct_short).
-    enum class Via : std::uint8_t { copied, long_direct, short_direct };
+    // How a message reached its slot (counted: stats::TcpCounters::direct_long, guessed_*).
+    enum class Via : std::uint8_t { copied, long_direct, by_guess };
     // The message a connection is taking (claim): its slot and what decided its room.
     struct Message {
         std::uint32_t slot = kNoSlot;  // kNoSlot: none
         std::uint32_t len = 0, got = 0;  // its length, and the bytes of it in the slot
         bool opener = false, known = false;
         std::uint64_t key = 0;
-        // short_direct: claimed before its header was seen, as an opener; whether it
+        // by_guess: claimed before its header was seen, as an opener; whether it
         // is one, and its key, are settled from its slot when it is whole (settle).
         Via via = Via::copied;
         // A guessed message (scatter_read), `got` of its `len` bytes in `slot`.
         static Message guessed(std::uint32_t slot, std::uint32_t len, std::size_t got) noexcept {
-            return Message{slot, len, static_cast<std::uint32_t>(got), true, false, 0, Via::short_direct};
+            return Message{slot, len, static_cast<std::uint32_t>(got), true, false, 0, Via::by_guess};
         }
     };
     void accept_from(std::size_t l, std::uint64_t now) noexcept;
@@ -113,12 +115,13 @@ private:
     bool take_slot(Connection& c, bool opener, std::uint32_t& idx) noexcept;
     // With c's buffer empty and its last two messages of one length: reads the rest
     // of c.message (if any, of that length too) and c's next messages straight into
-    // slots, guessing that each is as long, with the rest of the read into the buffer; what the guess got wrong is put
-    // into the buffer as it came. The whole messages are handed on; one cut short
+    // slots, guessing that each is as long, with the rest of the read into the buffer
+    // (after long ones, kDirectTailBytes of it); what the guess got wrong is put into
+    // the buffer as it came. The whole messages are handed on; one cut short
     // stays c.message. `got`: readv's result. False: nothing to read into (no message
     // being read and no room for a slot), nothing read.
     bool scatter_read(Connection& c, std::size_t budget, ssize_t& got) noexcept;
-    // c.message guessed (Via::short_direct) and now whole: its key from its slot, and its
+    // c.message guessed (Via::by_guess) and now whole: its key from its slot, and its
     // opener count given back if it opens nothing.
     void settle(Connection& c) noexcept;
     // A claimed slot back: out of its connection's holdings (if still open) and the sums.
@@ -181,7 +184,9 @@ private:
     std::size_t openers_ = 0;    // of them, openers
     std::size_t open_ = 0;
     std::uint64_t taken_ = 0, taken_bytes_ = 0;  // messages taken this round (counters_ once a round)
-    std::uint64_t taken_long_ = 0, taken_short_ = 0;  // of them, read straight into their slots (tcp_ once a round)
+    // Of them, read straight into their slots (tcp_ once a round): long after the
+    // header, long by guess, short by guess.
+    std::array<std::uint64_t, 3> taken_direct_{};
     std::size_t held_ = 0;       // connections held for want of room
     // Sums over open connections of their reserves (Connection::opener_reserve,
     // ::slot_reserve), and of what each holds within them.

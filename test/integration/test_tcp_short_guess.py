@@ -1,13 +1,16 @@
-"""Input over TCP: messages shorter than TcpReader::kDirectMinBytes are read straight into
-their receive slots by guessing that each is as long as the one before it on its
-connection (docs/ARCHITECTURE.md, "Input over TCP"); a guess that is wrong puts the bytes
-back into the connection's buffer as they came.
+"""Input over TCP: when a connection's last two messages had one length, the next ones are
+read straight into their receive slots by guessing that each is as long
+(docs/ARCHITECTURE.md, "Input over TCP"); a guess that is wrong puts the bytes back into
+the connection's buffer as they came. Short messages (under TcpReader::kDirectMinBytes)
+are otherwise copied from the buffer, long ones read into their slot once their header
+is in.
 
 1. Two readout PCs, two sources each, whose fragment lengths change every few events
-   (runs of one length, from 9 bytes of payload to 15000, and now and then a long
-   one that is read the direct way), each stream written in pieces of random size, so
-   that reads end anywhere: inside a length prefix, a header, a payload. Every event is
-   built complete and byte-exact (evb-dump --verify --pattern).
+   (runs of one length, from 9 bytes of payload to 15000, and now and then a run of
+   long ones, 20000 to 60000), each stream written in pieces of random size, so that
+   reads end anywhere: inside a length prefix, a header, a payload. Every event is
+   built complete and byte-exact (evb-dump --verify --pattern), and messages of both
+   sizes were read by guess.
 2. A short message cut short now holds a slot: 200 connections each send two whole
    short messages of one length (refused: their source is not configured) and the
    first part of a third, then close, and one stalls there, on a reader with about 150
@@ -28,7 +31,7 @@ from evbtest import (BIN, Evbd, check, check_built_exactly, free_tcp_port, frag,
 
 EVENTS = 1500
 LENGTHS = [9, 100, 1000, 1472, 4000, 8000, 15000]
-LONG = 20000  # at least TcpReader::kDirectMinBytes: read the direct way
+LONGS = [20000, 33000, 60000]  # at least TcpReader::kDirectMinBytes: never copied
 
 
 def stream(sources, seed):
@@ -38,7 +41,7 @@ def stream(sources, seed):
     out, length, left = [], 0, 0
     for e in range(EVENTS):
         if left == 0:
-            length = LONG if rng.random() < 0.1 else rng.choice(LENGTHS)
+            length = rng.choice(LONGS) if rng.random() < 0.1 else rng.choice(LENGTHS)
             left = rng.randint(1, 30)
         left -= 1
         for s in sources:
@@ -59,7 +62,7 @@ def send_in_pieces(sock, data, seed):
 def part_one():
     wd = workdir()
     tcp = free_tcp_port()
-    d = Evbd(wd, sets=[f'input.listen=["tcp://127.0.0.1:{tcp}"]', "sources=4", f"input.max_datagram_bytes={LONG + 100}"])
+    d = Evbd(wd, sets=[f'input.listen=["tcp://127.0.0.1:{tcp}"]', "sources=4", f"input.max_datagram_bytes={max(LONGS) + 100}"])
     pcs = [socket.create_connection(("127.0.0.1", tcp)) for _ in range(2)]
     for s in pcs:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -75,8 +78,12 @@ def part_one():
     for s in pcs:
         s.close()
     check(True, f"2 readout PCs sent {sum(len(x) for x in data)} bytes of fragments of changing length in random pieces")
-    guessed = m.get('evb_tcp_direct_messages_total{size="short"}', 0)
-    check(guessed > 0, f"{guessed:.0f} of the {4 * EVENTS} messages were read into their slots by guess")
+    short = m.get('evb_tcp_direct_messages_total{size="short",how="guess"}', 0)
+    long = m.get('evb_tcp_direct_messages_total{size="long",how="guess"}', 0)
+    header = m.get('evb_tcp_direct_messages_total{size="long",how="header"}', 0)
+    check(short > 0 and long > 0,
+          f"of the {4 * EVENTS} messages, {short:.0f} short and {long:.0f} long ones were read into their slots by guess"
+          f" ({header:.0f} long ones once their header was in)")
     check_built_exactly(d, EVENTS)
 
 
@@ -117,7 +124,7 @@ def part_two():
     check(True, f"{cut} connections ended inside a short message after whole ones, and 1 stalled there, each counted")
     m = d.metrics()
     check(metric_sum(m, "evb_rejected_datagrams_total") == sent + 2, f"the {sent + 2} whole foreign messages refused")
-    guessed = m.get('evb_tcp_direct_messages_total{size="short"}', 0)
+    guessed = m.get('evb_tcp_direct_messages_total{size="short",how="guess"}', 0)
     check(guessed > 0, f"{guessed:.0f} of them were read into their slots by guess")
     st = run_source(["--to", f"tcp://127.0.0.1:{tcp}", "--sources", sources, "--events", events, "--size", size,
                      "--chunk", size, "--seed", "12"])
@@ -147,7 +154,7 @@ def part_three():
         send_in_pieces(s, b"".join(data), 3)
         d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= EVENTS, timeout=120)
         m = d.wait_settled()
-    check(m.get('evb_tcp_direct_messages_total{size="short"}', 0) == 0,
+    check(m.get('evb_tcp_direct_messages_total{size="short",how="guess"}', 0) == 0,
           "lengths that alternate are not guessed: every short message copied")
     check_built_exactly(d, EVENTS)
 
