@@ -378,7 +378,8 @@ TcpReader::Taken TcpReader::take_messages(Connection& c, bool allowed) noexcept 
         const std::size_t have = c.end - c.begin - net::kTcpPrefixBytes;
         if (have < len) {
             // The rest is still on its way. A long message whose header is here goes
-            // into its slot now and the rest is read straight after it (serve).
+            // into its slot now and the rest is read straight after it (serve, or
+            // scatter_read with the next ones guessed when its length repeats).
             // (Not when the peer has closed: the message can no longer come whole.)
             if (c.ended || !allowed) break;
             if (len < kDirectMinBytes) {
