@@ -181,12 +181,11 @@ void collect_tcp(const Sources& s, std::vector<FamilyOut>& out) {
                      "(its length guessed from the two before it). The rest of evb_datagrams_received_total's TCP "
                      "messages were copied.",
                      T::counter, {}, {}};
-    direct.samples.push_back(
-        {{{"size", "long"}, {"how", "header"}}, sum(C, [](auto& b) { return b.direct_long.get(); }), {}, 0});
-    direct.samples.push_back(
-        {{{"size", "long"}, {"how", "guess"}}, sum(C, [](auto& b) { return b.guessed_long.get(); }), {}, 0});
-    direct.samples.push_back(
-        {{{"size", "short"}, {"how", "guess"}}, sum(C, [](auto& b) { return b.guessed_short.get(); }), {}, 0});
+    for (std::size_t i = 0; i < net::kTcpDirectCount; ++i) {
+        const net::TcpDirectLabels l = net::tcp_direct_labels(static_cast<net::TcpDirect>(i));
+        direct.samples.push_back(
+            {{{"size", l.size}, {"how", l.how}}, sum(C, [i](auto& b) { return b.direct[i].get(); }), {}, 0});
+    }
     out.push_back(std::move(direct));
     // Per connection group (the connections of one input.listen tcp:// address).
     FamilyOut open{"evb_tcp_group_connections", "TCP connections open now, per input.listen address.", T::gauge, {}, {}};

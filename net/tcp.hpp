@@ -89,4 +89,21 @@ constexpr const char* tcp_close_name(TcpClose r) noexcept {
     return kNames[static_cast<std::size_t>(r)];
 }
 
+// How a message reached its receive slot without a copy from its connection's buffer
+// (evb_tcp_direct_messages_total{size,how}): long ones are 16 KiB or more.
+enum class TcpDirect : std::uint8_t {
+    long_by_header,  // read straight into its slot once its length prefix was in
+    long_by_guess,   // its length guessed from the two messages before it
+    short_by_guess,
+};
+inline constexpr std::size_t kTcpDirectCount = 3;
+struct TcpDirectLabels {
+    const char* size;
+    const char* how;
+};
+constexpr TcpDirectLabels tcp_direct_labels(TcpDirect d) noexcept {
+    constexpr TcpDirectLabels kLabels[kTcpDirectCount] = {{"long", "header"}, {"long", "guess"}, {"short", "guess"}};
+    return kLabels[static_cast<std::size_t>(d)];
+}
+
 }  // namespace evb::net

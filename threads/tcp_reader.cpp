@@ -254,9 +254,8 @@ std::size_t TcpReader::do_work() {
         counters_.bytes.add(taken_bytes_);
         counters_.receive_batches.add();
         taken_ = taken_bytes_ = 0;
-        if (taken_direct_[0] != 0) tcp_.direct_long.add(taken_direct_[0]);
-        if (taken_direct_[1] != 0) tcp_.guessed_long.add(taken_direct_[1]);
-        if (taken_direct_[2] != 0) tcp_.guessed_short.add(taken_direct_[2]);
+        for (std::size_t i = 0; i < net::kTcpDirectCount; ++i)
+            if (taken_direct_[i] != 0) tcp_.direct[i].add(taken_direct_[i]);
         taken_direct_ = {};
     }
     counters_.slots_free.set(pool_.free_count());
@@ -557,8 +556,12 @@ void TcpReader::hand_on(Connection& c) noexcept {
     // Lengths, admitted or not: two alike and the next are guessed as long (scatter_read).
     c.same_len = m.len == c.last_len;
     c.last_len = m.len;
-    if (m.via == Via::long_direct) ++taken_direct_[0];
-    if (m.via == Via::by_guess) ++taken_direct_[m.len >= kDirectMinBytes ? 1 : 2];
+    if (m.via != Via::copied) {
+        const net::TcpDirect how = m.via == Via::long_direct     ? net::TcpDirect::long_by_header
+                                   : m.len >= kDirectMinBytes ? net::TcpDirect::long_by_guess
+                                                              : net::TcpDirect::short_by_guess;
+        ++taken_direct_[static_cast<std::size_t>(how)];
+    }
     const std::uint32_t idx = m.slot;
     m.slot = kNoSlot;
     ++taken_;

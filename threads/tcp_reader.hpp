@@ -80,7 +80,7 @@ private:
     // at once (scatter_read), guessing each is as long as the one before: at most this
     // many per read (and as many as the buffer could hold).
     static constexpr std::size_t kScatterMessages = 32;
-    // How a message reached its slot (counted: stats::TcpCounters::direct_long, guessed_*).
+    // How a message reached its slot (counted by net::TcpDirect in stats::TcpCounters::direct).
     enum class Via : std::uint8_t { copied, long_direct, by_guess };
     // The message a connection is taking (claim): its slot and what decided its room.
     struct Message {
@@ -184,9 +184,8 @@ private:
     std::size_t openers_ = 0;    // of them, openers
     std::size_t open_ = 0;
     std::uint64_t taken_ = 0, taken_bytes_ = 0;  // messages taken this round (counters_ once a round)
-    // Of them, read straight into their slots (tcp_ once a round): long after the
-    // header, long by guess, short by guess.
-    std::array<std::uint64_t, 3> taken_direct_{};
+    // Of them, read straight into their slots, by net::TcpDirect (tcp_ once a round).
+    std::array<std::uint64_t, net::kTcpDirectCount> taken_direct_{};
     std::size_t held_ = 0;       // connections held for want of room
     // Sums over open connections of their reserves (Connection::opener_reserve,
     // ::slot_reserve), and of what each holds within them.

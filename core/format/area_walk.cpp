@@ -216,7 +216,7 @@ void AreaWalker::feed(std::span<const std::byte> piece) {
             case State::item_padding:
             case State::section_padding: {
                 const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(left_, n));
-                const bool zero = std::all_of(p, p + take, [](std::byte b) { return b == std::byte{0}; });
+                const bool zero = all_zero({p, take});
                 p += take;
                 n -= take;
                 at_ += take;

@@ -116,6 +116,13 @@ void encode_item_header(std::uint64_t timestamp, std::uint64_t sequence, std::ui
 void encode_section_header(std::uint32_t source_id, std::uint32_t status, std::uint32_t length,
                            std::byte out[kSectionHeaderBytes], std::uint32_t item_count = 0) noexcept;
 inline constexpr std::size_t padded8(std::size_t n) noexcept { return (n + 7) & ~std::size_t{7}; }
+// Whether every byte is zero: what padding holds, and what a reader finds where a
+// direct-I/O writer allocated space ahead and was cut off.
+inline constexpr bool all_zero(std::span<const std::byte> bytes) noexcept {
+    for (const std::byte b : bytes)
+        if (b != std::byte{0}) return false;
+    return true;
+}
 inline constexpr std::size_t section_bytes(std::size_t payload) noexcept {
     return kSectionHeaderBytes + padded8(payload);
 }

@@ -245,13 +245,7 @@ bool decode_built(const EventView& e, DecodedEvent& out, std::string* why) {
     return true;
 }
 
-namespace {
-
-bool all_zero(std::span<const std::byte> b) {
-    return std::all_of(b.begin(), b.end(), [](std::byte x) { return x == std::byte{0}; });
-}
-
-}  // namespace
+using file::all_zero;
 
 bool decode_note(const EventView& e, NoteView& out, std::string* why) {
     const auto fail = [why](std::string w) {

@@ -85,7 +85,7 @@ bool drop_torn_stage_tail(std::span<const std::byte> image, midas::ScanResult& s
     const std::uint64_t boundary = (last.file_offset / OutputFile::kStageBytes + 1) * OutputFile::kStageBytes;
     if (boundary >= end) return false;  // inside one stage: written whole or not at all
     const auto after = image.subspan(boundary);
-    if (!std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; })) return false;
+    if (!all_zero(after)) return false;
     s.good_bytes = last.file_offset;
     s.events.pop_back();
     s.event_count = s.events.size();
@@ -200,7 +200,7 @@ std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, Recov
     if (!f.complete && f.last_block_at > 0) {
         const std::uint64_t boundary = (f.last_block_at / OutputFile::kStageBytes + 1) * OutputFile::kStageBytes;
         const auto after = boundary < image.size() ? image.subspan(boundary) : std::span<const std::byte>{};
-        if (boundary < f.good_bytes && std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; })) {
+        if (boundary < f.good_bytes && all_zero(after)) {
             frame = image.first(f.last_block_at);
             f = scan_frame(frame, ms, content);
             torn_block = true;
@@ -263,10 +263,6 @@ std::vector<std::byte> recover_midas_lz4(std::span<const std::byte> image, Recov
     out.resize(used + tail);
     r.events = ms.event_count;
     return out;
-}
-
-bool all_zero(std::span<const std::byte> bytes) {
-    return std::all_of(bytes.begin(), bytes.end(), [](std::byte b) { return b == std::byte{0}; });
 }
 
 // Whether what was written of `image` stops inside [.., end): the file ends before

@@ -209,7 +209,7 @@ bool HeldIds::contains(std::uint64_t id) const noexcept {
 std::optional<std::string> why_part_holds_no_events(std::span<const std::byte> image) {
     if (image.size() < kHeaderBytes)
         return fmt::format("{} bytes, shorter than the {}-byte file header", image.size(), kHeaderBytes);
-    if (std::all_of(image.begin(), image.end(), [](std::byte b) { return b == std::byte{0}; }))
+    if (all_zero(image))
         return fmt::format("{} bytes, all zero: no header ever reached the disk", image.size());
     return std::nullopt;
 }

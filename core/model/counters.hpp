@@ -99,11 +99,8 @@ struct alignas(kFalseSharingBytes) TcpCounters {
     Counter held_now;              // gauge: connections not read for want of room now
     Counter accept_failures;       // accept failed for want of descriptors or memory (the listener rested)
     // Messages read straight into their receive slot, not copied from the connection's
-    // buffer: long ones once their header was seen, or (long or short) by guessing
-    // their length (docs/ARCHITECTURE.md, "Input over TCP").
-    Counter direct_long;
-    Counter guessed_long;
-    Counter guessed_short;
+    // buffer, by net::TcpDirect (docs/ARCHITECTURE.md, "Input over TCP").
+    std::array<Counter, net::kTcpDirectCount> direct{};
     // The same per connection group: the connections accepted on one input.listen
     // tcp:// address (group g is the reader's g-th listening socket, in the order of
     // the configuration).

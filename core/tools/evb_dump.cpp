@@ -297,7 +297,7 @@ std::string join(const std::vector<std::string>& v, std::string_view sep) {
     return out;
 }
 
-struct SectionInfo {
+struct ListedSection {
     std::uint32_t source_id = 0;
     std::uint32_t status = 0;
     std::uint32_t length = 0;
@@ -314,7 +314,7 @@ struct EventInfo {
     std::uint64_t built_unix_ns = 0;
     std::uint64_t timestamp = 0;         // v2
     std::uint32_t content_length = 0;    // v2
-    std::vector<SectionInfo> sections;
+    std::vector<ListedSection> sections;
 };
 
 // A run record (FORMATS.md 12): not an event; listed, never counted or verified as one.
@@ -701,7 +701,7 @@ void RecordChecks::section(const ef::SectionView& sec, std::uint64_t at) {
                                         h.event_id, sec.source_id, bad, sec.length,
                                         pattern_kind_name(o.pattern_kind)));
     }
-    if (o.events) ev.sections.push_back(SectionInfo{sec.source_id, sec.status, sec.length, sec.item_count, {}});
+    if (o.events) ev.sections.push_back(ListedSection{sec.source_id, sec.status, sec.length, sec.item_count, {}});
 }
 
 void RecordChecks::item(const ef::SectionView& sec, std::uint32_t j, const ef::ItemView& it, std::uint64_t at) {
@@ -870,7 +870,7 @@ void check_midas_event(const evb::midas::EventView& ev, const MidasRun& run, con
                             fmt::format("event {} source {}: bank {}, the configuration names it {}", d.evb_event_id,
                                         sec.info.source_id, std::string_view(sec.bank_name.data(), 4),
                                         std::string_view(want.data(), 4)));
-        SectionInfo si{sec.info.source_id, sec.info.status, sec.info.length, 0, {}};
+        ListedSection si{sec.info.source_id, sec.info.status, sec.info.length, 0, {}};
         if (item_mode && sec.bytes != nullptr) {
             if (!midas_items(sec, items)) {
                 rep.add_problem(sec_at, fmt::format("event {} source {}: the items do not fill the bank's {} bytes",
@@ -1364,7 +1364,7 @@ Json header_json(const FileReport& r) {
     return j;
 }
 
-Json section_json(const SectionInfo& s, const ef::FileHeader& fh) {
+Json section_json(const ListedSection& s, const ef::FileHeader& fh) {
     Json j{{"source_id", s.source_id}, {"status", bit_names(s.status, section_bit_names(fh.version))}, {"length", s.length}};
     if (fh.version != 2) return j;
     j["item_count"] = s.item_count;
