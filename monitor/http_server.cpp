@@ -3,7 +3,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <linux/sockios.h>
-#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -226,24 +225,17 @@ HttpServer::HttpServer(const std::string& listen, Handler handler, PostRoute* po
             if (comma == std::string::npos) break;
             start = comma + 1;
         }
-        wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (wake_fd_ < 0) throw std::runtime_error(fmt::format("monitor: eventfd: {}", std::strerror(errno)));
         thread_ = std::thread([this] { run(); });
     } catch (...) {
         for (int fd : listeners_) ::close(fd);
-        if (wake_fd_ >= 0) ::close(wake_fd_);
         throw;
     }
 }
 
 HttpServer::~HttpServer() {
-    const std::uint64_t one = 1;
-    // An eventfd write of 8 bytes cannot be short; it fails only at a counter of
-    // 2^64 - 1, and the thread is woken by any value.
-    (void)!::write(wake_fd_, &one, sizeof one);
+    stop_bell_.ring();
     thread_.join();
     for (int fd : listeners_) ::close(fd);
-    ::close(wake_fd_);
 }
 
 std::string HttpServer::bound_address() const {
@@ -419,7 +411,7 @@ void HttpServer::run() {
         std::erase_if(conns, [](const Connection& c) { return c.fd < 0; });
         const bool accepting = now >= accept_paused_until;
         fds.clear();
-        fds.push_back({wake_fd_, POLLIN, 0});
+        fds.push_back({stop_bell_.fd(), POLLIN, 0});
         if (accepting)
             for (int fd : listeners_) fds.push_back({fd, POLLIN, 0});
         const std::size_t first_conn = fds.size();

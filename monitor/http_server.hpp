@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "net/wake_fd.hpp"
+
 namespace evb::monitor {
 
 // A body sent as it becomes available (GET /sample): the server thread asks for
@@ -107,7 +109,7 @@ private:
     void run();
 
     std::vector<int> listeners_;
-    int wake_fd_ = -1;  // eventfd: the destructor's stop signal to the thread
+    net::WakeFd stop_bell_;  // the destructor's stop signal to the thread
     Handler handler_;
     PostRoute* post_ = nullptr;
     std::thread thread_;

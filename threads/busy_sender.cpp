@@ -1,8 +1,8 @@
 #include "threads/busy_sender.hpp"
 
+#include <poll.h>
+
 #include <algorithm>
-#include <chrono>
-#include <thread>
 
 #include "core/format/busy.hpp"
 #include "core/util/clock.hpp"
@@ -138,7 +138,13 @@ void BusySender::send(std::uint64_t now_ns) {
 
 void BusySender::on_idle() {
     const std::uint64_t now = monotonic_ns();
-    if (now < next_sample_ns_) std::this_thread::sleep_for(std::chrono::nanoseconds(next_sample_ns_ - now));
+    if (now >= next_sample_ns_) return;
+    const std::uint64_t ns = next_sample_ns_ - now;
+    const timespec until{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    pollfd p{stop_bell_.fd(), POLLIN, 0};
+    ::ppoll(&p, 1, &until, nullptr);
 }
+
+void BusySender::wake() noexcept { stop_bell_.ring(); }
 
 }  // namespace evb

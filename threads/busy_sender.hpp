@@ -15,6 +15,7 @@
 #include "core/model/counters.hpp"
 #include "monitor/exporter.hpp"
 #include "net/busy_socket.hpp"
+#include "net/wake_fd.hpp"
 #include "threads/runner.hpp"
 
 namespace evb {
@@ -41,6 +42,7 @@ public:
 
     std::size_t do_work() override;
     void on_idle() override;
+    void wake() noexcept override;  // a stop: on_idle's wait for the next sample ends now
 
     // How often the fills are sampled: often enough to react well inside the
     // repeat interval when a trigger listens (busy.targets), and rarely when only
@@ -56,6 +58,7 @@ private:
     BusyWatch w_;
     BusyState state_;
     net::BusySocket socket_;
+    net::WakeFd stop_bell_;
     const std::uint32_t builder_id_;
     const std::uint64_t interval_ns_;
     const std::uint64_t sample_ns_;  // kSampleNs, or kSampleNoTargetsNs without targets

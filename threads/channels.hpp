@@ -4,9 +4,6 @@
 // rings, done rings, return rings: see docs/ARCHITECTURE.md, "Threads").
 #pragma once
 
-#include <sys/eventfd.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -22,6 +19,7 @@
 #include "core/config/snapshot.hpp"
 #include "core/io/run_summary.hpp"
 #include "core/model/event.hpp"
+#include "net/wake_fd.hpp"
 
 namespace evb {
 
@@ -263,10 +261,7 @@ struct ControlReply {
 
 class ControlMailbox {
 public:
-    ControlMailbox() : wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
-    ~ControlMailbox() {
-        if (wake_fd_ >= 0) ::close(wake_fd_);
-    }
+    ControlMailbox() = default;
     ControlMailbox(const ControlMailbox&) = delete;
     ControlMailbox& operator=(const ControlMailbox&) = delete;
 
@@ -296,26 +291,22 @@ public:
     }
     // Control thread: answers ready to send.
     std::deque<ControlReply> take_replies() {
-        std::uint64_t n = 0;
-        (void)!::read(wake_fd_, &n, sizeof n);
+        bell_.drain();
         std::lock_guard lock(m_);
         std::deque<ControlReply> out;
         out.swap(replies_);
         return out;
     }
-    int wake_fd() const noexcept { return wake_fd_; }  // readable when answers are ready
+    int wake_fd() const noexcept { return bell_.fd(); }  // readable when answers are ready
     // The control thread's poll ends now (an answer is ready, or its runner is stopping).
-    void wake() const noexcept {
-        const std::uint64_t one = 1;
-        (void)!::write(wake_fd_, &one, sizeof one);
-    }
+    void wake() const noexcept { bell_.ring(); }
 
 private:
     std::mutex m_;
     bool busy_ = false;
     std::optional<ControlCommand> command_;
     std::deque<ControlReply> replies_;
-    int wake_fd_;
+    net::WakeFd bell_;
 };
 
 }  // namespace evb

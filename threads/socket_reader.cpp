@@ -304,8 +304,13 @@ void SocketReader::on_idle() {
         pool_.doorbell().park(std::chrono::milliseconds(10), [this] { return pool_.returns_pending(); });
         return;
     }
-    pollfd p{fd_, POLLIN, 0};
-    ::poll(&p, 1, 100);
+    pollfd p[2] = {{fd_, POLLIN, 0}, {stop_bell_.fd(), POLLIN, 0}};
+    ::poll(p, 2, 100);
+}
+
+void SocketReader::wake() noexcept {
+    stop_bell_.ring();
+    pool_.doorbell().interrupt();
 }
 
 }  // namespace evb

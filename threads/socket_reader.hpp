@@ -15,6 +15,7 @@
 #include "core/model/event.hpp"
 #include "core/model/counters.hpp"
 #include "net/udp.hpp"
+#include "net/wake_fd.hpp"
 #include "threads/channels.hpp"
 #include "threads/runner.hpp"
 #include "core/model/sender_pins.hpp"
@@ -139,6 +140,7 @@ public:
 
     std::size_t do_work() override;
     void on_idle() override;
+    void wake() noexcept override;  // a stop: on_idle's park ends now
 
     // Control: admission rule sets (start, run changes), kept alive by the poster.
     RulesInbox& rules() noexcept { return inbox_; }
@@ -152,6 +154,7 @@ private:
     std::uint64_t coalesce_ns_;
     bool slack_set_ = false;  // this thread's timer slack lowered (on first pause)
     int fd_;
+    net::WakeFd stop_bell_;  // polled beside fd_
     alloc::BufferPool& pool_;
     ShardSink& sink_;
     stats::ReaderCounters& counters_;

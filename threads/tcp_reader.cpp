@@ -757,9 +757,11 @@ void TcpReader::check_timeouts(std::uint64_t now) noexcept {
 
 void TcpReader::on_idle() {
     // A connection held for room is taken from again as soon as slots come back.
-    pollfd p{epoll_fd_, POLLIN, 0};
-    ::poll(&p, 1, held_ > 0 ? 1 : 100);
+    pollfd p[2] = {{epoll_fd_, POLLIN, 0}, {stop_bell_.fd(), POLLIN, 0}};
+    ::poll(p, 2, held_ > 0 ? 1 : 100);
 }
+
+void TcpReader::wake() noexcept { stop_bell_.ring(); }
 
 void TcpReader::on_close() {
     // What was read and not taken never becomes an event: counted as unread, as a

@@ -25,6 +25,7 @@
 #include "allocators/arena.hpp"
 #include "allocators/buffer_pool.hpp"
 #include "core/model/counters.hpp"
+#include "net/wake_fd.hpp"
 #include "threads/channels.hpp"
 #include "threads/runner.hpp"
 #include "threads/socket_reader.hpp"
@@ -62,6 +63,7 @@ public:
     std::size_t do_work() override;
     void on_idle() override;
     void on_close() override;
+    void wake() noexcept override;  // a stop: on_idle's park ends now
 
     RulesInbox& rules() noexcept { return inbox_; }
 
@@ -167,6 +169,7 @@ private:
     stats::ReaderCounters& counters_;
     stats::TcpCounters& tcp_;
     int epoll_fd_ = -1;
+    net::WakeFd stop_bell_;  // polled beside epoll_fd_
     std::vector<Connection> conns_;
     alloc::ArenaArray<std::byte> buffers_;    // every connection's read buffer, made at start
     std::vector<std::uint32_t> free_conns_;   // indices of closed connections
