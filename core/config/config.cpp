@@ -63,6 +63,7 @@ const std::vector<Key>& schema() {
         {"input.tcp_max_connections", Kind::uint, 64, 1, 4096, false, "Connections one TCP reader serves at once; one more is accepted, counted (evb_tcp_connections_closed_total{reason=\"too_many\"}) and closed."},
         {"input.tcp_timeout_ms", Kind::uint, 10000, 10, 3600000, false, "A TCP connection that has sent nothing since it opened, or that stops in the middle of a message while evbd reads it, for this long is closed and counted (reason \"idle\" or \"stalled\"); what it sent whole is kept. While no run is running (evbd stopped) a connection that has sent nothing is kept: its time counts from the start."},
         {"input.tcp_buffer_bytes", Kind::uint, 256u << 10, 16u << 10, 64u << 20, false, "Each TCP connection's read buffer, allocated at start for input.tcp_max_connections connections per reader; messages under 16 KiB are copied from it into receive slots, longer ones are read straight into their slots after their header; when a connection's message length repeats, the next ones are read straight into slots guessed to be as long. At least input.max_datagram_bytes + 4."},
+        {"input.tcp_pool_bytes", Kind::uint, 0, 0, 64ull << 30, false, "Receive slots of each TCP reader thread, in bytes, out of its share of building.max_buffer_bytes (never more). 0 (the default): 64 MiB, or room for 16 events' fragments of every source at input.max_datagram_bytes if that is more. A TCP reader holds its senders back when its slots are in use, so it needs no large pool to lose nothing, and slots that are reused while still in the CPU's cache cost less to fill and to write out (docs/PERFORMANCE.md, \"The TCP receive pool\"). Set: at least room for two fragments of every source."},
         {"input.readers", Kind::uint, 1, 1, 16, false, "Socket-reader threads; more than one binds the port with SO_REUSEPORT."},
         {"input.socket_buffer_bytes", Kind::uint, 64ull << 20, 65536, 2ull << 30, false, "SO_RCVBUF(FORCE) request per socket. A kernel cap is logged and exported as a metric."},
         {"input.max_datagram_bytes", Kind::uint, 9000, 48, 65535, false, "Largest datagram accepted; longer ones are counted as truncated and dropped."},
@@ -77,7 +78,7 @@ const std::vector<Key>& schema() {
         {"building.workers", Kind::uint, 0, 0, 64, false, "Threads that run the oneTBB flow graph (matching, assembly and record compression); 0 means the CPUs evbd may use less one per reader and one for the writer, from 1 to 4 (1 on a 2-core machine). One thread per shard drives its shards' graph; threads beyond the shard count (the time modes build in one shard) compress records of the shards concurrently, their order restored before the writer."},
         {"building.shards", Kind::uint, 0, 0, 256, false, "Matcher shards (events routed by id); 0 means one per worker."},
         {"building.max_events_in_flight", Kind::uint, 4096, 16, 1u << 20, false, "Events being built or waiting to be written (all shards). A fragment that would start one more is counted and dropped (evb_malformed_datagrams_total{reason=\"in_flight_limit\"}); size it above the writer's backlog when the disk stalls."},
-        {"building.max_buffer_bytes", Kind::uint, 512ull << 20, 1ull << 20, 64ull << 30, false, "Memory for receive buffers (all readers), made resident at start (evbd refuses to start if, with the event pools, it exceeds 90% of what the process may allocate: MemAvailable, or a cgroup memory limit less its usage). When all are in use the readers stop reading and the kernel's drops are counted."},
+        {"building.max_buffer_bytes", Kind::uint, 512ull << 20, 1ull << 20, 64ull << 30, false, "Memory for receive buffers (all readers, an equal share each; a TCP reader takes only input.tcp_pool_bytes of its share), made resident at start (evbd refuses to start if, with the event pools, it exceeds 90% of what the process may allocate: MemAvailable, or a cgroup memory limit less its usage). When all are in use the readers stop reading and the kernel's drops are counted."},
         {"building.source_timeout_ms", Kind::uint, 0, 0, 3600000, false, "A source that has sent nothing this long while the others went on is marked absent: events stop waiting for it (written INCOMPLETE, its section MISSING, as soon as every present source is in) until it sends again. 0: half of building.timeout_ms."},
         {"building.source_timeout_events", Kind::uint, 0, 0, 1u << 20, false, "A source is also marked absent once the others have started this many events (per shard) without it, if that comes before building.source_timeout_ms. 0: a quarter of a shard's events in flight (building.max_events_in_flight / shards / 4), so that events waiting for a dead source never hold more than that, at any trigger rate."},
         {"building.late_window", Kind::uint, 65536, 16, 1u << 24, false, "Built event ids remembered per shard to recognise late fragments."},
@@ -404,6 +405,7 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     c->input.tcp_max_connections = u32("input.tcp_max_connections");
     c->input.tcp_timeout_ms = u32("input.tcp_timeout_ms");
     c->input.tcp_buffer_bytes = u32("input.tcp_buffer_bytes");
+    c->input.tcp_pool_bytes = u64("input.tcp_pool_bytes");
     c->input.socket_buffer_bytes = u64("input.socket_buffer_bytes");
     c->input.max_datagram_bytes = u32("input.max_datagram_bytes");
     c->input.batch = u32("input.batch");
@@ -599,6 +601,15 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                                            "reader(s) hand on {} fragments at a time, fewer than two events of {} sources",
                                            c->building.max_events_in_flight, c->shard_count(), tcp, take,
                                            c->sources.size()));
+    }
+    // A TCP reader's own pool (input.tcp_pool_bytes) must hold two events' fragments
+    // of every source too; the automatic size holds 16 unless the share caps it.
+    if (c->input.tcp_reader_threads() > 0 && c->input.tcp_pool_bytes != 0) {
+        const std::size_t slots = sizing_for(*c, c->input.input_threads()).slots_per_tcp_reader;
+        if (slots < 2 * c->sources.size())
+            problems.push_back(fmt::format("input.tcp_pool_bytes: {} bytes hold {} receive slots of {} bytes, fewer than "
+                                           "two fragments of each of {} sources",
+                                           c->input.tcp_pool_bytes, slots, slot_data_bytes(*c), c->sources.size()));
     }
     if (c->input.cpus.size() > c->input.socket_readers())
         problems.push_back(fmt::format("input.cpus: {} entries for {} reader(s)", c->input.cpus.size(), c->input.socket_readers()));

@@ -62,6 +62,7 @@ struct Config {
         std::uint32_t tcp_max_connections = 64;  // per TCP reader
         std::uint32_t tcp_timeout_ms = 10000;
         std::uint32_t tcp_buffer_bytes = 256u << 10;  // per connection
+        std::uint64_t tcp_pool_bytes = 0;  // per TCP reader; 0: auto (sizing_for)
         std::uint64_t socket_buffer_bytes = 0;
         std::uint32_t max_datagram_bytes = 0;
         std::uint32_t batch = 64;

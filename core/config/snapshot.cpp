@@ -12,7 +12,13 @@ Sizing sizing_for(const Config& c, std::uint32_t inputs) {
     Sizing s;
     s.readers = inputs;
     s.shards = c.shard_count();
-    s.slots_per_reader = c.building.max_buffer_bytes / inputs / (slot_data_bytes(c) + alloc::BufferPool::kMetaBytes);
+    const std::uint64_t slot = slot_data_bytes(c) + alloc::BufferPool::kMetaBytes;
+    const std::uint64_t share = c.building.max_buffer_bytes / inputs;
+    s.slots_per_reader = share / slot;
+    const std::uint64_t tcp_pool = c.input.tcp_pool_bytes != 0
+                                       ? c.input.tcp_pool_bytes
+                                       : std::max<std::uint64_t>(kTcpPoolBytes, kTcpPoolEvents * c.sources.size() * slot);
+    s.slots_per_tcp_reader = std::min(share, tcp_pool) / slot;
     return s;
 }
 

@@ -104,10 +104,20 @@ struct PullSettings {
 struct Sizing {
     std::uint32_t readers = 1;
     std::uint32_t shards = 1;
-    std::size_t slots_per_reader = 0;
+    std::size_t slots_per_reader = 0;      // a UDP reader's (or the replay feeder's) receive slots
+    std::size_t slots_per_tcp_reader = 0;  // a TCP reader's: input.tcp_pool_bytes, within the same share
 };
 
-// Sizing for a configuration (`inputs`: socket readers, or 1 for a replay).
+// input.tcp_pool_bytes 0: a TCP reader's pool is this many bytes, or this many
+// events' fragments of every source if more (docs/PERFORMANCE.md, "The TCP receive
+// pool": 64 MiB stays in this machine's cache where 512 MiB does not).
+inline constexpr std::uint64_t kTcpPoolBytes = 64ull << 20;
+inline constexpr std::uint64_t kTcpPoolEvents = 16;
+
+// Sizing for a configuration (`inputs`: socket readers, or 1 for a replay). Each
+// input's share of building.max_buffer_bytes is the same; a TCP reader takes only
+// input.tcp_pool_bytes of its share (by default 64 MiB, or 16 events of every
+// source if more).
 Sizing sizing_for(const Config& c, std::uint32_t inputs);
 // A receive slot's data bytes: the largest datagram and, when frames are
 // described, the headroom readers leave in front of it (kFrameHeadroom). Each slot

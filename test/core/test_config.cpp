@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "allocators/buffer_pool.hpp"
 #include "core/config/config.hpp"
 #include "core/config/snapshot.hpp"
 
@@ -438,4 +439,30 @@ TEST_CASE("config: input.listen mixes tcp:// entries with UDP ones") {
     REQUIRE(p.size() == 1);
     CHECK(p[0].find("building.max_events_in_flight") == 0);
     CHECK(p[0].find("two events of 64 sources") != std::string::npos);
+}
+
+TEST_CASE("config: a TCP reader's receive pool is 64 MiB or 16 events of every source, within its share") {
+    const std::uint64_t slot = 9000 + evb::alloc::BufferPool::kMetaBytes;  // input.max_datagram_bytes' default
+    // Defaults: 512 MiB for one UDP and one TCP reader, 256 MiB each; 8 sources.
+    auto mixed = load_config("{}", "x", {R"(input.listen=["127.0.0.1:7400","tcp://127.0.0.1:7401"])"});
+    const evb::Sizing m = evb::sizing_for(*mixed, mixed->input.input_threads());
+    CHECK(m.slots_per_reader == (256ull << 20) / slot);
+    CHECK(m.slots_per_tcp_reader == (64ull << 20) / slot);
+    // Many sources: 16 events of 1024 sources at 9000 bytes (150 MiB) is more than 64 MiB.
+    auto many = load_config("{}", "x", {"sources=1024", R"(input.listen="tcp://127.0.0.1:7401")",
+                                        "building.max_events_in_flight=65536"});
+    CHECK(evb::sizing_for(*many, 1).slots_per_tcp_reader == 16 * 1024);
+    // Never more than the share: 32 MiB for one TCP reader keeps all of it.
+    auto small = load_config("{}", "x", {R"(input.listen="tcp://127.0.0.1:7401")", "building.max_buffer_bytes=33554432"});
+    CHECK(evb::sizing_for(*small, 1).slots_per_tcp_reader == (32ull << 20) / slot);
+    // Set: taken as given, within the share.
+    auto set = load_config("{}", "x", {R"(input.listen="tcp://127.0.0.1:7401")", "input.tcp_pool_bytes=268435456"});
+    CHECK(evb::sizing_for(*set, 1).slots_per_tcp_reader == (256ull << 20) / slot);
+    auto over = load_config("{}", "x", {R"(input.listen="tcp://127.0.0.1:7401")", "input.tcp_pool_bytes=1073741824"});
+    CHECK(evb::sizing_for(*over, 1).slots_per_tcp_reader == (512ull << 20) / slot);
+    // Set too small for two fragments of every source: refused, naming the key and the counts.
+    const auto p = problems_of("{}", {"sources=64", R"(input.listen="tcp://127.0.0.1:7401")", "input.tcp_pool_bytes=1000000"});
+    REQUIRE(p.size() == 1);
+    CHECK(p[0] == "input.tcp_pool_bytes: 1000000 bytes hold 110 receive slots of 9000 bytes, fewer than two fragments of "
+                  "each of 64 sources");
 }
