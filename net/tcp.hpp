@@ -97,6 +97,7 @@ enum class TcpDirect : std::uint8_t {
     short_by_guess,
 };
 inline constexpr std::size_t kTcpDirectCount = 3;
+static_assert(static_cast<std::size_t>(TcpDirect::short_by_guess) + 1 == kTcpDirectCount);
 struct TcpDirectLabels {
     const char* size;
     const char* how;

@@ -230,7 +230,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     const std::uint32_t udp_readers = replay ? 0 : cfg->input.socket_readers();
     std::vector<net::BoundSocket> sockets = replay ? std::vector<net::BoundSocket>{} : bind_input_sockets(*cfg);
     const std::vector<std::vector<int>> tcp_listen = replay ? std::vector<std::vector<int>>{} : listen_tcp_sockets(*cfg);
-    const Sizing sizing = sizing_for(*cfg, inputs);
+    const Sizing sizing = sizing_for(*cfg, replay);
     if (!check_memory(*cfg, sizing)) return 1;
     const bool pull = cfg->mode == Mode::pull && !replay;
     std::vector<net::Endpoint> pull_sources;

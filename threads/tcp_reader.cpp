@@ -153,6 +153,16 @@ void TcpReader::set_reserve(Connection& c, std::size_t messages, bool keyless) n
     c.slot_reserve = slots;
     c.opener_reserve = openers;
     account(c);
+    // Learned from the fragments (sources per connection, chunks per fragment), the
+    // reserves can outgrow a small pool (input.tcp_pool_bytes): then an event's last
+    // fragments may find no slot until building.timeout_ms ends it incomplete.
+    if (!logged_reserves_ && slot_reserves_ + (s_.max_connections - open_) > pool_.slot_count()) {
+        logged_reserves_ = true;
+        log_warn("tcp: the connections' fragments of one event need {} receive slots and the free connection places "
+                 "{} more, but this reader has {}: events may be ended incomplete by building.timeout_ms. Raise "
+                 "input.tcp_pool_bytes (or building.max_buffer_bytes), or lower input.tcp_max_connections",
+                 slot_reserves_, s_.max_connections - open_, pool_.slot_count());
+    }
 }
 
 void TcpReader::learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept {

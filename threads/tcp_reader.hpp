@@ -204,6 +204,7 @@ private:
     bool timeouts_saw_running_ = false;  // check_timeouts: the rules said running last time
     std::uint32_t logged_ = 0;  // bit per net::TcpClose: its first closing was logged
     bool logged_accept_error_ = false;
+    bool logged_reserves_ = false;  // the reserves outgrew the pool (set_reserve): said once
 };
 
 }  // namespace evb

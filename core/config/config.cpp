@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "allocators/buffer_pool.hpp"
 #include "core/config/snapshot.hpp"
 #include "core/format/midas_odb.hpp"
 #include "core/util/json_depth.hpp"
@@ -63,7 +64,7 @@ const std::vector<Key>& schema() {
         {"input.tcp_max_connections", Kind::uint, 64, 1, 4096, false, "Connections one TCP reader serves at once; one more is accepted, counted (evb_tcp_connections_closed_total{reason=\"too_many\"}) and closed."},
         {"input.tcp_timeout_ms", Kind::uint, 10000, 10, 3600000, false, "A TCP connection that has sent nothing since it opened, or that stops in the middle of a message while evbd reads it, for this long is closed and counted (reason \"idle\" or \"stalled\"); what it sent whole is kept. While no run is running (evbd stopped) a connection that has sent nothing is kept: its time counts from the start."},
         {"input.tcp_buffer_bytes", Kind::uint, 256u << 10, 16u << 10, 64u << 20, false, "Each TCP connection's read buffer, allocated at start for input.tcp_max_connections connections per reader; messages under 16 KiB are copied from it into receive slots, longer ones are read straight into their slots after their header; when a connection's message length repeats, the next ones are read straight into slots guessed to be as long. At least input.max_datagram_bytes + 4."},
-        {"input.tcp_pool_bytes", Kind::uint, 0, 0, 64ull << 30, false, "Receive slots of each TCP reader thread, in bytes, out of its share of building.max_buffer_bytes (never more). 0 (the default): 64 MiB, or room for 16 events' fragments of every source at input.max_datagram_bytes if that is more. A TCP reader holds its senders back when its slots are in use, so it needs no large pool to lose nothing, and slots that are reused while still in the CPU's cache cost less to fill and to write out (docs/PERFORMANCE.md, \"The TCP receive pool\"). Set: at least room for two fragments of every source."},
+        {"input.tcp_pool_bytes", Kind::uint, 0, 0, 64ull << 30, false, "Receive slots of each TCP reader thread, in bytes, out of its share of building.max_buffer_bytes (never more). 0 (the default): 64 MiB, or room for 16 events' fragments of every source and a slot per place of input.tcp_max_connections at input.max_datagram_bytes if that is more; in time_slice mode (a slice holds many fragments of each source) the whole share. A TCP reader holds its senders back when its slots are in use, so it needs no large pool to lose nothing, and slots that are reused while still in the CPU's cache cost less to fill and to write out (docs/PERFORMANCE.md, \"The TCP receive pool\"). A value set must hold two fragments of every source and a slot per connection place; a reader whose connections come to need more (fragments in many chunks) says so in the log."},
         {"input.readers", Kind::uint, 1, 1, 16, false, "Socket-reader threads; more than one binds the port with SO_REUSEPORT."},
         {"input.socket_buffer_bytes", Kind::uint, 64ull << 20, 65536, 2ull << 30, false, "SO_RCVBUF(FORCE) request per socket. A kernel cap is logged and exported as a metric."},
         {"input.max_datagram_bytes", Kind::uint, 9000, 48, 65535, false, "Largest datagram accepted; longer ones are counted as truncated and dropped."},
@@ -588,7 +589,7 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
     }
     // Each reader's share of the receive slots (counted as the start will make them,
     // described frames' headroom included) must hold two of its batches.
-    if (sizing_for(*c, c->input.input_threads()).slots_per_reader < 2ull * c->input.batch)
+    if (sizing_for(*c).slots_per_reader < 2ull * c->input.batch)
         problems.push_back(fmt::format("building.max_buffer_bytes: {} bytes hold too few {}-byte datagrams for {} reader(s) with input.batch {}",
                                        c->building.max_buffer_bytes, c->input.max_datagram_bytes, c->input.input_threads(), c->input.batch));
     // A TCP reader hands on at most 7/8 of a shard's events in fragments at a time
@@ -602,14 +603,19 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                                            c->building.max_events_in_flight, c->shard_count(), tcp, take,
                                            c->sources.size()));
     }
-    // A TCP reader's own pool (input.tcp_pool_bytes) must hold two events' fragments
-    // of every source too; the automatic size holds 16 unless the share caps it.
+    // A TCP reader's own pool (input.tcp_pool_bytes) must hold what its connections
+    // reserve: two fragments of every source and a slot per connection place. The
+    // automatic size holds 16 events unless the share caps it.
     if (c->input.tcp_reader_threads() > 0 && c->input.tcp_pool_bytes != 0) {
-        const std::size_t slots = sizing_for(*c, c->input.input_threads()).slots_per_tcp_reader;
-        if (slots < 2 * c->sources.size())
-            problems.push_back(fmt::format("input.tcp_pool_bytes: {} bytes hold {} receive slots of {} bytes, fewer than "
-                                           "two fragments of each of {} sources",
-                                           c->input.tcp_pool_bytes, slots, slot_data_bytes(*c), c->sources.size()));
+        const Sizing z = sizing_for(*c);
+        if (z.slots_per_tcp_reader < tcp_pool_min_slots(*c))
+            problems.push_back(fmt::format(
+                "input.tcp_pool_bytes: {} bytes give each TCP reader {} receive slots (of {} bytes with their meta "
+                "area, within its {}-byte share of building.max_buffer_bytes), fewer than two fragments of each of {} "
+                "sources and one per place of input.tcp_max_connections ({}): {}",
+                c->input.tcp_pool_bytes, z.slots_per_tcp_reader, slot_data_bytes(*c) + alloc::BufferPool::kMetaBytes,
+                c->building.max_buffer_bytes / z.readers, c->sources.size(), c->input.tcp_max_connections,
+                tcp_pool_min_slots(*c)));
     }
     if (c->input.cpus.size() > c->input.socket_readers())
         problems.push_back(fmt::format("input.cpus: {} entries for {} reader(s)", c->input.cpus.size(), c->input.socket_readers()));

@@ -8,17 +8,31 @@
 
 namespace evb {
 
-Sizing sizing_for(const Config& c, std::uint32_t inputs) {
+namespace {
+std::uint64_t slot_stride(const Config& c) { return slot_data_bytes(c) + alloc::BufferPool::kMetaBytes; }
+}  // namespace
+
+std::size_t tcp_pool_min_slots(const Config& c) { return 2 * c.sources.size() + c.input.tcp_max_connections; }
+
+std::size_t tcp_pool_slots(const Config& c, std::uint64_t share) {
+    const std::uint64_t slot = slot_stride(c);
+    std::uint64_t want = share;
+    if (c.input.tcp_pool_bytes != 0)
+        want = c.input.tcp_pool_bytes;
+    else if (c.building.match != MatchMode::time_slice)
+        want = std::max<std::uint64_t>(
+            kTcpPoolBytes, (kTcpPoolEvents * c.sources.size() + c.input.tcp_max_connections) * slot);
+    return std::min(share, want) / slot;
+}
+
+Sizing sizing_for(const Config& c, bool replay) {
     Sizing s;
-    s.readers = inputs;
+    s.readers = replay ? 1 : c.input.input_threads();
+    s.tcp_readers = replay ? 0 : c.input.tcp_reader_threads();
     s.shards = c.shard_count();
-    const std::uint64_t slot = slot_data_bytes(c) + alloc::BufferPool::kMetaBytes;
-    const std::uint64_t share = c.building.max_buffer_bytes / inputs;
-    s.slots_per_reader = share / slot;
-    const std::uint64_t tcp_pool = c.input.tcp_pool_bytes != 0
-                                       ? c.input.tcp_pool_bytes
-                                       : std::max<std::uint64_t>(kTcpPoolBytes, kTcpPoolEvents * c.sources.size() * slot);
-    s.slots_per_tcp_reader = std::min(share, tcp_pool) / slot;
+    const std::uint64_t share = c.building.max_buffer_bytes / s.readers;
+    s.slots_per_reader = share / slot_stride(c);
+    s.slots_per_tcp_reader = tcp_pool_slots(c, share);
     return s;
 }
 
@@ -75,7 +89,7 @@ MatcherSettings matcher_settings(const Config& c, const Sizing& z) {
     // receive slots gets twice its fair part of a shard's slots (at least a quarter
     // of them, up to 1024 slots, so a few big-fragment sources are not starved).
     m.max_solo_events_per_source = std::max<std::uint32_t>(m.max_events / 4, std::min<std::uint32_t>(m.max_events, 16));
-    const std::size_t shard_slots = z.slots_per_reader * z.readers / z.shards;
+    const std::size_t shard_slots = z.all_slots() / z.shards;
     const std::size_t fair = 2 * shard_slots / std::max<std::size_t>(c.sources.size(), 1);
     m.max_slots_per_source = static_cast<std::uint32_t>(
         std::min<std::size_t>(std::max(fair, std::min<std::size_t>(shard_slots / 4, 1024)), UINT32_MAX));

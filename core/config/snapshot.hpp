@@ -104,21 +104,33 @@ struct PullSettings {
 struct Sizing {
     std::uint32_t readers = 1;
     std::uint32_t shards = 1;
+    std::uint32_t tcp_readers = 0;         // of the readers, the last ones
     std::size_t slots_per_reader = 0;      // a UDP reader's (or the replay feeder's) receive slots
     std::size_t slots_per_tcp_reader = 0;  // a TCP reader's: input.tcp_pool_bytes, within the same share
+    std::size_t all_slots() const noexcept {
+        return (readers - tcp_readers) * slots_per_reader + tcp_readers * slots_per_tcp_reader;
+    }
 };
 
-// input.tcp_pool_bytes 0: a TCP reader's pool is this many bytes, or this many
-// events' fragments of every source if more (docs/PERFORMANCE.md, "The TCP receive
-// pool": 64 MiB stays in this machine's cache where 512 MiB does not).
+// input.tcp_pool_bytes 0 (event_id and timestamp modes): a TCP reader's pool is this
+// many bytes, or room for this many events' fragments of every source and a slot per
+// connection place if more (docs/PERFORMANCE.md, "The TCP receive pool": 64 MiB stays
+// in this machine's cache where 512 MiB does not). In time_slice mode a slice holds
+// many fragments of each source until it is written: the whole share.
 inline constexpr std::uint64_t kTcpPoolBytes = 64ull << 20;
 inline constexpr std::uint64_t kTcpPoolEvents = 16;
 
-// Sizing for a configuration (`inputs`: socket readers, or 1 for a replay). Each
-// input's share of building.max_buffer_bytes is the same; a TCP reader takes only
-// input.tcp_pool_bytes of its share (by default 64 MiB, or 16 events of every
-// source if more).
-Sizing sizing_for(const Config& c, std::uint32_t inputs);
+// Sizing for a configuration: its socket readers (UDP, then TCP), or the replay
+// feeder alone. Each input's share of building.max_buffer_bytes is the same; a TCP
+// reader takes only input.tcp_pool_bytes of its share (tcp_pool_slots).
+Sizing sizing_for(const Config& c, bool replay = false);
+// The slots a TCP reader's pool would have with `share` bytes (input.tcp_pool_bytes,
+// or the automatic size above, within the share).
+std::size_t tcp_pool_slots(const Config& c, std::uint64_t share);
+// The fewest slots a TCP reader's pool must have: two fragments of every source and
+// one per connection place (what its connections' reserves take, ARCHITECTURE.md
+// "Input over TCP").
+std::size_t tcp_pool_min_slots(const Config& c);
 // A receive slot's data bytes: the largest datagram and, when frames are
 // described, the headroom readers leave in front of it (kFrameHeadroom). Each slot
 // has BufferPool::kMetaBytes more for its meta area.

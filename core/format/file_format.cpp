@@ -146,12 +146,6 @@ bool ItemCursor::next(ItemView& out) noexcept {
 
 namespace {
 
-bool padding_is_zero(const std::byte* from, const std::byte* to) noexcept {
-    for (; from < to; ++from)
-        if (*from != std::byte{0}) return false;
-    return true;
-}
-
 // The items of v2 section `i` (its header already checked) against the rules of the
 // match mode: item_count, order, lengths that add up, flags, padding.
 bool check_items(const SectionView& s, std::uint32_t i, MatchMode mode, std::string* why) {
@@ -205,7 +199,7 @@ bool check_items(const SectionView& s, std::uint32_t i, MatchMode mode, std::str
             if (why) *why = fmt::format("section {} item {} length {} runs past the section's {} bytes", i, j, length, s.length);
             return false;
         }
-        if (!padding_is_zero(s.payload + pos + length, s.payload + pos + padded8(length))) {
+        if (!all_zero({s.payload + pos + length, s.payload + pos + padded8(length)})) {
             if (why) *why = fmt::format("section {} item {} padding is not zero", i, j);
             return false;
         }
@@ -254,7 +248,7 @@ bool check_sections(const std::byte* area, std::size_t area_len, std::uint32_t s
             return false;
         }
         s.payload = area + pos + kSectionHeaderBytes;
-        if (!padding_is_zero(s.payload + s.length, s.payload + padded8(s.length))) {
+        if (!all_zero({s.payload + s.length, s.payload + padded8(s.length)})) {
             if (why) *why = fmt::format("section {} padding is not zero", i);
             return false;
         }
@@ -295,7 +289,7 @@ bool check_stored_layout(const std::byte* r, RecordView& v, Codec codec, std::st
                           v.stored_length, length);
         return false;
     }
-    if (!padding_is_zero(r + kRecordHeaderBytesV2 + 8 + v.stored_length, r + length)) {
+    if (!all_zero({r + kRecordHeaderBytesV2 + 8 + v.stored_length, r + length})) {
         why = fmt::format("event {}: padding after the stored bytes is not zero", v.header.event_id);
         return false;
     }

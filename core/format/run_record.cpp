@@ -78,8 +78,7 @@ bool check_run_record_area(const RecordHeader& h, std::span<const std::byte> are
     if (kind < 1 || kind > 4) return fail(fmt::format("unknown kind {}", kind));
     if (padded8(std::size_t{length}) != area.size() - kRunRecordEntryBytes)
         return fail(fmt::format("body length {} does not fill the area of {} bytes", length, area.size()));
-    for (std::size_t i = kRunRecordEntryBytes + length; i < area.size(); ++i)
-        if (area[i] != std::byte{0}) return fail("padding after the body is not zero");
+    if (!all_zero(area.subspan(kRunRecordEntryBytes + length))) return fail("padding after the body is not zero");
     return true;
 }
 

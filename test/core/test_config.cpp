@@ -445,24 +445,37 @@ TEST_CASE("config: a TCP reader's receive pool is 64 MiB or 16 events of every s
     const std::uint64_t slot = 9000 + evb::alloc::BufferPool::kMetaBytes;  // input.max_datagram_bytes' default
     // Defaults: 512 MiB for one UDP and one TCP reader, 256 MiB each; 8 sources.
     auto mixed = load_config("{}", "x", {R"(input.listen=["127.0.0.1:7400","tcp://127.0.0.1:7401"])"});
-    const evb::Sizing m = evb::sizing_for(*mixed, mixed->input.input_threads());
+    const evb::Sizing m = evb::sizing_for(*mixed);
+    CHECK(m.readers == 2);
+    CHECK(m.tcp_readers == 1);
     CHECK(m.slots_per_reader == (256ull << 20) / slot);
     CHECK(m.slots_per_tcp_reader == (64ull << 20) / slot);
-    // Many sources: 16 events of 1024 sources at 9000 bytes (150 MiB) is more than 64 MiB.
+    CHECK(m.all_slots() == m.slots_per_reader + m.slots_per_tcp_reader);
+    // A replay of the same configuration: the feeder's pool takes the whole buffer.
+    const evb::Sizing r = evb::sizing_for(*mixed, true);
+    CHECK(r.tcp_readers == 0);
+    CHECK(r.all_slots() == (512ull << 20) / slot);
+    // Many sources: 16 events of 1024 sources and a slot per connection place (64) at
+    // 9000 bytes (149 MiB) is more than 64 MiB.
     auto many = load_config("{}", "x", {"sources=1024", R"(input.listen="tcp://127.0.0.1:7401")",
                                         "building.max_events_in_flight=65536"});
-    CHECK(evb::sizing_for(*many, 1).slots_per_tcp_reader == 16 * 1024);
+    CHECK(evb::sizing_for(*many).slots_per_tcp_reader == 16 * 1024 + 64);
+    // Time slices hold many fragments of each source until written: the whole share.
+    auto slices = load_config("{}", "x", {R"(input.listen="tcp://127.0.0.1:7401")", "building.match=time_slice",
+                                          "building.slice_ticks=1000"});
+    CHECK(evb::sizing_for(*slices).slots_per_tcp_reader == (512ull << 20) / slot);
     // Never more than the share: 32 MiB for one TCP reader keeps all of it.
     auto small = load_config("{}", "x", {R"(input.listen="tcp://127.0.0.1:7401")", "building.max_buffer_bytes=33554432"});
-    CHECK(evb::sizing_for(*small, 1).slots_per_tcp_reader == (32ull << 20) / slot);
+    CHECK(evb::sizing_for(*small).slots_per_tcp_reader == (32ull << 20) / slot);
     // Set: taken as given, within the share.
     auto set = load_config("{}", "x", {R"(input.listen="tcp://127.0.0.1:7401")", "input.tcp_pool_bytes=268435456"});
-    CHECK(evb::sizing_for(*set, 1).slots_per_tcp_reader == (256ull << 20) / slot);
+    CHECK(evb::sizing_for(*set).slots_per_tcp_reader == (256ull << 20) / slot);
     auto over = load_config("{}", "x", {R"(input.listen="tcp://127.0.0.1:7401")", "input.tcp_pool_bytes=1073741824"});
-    CHECK(evb::sizing_for(*over, 1).slots_per_tcp_reader == (512ull << 20) / slot);
-    // Set too small for two fragments of every source: refused, naming the key and the counts.
+    CHECK(evb::sizing_for(*over).slots_per_tcp_reader == (512ull << 20) / slot);
+    // Set too small for what the connections reserve: refused, naming the key and the counts.
     const auto p = problems_of("{}", {"sources=64", R"(input.listen="tcp://127.0.0.1:7401")", "input.tcp_pool_bytes=1000000"});
     REQUIRE(p.size() == 1);
-    CHECK(p[0] == "input.tcp_pool_bytes: 1000000 bytes hold 110 receive slots of 9000 bytes, fewer than two fragments of "
-                  "each of 64 sources");
+    CHECK(p[0] == "input.tcp_pool_bytes: 1000000 bytes give each TCP reader 110 receive slots (of 9064 bytes with their "
+                  "meta area, within its 536870912-byte share of building.max_buffer_bytes), fewer than two fragments "
+                  "of each of 64 sources and one per place of input.tcp_max_connections (64): 192");
 }

@@ -3,8 +3,10 @@ default 64 MiB (8 sources here, so 16 events of every source is less), out of it
 share of building.max_buffer_bytes, while a UDP reader beside it keeps its whole
 share; a value set is taken, within the share. Read from the readers' jemalloc arenas
 (reader-0 is the UDP reader, reader-1 the TCP one), which hold each reader's pool and,
-for the TCP reader, its connections' read buffers (64 x 256 KiB by default)."""
-from evbtest import Evbd, check, free_tcp_port, free_udp_port, skip, workdir
+for the TCP reader, its connections' read buffers (64 x 256 KiB by default). Last, a
+pool set as small as the configuration allows, sent fragments of 4 chunks: the slots
+the connection reserves for one event outgrow it, and evbd says so in its log."""
+from evbtest import Evbd, check, free_tcp_port, free_udp_port, run_source, skip, workdir
 
 MIB = 1 << 20
 
@@ -38,6 +40,21 @@ def main():
     a = arenas(["input.tcp_pool_bytes=201326592"])
     tcp = reader(a, 1)
     check(192 * MIB <= tcp < 256 * MIB, f"input.tcp_pool_bytes=192 MiB gives the TCP reader that ({tcp / MIB:.0f} MiB)")
+
+    # The smallest pool a value may set: two fragments of each of 2 sources and a slot
+    # for each of 2 connection places, 6 slots of 9064 bytes. One connection carries both
+    # sources in fragments of 4 chunks: it reserves 8 slots for the oldest event.
+    tcp_port = free_tcp_port()
+    d = Evbd(workdir(), port=free_udp_port(),
+             sets=[f'input.listen="tcp://127.0.0.1:{tcp_port}"', "sources=2", "input.tcp_max_connections=2",
+                   f"input.tcp_pool_bytes={6 * 9064}", "building.timeout_ms=200"])
+    run_source(["--to", f"tcp://127.0.0.1:{tcp_port}", "--sources", 2, "--events", 20, "--size", 4000,
+                "--chunk", 1000, "--connections", 1], check_rc=False)
+    d.wait_log("tcp: the connections' fragments of one event need", timeout=30)
+    line = next(line for line in d.log_text().splitlines() if "fragments of one event need" in line)
+    check("need 8 receive slots" in line and "this reader has 6" in line and "input.tcp_pool_bytes" in line,
+          f"the log names the 8 slots reserved, the pool's 6 and the key: {line}")
+    d.stop()
 
 
 if __name__ == "__main__":
