@@ -729,7 +729,6 @@ void TcpReader::accept_from(std::size_t l, std::uint64_t now) noexcept {
         c.same_len = false;
         c.sources = 0;
         c.max_chunks = 1;
-        set_reserve(c, 0, false);
         c.end_reason = net::TcpClose::peer_closed;
         c.last_byte_ns = now;
         epoll_event ev{};
@@ -739,6 +738,7 @@ void TcpReader::accept_from(std::size_t l, std::uint64_t now) noexcept {
         c.watched = c.reading = true;
         c.readable = true;  // it may have sent already
         tcp_.connections_open.set(++open_);
+        set_reserve(c, 0, false);  // after open_ counts it: it no longer keeps a free place's slot
         log_debug("tcp: connection from {}", net::Endpoint{a.peer, sizeof a.peer}.to_string());
     }
 }

@@ -104,9 +104,9 @@ struct PullSettings {
 struct Sizing {
     std::uint32_t readers = 1;
     std::uint32_t shards = 1;
-    std::uint32_t tcp_readers = 0;         // of the readers, the last ones
     std::size_t slots_per_reader = 0;      // a UDP reader's (or the replay feeder's) receive slots
     std::size_t slots_per_tcp_reader = 0;  // a TCP reader's: input.tcp_pool_bytes, within the same share
+    std::uint32_t tcp_readers = 0;         // of the readers, the last ones
     std::size_t all_slots() const noexcept {
         return (readers - tcp_readers) * slots_per_reader + tcp_readers * slots_per_tcp_reader;
     }
@@ -127,9 +127,11 @@ Sizing sizing_for(const Config& c, bool replay = false);
 // The slots a TCP reader's pool would have with `share` bytes (input.tcp_pool_bytes,
 // or the automatic size above, within the share).
 std::size_t tcp_pool_slots(const Config& c, std::uint64_t share);
-// The fewest slots a TCP reader's pool must have: two fragments of every source and
-// one per connection place (what its connections' reserves take, ARCHITECTURE.md
-// "Input over TCP").
+// The fewest slots a TCP reader's pool must have: one per connection place and two
+// fragments of every source. The connections' reserves take one fragment of each
+// source (of single-chunk fragments) and a slot per free place (ARCHITECTURE.md "Input
+// over TCP"); the second fragment, as the take limit's rule has it, leaves the spare
+// room for one event more.
 std::size_t tcp_pool_min_slots(const Config& c);
 // A receive slot's data bytes: the largest datagram and, when frames are
 // described, the headroom readers leave in front of it (kFrameHeadroom). Each slot

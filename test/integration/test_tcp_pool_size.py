@@ -48,13 +48,15 @@ def main():
     d = Evbd(workdir(), port=free_udp_port(),
              sets=[f'input.listen="tcp://127.0.0.1:{tcp_port}"', "sources=2", "input.tcp_max_connections=2",
                    f"input.tcp_pool_bytes={6 * 9064}", "building.timeout_ms=200"])
-    run_source(["--to", f"tcp://127.0.0.1:{tcp_port}", "--sources", 2, "--events", 20, "--size", 4000,
-                "--chunk", 1000, "--connections", 1], check_rc=False)
-    d.wait_log("tcp: the connections' fragments of one event need", timeout=30)
-    line = next(line for line in d.log_text().splitlines() if "fragments of one event need" in line)
-    check("need 8 receive slots" in line and "this reader has 6" in line and "input.tcp_pool_bytes" in line,
-          f"the log names the 8 slots reserved, the pool's 6 and the key: {line}")
-    d.stop()
+    try:
+        run_source(["--to", f"tcp://127.0.0.1:{tcp_port}", "--sources", 2, "--events", 20, "--size", 4000,
+                    "--chunk", 1000, "--connections", 1], check_rc=False)
+        d.wait_log("tcp: the connections' fragments of one event need", timeout=30)
+        line = next(line for line in d.log_text().splitlines() if "fragments of one event need" in line)
+        check("need 8 receive slots" in line and "this reader has 6" in line and "input.tcp_pool_bytes" in line,
+              f"the log names the 8 slots reserved, the pool's 6 and the key: {line}")
+    finally:
+        d.stop()
 
 
 if __name__ == "__main__":
