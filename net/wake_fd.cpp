@@ -1,5 +1,6 @@
 #include "net/wake_fd.hpp"
 
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -20,6 +21,12 @@ WakeFd::~WakeFd() { ::close(fd_); }
 void WakeFd::ring() const noexcept {
     const std::uint64_t one = 1;
     (void)!::write(fd_, &one, sizeof one);  // fails only when 2^64-2 rings are pending
+}
+
+void WakeFd::wait_beside(int fd, std::uint64_t timeout_ns) const noexcept {
+    pollfd p[2] = {{fd, POLLIN, 0}, {fd_, POLLIN, 0}};  // a negative fd is ignored
+    const timespec until{static_cast<time_t>(timeout_ns / 1'000'000'000), static_cast<long>(timeout_ns % 1'000'000'000)};
+    (void)::ppoll(p, 2, &until, nullptr);
 }
 
 void WakeFd::drain() const noexcept {

@@ -4,6 +4,8 @@
 // never blocks, and rings before a drain count as one.
 #pragma once
 
+#include <cstdint>
+
 namespace evb::net {
 
 class WakeFd {
@@ -17,6 +19,9 @@ public:
     int fd() const noexcept { return fd_; }  // for poll(): readable once rung
     void ring() const noexcept;              // any thread
     void drain() const noexcept;             // the poller: not readable until the next ring
+    // The poller: waits until `fd` is readable (none: -1), this is rung, or
+    // `timeout_ns` pass, whichever comes first.
+    void wait_beside(int fd, std::uint64_t timeout_ns) const noexcept;
 
 private:
     int fd_;

@@ -1,7 +1,5 @@
 #include "threads/busy_sender.hpp"
 
-#include <poll.h>
-
 #include <algorithm>
 
 #include "core/format/busy.hpp"
@@ -138,11 +136,7 @@ void BusySender::send(std::uint64_t now_ns) {
 
 void BusySender::on_idle() {
     const std::uint64_t now = monotonic_ns();
-    if (now >= next_sample_ns_) return;
-    const std::uint64_t ns = next_sample_ns_ - now;
-    const timespec until{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
-    pollfd p{stop_bell_.fd(), POLLIN, 0};
-    ::ppoll(&p, 1, &until, nullptr);
+    if (now < next_sample_ns_) stop_bell_.wait_beside(-1, next_sample_ns_ - now);
 }
 
 void BusySender::wake() noexcept { stop_bell_.ring(); }

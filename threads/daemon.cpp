@@ -266,13 +266,9 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     std::vector<std::unique_ptr<alloc::Arena>> arenas;
     std::vector<std::unique_ptr<alloc::BufferPool>> pools;
     std::vector<alloc::BufferPool*> pool_ptrs;
-    // The TCP readers' pools come after the UDP readers' (a replay's feeder has pool 0).
-    const auto slots_of = [&](std::size_t r) {
-        return replay || r < udp_readers ? sizing.slots_per_reader : sizing.slots_per_tcp_reader;
-    };
     for (std::uint32_t r = 0; r < inputs; ++r) {
         arenas.push_back(std::make_unique<alloc::Arena>(fmt::format("reader-{}", r)));
-        pools.push_back(std::make_unique<alloc::BufferPool>(*arenas.back(), static_cast<std::uint16_t>(r), slots_of(r),
+        pools.push_back(std::make_unique<alloc::BufferPool>(*arenas.back(), static_cast<std::uint16_t>(r), sizing.slots_of(r),
                                                             slot_bytes, sizing.shards + 1));
         pool_ptrs.push_back(pools.back().get());
     }
@@ -426,7 +422,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     if (!replay) {
         std::vector<int> fds;
         for (const auto& s : sockets) fds.push_back(s.fd);
-        for (std::size_t r = 0; r < reader_counters.size(); ++r) reader_counters[r]->slots_free.set(slots_of(r));
+        for (std::size_t r = 0; r < reader_counters.size(); ++r) reader_counters[r]->slots_free.set(sizing.slots_of(r));
         // The UDP readers' slots only: a TCP reader holds its senders back instead.
         std::vector<const stats::ReaderCounters*> udp_counters(msrc.readers.begin(), msrc.readers.begin() + udp_readers);
         busy = std::make_unique<BusySender>(

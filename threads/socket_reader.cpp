@@ -304,8 +304,7 @@ void SocketReader::on_idle() {
         pool_.doorbell().park(std::chrono::milliseconds(10), [this] { return pool_.returns_pending(); });
         return;
     }
-    pollfd p[2] = {{fd_, POLLIN, 0}, {stop_bell_.fd(), POLLIN, 0}};
-    ::poll(p, 2, 100);
+    stop_bell_.wait_beside(fd_, 100'000'000);
 }
 
 void SocketReader::wake() noexcept {

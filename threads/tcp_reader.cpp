@@ -767,8 +767,7 @@ void TcpReader::check_timeouts(std::uint64_t now) noexcept {
 
 void TcpReader::on_idle() {
     // A connection held for room is taken from again as soon as slots come back.
-    pollfd p[2] = {{epoll_fd_, POLLIN, 0}, {stop_bell_.fd(), POLLIN, 0}};
-    ::poll(p, 2, held_ > 0 ? 1 : 100);
+    stop_bell_.wait_beside(epoll_fd_, held_ > 0 ? 1'000'000 : 100'000'000);
 }
 
 void TcpReader::wake() noexcept { stop_bell_.ring(); }

@@ -15,7 +15,6 @@
 #include <stdexcept>
 #include <thread>
 
-#include "allocators/buffer_pool.hpp"
 #include "core/config/snapshot.hpp"
 #include "core/format/midas_odb.hpp"
 #include "core/util/json_depth.hpp"
@@ -613,7 +612,7 @@ std::shared_ptr<const Config> build(json doc, const std::vector<std::string>& ov
                 "input.tcp_pool_bytes: {} bytes give each TCP reader {} receive slots (of {} bytes with their meta "
                 "area, within its {}-byte share of building.max_buffer_bytes), fewer than two fragments of each of {} "
                 "sources and one per place of input.tcp_max_connections ({}): {}",
-                c->input.tcp_pool_bytes, z.slots_per_tcp_reader, slot_data_bytes(*c) + alloc::BufferPool::kMetaBytes,
+                c->input.tcp_pool_bytes, z.slots_per_tcp_reader, slot_stride(*c),
                 c->building.max_buffer_bytes / z.readers, c->sources.size(), c->input.tcp_max_connections,
                 tcp_pool_min_slots(*c)));
     }

@@ -8,10 +8,6 @@
 
 namespace evb {
 
-namespace {
-std::uint64_t slot_stride(const Config& c) { return slot_data_bytes(c) + alloc::BufferPool::kMetaBytes; }
-}  // namespace
-
 std::size_t tcp_pool_min_slots(const Config& c) { return 2 * c.sources.size() + c.input.tcp_max_connections; }
 
 std::size_t tcp_pool_slots(const Config& c, std::uint64_t share) {
@@ -35,6 +31,8 @@ Sizing sizing_for(const Config& c, bool replay) {
     s.slots_per_tcp_reader = tcp_pool_slots(c, share);
     return s;
 }
+
+std::size_t slot_stride(const Config& c) { return slot_data_bytes(c) + alloc::BufferPool::kMetaBytes; }
 
 std::size_t slot_data_bytes(const Config& c) {
     const std::size_t headroom = c.input.frames && !c.input.frames->empty() ? kFrameHeadroom : 0;

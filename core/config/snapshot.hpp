@@ -107,6 +107,10 @@ struct Sizing {
     std::size_t slots_per_reader = 0;      // a UDP reader's (or the replay feeder's) receive slots
     std::size_t slots_per_tcp_reader = 0;  // a TCP reader's: input.tcp_pool_bytes, within the same share
     std::uint32_t tcp_readers = 0;         // of the readers, the last ones
+    // Reader r's slots: the UDP readers (or the replay feeder) come first.
+    std::size_t slots_of(std::size_t r) const noexcept {
+        return r < readers - tcp_readers ? slots_per_reader : slots_per_tcp_reader;
+    }
     std::size_t all_slots() const noexcept {
         return (readers - tcp_readers) * slots_per_reader + tcp_readers * slots_per_tcp_reader;
     }
@@ -137,6 +141,8 @@ std::size_t tcp_pool_min_slots(const Config& c);
 // described, the headroom readers leave in front of it (kFrameHeadroom). Each slot
 // has BufferPool::kMetaBytes more for its meta area.
 std::size_t slot_data_bytes(const Config& c);
+// What one receive slot takes of building.max_buffer_bytes: its data and meta area.
+std::size_t slot_stride(const Config& c);
 // Each matcher shard's memory for compressed records (made when a codec is in use).
 std::size_t compression_ring_bytes(const Config& c, const Sizing& z);
 
