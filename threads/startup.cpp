@@ -184,11 +184,14 @@ std::vector<net::BoundSocket> bind_input_sockets(const Config& c) {
 bool check_memory(const Config& c, const Sizing& z) {
     // The receive pools are made resident at once. Asking for more than the machine
     // has free would not fail cleanly: the kernel's OOM killer would end this or
-    // another process while the pages are touched.
-    if (const std::uint64_t avail = available_memory_bytes(); avail != 0 && c.building.max_buffer_bytes > avail / 10 * 9) {
-        log_error("building.max_buffer_bytes: {} bytes asked for receive buffers, but only {} bytes of memory are "
-                  "available (MemAvailable in /proc/meminfo; at most 90% of it is taken); lower it or free memory",
-                  c.building.max_buffer_bytes, avail);
+    // another process while the pages are touched. TCP readers take only their pools
+    // (input.tcp_pool_bytes) of their shares of building.max_buffer_bytes.
+    const std::uint64_t pools = receive_pool_bytes(c, z);
+    if (const std::uint64_t avail = available_memory_bytes(); avail != 0 && pools > avail / 10 * 9) {
+        log_error("building.max_buffer_bytes: {} bytes of receive buffers asked for ({} bytes set), but only {} bytes "
+                  "of memory are available (MemAvailable in /proc/meminfo; at most 90% of it is taken); lower it or "
+                  "free memory",
+                  pools, c.building.max_buffer_bytes, avail);
         return false;
     }
     // The event pools are allocated at start as well: every event in flight keeps a
@@ -208,14 +211,14 @@ bool check_memory(const Config& c, const Sizing& z) {
     // Every TCP connection's read buffer, made resident at start in each TCP reader's arena.
     const std::uint64_t tcp_buffers = std::uint64_t{c.input.tcp_reader_threads()} * c.input.tcp_max_connections *
                                       c.input.tcp_buffer_bytes;
-    const std::uint64_t need = event_pools + c.building.max_buffer_bytes + rings + tcp_buffers;
+    const std::uint64_t need = event_pools + pools + rings + tcp_buffers;
     std::string where;
     if (const std::uint64_t avail = allocatable_memory_bytes(&where); avail != 0 && need > avail / 10 * 9) {
         log_error("memory: the event pools need {} bytes (building.max_events_in_flight {} x {} sources) and the "
                   "receive buffers {} bytes (building.max_buffer_bytes){}{}, {} in all, but only {} bytes can be "
                   "allocated ({}; at most 90% of it is taken); lower building.max_events_in_flight, the sources, "
                   "{}",
-                  event_pools, c.building.max_events_in_flight, n, c.building.max_buffer_bytes,
+                  event_pools, c.building.max_events_in_flight, n, pools,
                   rings > 0 ? fmt::format(" and compression {} bytes (rings of compressed records and codec state, output.compression)", rings) : "",
                   tcp_buffers > 0 ? fmt::format(" and TCP read buffers {} bytes ({} reader(s) x input.tcp_max_connections {} x "
                                                 "input.tcp_buffer_bytes {})", tcp_buffers, c.input.tcp_reader_threads(),

@@ -39,6 +39,10 @@ std::size_t slot_data_bytes(const Config& c) {
     return c.input.max_datagram_bytes + headroom;
 }
 
+std::uint64_t receive_pool_bytes(const Config& c, const Sizing& z) {
+    return std::uint64_t{z.all_slots()} * slot_stride(c);
+}
+
 std::size_t compression_ring_bytes(const Config& c, const Sizing& z) {
     // A record is kept compressed only when that is shorter, so the compressed
     // records in flight take less than the receive slots they came in (which they
@@ -46,7 +50,8 @@ std::size_t compression_ring_bytes(const Config& c, const Sizing& z) {
     // writer behind, for a ratio of 2 and the block one record takes while it is
     // compressed (its gathered input and the codec's bound). A full ring stores
     // records plain (counted no_buffer); it never stalls building.
-    return std::max<std::size_t>(16u << 20, c.building.max_buffer_bytes / 2 / std::max<std::uint32_t>(z.shards, 1));
+    return static_cast<std::size_t>(
+        std::max<std::uint64_t>(16u << 20, receive_pool_bytes(c, z) / 2 / std::max<std::uint32_t>(z.shards, 1)));
 }
 
 namespace {

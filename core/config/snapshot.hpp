@@ -143,6 +143,10 @@ std::size_t tcp_pool_min_slots(const Config& c);
 std::size_t slot_data_bytes(const Config& c);
 // What one receive slot takes of building.max_buffer_bytes: its data and meta area.
 std::size_t slot_stride(const Config& c);
+// What the receive pools take (made resident at start): every reader's slots, each
+// of slot_stride bytes. No more than building.max_buffer_bytes; less when TCP readers
+// keep only input.tcp_pool_bytes of their shares.
+std::uint64_t receive_pool_bytes(const Config& c, const Sizing& z);
 // Each matcher shard's memory for compressed records (made when a codec is in use).
 std::size_t compression_ring_bytes(const Config& c, const Sizing& z);
 

@@ -451,6 +451,14 @@ TEST_CASE("config: a TCP reader's receive pool is 64 MiB or 16 events of every s
     CHECK(m.slots_per_reader == (256ull << 20) / slot);
     CHECK(m.slots_per_tcp_reader == (64ull << 20) / slot);
     CHECK(m.all_slots() == m.slots_per_reader + m.slots_per_tcp_reader);
+    // What start-up checks against the memory, and what a shard's compression ring
+    // (half of the slots it may hold) is sized by: the slots, not the whole setting.
+    CHECK(evb::receive_pool_bytes(*mixed, m) == std::uint64_t{m.all_slots()} * slot);
+    auto lz4 = load_config("{}", "x", {R"(input.listen=["127.0.0.1:7400","tcp://127.0.0.1:7401"])",
+                                       "output.compression=\"lz4\"", "building.shards=1"});
+    const evb::Sizing mz = evb::sizing_for(*lz4);
+    CHECK(evb::compression_ring_bytes(*lz4, mz) == std::uint64_t{mz.all_slots()} * slot / 2);
+    CHECK(evb::compression_ring_bytes(*lz4, mz) < (256ull << 20));
     // A replay of the same configuration: the feeder's pool takes the whole buffer.
     const evb::Sizing r = evb::sizing_for(*mixed, true);
     CHECK(r.tcp_readers == 0);

@@ -40,6 +40,24 @@ def start(wd, *sets, timeout=60):
     return p.returncode, out
 
 
+def starts(wd, *sets, timeout=120):
+    """Whether evbd gets as far as building its run (then it is stopped), and its output."""
+    cmd = [os.path.join(BIN, "evbd"), "--set", "monitor.listen=127.0.0.1:0",
+           "--set", f"output.directory={os.path.join(wd, 'data')}"]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, deadline = [], time.monotonic() + timeout
+    for line in p.stdout:  # ends when evbd exits
+        out.append(line)
+        if "building run" in line or time.monotonic() > deadline:
+            break
+    started = p.poll() is None and "building run" in "".join(out)
+    p.terminate()
+    rest, _ = p.communicate(timeout=60)
+    return started, "".join(out) + rest
+
+
 def main():
     wd = workdir()
     try:
@@ -51,6 +69,13 @@ def main():
             check(rc == 1, f"evbd exits 1 when building.max_buffer_bytes ({ask}) exceeds available memory (got {rc})")
             check("building.max_buffer_bytes" in out and "available" in out,
                   "the error names building.max_buffer_bytes and the memory available:\n" + out[-500:])
+            # A TCP reader takes only its pool (input.tcp_pool_bytes, 64 MiB here) of
+            # its share: the same setting with TCP input alone asks for no more than
+            # that, and starts.
+            tcp = f'input.listen=["tcp://127.0.0.1:{free_tcp_port()}"]'
+            started, out = starts(wd, f"building.max_buffer_bytes={ask}", tcp)
+            check(started, f"evbd starts with TCP input alone and building.max_buffer_bytes {ask}: its TCP reader "
+                  "takes only input.tcp_pool_bytes of it:\n" + out[-500:])
         else:
             print(f"note: {avail} bytes available, more than the key's 64 GiB maximum allows asking for; "
                   "memory case not run on this machine")
