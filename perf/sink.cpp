@@ -5,8 +5,14 @@
 //            buffer; ends once N connections have come and all have closed.
 //   --udp:   reads datagrams with recvmmsg (64 at a time); ends once nothing came for
 //            --idle-ms (default 1000) after the first.
+//   --write DIR: also writes every byte it reads into one file in DIR through evbd's
+//            own file writer (file::OutputFile, O_DIRECT stages written with AIO), as
+//            evbd writes its records; nothing is built. evbd cannot write faster than
+//            this, nor with less CPU than the receive and this copy into the stage.
+//            The file is removed once closed.
 // Prints one JSON line: bytes, messages (UDP datagrams; 0 for TCP), connections,
-// seconds (first byte to the last close or datagram) and the CPU seconds it used.
+// seconds (first byte to the last close or datagram, and with --write until the file
+// is closed) and the CPU seconds it used.
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -24,9 +30,45 @@
 
 #include <fmt/format.h>
 
+#include "core/io/output_file.hpp"
 #include "net/udp.hpp"
 
 namespace {
+
+// --write: the file every byte read is appended to; none without --write.
+class Output {
+public:
+    // Returns false (having said why) when the file cannot be created.
+    bool open(const std::string& dir) {
+        if (dir.empty()) return true;
+        evb::file::FileHeader h;
+        h.run_number = 1;
+        h.file_sequence = evb::file::next_file_sequence(dir, 1, 0);
+        h.version = 2;
+        if (const int e = file_.open(dir, h, /*direct=*/true); e != 0) {
+            std::fprintf(stderr, "evb-sink: --write %s: %s\n", dir.c_str(), std::strerror(e));
+            return false;
+        }
+        return true;
+    }
+    void append(const iovec* iov, std::size_t n) {
+        if (file_.is_open() && error_ == 0) error_ = file_.append(iov, n);
+    }
+    // Closes the file (its last stage written, not synced: evbd counts an event written
+    // once the kernel has it) and removes it: its bytes are the stream as read, no run
+    // file. Returns false on a failed write.
+    bool close() {
+        if (!file_.is_open()) return true;
+        if (error_ == 0) error_ = file_.close_clean(/*sync=*/false);
+        if (error_ != 0) std::fprintf(stderr, "evb-sink: writing %s: %s\n", file_.part_path().c_str(), std::strerror(error_));
+        std::remove(error_ == 0 ? file_.final_path().c_str() : file_.part_path().c_str());
+        return error_ == 0;
+    }
+
+private:
+    evb::file::OutputFile file_;
+    int error_ = 0;
+};
 
 double cpu_seconds() {
     rusage u{};
@@ -41,7 +83,7 @@ int usage(const char* why) {
     return 2;
 }
 
-int udp_sink(const evb::net::Endpoint& at, const std::string& listen, long rcvbuf, long idle_ms) {
+int udp_sink(const evb::net::Endpoint& at, const std::string& listen, long rcvbuf, long idle_ms, Output& out) {
     const int fd = ::socket(at.addr.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (rcvbuf > 0 && ::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof rcvbuf) != 0)
         ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);  // without CAP_NET_ADMIN: up to rmem_max
@@ -54,7 +96,7 @@ int udp_sink(const evb::net::Endpoint& at, const std::string& listen, long rcvbu
     constexpr unsigned kBatch = 64;
     constexpr std::size_t kSlot = 65536;
     std::vector<std::byte> buf(kBatch * kSlot);
-    std::vector<iovec> iov(kBatch);
+    std::vector<iovec> iov(kBatch), written(kBatch);
     std::vector<mmsghdr> msgs(kBatch);
     for (unsigned i = 0; i < kBatch; ++i) {
         iov[i] = {buf.data() + i * kSlot, kSlot};
@@ -77,8 +119,15 @@ int udp_sink(const evb::net::Endpoint& at, const std::string& listen, long rcvbu
         if (messages == 0) first = std::chrono::steady_clock::now();
         last = std::chrono::steady_clock::now();
         messages += static_cast<unsigned long long>(n);
-        for (int i = 0; i < n; ++i) bytes += msgs[static_cast<std::size_t>(i)].msg_len;
+        for (int i = 0; i < n; ++i) {
+            const std::size_t len = msgs[static_cast<std::size_t>(i)].msg_len;
+            bytes += len;
+            written[static_cast<std::size_t>(i)] = {iov[static_cast<std::size_t>(i)].iov_base, len};
+        }
+        out.append(written.data(), static_cast<std::size_t>(n));
     }
+    if (!out.close()) return 1;
+    if (messages > 0) last = std::chrono::steady_clock::now() - std::chrono::milliseconds(idle_ms);  // the file closed after the idle wait
     const double seconds = messages < 2 ? 0.0 : std::chrono::duration<double>(last - first).count();
     std::printf("{\"bytes\":%llu,\"messages\":%llu,\"connections\":0,\"seconds\":%.6f,\"cpu_s\":%.6f}\n", bytes,
                 messages, seconds, cpu_seconds());
@@ -91,6 +140,7 @@ int main(int argc, char** argv) {
     std::string listen;
     long connections = 0, rcvbuf = 0, idle_ms = 1000;
     bool udp = false;
+    std::string write_dir;
     for (int i = 1; i < argc; ++i) {
         const std::string_view a = argv[i];
         if (a == "--udp") {
@@ -102,6 +152,7 @@ int main(int argc, char** argv) {
         else if (a == "--tcp") connections = std::strtol(argv[++i], nullptr, 10);
         else if (a == "--rcvbuf") rcvbuf = std::strtol(argv[++i], nullptr, 10);
         else if (a == "--idle-ms") idle_ms = std::strtol(argv[++i], nullptr, 10);
+        else if (a == "--write") write_dir = argv[++i];
         else return usage(fmt::format("unknown option '{}'", a).c_str());
     }
     if (listen.empty() || (connections <= 0) == !udp) return usage("--listen and one of --tcp N or --udp are needed");
@@ -111,7 +162,9 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
         return usage(e.what());
     }
-    if (udp) return udp_sink(at, listen, rcvbuf, idle_ms);
+    Output out;
+    if (!out.open(write_dir)) return 1;
+    if (udp) return udp_sink(at, listen, rcvbuf, idle_ms, out);
     const int lfd = ::socket(at.addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const int one = 1;
     ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -153,6 +206,8 @@ int main(int argc, char** argv) {
                 if (got > 0) {
                     if (bytes == 0) first = std::chrono::steady_clock::now();
                     bytes += static_cast<unsigned long long>(got);
+                    const iovec piece{buf.data(), static_cast<std::size_t>(got)};
+                    out.append(&piece, 1);
                     continue;
                 }
                 if (got < 0 && (errno == EAGAIN || errno == EINTR)) break;
@@ -164,6 +219,8 @@ int main(int argc, char** argv) {
             }
         }
     }
+    if (!out.close()) return 1;
+    if (!write_dir.empty()) last = std::chrono::steady_clock::now();
     const double seconds = bytes == 0 ? 0.0 : std::chrono::duration<double>(last - first).count();
     std::printf("{\"bytes\":%llu,\"messages\":0,\"connections\":%ld,\"seconds\":%.6f,\"cpu_s\":%.6f}\n", bytes, accepted, seconds,
                 cpu_seconds());
