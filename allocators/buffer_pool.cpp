@@ -7,8 +7,7 @@ BufferPool::BufferPool(Arena& arena, std::uint16_t owner_id, std::size_t slot_co
     : owner_(owner_id),
       count_(slot_count),
       slot_bytes_(slot_bytes),
-      // Round to a cache line so each slot's meta area starts on its own line.
-      stride_((kMetaBytes + slot_bytes + 63) / 64 * 64),
+      stride_(stride_for(slot_bytes)),
       block_(arena, slot_count * stride_),
       base_(block_.data()),
       free_(arena, slot_count) {

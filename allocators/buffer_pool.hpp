@@ -26,6 +26,11 @@ public:
                std::size_t slot_bytes, std::size_t returners);
 
     static constexpr std::size_t kMetaBytes = 64;  // per-slot area for the slot's user
+    // What one slot of `slot_bytes` takes: its meta area and data, rounded up to a
+    // cache line so that each slot's meta area starts on a line of its own.
+    static constexpr std::size_t stride_for(std::size_t slot_bytes) noexcept {
+        return (kMetaBytes + slot_bytes + 63) / 64 * 64;
+    }
 
     std::uint16_t owner_id() const noexcept { return owner_; }
     std::size_t slot_count() const noexcept { return count_; }

@@ -5,14 +5,16 @@
 //            buffer; ends once N connections have come and all have closed.
 //   --udp:   reads datagrams with recvmmsg (64 at a time); ends once nothing came for
 //            --idle-ms (default 1000) after the first.
-//   --write DIR: also writes every byte it reads into one file in DIR through evbd's
-//            own file writer (file::OutputFile, O_DIRECT stages written with AIO), as
-//            evbd writes its records; nothing is built. evbd cannot write faster than
-//            this, nor with less CPU than the receive and this copy into the stage.
-//            The file is removed once closed.
+//   --write DIR: also writes every byte it reads into one file in DIR: the reader
+//            hands its buffers to a writer thread, which appends them through evbd's
+//            own file writer (file::OutputFile: copied into O_DIRECT stages written
+//            with AIO), as evbd's writer thread does its records; nothing is built.
+//            Receiving and writing, in evbd's two threads, with nothing else. The file
+//            (the stream as read, no run file) is left for the caller to remove.
 // Prints one JSON line: bytes, messages (UDP datagrams; 0 for TCP), connections,
 // seconds (first byte to the last close or datagram, and with --write until the file
-// is closed) and the CPU seconds it used.
+// is closed), tail_s (from that end to the printing: the UDP idle wait) and the CPU
+// seconds it used from when it listened.
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -20,12 +22,19 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -35,9 +44,19 @@
 
 namespace {
 
-// --write: the file every byte read is appended to; none without --write.
+// --write: a writer thread appends what the reader hands it to one file through
+// evbd's file::OutputFile, as evbd's writer thread does with its records. The reader
+// reads into buffers of a pool of kBuffers x kBufferBytes (64 MiB, evbd's TCP receive
+// pool) and hands each over when it cannot take another read; with every buffer
+// handed over and not yet written, the reader waits (as evbd's stops reading).
 class Output {
 public:
+    static constexpr std::size_t kBuffers = 16;
+    static constexpr std::size_t kBufferBytes = 4u << 20;
+
+    ~Output() {
+        if (thread_.joinable()) (void)close();
+    }
     // Returns false (having said why) when the file cannot be created.
     bool open(const std::string& dir) {
         if (dir.empty()) return true;
@@ -49,25 +68,113 @@ public:
             std::fprintf(stderr, "evb-sink: --write %s: %s\n", dir.c_str(), std::strerror(e));
             return false;
         }
+        memory_.resize(kBuffers * kBufferBytes);
+        for (std::size_t i = 0; i < kBuffers; ++i) {
+            buffers_[i].data = memory_.data() + i * kBufferBytes;
+            free_.push_back(&buffers_[i]);
+        }
+        thread_ = std::thread([this] { write_loop(); });
+        writing_ = true;
         return true;
     }
-    void append(const iovec* iov, std::size_t n) {
-        if (file_.is_open() && error_ == 0) error_ = file_.append(iov, n);
+    bool writing() const noexcept { return writing_; }
+    // After close(): when the writer finished its last append, and how long the close took.
+    std::chrono::steady_clock::time_point last_append() const noexcept { return last_append_; }
+    std::chrono::steady_clock::duration closing() const noexcept { return closing_; }
+    // At least `want` bytes to read into (all the current buffer has left).
+    std::span<std::byte> room(std::size_t want) {
+        if (current_ != nullptr && kBufferBytes - current_->used < want) hand_over();
+        if (current_ == nullptr) {
+            std::unique_lock lock(mutex_);
+            freed_.wait(lock, [this] { return !free_.empty(); });
+            current_ = free_.front();
+            free_.pop_front();
+        }
+        return {current_->data + current_->used, kBufferBytes - current_->used};
     }
-    // Closes the file (its last stage written, not synced: evbd counts an event written
-    // once the kernel has it) and removes it: its bytes are the stream as read, no run
-    // file. Returns false on a failed write.
+    // `len` bytes were read at `p`, inside the last room().
+    void add(std::byte* p, std::size_t len) {
+        std::vector<iovec>& pieces = current_->pieces;
+        if (!pieces.empty() && static_cast<std::byte*>(pieces.back().iov_base) + pieces.back().iov_len == p)
+            pieces.back().iov_len += len;
+        else
+            pieces.push_back({p, len});
+        current_->used = static_cast<std::size_t>(p + len - current_->data);
+    }
+    // Hands the buffer being filled over now (the reader expects to wait).
+    void flush() { hand_over(); }
+    // Hands everything over, waits for it to be written and closes the file (its last
+    // stage written, not synced: evbd counts an event written once the kernel has it).
+    // The file, the stream as read and no run file, stays for the caller to remove.
+    // Returns false on a failed write.
     bool close() {
-        if (!file_.is_open()) return true;
+        if (!thread_.joinable()) return error_ == 0;
+        hand_over();
+        {
+            std::lock_guard lock(mutex_);
+            done_ = true;
+        }
+        filled_.notify_one();
+        thread_.join();
+        const auto t0 = std::chrono::steady_clock::now();
         if (error_ == 0) error_ = file_.close_clean(/*sync=*/false);
+        closing_ = std::chrono::steady_clock::now() - t0;
         if (error_ != 0) std::fprintf(stderr, "evb-sink: writing %s: %s\n", file_.part_path().c_str(), std::strerror(error_));
-        std::remove(error_ == 0 ? file_.final_path().c_str() : file_.part_path().c_str());
         return error_ == 0;
     }
 
 private:
+    struct Buffer {
+        std::byte* data = nullptr;
+        std::size_t used = 0;
+        std::vector<iovec> pieces;
+    };
+
+    void hand_over() {
+        if (current_ == nullptr || current_->pieces.empty()) return;
+        {
+            std::lock_guard lock(mutex_);
+            full_.push_back(current_);
+        }
+        filled_.notify_one();
+        current_ = nullptr;
+    }
+
+    void write_loop() {
+        for (;;) {
+            Buffer* b = nullptr;
+            {
+                std::unique_lock lock(mutex_);
+                filled_.wait(lock, [this] { return !full_.empty() || done_; });
+                if (full_.empty()) return;
+                b = full_.front();
+                full_.pop_front();
+            }
+            if (error_ == 0) error_ = file_.append(b->pieces.data(), b->pieces.size());
+            last_append_ = std::chrono::steady_clock::now();
+            b->pieces.clear();
+            b->used = 0;
+            {
+                std::lock_guard lock(mutex_);
+                free_.push_back(b);
+            }
+            freed_.notify_one();
+        }
+    }
+
     evb::file::OutputFile file_;
-    int error_ = 0;
+    bool writing_ = false;
+    int error_ = 0;  // the writer thread's until it is joined, as last_append_
+    std::chrono::steady_clock::time_point last_append_{};
+    std::chrono::steady_clock::duration closing_{};
+    std::vector<std::byte> memory_;
+    std::array<Buffer, kBuffers> buffers_{};
+    Buffer* current_ = nullptr;  // the reader's
+    std::mutex mutex_;
+    std::condition_variable filled_, freed_;
+    std::deque<Buffer*> free_, full_;
+    bool done_ = false;
+    std::thread thread_;
 };
 
 double cpu_seconds() {
@@ -78,9 +185,23 @@ double cpu_seconds() {
 }
 
 int usage(const char* why) {
-    std::fprintf(stderr, "evb-sink: %s\nusage: evb-sink --listen HOST:PORT (--tcp N | --udp [--idle-ms MS]) [--rcvbuf BYTES]\n",
+    std::fprintf(stderr,
+                 "evb-sink: %s\nusage: evb-sink --listen HOST:PORT (--tcp N | --udp [--idle-ms MS]) [--rcvbuf BYTES] "
+                 "[--write DIR]\n  --write DIR  also write what is read into a file in DIR through evbd's O_DIRECT "
+                 "file writer, in a writer thread (the file is left there)\n",
                  why);
     return 2;
+}
+
+// What a receiver prints at the end: `end` is when it had everything (and with
+// --write, had written it); cpu0 the CPU seconds used before it listened.
+void report(unsigned long long bytes, unsigned long long messages, long connections,
+            std::chrono::steady_clock::time_point first, std::chrono::steady_clock::time_point end, double cpu0) {
+    const double seconds = bytes == 0 ? 0.0 : std::chrono::duration<double>(end - first).count();
+    const double tail = std::chrono::duration<double>(std::chrono::steady_clock::now() - end).count();
+    std::printf("{\"bytes\":%llu,\"messages\":%llu,\"connections\":%ld,\"seconds\":%.6f,\"tail_s\":%.6f,"
+                "\"cpu_s\":%.6f}\n",
+                bytes, messages, connections, seconds, tail, cpu_seconds() - cpu0);
 }
 
 int udp_sink(const evb::net::Endpoint& at, const std::string& listen, long rcvbuf, long idle_ms, Output& out) {
@@ -91,19 +212,28 @@ int udp_sink(const evb::net::Endpoint& at, const std::string& listen, long rcvbu
         std::fprintf(stderr, "evb-sink: %s: %s\n", listen.c_str(), std::strerror(errno));
         return 1;
     }
+    const double cpu0 = cpu_seconds();
     std::printf("evb-sink: listening\n");
     std::fflush(stdout);
     constexpr unsigned kBatch = 64;
     constexpr std::size_t kSlot = 65536;
     std::vector<std::byte> buf(kBatch * kSlot);
-    std::vector<iovec> iov(kBatch), written(kBatch);
+    std::vector<iovec> iov(kBatch);
     std::vector<mmsghdr> msgs(kBatch);
-    for (unsigned i = 0; i < kBatch; ++i) {
-        iov[i] = {buf.data() + i * kSlot, kSlot};
-        msgs[i] = {};
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-    }
+    // With --write each batch is read into what is left of a buffer of the writer's
+    // pool instead (a slot at least), one after the other.
+    const auto aim = [&](std::span<std::byte> room) {
+        const unsigned n = static_cast<unsigned>(std::min<std::size_t>(kBatch, room.size() / kSlot));
+        for (unsigned i = 0; i < n; ++i) {
+            iov[i] = {room.data() + i * kSlot, kSlot};
+            msgs[i] = {};
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        return n;
+    };
+    static_assert(kBatch * kSlot <= Output::kBufferBytes);
+    unsigned aimed = aim(buf);
     unsigned long long bytes = 0, messages = 0;
     std::chrono::steady_clock::time_point first{}, last{};
     for (;;) {
@@ -113,7 +243,8 @@ int udp_sink(const evb::net::Endpoint& at, const std::string& listen, long rcvbu
             tv.tv_usec = (idle_ms % 1000) * 1000;
         }
         ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        const int n = ::recvmmsg(fd, msgs.data(), kBatch, MSG_WAITFORONE, nullptr);
+        if (out.writing()) aimed = aim(out.room(kSlot));
+        const int n = ::recvmmsg(fd, msgs.data(), aimed, MSG_WAITFORONE, nullptr);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;  // idle for idle_ms: the sender is done
         if (messages == 0) first = std::chrono::steady_clock::now();
@@ -122,15 +253,15 @@ int udp_sink(const evb::net::Endpoint& at, const std::string& listen, long rcvbu
         for (int i = 0; i < n; ++i) {
             const std::size_t len = msgs[static_cast<std::size_t>(i)].msg_len;
             bytes += len;
-            written[static_cast<std::size_t>(i)] = {iov[static_cast<std::size_t>(i)].iov_base, len};
+            if (out.writing()) out.add(static_cast<std::byte*>(iov[static_cast<std::size_t>(i)].iov_base), len);
         }
-        out.append(written.data(), static_cast<std::size_t>(n));
+        if (out.writing() && static_cast<unsigned>(n) < aimed) out.flush();  // the socket is empty: write what came
     }
     if (!out.close()) return 1;
-    if (messages > 0) last = std::chrono::steady_clock::now() - std::chrono::milliseconds(idle_ms);  // the file closed after the idle wait
-    const double seconds = messages < 2 ? 0.0 : std::chrono::duration<double>(last - first).count();
-    std::printf("{\"bytes\":%llu,\"messages\":%llu,\"connections\":0,\"seconds\":%.6f,\"cpu_s\":%.6f}\n", bytes,
-                messages, seconds, cpu_seconds());
+    // With --write the end is the last datagram's write and the file's close, which
+    // happened during and after the idle wait.
+    if (out.writing()) last = std::max(last, out.last_append()) + out.closing();
+    report(bytes, messages, 0, first, last, cpu0);
     return 0;
 }
 
@@ -172,6 +303,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "evb-sink: %s: %s\n", listen.c_str(), std::strerror(errno));
         return 1;
     }
+    const double cpu0 = cpu_seconds();
     std::printf("evb-sink: listening\n");
     std::fflush(stdout);
     const int ep = ::epoll_create1(EPOLL_CLOEXEC);
@@ -202,12 +334,13 @@ int main(int argc, char** argv) {
                 continue;
             }
             for (;;) {  // read until the socket is empty, as evbd's reader does
-                const ssize_t got = ::read(fd, buf.data(), buf.size());
+                // With --write into the writer's buffers, at least 64 KiB a read.
+                const std::span<std::byte> into = out.writing() ? out.room(64u << 10) : std::span<std::byte>(buf);
+                const ssize_t got = ::read(fd, into.data(), into.size());
                 if (got > 0) {
                     if (bytes == 0) first = std::chrono::steady_clock::now();
                     bytes += static_cast<unsigned long long>(got);
-                    const iovec piece{buf.data(), static_cast<std::size_t>(got)};
-                    out.append(&piece, 1);
+                    if (out.writing()) out.add(into.data(), static_cast<std::size_t>(got));
                     continue;
                 }
                 if (got < 0 && (errno == EAGAIN || errno == EINTR)) break;
@@ -220,9 +353,7 @@ int main(int argc, char** argv) {
         }
     }
     if (!out.close()) return 1;
-    if (!write_dir.empty()) last = std::chrono::steady_clock::now();
-    const double seconds = bytes == 0 ? 0.0 : std::chrono::duration<double>(last - first).count();
-    std::printf("{\"bytes\":%llu,\"messages\":0,\"connections\":%ld,\"seconds\":%.6f,\"cpu_s\":%.6f}\n", bytes, accepted, seconds,
-                cpu_seconds());
+    if (out.writing()) last = std::chrono::steady_clock::now();
+    report(bytes, 0, accepted, first, last, cpu0);
     return 0;
 }

@@ -187,11 +187,13 @@ bool check_memory(const Config& c, const Sizing& z) {
     // another process while the pages are touched. TCP readers take only their pools
     // (input.tcp_pool_bytes) of their shares of building.max_buffer_bytes.
     const std::uint64_t pools = receive_pool_bytes(c, z);
+    const char* const pool_keys = z.tcp_readers > 0 ? "building.max_buffer_bytes, input.tcp_pool_bytes"
+                                                    : "building.max_buffer_bytes";
     if (const std::uint64_t avail = available_memory_bytes(); avail != 0 && pools > avail / 10 * 9) {
         log_error("building.max_buffer_bytes: {} bytes of receive buffers asked for ({} bytes set), but only {} bytes "
-                  "of memory are available (MemAvailable in /proc/meminfo; at most 90% of it is taken); lower it or "
+                  "of memory are available (MemAvailable in /proc/meminfo; at most 90% of it is taken); lower {} or "
                   "free memory",
-                  pools, c.building.max_buffer_bytes, avail);
+                  pools, c.building.max_buffer_bytes, avail, pool_keys);
         return false;
     }
     // The event pools are allocated at start as well: every event in flight keeps a
@@ -215,17 +217,17 @@ bool check_memory(const Config& c, const Sizing& z) {
     std::string where;
     if (const std::uint64_t avail = allocatable_memory_bytes(&where); avail != 0 && need > avail / 10 * 9) {
         log_error("memory: the event pools need {} bytes (building.max_events_in_flight {} x {} sources) and the "
-                  "receive buffers {} bytes (building.max_buffer_bytes){}{}, {} in all, but only {} bytes can be "
+                  "receive buffers {} bytes ({}){}{}, {} in all, but only {} bytes can be "
                   "allocated ({}; at most 90% of it is taken); lower building.max_events_in_flight, the sources, "
                   "{}",
-                  event_pools, c.building.max_events_in_flight, n, pools,
+                  event_pools, c.building.max_events_in_flight, n, pools, pool_keys,
                   rings > 0 ? fmt::format(" and compression {} bytes (rings of compressed records and codec state, output.compression)", rings) : "",
                   tcp_buffers > 0 ? fmt::format(" and TCP read buffers {} bytes ({} reader(s) x input.tcp_max_connections {} x "
                                                 "input.tcp_buffer_bytes {})", tcp_buffers, c.input.tcp_reader_threads(),
                                                 c.input.tcp_max_connections, c.input.tcp_buffer_bytes) : "",
                   need, avail, where,
-                  tcp_buffers > 0 ? "building.max_buffer_bytes, input.tcp_max_connections or input.tcp_buffer_bytes"
-                                  : "or building.max_buffer_bytes");
+                  tcp_buffers > 0 ? fmt::format("{}, input.tcp_max_connections or input.tcp_buffer_bytes", pool_keys)
+                                  : fmt::format("or {}", pool_keys));
         return false;
     }
     return true;

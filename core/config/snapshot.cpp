@@ -32,7 +32,7 @@ Sizing sizing_for(const Config& c, bool replay) {
     return s;
 }
 
-std::size_t slot_stride(const Config& c) { return slot_data_bytes(c) + alloc::BufferPool::kMetaBytes; }
+std::size_t slot_stride(const Config& c) { return alloc::BufferPool::stride_for(slot_data_bytes(c)); }
 
 std::size_t slot_data_bytes(const Config& c) {
     const std::size_t headroom = c.input.frames && !c.input.frames->empty() ? kFrameHeadroom : 0;

@@ -141,7 +141,8 @@ std::size_t tcp_pool_min_slots(const Config& c);
 // described, the headroom readers leave in front of it (kFrameHeadroom). Each slot
 // has BufferPool::kMetaBytes more for its meta area.
 std::size_t slot_data_bytes(const Config& c);
-// What one receive slot takes of building.max_buffer_bytes: its data and meta area.
+// What one receive slot takes of building.max_buffer_bytes: its data and meta area,
+// rounded up to a cache line (alloc::BufferPool::stride_for).
 std::size_t slot_stride(const Config& c);
 // What the receive pools take (made resident at start): every reader's slots, each
 // of slot_stride bytes. No more than building.max_buffer_bytes; less when TCP readers

@@ -442,7 +442,9 @@ TEST_CASE("config: input.listen mixes tcp:// entries with UDP ones") {
 }
 
 TEST_CASE("config: a TCP reader's receive pool is 64 MiB or 16 events of every source, within its share") {
-    const std::uint64_t slot = 9000 + evb::alloc::BufferPool::kMetaBytes;  // input.max_datagram_bytes' default
+    // input.max_datagram_bytes' default, its meta area, rounded up to a cache line.
+    const std::uint64_t slot = 9088;
+    CHECK(evb::alloc::BufferPool::stride_for(9000) == slot);
     // Defaults: 512 MiB for one UDP and one TCP reader, 256 MiB each; 8 sources.
     auto mixed = load_config("{}", "x", {R"(input.listen=["127.0.0.1:7400","tcp://127.0.0.1:7401"])"});
     const evb::Sizing m = evb::sizing_for(*mixed);
@@ -483,7 +485,7 @@ TEST_CASE("config: a TCP reader's receive pool is 64 MiB or 16 events of every s
     // Set too small for what the connections reserve: refused, naming the key and the counts.
     const auto p = problems_of("{}", {"sources=64", R"(input.listen="tcp://127.0.0.1:7401")", "input.tcp_pool_bytes=1000000"});
     REQUIRE(p.size() == 1);
-    CHECK(p[0] == "input.tcp_pool_bytes: 1000000 bytes give each TCP reader 110 receive slots (of 9064 bytes with their "
+    CHECK(p[0] == "input.tcp_pool_bytes: 1000000 bytes give each TCP reader 110 receive slots (of 9088 bytes with their "
                   "meta area, within its 536870912-byte share of building.max_buffer_bytes), fewer than two fragments "
                   "of each of 64 sources and one per place of input.tcp_max_connections (64): 192");
 }

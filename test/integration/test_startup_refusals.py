@@ -3,7 +3,8 @@ machine) make evbd exit 1 at once with an error naming the key, instead of
 starting half-way or being ended by the kernel: receive buffers larger than the
 memory available (made resident at start, they would bring the OOM killer), event
 pools (per-source state of every event in flight) larger than it, TCP read buffers
-larger than it, an
+larger than it (while TCP input alone, whose reader takes only
+input.tcp_pool_bytes of building.max_buffer_bytes, starts with a setting above it), an
 output directory that cannot be created, that is a regular file or that is not
 writable, a metrics port already in use, a user that does not exist."""
 import os
@@ -42,20 +43,25 @@ def start(wd, *sets, timeout=60):
 
 def starts(wd, *sets, timeout=120):
     """Whether evbd gets as far as building its run (then it is stopped), and its output."""
-    cmd = [os.path.join(BIN, "evbd"), "--set", "monitor.listen=127.0.0.1:0",
+    log = os.path.join(wd, "starts.log")
+    cmd = [os.path.join(BIN, "evbd"), "--set", "monitor.listen=127.0.0.1:0", "--set", "control.socket=",
            "--set", f"output.directory={os.path.join(wd, 'data')}"]
     for s in sets:
         cmd += ["--set", s]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, deadline = [], time.monotonic() + timeout
-    for line in p.stdout:  # ends when evbd exits
-        out.append(line)
-        if "building run" in line or time.monotonic() > deadline:
-            break
-    started = p.poll() is None and "building run" in "".join(out)
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    while p.poll() is None and time.monotonic() < deadline:
+        with open(log) as f:
+            if "building run" in f.read():
+                break
+        time.sleep(0.02)  # polling the log for the line, not waiting a fixed time
+    started = p.poll() is None
     p.terminate()
-    rest, _ = p.communicate(timeout=60)
-    return started, "".join(out) + rest
+    p.wait(timeout=60)
+    with open(log) as f:
+        out = f.read()
+    return started and "building run" in out, out
 
 
 def main():

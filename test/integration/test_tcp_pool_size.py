@@ -42,12 +42,13 @@ def main():
     check(192 * MIB <= tcp < 256 * MIB, f"input.tcp_pool_bytes=192 MiB gives the TCP reader that ({tcp / MIB:.0f} MiB)")
 
     # The smallest pool a value may set: two fragments of each of 2 sources and a slot
-    # for each of 2 connection places, 6 slots of 9064 bytes. One connection carries both
+    # for each of 2 connection places, 6 slots of 9088 bytes (9000 and a 64-byte meta
+    # area, rounded up to a cache line). One connection carries both
     # sources in fragments of 4 chunks: it reserves 8 slots for the oldest event.
     tcp_port = free_tcp_port()
     d = Evbd(workdir(), port=free_udp_port(),
              sets=[f'input.listen="tcp://127.0.0.1:{tcp_port}"', "sources=2", "input.tcp_max_connections=2",
-                   f"input.tcp_pool_bytes={6 * 9064}", "building.timeout_ms=200"])
+                   f"input.tcp_pool_bytes={6 * 9088}", "building.timeout_ms=200"])
     try:
         run_source(["--to", f"tcp://127.0.0.1:{tcp_port}", "--sources", 2, "--events", 20, "--size", 4000,
                     "--chunk", 1000, "--connections", 1], check_rc=False)
