@@ -232,6 +232,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
     const std::vector<std::vector<int>> tcp_listen = replay ? std::vector<std::vector<int>>{} : listen_tcp_sockets(*cfg);
     const Sizing sizing = sizing_for(*cfg, replay);
     if (!check_memory(*cfg, sizing)) return 1;
+    warn_small_tcp_pool(*cfg, sizing);
     const bool pull = cfg->mode == Mode::pull && !replay;
     std::vector<net::Endpoint> pull_sources;
     if (pull) {

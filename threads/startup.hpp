@@ -36,6 +36,12 @@ std::vector<std::vector<int>> listen_tcp_sockets(const Config& c);
 // (MemAvailable, and a cgroup's limit), rather than meet the OOM killer later.
 bool check_memory(const Config& c, const Sizing& z);
 
+// A TCP reader's automatic pool (input.tcp_pool_bytes 0) is cut to its share of
+// building.max_buffer_bytes; when that leaves fewer slots than tcp_pool_min_slots,
+// says so once at start (a set value that small is refused by the configuration).
+// Returns whether it warned.
+bool warn_small_tcp_pool(const Config& c, const Sizing& z);
+
 // pull.source_addresses, parsed.
 std::optional<std::vector<net::Endpoint>> pull_source_addresses(const Config& c);
 

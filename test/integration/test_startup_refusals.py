@@ -4,7 +4,8 @@ starting half-way or being ended by the kernel: receive buffers larger than the
 memory available (made resident at start, they would bring the OOM killer), event
 pools (per-source state of every event in flight) larger than it, TCP read buffers
 larger than it (while TCP input alone, whose reader takes only
-input.tcp_pool_bytes of building.max_buffer_bytes, starts with a setting above it), an
+input.tcp_pool_bytes of building.max_buffer_bytes, starts with a setting above it; and
+starts, with a warning naming the key, when its share cuts the TCP pool too small), an
 output directory that cannot be created, that is a regular file or that is not
 writable, a metrics port already in use, a user that does not exist."""
 import os
@@ -85,6 +86,15 @@ def main():
         else:
             print(f"note: {avail} bytes available, more than the key's 64 GiB maximum allows asking for; "
                   "memory case not run on this machine")
+
+        # A TCP reader's automatic pool cut by its share to fewer slots than two
+        # fragments of every source and a slot per connection place: 16 MiB of 9088-byte
+        # slots is 1846, 1024 sources need 2048 and 64 places. It starts, and says so.
+        started, out = starts(wd, f'input.listen=["tcp://127.0.0.1:{free_tcp_port()}"]', "sources=1024",
+                              f"building.max_buffer_bytes={16 << 20}")
+        check(started and "gives each TCP reader 1846 receive slots" in out and ": 2112;" in out
+              and "Raise building.max_buffer_bytes" in out,
+              "a TCP pool cut below what the connections need is named at start:\n" + out[-800:])
 
         # Event pools larger than any machine: 65535 sources x 1 Mi events in flight
         # (3.8 TB of per-source state). Refused at once, naming the keys, instead of
