@@ -44,7 +44,7 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 GB = 1e9  # rates and CPU cost are per decimal gigabyte
 
 FRAGMENT_HEADER_BYTES = 40  # wire::kFragmentHeaderBytes
-SLOT_META_BYTES = 64  # alloc::BufferPool::kMetaBytes, in front of every receive slot
+SLOT_META_BYTES = 64  # alloc::BufferPool::kMetaBytes, in front of every receive slot (rounded up to 64 bytes)
 STANDARD_CHUNK = 1432  # payload per datagram: 1472-byte datagrams (1500 MTU)
 JUMBO_CHUNK = 8932  # 8972-byte datagrams (9000 MTU)
 PULL_WINDOW_DATAGRAMS = 16384  # about 55 ms of datagrams at 300 k/s, under the 100 ms retry
@@ -198,7 +198,7 @@ class RunSpec:
         Target runs get the largest buffer: a push source at full speed outruns the
         disk, and the buffer must hold the difference over the run for zero loss."""
         chunks = max(1, -(-self.fragment // self.chunk))
-        event_slot_bytes = self.sources * chunks * (self.max_datagram + SLOT_META_BYTES)
+        event_slot_bytes = self.sources * chunks * ((self.max_datagram + SLOT_META_BYTES + 63) // 64 * 64)
         buffer = 2 * GiB if self.group == "target" else min(max(4 * event_slot_bytes, 512 * MiB), 2 * GiB)
         in_flight = min(max(2 * buffer // event_slot_bytes, 64), 65536)
         credits = min(self.credits, max(1, buffer // (2 * event_slot_bytes)), in_flight)

@@ -47,8 +47,9 @@ namespace {
 // --write: a writer thread appends what the reader hands it to one file through
 // evbd's file::OutputFile, as evbd's writer thread does with its records. The reader
 // reads into buffers of a pool of kBuffers x kBufferBytes (64 MiB, evbd's TCP receive
-// pool) and hands each over when it cannot take another read; with every buffer
-// handed over and not yet written, the reader waits (as evbd's stops reading).
+// pool) and hands each over when it cannot take another read (UDP: also when the
+// socket is empty; its datagrams take 64 KiB each); with every buffer handed over and
+// not yet written, the reader waits (as evbd's stops reading).
 class Output {
 public:
     static constexpr std::size_t kBuffers = 16;
@@ -244,7 +245,19 @@ int udp_sink(const evb::net::Endpoint& at, const std::string& listen, long rcvbu
         }
         ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         if (out.writing()) aimed = aim(out.room(kSlot));
-        const int n = ::recvmmsg(fd, msgs.data(), aimed, MSG_WAITFORONE, nullptr);
+        int n = -1;
+        bool wait = !out.writing();
+        // With --write, an empty socket first has what came written (the wait below
+        // may be the last, up to --idle-ms).
+        if (out.writing()) {
+            n = ::recvmmsg(fd, msgs.data(), aimed, MSG_DONTWAIT, nullptr);
+            if (n < 0 && errno == EAGAIN) {
+                out.flush();
+                aimed = aim(out.room(kSlot));
+                wait = true;
+            }
+        }
+        if (wait) n = ::recvmmsg(fd, msgs.data(), aimed, MSG_WAITFORONE, nullptr);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;  // idle for idle_ms: the sender is done
         if (messages == 0) first = std::chrono::steady_clock::now();
@@ -255,7 +268,6 @@ int udp_sink(const evb::net::Endpoint& at, const std::string& listen, long rcvbu
             bytes += len;
             if (out.writing()) out.add(static_cast<std::byte*>(iov[static_cast<std::size_t>(i)].iov_base), len);
         }
-        if (out.writing() && static_cast<unsigned>(n) < aimed) out.flush();  // the socket is empty: write what came
     }
     if (!out.close()) return 1;
     // With --write the end is the last datagram's write and the file's close, which

@@ -237,7 +237,8 @@ bool warn_small_tcp_pool(const Config& c, const Sizing& z) {
     if (z.tcp_readers == 0 || z.slots_per_tcp_reader >= tcp_pool_min_slots(c)) return false;
     log_warn("building.max_buffer_bytes: its {}-byte share gives each TCP reader {} receive slots (of {} bytes), fewer "
              "than two fragments of each of {} sources and one per place of input.tcp_max_connections ({}): {}; "
-             "events may be ended incomplete by building.timeout_ms. Raise building.max_buffer_bytes",
+             "events may be ended incomplete by building.timeout_ms. Raise building.max_buffer_bytes (or lower "
+             "input.tcp_max_connections)",
              c.building.max_buffer_bytes / z.readers, z.slots_per_tcp_reader, slot_stride(c), c.sources.size(),
              c.input.tcp_max_connections, tcp_pool_min_slots(c));
     return true;

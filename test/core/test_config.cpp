@@ -248,7 +248,8 @@ TEST_CASE("config: input.frames is compiled at load and each refusal names its k
     CHECK(problems_of(R"({"building": {"clock_hz": 1000000000, "match": "time_slice", "slice_ticks": 1000}, "input": {"frames": [)" + pwb + "]}}").empty());
     // Described frames land after a headroom in their receive slots: the check that
     // the buffers hold two batches per reader counts it. 1 MiB holds 682 slots of a
-    // 1472-byte datagram and its 64-byte meta area, 661 with the 48 bytes in front.
+    // 1472-byte datagram and its 64-byte meta area, 655 with the 48 bytes in front (a
+    // slot is rounded up to a cache line: 1600 bytes).
     const std::string tight = R"({"building": {"max_buffer_bytes": 1048576}, "input": {"max_datagram_bytes": 1472, "batch": 336)";
     CHECK(problems_of(tight + "}}").empty());
     CHECK(problems_of(tight + R"(, "frames": [{"name": "a", "source": {}, "event": {"at": 0, "type": "u8"}}]}})") ==

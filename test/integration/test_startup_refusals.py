@@ -88,11 +88,11 @@ def main():
                   "memory case not run on this machine")
 
         # A TCP reader's automatic pool cut by its share to fewer slots than two
-        # fragments of every source and a slot per connection place: 16 MiB of 9088-byte
-        # slots is 1846, 1024 sources need 2048 and 64 places. It starts, and says so.
-        started, out = starts(wd, f'input.listen=["tcp://127.0.0.1:{free_tcp_port()}"]', "sources=1024",
-                              f"building.max_buffer_bytes={16 << 20}")
-        check(started and "gives each TCP reader 1846 receive slots" in out and ": 2112;" in out
+        # fragments of every source and a slot per connection place: 2 MiB of 9088-byte
+        # slots is 230, 100 sources need 200 and 64 places 64 more. It starts, and says so.
+        started, out = starts(wd, f'input.listen=["tcp://127.0.0.1:{free_tcp_port()}"]', "sources=100",
+                              f"building.max_buffer_bytes={2 << 20}")
+        check(started and "gives each TCP reader 230 receive slots" in out and ": 264;" in out
               and "Raise building.max_buffer_bytes" in out,
               "a TCP pool cut below what the connections need is named at start:\n" + out[-800:])
 
