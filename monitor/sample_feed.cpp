@@ -8,7 +8,7 @@ namespace evb::monitor {
 
 static_assert(std::is_trivially_copyable_v<file::FileHeader>, "a sample's header crosses the ring as raw bytes");
 
-void SampleFeed::offer(const Event& e, const file::FileHeader& h, std::uint64_t now_ns) noexcept {
+void SampleFeed::offer(Event& e, const file::FileHeader& h, std::uint64_t now_ns) noexcept {
     const std::uint64_t second = now_ns / 1'000'000'000ull;
     if (second != budget_second_) {
         budget_second_ = second;
@@ -28,6 +28,7 @@ void SampleFeed::offer(const Event& e, const file::FileHeader& h, std::uint64_t 
         dropped_full_.add();
         return;
     }
+    settle_record_crc(e);  // a client checks what it is sent; the writer, offering before it gathers, then need not
     auto push = [this](const void* p, std::size_t n) {
         [[maybe_unused]] const std::size_t pushed = ring_.try_push_n(static_cast<const std::byte*>(p), n);
         assert(pushed == n && "the room checked above holds the whole entry");

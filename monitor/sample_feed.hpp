@@ -35,7 +35,7 @@ public:
     bool wanted() const noexcept { return listeners_.load(std::memory_order_relaxed) != 0; }
     // Copies e's assembled record, with `header` (the file it belongs to, but for the
     // sequence number), into the ring when the budget and the room allow.
-    void offer(const Event& e, const file::FileHeader& header, std::uint64_t now_ns) noexcept;
+    void offer(Event& e, const file::FileHeader& header, std::uint64_t now_ns) noexcept;
     // Skipped: the copy budget of the second was spent (per record).
     const stats::Counter& dropped_budget() const noexcept { return dropped_budget_; }
     // Skipped: the ring was full (the sampler has not drained it: its clients are slow).

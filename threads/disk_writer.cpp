@@ -68,6 +68,7 @@ DiskWriter::DiskWriter(const WriterSettings& s, std::vector<SpscRing<WriterItem>
     settled_ids_.reserve(256);
     batch_.reserve(kMaxEventsPerWork);
     batch_sizes_.reserve(kMaxEventsPerWork);
+    seals_.reserve(kMaxEventsPerWork);
     scratch_.resize(kMaxEventsPerWork);  // sized: try_pop_n writes into it
     for (auto& d : done_pending_) d.reserve(kMaxEventsPerWork);
     for (std::size_t k = 0; k < held_.size(); ++k) held_[k].reserve(inputs_[k]->capacity());
@@ -298,6 +299,7 @@ void DiskWriter::block_output(int err, const char* what) {
     batch_.clear();
     batch_sizes_.clear();
     iov_.clear();
+    seals_.clear();
     format_.batch_done(0);
     batch_bytes_ = 0;
     retry_write_after_ns_ = realtime_ns() + 1'000'000'000ull;
@@ -352,7 +354,7 @@ void DiskWriter::flush_batch() {
             block_output(e, "writing");
             return;
         }
-        if (const int e = file_.append(iov_.data(), iov_.size()); e != 0) {
+        if (const int e = file_.append(iov_.data(), iov_.size(), seals_); e != 0) {
             block_output(e, "writing");
             return;
         }
@@ -360,6 +362,7 @@ void DiskWriter::flush_batch() {
         counters_.writes.add();
     }
     iov_.clear();
+    seals_.clear();
     format_.batch_done(written);
     batch_bytes_ = 0;
     release_batch();
@@ -548,13 +551,10 @@ void DiskWriter::write_event(Event* e) {
     const std::uint64_t offset = file_.size() + batch_bytes_;
     file_.note_record(e->event_id, offset);
     const std::uint32_t serial = file_first_serial_ + static_cast<std::uint32_t>(file_.event_count() - 1);
-    const file::Gathered size = format_.gather(*e, serial, iov_);
-    batch_bytes_ += size.file_bytes;
-    batch_sizes_.push_back(size);
-    batch_.push_back(e);
     if (samples_ != nullptr && samples_->wanted()) {
         // A sample stream's header is this file's but for the sequence number: a
-        // stream goes on across files of one run and source set.
+        // stream goes on across files of one run and source set. Offered before the
+        // gather: a record whose CRCs the sampler settles is not sealed again below.
         file::FileHeader h{e->run_number, 0, s_.builder_id, e->record_sections(), realtime_ns()};
         h.version = s_.format_version;
         h.match_mode = s_.match;
@@ -562,6 +562,12 @@ void DiskWriter::write_event(Event* e) {
         h.codec = e->codec;
         samples_->offer(*e, h, h.created_unix_ns);
     }
+    const std::size_t first_piece = iov_.size();
+    const file::Gathered size = format_.gather(*e, serial, iov_);
+    if (size.seal) seals_.push_back({first_piece, iov_.size()});
+    batch_bytes_ += size.file_bytes;
+    batch_sizes_.push_back(size);
+    batch_.push_back(e);
     if (iov_.size() >= kMaxIov || batch_bytes_ >= kMaxBatchBytes || batch_.size() == batch_.capacity()) flush_batch();
     if (file_.is_open() && file_.size() + batch_bytes_ >= s_.max_file_bytes) rotate_due_ = true;
 }

@@ -221,6 +221,7 @@ private:
     std::uint64_t next_settle_poll_ns_ = 0;
     std::vector<std::uint64_t> settled_ids_;
     std::vector<iovec> iov_;          // gather list of the batch being written
+    std::vector<file::OutputFile::SealSpan> seals_;  // its records whose CRCs the write fills in
     std::vector<Event*> batch_;       // events in iov_
     std::vector<WriterItem> scratch_;  // popped from one ring
     std::vector<std::vector<Event*>> done_pending_;  // per shard

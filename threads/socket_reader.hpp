@@ -100,7 +100,8 @@ struct Arrival {
 };
 
 // Parses one datagram in slot `idx` of `pool` (at frames->headroom() bytes into the
-// slot's data): either fills its ChunkMeta (the payload's CRC32C included) and
+// slot's data): either fills its ChunkMeta (the payload's CRC32C when the datagram
+// carries one to check, else chunk_flags::crc_deferred) and
 // returns the shard to hand it to, or counts the reason and returns -1 (slot not
 // used). A datagram that does not start with the EVB magic is decoded by the
 // described frames when `frames` is given and active.

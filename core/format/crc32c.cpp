@@ -161,24 +161,42 @@ __attribute__((target("avx512f,vpclmulqdq"))) inline __m512i fold(__m512i x, __m
                                      next, 0x96);  // a ^ b ^ c
 }
 
-// `crc` and the result are raw registers (not inverted); len >= kFoldRound.
-__attribute__((target("avx512f,vpclmulqdq,sse4.2"))) std::uint32_t fold_avx512(std::uint32_t crc,
-                                                                               const unsigned char* p,
-                                                                               std::size_t len) noexcept {
+// Stores one round's four registers at dst; returns where the next round goes.
+__attribute__((target("avx512f"))) inline unsigned char* store_round(unsigned char* dst, __m512i a, __m512i b,
+                                                                     __m512i c, __m512i d) noexcept {
+    _mm512_storeu_si512(dst, a);
+    _mm512_storeu_si512(dst + 64, b);
+    _mm512_storeu_si512(dst + 128, c);
+    _mm512_storeu_si512(dst + 192, d);
+    return dst + kFoldRound;
+}
+
+// `crc` and the result are raw registers (not inverted); len is a multiple of
+// kFoldRound, at least one. With `Copy`, every 64 bytes read are also stored at
+// `dst` (crc32c_copy: the copy and the CRC in one pass over the bytes).
+template <bool Copy>
+__attribute__((target("avx512f,vpclmulqdq,sse4.2"))) inline std::uint32_t fold_avx512_impl(
+    std::uint32_t crc, unsigned char* dst, const unsigned char* p, std::size_t len) noexcept {
     __m512i x0 = _mm512_loadu_si512(p);
     __m512i x1 = _mm512_loadu_si512(p + 64);
     __m512i x2 = _mm512_loadu_si512(p + 128);
     __m512i x3 = _mm512_loadu_si512(p + 192);
+    if constexpr (Copy) dst = store_round(dst, x0, x1, x2, x3);
     x0 = _mm512_xor_si512(x0, _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(crc))));
     p += kFoldRound;
     len -= kFoldRound;
     const __m512i kr = _mm512_set4_epi64(static_cast<long long>(kFoldRoundK.hi), static_cast<long long>(kFoldRoundK.lo),
                                          static_cast<long long>(kFoldRoundK.hi), static_cast<long long>(kFoldRoundK.lo));
     while (len >= kFoldRound) {
-        x0 = fold(x0, kr, _mm512_loadu_si512(p));
-        x1 = fold(x1, kr, _mm512_loadu_si512(p + 64));
-        x2 = fold(x2, kr, _mm512_loadu_si512(p + 128));
-        x3 = fold(x3, kr, _mm512_loadu_si512(p + 192));
+        const __m512i n0 = _mm512_loadu_si512(p);
+        const __m512i n1 = _mm512_loadu_si512(p + 64);
+        const __m512i n2 = _mm512_loadu_si512(p + 128);
+        const __m512i n3 = _mm512_loadu_si512(p + 192);
+        if constexpr (Copy) dst = store_round(dst, n0, n1, n2, n3);
+        x0 = fold(x0, kr, n0);
+        x1 = fold(x1, kr, n1);
+        x2 = fold(x2, kr, n2);
+        x3 = fold(x3, kr, n3);
         p += kFoldRound;
         len -= kFoldRound;
     }
@@ -192,6 +210,19 @@ __attribute__((target("avx512f,vpclmulqdq,sse4.2"))) std::uint32_t fold_avx512(s
     return static_cast<std::uint32_t>(c);
 }
 
+__attribute__((target("avx512f,vpclmulqdq,sse4.2"))) std::uint32_t fold_avx512(std::uint32_t crc,
+                                                                               const unsigned char* p,
+                                                                               std::size_t len) noexcept {
+    return fold_avx512_impl<false>(crc, nullptr, p, len);
+}
+
+__attribute__((target("avx512f,vpclmulqdq,sse4.2"))) std::uint32_t fold_copy_avx512(std::uint32_t crc,
+                                                                                    unsigned char* dst,
+                                                                                    const unsigned char* p,
+                                                                                    std::size_t len) noexcept {
+    return fold_avx512_impl<true>(crc, dst, p, len);
+}
+
 bool detect_fold() noexcept {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") && kHaveSse42;
@@ -203,6 +234,19 @@ std::uint32_t extend_x86(std::uint32_t crc, const unsigned char* p, std::size_t 
     if (!kHaveFold || len < kFoldMinBytes) return extend_sse42(crc, p, len);
     const std::size_t folded = len - len % kFoldRound;
     return extend_sse42(~fold_avx512(~crc, p, folded), p + folded, len - folded);
+}
+
+// extend_x86 that also copies the bytes to `dst`: folded ones as they are read,
+// the tail under 256 bytes with memcpy before its CRC.
+std::uint32_t copy_x86(std::uint32_t crc, unsigned char* dst, const unsigned char* p, std::size_t len) noexcept {
+    if (!kHaveFold || len < kFoldMinBytes) {
+        std::memcpy(dst, p, len);
+        return extend_sse42(crc, dst, len);  // the copy, just written, is in this core's cache
+    }
+    const std::size_t folded = len - len % kFoldRound;
+    const std::uint32_t c = ~fold_copy_avx512(~crc, dst, p, folded);
+    std::memcpy(dst + folded, p + folded, len - folded);
+    return extend_sse42(c, dst + folded, len - folded);
 }
 #endif
 
@@ -232,6 +276,15 @@ std::uint32_t crc32c_extend(std::uint32_t crc, const void* data, std::size_t len
     if (kHaveSse42) return extend_x86(crc, static_cast<const unsigned char*>(data), len);
 #endif
     return crc32c_extend_portable(crc, data, len);
+}
+
+std::uint32_t crc32c_copy(std::uint32_t crc, void* dst, const void* src, std::size_t len) noexcept {
+#if defined(__x86_64__)
+    if (kHaveSse42)
+        return copy_x86(crc, static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), len);
+#endif
+    std::memcpy(dst, src, len);
+    return crc32c_extend_portable(crc, dst, len);
 }
 
 std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t len_b) noexcept {

@@ -16,6 +16,11 @@ inline std::uint32_t crc32c(const void* data, std::size_t len) noexcept {
     return crc32c_extend(0, data, len);
 }
 
+// Copies `len` bytes from `src` to `dst` (which must not overlap) and returns
+// crc32c_extend(crc, src, len): one pass over the bytes where the CPU folds
+// (AVX-512 VPCLMULQDQ), a copy and then a CRC of the copy elsewhere.
+std::uint32_t crc32c_copy(std::uint32_t crc, void* dst, const void* src, std::size_t len) noexcept;
+
 // The CRC of a ++ b from crc32c(a), crc32c(b) and b's length, without reading b:
 // O(log len_b) polynomial multiplications.
 std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t len_b) noexcept;

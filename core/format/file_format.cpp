@@ -76,6 +76,16 @@ std::uint32_t record_crc_seed_v2(const std::byte header[kRecordHeaderBytesV2]) n
     return crc32c_extend(crc32c(header, 52), header + 56, 8);
 }
 
+void seal_record_crc(std::byte* header, std::size_t header_bytes, std::uint32_t body_crc,
+                     std::uint64_t body_bytes) noexcept {
+    if (header_bytes == kRecordHeaderBytes) {
+        store_record_crc(header, crc32c_combine(record_crc_seed(header), body_crc, body_bytes));
+        return;
+    }
+    store_u32(header + 48, body_crc);  // content_crc32c, which the seed covers
+    store_record_crc(header, crc32c_combine(record_crc_seed_v2(header), body_crc, body_bytes));
+}
+
 void encode_item_header(std::uint64_t timestamp, std::uint64_t sequence, std::uint32_t length,
                         std::uint32_t flags, std::byte out[kItemHeaderBytes]) noexcept {
     store_u64(out + 0, timestamp);

@@ -108,6 +108,12 @@ void store_record_crc(std::byte header[kRecordHeaderBytes], std::uint32_t crc) n
 // the header's part of that, to be extended by the stored sections area.
 void encode_record_header_v2(const RecordHeader& h, std::byte out[kRecordHeaderBytesV2]) noexcept;
 std::uint32_t record_crc_seed_v2(const std::byte header[kRecordHeaderBytesV2]) noexcept;
+// Fills in the CRCs of a record header (v1 when header_bytes is kRecordHeaderBytes,
+// else v2) whose body was read only after the header was encoded: `body_crc` is the
+// CRC (from 0) of the `body_bytes` after the header, stored as they are. v2 takes it
+// as content_crc32c; the record CRC is joined to the header's seed either way.
+void seal_record_crc(std::byte* header, std::size_t header_bytes, std::uint32_t body_crc,
+                     std::uint64_t body_bytes) noexcept;
 // v2 item header (timestamp modes): timestamp, sequence, payload length, flags.
 void encode_item_header(std::uint64_t timestamp, std::uint64_t sequence, std::uint32_t length,
                         std::uint32_t flags, std::byte out[kItemHeaderBytes]) noexcept;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <fmt/format.h>
 #include <stdexcept>
 
+#include "core/format/crc32c.hpp"
 #include "core/format/midas_format.hpp"
 
 namespace evb::file {
@@ -202,58 +204,147 @@ int OutputFile::start_direct(std::span<const std::byte> head) {
     return 0;
 }
 
-int OutputFile::write_direct(const struct iovec* iov, std::size_t iovcnt) {
+int OutputFile::write_direct(const struct iovec* iov, std::size_t iovcnt, std::span<const SealSpan> seal) {
     if (async_error_ != 0) return async_error_;
-    for (std::size_t i = 0; i < iovcnt; ++i) {
-        const auto* src = static_cast<const std::byte*>(iov[i].iov_base);
-        std::size_t len = iov[i].iov_len;
-        while (len > 0) {
-            // A stage's disk space is allocated before any record is copied into it:
-            // a full disk is refused here, while the writer still holds the events,
-            // and never later by a write of bytes whose events were let go.
-            if (disk_offset_ + kStageBytes > std::max(reserved_end_, allocated_end_))
-                if (const int e = reserve_stage(); e != 0) return e;
-            const std::size_t take = std::min(len, kStageBytes - stage_len_);
-            std::memcpy(stages_ + current_ * kStageBytes + stage_len_, src, take);
-            stage_len_ += take;
-            offset_ += take;
-            src += take;
-            len -= take;
-            if (stage_len_ == kStageBytes)
-                if (const int e = submit_stage(); e != 0) return e;
+    std::size_t next = 0;  // the next record of `seal`
+    for (std::size_t i = 0; i < iovcnt;) {
+        assert((next == seal.size() || seal[next].header >= i) && "seal spans in iov order, one per record");
+        if (next < seal.size() && seal[next].header == i) {
+            if (const int e = stage_sealed(iov, seal[next]); e != 0) return e;
+            i = seal[next++].end;
+            continue;
         }
+        if (const int e = stage_bytes(static_cast<const std::byte*>(iov[i].iov_base), iov[i].iov_len, nullptr); e != 0)
+            return e;
+        ++i;
     }
     return 0;
 }
 
+// Copies bytes into the stages, continuing *crc over them when it is given. A stage
+// that fills is submitted, or held back when it holds part of the header of a record
+// being sealed (hold_below_): the header's CRCs are not in it yet.
+int OutputFile::stage_bytes(const std::byte* src, std::size_t len, std::uint32_t* crc) {
+    while (len > 0) {
+        // A stage's disk space is allocated before any record is copied into it:
+        // a full disk is refused here, while the writer still holds the events,
+        // and never later by a write of bytes whose events were let go.
+        if (disk_offset_ + kStageBytes > std::max(reserved_end_, allocated_end_))
+            if (const int e = reserve_stage(); e != 0) return e;
+        const std::size_t take = std::min(len, kStageBytes - stage_len_);
+        std::byte* to = stages_ + current_ * kStageBytes + stage_len_;
+        if (crc != nullptr)
+            *crc = crc32c_copy(*crc, to, src, take);
+        else
+            std::memcpy(to, src, take);
+        stage_len_ += take;
+        offset_ += take;
+        src += take;
+        len -= take;
+        if (stage_len_ < kStageBytes) continue;
+        if (disk_offset_ >= hold_below_) {
+            if (const int e = submit_stage(); e != 0) return e;
+            continue;
+        }
+        // Held: the next stage is taken without writing this one. The stages after
+        // it are written as they fill, before it: the writes in flight complete in
+        // any order anyway, and nothing counts a byte written past a held stage
+        // (kernel_offset).
+        held_stage_[held_] = current_;
+        held_at_[held_] = disk_offset_;
+        held_pushed_[held_] = pushed_len_;
+        ++held_;
+        disk_offset_ += kStageBytes;
+        current_ = (current_ + 1) % kStages;
+        stage_len_ = 0;
+        pushed_len_ = 0;
+        if (const int e = wait_stage(current_); e != 0) return e;
+    }
+    return 0;
+}
+
+namespace {
+std::uint64_t body_bytes(const struct iovec* iov, const OutputFile::SealSpan& r) noexcept {
+    std::uint64_t n = 0;
+    for (std::size_t k = r.header + 1; k < r.end; ++k) n += iov[k].iov_len;
+    return n;
+}
+
+// Seals a record in a CRC pass of its own over its body, before it is copied.
+void seal_by_pass(const struct iovec* iov, const OutputFile::SealSpan& r) noexcept {
+    std::uint32_t crc = 0;
+    for (std::size_t k = r.header + 1; k < r.end; ++k) crc = crc32c_extend(crc, iov[k].iov_base, iov[k].iov_len);
+    seal_record_crc(static_cast<std::byte*>(iov[r.header].iov_base), iov[r.header].iov_len, crc, body_bytes(iov, r));
+}
+}  // namespace
+
+// One record of a SealSpan: its body is copied and its CRC computed in one pass,
+// then the header's CRCs are filled in, in memory and in the held stage(s), which
+// are then submitted. A record that would bring the ring of stages round to its
+// header's held stage (longer than kStages - 1 stages from that stage's start) has
+// its CRC computed in a pass of its own first.
+int OutputFile::stage_sealed(const struct iovec* iov, const SealSpan& r) {
+    auto* header = static_cast<std::byte*>(iov[r.header].iov_base);
+    const std::size_t header_bytes = iov[r.header].iov_len;
+    const std::uint64_t body = body_bytes(iov, r);
+    const std::uint64_t at = offset_;
+    if (stage_len_ + header_bytes + body > (kStages - 1) * kStageBytes) {
+        seal_by_pass(iov, r);
+        for (std::size_t k = r.header; k < r.end; ++k)
+            if (const int e = stage_bytes(static_cast<const std::byte*>(iov[k].iov_base), iov[k].iov_len, nullptr); e != 0)
+                return e;
+        return 0;
+    }
+    std::uint32_t crc = 0;
+    hold_below_ = at + header_bytes;
+    int e = stage_bytes(header, header_bytes, nullptr);
+    for (std::size_t k = r.header + 1; e == 0 && k < r.end; ++k)
+        e = stage_bytes(static_cast<const std::byte*>(iov[k].iov_base), iov[k].iov_len, &crc);
+    hold_below_ = 0;
+    if (e == 0) {
+        file::seal_record_crc(header, header_bytes, crc, body);
+        restage(at, header, header_bytes);
+    }
+    // Held stages go out whatever happened: on an error, the bytes before the record
+    // are the file's (the caller cuts it back to the record's start).
+    const int released = release_held();
+    return e != 0 ? e : released;
+}
+
+// Copies `len` bytes to file offset `at` in the stages that hold it: the current one
+// or one held before it.
+void OutputFile::restage(std::uint64_t at, const std::byte* src, std::size_t len) noexcept {
+    while (len > 0) {
+        const std::uint64_t start = at - at % kStageBytes;
+        const auto back = static_cast<std::size_t>((disk_offset_ - start) / kStageBytes);  // 0: the current stage
+        const std::size_t k = (current_ + kStages - back) % kStages;
+        const auto in = static_cast<std::size_t>(at - start);
+        const std::size_t n = std::min(len, kStageBytes - in);
+        std::memcpy(stages_ + k * kStageBytes + in, src, n);
+        at += n;
+        src += n;
+        len -= n;
+    }
+}
+
+// Submits the held stages, oldest first. One that cannot be written is a failed
+// write, as a background write that failed is: the file is whole only up to it (what
+// push_partial wrote of it before it was held), whatever comes after.
+int OutputFile::release_held() {
+    const std::size_t n = held_;
+    held_ = 0;
+    for (std::size_t i = 0; i < n; ++i)
+        if (const int e = write_stage(held_stage_[i], held_at_[i]); e != 0) {
+            if (async_error_ == 0) async_error_ = e;
+            failed_offset_ = std::min(failed_offset_, held_at_[i] + held_pushed_[i]);
+            return e;
+        }
+    return 0;
+}
 // Hands the full current stage to the kernel and moves on to the next stage,
 // waiting for that one's earlier write if it is still in flight.
 int OutputFile::submit_stage() {
-    std::byte* buf = stages_ + current_ * kStageBytes;
-    // Allocate first: a write inside the file's size is not an extending write, which
-    // ext4 and XFS would complete synchronously inside io_submit. A full disk shows
-    // here, before anything is in flight.
-    if (disk_offset_ + kStageBytes > allocated_end_)
-        if (const int e = allocate_ahead(); e != 0) return e;
-    bool submitted = false;
-    if (aio_ != 0) {
-        iocb& cb = iocbs_[current_];
-        cb = iocb{};
-        cb.aio_data = current_;
-        cb.aio_lio_opcode = IOCB_CMD_PWRITE;
-        cb.aio_fildes = static_cast<std::uint32_t>(fd_);
-        cb.aio_buf = reinterpret_cast<std::uint64_t>(buf);
-        cb.aio_nbytes = kStageBytes;
-        cb.aio_offset = static_cast<std::int64_t>(disk_offset_);
-        iocb* list[1] = {&cb};
-        long rc;
-        do rc = sys_io_submit(aio_, 1, list);
-        while (rc < 0 && errno == EINTR);
-        submitted = rc == 1;
-        if (submitted) in_flight_[current_] = true;
-    }
-    if (!submitted)
-        if (const int e = write_all(fd_, buf, kStageBytes, disk_offset_); e != 0) return e;
+    if (const int e = write_stage(current_, disk_offset_); e != 0) return e;
     disk_offset_ += kStageBytes;
     current_ = (current_ + 1) % kStages;
     stage_len_ = 0;
@@ -261,26 +352,56 @@ int OutputFile::submit_stage() {
     return wait_stage(current_);
 }
 
+// Hands stage k, full, to the kernel as the file's bytes from `at` on.
+int OutputFile::write_stage(std::size_t k, std::uint64_t at) {
+    std::byte* buf = stages_ + k * kStageBytes;
+    // Allocate first: a write inside the file's size is not an extending write, which
+    // ext4 and XFS would complete synchronously inside io_submit. A full disk shows
+    // here, before anything is in flight.
+    if (at + kStageBytes > allocated_end_)
+        if (const int e = allocate_ahead(at); e != 0) return e;
+    bool submitted = false;
+    if (aio_ != 0) {
+        iocb& cb = iocbs_[k];
+        cb = iocb{};
+        cb.aio_data = k;
+        cb.aio_lio_opcode = IOCB_CMD_PWRITE;
+        cb.aio_fildes = static_cast<std::uint32_t>(fd_);
+        cb.aio_buf = reinterpret_cast<std::uint64_t>(buf);
+        cb.aio_nbytes = kStageBytes;
+        cb.aio_offset = static_cast<std::int64_t>(at);
+        iocb* list[1] = {&cb};
+        long rc;
+        do rc = sys_io_submit(aio_, 1, list);
+        while (rc < 0 && errno == EINTR);
+        submitted = rc == 1;
+        if (submitted) in_flight_[k] = true;
+    }
+    if (!submitted)
+        if (const int e = write_all(fd_, buf, kStageBytes, at); e != 0) return e;
+    return 0;
+}
+
 // Reserves the disk space of the stage being filled (and up to kAllocateBytes
 // after it) without growing the file: FALLOC_FL_KEEP_SIZE, so a crash leaves no
 // zeros after the last record.
-int OutputFile::reserve_stage() { return allocate_from_stage(FALLOC_FL_KEEP_SIZE, reserved_end_); }
+int OutputFile::reserve_stage() { return allocate_from(FALLOC_FL_KEEP_SIZE, disk_offset_, reserved_end_); }
 
-// Allocates from the current stage on, growing the file (see submit_stage).
-int OutputFile::allocate_ahead() { return allocate_from_stage(0, allocated_end_); }
+// Allocates from the stage at `from` on, growing the file (see write_stage).
+int OutputFile::allocate_ahead(std::uint64_t from) { return allocate_from(0, from, allocated_end_); }
 
-// fallocate(mode) of kAllocateBytes from disk_offset_ on, or only of the current
+// fallocate(mode) of kAllocateBytes from `from` (a stage's start) on, or only of the current
 // stage when the disk has no room for more: the disk is full only when that stage
 // does not fit. A file system without fallocate is promised nothing and refused
 // nothing.
-int OutputFile::allocate_from_stage(int mode, std::uint64_t& end) {
+int OutputFile::allocate_from(int mode, std::uint64_t from, std::uint64_t& end) {
     for (const std::size_t len : {kAllocateBytes, kStageBytes}) {
-        if (::fallocate(fd_, mode, static_cast<off_t>(disk_offset_), static_cast<off_t>(len)) == 0) {
-            end = disk_offset_ + len;
+        if (::fallocate(fd_, mode, static_cast<off_t>(from), static_cast<off_t>(len)) == 0) {
+            end = from + len;
             return 0;
         }
         if (errno == EOPNOTSUPP) {
-            end = disk_offset_ + kAllocateBytes;  // ask again only that much later
+            end = from + kAllocateBytes;  // ask again only that much later
             return 0;
         }
         if (errno != ENOSPC && errno != EDQUOT) return errno;
@@ -336,7 +457,8 @@ void OutputFile::reap_ready() {
 std::uint64_t OutputFile::kernel_offset() {
     if (!direct_) return offset_;
     reap_ready();
-    std::uint64_t off = disk_offset_ + pushed_len_;
+    // A held stage (only inside write_direct) is with no one yet.
+    std::uint64_t off = held_ > 0 ? held_at_[0] : disk_offset_ + pushed_len_;
     for (std::size_t k = 0; k < kStages; ++k)
         if (in_flight_[k]) off = std::min(off, static_cast<std::uint64_t>(iocbs_[k].aio_offset));
     return std::min({off, failed_offset_, offset_});
@@ -351,7 +473,7 @@ int OutputFile::push_partial() {
     const std::size_t len = (stage_len_ + kBlock - 1) & ~(kBlock - 1);
     std::memset(buf + stage_len_, 0, len - stage_len_);  // no stale bytes of an earlier use in the padding
     if (disk_offset_ + kStageBytes > allocated_end_)
-        if (const int e = allocate_ahead(); e != 0) return e;
+        if (const int e = allocate_ahead(disk_offset_); e != 0) return e;
     if (const int e = write_all(fd_, buf + from, len - from, disk_offset_ + from); e != 0) return e;
     pushed_len_ = stage_len_;
     return 0;
@@ -388,8 +510,9 @@ int OutputFile::finish_direct() {
     return 0;
 }
 
-int OutputFile::append(const struct iovec* iov, std::size_t iovcnt) {
-    if (direct_) return write_direct(iov, iovcnt);
+int OutputFile::append(const struct iovec* iov, std::size_t iovcnt, std::span<const SealSpan> seal) {
+    if (direct_) return write_direct(iov, iovcnt, seal);
+    for (const SealSpan& r : seal) seal_by_pass(iov, r);  // the kernel copies buffered writes
     // pwritev takes at most IOV_MAX entries and may write short; walk the list.
     std::size_t i = 0;
     std::size_t skip = 0;  // bytes of iov[i] already written
@@ -449,6 +572,7 @@ void OutputFile::give_back_room() noexcept {
 int OutputFile::rollback(std::uint64_t offset, std::size_t index_count) {
     if (fd_ < 0) return EBADF;
     if (direct_) {
+        held_ = 0;  // a record being sealed when a write failed: its stages hold their bytes
         if (offset < disk_offset_) {
             // The last kStages - 1 submitted stages still hold their bytes: once their
             // writes are done, step back to the stage holding `offset` and cut the

@@ -50,8 +50,20 @@ public:
     bool direct() const noexcept { return direct_; }
     bool direct_fallback() const noexcept { return direct_fallback_; }
 
-    // Appends bytes gathered from iov; handles short writes, EINTR and IOV_MAX.
-    int append(const struct iovec* iov, std::size_t iovcnt);
+    // A record among the pieces of an append whose header CRCs are still 0
+    // (Event::crc_pending): iov[header] is its header (56 or 64 bytes, in memory the
+    // caller lets this fill in), iov[header + 1, end) its body.
+    struct SealSpan {
+        std::size_t header, end;
+    };
+    // Appends bytes gathered from iov; handles short writes, EINTR and IOV_MAX. Each
+    // record of `seal` (in iov order) has its header's CRCs filled in before the
+    // header reaches the file: with O_DIRECT in the same pass that copies its body
+    // into the stages,
+    // buffered (or a record too long to hold) in a pass of its own before. With
+    // O_DIRECT the stage holding the header (two, when it straddles them) is held back
+    // until the record's end; the stages after it go out as they fill.
+    int append(const struct iovec* iov, std::size_t iovcnt, std::span<const SealSpan> seal = {});
     // Buffered: makes sure the disk holds room for `bytes` more after the end of the
     // file (fallocate FALLOC_FL_KEEP_SIZE, kRoomAheadBytes more when it can), before
     // they are appended. The writer asks for a batch and what closing the file then
@@ -145,11 +157,16 @@ private:
     int open_named(const std::string& directory, const std::string& part_name, const std::string& final_name,
                    std::span<const std::byte> head, bool direct);
     int start_direct(std::span<const std::byte> head);
-    int write_direct(const struct iovec* iov, std::size_t iovcnt);
+    int write_direct(const struct iovec* iov, std::size_t iovcnt, std::span<const SealSpan> seal);
+    int stage_bytes(const std::byte* src, std::size_t len, std::uint32_t* crc);
+    int stage_sealed(const struct iovec* iov, const SealSpan& r);
+    void restage(std::uint64_t at, const std::byte* src, std::size_t len) noexcept;
+    int release_held();
     int submit_stage();
-    int allocate_ahead();
+    int write_stage(std::size_t k, std::uint64_t at);
+    int allocate_ahead(std::uint64_t from);
     int reserve_stage();
-    int allocate_from_stage(int mode, std::uint64_t& end);
+    int allocate_from(int mode, std::uint64_t from, std::uint64_t& end);
     int reap(bool all);
     void reap_ready();
     void complete(const io_event& ev);
@@ -169,6 +186,14 @@ private:
     std::size_t current_ = 0;
     std::size_t stage_len_ = 0;
     std::size_t pushed_len_ = 0;  // bytes of the current stage push_partial() wrote
+    // A record being sealed (stage_sealed): a stage that fills while it starts below
+    // hold_below_ (the end of the record's header) is held back, not submitted, until
+    // the header's CRCs are in it. At most two: the header may straddle two stages.
+    std::uint64_t hold_below_ = 0;
+    std::size_t held_ = 0;
+    std::array<std::size_t, 2> held_stage_{};
+    std::array<std::uint64_t, 2> held_at_{};
+    std::array<std::size_t, 2> held_pushed_{};  // bytes of each that push_partial had written
     std::uint64_t disk_offset_ = 0;
     std::uint64_t allocated_end_ = 0;  // space allocated up to here (the file's size may reach it)
     std::uint64_t reserved_end_ = 0;   // space reserved past the file's size up to here

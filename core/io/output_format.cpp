@@ -85,7 +85,7 @@ Gathered EvbFileFormat::gather(const Event& e, std::uint32_t, std::vector<iovec>
     iov.push_back({e.record_header(), e.record_header_bytes()});
     for_each_record_piece(e, [&iov](const void* p, std::size_t len) { iov.push_back({const_cast<void*>(p), len}); });
     last_event_id_ = e.event_id;
-    return {e.record_length, e.plain_length};
+    return {e.record_length, e.plain_length, e.crc_pending};
 }
 
 int EvbFileFormat::append_run_record(OutputFile& f, std::uint32_t run, std::uint32_t kind, std::string_view body) {

@@ -75,6 +75,9 @@ struct FileEnd {
 struct Gathered {
     std::uint32_t file_bytes = 0;
     std::uint32_t plain_bytes = 0;
+    // The record's header CRCs are to be filled in as it is written (Event::crc_pending):
+    // the pieces gather added, from its header on, are an OutputFile::SealSpan.
+    bool seal = false;
 };
 
 // What a MIDAS end-of-run event says (FORMATS.md 9.2): the file's counts and the

@@ -68,6 +68,24 @@ void assemble(Event& ev, Crc32cJoiner& joiner) noexcept {
     // v2: the sections area's own CRC is in the header, so it comes first and the
     // record CRC joins it to the header's.
     if (v1) file::encode_record_header(h, ev.record_header());
+    // A chunk whose CRC the reader left to the copy: the record's CRCs are filled
+    // in when its bytes are first copied (Event::crc_pending), not joined here.
+    ev.crc_pending = false;
+    for (std::uint32_t i = 0; i < ev.section_count && !ev.crc_pending; ++i) {
+        if (!ev.section_in_record(i) || (!items && !ev.section_present(i))) continue;
+        for (const ChunkMeta* c = ev.src[i].head; c != nullptr; c = c->next)
+            if (c->flags & chunk_flags::crc_deferred) {
+                ev.crc_pending = true;
+                break;
+            }
+    }
+    if (ev.crc_pending) {
+        if (v1) return;  // encoded above, its record CRC 0
+        h.content_length = static_cast<std::uint32_t>(content);
+        h.timestamp = ev.timestamp;
+        file::encode_record_header_v2(h, ev.record_header());  // content_crc32c and record CRC 0
+        return;
+    }
     // The pieces of for_each_record_piece, in the same order: headers and padding
     // are read, payloads are joined by their CRCs.
     std::uint32_t crc = v1 ? file::record_crc_seed(ev.record_header()) : 0;
@@ -100,6 +118,18 @@ void assemble(Event& ev, Crc32cJoiner& joiner) noexcept {
     h.timestamp = ev.timestamp;
     file::encode_record_header_v2(h, ev.record_header());
     file::store_record_crc(ev.record_header(), joiner.join(file::record_crc_seed_v2(ev.record_header()), crc, content));
+}
+
+void settle_record_crc(Event& ev) noexcept {
+    if (!ev.crc_pending) return;
+    std::uint32_t crc = 0;
+    std::uint64_t bytes = 0;
+    for_each_record_piece(ev, [&](const void* p, std::size_t n) {
+        crc = crc32c_extend(crc, p, n);
+        bytes += n;
+    });
+    file::seal_record_crc(ev.record_header(), ev.record_header_bytes(), crc, bytes);
+    ev.crc_pending = false;
 }
 
 }  // namespace evb

@@ -34,6 +34,10 @@ inline constexpr std::uint16_t copy_seen = 1u << 11;
 // The chunk's fragment was made whole by the FragmentGatherer before it went to its
 // event (timestamp mode, described chunks): the source's share of slots does not apply.
 inline constexpr std::uint16_t whole = 1u << 10;
+// The reader left the payload's CRC to whoever copies the record (the source sent
+// none to check): received_crc32c means nothing, and assembly leaves the record's
+// CRCs to settle_record_crc or the file writer (Event::crc_pending).
+inline constexpr std::uint16_t crc_deferred = 1u << 9;
 }
 
 // Bytes a reader that decodes described frames leaves before every datagram in a
@@ -53,7 +57,9 @@ struct ChunkMeta {
     std::uint32_t fragment_length;
     std::uint32_t chunk_offset;
     std::uint32_t payload_length;
-    std::uint32_t payload_crc32c;  // from the wire; once matched, the CRC of the payload as received
+    // From the wire; once matched, the CRC of the payload as received (meaningless
+    // with chunk_flags::crc_deferred).
+    std::uint32_t payload_crc32c;
     std::uint32_t received_crc32c;  // computed by the reader while the payload is in its cache
     std::uint32_t slot;  // index in the owner's pool
     std::uint16_t chunk_index;
@@ -145,6 +151,11 @@ struct Event {
     std::uint64_t anchor;         // timestamp mode: the first fragment's timestamp
     Event* same_bucket;           // timestamp mode: next event in flight in this anchor bucket
     bool own_record;              // timestamp mode: a desynchronised source's fragment alone
+    // Set by assembly when a chunk's CRC was deferred (chunk_flags::crc_deferred):
+    // the record header's CRCs are 0 until whoever first copies the record's bytes
+    // fills them in (the file writer as it stages them, the compressor, the sampler:
+    // settle_record_crc).
+    bool crc_pending;
     std::uint64_t started;        // events this shard started before it (the older of two is smaller)
     static constexpr std::uint64_t kNotInFlight = UINT64_MAX;  // `started` once the matcher handed it on
     std::uint32_t lookahead;      // described sources whose next chunk it waits for (Matcher::settle)
@@ -238,10 +249,14 @@ void for_each_section_piece(const Event& ev, std::uint32_t i, F&& piece) {
 }
 
 // Fills the record and section headers and the record CRC of a built event. The
-// record CRC is joined from the chunks' payload CRCs (which the matcher computed),
-// so assembly does not read the payload; `joiner` caches the join factors per
-// chunk length (one per thread).
+// record CRC is joined from the chunks' payload CRCs (which the reader computed),
+// so assembly does not read the payload; when a chunk's was deferred
+// (chunk_flags::crc_deferred) the record's CRCs are left 0 and crc_pending set.
+// `joiner` caches the join factors per chunk length (one per thread).
 void assemble(Event& ev, Crc32cJoiner& joiner) noexcept;
+// An event assembled with crc_pending: reads its record's pieces once and fills in
+// the header's CRCs (file::seal_record_crc). Nothing for any other event.
+void settle_record_crc(Event& ev) noexcept;
 inline void assemble(Event& ev) noexcept {
     Crc32cJoiner joiner;
     assemble(ev, joiner);

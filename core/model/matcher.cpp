@@ -361,9 +361,10 @@ void Matcher::accept(Event* e, ChunkMeta* c, int idx, std::uint64_t now_ns, Even
         return;
     }
     if (c->flags & chunk_flags::copy_seen) e->status |= file::record_status::duplicates;  // while it was gathered
-    // The payload's CRC (computed on admission, admit_datagram) checks the chunk when
-    // the source sent one, and is kept in either case so that assembly joins the
-    // record CRC from the chunks' CRCs instead of reading the payload again. It is
+    // The payload's CRC (computed on admission, admit_datagram, when the source sent
+    // one) checks the chunk, and is kept so that assembly joins the record CRC from
+    // the chunks' CRCs instead of reading the payload again (a chunk sent without one
+    // has chunk_flags::crc_deferred: its record's CRC comes with its copy). It is
     // checked before anything else of the chunk is believed: a damaged chunk must
     // not fix the fragment's length or chunk count for the genuine ones.
     const std::uint32_t crc = c->received_crc32c;

@@ -47,10 +47,19 @@ std::size_t RecordCompressor::encode(Event& ev, std::byte* block, std::size_t co
                                      codec::Encoder& enc) noexcept {
     std::byte* in = block + round16(kStoredPrefix + bound);
     std::size_t at = 0;
+    std::uint32_t crc = 0;
+    const bool seal = ev.crc_pending;  // this copy is the record's first: its CRCs come with it
     for_each_record_piece(ev, [&](const void* p, std::size_t n) {
-        std::memcpy(in + at, p, n);
+        if (seal)
+            crc = crc32c_copy(crc, in + at, p, n);
+        else
+            std::memcpy(in + at, p, n);
         at += n;
     });
+    if (seal) {
+        file::seal_record_crc(ev.record_header(), ev.record_header_bytes(), crc, content);
+        ev.crc_pending = false;
+    }
     const std::size_t n = enc.compress(ev.codec, {in, content}, {block + kStoredPrefix, bound});
     return n == 0 || kStoredPrefix + n >= content ? 0 : n;  // the spec's rule: plain unless that is longer
 }

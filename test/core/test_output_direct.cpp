@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/format/crc32c.hpp"
 #include "core/format/file_format.hpp"
 #include "core/io/output_file.hpp"
 #include "test/core/record_builder.hpp"
@@ -210,4 +211,120 @@ TEST_CASE("direct I/O: the header is on disk from the moment the file has a name
     CHECK(s.header_ok);
     REQUIRE(s.records.size() == 1);
     CHECK(s.records[0].header.event_id == 1);
+}
+
+namespace {
+// Two appends (about 130 MiB) of records (v1 or v2) whose header CRCs are left 0 and filled in by the append
+// (OutputFile::SealSpan), beside records appended whole, in batches of several
+// records per append: small ones, ones that cross one to three stages, and ones
+// too long for the stages to hold (over kStages - 1 stages: sealed in a pass of
+// their own), and after each "1" one whose header straddles two stages. Returns the
+// final path.
+std::string write_sealed(const std::string& dir, bool direct, int version, bool seal, bool* fell_back) {
+    file::OutputFile out;
+    file::FileHeader h{7, 0, 1, 3, 123};
+    h.version = static_cast<std::uint8_t>(version);
+    REQUIRE(out.open(dir, h, direct) == 0);
+    *fell_back = out.direct_fallback();
+    const std::size_t header_bytes = version == 1 ? file::kRecordHeaderBytes : file::kRecordHeaderBytesV2;
+    const std::size_t big = (file::OutputFile::kStages - 1) * file::OutputFile::kStageBytes;
+    // 1: one section, sized to put the next record's header across a stage's end (the
+    // next, over a stage long, then holds two stages); 2: sized to end at a stage's
+    // end, so that the next (3) starts a stage and is exactly kStages - 1 stages long,
+    // the longest a record can be and still be held.
+    const std::vector<std::size_t> sizes = {100,     3000,    2u << 20, 5000,       (3u << 20) + 77, 1,
+                                            (3u << 20) + 5, 40000, 2,  3,  big - 9,  9u << 20,
+                                            big + 5000, 640000, 2000003};
+    std::vector<std::vector<std::byte>> records;
+    std::uint64_t id = 0;
+    for (int round = 0; round < 2; ++round) {
+        std::vector<iovec> iov;
+        std::vector<file::OutputFile::SealSpan> spans;
+        std::vector<std::uint64_t> offsets;
+        std::uint64_t at = out.size();
+        records.clear();
+        records.reserve(sizes.size());
+        for (std::size_t k = 0; k < sizes.size(); ++k, ++id) {
+            test::RecordSpec spec;
+            spec.event_id = id;
+            spec.run_number = 7;
+            const std::size_t size = sizes[(k + round) % sizes.size()];
+            const std::size_t stage = file::OutputFile::kStageBytes;
+            const std::size_t one = header_bytes + file::kSectionHeaderBytes;  // a one-section record's own bytes
+            if (size == 1 || size == 2) {
+                const std::size_t next = size == 1 ? stage - 24 : 0;  // where the next header starts in its stage
+                spec.sections.push_back(test::pattern_section(7, 0, id, (next + stage - (at + one) % stage) % stage));
+            } else if (size == 3) {
+                spec.sections.push_back(test::pattern_section(7, 0, id, big - one));
+            } else {
+                for (std::uint32_t s = 0; s < 3; ++s) spec.sections.push_back(test::pattern_section(7, s, id, (size + s * 8) / 3));
+            }
+            std::vector<std::byte> rec = test::build_record(spec);
+            if (version == 2) {  // the same sections area behind a v2 header, its CRCs stored
+                file::RecordHeader rh;
+                rh.record_length = static_cast<std::uint32_t>(rec.size() - file::kRecordHeaderBytes + header_bytes);
+                rh.event_id = id;
+                rh.run_number = 7;
+                rh.section_count = static_cast<std::uint32_t>(spec.sections.size());
+                rh.content_length = static_cast<std::uint32_t>(rec.size() - file::kRecordHeaderBytes);
+                rh.content_crc32c = crc32c(rec.data() + file::kRecordHeaderBytes, rh.content_length);
+                std::vector<std::byte> v2(header_bytes);
+                file::encode_record_header_v2(rh, v2.data());
+                v2.insert(v2.end(), rec.begin() + file::kRecordHeaderBytes, rec.end());
+                file::store_record_crc(v2.data(), crc32c_extend(file::record_crc_seed_v2(v2.data()), v2.data() + header_bytes,
+                                                                v2.size() - header_bytes));
+                rec = std::move(v2);
+            }
+            records.push_back(std::move(rec));
+            std::vector<std::byte>& r = records.back();
+            const bool sealed = seal && k % 4 != 3;  // every fourth appended whole among them
+            if (sealed) {
+                std::fill(r.begin() + 48, r.begin() + 56, std::byte{0});  // v2 content CRC (v1: 0 anyway), record CRC
+                spans.push_back({iov.size(), 0});
+            }
+            // The body in pieces of uneven sizes, as a gather list has them.
+            iov.push_back({r.data(), header_bytes});
+            for (std::size_t from = header_bytes; from < r.size();) {
+                const std::size_t n = std::min<std::size_t>(r.size() - from, 1 + (from * 7919) % 70000);
+                iov.push_back({r.data() + from, n});
+                from += n;
+            }
+            if (sealed) spans.back().end = iov.size();
+            offsets.push_back(at);
+            at += r.size();
+        }
+        REQUIRE(out.append(iov.data(), iov.size(), spans) == 0);
+        for (std::size_t k = 0; k < offsets.size(); ++k) out.note_record(id - offsets.size() + k, offsets[k]);
+    }
+    REQUIRE(out.close_clean(true) == 0);
+    return out.final_path();
+}
+}  // namespace
+
+TEST_CASE("direct I/O: records sealed as they are staged are the records sealed before", "[output][crc]") {
+    constexpr std::size_t sizes_per_round = 15;
+    const test::TempDir tmp;
+    const fs::path base = tmp.path();
+    for (const int version : {1, 2}) {
+        INFO("version " << version);
+        bool fell_back = false;
+        fs::create_directories(base / ("want" + std::to_string(version)));
+        const auto want = write_sealed((base / ("want" + std::to_string(version))).string(), false, version, false, &fell_back);
+        file::MappedFile w(want);
+        const auto sw = file::scan(w.bytes());
+        CHECK(sw.problems.empty());
+        CHECK(sw.records.size() == 2 * sizes_per_round);
+        for (const bool direct : {true, false}) {
+            INFO("direct " << direct);
+            const fs::path d = base / (std::to_string(version) + (direct ? "d" : "b"));
+            fs::create_directories(d);
+            const auto got = write_sealed(d.string(), direct, version, true, &fell_back);
+            if (fell_back) WARN("the temp filesystem refused O_DIRECT; the direct case wrote buffered");
+            file::MappedFile g(got);
+            REQUIRE(g.bytes().size() == w.bytes().size());
+            CHECK(std::equal(g.bytes().begin(), g.bytes().end(), w.bytes().begin()));
+            CHECK(file::scan(g.bytes()).problems.empty());
+            fs::remove_all(d);  // at most two files at once in the temporary directory
+        }
+    }
 }

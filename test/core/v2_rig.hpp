@@ -140,6 +140,7 @@ struct V2Rig {
     // The record as the writer writes it.
     std::vector<std::byte> record(Event& e) {
         assemble(e);
+        settle_record_crc(e);  // as the writer's copy does for chunks sent without a CRC
         std::vector<std::byte> bytes(e.record_header(), e.record_header() + e.record_header_bytes());
         for_each_record_piece(e, [&](const void* p, std::size_t n) {
             auto b = static_cast<const std::byte*>(p);

@@ -34,6 +34,7 @@ void release(Rig& r, EventList& out) {
     for (Event* e = out.head; e != nullptr;) {
         Event* next = e->next_out;
         assemble(*e);
+        settle_record_crc(*e);  // chunks sent without a CRC: the writer's copy computes the record's
         // Serialise and check the record as the writer would write it.
         r.image.assign(file::kHeaderBytes, std::byte{0});
         file::encode_file_header({1, 0, 0, e->section_count, 0}, r.image.data());

@@ -49,7 +49,7 @@ TEST_CASE("sampler: a client gets the file header, then the records the writer f
     REQUIRE(slot >= 0);
     CHECK(feed.wanted());
     BuiltEvent a(kRun, 10, 100), b(kRun, 11, 60), c(kRun, 12, 60);
-    for (const BuiltEvent* e : {&a, &b, &c}) feed.offer(e->ev, header_of(kRun), kNow);
+    for (BuiltEvent* e : {&a, &b, &c}) feed.offer(e->ev, header_of(kRun), kNow);
     std::string out;
     CHECK_FALSE(sampler.take(slot, out, 1u << 20));  // its two records given: finished
     CHECK(out == header_text(header_of(kRun)) + as_text(a.record()) + as_text(b.record()));

@@ -465,9 +465,25 @@ TEST_CASE("described frames: time_slice mode builds gathered chunks into their s
     REQUIRE(s.size() == file::kItemHeaderBytes + file::padded8(50));  // 30 + 20 bytes
     CHECK(Bytes(s.begin() + 24, s.begin() + 54) == a);
     CHECK(Bytes(s.begin() + 54, s.begin() + 74) == b);
-    // Each chunk keeps its payload's CRC, which assembly joins into the record CRC.
+    // A board sends no CRC: the reader leaves each chunk's to the record's first copy,
+    // and assembly leaves the record's CRCs 0 until then (settle_record_crc).
     for (const ChunkMeta* c = out.head->src[0].head; c != nullptr; c = c->next)
-        CHECK(c->payload_crc32c == crc32c(c->payload(), c->payload_length));
+        CHECK((c->flags & chunk_flags::crc_deferred) != 0);
+    Event& ev = *out.head;
+    assemble(ev);
+    CHECK(ev.crc_pending);
+    std::vector<std::byte> body;
+    for_each_record_piece(ev, [&](const void* p, std::size_t n) {
+        body.insert(body.end(), static_cast<const std::byte*>(p), static_cast<const std::byte*>(p) + n);
+    });
+    CHECK(wire::load_u32(ev.record_header() + 48) == 0);
+    settle_record_crc(ev);
+    CHECK_FALSE(ev.crc_pending);
+    CHECK(wire::load_u32(ev.record_header() + 48) == crc32c(body.data(), body.size()));  // content_crc32c
+    std::vector<std::byte> whole(ev.record_header(), ev.record_header() + file::kRecordHeaderBytesV2);
+    whole.insert(whole.end(), body.begin(), body.end());
+    const std::uint32_t record_crc = crc32c_extend(crc32c(whole.data(), 52), whole.data() + 56, whole.size() - 56);
+    CHECK(wire::load_u32(ev.record_header() + 52) == record_crc);
 }
 
 // kTimedBoard with a heartbeat bit (byte 3, bit 1) and an error bit (byte 3, bit 2)
