@@ -140,11 +140,14 @@ class Evbd:
             time.sleep(0.1)
         fail(f"metric {key} = {v} did not reach the expected value in {timeout} s")
 
-    def wait_settled(self, timeout=60, quiet=0.3):
+    def wait_settled(self, timeout=60, quiet=0.3, written=None):
         """Waits until evbd has taken in everything sent to it and built and written it:
-        no datagram read for `quiet` seconds, no event in flight, nothing queued for
-        the writer, every event built written. Returns the metrics then. For a test that counts what a phase
-        added: a fixed sleep is too short on a slow (or sanitized) build."""
+        nothing waiting in its UDP socket's kernel queue, no datagram read for `quiet`
+        seconds, no event in flight, nothing queued for the writer, every event built
+        written (and, given `written`, at least that many events written). Returns the
+        metrics then. For a test that counts what a phase added: a fixed sleep is too
+        short on a slow (or sanitized) build. The kernel queue matters on a loaded
+        runner: a reader not yet scheduled has read nothing, which alone looks settled."""
         deadline = time.time() + timeout
         key = "evb_datagrams_received_total"
         last = self.metrics()
@@ -153,12 +156,21 @@ class Evbd:
             m = self.metrics()
             built = (m.get('evb_events_built_total{status="complete"}', 0) +
                      m.get('evb_events_built_total{status="incomplete"}', 0))
+            done = m.get("evb_events_written_total", 0)
             if (m.get(key) == last.get(key) and m.get("evb_events_in_flight", 0) == 0 and
-                    m.get("evb_writer_queue_depth", 0) == 0 and m.get("evb_events_written_total", 0) == built):
+                    m.get("evb_writer_queue_depth", 0) == 0 and done == built and
+                    (written is None or done >= written) and self.udp_backlog() == 0):
                 return m
             last = m
         fail(f"evbd did not settle in {timeout} s (datagrams {last.get(key)}, in flight "
-             f"{last.get('evb_events_in_flight')}, writer queue {last.get('evb_writer_queue_depth')})")
+             f"{last.get('evb_events_in_flight')}, writer queue {last.get('evb_writer_queue_depth')}, "
+             f"written {last.get('evb_events_written_total')}"
+             + (f" of {written}" if written is not None else "") + f", kernel queue {self.udp_backlog()} bytes)")
+
+    def udp_backlog(self):
+        """Bytes waiting in the kernel receive queues of the UDP sockets bound to this
+        evbd's port (/proc/net/udp and udp6; 0 where neither can be read)."""
+        return sum(queued for _, queued in socket_rows("udp", self.port))
 
     def wait_log(self, text, timeout, count=1):
         """Waits until evbd's log holds `text` (`count` times; fails if evbd exits first
@@ -264,7 +276,16 @@ def accept_backlog(port):
     accepted (the listening socket's queue in /proc/net/tcp and tcp6), or None when
     nothing listens there."""
     found = None
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for state, queued in socket_rows("tcp", port):
+        if state == "0A":  # LISTEN
+            found = (found or 0) + queued
+    return found
+
+
+def socket_rows(proto, port):
+    """(state, rx_queue) of each socket of `proto` ("tcp", "udp") whose local port is
+    `port`, from /proc/net/PROTO and PROTO6 (neither readable: none)."""
+    for table in (f"/proc/net/{proto}", f"/proc/net/{proto}6"):
         try:
             with open(table) as f:
                 rows = f.read().splitlines()[1:]
@@ -272,9 +293,8 @@ def accept_backlog(port):
             continue
         for row in rows:
             cols = row.split()
-            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
-                found = (found or 0) + int(cols[4].split(":")[1], 16)
-    return found
+            if len(cols) > 4 and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                yield cols[3], int(cols[4].split(":")[1], 16)
 
 
 def wait_accepted(port, timeout=20):

@@ -29,7 +29,7 @@ def main():
                            "output.max_file_bytes=100000000", f"output.direct_io={direct}", f"output.format={fmt}"])
         mode = f"direct_io={direct}, {fmt}"  # in the messages
         send(d, 0, 300)
-        d.wait_settled(timeout=30)
+        d.wait_settled(timeout=30, written=300)
         names = midas_files(out) if fmt == "midas" else data_files(out)
         parts = [n for n in names if n.endswith(".part")]
         check(len(parts) == 1, f"{mode}: one .part open ({parts})")
@@ -41,14 +41,14 @@ def main():
               f"({m['evb_events_lost_file_removed_total']})")
         check("was removed" in d.log_text(), f"{mode}: the log says the file was removed")
         send(d, 300, 200)
-        d.wait_settled(timeout=30)
+        d.wait_settled(timeout=30, written=500)
         # Now the whole directory goes.
         shutil.rmtree(out)
         d.wait_metric("evb_output_files_removed_total", lambda v: v == 2, timeout=10)
         check(d.metrics()["evb_events_lost_file_removed_total"] == 500,
               f"{mode}: the 200 events of the file in the removed directory are counted lost")
         send(d, 500, 100)
-        d.wait_settled(timeout=30)
+        d.wait_settled(timeout=30, written=600)
         rc = d.stop()
         check(rc != 0, f"{mode}: evbd exits non-zero at the stop ({rc})")
         log = d.log_text()
@@ -69,7 +69,7 @@ def moved(wd):
     d = Evbd(wd, sets=["sources=4", "building.timeout_ms=2000", f"output.directory={out}",
                        "output.max_file_bytes=100000000"])
     send(d, 0, 300)
-    d.wait_settled(timeout=30)
+    d.wait_settled(timeout=30, written=300)
     parts = [n for n in data_files(out) if n.endswith(".part")]
     check(len(parts) == 1, f"moved: one .part open ({parts})")
     moved_to = os.path.join(archive, parts[0])
@@ -84,7 +84,7 @@ def moved(wd):
     check(rc == 0 and os.path.getsize(moved_to) > 300 * 200,
           f"moved: the moved file keeps its 300 events, closed with index and footer: {out_text.strip()[-300:]}")
     send(d, 300, 100)
-    d.wait_settled(timeout=30)
+    d.wait_settled(timeout=30, written=400)
     rc = d.stop()
     check(rc == 0, f"moved: evbd exits 0 ({rc})")
     check("directory" in d.log_text() and "moved" in d.log_text(), "moved: the log says the directory went and the file was moved")
