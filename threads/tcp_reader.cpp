@@ -143,9 +143,11 @@ void TcpReader::account(const Connection& c) noexcept {
 
 void TcpReader::set_reserve(Connection& c, std::size_t messages, bool keyless) noexcept {
     // What the oldest event needs of this connection: each of its messages of that
-    // event in a slot; as openers, one (the first with the event's key) or, without
-    // keys, every one of them.
-    const std::size_t slots = std::max<std::size_t>(messages, 1);
+    // event in a slot, and one more for a source it has not sent yet (learning its
+    // sources needs room: a readout PC that joins or reconnects while the others hold
+    // the spare would otherwise stop after its first message of the oldest event);
+    // as openers, one (the first with the event's key) or, without keys, every one.
+    const std::size_t slots = messages + 1;
     const std::size_t openers = keyless ? slots : 1;
     unaccount(c);
     slot_reserves_ = slot_reserves_ - c.slot_reserve + slots;
@@ -156,12 +158,13 @@ void TcpReader::set_reserve(Connection& c, std::size_t messages, bool keyless) n
     // Learned from the fragments (sources per connection, chunks per fragment), the
     // reserves can outgrow a small pool (input.tcp_pool_bytes): then an event's last
     // fragments may find no slot until building.timeout_ms ends it incomplete.
+    // (The open connections' one slot more each, and a slot per free place: a slot per place.)
     if (!logged_reserves_ && slot_reserves_ + (s_.max_connections - open_) > pool_.slot_count()) {
         logged_reserves_ = true;
-        log_warn("tcp: the connections' fragments of one event need {} receive slots and the free connection places "
+        log_warn("tcp: the connections' fragments of one event need {} receive slots and the connection places "
                  "{} more, but this reader has {}: events may be ended incomplete by building.timeout_ms. Raise "
                  "input.tcp_pool_bytes (or building.max_buffer_bytes), or lower input.tcp_max_connections",
-                 slot_reserves_, s_.max_connections - open_, pool_.slot_count());
+                 slot_reserves_ - open_, s_.max_connections, pool_.slot_count());
     }
 }
 
