@@ -273,8 +273,12 @@ std::uint64_t body_bytes(const struct iovec* iov, const OutputFile::SealSpan& r)
 // Seals a record in a CRC pass of its own over its body, before it is copied.
 void seal_by_pass(const struct iovec* iov, const OutputFile::SealSpan& r) noexcept {
     std::uint32_t crc = 0;
-    for (std::size_t k = r.header + 1; k < r.end; ++k) crc = crc32c_extend(crc, iov[k].iov_base, iov[k].iov_len);
-    seal_record_crc(static_cast<std::byte*>(iov[r.header].iov_base), iov[r.header].iov_len, crc, body_bytes(iov, r));
+    std::uint64_t n = 0;
+    for (std::size_t k = r.header + 1; k < r.end; ++k) {
+        crc = crc32c_extend(crc, iov[k].iov_base, iov[k].iov_len);
+        n += iov[k].iov_len;
+    }
+    seal_record_crc(static_cast<std::byte*>(iov[r.header].iov_base), iov[r.header].iov_len, crc, n);
 }
 }  // namespace
 
