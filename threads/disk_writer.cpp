@@ -178,6 +178,10 @@ bool DiskWriter::check_linked(bool now) {
     const std::uint64_t records = file_.event_count();
     const std::uint64_t unsettled = unsettled_.size() - unsettled_head_;
     const std::uint64_t settled = records > unsettled ? records - unsettled : 0;
+    // Logged before it is counted: whoever sees the counter move finds the line.
+    log_error("{} was removed (unlinked, or its directory removed) while evbd was writing it: its {} events are lost "
+              "({} of them already counted written); writing goes on in a new file",
+              path, records, settled);
     settle_or_lose(0);  // not yet with the kernel: counted lost as at any file given up
     counters_.files_removed.add();
     counters_.events_lost_file_removed.add(settled);
@@ -188,9 +192,6 @@ bool DiskWriter::check_linked(bool now) {
     file_status_ = {};
     publish_run_counts();
     open_.clear();
-    log_error("{} was removed (unlinked, or its directory removed) while evbd was writing it: its {} events are lost "
-              "({} of them already counted written); writing goes on in a new file",
-              path, records, settled);
     return true;
 }
 
