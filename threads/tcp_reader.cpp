@@ -109,12 +109,13 @@ std::size_t left_after(std::size_t from, std::size_t a, std::size_t b) noexcept 
 }  // namespace
 
 std::size_t TcpReader::opener_spare() const noexcept {
-    // Each place for a connection not open yet keeps one opener, the reserve it opens with.
-    return left_after(s_.take_limit, opener_reserves_, s_.max_connections - open_);
+    // Each place for a connection not open yet keeps one opener, the reserve it opens
+    // with; closed connections' sources keep theirs (orphan_openers_).
+    return left_after(s_.take_limit, opener_reserves_ + orphan_openers_, s_.max_connections - open_);
 }
 
 std::size_t TcpReader::slot_spare() const noexcept {
-    return left_after(pool_.slot_count(), slot_reserves_, s_.max_connections - open_);
+    return left_after(pool_.slot_count(), slot_reserves_ + orphan_slots_, s_.max_connections - open_);
 }
 
 std::size_t TcpReader::share(const Connection& c) const noexcept {
@@ -159,12 +160,12 @@ void TcpReader::set_reserve(Connection& c, std::size_t messages, bool keyless) n
     // reserves can outgrow a small pool (input.tcp_pool_bytes): then an event's last
     // fragments may find no slot until building.timeout_ms ends it incomplete.
     // (The open connections' one slot more each, and a slot per free place: a slot per place.)
-    if (!logged_reserves_ && slot_reserves_ + (s_.max_connections - open_) > pool_.slot_count()) {
+    if (!logged_reserves_ && slot_reserves_ + orphan_slots_ + (s_.max_connections - open_) > pool_.slot_count()) {
         logged_reserves_ = true;
         log_warn("tcp: the connections' fragments of one event need {} receive slots and the connection places "
                  "{} more, but this reader has {}: events may be ended incomplete by building.timeout_ms. Raise "
                  "input.tcp_pool_bytes (or building.max_buffer_bytes), or lower input.tcp_max_connections",
-                 slot_reserves_ - open_, s_.max_connections, pool_.slot_count());
+                 slot_reserves_ + orphan_slots_ - open_, s_.max_connections, pool_.slot_count());
     }
 }
 
@@ -184,12 +185,18 @@ void TcpReader::learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept 
         ++c.sources;
         changed = true;
         // A source that moved from a connection still open (its sender changed its
-        // mind) no longer counts there.
-        if (before.known && before.conn != at) {
+        // mind) no longer counts there; one whose connection closed brings what was
+        // set aside for it, now in this one's reserve.
+        if (before.known) {
             Connection& was = conns_[before.conn];
-            if (was.fd >= 0 && was.generation == before.gen && was.sources > 0) {
-                --was.sources;
-                set_reserve(was, was.sources * was.max_chunks, was.keyless);
+            if (was.fd >= 0 && was.generation == before.gen) {
+                if (before.conn != at && was.sources > 0) {
+                    --was.sources;
+                    set_reserve(was, was.sources * was.max_chunks, was.keyless);
+                }
+            } else {
+                orphan_slots_ -= std::min<std::size_t>(orphan_slots_, before.orphan_slots);
+                orphan_openers_ -= std::min<std::size_t>(orphan_openers_, before.orphan_openers);
             }
         }
     }
@@ -640,6 +647,13 @@ void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
     }
     ::close(c.fd);  // also takes it out of the epoll set
     c.fd = -1;
+    // What it reserved for its sources stays set aside until others learn them; the
+    // slot more (and a keyed connection's opener) goes back to its place, free again.
+    const auto at = static_cast<std::uint32_t>(&c - conns_.data());
+    const auto chunks = static_cast<std::uint32_t>(c.max_chunks);
+    const std::size_t orphans = owners_.orphan(at, c.generation, chunks, c.keyless ? chunks : 0);
+    orphan_slots_ += orphans * chunks;
+    if (c.keyless) orphan_openers_ += orphans * chunks;
     ++c.generation;
     c.watched = c.reading = c.readable = c.ended = false;
     c.begin = c.end = 0;

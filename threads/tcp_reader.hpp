@@ -194,6 +194,10 @@ private:
     // ::slot_reserve), and of what each holds within them.
     std::size_t opener_reserves_ = 0, slot_reserves_ = 0;
     std::size_t openers_in_reserves_ = 0, slots_in_reserves_ = 0;
+    // What closed connections reserved for their sources, set aside until other
+    // connections learn those sources (TcpSourceOwners::orphan): not in the spare, so
+    // a readout PC that reconnects finds its reserve, with every place taken.
+    std::size_t orphan_slots_ = 0, orphan_openers_ = 0;
     TcpSourceOwners owners_;     // which connection carries each source seen
     std::size_t first_served_ = 0;  // rotates: which connection a round serves first
     ShardBatches batches_;

@@ -3,6 +3,11 @@
 // over TCP"). An open-addressed table made at start, sized for the expected sources:
 // one look-up per message taken, no allocation; once three quarters full (source ids
 // nobody expects, from a hostile peer) it learns no more.
+//
+// When a connection closes, what it reserved for each of its sources is kept with the
+// source (orphan): the reader keeps that part of its pool set aside until another
+// connection (the readout PC back, or another taking its sources over) learns the
+// source, and the reserve passes to it (docs/ARCHITECTURE.md, "Input over TCP").
 #pragma once
 
 #include <cstddef>
@@ -22,29 +27,45 @@ public:
     struct Owner {
         std::uint32_t conn = 0, gen = 0;
         bool known = false;
+        // Set aside for the source when its connection closed (orphan), 0 while it was open.
+        std::uint32_t orphan_slots = 0, orphan_openers = 0;
     };
     // Records that `source` is carried by connection (conn, gen). Returns true when
     // that is news: the source was not known, or known on another connection (or an
-    // earlier one in the same place, since closed), which `before` then names.
+    // earlier one in the same place, since closed), which `before` then names, with
+    // what was set aside for the source when that one closed (now passed on).
     bool assign(std::uint32_t source, std::uint32_t conn, std::uint32_t gen, Owner& before) noexcept {
-        before.known = false;
+        before = {};
         const std::size_t mask = slots_.size() - 1;
         for (std::size_t i = hash(source) & mask, probes = 0; probes < slots_.size(); i = (i + 1) & mask, ++probes) {
             Slot& s = slots_[i];
             if (!s.used) {
                 if (used_ >= slots_.size() / 4 * 3) return false;  // full: learns no more
-                s = {source, conn, gen, true};
+                s = {source, conn, gen, 0, 0, true};
                 ++used_;
                 return true;
             }
             if (s.source != source) continue;
             if (s.conn == conn && s.gen == gen) return false;
-            before = {s.conn, s.gen, true};
-            s.conn = conn;
-            s.gen = gen;
+            before = {s.conn, s.gen, true, s.orphan_slots, s.orphan_openers};
+            s = {source, conn, gen, 0, 0, true};
             return true;
         }
         return false;
+    }
+
+    // Connection (conn, gen) closed: each source it carries keeps `slots` and `openers`
+    // of its reserve, handed to the next connection that carries it (assign). Returns
+    // how many sources it carried. A walk over the table: once per connection closed.
+    std::size_t orphan(std::uint32_t conn, std::uint32_t gen, std::uint32_t slots, std::uint32_t openers) noexcept {
+        std::size_t n = 0;
+        for (Slot& s : slots_)
+            if (s.used && s.conn == conn && s.gen == gen) {
+                s.orphan_slots = slots;
+                s.orphan_openers = openers;
+                ++n;
+            }
+        return n;
     }
 
 private:
@@ -53,6 +74,7 @@ private:
     }
     struct Slot {
         std::uint32_t source = 0, conn = 0, gen = 0;
+        std::uint32_t orphan_slots = 0, orphan_openers = 0;
         bool used = false;
     };
     std::vector<Slot> slots_;

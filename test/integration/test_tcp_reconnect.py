@@ -5,12 +5,17 @@ the other half on a new connection while the other three are still sending. Ever
 event is complete and byte-exact; five connections accepted, five closed by their
 peers, nothing refused.
 
-Twice: on the default receive pool, and on a small one (240 slots) that the three
-PCs still sending fill while the first is away. Before session 39 a connection's
-slot reserve was only the sources it had sent so far, so the restarted PC, finding
-the spare taken, stopped after its first few fragments of the oldest event: that
-event waited for the source timeout and was written INCOMPLETE (seen first under
-ThreadSanitizer on the default pool, every time on the small one)."""
+Three times: on the default receive pool; on a small one (240 slots) that the
+three PCs still sending fill while the first is away; and on that small pool with
+input.tcp_max_connections = 4, a place for each PC and none free. Before session 39
+a connection's slot reserve was only the sources it had sent so far, so the
+restarted PC, finding the spare taken, stopped after its first few fragments of the
+oldest event: that event waited for the source timeout and was written INCOMPLETE
+(seen first under ThreadSanitizer on the default pool, every time on the small
+one). The slot more each connection then got was backed only by free places' slots:
+with no place free (the third run) the restarted PC still stalled, until session 40
+kept a closed connection's reserve for its sources set aside for whoever carries
+them next."""
 import os
 import shutil
 import subprocess
@@ -34,6 +39,7 @@ SLOT_BYTES = 9088  # input.max_datagram_bytes 9000 and the slot's meta area, rou
 def main():
     run()
     run(["input.tcp_pool_bytes=%d" % (240 * SLOT_BYTES)])
+    run(["input.tcp_pool_bytes=%d" % (240 * SLOT_BYTES), f"input.tcp_max_connections={PCS}"])
 
 
 def run(extra=()):

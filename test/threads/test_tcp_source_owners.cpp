@@ -36,3 +36,26 @@ TEST_CASE("TcpSourceOwners: made-up source ids fill the table only to three quar
     CHECK(owners.assign(0, 2, 0, before));
     CHECK(before.known);
 }
+
+TEST_CASE("TcpSourceOwners: a closed connection's sources keep their reserve until another connection learns them",
+          "[tcp]") {
+    TcpSourceOwners owners(8);
+    TcpSourceOwners::Owner before;
+    for (std::uint32_t s = 0; s < 4; ++s) CHECK(owners.assign(s, 2, 7, before));
+    CHECK(owners.assign(9, 1, 0, before));       // another connection's source
+    CHECK(owners.orphan(2, 6, 3, 3) == 0);       // an earlier connection in that place carries none
+    CHECK(owners.orphan(2, 7, 3, 0) == 4);       // the one that closed: its four sources
+    // The readout PC back, in the same place (the next generation): each source brings
+    // what was set aside for it, once.
+    CHECK(owners.assign(1, 2, 8, before));
+    CHECK((before.known && before.conn == 2 && before.gen == 7));
+    CHECK(before.orphan_slots == 3);
+    CHECK(before.orphan_openers == 0);
+    CHECK_FALSE(owners.assign(1, 2, 8, before));
+    // It moves on to another connection: nothing set aside any more.
+    CHECK(owners.assign(1, 4, 0, before));
+    CHECK(before.orphan_slots == 0);
+    // A source of a connection still open never brings anything.
+    CHECK(owners.assign(9, 4, 0, before));
+    CHECK((before.known && before.orphan_slots == 0 && before.orphan_openers == 0));
+}
