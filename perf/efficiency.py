@@ -71,8 +71,8 @@ def run_evbd(bin_dir, size, events, rate, direct, data_dir, sets=()):
                                 [x for kv in sets for x in ("--set", kv)],
                                 stdout=out, stderr=subprocess.STDOUT)
     # The clock starts once evbd is up (its receive buffers made resident).
-    deadline = time.time() + 60
-    while time.time() < deadline:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         with open(log) as f:
             if "building run" in f.read():
                 break

@@ -100,8 +100,8 @@ class Evbd:
         # A test that fails (sys.exit) before stop() leaves no evbd running behind it.
         atexit.register(lambda p=self.proc: p.poll() is None and p.kill())
         self.metrics_url = None
-        deadline = time.time() + 20
-        while time.time() < deadline:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
             text = self.log_text()
             m = re.search(r"metrics on (http://\S+/metrics)", text)
             if m:
@@ -131,9 +131,9 @@ class Evbd:
         return vals
 
     def wait_metric(self, key, pred, timeout=30):
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         v = None
-        while time.time() < deadline:
+        while time.monotonic() < deadline:
             v = self.metrics().get(key)
             if v is not None and pred(v):
                 return v
@@ -148,10 +148,10 @@ class Evbd:
         metrics then. For a test that counts what a phase added: a fixed sleep is too
         short on a slow (or sanitized) build. The kernel queue matters on a loaded
         runner: a reader not yet scheduled has read nothing, which alone looks settled."""
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         key = "evb_datagrams_received_total"
         last = self.metrics()
-        while time.time() < deadline:
+        while time.monotonic() < deadline:
             time.sleep(quiet)
             m = self.metrics()
             built = (m.get('evb_events_built_total{status="complete"}', 0) +
@@ -202,12 +202,12 @@ def wait_until(pred, timeout, what, interval=0.05, required=True):
     `what` (still the case) after `timeout` seconds. With required=False it returns
     pred()'s last value instead of failing, for a caller whose own checks then say
     what is missing (their message names the counts)."""
-    deadline = time.time() + timeout
+    deadline = time.monotonic() + timeout
     while True:
         v = pred()
         if v:
             return v
-        if time.time() > deadline:
+        if time.monotonic() > deadline:
             if not required:
                 return v
             fail(f"{what} after {timeout} s")
@@ -251,9 +251,9 @@ def wait_text(path, text, proc=None, timeout=20, count=1, who=None):
         if proc is not None and proc.poll() is not None:
             fail(f"{who} exited ({proc.returncode}) before writing {text!r}:\n{read()[-2000:]}")
         return False
-    deadline = time.time() + timeout
+    deadline = time.monotonic() + timeout
     while not seen():
-        if time.time() > deadline:
+        if time.monotonic() > deadline:
             fail(f"{who} did not write {text!r} ({count} time(s)) within {timeout} s:\n{read()[-2000:]}")
         time.sleep(0.02)
 
@@ -623,9 +623,9 @@ def write_text(path, text):
 def settled_serve_stats(path, timeout=10):
     """The statistics of an `evb-source --serve --stats-out PATH` (rewritten each second)
     once it holds no uncleared event, or as they stand after `timeout` seconds."""
-    deadline = time.time() + timeout
+    deadline = time.monotonic() + timeout
     s = {}
-    while time.time() < deadline:
+    while time.monotonic() < deadline:
         try:
             with open(path) as f:
                 s = json.load(f)

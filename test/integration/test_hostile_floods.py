@@ -24,11 +24,11 @@ def flood(dest, packets, rate, bind=None):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     if bind:
         s.bind((bind, 0))
-    t0 = time.time()
+    t0 = time.monotonic()
     for n, p in enumerate(packets):
         s.sendto(p, dest)
         if n % 200 == 0:
-            ahead = n / rate - (time.time() - t0)
+            ahead = n / rate - (time.monotonic() - t0)
             if ahead > 0:
                 time.sleep(ahead)  # fixed on purpose: the flood's pace (`rate`), no event
     s.close()

@@ -313,7 +313,7 @@ def mixed(wd, mid, lz):
 
 def main():
     wd = workdir()
-    t0 = time.time()
+    t0 = time.monotonic()
     try:
         mid = closed_files(wd, "event_id .mid", 0, lz4=False)
         lz = closed_files(wd, "event_id .mid.lz4", 0, lz4=True)
@@ -327,7 +327,7 @@ def main():
         mixed(wd, mid, lz)
     finally:
         shutil.rmtree(wd, ignore_errors=True)
-    print(f"({time.time() - t0:.1f} s)")
+    print(f"({time.monotonic() - t0:.1f} s)")
     print("1 passed, 0 failed")
 
 

@@ -54,9 +54,9 @@ def open_stream(d):
 
 
 def read_for(s, seconds):
-    data, end = b"", time.time() + seconds
-    while time.time() < end:
-        s.settimeout(max(0.01, end - time.time()))
+    data, end = b"", time.monotonic() + seconds
+    while time.monotonic() < end:
+        s.settimeout(max(0.01, end - time.monotonic()))
         try:
             chunk = s.recv(1 << 16)
         except socket.timeout:

@@ -37,7 +37,7 @@ def main():
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= 200)
         host, port = base[len("http://"):].rsplit(":", 1)
-        t_connect = time.time()  # the stalls start after this, once evbd's sends block
+        t_connect = time.monotonic()  # the stalls start after this, once evbd's sends block
         for _ in range(4):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once: reads nothing
@@ -46,7 +46,7 @@ def main():
             s.sendall(b"GET /sample?stream HTTP/1.1\r\nHost: x\r\n\r\n")
             streams.append(s)
         d.wait_metric("evb_sample_clients", lambda v: v == 4, timeout=10)
-        t0 = time.time()
+        t0 = time.monotonic()
         refused = 0
         while True:
             try:
@@ -59,13 +59,13 @@ def main():
                 if e.code != 503:
                     fail(f"/sample answered {e.code}")
                 refused += 1
-            if time.time() - t0 > BOUND_S:
+            if time.monotonic() - t0 > BOUND_S:
                 fail(f"/sample refused (503) for {BOUND_S} s while four clients read nothing ({refused} tries)")
             time.sleep(0.2)  # the next try; the wait is bounded by BOUND_S
-        waited = time.time() - t0
+        waited = time.monotonic() - t0
         check(status == 200 and len(data) > 0, f"a new /sample is served after {waited:.1f} s "
                                                f"({refused} refusals while the four held the slots)")
-        held = time.time() - t_connect
+        held = time.monotonic() - t_connect
         check(held >= STALL_S, f"the stalled clients kept their slots for the stall time first ({held:.1f} s)")
         m = d.metrics()
         check(m["evb_sample_clients"] < 4, f"stalled clients lost their slots ({m['evb_sample_clients']} left)")
@@ -95,11 +95,11 @@ def slow_reader(host, port, streams):
     streams.append(s)
     s.sendall(b"GET /sample?stream HTTP/1.1\r\nHost: x\r\n\r\n")
     got = 0
-    t0 = time.time()
-    while time.time() - t0 < 1.5 * STALL_S:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.5 * STALL_S:
         chunk = s.recv(64)
         if not chunk:
-            fail(f"the slow reader's stream was closed after {time.time() - t0:.1f} s ({got} bytes read)")
+            fail(f"the slow reader's stream was closed after {time.monotonic() - t0:.1f} s ({got} bytes read)")
         got += len(chunk)
         time.sleep(0.2)  # the client's reading pace, not a wait for an event
     check(got > 0, f"a slow reader kept its stream for {1.5 * STALL_S:.1f} s ({got} bytes read)")

@@ -17,9 +17,9 @@ from evbtest import BIN, Evbd, check, wait_until, workdir
 
 
 def get(url):
-    t0 = time.time()
+    t0 = time.monotonic()
     body = urllib.request.urlopen(url, timeout=10).read().decode()
-    return body, time.time() - t0
+    return body, time.monotonic() - t0
 
 
 def one(wd, sources):
