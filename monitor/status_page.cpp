@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <vector>
 
+#include "core/util/clock.hpp"
 #include "core/util/log.hpp"
 #include "core/util/version.hpp"
 #include "monitor/sampler.hpp"
@@ -104,6 +105,7 @@ std::string source_trouble(const SourceRow& r, std::uint64_t newest_ns) {
     return "";
 }
 
+// now_ns: the builder's clock, as the sources' last-seen stamps.
 std::string source_table(const std::vector<const SourceRow*>& rows, std::uint64_t newest_ns, std::uint64_t now_ns) {
     std::string t = "<table class=\"src\"><tr><th>source</th><th>state</th><th>fragments</th><th>events missing it</th>"
                     "<th>late chunks</th><th>disorder (ticks)</th><th>last seen</th></tr>\n";
@@ -364,7 +366,7 @@ std::string status_page(const Sources& s) {
                                         : fmt::format("<span class=\"bad\">{} need a look</span>", trouble.size()));
     if (!trouble.empty()) {
         const std::size_t shown = std::min(trouble.size(), kMainPageSources);
-        page += source_table({trouble.begin(), trouble.begin() + static_cast<std::ptrdiff_t>(shown)}, newest, now_ns);
+        page += source_table({trouble.begin(), trouble.begin() + static_cast<std::ptrdiff_t>(shown)}, newest, builder_ns());
         if (shown < trouble.size()) page += fmt::format("<p>and {} more.</p>\n", trouble.size() - shown);
     }
     page += "<p><a href=\"/sources\">every source</a></p>\n";
@@ -390,7 +392,6 @@ std::string status_page(const Sources& s) {
 }
 
 std::string sources_page(const Sources& s) {
-    const std::uint64_t now_ns = now_unix_ns();
     const std::vector<SourceRow> srcs = source_rows(s);
     std::uint64_t newest = 0;
     for (const auto& r : srcs) newest = std::max(newest, r.last_seen_ns);
@@ -398,7 +399,7 @@ std::string sources_page(const Sources& s) {
     for (const auto& r : srcs) all.push_back(&r);
     return fmt::format("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>evbd sources</title><style>{}</style>"
                        "</head><body><h1>Sources ({})</h1><p><a href=\"/\">status</a></p>\n{}</body></html>\n",
-                       kStyle, srcs.size(), source_table(all, newest, now_ns));
+                       kStyle, srcs.size(), source_table(all, newest, builder_ns()));
 }
 
 }  // namespace evb::monitor

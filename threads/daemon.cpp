@@ -505,7 +505,7 @@ int run_daemon(std::shared_ptr<const Config> cfg, const DaemonOptions& opts) {
         log_warn("counting the datagrams queued in the input sockets at the stop took its 200 ms bound: the rest, "
                  "{} bytes of receive buffer memory, was not read and is not in the count below",
                  left_bytes);
-    pipeline.flush(feeder && feeder->finished() ? feeder->last_capture_ns() : realtime_ns());
+    pipeline.flush(feeder && feeder->finished() ? feeder->last_capture_ns() : builder_ns());
     pipeline.wait_idle();
     writer_thread.stop();
     workers.stop();

@@ -85,8 +85,9 @@ std::size_t DiskWriter::pending() const noexcept {
 }
 
 bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t expected, file::Codec codec) {
-    const std::uint64_t now = realtime_ns();
-    if (now < retry_open_after_ns_) return false;
+    const std::uint64_t now = realtime_ns();  // the file's and run's times
+    const std::uint64_t t = builder_ns();     // retries and fsync periods
+    if (t < retry_open_after_ns_) return false;
     ::mkdir(s_.directory.c_str(), 0755);
     if (run != file_run_ || !run_known_) {
         next_seq_ = 0;
@@ -126,7 +127,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
         counters_.write_errors.add();
         log_error("cannot open {}/{}: {} (retrying in 1 s)", s_.directory, format_.file_name(run, seq, true),
                   std::strerror(e));
-        retry_open_after_ns_ = now + 1'000'000'000ull;
+        retry_open_after_ns_ = t + 1'000'000'000ull;
         return false;
     }
     if (file_.direct_fallback() && !warned_direct_) {
@@ -146,7 +147,7 @@ bool DiskWriter::open_file(std::uint32_t run, std::uint32_t set, std::uint32_t e
     file_status_ = {};
     publish_run_counts();
     open_.set(file_.part_path());
-    last_sync_ns_ = now;
+    last_sync_ns_ = t;
     counters_.files_opened.add();
     if (!waiting_notes_.empty()) write_waiting_notes();  // comments posted before the run's first event
     return true;
@@ -303,7 +304,7 @@ void DiskWriter::block_output(int err, const char* what) {
     seals_.clear();
     format_.batch_done(0);
     batch_bytes_ = 0;
-    retry_write_after_ns_ = realtime_ns() + 1'000'000'000ull;
+    retry_write_after_ns_ = builder_ns() + 1'000'000'000ull;
     hold_output();
 }
 
@@ -313,7 +314,7 @@ void DiskWriter::hold_output() {
 }
 
 bool DiskWriter::try_resume() {
-    const std::uint64_t now = realtime_ns();
+    const std::uint64_t now = builder_ns();
     if (now < retry_write_after_ns_ || now < retry_open_after_ns_) return false;
     if (epoch_file_due_ && !file_.is_open()) {
         const Awaited& due = *epoch_file_due_;
@@ -371,7 +372,7 @@ void DiskWriter::flush_batch() {
 
 void DiskWriter::release_batch(bool lost) {
     if (batch_.empty()) return;
-    const std::uint64_t now = realtime_ns();
+    const std::uint64_t now = builder_ns();  // the events' stamps are the builder's clock
     std::uint64_t end = batch_start_offset_;
     // `.mid.lz4`: the batch is whole blocks that end where the file now ends; each of
     // its events is with the kernel once that end is.
@@ -621,7 +622,7 @@ std::size_t DiskWriter::do_work() {
     // Settled after every pass that wrote, and while waiting (the runner spins before
     // it parks) at most every kSettlePollNs: kernel_offset() asks the kernel which
     // O_DIRECT writes have finished, a system call not to be made per spin.
-    const std::uint64_t now_ns = unsettled_head_ < unsettled_.size() ? realtime_ns() : 0;
+    const std::uint64_t now_ns = unsettled_head_ < unsettled_.size() ? builder_ns() : 0;
     if (unsettled_head_ < unsettled_.size() && file_.is_open()) {
         // Records not yet with the kernel (O_DIRECT) while the writer ran out of
         // events: hand the partial stage over rather than wait for it to fill, so that
@@ -640,7 +641,7 @@ std::size_t DiskWriter::do_work() {
         }
     }
     if (s_.fsync == FsyncPolicy::periodic && file_.is_open()) {
-        const std::uint64_t now = realtime_ns();
+        const std::uint64_t now = builder_ns();
         if (now - last_sync_ns_ >= std::uint64_t{s_.fsync_period_ms} * 1'000'000ull) {
             sync_open_file();
             last_sync_ns_ = now;

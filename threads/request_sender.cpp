@@ -231,7 +231,7 @@ std::size_t RequestSender::retry_due(std::uint64_t now) {
             // when that record is written.
             e->given_up = true;
             counters_.events_given_up.add(1);
-            give_up_to_.give_up(id, s_.run_number, s_.builders, realtime_ns());
+            give_up_to_.give_up(id, s_.run_number, s_.builders, builder_ns());
             continue;
         }
         ++e->retries;

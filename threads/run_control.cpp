@@ -113,7 +113,7 @@ void RunControl::end_run(std::uint32_t next_run) {
     if (next) run_ = next_run;
     post_rules(next);
     // Returns once every shard has taken it: its marks are on their way before the next change.
-    t_.pipeline.end_run(t_.feeder != nullptr ? t_.feeder->last_capture_ns() : realtime_ns(), epoch_);
+    t_.pipeline.end_run(t_.feeder != nullptr ? t_.feeder->last_capture_ns() : builder_ns(), epoch_);
     if (next) {
         mark_run_start(run_, {}, now);
         control_.run_number.store(run_);

@@ -103,7 +103,8 @@ void ServiceLoop::run() {
             if (t_.feeder->finished()) break;  // replay time comes from the capture, not from here
             show_replay_progress(false);
         } else {
-            t_.pipeline.tick(realtime_ns());
+            follow_clock_steps();  // before the tick: records written after it carry the new time
+            t_.pipeline.tick(builder_ns());
         }
         const Snapshot& running = *run_control.snapshot();
         health.report(false, run_control.pins(), run_control.rules_posted(), running.config->building.disorder_ticks);

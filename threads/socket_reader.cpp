@@ -248,7 +248,7 @@ std::size_t SocketReader::do_work() {
         if (drops_stale_) poll_kernel_drops(drops_polled_ns_);  // the socket ran dry: bring it up to date
         return 0;
     }
-    const std::uint64_t now = realtime_ns();
+    const std::uint64_t now = builder_ns();
     const std::uint32_t shards = sink_.shard_count();
     std::uint64_t bytes = 0;
     for (std::size_t i = 0; i < static_cast<std::size_t>(got); ++i) {

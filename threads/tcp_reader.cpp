@@ -268,7 +268,7 @@ std::size_t TcpReader::do_work() {
         if (c.readable || c.ended || c.held) work += serve(c, now);
     }
     first_served_ = (first_served_ + 1) % n;
-    batches_.submit_all(sink_, realtime_ns());
+    batches_.submit_all(sink_, builder_ns());
     if (taken_ > 0) {
         counters_.datagrams.add(taken_);
         counters_.bytes.add(taken_bytes_);

@@ -1,6 +1,7 @@
 #include "core/model/event.hpp"
 
 #include "core/format/crc32c.hpp"
+#include "core/util/clock.hpp"
 
 namespace evb {
 
@@ -62,8 +63,9 @@ void assemble(Event& ev, Crc32cJoiner& joiner) noexcept {
     h.run_number = ev.run_number;
     h.status = ev.status;
     h.section_count = ev.record_sections();
-    h.first_fragment_unix_ns = ev.first_fragment_unix_ns;
-    h.built_unix_ns = ev.built_unix_ns;
+    // Stamped on the builder's clock; the record carries the wall clock's reading.
+    h.first_fragment_unix_ns = unix_ns_of(ev.first_fragment_unix_ns);
+    h.built_unix_ns = unix_ns_of(ev.built_unix_ns);
     // v1: the record CRC runs from the header's first 52 bytes on over the sections.
     // v2: the sections area's own CRC is in the header, so it comes first and the
     // record CRC joins it to the header's.
