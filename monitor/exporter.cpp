@@ -17,6 +17,7 @@
 
 #include "allocators/arena.hpp"
 #include "core/format/wire.hpp"
+#include "core/util/clock.hpp"
 #include "core/util/log.hpp"
 #include "monitor/http_server.hpp"
 #include "monitor/sampler.hpp"
@@ -505,6 +506,10 @@ std::vector<FamilyOut> collect(const Sources& s) {
         if (const std::uint64_t free = output_free_bytes(s.output_directory); free != UINT64_MAX)
             out.push_back(scalar("evb_output_free_bytes", "Free bytes on the output directory's file system (for evbd's user).",
                                  T::gauge, static_cast<double>(free)));
+    out.push_back(scalar("evb_clock_step_seconds",
+                         "How far the system clock has been set (stepped) since evbd started, as the service loop last "
+                         "noted it; building timeouts are not moved by it, record times are.",
+                         T::gauge, static_cast<double>(clock_steps()) / 1e9));
     if (auto* c = s.control) {
         out.push_back(scalar("evb_run_number", "Run being built (or the last one, while stopped).", T::gauge,
                              c->run_number.load()));

@@ -164,7 +164,7 @@ Gathered MidasFileFormat::gather(const Event& e, std::uint32_t serial, std::vect
     midas::BuiltEvent b;
     b.event_id = s_.midas_event_id;
     b.serial_number = serial;
-    b.time_stamp = unix_s(unix_ns_of(e.built_unix_ns));  // the builder's clock to the wall's
+    b.time_stamp = unix_s(unix_ns_of(e.built_unix_ns, clock_steps()));  // the builder's clock to the wall's
     b.evb_event_id = e.event_id;
     b.timestamp = e.layout == RecordLayout::v1 ? 0 : e.timestamp;
     b.status = e.status;

@@ -63,9 +63,11 @@ void assemble(Event& ev, Crc32cJoiner& joiner) noexcept {
     h.run_number = ev.run_number;
     h.status = ev.status;
     h.section_count = ev.record_sections();
-    // Stamped on the builder's clock; the record carries the wall clock's reading.
-    h.first_fragment_unix_ns = unix_ns_of(ev.first_fragment_unix_ns);
-    h.built_unix_ns = unix_ns_of(ev.built_unix_ns);
+    // Stamped on the builder's clock; the record carries the wall clock's reading
+    // (one read of the steps for both, so that built - first is what the builder saw).
+    const std::int64_t steps = clock_steps();
+    h.first_fragment_unix_ns = unix_ns_of(ev.first_fragment_unix_ns, steps);
+    h.built_unix_ns = unix_ns_of(ev.built_unix_ns, steps);
     // v1: the record CRC runs from the header's first 52 bytes on over the sections.
     // v2: the sections area's own CRC is in the header, so it comes first and the
     // record CRC joins it to the header's.

@@ -8,7 +8,9 @@ returns inside evbd alone.
 - Back by two hours while 10 other events wait: they are written INCOMPLETE after
   building.timeout_ms, as without the step, not an hour or two later.
 - Records carry the wall clock evbd reads when it writes them: first_fragment_unix_ns
-  of the first 10 is an hour ahead of the test's clock, of the other 10 an hour behind."""
+  of the first 10 is an hour ahead of the test's clock, of the other 10 an hour behind;
+  built - first_fragment is the time each waited, whatever the steps.
+- evb_clock_step_seconds says how far the clock was set."""
 import os
 import shutil
 import socket
@@ -78,21 +80,26 @@ def main():
     send(0, range(10))
     d.wait_metric("evb_events_in_flight", lambda v: v == 10, timeout=20)
     step(clock, 3600)
-    # Before the fix the next timeout tick (every 50 ms or less) wrote all 10 INCOMPLETE.
+    # A build that times out on the wall clock writes all 10 INCOMPLETE at its next
+    # timeout tick (every 50 ms or less): give it a second to show that.
     wait_until(lambda: built("incomplete") > 0, 1.0, "", required=False)
     check(built("incomplete") == 0, "a step forward times out none of the events in flight")
+    # The service loop has noted the step: records assembled from here on carry it.
+    d.wait_metric("evb_clock_step_seconds", lambda v: abs(v - 3600) < 1, timeout=20)
     send(1, range(10))
     d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= 10, timeout=20)
     check(built("incomplete") == 0, "... and the second source's fragments complete all 10")
 
     # Back: 10 events wait for source 1 when the clock goes back two hours.
+    t_sent = time.monotonic()
     send(0, range(10, 20))
     d.wait_metric("evb_events_in_flight", lambda v: v == 10, timeout=20)
-    t0 = time.monotonic()
     step(clock, -3600)
+    d.wait_metric("evb_clock_step_seconds", lambda v: abs(v + 3600) < 1, timeout=20)
     d.wait_metric('evb_events_built_total{status="incomplete"}', lambda v: v >= 10, timeout=TIMEOUT_MS / 1000 + 30)
-    check(True, f"after a step back the waiting events are written INCOMPLETE by their timeout "
-                f"({time.monotonic() - t0:.1f} s after the step; building.timeout_ms {TIMEOUT_MS})")
+    held = time.monotonic() - t_sent
+    check(held >= TIMEOUT_MS / 1000, f"after a step back the waiting events are written INCOMPLETE by their timeout, "
+                                     f"not before ({held:.1f} s after they were sent; building.timeout_ms {TIMEOUT_MS})")
     check(d.stop() == 0, "evbd exits 0")
 
     evs, _ = events_in(d.out)
@@ -100,6 +107,11 @@ def main():
     check(sorted(by_id) == list(range(20)), f"events 0..19 written once each: {sorted(by_id)}")
     check(all(by_id[i]["status"] == [] for i in range(10)), "0..9 complete")
     check(all(by_id[i]["status"] == ["INCOMPLETE"] for i in range(10, 20)), "10..19 INCOMPLETE")
+    waited = {i: by_id[i]["built_unix_ns"] - by_id[i]["first_fragment_unix_ns"] for i in range(20)}
+    check(all(0 <= waited[i] < TIMEOUT_MS * 10**6 for i in range(10)),
+          f"0..9: built - first_fragment is the time they waited across the step, under the timeout ({waited[0] / 1e9:.2f} s)")
+    check(all(waited[i] >= TIMEOUT_MS * 10**6 for i in range(10, 20)),
+          f"10..19: built - first_fragment is at least the timeout across the step ({waited[10] / 1e9:.2f} s)")
     now = time.time_ns()
     ahead = [by_id[i]["first_fragment_unix_ns"] - now for i in range(10)]
     behind = [by_id[i]["first_fragment_unix_ns"] - now for i in range(10, 20)]
