@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, wait_text, workdir
+from evbtest import BIN, START_TIMEOUT_S, Evbd, check, wait_text, workdir
 
 PRIORITY = re.compile(r"^<(\d)>")
 
@@ -63,7 +63,7 @@ def main():
                                   "--set", f"output.directory={os.path.join(wd, 'data')}"],
                                  stdout=subprocess.DEVNULL, stderr=err, env=env)
             try:
-                wait_text(path, "building run", p, 20, who="evbd")
+                wait_text(path, "building run", p, START_TIMEOUT_S, who="evbd")
             finally:
                 p.terminate()
                 p.wait(timeout=60)
