@@ -25,8 +25,7 @@ struct TcpReader::Connection {
     std::uint64_t peer_key = 0;    // sender_key(peer): its sources' pin key (docs/FORMATS.md 11)
     std::uint16_t local_port = 0;
     std::uint32_t group = 0;       // the listening socket it came in by (stats::TcpCounters::Group)
-    std::size_t held_slots = 0;  // slots handed on from this connection, not yet back
-    std::size_t held_openers = 0;  // of them, openers
+    TcpRoom::Part room;            // slots (and openers) it holds in flight, and its reserves
     bool has_key = false;          // last_key holds the key of the last message taken
     std::uint64_t last_key = 0;
     bool watched = false;        // in the epoll set
@@ -44,11 +43,10 @@ struct TcpReader::Connection {
     bool same_len = false;       // and the one before it was as long: the next ones are guessed so
     // What it carries, as learnt from what it sent: its sources, the most chunks of a
     // fragment, and whether its messages have no event key (timestamp mode, described
-    // frames: each may open an event). Its reserves follow (TcpReader::set_reserve).
+    // frames: each may open an event). Its reserves follow (TcpRoom::reserve).
     std::size_t sources = 0;
     std::size_t max_chunks = 1;
     bool keyless = false;
-    std::size_t opener_reserve = 0, slot_reserve = 0;
 };
 
 namespace {
@@ -76,6 +74,7 @@ TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::Buf
       slot_conn_(pool.slot_count(), 0),
       slot_gen_(pool.slot_count(), 0),
       slot_opener_(pool.slot_count(), 0),
+      room_(pool.slot_count(), s.take_limit, s.connection_limit, s.max_connections),
       owners_(s.expected_sources),
       batches_(sink.shard_count()),
       frames_(s.frames) {
@@ -103,72 +102,6 @@ TcpReader::~TcpReader() {
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
 
-namespace {
-// What is left of `from` once `a` and `b` are set aside (0 if nothing).
-std::size_t left_after(std::size_t from, std::size_t a, std::size_t b) noexcept { return from > a + b ? from - a - b : 0; }
-}  // namespace
-
-std::size_t TcpReader::opener_spare() const noexcept {
-    // Each place for a connection not open yet keeps one opener, the reserve it opens
-    // with; closed connections' sources keep theirs (orphan_openers_).
-    return left_after(s_.take_limit, opener_reserves_ + orphan_openers_, s_.max_connections - open_);
-}
-
-std::size_t TcpReader::slot_spare() const noexcept {
-    return left_after(pool_.slot_count(), slot_reserves_ + orphan_slots_, s_.max_connections - open_);
-}
-
-std::size_t TcpReader::share(const Connection& c) const noexcept {
-    // Its reserve and an equal part of the spare: the shares add up to at most the take
-    // limit (docs/ARCHITECTURE.md, "Input over TCP", why no cycle of waits). Never
-    // above connection_limit, unless its reserve is.
-    const std::size_t part = c.opener_reserve + opener_spare() / std::max<std::size_t>(open_, 1);
-    return std::min(part, std::max(s_.connection_limit, c.opener_reserve));
-}
-
-std::size_t TcpReader::slot_share(const Connection& c) const noexcept {
-    // The same for the pool's slots, with the connection's messages per event as its
-    // reserve: the slot shares add up to at most the pool, so no connection takes it all.
-    return c.slot_reserve + slot_spare() / std::max<std::size_t>(open_, 1);
-}
-
-void TcpReader::unaccount(const Connection& c) noexcept {
-    openers_in_reserves_ -= std::min(c.held_openers, c.opener_reserve);
-    slots_in_reserves_ -= std::min(c.held_slots, c.slot_reserve);
-}
-
-void TcpReader::account(const Connection& c) noexcept {
-    openers_in_reserves_ += std::min(c.held_openers, c.opener_reserve);
-    slots_in_reserves_ += std::min(c.held_slots, c.slot_reserve);
-}
-
-void TcpReader::set_reserve(Connection& c, std::size_t messages, bool keyless) noexcept {
-    // What the oldest event needs of this connection: each of its messages of that
-    // event in a slot, and one more for a source it has not sent yet (learning its
-    // sources needs room: a readout PC that joins or reconnects while the others hold
-    // the spare would otherwise stop after its first message of the oldest event);
-    // as openers, one (the first with the event's key) or, without keys, every one.
-    const std::size_t slots = messages + 1;
-    const std::size_t openers = keyless ? slots : 1;
-    unaccount(c);
-    slot_reserves_ = slot_reserves_ - c.slot_reserve + slots;
-    opener_reserves_ = opener_reserves_ - c.opener_reserve + openers;
-    c.slot_reserve = slots;
-    c.opener_reserve = openers;
-    account(c);
-    // Learned from the fragments (sources per connection, chunks per fragment), the
-    // reserves can outgrow a small pool (input.tcp_pool_bytes): then an event's last
-    // fragments may find no slot until building.timeout_ms ends it incomplete.
-    // (The open connections' one slot more each, and a slot per free place: a slot per place.)
-    if (!logged_reserves_ && slot_reserves_ + orphan_slots_ + (s_.max_connections - open_) > pool_.slot_count()) {
-        logged_reserves_ = true;
-        log_warn("tcp: the connections' fragments of one event need {} receive slots and the connection places "
-                 "{} more, but this reader has {}: events may be ended incomplete by building.timeout_ms. Raise "
-                 "input.tcp_pool_bytes (or building.max_buffer_bytes), or lower input.tcp_max_connections",
-                 slot_reserves_ + orphan_slots_ - open_, s_.max_connections, pool_.slot_count());
-    }
-}
-
 void TcpReader::learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept {
     bool changed = false;
     if (keyless && !c.keyless) {  // from now on each of its messages counts as an opener
@@ -192,28 +125,14 @@ void TcpReader::learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept 
             if (was.fd >= 0 && was.generation == before.gen) {
                 if (before.conn != at && was.sources > 0) {
                     --was.sources;
-                    set_reserve(was, was.sources * was.max_chunks, was.keyless);
+                    room_.reserve(was.room, was.sources * was.max_chunks, was.keyless);
                 }
             } else {
-                orphan_slots_ -= std::min<std::size_t>(orphan_slots_, before.orphan_slots);
-                orphan_openers_ -= std::min<std::size_t>(orphan_openers_, before.orphan_openers);
+                room_.orphans_claimed(before.orphan_slots, before.orphan_openers);
             }
         }
     }
-    if (changed) set_reserve(c, c.sources * c.max_chunks, c.keyless);
-}
-
-bool TcpReader::room_for(const Connection& c, bool opener) const noexcept {
-    // Within its reserve a connection always has room; beyond it, under its share and
-    // while all that the connections hold beyond their reserves is under the spare.
-    // Together they never hold more than the take limit (the pool), and what a
-    // connection reserves for the oldest event is never taken by another.
-    if (pool_.free_count() == 0) return false;
-    if (c.held_slots >= c.slot_reserve &&
-        (c.held_slots >= slot_share(c) || in_flight_ - slots_in_reserves_ >= slot_spare()))
-        return false;
-    return !opener || c.held_openers < c.opener_reserve ||
-           (c.held_openers < share(c) && openers_ - openers_in_reserves_ < opener_spare());
+    if (changed) room_.reserve(c.room, c.sources * c.max_chunks, c.keyless);
 }
 
 bool TcpReader::opens(const Connection& c, const std::byte* datagram, std::uint32_t len, std::uint64_t& key,
@@ -449,21 +368,14 @@ bool TcpReader::claim(Connection& c, std::uint32_t len) noexcept {
 }
 
 bool TcpReader::take_slot(Connection& c, bool opener, std::uint32_t& idx) noexcept {
-    if (!room_for(c, opener)) return false;
-    (void)pool_.try_take(idx);  // room_for saw a free slot
+    if (pool_.free_count() == 0 || !room_.room_for(c.room, opener)) return false;
+    (void)pool_.try_take(idx);  // a free slot was there
     // Held from now on: a message read into its slot over several reads counts
     // against the connection's share and the take limit while it is read.
     slot_conn_[idx] = static_cast<std::uint32_t>(&c - conns_.data());
     slot_gen_[idx] = c.generation;
     slot_opener_[idx] = opener ? 1 : 0;
-    unaccount(c);
-    ++c.held_slots;
-    ++in_flight_;
-    if (opener) {
-        ++c.held_openers;
-        ++openers_;
-    }
-    account(c);
+    room_.take(c.room, opener);
     return true;
 }
 
@@ -473,10 +385,7 @@ void TcpReader::settle(Connection& c) noexcept {
     if (opens(c, pool_.data(m.slot) + frames_.headroom(), m.len, m.key, m.known)) return;
     m.opener = false;
     slot_opener_[m.slot] = 0;
-    unaccount(c);
-    --c.held_openers;
-    --openers_;
-    account(c);
+    room_.not_opener(c.room);
 }
 
 bool TcpReader::scatter_read(Connection& c, std::size_t budget, ssize_t& got) noexcept {
@@ -554,15 +463,9 @@ bool TcpReader::scatter_read(Connection& c, std::size_t budget, ssize_t& got) no
 }
 
 void TcpReader::unclaim(std::uint32_t idx) noexcept {
-    --in_flight_;
-    const bool opener = slot_opener_[idx] != 0;
-    if (opener) --openers_;
     Connection& c = conns_[slot_conn_[idx]];
-    if (c.generation != slot_gen_[idx]) return;  // that connection has closed since
-    unaccount(c);
-    if (c.held_slots > 0) --c.held_slots;
-    if (opener && c.held_openers > 0) --c.held_openers;
-    account(c);
+    // Out of its connection's holdings unless that connection has closed since.
+    room_.back(c.generation == slot_gen_[idx] ? &c.room : nullptr, slot_opener_[idx] != 0);
 }
 
 void TcpReader::give_back(std::uint32_t idx) noexcept {
@@ -652,18 +555,12 @@ void TcpReader::close_connection(Connection& c, net::TcpClose why) noexcept {
     const auto at = static_cast<std::uint32_t>(&c - conns_.data());
     const auto chunks = static_cast<std::uint32_t>(c.max_chunks);
     const std::size_t orphans = owners_.orphan(at, c.generation, chunks, c.keyless ? chunks : 0);
-    orphan_slots_ += orphans * chunks;
-    if (c.keyless) orphan_openers_ += orphans * chunks;
+    room_.closed(c.room, orphans * chunks, c.keyless ? orphans * chunks : 0);
     ++c.generation;
     c.watched = c.reading = c.readable = c.ended = false;
     c.begin = c.end = 0;
-    unaccount(c);  // its slots in flight count as held beyond any reserve until they are back
-    slot_reserves_ -= c.slot_reserve;  // its reserves go to the rest
-    opener_reserves_ -= c.opener_reserve;
-    c.slot_reserve = c.opener_reserve = 0;
-    c.held_slots = c.held_openers = 0;
-    free_conns_.push_back(static_cast<std::uint32_t>(&c - conns_.data()));
-    tcp_.connections_open.set(--open_);
+    free_conns_.push_back(at);
+    tcp_.connections_open.set(room_.open());
     stats::Counter& group_open = tcp_.group[c.group].connections_open;
     group_open.set(group_open.get() - 1);
     tcp_.closed[static_cast<std::size_t>(why)].add();
@@ -738,7 +635,6 @@ void TcpReader::accept_from(std::size_t l, std::uint64_t now) noexcept {
         c.local_port = local_port;
         c.group = static_cast<std::uint32_t>(l);
         tcp_.group[l].connections_open.add();
-        c.held_slots = c.held_openers = 0;
         c.has_key = false;
         c.begin = c.end = 0;
         c.held = c.ended = c.any_bytes = c.keyless = c.long_messages = false;
@@ -754,8 +650,8 @@ void TcpReader::accept_from(std::size_t l, std::uint64_t now) noexcept {
         ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c.fd, &ev);
         c.watched = c.reading = true;
         c.readable = true;  // it may have sent already
-        tcp_.connections_open.set(++open_);
-        set_reserve(c, 0, false);  // after open_ counts it: it no longer keeps a free place's slot
+        room_.opened(c.room);
+        tcp_.connections_open.set(room_.open());
         log_debug("tcp: connection from {}", net::Endpoint{a.peer, sizeof a.peer}.to_string());
     }
 }

@@ -29,6 +29,7 @@
 #include "threads/channels.hpp"
 #include "threads/runner.hpp"
 #include "threads/socket_reader.hpp"
+#include "threads/tcp_room.hpp"
 #include "threads/tcp_source_owners.hpp"
 
 namespace evb {
@@ -108,12 +109,11 @@ private:
     // Takes the whole messages of c's buffer while there is room.
     // `allowed`: whether c's peer may send (the rules in force).
     Taken take_messages(Connection& c, bool allowed) noexcept;
-    bool room_for(const Connection& c, bool opener) const noexcept;
     // Takes a slot for the message at c.begin (length `len`) if c has room for it, and
     // holds it against c's share: c.message. False: no room, nothing taken.
     bool claim(Connection& c, std::uint32_t len) noexcept;
     // Takes a free slot and holds it against c's share, as an opener or not, if c has
-    // room for it (room_for). False: no room, nothing taken.
+    // room for it (TcpRoom::room_for). False: no room, nothing taken.
     bool take_slot(Connection& c, bool opener, std::uint32_t& idx) noexcept;
     // With c's buffer empty and its last two messages of one length: reads the rest
     // of c.message (if any, of that length too) and c's next messages straight into
@@ -147,21 +147,10 @@ private:
     void close_connection(Connection& c, net::TcpClose why) noexcept;
     void reclaim_slots() noexcept;
     void check_timeouts(std::uint64_t now) noexcept;
-    // A connection's openers and slots in flight may reach these (docs/ARCHITECTURE.md,
-    // "Input over TCP"): its reserve plus an equal part of what the reserves leave.
-    std::size_t share(const Connection& c) const noexcept;
-    std::size_t slot_share(const Connection& c) const noexcept;
     // Learns from chunk `m`, just taken from c, what c carries: its source, its chunks
-    // per fragment, whether it had an event key (`keyless`: it had none).
+    // per fragment, whether it had an event key (`keyless`: it had none); c's reserve
+    // follows it (TcpRoom::reserve).
     void learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept;
-    void set_reserve(Connection& c, std::size_t messages, bool keyless) noexcept;
-    // What the reserves and the places for connections still to come leave of the take
-    // limit (of the pool): all that the connections together may hold beyond their reserves.
-    std::size_t opener_spare() const noexcept;
-    std::size_t slot_spare() const noexcept;
-    // Take c's holdings within its reserves out of (back into) the sums, around a change.
-    void unaccount(const Connection& c) noexcept;
-    void account(const Connection& c) noexcept;
 
     TcpReaderSettings s_;
     alloc::BufferPool& pool_;
@@ -183,21 +172,11 @@ private:
     // returned slot counts against the right connection's share.
     std::vector<std::uint32_t> slot_conn_, slot_gen_;
     std::vector<std::uint8_t> slot_opener_;  // 1: the slot's message counted as an opener
-    std::size_t in_flight_ = 0;  // slots handed on and not back
-    std::size_t openers_ = 0;    // of them, openers
-    std::size_t open_ = 0;
     std::uint64_t taken_ = 0, taken_bytes_ = 0;  // messages taken this round (counters_ once a round)
     // Of them, read straight into their slots, by net::TcpDirect (tcp_ once a round).
     std::array<std::uint64_t, net::kTcpDirectCount> taken_direct_{};
     std::size_t held_ = 0;       // connections held for want of room
-    // Sums over open connections of their reserves (Connection::opener_reserve,
-    // ::slot_reserve), and of what each holds within them.
-    std::size_t opener_reserves_ = 0, slot_reserves_ = 0;
-    std::size_t openers_in_reserves_ = 0, slots_in_reserves_ = 0;
-    // What closed connections reserved for their sources, set aside until other
-    // connections learn those sources (TcpSourceOwners::orphan): not in the spare, so
-    // a readout PC that reconnects finds its reserve, with every place taken.
-    std::size_t orphan_slots_ = 0, orphan_openers_ = 0;
+    TcpRoom room_;               // what each connection may hold: reserves, shares, spare
     TcpSourceOwners owners_;     // which connection carries each source seen
     std::size_t first_served_ = 0;  // rotates: which connection a round serves first
     ShardBatches batches_;
@@ -208,7 +187,6 @@ private:
     bool timeouts_saw_running_ = false;  // check_timeouts: the rules said running last time
     std::uint32_t logged_ = 0;  // bit per net::TcpClose: its first closing was logged
     bool logged_accept_error_ = false;
-    bool logged_reserves_ = false;  // the reserves outgrew the pool (set_reserve): said once
 };
 
 }  // namespace evb

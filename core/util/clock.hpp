@@ -44,12 +44,11 @@ inline std::int64_t narrowest_wall_minus_monotonic(int tries, std::uint64_t& bes
     }
     return best;
 }
-inline std::int64_t start_wall_minus_monotonic() noexcept {
+// Taken once, when the process starts.
+inline const std::int64_t builder_clock_base = [] {
     std::uint64_t span = 0;
     return narrowest_wall_minus_monotonic(8, span);
-}
-// Taken once, when the process starts.
-inline const std::int64_t builder_clock_base = start_wall_minus_monotonic();
+}();
 // How far the system clock was set (stepped) since then; follow_clock_steps().
 inline std::atomic<std::int64_t> clock_steps_ns{0};
 }  // namespace detail
