@@ -39,16 +39,16 @@ TEST_CASE("TcpRoom: a connection always has its reserve, beyond it an equal part
     CHECK_FALSE(room.room_for(b, false));
 }
 
-TEST_CASE("TcpRoom: what others hold beyond their reserves never takes a reserve", "[tcp]") {
+TEST_CASE("TcpRoom: a connection that opens after another took the whole spare still has its reserve", "[tcp]") {
     TcpRoom room(40, 40, 40, 2);
     TcpRoom::Part a, b;
-    room.opened(a);
     room.opened(b);
-    room.reserve(a, 4, false);  // 5 slots
-    // b alone is open past its reserve of 1: it takes its reserve and half the spare (34 / 2).
-    CHECK(fill(room, b, false) == 1 + 17);
-    // a's reserve is still there whatever b holds.
-    CHECK(fill(room, a, false, 5) == 5);
+    // b alone: the spare is 40 less its reserve (1) and the free place's slot (1).
+    CHECK(fill(room, b, false) == 1 + 38);
+    // a takes the free place: its reserve is the one slot left in the pool.
+    room.opened(a);
+    CHECK(fill(room, a, false) == 1);
+    CHECK_FALSE(room.room_for(b, false));
 }
 
 TEST_CASE("TcpRoom: a closed connection's reserve for its sources stays set aside until claimed", "[tcp]") {
@@ -67,19 +67,33 @@ TEST_CASE("TcpRoom: a closed connection's reserve for its sources stays set asid
     room.orphans_claimed(9, 0);
     room.reserve(again, 9, false);
     CHECK(fill(room, again, false) == 10);
+    // Once claimed, the 9 are no longer set aside: with b's slots back, b's share is
+    // its reserve and half of 30 - 11 = 19 (with the 9 still aside: half of 10).
+    for (int i = 0; i < 20; ++i) room.back(&b, false);
+    CHECK(fill(room, b, false) == 1 + 9);
 }
 
-TEST_CASE("TcpRoom: openers are held to the take limit and each connection's limit", "[tcp]") {
-    TcpRoom room(1000, 10, 4, 2);
-    TcpRoom::Part a, b;
-    room.opened(a);
-    room.opened(b);
-    // Keyed: one opener reserved each; the spare 8 split, but never over 4 each.
-    CHECK(fill(room, a, true) == 4);
-    CHECK(fill(room, b, true) == 4);
-    // A message taken as an opener that opens nothing gives its opener back.
-    room.not_opener(a);
-    CHECK(room.room_for(a, true));
-    // Non-openers are held only by slots.
-    CHECK(room.room_for(b, false));
+TEST_CASE("TcpRoom: openers are held to each connection's limit and, together, to the take limit", "[tcp]") {
+    SECTION("a connection's limit") {
+        TcpRoom room(1000, 100, 4, 2);
+        TcpRoom::Part a;
+        room.opened(a);
+        CHECK(fill(room, a, true) == 4);  // its share would be 1 + 98
+        // A message taken as an opener that opens nothing gives its opener back.
+        room.not_opener(a);
+        CHECK(room.room_for(a, true));
+        // Non-openers are held only by slots.
+        CHECK(room.room_for(a, false));
+    }
+    SECTION("the take limit") {
+        TcpRoom room(1000, 6, 10, 2);
+        TcpRoom::Part a, b;
+        room.opened(a);
+        // a alone: its reserve (1) and the spare, 6 - 1 - 1 free place = 4.
+        CHECK(fill(room, a, true) == 5);
+        // b opens: only its reserve; together they hold the take limit, no more.
+        room.opened(b);
+        CHECK(fill(room, b, true) == 1);
+        CHECK_FALSE(room.room_for(a, true));
+    }
 }
