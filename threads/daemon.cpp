@@ -112,7 +112,10 @@ TcpReaderSettings tcp_reader_settings(const Config& c, const Snapshot& snap, std
     t.connection_limit = snap.matcher.sources.size() > 1 && c.building.match != MatchMode::time_slice
                              ? std::max<std::size_t>(1, std::size_t{snap.matcher.max_solo_events_per_source} * 7 / 8)
                              : t.take_limit;
-    t.expected_sources = snap.matcher.sources.size();
+    t.sources = snap.matcher.sources;
+    // With UDP entries beside, which expected sources come over TCP is not known:
+    // slots set aside for those that come over UDP would stay aside for good.
+    t.set_aside_expected = c.input.socket_readers() == 0;
     // One opener per place of input.tcp_max_connections is kept for connections still
     // to come: with the places near the take limit, connections get little beyond it.
     if (t.take_limit <= 2 * std::size_t{t.max_connections})

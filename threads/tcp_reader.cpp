@@ -75,9 +75,14 @@ TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::Buf
       slot_gen_(pool.slot_count(), 0),
       slot_opener_(pool.slot_count(), 0),
       room_(pool.slot_count(), s.take_limit, s.connection_limit, s.max_connections),
-      owners_(s.expected_sources),
+      owners_(s.sources.size()),
       batches_(sink.shard_count()),
       frames_(s.frames) {
+    // Slots set aside for each source the configuration expects, until a connection
+    // sends it: a readout PC that connects after the others filled the pool with
+    // events that wait for it still finds its reserve (docs/ARCHITECTURE.md).
+    if (s.set_aside_expected) expected_left_ = owners_.set_aside(s.sources);
+    room_.orphans_set_aside(expected_left_, 0);
     if (tcp_.groups < s.listen_fds.size()) throw std::logic_error("TcpReader: fewer connection groups than listeners");
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epoll_fd_ < 0) throw std::runtime_error(fmt::format("epoll_create1: {}", std::strerror(errno)));
@@ -112,27 +117,45 @@ void TcpReader::learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept 
         c.max_chunks = m.chunk_count;
         changed = true;
     }
+    expect_chunks(c.max_chunks);
     const auto at = static_cast<std::uint32_t>(&c - conns_.data());
     TcpSourceOwners::Owner before;
     if (owners_.assign(m.source_id, at, c.generation, before)) {
         ++c.sources;
         changed = true;
         // A source that moved from a connection still open (its sender changed its
-        // mind) no longer counts there; one whose connection closed brings what was
-        // set aside for it, now in this one's reserve.
-        if (before.known) {
-            Connection& was = conns_[before.conn];
-            if (was.fd >= 0 && was.generation == before.gen) {
-                if (before.conn != at && was.sources > 0) {
-                    --was.sources;
-                    room_.reserve(was.room, was.sources * was.max_chunks, was.keyless);
-                }
-            } else {
-                room_.orphans_claimed(before.orphan_slots, before.orphan_openers);
+        // mind) no longer counts there; one whose connection closed, or that no
+        // connection carried yet, brings what was set aside for it, now in this
+        // one's reserve.
+        Connection* was = before.known ? &conns_[before.conn] : nullptr;
+        if (was != nullptr && was->fd >= 0 && was->generation == before.gen) {
+            if (before.conn != at && was->sources > 0) {
+                --was->sources;
+                room_.reserve(was->room, was->sources * was->max_chunks, was->keyless);
             }
+        } else {
+            // What was set aside is the source's chunks per fragment as learnt before
+            // (by its closed connection, or by any for a source expected): taken into
+            // this one's reserve now, not after the others took it as spare.
+            const std::size_t chunks = before.expected ? expected_chunks_ : before.orphan_slots;
+            room_.orphans_claimed(chunks, before.orphan_openers);
+            if (before.expected) --expected_left_;
+            c.max_chunks = std::max(c.max_chunks, chunks);
         }
     }
     if (changed) room_.reserve(c.room, c.sources * c.max_chunks, c.keyless);
+}
+
+void TcpReader::expect_chunks(std::size_t chunks) noexcept {
+    // Fragments come in more chunks than thought: so will those of the sources not
+    // sent yet, most likely (an experiment's boards are alike). Never more than the
+    // pool holds for every source and place, whatever chunk count one peer claims.
+    const std::size_t places = s_.max_connections, sources = std::max<std::size_t>(1, s_.sources.size());
+    const std::size_t most = pool_.slot_count() > places ? (pool_.slot_count() - places) / sources : 0;
+    chunks = std::min(chunks, std::max<std::size_t>(1, most));
+    if (chunks <= expected_chunks_) return;
+    room_.orphans_set_aside((chunks - expected_chunks_) * expected_left_, 0);
+    expected_chunks_ = chunks;
 }
 
 bool TcpReader::opens(const Connection& c, const std::byte* datagram, std::uint32_t len, std::uint64_t& key,

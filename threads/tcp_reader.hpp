@@ -47,9 +47,11 @@ struct TcpReaderSettings {
     // pool, nor one source's share of it (run_daemon, tcp_reader_settings).
     std::size_t take_limit = 1024;
     std::size_t connection_limit = 256;
-    // The sources the configuration expects: sizes the table that learns which
-    // connection carries which source (a connection's share, docs/ARCHITECTURE.md).
-    std::size_t expected_sources = 1;
+    // The sources the configuration expects: they size the table that learns which
+    // connection carries which source (a connection's share, docs/ARCHITECTURE.md),
+    // and, with set_aside_expected, each has slots set aside until a connection sends it.
+    std::vector<std::uint32_t> sources;
+    bool set_aside_expected = true;
     FrameInputSettings frames;
 };
 
@@ -151,6 +153,9 @@ private:
     // per fragment, whether it had an event key (`keyless`: it had none); c's reserve
     // follows it (TcpRoom::reserve).
     void learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept;
+    // Fragments of `chunks` chunks seen: what is set aside for each expected source
+    // not sent yet grows to as many slots.
+    void expect_chunks(std::size_t chunks) noexcept;
 
     TcpReaderSettings s_;
     alloc::BufferPool& pool_;
@@ -178,6 +183,9 @@ private:
     std::size_t held_ = 0;       // connections held for want of room
     TcpRoom room_;               // what each connection may hold: reserves, shares, spare
     TcpSourceOwners owners_;     // which connection carries each source seen
+    // Expected sources no connection has sent yet, and the slots set aside for each
+    // (the most chunks per fragment seen on any connection).
+    std::size_t expected_left_ = 0, expected_chunks_ = 1;
     std::size_t first_served_ = 0;  // rotates: which connection a round serves first
     ShardBatches batches_;
     const AdmissionRules* rules_ = nullptr;

@@ -3,7 +3,7 @@
 // event), each connection may hold in flight. Each open connection has a reserve,
 // what the oldest event needs of it, that no other connection takes; beyond it, an
 // equal part of the spare (what the reserves, the places for connections still to
-// come and the reserves kept for closed connections' sources leave). The shares add
+// come and the reserves kept for sources no open connection carries leave). The shares add
 // up to at most the pool and the take limit, so no cycle of waits can form.
 // Sums only: no allocation, no lock, a few additions per message.
 #pragma once
@@ -50,6 +50,12 @@ public:
     // `orphan_openers`, kept for its sources until others learn them (orphans_claimed).
     void closed(Part& p, std::size_t orphan_slots, std::size_t orphan_openers) noexcept;
     void orphans_claimed(std::size_t slots, std::size_t openers) noexcept;
+    // Set aside as orphans are, for sources no connection has sent yet (the expected
+    // ones, at start): claimed likewise as connections learn them.
+    void orphans_set_aside(std::size_t slots, std::size_t openers) noexcept {
+        orphan_slots_ += slots;
+        orphan_openers_ += openers;
+    }
 
     std::size_t open() const noexcept { return open_; }
 
@@ -72,9 +78,10 @@ private:
     // Sums over open connections of their reserves, and of what each holds within them.
     std::size_t opener_reserves_ = 0, slot_reserves_ = 0;
     std::size_t openers_in_reserves_ = 0, slots_in_reserves_ = 0;
-    // What closed connections reserved for their sources, set aside until other
-    // connections learn those sources (TcpSourceOwners::orphan): not in the spare, so
-    // a readout PC that reconnects finds its reserve, with every place taken.
+    // What closed connections reserved for their sources, and a slot for each expected
+    // source no connection has sent yet, set aside until connections learn those
+    // sources (TcpSourceOwners::orphan, set_aside): not in the spare, so a readout PC
+    // that reconnects, or connects late, finds its reserve with every place taken.
     std::size_t orphan_slots_ = 0, orphan_openers_ = 0;
     bool logged_reserves_ = false;  // the reserves outgrew the pool (reserve): said once
 };

@@ -73,6 +73,32 @@ TEST_CASE("TcpRoom: a closed connection's reserve for its sources stays set asid
     CHECK(fill(room, b, false) == 1 + 9);
 }
 
+TEST_CASE("TcpRoom: slots set aside for sources not sent yet are no connection's spare until claimed", "[tcp]") {
+    // 40 slots, 2 places; 16 sources expected, a slot each set aside.
+    TcpRoom room(40, 40, 40, 2);
+    room.orphans_set_aside(16, 0);
+    TcpRoom::Part a, b;
+    room.opened(a);
+    for (std::size_t s = 1; s <= 8; ++s) {  // a learns its 8 sources, claiming theirs
+        room.orphans_claimed(1, 0);
+        room.reserve(a, s, false);
+    }
+    // a's reserve (9) and the spare: 40 - 9 - 8 set aside - 1 free place = 22.
+    CHECK(fill(room, a, false) == 9 + 22);
+    // b connects late, with every slot a may take taken: it still learns its 8
+    // sources, each slot within the reserve its sources bring.
+    room.opened(b);
+    std::size_t took = 0;
+    for (std::size_t s = 1; s <= 8; ++s) {
+        took += fill(room, b, false, 1);
+        room.orphans_claimed(1, 0);
+        room.reserve(b, s, false);
+    }
+    CHECK(took == 8);
+    CHECK(fill(room, b, false) == 1);  // the slot more: its next event's first
+    CHECK_FALSE(room.room_for(a, false));
+}
+
 TEST_CASE("TcpRoom: openers are held to each connection's limit and, together, to the take limit", "[tcp]") {
     SECTION("a connection's limit") {
         TcpRoom room(1000, 100, 4, 2);

@@ -59,3 +59,25 @@ TEST_CASE("TcpSourceOwners: a closed connection's sources keep their reserve unt
     CHECK(owners.assign(9, 4, 0, before));
     CHECK((before.known && before.orphan_slots == 0 && before.orphan_openers == 0));
 }
+
+TEST_CASE("TcpSourceOwners: an expected source is news to the first connection that sends it, as expected",
+          "[tcp]") {
+    TcpSourceOwners owners(4);
+    TcpSourceOwners::Owner before;
+    CHECK(owners.set_aside({3, 5, 5, 6}) == 3);  // a source named twice is set aside once
+    // The first connection, in place 0 of generation 0: no connection carried it.
+    CHECK(owners.assign(5, 0, 0, before));
+    CHECK((!before.known && before.expected && before.orphan_slots == 0));
+    CHECK_FALSE(owners.assign(5, 0, 0, before));
+    // Connection (0, 0) closes: only the source it sent is its (the others, in no
+    // connection, are not its though their entries say place 0 of generation 0); they
+    // stay expected for whoever sends them.
+    CHECK(owners.orphan(0, 0, 2, 0) == 1);
+    CHECK(owners.assign(3, 1, 0, before));
+    CHECK((!before.known && before.expected));
+    CHECK(owners.assign(5, 1, 0, before));
+    CHECK((before.known && !before.expected && before.conn == 0 && before.gen == 0 && before.orphan_slots == 2));
+    // A source nobody expected is news, and brings nothing.
+    CHECK(owners.assign(9, 1, 0, before));
+    CHECK((!before.known && !before.expected && before.orphan_slots == 0));
+}
