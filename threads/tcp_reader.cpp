@@ -83,6 +83,11 @@ TcpReader::TcpReader(const TcpReaderSettings& s, alloc::Arena& arena, alloc::Buf
     // events that wait for it still finds its reserve (docs/ARCHITECTURE.md).
     if (s.set_aside_expected) expected_left_ = owners_.set_aside(s.sources);
     room_.orphans_set_aside(expected_left_, 0);
+    // What is set aside per source grows with the chunks seen, never beyond what the
+    // pool holds for every source and place (at least one), whatever one peer claims.
+    const std::size_t places = s.max_connections, sources = std::max<std::size_t>(1, s.sources.size());
+    most_expected_chunks_ =
+        std::max<std::size_t>(1, pool.slot_count() > places ? (pool.slot_count() - places) / sources : 0);
     if (tcp_.groups < s.listen_fds.size()) throw std::logic_error("TcpReader: fewer connection groups than listeners");
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epoll_fd_ < 0) throw std::runtime_error(fmt::format("epoll_create1: {}", std::strerror(errno)));
@@ -137,10 +142,13 @@ void TcpReader::learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept 
             // What was set aside is the source's chunks per fragment as learnt before
             // (by its closed connection, or by any for a source expected): taken into
             // this one's reserve now, not after the others took it as spare.
-            const std::size_t chunks = before.expected ? expected_chunks_ : before.orphan_slots;
-            room_.orphans_claimed(chunks, before.orphan_openers);
-            if (before.expected) --expected_left_;
-            c.max_chunks = std::max(c.max_chunks, chunks);
+            if (before.expected) {
+                room_.orphans_claimed(expected_chunks_, 0);
+                --expected_left_;
+            } else {  // the same boards, most likely: their chunks per fragment as learnt
+                room_.orphans_claimed(before.orphan_slots, before.orphan_openers);
+                c.max_chunks = std::max<std::size_t>(c.max_chunks, before.orphan_slots);
+            }
         }
     }
     if (changed) room_.reserve(c.room, c.sources * c.max_chunks, c.keyless);
@@ -148,12 +156,10 @@ void TcpReader::learn(Connection& c, const ChunkMeta& m, bool keyless) noexcept 
 
 void TcpReader::expect_chunks(std::size_t chunks) noexcept {
     // Fragments come in more chunks than thought: so will those of the sources not
-    // sent yet, most likely (an experiment's boards are alike). Never more than the
-    // pool holds for every source and place, whatever chunk count one peer claims.
-    const std::size_t places = s_.max_connections, sources = std::max<std::size_t>(1, s_.sources.size());
-    const std::size_t most = pool_.slot_count() > places ? (pool_.slot_count() - places) / sources : 0;
-    chunks = std::min(chunks, std::max<std::size_t>(1, most));
-    if (chunks <= expected_chunks_) return;
+    // sent yet, most likely (an experiment's boards are alike). Set aside only from
+    // now on: slots the others already hold stay theirs (docs/ARCHITECTURE.md).
+    if (chunks <= expected_chunks_ || expected_chunks_ >= most_expected_chunks_) return;
+    chunks = std::min(chunks, most_expected_chunks_);
     room_.orphans_set_aside((chunks - expected_chunks_) * expected_left_, 0);
     expected_chunks_ = chunks;
 }

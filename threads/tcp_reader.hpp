@@ -183,9 +183,9 @@ private:
     std::size_t held_ = 0;       // connections held for want of room
     TcpRoom room_;               // what each connection may hold: reserves, shares, spare
     TcpSourceOwners owners_;     // which connection carries each source seen
-    // Expected sources no connection has sent yet, and the slots set aside for each
-    // (the most chunks per fragment seen on any connection).
-    std::size_t expected_left_ = 0, expected_chunks_ = 1;
+    // Expected sources no connection has sent yet, and the slots set aside for each:
+    // the most chunks per fragment seen on any connection, up to most_expected_chunks_.
+    std::size_t expected_left_ = 0, expected_chunks_ = 1, most_expected_chunks_ = 1;
     std::size_t first_served_ = 0;  // rotates: which connection a round serves first
     ShardBatches batches_;
     const AdmissionRules* rules_ = nullptr;

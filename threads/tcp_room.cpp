@@ -1,6 +1,7 @@
 #include "threads/tcp_room.hpp"
 
 #include <algorithm>
+#include <cassert>
 
 #include "core/util/log.hpp"
 
@@ -120,6 +121,8 @@ void TcpRoom::closed(Part& p, std::size_t orphan_slots, std::size_t orphan_opene
 }
 
 void TcpRoom::orphans_claimed(std::size_t slots, std::size_t openers) noexcept {
+    // Claimed is what was set aside for the source: more would be a sum out of step.
+    assert(slots <= orphan_slots_ && openers <= orphan_openers_);
     orphan_slots_ -= std::min(orphan_slots_, slots);
     orphan_openers_ -= std::min(orphan_openers_, openers);
 }

@@ -3,8 +3,8 @@
 // event), each connection may hold in flight. Each open connection has a reserve,
 // what the oldest event needs of it, that no other connection takes; beyond it, an
 // equal part of the spare (what the reserves, the places for connections still to
-// come and the reserves kept for sources no open connection carries leave). The shares add
-// up to at most the pool and the take limit, so no cycle of waits can form.
+// come and what is kept for sources no open connection carries leave). The shares
+// add up to at most the pool and the take limit, so no cycle of waits can form.
 // Sums only: no allocation, no lock, a few additions per message.
 #pragma once
 
@@ -78,7 +78,7 @@ private:
     // Sums over open connections of their reserves, and of what each holds within them.
     std::size_t opener_reserves_ = 0, slot_reserves_ = 0;
     std::size_t openers_in_reserves_ = 0, slots_in_reserves_ = 0;
-    // What closed connections reserved for their sources, and a slot for each expected
+    // What closed connections reserved for their sources, and slots for each expected
     // source no connection has sent yet, set aside until connections learn those
     // sources (TcpSourceOwners::orphan, set_aside): not in the spare, so a readout PC
     // that reconnects, or connects late, finds its reserve with every place taken.
