@@ -18,6 +18,17 @@ BIN = os.environ.get("EVB_BIN") or (sys.argv[1] if len(sys.argv) > 1 else "build
 
 
 _failed = False
+_kept = set()  # the directories remove_workdir kept (each named once)
+
+
+def _failing_excepthook(*exc, _hook=sys.excepthook):
+    """An exception nobody caught (not fail()) also keeps the test's files."""
+    global _failed
+    _failed = True
+    _hook(*exc)
+
+
+sys.excepthook = _failing_excepthook
 
 
 def fail(msg):
@@ -138,7 +149,23 @@ class Evbd:
             if v is not None and pred(v):
                 return v
             time.sleep(0.1)
-        fail(f"metric {key} = {v} did not reach the expected value in {timeout} s")
+        fail(f"metric {key} = {v} did not reach the expected value in {timeout} s\n" + self.loss_summary())
+
+    def loss_summary(self):
+        """Where evbd's data stands, for a failure message: what it built, holds and
+        lost (the non-zero counters among them) and the last lines of its log."""
+        try:
+            m = self.metrics()
+        except OSError as e:
+            m, why = {}, f"(metrics unreadable: {e})"
+        else:
+            why = ""
+        words = ("events_built", "events_written", "in_flight", "queue_depth", "kernel_receive_drops",
+                 "malformed", "events_lost", "late", "datagrams_received", "busy")
+        rows = [f"  {k} = {v:g}" for k, v in sorted(m.items())
+                if v != 0 and any(w in k for w in words) and "latency" not in k]
+        lines = self.log_text().splitlines()
+        return "\n".join(["evbd's counters now:" + why, *rows, "last lines of its log:", *lines[-20:]])
 
     def wait_settled(self, timeout=60, quiet=0.3, written=None):
         """Waits until evbd has taken in everything sent to it and built and written it:
@@ -423,13 +450,23 @@ def workdir():
     failed (then kept, and named, for a look) or EVB_KEEP_WORKDIR is set."""
     d = tempfile.mkdtemp(prefix="evbtest-")
 
-    def cleanup():
-        if _failed or os.environ.get("EVB_KEEP_WORKDIR"):
-            print(f"note: the test's files are kept in {d}", flush=True)
-        else:
-            shutil.rmtree(d, ignore_errors=True)
-    atexit.register(cleanup)
+    atexit.register(lambda: remove_workdir(d))
     return d
+
+
+def remove_workdir(d):
+    """Removes a workdir() directory now (a test of several phases frees each phase's
+    files as it goes), unless the test is failing: called in a finally block while
+    fail() or an exception ends the test, it keeps the files, as workdir() does."""
+    global _failed
+    exc = sys.exc_info()[1]
+    if exc is not None and not (isinstance(exc, SystemExit) and exc.code in (None, 0, SKIP_EXIT)):
+        _failed = True
+    if not (_failed or os.environ.get("EVB_KEEP_WORKDIR")):
+        shutil.rmtree(d, ignore_errors=True)
+    elif d not in _kept:
+        _kept.add(d)
+        print(f"note: the test's files are kept in {d}", flush=True)
 
 
 def sanitized_build():

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import time
 
-from evbtest import Evbd, check, events_in, frag, skip, wait_until, workdir
+from evbtest import Evbd, check, events_in, frag, remove_workdir, skip, wait_until, workdir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_MS = 8000  # long enough that a loaded machine's pauses between the steps do not reach it
@@ -119,7 +119,7 @@ def main():
           f"records written after the step forward carry times an hour ahead (first: {ahead[0] / 1e9:+.0f} s)")
     check(all(abs(b + HOUR_NS) < 600 * 10**9 for b in behind),
           f"records written after the step back carry times an hour behind (first: {behind[0] / 1e9:+.0f} s)")
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

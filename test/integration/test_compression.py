@@ -21,7 +21,6 @@ section 7), over loopback.
     COMPRESSED record holding every board's item, and --pattern-kind waveform passes."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_python_reader import ensure_numpy  # noqa: E402  (re-runs under Debian's Python: numpy, lz4, zstandard)
 from evbtest import (BIN, Evbd, check, data_files, dump, fail, free_udp_port, metric_sum, run_source,  # noqa: E402
-                    sanitized_build, serve_source, workdir)
+                    sanitized_build, serve_source, remove_workdir, workdir)
 
 SMALL = sanitized_build()
 PER_PHASE = 150 if SMALL else 600
@@ -237,7 +236,7 @@ def main():
         try:
             phase(wd)
         finally:
-            shutil.rmtree(wd, ignore_errors=True)
+            remove_workdir(wd)
     print("compression: all checks passed")
 
 

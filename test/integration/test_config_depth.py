@@ -8,7 +8,7 @@ import shutil
 import signal
 import subprocess
 
-from evbtest import BIN, check, Evbd, fail, run_source, verify, workdir, write_text as write
+from evbtest import BIN, Evbd, check, fail, remove_workdir, run_source, verify, workdir, write_text as write
 
 LEVELS = 50_000
 
@@ -51,7 +51,7 @@ def main():
         rc, out = verify([d.out])
         check(not parts and rc == 0, f"no .part left, every file verifies: {out[-300:]}")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -3,13 +3,13 @@ reload by SIGHUP. A live daemon given each bad file keeps building with no event
 lost; timeout and run number reloads take effect mid-run (metrics and files)."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
 import time
 
-from evbtest import BIN, check, data_files, Evbd, events_in, fail, run_source, verify, workdir, write_text as write
+from evbtest import (BIN, Evbd, check, data_files, events_in, fail, remove_workdir, run_source, verify, workdir,
+                    write_text as write)
 
 BAD = {
     "syntax": ('{\n  "sources": 4,\n  "building": {"timeout_ms": 10,}\n}\n', ":3:"),
@@ -136,7 +136,7 @@ def main():
         run2_first = min(f["header"]["created_unix_ns"] for f in doc["files"] if f["header"]["run_number"] == 2)
         check(len(run1_files) == 1, "run 1 has one file: no file was reopened after the run ended")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -5,12 +5,11 @@ file holds a half-written record."""
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, fail, workdir
+from evbtest import BIN, Evbd, check, fail, remove_workdir, workdir
 
 ROUNDS = 5
 
@@ -76,7 +75,7 @@ def main():
             recovered += 1
         check(recovered >= 1, f"evb-dump --recover made {recovered} unclean files clean, keeping every good record")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

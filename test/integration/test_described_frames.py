@@ -10,13 +10,12 @@ what was decoded and refused."""
 import json
 import os
 import random
-import shutil
 import socket
 import struct
 import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, dump, fail, free_ports, workdir
+from evbtest import BIN, Evbd, check, dump, fail, free_ports, remove_workdir, workdir
 
 EVENTS = 120
 CHUNK = 300
@@ -268,7 +267,7 @@ def main():
         event_id_mode(wd)
         timestamp_mode(wd)
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
 
 
 if __name__ == "__main__":

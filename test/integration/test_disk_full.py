@@ -11,7 +11,8 @@ import os
 import shutil
 import subprocess
 
-from evbtest import BIN, Evbd, check, data_files, events_in, fail, free_udp_port, run_source, serve_source, workdir
+from evbtest import (BIN, Evbd, check, data_files, events_in, fail, free_udp_port, remove_workdir, run_source,
+                    serve_source, workdir)
 
 
 def mount_tmpfs(path, mb):
@@ -181,7 +182,7 @@ def main():
         phase_pull(os.path.join(wd, "pull"), mnt)
     finally:
         subprocess.run(["umount", "-l", mnt])
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

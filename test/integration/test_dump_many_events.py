@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "packaging", "python"))
 
 import evbfile  # noqa: E402
-from evbtest import BIN, Evbd, address_space_limit, check, sanitized_build, workdir  # noqa: E402
+from evbtest import BIN, Evbd, address_space_limit, check, remove_workdir, sanitized_build, workdir  # noqa: E402
 
 # Under a sanitizer there is no address-space limit to check against (address_space_limit
 # says so): a tenth of the events keeps the stage short and still reads them all.
@@ -168,7 +168,7 @@ def main():
     r = subprocess.run([dump, "--verify", path], capture_output=True, text=True, timeout=30)
     check(r.returncode == 1 and f"{path}:384: event 1 appears again (first at offset 144)" in r.stdout,
           f"a repeated id is named with its first offset (exit {r.returncode}):\n{r.stdout[-1500:]}")
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
     print("1 passed, 0 failed", flush=True)
 
 

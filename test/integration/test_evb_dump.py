@@ -4,10 +4,9 @@ a flipped header bit, a truncated copy); --recover repairs the truncated one;
 --json and --events describe the files."""
 import json
 import os
-import shutil
 import subprocess
 
-from evbtest import BIN, Evbd, check, data_files, fail, run_source, workdir
+from evbtest import BIN, Evbd, check, data_files, fail, remove_workdir, run_source, workdir
 
 DUMP = os.path.join(BIN, "evb-dump")
 
@@ -66,7 +65,7 @@ def main():
         check(run("--bogus").returncode == 2, "a bad option exits 2")
         check(run(os.path.join(wd, "nope.evb")).returncode != 0, "a missing file is an error")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -16,7 +16,6 @@ With 64 MiB of receive buffers, before the bound its start grew to the record's
 original beside, keeps the good records, and stays small."""
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -28,7 +27,8 @@ from test_python_reader import ensure_numpy  # noqa: E402  (re-runs under a Pyth
 ensure_numpy()
 
 import evbfile  # noqa: E402
-from evbtest import BIN, Evbd, address_space_limit, check, fail, free_udp_port, sanitized_build, workdir  # noqa: E402
+from evbtest import (BIN, Evbd, address_space_limit, check, fail, free_udp_port, remove_workdir, sanitized_build,
+                    workdir)  # noqa: E402
 from test_python_reader_v2 import importable  # noqa: E402
 
 BIG = 5 << 28            # 1.25 GiB decoded
@@ -134,7 +134,7 @@ def main():
         ids = [rec.event_id for rec in f]
         check(ids == [0, 2], f"the recovered file holds records 0 and 2: {ids}\n{text[-1500:]}")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed", flush=True)
 
 

@@ -7,11 +7,10 @@ mid-run and restarted. Either way each builder writes only its own share, and th
 union of their files is every event, exactly once, verifying byte by byte."""
 import os
 import random
-import shutil
 import signal
 
-from evbtest import (Evbd, check, event_ids, fail, free_udp_port, metric_sum, run_source, sanitized_build,
-                    serve_source, settled_serve_stats, verify, wait_until, workdir)
+from evbtest import (Evbd, check, event_ids, fail, free_udp_port, metric_sum, remove_workdir, run_source,
+                    sanitized_build, serve_source, settled_serve_stats, verify, wait_until, workdir)
 
 BUILDERS = 3
 SLOW = sanitized_build()
@@ -127,7 +126,7 @@ def main():
         push_farm(wd)
         pull_farm(wd, random.Random(3))
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -22,7 +22,6 @@ encoder of their own.
     records of the live run."""
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from evbtest import (BIN, Evbd, check, events_in, fail, free_ports, free_udp_port, run_source, sanitized_build,  # noqa: E402
-                     verify, workdir, write_text)
+                     verify, remove_workdir, workdir, write_text)
 
 SLOW = 5 if sanitized_build() else 1
 
@@ -234,7 +233,7 @@ def main():
         caps, cfg, ports, sets, live = timestamp_mode(os.path.join(wd, "b"))
         replay_twice(os.path.join(wd, "b"), caps, cfg, ports, sets, live)
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

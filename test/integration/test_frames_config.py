@@ -3,10 +3,9 @@
 each bad one with exit 1 and the key path of what is wrong."""
 import json
 import os
-import shutil
 import subprocess
 
-from evbtest import BIN, check, workdir, write_text as write
+from evbtest import BIN, check, remove_workdir, workdir, write_text as write
 
 PWB = {"name": "pwb", "source": {"sender": {"10.0.0.1": 0, "10.0.0.2:5000": 1}},
        "event": {"at": 0, "type": "u16le"},
@@ -56,7 +55,7 @@ def main():
             check(r.returncode == 1 and needle in r.stderr,
                   f"--check-config refuses {name}: exit {r.returncode}, '{needle}' (got {r.stderr.strip()[:300]!r})")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -17,7 +17,8 @@ import subprocess
 import tempfile
 import urllib.request
 
-from evbtest import Evbd, check, fail, frag_v2, free_tcp_port, free_udp_port, run_source, serve_source, workdir
+from evbtest import (Evbd, check, fail, frag_v2, free_tcp_port, free_udp_port, remove_workdir, run_source,
+                    serve_source, workdir)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DASHBOARD = os.path.join(REPO, "packaging", "grafana", "evbd-dashboard.json")
@@ -197,7 +198,7 @@ def live_families():
         if src is not None and src.poll() is None:
             src.send_signal(signal.SIGTERM)
             src.wait(timeout=20)
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     check(PULL <= pull, f"a pull-mode evbd exports the pull metrics ({sorted(PULL - pull)} missing)")
     check("evb_source_watermark_lag_ticks" in timed, "a timestamp-mode evbd exports evb_source_watermark_lag_ticks")
     check({"evb_frames_decoded_total", "evb_frames_rejected_total"} <= timed,

@@ -5,14 +5,13 @@ each is counted by reason, and good events still build afterwards. Also: the
 metrics endpoint changes nothing, and a root evbd with `user` set drops to it."""
 import os
 import random
-import shutil
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 
-from evbtest import Evbd, check, fail, frag, rss_kib, run_source, verify, wait_until, workdir
+from evbtest import Evbd, check, fail, frag, remove_workdir, rss_kib, run_source, verify, wait_until, workdir
 
 def main():
     wd = workdir()
@@ -140,7 +139,7 @@ def main():
         else:
             print("note: not root; the privilege-drop check needs root and was not run")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -13,10 +13,9 @@ top would not fit either, so the pull arm's retry period is 1 s rather than the
 default 100 ms."""
 import json
 import os
-import shutil
 import time
 
-from evbtest import Evbd, check, free_udp_port, run_source, serve_source, workdir
+from evbtest import Evbd, check, free_udp_port, remove_workdir, run_source, serve_source, workdir
 
 SOURCES = 300
 EVENTS = 1500
@@ -68,7 +67,7 @@ def main():
         check(pull['evb_events_built_total{status="complete"}'] == EVENTS, f"pull mode: all {EVENTS} events complete")
         check(s["max_outstanding"] <= 1, "the sources never saw more than 1 event requested and not cleared")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

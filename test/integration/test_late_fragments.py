@@ -3,11 +3,10 @@ differs (docs/OPERATIONS.md, section 7): a copy of a fragment of an event writte
 complete (evb_late_fragments_total{event="complete"}: a longer building.timeout_ms
 changes nothing) apart from a fragment of an event written INCOMPLETE
 ({event="incomplete"}: the source was slower than the timeout)."""
-import shutil
 import socket
 import time
 
-from evbtest import Evbd, check, events_in, frag, wait_until, workdir
+from evbtest import Evbd, check, events_in, frag, remove_workdir, wait_until, workdir
 
 TIMEOUT_MS = 200
 
@@ -48,7 +47,7 @@ def main():
         evs, _ = events_in(d.out)
         check(sorted(e["event_id"] for e in evs) == [1, 2], "events 1 and 2 written once each; the late chunks dropped")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -4,10 +4,9 @@ malformed value, a CPU this process may not run on (refused before anything is
 measured, naming the CPU) and --cpus with --sink are usage errors naming the flag."""
 import json
 import os
-import shutil
 import subprocess
 
-from evbtest import BIN, check, workdir
+from evbtest import BIN, check, remove_workdir, workdir
 
 
 def limits(wd, *args):
@@ -43,7 +42,7 @@ def main():
         check(p.returncode == 2 and "--cpus" in p.stderr and "--sink" in p.stderr,
               f"--cpus with --sink is refused ({p.returncode}: {p.stderr.strip()})")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

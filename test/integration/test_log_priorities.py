@@ -4,11 +4,10 @@ names stderr's device and inode, as systemd sets it): <3> error, <4> warning,
 anything else (a terminal, a file, a pipe) the lines have no prefix."""
 import os
 import re
-import shutil
 import subprocess
 import time
 
-from evbtest import BIN, START_TIMEOUT_S, Evbd, check, wait_text, workdir
+from evbtest import BIN, Evbd, START_TIMEOUT_S, check, remove_workdir, wait_text, workdir
 
 PRIORITY = re.compile(r"^<(\d)>")
 
@@ -88,7 +87,7 @@ def main():
         rc, text = run_with_journal_stream(wd, ["sources=banana"], journal=False)
         check(rc == 1 and text.startswith("evbd: config:"), f"on a plain stderr it has no prefix:\n{text[-400:]}")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -10,7 +10,7 @@ import urllib.parse
 import urllib.request
 import json
 
-from evbtest import Evbd, check, fail, metric_sum, run_source, sanitized_build, wait_until, workdir
+from evbtest import Evbd, check, fail, metric_sum, remove_workdir, run_source, sanitized_build, wait_until, workdir
 
 EVENTS = 500
 
@@ -108,7 +108,7 @@ def main():
         if prom:
             prom.terminate()
             prom.wait(timeout=20)
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

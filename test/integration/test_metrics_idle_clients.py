@@ -3,12 +3,11 @@ the metrics port that send nothing, or half a request line, /metrics and the sta
 page still answer within 3 s, and evbd closes the idle connections itself within a
 few seconds (its request timeout) instead of holding a worker for them. With more
 idle connections than the server keeps open, a scrape still answers at once."""
-import shutil
 import socket
 import time
 import urllib.request
 
-from evbtest import Evbd, check, fail, wait_accepted, workdir
+from evbtest import Evbd, check, fail, remove_workdir, wait_accepted, workdir
 
 IDLE = 6  # more than the two server threads evbd used to have
 MANY = 80  # more than the 64 connections the server keeps open
@@ -79,7 +78,7 @@ def main():
     finally:
         for s in socks:
             s.close()
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

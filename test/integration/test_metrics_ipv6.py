@@ -4,12 +4,11 @@ loopback (and not over IPv4). A fixed port works too. Skipped only when this mac
 has no IPv6 loopback."""
 import os
 import re
-import shutil
 import socket
 import sys
 import urllib.request
 
-from evbtest import Evbd, check, fail, workdir
+from evbtest import Evbd, check, fail, remove_workdir, workdir
 
 
 def ipv6_loopback():
@@ -62,7 +61,7 @@ def main():
         check(status == 200, "... answers")
         check(d.stop() == 0, "evbd exits 0")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

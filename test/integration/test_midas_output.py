@@ -20,7 +20,6 @@ pattern; evb-dump --verify --pattern must agree.
     requests only the others: every requested event is in the run's files exactly once."""
 import json
 import os
-import shutil
 import signal
 import struct
 import subprocess
@@ -29,7 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_python_reader import ensure_numpy  # noqa: E402,F401  (re-runs under Debian's Python: python3-lz4)
 from evbtest import (BIN, Evbd, check, fail, free_udp_port, midas_built, midas_files, midas_part, midas_items, pattern_bytes, read_midas,  # noqa: E402
-                     run_source, sanitized_build, serve_source, verify, wait_until, workdir)
+                     run_source, sanitized_build, serve_source, verify, wait_until, remove_workdir, workdir)
 
 SLOW = 5 if sanitized_build() else 1
 RUN = 3
@@ -369,7 +368,7 @@ def main():
         for scenario in scenarios:
             scenario(wd)
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -4,11 +4,10 @@ emulator's own count of requested-and-not-cleared events never exceeds the credi
 Credits and retry settings are then changed by reload and take effect."""
 import json
 import os
-import shutil
 import signal
 import time
 
-from evbtest import Evbd, check, events_in, free_udp_port, serve_source, verify, wait_until, workdir
+from evbtest import Evbd, check, events_in, free_udp_port, remove_workdir, serve_source, verify, wait_until, workdir
 
 EVENTS = 3000
 CREDITS = 24
@@ -71,7 +70,7 @@ def main():
         rc, text = verify([d.out])
         check(rc == 0, "files verify byte by byte against the pattern\n" + text[-300:])
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -7,7 +7,6 @@ finds a flipped byte by CRC; it finds events by id through the index (and withou
 one); and its read speed is compared with evb-dump --verify on ~200 MB (printed,
 not asserted: the machine is shared)."""
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -45,7 +44,7 @@ import numpy as np  # noqa: E402
 
 import evbfile  # noqa: E402
 from evbtest import (BIN, Evbd, agree, check, fail, frag, read_records, reader_tuple, run_source,  # noqa: E402
-                     sanitized_build, workdir)
+                     sanitized_build, remove_workdir, workdir)
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -238,7 +237,7 @@ def main():
         else:
             check_speed(os.path.join(wd, "speed"))
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

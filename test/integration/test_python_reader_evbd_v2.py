@@ -19,7 +19,6 @@ timestamp modes seeded with the item's sequence number) or the waveform. Compres
 v2 files are not among them: evbd writes none yet (issue 23); test_python_reader_v2
 reads compressed files written by a Python writer."""
 import os
-import shutil
 import struct
 import sys
 
@@ -31,7 +30,7 @@ ensure_numpy()
 import numpy as np  # noqa: E402
 
 import evbfile  # noqa: E402
-from evbtest import Evbd, check, fail, run_source, verify, workdir  # noqa: E402
+from evbtest import Evbd, check, fail, remove_workdir, run_source, verify, workdir  # noqa: E402
 from evbtest import agree as agree_files  # noqa: E402
 from test_python_reader_v2 import waveform  # noqa: E402
 from test_time_building import datagrams  # noqa: E402
@@ -246,7 +245,7 @@ def main():
         cut_part(wd, slice_dir, "time_slice", "time_slice")
         bad_item(wd, slice_dir)
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

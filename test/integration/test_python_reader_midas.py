@@ -51,7 +51,7 @@ import numpy as np  # noqa: E402
 
 import evbfile  # noqa: E402
 from evbtest import (BIN, Evbd, agree, check, fail, midas_built, read_midas, reader_tuple, run_source,  # noqa: E402
-                     workdir)
+                     remove_workdir, workdir)
 
 MISSING = 1
 RUN = 7
@@ -326,7 +326,7 @@ def main():
         without_lz4(os.path.join(lz, next(n for n in sorted(os.listdir(lz)) if n.endswith(".mid.lz4"))))
         mixed(wd, mid, lz)
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print(f"({time.monotonic() - t0:.1f} s)")
     print("1 passed, 0 failed")
 

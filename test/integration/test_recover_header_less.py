@@ -7,11 +7,10 @@ direct-I/O stage still in memory, the .part it leaves has its header."""
 import fcntl
 import json
 import os
-import shutil
 import signal
 import subprocess
 
-from evbtest import BIN, Evbd, check, data_files, fail, run_source, workdir
+from evbtest import BIN, Evbd, check, data_files, fail, remove_workdir, run_source, workdir
 
 DUMP = os.path.join(BIN, "evb-dump")
 
@@ -124,7 +123,7 @@ def main():
         r = run("--recover", bad)
         check(r.returncode == 2 and os.path.exists(bad), "a .part with a bad (not missing) header is refused, not removed")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbtest import BIN, Evbd, check, fail, free_udp_port, run_source, workdir  # noqa: E402
+from evbtest import BIN, Evbd, check, fail, free_udp_port, remove_workdir, run_source, workdir  # noqa: E402
 from test_replay_roundtrip import compare_dirs, replay, replay_summary  # noqa: E402
 
 SOURCES = 4
@@ -116,7 +116,7 @@ def inside():
             compare_dirs(f"{name}: tcpreplay live vs offline replay", offline, live)
             passed += 1
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print(f"{passed} passed, 0 failed")
 
 

@@ -26,7 +26,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import evbtest  # noqa: E402
-from evbtest import BIN, Evbd, check, events_in, fail, read_records, run_source, verify, wait_text, wait_until, workdir  # noqa: E402
+from evbtest import (BIN, Evbd, check, events_in, fail, read_records, remove_workdir, run_source, verify,
+                    wait_text, wait_until, workdir)  # noqa: E402
 
 SOURCES = 4
 EVENTS = 400
@@ -229,7 +230,7 @@ def main():
         compare_dirs("(iv) fragmented capture vs live", d2.out, rep_frag)
         passed += 1
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print(f"{passed} passed, 0 failed")
 
 

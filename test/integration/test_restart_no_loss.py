@@ -21,8 +21,8 @@ import signal
 import subprocess
 import time
 
-from evbtest import (BIN, Evbd, check, data_files, dump, event_ids, fail, free_udp_port, sanitized_build, serve_source,
-                    settled_serve_stats, verify, wait_until, workdir)
+from evbtest import (BIN, Evbd, check, data_files, dump, event_ids, fail, free_udp_port, remove_workdir,
+                    sanitized_build, serve_source, settled_serve_stats, verify, wait_until, workdir)
 
 SLOW = sanitized_build()
 # Under a sanitizer two kills per mode: the sanitizer looks at the same restart paths,
@@ -193,7 +193,7 @@ def main():
         pull_cycles(wd, rng)
         push_cycles(wd, rng)
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

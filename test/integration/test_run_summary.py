@@ -11,7 +11,8 @@ import signal
 import subprocess
 import time
 
-from evbtest import BIN, Evbd, check, data_files, fail, run_source, wait_until, workdir, write_text as write
+from evbtest import (BIN, Evbd, check, data_files, fail, remove_workdir, run_source, wait_until, workdir,
+                    write_text as write)
 
 CTL = os.path.join(BIN, "evb-ctl")
 DUMP = os.path.join(BIN, "evb-dump")
@@ -174,7 +175,7 @@ def main():
         p = subprocess.run([DUMP, "--help"], capture_output=True, text=True)
         check("--check-summary" in p.stdout, "evb-dump --help describes --check-summary")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ keeps its slot past the stall time: the bytes leaving evbd's socket queue (SIOCO
 going down) count as progress, not only send() taking bytes. Before, it was closed
 after 5 s, since send() takes nothing until a third of the send buffer is free."""
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbtest import BIN, Evbd, check, fail, workdir  # noqa: E402
+from evbtest import BIN, Evbd, check, fail, remove_workdir, workdir  # noqa: E402
 
 STALL_S = 5  # HttpServer::kStreamStallMs
 BOUND_S = 30  # a stalled client fills the socket buffers first (a few MB at the sampling budget)
@@ -82,7 +81,7 @@ def main():
             s.close()
         if src is not None and src.poll() is None:
             src.kill()
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -6,12 +6,11 @@ either way), and STOPPING=1 on SIGTERM, in that order and nothing else out of
 turn. The abstract-namespace form ("@name") of NOTIFY_SOCKET is checked as well."""
 import json
 import os
-import shutil
 import signal
 import socket
 import time
 
-from evbtest import Evbd, check, fail, workdir
+from evbtest import Evbd, check, fail, remove_workdir, workdir
 
 STATE_KEYS = ("READY", "RELOADING", "STOPPING")
 
@@ -143,7 +142,7 @@ def main():
         name = f"evbd-test-notify-{os.getpid()}"
         run(wd, "@" + name, "\0" + name, "abstract socket")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("2 passed, 0 failed")
 
 

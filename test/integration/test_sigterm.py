@@ -2,10 +2,9 @@
 in flight, closes its files and exits 0. Only clean .evb files are left, they
 verify byte by byte, and they hold exactly the events the metrics say were built."""
 import os
-import shutil
 import subprocess
 
-from evbtest import BIN, Evbd, check, data_files, events_in, verify, workdir
+from evbtest import BIN, Evbd, check, data_files, events_in, remove_workdir, verify, workdir
 
 
 def main():
@@ -35,7 +34,7 @@ def main():
         check(complete > 0, f"{complete} complete events written")
         check(all(f["state"] == "clean" for f in doc["files"]), "every file has its index and footer")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

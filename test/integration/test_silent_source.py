@@ -2,10 +2,9 @@
 (building.source_timeout_* far beyond the run; test_dead_source.py covers it): after
 building.timeout_ms every event is written INCOMPLETE, with that source's section
 MISSING and every other section intact."""
-import shutil
 import time
 
-from evbtest import Evbd, check, events_in, run_source, verify, workdir
+from evbtest import Evbd, check, events_in, remove_workdir, run_source, verify, workdir
 
 EVENTS = 200
 # 1000 ms rather than 300: the timing checks below are lower bounds only, and a longer
@@ -47,7 +46,7 @@ def main():
         rc, text = verify([d.out])
         check(rc == 0, "files verify with the pattern\n" + text[-300:])
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

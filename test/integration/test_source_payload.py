@@ -8,11 +8,11 @@ in serve mode through a pull run. A capture of the emulator's datagrams (--dry-r
 computed independently below, matches."""
 import os
 import re
-import shutil
 import struct
 import subprocess
 
-from evbtest import BIN, Evbd, check, dump, fail, free_udp_port, read_records, run_source, verify, workdir
+from evbtest import (BIN, Evbd, check, dump, fail, free_udp_port, read_records, remove_workdir, run_source, verify,
+                    workdir)
 
 SOURCES = 4
 EVENTS = 300
@@ -145,7 +145,7 @@ def main():
         check(bad.returncode == 2 and "--payload: bad value 'random'" in bad.stderr,
               f"--payload random is refused naming the flag ({bad.returncode}: {bad.stderr.strip()})")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -13,10 +13,9 @@
 Every datagram must be a FRAGMENT of the expected version with a valid CRC32C."""
 import importlib.util
 import os
-import shutil
 import struct
 
-from evbtest import check, fail, read_pcap, run_source, workdir
+from evbtest import check, fail, read_pcap, remove_workdir, run_source, workdir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The Python reader's CRC-32C (a C module when installed, else a table loop), loaded
@@ -297,7 +296,7 @@ def main():
         stream_mode(wd)
         push_modes(wd)
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

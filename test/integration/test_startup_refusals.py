@@ -9,12 +9,11 @@ starts, with a warning naming the key, when its share cuts the TCP pool too smal
 output directory that cannot be created, that is a regular file or that is not
 writable, a metrics port already in use, a user that does not exist."""
 import os
-import shutil
 import socket
 import subprocess
 import time
 
-from evbtest import BIN, check, free_tcp_port, free_udp_port, workdir
+from evbtest import BIN, check, free_tcp_port, free_udp_port, remove_workdir, workdir
 
 GIB = 1 << 30
 
@@ -181,7 +180,7 @@ def main():
             if os.path.isdir(os.path.join(wd, "data")) else []
         check(not leftovers, f"no output file was started: {leftovers}")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

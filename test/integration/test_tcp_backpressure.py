@@ -12,9 +12,8 @@ buffers (autotuned up to net.ipv4.tcp_rmem's maximum, 32 MiB a connection on the
 test machines: 128 MiB for four) and the send buffers (64 KiB asked). 1200 events of
 16 x 8000 bytes are 154 MB. (With 600 events and 256 in flight the emulator once
 finished without waiting: 77 MB fitted in those buffers.)"""
-import shutil
 
-from evbtest import Evbd, check, check_built_exactly, free_tcp_port, metric_sum, run_source, workdir
+from evbtest import Evbd, check, check_built_exactly, free_tcp_port, metric_sum, remove_workdir, run_source, workdir
 
 SOURCES = 16
 EVENTS = 1200
@@ -42,7 +41,7 @@ def main():
     check(m.get("evb_datagrams_received_total") == src["datagrams"], "every datagram sent was read")
     check(m.get("evb_records_compressed_total", 0) > 0, "records were compressed (lz4 did the work)")
     check_built_exactly(d, EVENTS, pattern_kind="waveform")
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,11 @@ nothing at all (idle); then a burst of connections over input.tcp_max_connection
 Each is counted by its reason and only its own connection is closed: the genuine data
 is complete and byte-exact."""
 import os
-import shutil
 import socket
 import struct
 import subprocess
 
-from evbtest import BIN, Evbd, check, check_built_exactly, free_tcp_port, wait_until, workdir
+from evbtest import BIN, Evbd, check, check_built_exactly, free_tcp_port, remove_workdir, wait_until, workdir
 
 SOURCES = 16
 EVENTS = 2000
@@ -71,7 +70,7 @@ def main():
     for s in keep + burst + [stalled, idle]:
         s.close()
     check_built_exactly(d, EVENTS)
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
 
 
 if __name__ == "__main__":

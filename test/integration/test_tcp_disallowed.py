@@ -3,9 +3,8 @@ has every message read and counted (evb_rejected_datagrams_total{reason=
 "disallowed_sender"}), none built, and the sender is never held back for it; one
 whose address is listed is built as usual (docs/FORMATS.md section 11: the same
 checks as over UDP)."""
-import shutil
 
-from evbtest import Evbd, check, free_tcp_port, run_source, workdir
+from evbtest import Evbd, check, free_tcp_port, remove_workdir, run_source, workdir
 
 SOURCES = 4
 EVENTS = 50
@@ -25,7 +24,7 @@ def main():
         check(m.get(key) == want, f"allowed {allowed}: {m.get(key)} messages counted disallowed, want {want}")
         check(m.get("evb_events_written_total", 0) == built and d.stop() == 0,
               f"allowed {allowed}: {built} events written ({m.get('evb_events_written_total')})")
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
     print("1 passed, 0 failed", flush=True)
 
 

@@ -7,12 +7,12 @@ each connection counted opened and closed by its peer; each address's connection
 group counted on its own (metrics and status page)."""
 import os
 import re
-import shutil
 import socket
 import subprocess
 import urllib.request
 
-from evbtest import BIN, Evbd, check, check_built_exactly, free_ports, free_tcp_port, metric_sum, run_source, workdir
+from evbtest import (BIN, Evbd, check, check_built_exactly, free_ports, free_tcp_port, metric_sum, remove_workdir,
+                    run_source, workdir)
 
 CONNECTIONS = 4
 SOURCES = 64  # 16 per connection
@@ -84,7 +84,7 @@ def main():
         check(re.search(rf"<br>{re.escape(g)}: 0 open, [0-9.]+ MB read, held back [0-9.]+ connection-seconds", page),
               f"the status page's line for group {g}")
     check_built_exactly(d, EVENTS)
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ Twice: fragments in one chunk, and in up to three (what is set aside grows to th
 most chunks per fragment seen; with one slot per source that run failed too, 2
 events INCOMPLETE)."""
 import os
-import shutil
 import socket
 import subprocess
 
-from evbtest import BIN, Evbd, check, check_built_exactly, free_tcp_port, run_source, send_tcp_events, workdir
+from evbtest import (BIN, Evbd, check, check_built_exactly, free_tcp_port, remove_workdir, run_source,
+                    send_tcp_events, workdir)
 from test_tcp_reconnect import EVENTS as PC_EVENTS, PCS, SLOT_BYTES, SOURCES_PER_PC, pc_args
 
 EVENTS = 64
@@ -77,7 +77,7 @@ def late_for_slots(chunk):
     incomplete = m.get('evb_events_built_total{status="incomplete"}', 0)
     check(incomplete == 0, f"no event written incomplete (the late PC found its reserve): {incomplete:g} were")
     check_built_exactly(d, PC_EVENTS)
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
 
 
 if __name__ == "__main__":

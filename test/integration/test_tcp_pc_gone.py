@@ -5,9 +5,8 @@ connection, the first sends all 600. What the second sent whole is built: events
 held back only until dead-source detection lets the events go without them, so
 events 100..599 are written INCOMPLETE with those 8 sections MISSING and the rest
 intact, well before the stop; nothing refused, every section byte-exact."""
-import shutil
 
-from evbtest import Evbd, check, events_in, free_tcp_port, metric_sum, run_source, verify, workdir
+from evbtest import Evbd, check, events_in, free_tcp_port, metric_sum, remove_workdir, run_source, verify, workdir
 
 EVENTS = 600
 GONE_AFTER = 100
@@ -44,7 +43,7 @@ def main():
     check(True, f"events {GONE_AFTER}.. INCOMPLETE with sources 8..15 MISSING, the rest intact")
     rc, out = verify([d.out])
     check(rc == 0, f"evb-dump --verify --pattern passes: {out.strip().splitlines()[-1]}")
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ and port, and a connection that lands on the other reader starts them afresh.
 Both: six connections accepted, none refused; both reader threads run."""
 import json
 import os
-import shutil
 
-from evbtest import Evbd, check, events_in, free_tcp_port, run_source, threads_named, verify, workdir, write_text
+from evbtest import (Evbd, check, events_in, free_tcp_port, remove_workdir, run_source, threads_named, verify,
+                    workdir, write_text)
 from test_frames_build import BOARD_A
 from test_restart_self_numbered import BOARD
 
@@ -104,7 +104,7 @@ def main():
     for phase in (counted, uncounted):
         wd = workdir()
         phase(wd)
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

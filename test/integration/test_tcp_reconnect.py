@@ -22,10 +22,9 @@ senders stalled 16 s); most likely the first PC, slower to start there, connecte
 only after the other three had filled the pool: test_tcp_late_joiner's second part
 does that on purpose, and session 42 mended it."""
 import os
-import shutil
 import subprocess
 
-from evbtest import BIN, Evbd, check, check_built_exactly, free_tcp_port, run_source, workdir
+from evbtest import BIN, Evbd, check, check_built_exactly, free_tcp_port, remove_workdir, run_source, workdir
 
 SOURCES_PER_PC = 16
 PCS = 4
@@ -69,7 +68,7 @@ def run(extra=()):
     m = d.metrics()
     check(m.get("evb_tcp_connections_accepted_total") == PCS + 1, f"{PCS + 1} connections accepted")
     check_built_exactly(d, EVENTS)
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 
-from evbtest import Evbd, check, check_built_exactly, free_tcp_port, skip, workdir
+from evbtest import Evbd, check, check_built_exactly, free_tcp_port, remove_workdir, skip, workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EVENTS = 300
@@ -38,7 +38,7 @@ def main():
     d.wait_metric('evb_events_built_total{status="complete"}', lambda v: v >= EVENTS, timeout=120)
     d.wait_settled()
     check_built_exactly(d, EVENTS)
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,8 @@ as fast as loopback goes; slices of 100,000 ticks (30 slices), then of 2,000,000
 3584 with the default event pool; it must go on reading a slice's data all the same). Every datagram read, nothing refused
 or late, the slices written complete and byte-exact under evb-dump --verify --pattern."""
 import os
-import shutil
 
-from evbtest import Evbd, check, events_in, free_tcp_port, metric_sum, run_source, verify, workdir
+from evbtest import Evbd, check, events_in, free_tcp_port, metric_sum, remove_workdir, run_source, verify, workdir
 
 DURATION = 3000000
 T0 = 1000000  # evb-source's default --t0 in stream mode
@@ -42,7 +41,7 @@ def main():
     for slice_ticks in (100000, 2000000):
         os.makedirs(os.path.join(wd, str(slice_ticks)))
         run(os.path.join(wd, str(slice_ticks)), slice_ticks)
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,8 @@
 of 4 sources each send version-2 fragments of triggers (jitter and skew within the
 tolerance) over TCP, as fast as loopback goes. One record per trigger, every record
 complete and byte-exact under evb-dump --verify --pattern, nothing refused."""
-import shutil
 
-from evbtest import Evbd, check, events_in, free_tcp_port, metric_sum, run_source, verify, workdir
+from evbtest import Evbd, check, events_in, free_tcp_port, metric_sum, remove_workdir, run_source, verify, workdir
 
 SOURCES = 16
 TRIGGERS = 800
@@ -29,7 +28,7 @@ def main():
     check(len(evs) == TRIGGERS and all(e["status"] == [] for e in evs), f"{TRIGGERS} records, each complete")
     rc, out = verify([d.out])
     check(rc == 0, f"evb-dump --verify --pattern passes: {out.strip().splitlines()[-1]}")
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,8 @@
 reader (and only it) to its CPU; a pin to a CPU evbd may not run on is logged naming
 the reader and the CPU, and evbd runs on with that reader unpinned."""
 import os
-import shutil
 
-from evbtest import Evbd, check, threads_named, wait_until, workdir
+from evbtest import Evbd, check, remove_workdir, threads_named, wait_until, workdir
 
 
 def main():
@@ -35,7 +34,7 @@ def main():
         finally:
             check(d.stop() == 0, "evbd exits 0 after the failed pin")
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

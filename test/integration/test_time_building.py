@@ -25,14 +25,13 @@
 The live runs are paced so the kernel drops nothing (checked)."""
 import filecmp
 import os
-import shutil
 import struct
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from evbtest import (BIN, Evbd, check, events_in, fail, metric_sum, read_pcap, run_source, sanitized_build,  # noqa: E402
-                     verify, workdir)
+                     verify, remove_workdir, workdir)
 
 FLAG_EMPTY = 2
 # A sanitizer build runs evbd several times slower: the emulator sends at a fifth of the rate.
@@ -260,7 +259,7 @@ def main():
         time_slice_mode(wd)
         event_id_mode_v2(wd)
     finally:
-        shutil.rmtree(wd, ignore_errors=True)
+        remove_workdir(wd)
     print("1 passed, 0 failed")
 
 

@@ -23,7 +23,7 @@ from test_evb_record_bound import pull_start_peak, record  # noqa: E402  (ensure
 from test_zstd_bounded_memory import BIG, NAME, closed_file, peak_kib, records  # noqa: E402
 
 import evbfile  # noqa: E402
-from evbtest import BIN, address_space_limit, check, sanitized_build, workdir  # noqa: E402
+from evbtest import BIN, address_space_limit, check, remove_workdir, sanitized_build, workdir  # noqa: E402
 
 LIMIT = 384 << 20        # evb-dump's address space: less than the record
 BOUND = "--max-record-bytes=256M"
@@ -90,8 +90,7 @@ def main():
           in r.stdout, f"the LZ4 record past the bound is refused saying why (exit {r.returncode}):\n{r.stdout[-800:]}")
     r = subprocess.run([dump, "--verify", "--max-record-bytes=4M", lz4], capture_output=True, text=True, timeout=30)
     check(r.returncode == 0, f"and read within a bound that holds it:\n{r.stdout[-800:]}")
-    import shutil
-    shutil.rmtree(wd, ignore_errors=True)
+    remove_workdir(wd)
     print("1 passed, 0 failed", flush=True)
 
 
