@@ -450,10 +450,11 @@ def data_files(out_dir):
     return sorted(n for n in os.listdir(out_dir) if n.endswith(".evb") or n.endswith(".evb.part"))
 
 
-def workdir():
-    """A fresh directory for the test's files, removed when the test ends unless it
-    failed (then kept, and named, for a look) or EVB_KEEP_WORKDIR is set."""
-    d = tempfile.mkdtemp(prefix="evbtest-")
+def workdir(parent=None):
+    """A fresh directory for the test's files (in `parent`, else the temp directory),
+    removed when the test ends unless it failed (then kept, and named, for a look)
+    or EVB_KEEP_WORKDIR is set."""
+    d = tempfile.mkdtemp(prefix="evbtest-", dir=parent)
 
     atexit.register(lambda: remove_workdir(d))
     return d
@@ -479,14 +480,11 @@ RAM_ROOM = 2 << 30  # what /dev/shm must have free for ram_directory to use it
 
 
 def ram_directory(wd):
-    """A fresh directory under /dev/shm if it has RAM_ROOM free (removed, or kept,
-    with the test's own directories), else wd/data, with a note."""
+    """A workdir() under /dev/shm if that has RAM_ROOM free, else wd/data, with a note."""
     try:
         st = os.statvfs(SHM)
         if st.f_bavail * st.f_frsize >= RAM_ROOM:
-            d = tempfile.mkdtemp(prefix="evbtest-", dir=SHM)
-            atexit.register(lambda: remove_workdir(d))
-            return d
+            return workdir(SHM)
     except OSError:
         pass
     print(f"note: {SHM} has less than {RAM_ROOM >> 30} GiB free; evbd writes to disk, whose stalls can lose UDP data",

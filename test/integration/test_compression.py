@@ -28,8 +28,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_python_reader import ensure_numpy  # noqa: E402  (re-runs under Debian's Python: numpy, lz4, zstandard)
-from evbtest import (BIN, Evbd, check, data_files, dump, fail, free_udp_port, metric_sum, run_source,  # noqa: E402
-                    sanitized_build, serve_source, remove_workdir, workdir)
+from evbtest import (BIN, Evbd, check, data_files, dump, fail, free_udp_port, metric_sum, remove_workdir,  # noqa: E402
+                    run_source, sanitized_build, serve_source, workdir)
 
 SMALL = sanitized_build()
 PER_PHASE = 150 if SMALL else 600

@@ -28,8 +28,8 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbtest import (BIN, Evbd, check, events_in, fail, free_ports, free_udp_port, run_source, sanitized_build,  # noqa: E402
-                     verify, remove_workdir, workdir, write_text)
+from evbtest import (BIN, Evbd, check, events_in, fail, free_ports, free_udp_port, remove_workdir,  # noqa: E402
+                     run_source, sanitized_build, verify, workdir, write_text)
 
 SLOW = 5 if sanitized_build() else 1
 

@@ -28,7 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_python_reader import ensure_numpy  # noqa: E402,F401  (re-runs under Debian's Python: python3-lz4)
 from evbtest import (BIN, Evbd, check, fail, free_udp_port, midas_built, midas_files, midas_part, midas_items, pattern_bytes, read_midas,  # noqa: E402
-                     run_source, sanitized_build, serve_source, verify, wait_until, remove_workdir, workdir)
+                     remove_workdir, run_source, sanitized_build, serve_source, verify, wait_until, workdir)
 
 SLOW = 5 if sanitized_build() else 1
 RUN = 3

@@ -43,8 +43,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "packaging", "python"))  # CI 
 import numpy as np  # noqa: E402
 
 import evbfile  # noqa: E402
-from evbtest import (BIN, Evbd, agree, check, fail, frag, read_records, reader_tuple, run_source,  # noqa: E402
-                     sanitized_build, remove_workdir, workdir)
+from evbtest import (BIN, Evbd, agree, check, fail, frag, read_records, reader_tuple, remove_workdir,  # noqa: E402
+                     run_source, sanitized_build, workdir)
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 

@@ -30,8 +30,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from evbtest import (BIN, Evbd, check, events_in, fail, metric_sum, read_pcap, run_source, sanitized_build,  # noqa: E402
-                     verify, remove_workdir, workdir)
+from evbtest import (BIN, Evbd, check, events_in, fail, metric_sum, read_pcap, remove_workdir,  # noqa: E402
+                     run_source, sanitized_build, verify, workdir)
 
 FLAG_EMPTY = 2
 # A sanitizer build runs evbd several times slower: the emulator sends at a fifth of the rate.
